@@ -1,0 +1,81 @@
+"""Typed refusals. Every error a user can meet names the thing, where it was found,
+and what would have been accepted. Nothing here ever carries a traceback to a user:
+front ends print ``str(err)``."""
+
+from __future__ import annotations
+
+
+class VindexError(Exception):
+    """Base of every refusal raised by vindex3."""
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class ContainerNotFound(VindexError):
+    """The path is not a directory or holds no index.json."""
+
+
+class FormatVersionError(VindexError):
+    """index.json declares a format or version this build does not read."""
+
+
+class GraphSchemaError(VindexError):
+    """system_graph.json is missing, malformed or at another schema."""
+
+
+class ComponentError(VindexError):
+    """No, or more than one, executable primary_text component."""
+
+
+class IntegrityError(VindexError):
+    """A segment or sidecar does not match what the index records."""
+
+
+class ConfigError(VindexError):
+    """A config.json could not be read (malformed JSON, wrong types)."""
+
+
+class AdmissionError(VindexError):
+    """A checkpoint is not admissible; carries the blocking findings."""
+
+    def __init__(self, message: str, findings: list | None = None, *, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.findings = list(findings or [])
+
+
+class ClosureError(VindexError):
+    """Operands do not close over the graph: unclassified, missing, duplicate, misshapen."""
+
+    def __init__(self, message: str, defects: list[str] | None = None):
+        super().__init__(message)
+        self.defects = list(defects or [])
+
+    def __str__(self) -> str:
+        lines = [self.message] + [f"  - {d}" for d in self.defects]
+        return "\n".join(lines)
+
+
+class SliceError(VindexError):
+    """An execution slice that the model cannot run (depth 0, deeper than the model...)."""
+
+
+class UnsupportedOperator(VindexError):
+    """A layer's operator has no executor (or no capability asked of it)."""
+
+
+class StateError(VindexError):
+    """A continuation state cannot hold what it was asked to, or is used out of order."""
+
+
+class TokenizerMissing(VindexError):
+    """The container carries no tokenizer, so text cannot be tokenised."""
+
+
+class EncodeError(VindexError):
+    """An encode failed; the output directory was not created."""

@@ -1,0 +1,80 @@
+"""The one boundary where JSON enters and leaves the project.
+
+config.json files spell non-finite numbers two ways: bare ``Infinity``/``-Infinity``/``NaN``
+(Python's json writer, older transformers) and the tagged object ``{"__float__": "Infinity"}``
+(transformers 5.x). Both are read here into one judged representation, a Python float
+``inf``/``-inf``/``nan`` — never a fabricated finite number. On write, non-finite floats are
+emitted in the tagged spelling so that every file we write is strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+_TAGGED = {"Infinity": math.inf, "-Infinity": -math.inf, "NaN": math.nan, "+Infinity": math.inf}
+
+
+def _hook(obj: dict) -> Any:
+    if len(obj) == 1 and "__float__" in obj:
+        raw = obj["__float__"]
+        if isinstance(raw, str) and raw in _TAGGED:
+            return _TAGGED[raw]
+        if isinstance(raw, (int, float)):
+            return float(raw)
+        raise ValueError(f"unrecognised tagged float {raw!r}")
+    return obj
+
+
+def loads(text: str, *, source: str = "<json>") -> Any:
+    """Parse JSON text, reading both non-finite spellings. Malformed text raises ConfigError
+    naming the source, line and column."""
+    try:
+        return json.loads(text, object_hook=_hook)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load(path: str | os.PathLike) -> Any:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p.name}: no such file at {p}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p.name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return loads(text, source=p.name)
+
+
+def _tag(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {"__float__": "NaN" if math.isnan(obj) else ("Infinity" if obj > 0 else "-Infinity")}
+    if isinstance(obj, dict):
+        return {k: _tag(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_tag(v) for v in obj]
+    return obj
+
+
+def dumps(obj: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON: non-finite floats use the tagged spelling."""
+    return json.dumps(_tag(obj), indent=indent, allow_nan=False, ensure_ascii=False)
+
+
+def write_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON to a sibling temporary file, fsync, then rename over the target."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    data = dumps(obj) + "\n"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
