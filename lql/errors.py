@@ -1,0 +1,113 @@
+"""Every failure a user of LQL can meet. Front ends print ``str(err)`` and never a traceback
+(unless asked with ``--debug``). A message says what was refused and names the thing; where
+known, the statement's line and column travel with it."""
+
+from __future__ import annotations
+
+
+class LqlError(Exception):
+    """Base of every LQL failure: a refusal, a syntax error, or an engine refusal passed on.
+
+    ``message`` is the user's message; ``line``/``column`` locate the statement (1-based) when
+    the error belongs to one; ``statement`` is the statement's source text; ``hint`` says what
+    would have been accepted."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        hint: str | None = None,
+        line: int | None = None,
+        column: int | None = None,
+        statement: str | None = None,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.line = line
+        self.column = column
+        self.statement = statement
+
+    @property
+    def kind(self) -> str:
+        """A stable name for the kind of failure (the class name), used by the JSON output."""
+        return type(self).__name__
+
+    def locate(self, line: int, column: int, statement: str | None) -> "LqlError":
+        """Attach a statement's position unless one is already known; returns self."""
+        if self.line is None:
+            self.line, self.column = line, column
+        if self.statement is None:
+            self.statement = statement
+        return self
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class LqlSyntaxError(LqlError):
+    """The text is not LQL. Carries the offending line, a caret under the offending token,
+    what was expected (in words) and, where a common mistake is recognised, a hint."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int,
+        column: int,
+        source_line: str,
+        expected: list[str] | None = None,
+        hint: str | None = None,
+    ):
+        super().__init__(message, hint=hint, line=line, column=column)
+        self.source_line = source_line
+        self.expected = list(expected or [])
+
+    def context(self) -> str:
+        """The offending line with a caret under the column."""
+        pad = "".join("\t" if ch == "\t" else " " for ch in self.source_line[: self.column - 1])
+        return f"  {self.source_line}\n  {pad}^"
+
+    def __str__(self) -> str:
+        out = f"syntax error at line {self.line}, column {self.column}: {self.message}\n{self.context()}"
+        if self.hint:
+            out += f"\n  hint: {self.hint}"
+        return out
+
+
+class StatementError(LqlError):
+    """A statement that parses but cannot mean anything: TOP 0, LOOKAHEAD without SPECULATE,
+    a range whose end precedes its start, a clause given twice."""
+
+
+class NoContainer(LqlError):
+    """The statement needs a bound container and none is open."""
+
+
+class SettingError(LqlError):
+    """SET names an unknown setting or gives it a value it does not take."""
+
+
+class NotAvailable(LqlError):
+    """The statement's engine is not part of this build (e.g. vindex3.draft is missing)."""
+
+
+class EngineRefusal(LqlError):
+    """A refusal raised by vindex3, passed on with its own message. ``engine_kind`` is the
+    vindex3 error class (``SliceError``, ``TokenizerMissing``...)."""
+
+    def __init__(self, message: str, *, engine_kind: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.engine_kind = engine_kind
+
+    @property
+    def kind(self) -> str:
+        return self.engine_kind
+
+
+class FileRefusal(LqlError):
+    """A file the statement reads or writes cannot be used (missing, unreadable, exists)."""
+
+
+class Interrupted(LqlError):
+    """The statement was interrupted (Ctrl-C) before it finished; the session is unchanged."""

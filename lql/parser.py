@@ -1,0 +1,532 @@
+"""Text → typed statements. One Lark instance (LALR, contextual lexer, positions kept), one
+Transformer, and the translation of Lark's exceptions into `LqlSyntaxError`s that read well.
+
+Reachable from here for the REPL: ``LARK`` (the Lark instance), ``interactive(text)`` (Lark's
+interactive parser fed with ``text``, whose ``accepts()`` names the terminals that may come
+next), ``lex(text)`` (a tolerant token stream for highlighting), ``KEYWORDS`` (terminal name →
+keyword) and ``describe_terminal`` (terminal name → words)."""
+
+from __future__ import annotations
+
+import difflib
+import importlib.resources
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from . import ast
+from .errors import LqlSyntaxError
+
+
+def grammar_text() -> str:
+    """The grammar source. Installed, it ships as package ``lql.grammar``; in a source tree it
+    is read from ``grammar/`` beside ``lql/``."""
+    try:
+        return (importlib.resources.files("lql.grammar") / "lql.lark").read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        return (Path(__file__).resolve().parent.parent / "grammar" / "lql.lark").read_text(encoding="utf-8")
+
+
+LARK = Lark(
+    grammar_text(),
+    parser="lalr",
+    lexer="contextual",
+    propagate_positions=True,
+    maybe_placeholders=True,
+)
+
+#: Terminal name → the keyword as users write it (upper case), for every keyword terminal.
+KEYWORDS: dict[str, str] = {
+    t.name: t.name
+    for t in LARK.terminals
+    if t.pattern.type == "re" and t.pattern.value.endswith(r"\b") and t.name.isupper() and not t.name.startswith("_")
+}
+
+#: Keywords that begin a statement (what the parser accepts at the start of a script).
+STATEMENT_KEYWORDS: tuple[str, ...] = tuple(
+    sorted(n for n in LARK.parse_interactive("").accepts() if n in KEYWORDS)
+)
+
+_WORDS = {
+    "STRING": "a quoted string",
+    "INT": "a whole number",
+    "FLOAT": "a number",
+    "NAME": "a name",
+    "_SEMI": "';'",
+    "_LPAR": "'('",
+    "_RPAR": "')'",
+    "_COMMA": "','",
+    "_EQ": "'='",
+    "_MINUS": "'-'",
+    "$END": "end of input",
+}
+
+
+def describe_terminal(name: str) -> str:
+    """A terminal in words: ``STRING`` → 'a quoted string', ``OPEN`` → 'OPEN'."""
+    if name in KEYWORDS:
+        return KEYWORDS[name]
+    return _WORDS.get(name, name)
+
+
+def interactive(text: str = ""):
+    """Lark's interactive parser after feeding ``text`` (lexing errors propagate as Lark's
+    own exceptions). ``.accepts()`` gives the terminal names allowed next."""
+    ip = LARK.parse_interactive(text)
+    ip.exhaust_lexer()
+    return ip
+
+
+def lex(text: str) -> Iterator[Token]:
+    """Every token of ``text``, comments and whitespace included, never raising: characters
+    no terminal matches come out as ``ERROR`` tokens (an unterminated string runs to the end
+    of its line). For syntax highlighting."""
+    pos = 0
+    while pos < len(text):
+        try:
+            for tok in LARK.lex(text[pos:], dont_ignore=True):
+                start = tok.start_pos + pos
+                line, col = _line_col(text, start)
+                yield Token(tok.type, tok.value, start_pos=start, line=line, column=col)
+            return
+        except UnexpectedCharacters as e:
+            start = pos + e.pos_in_stream
+            if text[start] in "'\"":
+                stop = text.find("\n", start)
+                stop = len(text) if stop < 0 else stop
+            else:
+                stop = start + 1
+            line, col = _line_col(text, start)
+            yield Token("ERROR", text[start:stop], start_pos=start, line=line, column=col)
+            pos = stop
+
+
+def _line_col(text: str, pos: int) -> tuple[int, int]:
+    line = text.count("\n", 0, pos) + 1
+    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
+
+
+# ---- tree → AST -----------------------------------------------------------------------
+
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
+
+
+class _BuildError(Exception):
+    """Raised inside the transformer; carries the token it is about."""
+
+    def __init__(self, message: str, token: Token, hint: str | None = None, offset: int = 0):
+        super().__init__(message)
+        self.message, self.token, self.hint, self.offset = message, token, hint, offset
+
+
+def _unquote(tok: Token) -> str:
+    body = tok.value[1:-1]
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        ch = body[i]
+        if ch != "\\":
+            out.append(ch)
+            i += 1
+            continue
+        esc = body[i + 1]
+        if esc in _ESCAPES:
+            out.append(_ESCAPES[esc])
+            i += 2
+        elif esc in "uU":
+            width = 4 if esc == "u" else 8
+            digits = body[i + 2 : i + 2 + width]
+            if len(digits) != width or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                raise _BuildError(
+                    f"\\{esc} needs {width} hex digits", tok, offset=i + 1,
+                    hint=f"write \\{esc}{'0' * (width - 2)}41 for 'A'",
+                )
+            out.append(chr(int(digits, 16)))
+            i += 2 + width
+        else:
+            raise _BuildError(
+                f"unknown escape \\{esc} in a string", tok, offset=i + 1,
+                hint="known escapes are \\n \\t \\r \\0 \\\\ \\' \\\" \\uXXXX; write \\\\ for a backslash",
+            )
+    return "".join(out)
+
+
+def _int(tok: Token) -> int:
+    return int(tok.value)
+
+
+@v_args(meta=True)
+class ToAst(Transformer):
+    """The one place a parse tree becomes typed statements."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def _pos(self, meta) -> dict:
+        return dict(
+            line=meta.line, column=meta.column, end_line=meta.end_line, end_column=meta.end_column,
+            start_pos=meta.start_pos, end_pos=meta.end_pos, source=self.text[meta.start_pos : meta.end_pos],
+        )
+
+    def start(self, meta, children):
+        return list(children)
+
+    # prompts
+    def text_prompt(self, meta, c):
+        return ast.TextPrompt(text=_unquote(c[0]))
+
+    def token_prompt(self, meta, c):
+        return ast.TokenPrompt(ids=c[1])
+
+    def int_list(self, meta, c):
+        return [_int(t) for t in c]
+
+    # statements
+    def open_path(self, meta, c):
+        return ast.Open(path=_unquote(c[1]), **self._pos(meta))
+
+    def open_default(self, meta, c):
+        return ast.Open(default=True, **self._pos(meta))
+
+    def stats_stmt(self, meta, c):
+        return ast.Stats(positions=_int(c[2]) if c[2] is not None else None, **self._pos(meta))
+
+    def explain_stmt(self, meta, c):
+        _, _, prompt, depth = c
+        return ast.Explain(prompt=prompt, depth=depth, **self._pos(meta))
+
+    def draft_clause(self, meta, c):
+        return _int(c[2])
+
+    def layer_range(self, meta, c):
+        a, b = _int(c[0]), (_int(c[1]) if c[1] is not None else None)
+        return (a, a if b is None else b)
+
+    def show_layers(self, meta, c):
+        rng = c[3]
+        start, end = rng if rng is not None else (None, None)
+        return ast.ShowLayers(start=start, end=end, **self._pos(meta))
+
+    def show_components(self, meta, c):
+        return ast.ShowComponents(**self._pos(meta))
+
+    def show_representations(self, meta, c):
+        return ast.ShowRepresentations(filter=_unquote(c[2]) if c[2] is not None else None, **self._pos(meta))
+
+    def show_provenance(self, meta, c):
+        return ast.ShowProvenance(**self._pos(meta))
+
+    def show_operands(self, meta, c):
+        return ast.ShowOperands(layer=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
+
+    def show_settings(self, meta, c):
+        return ast.ShowSettings(**self._pos(meta))
+
+    def top_clause(self, meta, c):
+        return ("top", _int(c[1]), c[0])
+
+    def generate_clause(self, meta, c):
+        return ("generate", _int(c[1]), c[0])
+
+    def speculate_clause(self, meta, c):
+        return ("speculate", _int(c[2]), c[0])
+
+    def lookahead_clause(self, meta, c):
+        return ("lookahead", _int(c[1]), c[0])
+
+    def infer_stmt(self, meta, c):
+        fields: dict = {}
+        for opt in c[2:]:
+            if isinstance(opt, int):  # a bare draft_clause
+                opt = ("depth", opt, None)
+            name, value, tok = opt
+            if name in fields:
+                word = {"depth": "DRAFT DEPTH", "speculate": "SPECULATE DEPTH"}.get(name, name.upper())
+                raise _BuildError(f"{word} is given twice in one INFER", tok or c[0],
+                                  hint=f"keep one {word} clause")
+            fields[name] = value
+        return ast.Infer(prompt=c[1], **fields, **self._pos(meta))
+
+    def trace_stmt(self, meta, c):
+        return ast.Trace(prompt=c[1], depth=c[2], **self._pos(meta))
+
+    def draft_depth(self, meta, c):
+        return ast.DraftDepth(depth=c[0], **self._pos(meta))
+
+    def draft_off(self, meta, c):
+        return ast.DraftOff(**self._pos(meta))
+
+    def draft_ladder(self, meta, c):
+        # DRAFT LADDER DEPTHS int_list ON STRING [INTO STRING]
+        into = _unquote(c[7]) if c[7] is not None else None
+        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, **self._pos(meta))
+
+    def dump_stmt(self, meta, c):
+        # DUMP LOGITS prompt [draft_clause] INTO STRING
+        return ast.DumpLogits(prompt=c[2], depth=c[3], into=_unquote(c[5]), **self._pos(meta))
+
+    def score_stmt(self, meta, c):
+        return ast.ScoreDraft(draft=_unquote(c[2]), target=_unquote(c[4]), **self._pos(meta))
+
+    def verify_stmt(self, meta, c):
+        return ast.Verify(**self._pos(meta))
+
+    def plan_stmt(self, meta, c):
+        return ast.Plan(path=_unquote(c[1]), **self._pos(meta))
+
+    def encode_stmt(self, meta, c):
+        return ast.Encode(checkpoint=_unquote(c[1]), into=_unquote(c[3]), **self._pos(meta))
+
+    def help_stmt(self, meta, c):
+        words = [t.value.upper() for t in c[1:]]
+        return ast.Help(topic=" ".join(words) if words else None, **self._pos(meta))
+
+    def set_stmt(self, meta, c):
+        return ast.Set(name=c[1].value.lower(), value=c[2], **self._pos(meta))
+
+    def string_value(self, meta, c):
+        return _unquote(c[0])
+
+    def int_value(self, meta, c):
+        return _int(c[0])
+
+    def float_value(self, meta, c):
+        return float(c[0].value)
+
+    def word_value(self, meta, c):
+        return c[0].value.lower()
+
+
+# ---- parsing and syntax errors --------------------------------------------------------
+
+
+def parse(text: str) -> list[ast.Statement]:
+    """Every statement of ``text``, in order, each knowing its line, column and source.
+    Raises `LqlSyntaxError` for the first thing that is not LQL."""
+    try:
+        tree = LARK.parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(text, e) from None
+    try:
+        return ToAst(text).transform(tree)
+    except VisitError as e:
+        orig = e.orig_exc
+        if isinstance(orig, _BuildError):
+            tok = orig.token
+            line, col = tok.line, tok.column + orig.offset
+            raise LqlSyntaxError(orig.message, line=line, column=col,
+                                 source_line=_source_line(text, line), hint=orig.hint) from None
+        raise
+
+
+def parse_one(text: str) -> ast.Statement:
+    """Exactly one statement (a trailing ';' is optional)."""
+    stmts = parse(text)
+    if len(stmts) != 1:
+        raise LqlSyntaxError(
+            f"expected exactly one statement, found {len(stmts)}", line=1, column=1,
+            source_line=_source_line(text, 1),
+        )
+    return stmts[0]
+
+
+def is_complete(text: str) -> bool:
+    """True when ``text`` holds at least one statement and ends with ';' outside any string or
+    comment — the REPL's signal that Enter should submit. Says nothing about validity."""
+    last = None
+    for tok in lex(text):
+        if tok.type in ("WS", "COMMENT"):
+            continue
+        last = tok
+    return last is not None and last.type == "_SEMI"
+
+
+def _source_line(text: str, line: int) -> str:
+    lines = text.splitlines() or [""]
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+# Labelled examples of common mistakes, matched by parser state (Lark's match_examples).
+_HINT_EXAMPLES: dict[str, list[str]] = {
+    "quote_path": [
+        "OPEN model.vindex3", "USE model", "OPEN /tmp/model", "PLAN ckpt", "PLAN /tmp/ckpt",
+        "ENCODE ckpt INTO 'out'", "ENCODE /a INTO 'out'", "ENCODE 'ckpt' INTO out", "ENCODE 'a' INTO /tmp/o",
+        "DUMP LOGITS 'x' INTO out.f32", "DUMP LOGITS 'x' INTO /tmp/o", "DUMP LOGITS 'x' DRAFT DEPTH 1 INTO out",
+        "SCORE DRAFT a.f32 AGAINST 'b'", "SCORE DRAFT 'a' AGAINST b.f32", "SCORE DRAFT /a AGAINST 'b'",
+        "SCORE DRAFT 'a' AGAINST /b", "DRAFT LADDER DEPTHS (1) ON prompts.jsonl",
+        "DRAFT LADDER DEPTHS (1) ON /p", "DRAFT LADDER DEPTHS (1) ON 'p' INTO out",
+        "DRAFT LADDER DEPTHS (1) ON 'p' INTO /o", "SHOW REPRESENTATIONS embedding",
+    ],
+    "quote_prompt": [
+        "INFER hello", "TRACE hello", "EXPLAIN INFER hello", "DUMP LOGITS hello INTO 'x'",
+        "INFER [1]", "TRACE [1]", "DUMP LOGITS [1] INTO 'x'", "EXPLAIN INFER [1]",
+    ],
+    "depth_number": [
+        "DRAFT DEPTH", "DRAFT DEPTH;", "DRAFT DEPTH x", "DRAFT DEPTH 'x'",
+        "INFER 'x' DRAFT DEPTH", "INFER 'x' DRAFT DEPTH TOP 3", "INFER 'x' DRAFT DEPTH 'x'",
+        "TRACE 'x' DRAFT DEPTH", "TRACE 'x' DRAFT DEPTH x", "EXPLAIN DRAFT DEPTH", "EXPLAIN DRAFT DEPTH x",
+        "EXPLAIN INFER 'x' DRAFT DEPTH", "DUMP LOGITS 'x' DRAFT DEPTH INTO 'f'", "DUMP LOGITS 'x' DRAFT DEPTH x",
+    ],
+    "depth_word": [
+        "DRAFT 2", "INFER 'x' DRAFT 2", "TRACE 'x' DRAFT 2", "EXPLAIN DRAFT 2",
+        "DUMP LOGITS 'x' DRAFT 2", "INFER 'x' SPECULATE 2",
+    ],
+    "positions": ["STATS AT 4096", "STATS AT 4096;"],
+    "tokens_parens": ["INFER TOKENS 1", "TRACE TOKENS 1", "DUMP LOGITS TOKENS 1", "EXPLAIN INFER TOKENS 1",
+                      "DRAFT LADDER DEPTHS 1"],
+    "set_equals": ["SET format json", "SET format 'json'", "SET format 1", "SET format"],
+}
+
+
+_HINTS = {
+    "quote_path": "paths are strings: put it in quotes, e.g. {bare_quoted}",
+    "quote_prompt": "a prompt is a quoted string, or token ids as TOKENS (1, 2, 3)",
+    "depth_number": "DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2",
+    "depth_word": "write DRAFT DEPTH n (or SPECULATE DEPTH n), e.g. DRAFT DEPTH 2",
+    "tokens_parens": "put the ids in parentheses, e.g. TOKENS (1, 2, 3)",
+    "set_equals": "SET takes name = value, e.g. SET format = json",
+    "positions": "write STATS AT n POSITIONS",
+}
+
+
+def _match_label(err: UnexpectedInput) -> str | None:
+    """The label of a recorded mistake made in the same parser state (Lark's match_examples)."""
+    try:
+        return err.match_examples(LARK.parse, _HINT_EXAMPLES, use_accepts=True)
+    except Exception:  # a hint is a courtesy; never let it mask the syntax error itself
+        return None
+
+
+# What a whole number means after each keyword, for "expected a whole number" hints.
+_NUMBER_AFTER = {
+    "DEPTH": "the number of layers to run, e.g. DRAFT DEPTH 2",
+    "TOP": "how many candidates to show, e.g. TOP 5",
+    "GENERATE": "how many tokens to generate, e.g. GENERATE 20",
+    "LOOKAHEAD": "how many tokens the draft proposes per step, e.g. LOOKAHEAD 4",
+    "AT": "a context length, e.g. STATS AT 4096 POSITIONS",
+    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3",
+    "RANGE": "a layer or an inclusive range of layers, e.g. RANGE 0-7",
+    "_MINUS": "the last layer of the range, e.g. RANGE 0-7",
+}
+
+
+def _previous_token(text: str, pos: int) -> Token | None:
+    toks = [t for t in lex(text[:pos]) if t.type not in ("WS", "COMMENT")]
+    return toks[-1] if toks else None
+
+
+def _err_pos(text: str, err: UnexpectedInput) -> int:
+    """Offset of the offending input; Lark puts an end-of-input token at the last token."""
+    if isinstance(err, UnexpectedToken) and err.token.type == "$END" or err.pos_in_stream is None:
+        return len(text)
+    return err.pos_in_stream
+
+
+def _found(text: str, err: UnexpectedInput) -> tuple[str, str]:
+    """(description of what was found, the bare run of text starting there)."""
+    pos = _err_pos(text, err)
+    bare = re.match(r"[^\s;]*", text[pos:]).group(0) if pos < len(text) else ""
+    if isinstance(err, UnexpectedToken) and err.token.type == "$END" or pos >= len(text):
+        return "end of input", bare
+    if isinstance(err, UnexpectedCharacters):
+        ch = text[pos]
+        if ch in "'\"":
+            return "a string that is not closed on its line", bare
+        word = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[pos:])
+        if word:
+            return repr(word.group(0)), bare
+        return repr(ch), bare
+    tok = err.token
+    if tok.type in KEYWORDS:
+        return f"keyword {tok.value.upper()}", bare
+    if tok.type == "STRING":
+        return f"the string {tok.value}", bare
+    if tok.type in ("NAME", "INT") and bare:
+        return repr(bare), bare
+    return repr(str(tok.value)), bare
+
+
+def _expected_names(text: str, err: UnexpectedInput) -> set[str]:
+    if isinstance(err, UnexpectedToken):
+        names = set(err.accepts or err.expected)
+    elif isinstance(err, UnexpectedCharacters):
+        # the lexer's allowed set is per LALR state and can be wider than what the parser
+        # accepts here; feed the text before the error to the interactive parser instead
+        try:
+            names = set(interactive(text[: err.pos_in_stream]).accepts())
+        except UnexpectedInput:
+            names = set(err.allowed or ())
+    elif isinstance(err, UnexpectedEOF):
+        names = set(err.expected)
+    else:
+        names = set()
+    return names
+
+
+def expected_words(names: set[str]) -> str:
+    """Terminal names → 'a quoted string or DEFAULT'. The start of a statement is named as
+    such rather than listed keyword by keyword."""
+    names = set(names)
+    if "_SEMI" in names:
+        names.discard("$END")
+    stmt_starts = names & set(STATEMENT_KEYWORDS)
+    parts: list[str] = []
+    if len(stmt_starts) == len(STATEMENT_KEYWORDS):
+        names -= stmt_starts
+        parts.append("a statement (" + ", ".join(STATEMENT_KEYWORDS) + ")")
+    kws = sorted(n for n in names if n in KEYWORDS)
+    others = sorted((n for n in names if n not in KEYWORDS), key=lambda n: list(_WORDS).index(n) if n in _WORDS else 99)
+    parts += [describe_terminal(n) for n in others] + [KEYWORDS[n] for n in kws]
+    if not parts:
+        return "nothing more"
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " or " + parts[-1]
+
+
+def _syntax_error(text: str, err: UnexpectedInput) -> LqlSyntaxError:
+    names = _expected_names(text, err)
+    found, bare = _found(text, err)
+    line = err.line if isinstance(err.line, int) and err.line > 0 else text.count("\n") + 1
+    column = err.column if isinstance(err.column, int) and err.column > 0 else len(_source_line(text, line)) + 1
+    if found == "end of input" and not isinstance(err, UnexpectedCharacters):
+        # point just past the last token rather than at a phantom position
+        stripped = text.rstrip()
+        line, column = _line_col(text, len(stripped))
+    message = f"expected {expected_words(names)}, found {found}"
+    hint = _hint(text, err, names, found, bare)
+    return LqlSyntaxError(message, line=line, column=column, source_line=_source_line(text, line),
+                          expected=[describe_terminal(n) for n in sorted(names)], hint=hint)
+
+
+def _hint(text: str, err: UnexpectedInput, names: set[str], found: str, bare: str) -> str | None:
+    pos = _err_pos(text, err)
+    if found == "a string that is not closed on its line":
+        return f"close the string with {bare[:1]} before the end of the line"
+    prev = _previous_token(text, pos)
+    if (
+        isinstance(err, UnexpectedCharacters)
+        and text[pos] == "."
+        and prev is not None
+        and prev.type == "INT"
+        and "FLOAT" not in names
+    ):
+        return f"only a whole number fits here, not {prev.value}{bare}"
+    word = re.match(r"[A-Za-z_][A-Za-z0-9_]*$", bare.rstrip("(),="))
+    expected_kws = [KEYWORDS[n] for n in names if n in KEYWORDS]
+    if word and expected_kws:
+        close = difflib.get_close_matches(word.group(0).upper(), expected_kws, n=1, cutoff=0.6)
+        if close and close[0] != word.group(0).upper():
+            return f"did you mean {close[0]}?"
+    if "_SEMI" in names and isinstance(err, UnexpectedToken) and err.token.type in STATEMENT_KEYWORDS:
+        return f"end the previous statement with ';' before {err.token.value.upper()}"
+    label = _match_label(err)
+    if label is not None:
+        quoted = "'" + bare.replace("\\", "\\\\").replace("'", "\\'") + "'" if bare else "'...'"
+        return _HINTS[label].format(bare_quoted=quoted)
+    if names == {"INT"} and prev is not None and prev.type in _NUMBER_AFTER:
+        word = prev.value.upper() if prev.type in KEYWORDS else "-"
+        return f"{word} takes {_NUMBER_AFTER[prev.type]}"
+    return None
