@@ -1,0 +1,71 @@
+"""The frozen prompt bank (``prompts-v1.jsonl``): locating it and reading it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .. import jsonio
+from ..errors import ConfigError
+
+BANK_NAME = "prompts-v1.jsonl"
+
+
+class Prompt(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    category: str
+    text: str
+
+
+def bank_candidates(repo_root: str | os.PathLike | None = None) -> list[Path]:
+    """Where the bank may live, preferred first: ``shared/data`` beside the repository, then the
+    vendored copy under ``tests/data``."""
+    root = Path(repo_root) if repo_root is not None else Path(__file__).resolve().parents[2]
+    return [root.parent / "shared" / "data" / BANK_NAME, root / "tests" / "data" / BANK_NAME]
+
+
+def default_bank(repo_root: str | os.PathLike | None = None) -> Path:
+    """The first bank that exists (see :func:`bank_candidates`)."""
+    cands = bank_candidates(repo_root)
+    for c in cands:
+        if c.is_file():
+            return c
+    raise ConfigError(f"prompt bank {BANK_NAME} not found; looked in " + ", ".join(str(c) for c in cands))
+
+
+def load_prompts(path: str | os.PathLike) -> list[Prompt]:
+    """Read a JSONL prompt bank: one ``{"id", "category", "text"}`` object a line; blank lines
+    are skipped; ids must be unique."""
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ConfigError(f"{p.name}: no such prompt bank at {p}") from None
+    prompts: list[Prompt] = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        obj = jsonio.loads(line, source=f"{p.name} line {n}")
+        try:
+            prompts.append(Prompt.model_validate(obj))
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"]) or "line"
+            raise ConfigError(f"{p.name} line {n}: {where}: {first['msg']}") from None
+    if not prompts:
+        raise ConfigError(f"{p.name}: the prompt bank is empty")
+    seen: set[str] = set()
+    for pr in prompts:
+        if pr.id in seen:
+            raise ConfigError(f"{p.name}: prompt id {pr.id!r} appears twice")
+        seen.add(pr.id)
+    return prompts
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

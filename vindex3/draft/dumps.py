@@ -1,0 +1,176 @@
+"""Logit dumps with provenance.
+
+A dump is two files: ``name.f32`` — raw little-endian float32, row-major ``[positions, vocab]``,
+row i predicting token i+1 — and its sidecar ``name.meta.json`` (``Path(path).with_suffix(
+".meta.json")``) saying where the numbers came from. The sidecar is written last, through a
+temporary file and a rename, so its presence means the dump is complete; any stale sidecar is
+removed before the data is touched.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import jsonio
+from ..errors import ConfigError, IntegrityError, VindexError
+from .machine import blas_identity, library_version, thread_count
+from .slices import container_facts, make_executor, resolve_slice
+
+FORMAT = "vindex3-logit-dump"
+FORMAT_VERSION = 1
+ENGINE = "vindex3"
+BACKEND = "numpy"
+LAYOUT = "float32 little-endian, row-major [positions, vocab]; row i predicts token i+1"
+
+# Keys a sidecar must carry for a dump to be read or scored.
+REQUIRED_KEYS = (
+    "format", "format_version", "engine", "backend", "library_version", "container_digest",
+    "component", "draft_depth", "executed_layers", "model_layers", "token_ids", "positions",
+    "vocab", "prepare_seconds", "step_seconds", "ms_per_position", "numpy", "blas",
+    "thread_count", "data_sha256",
+)
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """``file.f32`` → ``file.meta.json``."""
+    return Path(path).with_suffix(".meta.json")
+
+
+def decode_logits(st: Any, token_ids: Sequence[int]) -> np.ndarray:
+    """Run ``token_ids`` through a fresh continuation state the way decoding does: a one-token
+    prefill, then one step per further token. Returns float32 ``[positions, vocab]``."""
+    first = np.asarray(st.prefill([int(token_ids[0])]))[-1]
+    out = np.empty((len(token_ids), first.shape[-1]), dtype=np.float32)
+    out[0] = first
+    for i, tok in enumerate(token_ids[1:], start=1):
+        out[i] = st.step(int(tok))
+    return out
+
+
+def _write_bytes_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_dump(path: str | os.PathLike, logits: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write the data, then the sidecar (last, atomically). Returns the sidecar as written."""
+    p = Path(path)
+    side = sidecar_path(p)
+    side.unlink(missing_ok=True)  # a stale sidecar must never vouch for new data
+    data = np.ascontiguousarray(logits, dtype="<f4").tobytes()
+    _write_bytes_atomic(p, data)
+    meta = dict(meta)
+    meta["data_file"] = p.name
+    meta["data_bytes"] = len(data)
+    meta["data_sha256"] = hashlib.sha256(data).hexdigest()
+    jsonio.write_atomic(side, meta)
+    return meta
+
+
+def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.PathLike, *,
+              prepare_seconds: float, draft_depth: int | None) -> dict[str, Any]:
+    """Dump through an already prepared executor (the ladder reuses one per depth)."""
+    ids = [int(t) for t in token_ids]
+    if not ids:
+        raise VindexError("nothing to dump: the token id list is empty")
+    st = ex.start()
+    t0 = time.perf_counter()
+    logits = decode_logits(st, ids)
+    step_seconds = time.perf_counter() - t0
+    facts = container_facts(container)
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "layout": LAYOUT,
+        "engine": ENGINE,
+        "backend": BACKEND,
+        "library_version": library_version(),
+        "container_digest": facts["digest"],
+        "component": facts["component"],
+        "draft_depth": draft_depth,
+        "executed_layers": [int(i) for i in ex.trace.executed_layers],
+        "model_layers": facts["num_layers"],
+        "token_ids": ids,
+        "positions": len(ids),
+        "vocab": int(logits.shape[1]),
+        "prepare_seconds": float(prepare_seconds),
+        "step_seconds": step_seconds,
+        "ms_per_position": step_seconds * 1000.0 / len(ids),
+        "numpy": np.__version__,
+        "blas": blas_identity(),
+        "thread_count": thread_count(),
+    }
+    return write_dump(path, logits, meta)
+
+
+def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike) -> dict:
+    """Dump the logits of ``token_ids`` under ``slice`` (``vindex3.Full()``, ``vindex3.Draft(n)``,
+    or None for full) into ``path`` and its ``.meta.json`` sidecar; return the sidecar dict.
+
+    The rows are computed through the incremental decode path (one-token prefill, then a step
+    per token), which is what a drafter actually runs.
+    """
+    slice_obj, depth = resolve_slice(container, slice)
+    ex, prepare_seconds = make_executor(container, slice_obj)
+    return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth)
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """Read and check the sidecar of the dump at ``path``; refuse when it is absent or partial."""
+    p = Path(path)
+    side = sidecar_path(p)
+    if not side.is_file():
+        raise IntegrityError(
+            f"{p.name}: no sidecar {side.name} beside it, so the dump is incomplete or was not "
+            f"written by DUMP LOGITS",
+            hint="re-run DUMP LOGITS; the sidecar is written only after the data is complete",
+        )
+    try:
+        meta = jsonio.load(side)
+    except ConfigError as e:
+        raise IntegrityError(f"{side.name}: unreadable sidecar: {e}") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise IntegrityError(f"{side.name}: not a logit-dump sidecar (format {found!r}, expected {FORMAT!r})")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise IntegrityError(
+            f"{side.name}: logit-dump format version {meta.get('format_version')!r}; "
+            f"this build reads version {FORMAT_VERSION}"
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in meta]
+    if missing:
+        raise IntegrityError(f"{side.name}: sidecar lacks {', '.join(missing)}")
+    return meta
+
+
+def read_dump(path: str | os.PathLike, *, meta: dict[str, Any] | None = None) -> tuple[dict, np.ndarray]:
+    """Read a dump and its sidecar; the data must have exactly the size and SHA-256 the sidecar
+    records. Returns ``(meta, logits [positions, vocab] float32)``."""
+    p = Path(path)
+    meta = read_meta(p) if meta is None else meta
+    if not p.is_file():
+        raise IntegrityError(f"{p.name}: the data file named by {sidecar_path(p).name} is missing")
+    data = p.read_bytes()
+    rows, vocab = int(meta["positions"]), int(meta["vocab"])
+    if len(data) != rows * vocab * 4:
+        raise IntegrityError(
+            f"{p.name}: {len(data)} bytes, but the sidecar declares {rows} positions × {vocab} vocab "
+            f"× 4 = {rows * vocab * 4}"
+        )
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != meta["data_sha256"]:
+        raise IntegrityError(
+            f"{p.name}: data SHA-256 {digest[:16]}… differs from the sidecar's {str(meta['data_sha256'])[:16]}…"
+        )
+    return meta, np.frombuffer(data, dtype="<f4").reshape(rows, vocab)

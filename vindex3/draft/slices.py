@@ -1,0 +1,59 @@
+"""The few places where the draft engine touches the container/executor API, kept in one file so
+that the rest of vindex3.draft reads as plain logic."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ..errors import SliceError
+
+
+def open_container(container: Any) -> Any:
+    """Accept an opened container or a path to one."""
+    if isinstance(container, (str, os.PathLike)):
+        import vindex3
+
+        return vindex3.open(container)
+    return container
+
+
+def resolve_slice(container: Any, slice: Any) -> tuple[Any, int | None]:
+    """Turn ``None`` (full), an int (draft depth) or a slice object into ``(slice, draft_depth)``,
+    where draft_depth is None for the full model."""
+    import vindex3
+
+    if slice is None:
+        return vindex3.Full(), None
+    if isinstance(slice, bool):
+        raise SliceError(f"a slice is Full(), Draft(n) or a depth; got {slice!r}")
+    if isinstance(slice, int):
+        return vindex3.Draft(slice), slice
+    if isinstance(slice, vindex3.Full):
+        return slice, None
+    if isinstance(slice, vindex3.Draft):
+        return slice, int(slice.end)
+    raise SliceError(
+        f"a dump runs Full() or Draft(n); got {type(slice).__name__}",
+        hint="LayerRange has no embedding or head, so it yields no logits",
+    )
+
+
+def make_executor(container: Any, slice_obj: Any) -> tuple[Any, float]:
+    """Prepare an executor for a slice; return it with the seconds preparation took."""
+    t0 = time.perf_counter()
+    ex = container.executor(slice=slice_obj)
+    wall = time.perf_counter() - t0
+    traced = getattr(getattr(ex, "trace", None), "prepare_seconds", None)
+    return ex, float(traced) if traced is not None else wall
+
+
+def container_facts(container: Any) -> dict[str, Any]:
+    """Digest, component name and model depth, as a dump's sidecar records them."""
+    graph = container.graph
+    return {
+        "digest": str(container.digest),
+        "component": graph.component.name,
+        "num_layers": int(graph.num_layers),
+    }
