@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -58,15 +58,23 @@ def _pad(n: int, align: int = ALIGN) -> int:
     return (-n) % align
 
 
-def write_segment(path: Path, representation: str, tensors: dict[str, np.ndarray]) -> SegmentInfo:
-    """Write tensors (name → array) packed in name order. Returns the hashes for the index."""
-    names = sorted(tensors)
+def write_segment(
+    path: Path,
+    representation: str,
+    specs: dict[str, tuple[str, tuple[int, ...]]],
+    load: Callable[[str], np.ndarray],
+    on_tensor: Callable[[str], None] | None = None,
+) -> SegmentInfo:
+    """Write tensors packed in name order. ``specs`` maps name -> (dtype, shape) so the header
+    can be written first; ``load(name)`` yields each array when its turn comes (so a large
+    object never has to sit in memory whole). Returns the hashes the index records."""
+    names = sorted(specs)
     entries = []
     offset = 0
     for name in names:
-        arr = tensors[name]
-        nbytes = int(arr.nbytes)
-        entries.append({"name": name, "dtype": dtype_name(arr), "shape": list(arr.shape), "offset": offset, "len": nbytes})
+        dtype, shape = specs[name]
+        nbytes = int(np.dtype(DTYPES[dtype]).itemsize * int(np.prod(shape, dtype=np.int64)))
+        entries.append({"name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "len": nbytes})
         offset += nbytes + _pad(nbytes)
     header = {"schema": SEGMENT_SCHEMA, "representation": representation, "tensors": entries}
     hbytes = json.dumps(header, separators=(",", ":")).encode()
@@ -78,15 +86,18 @@ def write_segment(path: Path, representation: str, tensors: dict[str, np.ndarray
         f.write(prefix)
         file_hash.update(prefix)
         for name, e in zip(names, entries):
-            arr = np.ascontiguousarray(tensors[name])
-            if arr.dtype.byteorder == ">":
-                arr = arr.astype(arr.dtype.newbyteorder("<"))
+            arr = np.ascontiguousarray(load(name), dtype=DTYPES[e["dtype"]])
+            if tuple(arr.shape) != tuple(e["shape"]):
+                raise IntegrityError(f"tensor {name}: loaded shape {list(arr.shape)} differs from its spec {e['shape']}")
+            arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
             buf = memoryview(arr.reshape(-1)).cast("B")
             pad = b"\0" * _pad(e["len"])
             for chunk in (buf, pad):
                 f.write(chunk)
                 payload_hash.update(chunk)
                 file_hash.update(chunk)
+            if on_tensor is not None:
+                on_tensor(name)
         f.flush()
         os.fsync(f.fileno())
     size = path.stat().st_size

@@ -1,0 +1,238 @@
+"""Opening a VINDEX3 container: index first (format version before anything else), then the
+graph (schema 6), then segment headers (memory-mapped lazily), then operand closure.
+Opening reads no tensor data."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from . import closure, jsonio
+from .errors import (
+    ClosureError,
+    ConfigError,
+    ContainerNotFound,
+    FormatVersionError,
+    GraphSchemaError,
+    IntegrityError,
+)
+from .graph import Graph
+from .segments import Segment, sha256_file
+
+if TYPE_CHECKING:
+    from .exec.engine import Executor
+    from .exec.slice import ExecutionSlice
+
+FORMAT = "VINDEX3"
+FORMAT_VERSION = 3
+INDEX = "index.json"
+GRAPH = "system_graph.json"
+
+
+class VerifyReport(BaseModel):
+    path: str
+    ok: bool
+    checked: int
+    problems: list[str]
+
+    def to_text(self) -> str:
+        if self.ok:
+            return f"verified {self.checked} files in {self.path}: all hashes match"
+        return "\n".join([f"VERIFY FAILED for {self.path} ({len(self.problems)} problem(s)):"] + [f"  - {p}" for p in self.problems])
+
+
+def read_index(path: Path) -> dict:
+    """Read index.json and refuse an unknown format or version before anything else is read."""
+    if not path.exists():
+        raise ContainerNotFound(f"{path} does not exist")
+    if not path.is_dir():
+        raise ContainerNotFound(f"{path} is not a directory (a VINDEX3 container is a directory)")
+    ip = path / INDEX
+    if not ip.exists():
+        raise ContainerNotFound(f"{path} has no {INDEX}; it is not a VINDEX3 container (or its encode did not finish)")
+    try:
+        index = jsonio.load(ip)
+    except ConfigError as e:
+        raise FormatVersionError(f"{path.name}/{INDEX} is unreadable: {e.message}") from None
+    if not isinstance(index, dict):
+        raise FormatVersionError(f"{path.name}/{INDEX} is not a JSON object")
+    fmt, ver = index.get("format"), index.get("version")
+    if fmt != FORMAT or ver != FORMAT_VERSION:
+        found = f"{fmt} version {ver}" if fmt else f"no format tag (version {ver!r})"
+        if fmt in ("VINDEX2", "VINDEX") or ver == 2:
+            found = f"VINDEX2 (format {fmt!r}, version {ver!r})"
+        raise FormatVersionError(
+            f"{path.name}: unsupported container format: found {found}, supported {FORMAT} version {FORMAT_VERSION}",
+            hint="re-encode the model from its checkpoint with `vindex3 encode SRC OUT`",
+        )
+    return index
+
+
+class Container:
+    """An opened container. Cheap: holds headers and memory maps, never tensor copies."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.index = read_index(self.path)
+        gp = self.path / GRAPH
+        if not gp.exists():
+            raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container")
+        try:
+            raw = jsonio.load(gp)
+        except ConfigError as e:
+            raise GraphSchemaError(f"{GRAPH} is unreadable: {e.message}") from None
+        self.graph = Graph(raw)
+        self.graph.component  # exactly one primary_text, or a named refusal
+        self.segments: dict[str, Segment] = {}
+        for key, rep in self.representations_by_key.items():
+            seg_path = self.path / rep["segment"]
+            self.segments[rep["object"]] = Segment(seg_path)
+        tables = {o: {n: (e.dtype, e.shape) for n, e in s.entries.items()} for o, s in self.segments.items()}
+        defects = closure.check(self.graph.raw, tables)
+        if defects:
+            raise ClosureError(f"{self.path.name}: operands do not close over the graph ({len(defects)} defect(s))", defects)
+
+    # -- facts from the index ---------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.index.get("model", {}).get("name", self.path.name)
+
+    @property
+    def generation(self) -> int:
+        return int(self.index.get("generation", 1))
+
+    @property
+    def representations_by_key(self) -> dict[str, dict]:
+        return self.index.get("representations", {})
+
+    @property
+    def representations(self) -> list[dict]:
+        return [{"key": k, **v} for k, v in sorted(self.representations_by_key.items())]
+
+    @property
+    def provenance(self) -> dict:
+        return dict(self.index.get("provenance", {}))
+
+    @property
+    def authority(self) -> str:
+        return self.index.get("authority", "canonical")
+
+    @cached_property
+    def digest(self) -> str:
+        """Identity of the container's content: the graph and every payload hash."""
+        h = hashlib.sha256()
+        h.update(self.index.get("graph", {}).get("sha256", "").encode())
+        for key, rep in sorted(self.representations_by_key.items()):
+            h.update(f"{key}:{rep['payload_sha256']};".encode())
+        return h.hexdigest()
+
+    def objects(self) -> list[dict]:
+        out = []
+        for key, rep in sorted(self.representations_by_key.items()):
+            seg = self.segments[rep["object"]]
+            params = sum(math.prod(e.shape) for e in seg.entries.values())
+            out.append({"object": rep["object"], "representation": key, "tensors": len(seg.entries), "parameters": params, "bytes": rep["payload_bytes"]})
+        return out
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(r["payload_bytes"] for r in self.representations_by_key.values())
+
+    # -- capabilities --------------------------------------------------------------------------
+    @property
+    def has_tokenizer(self) -> bool:
+        return (self.path / "tokenizer.json").exists()
+
+    @cached_property
+    def tokenizer(self):
+        from .tokenizer import Tokenizer
+
+        return Tokenizer.from_container(self.path)
+
+    # -- plans -------------------------------------------------------------------------------
+    @cached_property
+    def _op_plan(self):
+        from .opplan import build_op_plan
+
+        return build_op_plan(self.graph, {o: s.entries for o, s in self.segments.items()})
+
+    def op_plan(self):
+        return self._op_plan
+
+    def continuation(self):
+        """Per-layer continuation geometry, from the plan."""
+        return [lo.geometry for lo in self._op_plan.layers]
+
+    def plan_slice(self, sl: "ExecutionSlice | None" = None):
+        from .exec.slice import Full, plan_slice
+
+        return plan_slice(self._op_plan, sl or Full())
+
+    def executor(self, slice: "ExecutionSlice | None" = None) -> "Executor":
+        from .exec.engine import Executor
+        from .exec.slice import Full
+
+        return Executor(self, slice or Full())
+
+    # -- integrity -------------------------------------------------------------------------
+    def verify(self) -> VerifyReport:
+        return verify(self.path)
+
+    def rewrite_index(self, **updates) -> None:
+        """Rewrite index.json with ``updates`` applied; unknown keys survive; generation + 1."""
+        rewrite_index(self.path, **updates)
+        self.index = read_index(self.path)
+
+
+def rewrite_index(path: Path, **updates) -> None:
+    index = read_index(Path(path))
+    index.update(updates)
+    index["generation"] = int(index.get("generation", 1)) + 1
+    jsonio.write_atomic(Path(path) / INDEX, index)
+
+
+def verify(path: str | Path) -> VerifyReport:
+    """Re-hash every segment, the graph and every capability file against the index."""
+    path = Path(path)
+    index = read_index(path)
+    problems: list[str] = []
+    checked = 0
+
+    def check_file(rel: str, want: str | None, want_bytes: int | None = None, what: str = "") -> None:
+        nonlocal checked
+        fp = path / rel
+        if not fp.exists():
+            problems.append(f"{rel}: missing ({what} named by index.json)")
+            return
+        checked += 1
+        if want_bytes is not None and fp.stat().st_size != want_bytes:
+            problems.append(f"{rel}: size {fp.stat().st_size} bytes, index records {want_bytes} (truncated or extended)")
+        got = sha256_file(fp)
+        if want is not None and got != want:
+            problems.append(f"{rel}: sha256 {got[:16]}… differs from the index's {want[:16]}…")
+
+    g = index.get("graph", {})
+    check_file(g.get("path", GRAPH), g.get("sha256"), None, "the graph")
+    for key, rep in sorted(index.get("representations", {}).items()):
+        before = len(problems)
+        check_file(rep["segment"], rep.get("segment_sha256"), rep.get("segment_bytes"), f"segment of {key}")
+        if len(problems) == before and (path / rep["segment"]).exists():
+            try:
+                seg = Segment(path / rep["segment"])
+                ph = sha256_file(path / rep["segment"], skip=seg.payload_start)
+                if ph != rep.get("payload_sha256"):
+                    problems.append(f"{rep['segment']}: payload sha256 differs from the index ({key})")
+            except IntegrityError as e:
+                problems.append(str(e))
+    for name, cap in sorted(index.get("capabilities", {}).items()):
+        check_file(name, cap.get("sha256"), cap.get("bytes"), "a capability sidecar")
+    return VerifyReport(path=str(path), ok=not problems, checked=checked, problems=problems)
+
+
+def open(path: str | Path) -> Container:  # noqa: A001 - the public verb is vindex3.open
+    return Container(path)

@@ -1,0 +1,315 @@
+"""Llama-shaped decoder families: llama, mistral, qwen2, qwen3, granite.
+
+They share one layout (model.embed_tokens, model.layers.N.{self_attn,mlp,*_layernorm},
+model.norm, lm_head) and differ in a few declared traits, each lowered explicitly here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..admit import ConfigReader, Finding, Lowering, TensorPlacement, register_family
+from ..sources import CheckpointSource
+
+PREFIXES = (
+    ("model.embed_tokens.", "embedding"),
+    ("model.layers.", "decoder_stack"),
+    ("model.norm.", "final_norm"),
+    ("lm_head.", "output_head"),
+)
+
+LAYER_ROLES = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "self_attn.q_proj.weight": "q_proj",
+    "self_attn.k_proj.weight": "k_proj",
+    "self_attn.v_proj.weight": "v_proj",
+    "self_attn.o_proj.weight": "o_proj",
+    "self_attn.q_proj.bias": "q_bias",
+    "self_attn.k_proj.bias": "k_bias",
+    "self_attn.v_proj.bias": "v_bias",
+    "self_attn.o_proj.bias": "o_bias",
+    "self_attn.q_norm.weight": "q_norm",
+    "self_attn.k_norm.weight": "k_norm",
+    "mlp.gate_proj.weight": "ffn_gate",
+    "mlp.up_proj.weight": "ffn_up",
+    "mlp.down_proj.weight": "ffn_down",
+    "mlp.gate_proj.bias": "ffn_gate_bias",
+    "mlp.up_proj.bias": "ffn_up_bias",
+    "mlp.down_proj.bias": "ffn_down_bias",
+}
+
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
+
+
+@dataclass(frozen=True)
+class Traits:
+    qkv_bias: str  # "config" (attention_bias key) | "fixed_qkv" (q,k,v biased, o not)
+    qk_norm: bool
+    sliding: str  # "none" | "global" (sliding_window applies to all layers) | "layer_types"
+    multipliers: bool  # granite embedding/residual/attention multipliers and logits scaling
+
+
+TRAITS = {
+    "llama": Traits("config", False, "none", False),
+    "mistral": Traits("none", False, "global", False),
+    "qwen2": Traits("fixed_qkv", False, "layer_types", False),
+    "qwen3": Traits("config", True, "layer_types", False),
+    "granite": Traits("config", False, "none", True),
+}
+
+
+def rope_policy(r: ConfigReader, head_dim: int) -> dict | None:
+    """Lower rope_parameters (transformers 5.x) or rope_theta + rope_scaling (older)."""
+    params = None
+    if r.has("rope_parameters"):
+        params = r.take("rope_parameters", "rotary position encoding parameters")
+        if not isinstance(params, dict):
+            r.refuse("rope_parameters", "expected an object")
+            return None
+        params = dict(params)
+    if r.has("rope_theta") or r.has("rope_scaling"):
+        theta = r.take("rope_theta", "rotary base", default=None) if r.has("rope_theta") else None
+        scaling = r.take("rope_scaling", "rotary scaling") if r.has("rope_scaling") else None
+        legacy = dict(scaling or {})
+        if "type" in legacy and "rope_type" not in legacy:
+            legacy["rope_type"] = legacy.pop("type")
+        if theta is not None:
+            legacy["rope_theta"] = theta
+        if params is not None:
+            for k, v in legacy.items():
+                if k in params and params[k] != v:
+                    r.refuse("rope_theta", f"rope_parameters.{k}={params[k]!r} disagrees with the legacy key ({v!r})")
+                    return None
+            params.update(legacy)
+        else:
+            params = legacy
+    if params is None:
+        r.refuse("rope_parameters", "no rotary base declared (neither rope_parameters nor rope_theta); refusing to assume one", category="structure")
+        return None
+    theta = params.get("rope_theta")
+    if not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+        r.refuse("rope_parameters", f"rope_theta must be a positive finite number, found {theta!r}")
+        return None
+    rtype = params.get("rope_type", "default")
+    known = {"rope_theta", "rope_type", "partial_rotary_factor"}
+    partial = params.get("partial_rotary_factor", 1.0)
+    rotary_dims = int(head_dim * partial)
+    if rotary_dims != head_dim:
+        r.refuse("rope_parameters", f"partial rotary (factor {partial}) is not supported by this build")
+        return None
+    scaling = None
+    if rtype == "default":
+        pass
+    elif rtype == "linear":
+        known |= {"factor"}
+        scaling = {"type": "linear", "factor": float(params["factor"])}
+    elif rtype == "llama3":
+        known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") if k not in params]
+        if missing:
+            r.refuse("rope_parameters", f"llama3 rope scaling lacks {', '.join(missing)}")
+            return None
+        scaling = {"type": "llama3", **{k: float(params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+    else:
+        r.refuse("rope_parameters", f"rope_type {rtype!r} is not supported (supported: default, linear, llama3)")
+        return None
+    extra = sorted(set(params) - known)
+    if extra:
+        r.refuse("rope_parameters", f"unknown rotary parameters {', '.join(extra)} for rope_type {rtype!r}")
+        return None
+    return {"kind": "rope", "theta": float(theta), "rotary_dims": rotary_dims, "scaling": scaling}
+
+
+def _build(model_type: str):
+    t = TRAITS[model_type]
+
+    def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
+        H = r.take("hidden_size", "residual width")
+        L = r.take("num_hidden_layers", "number of decoder layers")
+        nh = r.take("num_attention_heads", "query heads")
+        nkv = r.take("num_key_value_heads", "key/value heads (GQA)", default=nh, default_reason="the reference uses num_attention_heads (MHA)")
+        inter = r.take("intermediate_size", "FFN width")
+        vocab = r.take("vocab_size", "vocabulary size")
+        eps = r.take("rms_norm_eps", "RMSNorm epsilon")
+        act = r.take("hidden_act", "FFN activation", default="silu", default_reason="the reference default is silu")
+        tied = r.take("tie_word_embeddings", "output head shares the embedding", default=False, default_reason="the reference default is untied")
+        if None in (H, L, nh, inter, vocab, eps):
+            return None
+        if r.has("head_dim") and r.config["head_dim"] is not None:
+            hd = r.take("head_dim", "per-head width")
+        else:
+            if r.has("head_dim"):
+                r.take("head_dim", "null: per-head width is hidden_size / heads")
+            hd = H // nh
+            if hd * nh != H:
+                r.refuse("hidden_size", f"hidden_size {H} is not divisible by {nh} heads and no head_dim is declared")
+                return None
+        if nh % nkv:
+            r.refuse("num_key_value_heads", f"{nh} query heads are not a multiple of {nkv} key/value heads")
+            return None
+        if act not in ACTIVATIONS:
+            r.refuse("hidden_act", f"activation {act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+            return None
+        position = rope_policy(r, hd)
+        if position is None:
+            return None
+
+        bias = {"q": False, "k": False, "v": False, "o": False}
+        if t.qkv_bias == "config":
+            b = bool(r.take("attention_bias", "bias on q/k/v/o projections", default=False, default_reason="the reference default has no bias"))
+            bias = {k: b for k in bias}
+        elif t.qkv_bias == "fixed_qkv":
+            bias = {"q": True, "k": True, "v": True, "o": False}
+        mlp_bias = bool(r.take("mlp_bias", "bias on FFN projections")) if r.has("mlp_bias") else False
+
+        # sliding windows
+        spans = ["full"] * L
+        window = None
+        if t.sliding == "global":
+            sw = r.take("sliding_window", "attention window (keys including the query)", default=None, default_reason="no window declared: full attention")
+            if sw is not None:
+                window = int(sw)
+                spans = ["sliding"] * L
+        elif t.sliding == "layer_types":
+            sw = r.take("sliding_window", "attention window for sliding layers", default=None, default_reason="no window declared")
+            use = r.take("use_sliding_window", "whether sliding layers exist", default=False, default_reason="the reference default is off") if (r.has("use_sliding_window") or not r.has("layer_types")) else None
+            mwl = r.config.get("max_window_layers")
+            if r.has("layer_types"):
+                lt = r.take("layer_types", "per-layer attention span")
+                if r.has("max_window_layers"):
+                    r.meta("max_window_layers", "folded into layer_types")
+                if not isinstance(lt, list) or len(lt) != L:
+                    r.refuse("layer_types", f"expected a list of {L} entries")
+                    return None
+                for i, kind in enumerate(lt):
+                    if kind == "full_attention":
+                        continue
+                    if kind == "sliding_attention":
+                        if sw is None:
+                            r.refuse("layer_types", f"layer {i} is sliding_attention but sliding_window is not declared")
+                            return None
+                        spans[i] = "sliding"
+                    else:
+                        r.refuse("layer_types", f"layer {i} has type {kind!r} (supported: full_attention, sliding_attention)")
+                        return None
+                window = int(sw) if "sliding" in spans else None
+            else:
+                mwl = r.take("max_window_layers", "layers below this index use full attention", default=L, default_reason="absent: all layers full")
+                if use and sw is not None:
+                    for i in range(L):
+                        if i >= mwl:
+                            spans[i] = "sliding"
+                    window = int(sw) if "sliding" in spans else None
+        elif r.has("sliding_window"):
+            if r.config["sliding_window"] is None:
+                r.meta("sliding_window", "null: no window")
+            else:
+                r.refuse("sliding_window", f"{model_type} does not run sliding-window attention in the reference")
+
+        emb_mult = res_mult = 1.0
+        score_scale = float(hd) ** -0.5
+        head_mult = 1.0
+        if t.multipliers:
+            emb_mult = float(r.take("embedding_multiplier", "embeddings are scaled by this", default=1.0))
+            res_mult = float(r.take("residual_multiplier", "each sublayer output is scaled before the residual add", default=1.0))
+            score_scale = float(r.take("attention_multiplier", "attention score scale (replaces head_dim^-0.5)", default=1.0))
+            logits_scaling = float(r.take("logits_scaling", "logits are divided by this", default=1.0))
+            head_mult = 1.0 / logits_scaling
+
+        graph_layers = []
+        for i in range(L):
+            graph_layers.append(
+                {
+                    "index": i,
+                    "operator": "softmax",
+                    "span": spans[i],
+                    "window": window if spans[i] == "sliding" else None,
+                    "position": position,
+                    "ffn": "dense",
+                    "operands": {},
+                }
+            )
+        surface = {
+            "hidden_size": H,
+            "embedding": {"multiplier": emb_mult},
+            "residual": {"multiplier": res_mult},
+            "attention": {
+                "heads": nh,
+                "kv_heads": nkv,
+                "head_dim": hd,
+                "head_mapping": "repeat_interleave",
+                "query_scale": 1.0,
+                "score_scale": score_scale,
+                "bias": bias,
+                "qk_norm": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0} if t.qk_norm else None,
+            },
+            "ffn": {"kind": "gated", "activation": ACTIVATIONS[act], "intermediate_size": inter, "bias": mlp_bias},
+            "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_only"},
+            "head": {"vocab": vocab, "tied": bool(tied), "multiplier": head_mult, "softcap": None},
+            "operators": {},
+        }
+        objects = {
+            "embedding": {"kind": "embedding", "operands": {"weight": "weight"}},
+            "decoder_stack": {"kind": "decoder_stack", "layers": L},
+            "final_norm": {"kind": "final_norm", "operands": {"weight": "weight"}},
+        }
+        if not tied:
+            objects["output_head"] = {"kind": "output_head", "operands": {"weight": "weight"}}
+        graph = {
+            "schema": 6,
+            "model": {"name": src.name, "family": model_type},
+            "components": [{"name": "text", "role": "primary_text", "objects": list(objects)}],
+            "objects": objects,
+            "layers": graph_layers,
+            "surface": surface,
+        }
+        placements, dropped = place_tensors(src, graph, r, tied)
+        return Lowering(graph=graph, placements=placements, dropped=dropped)
+
+    return build
+
+
+def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: bool):
+    """Assign every source tensor to an object (longest prefix) and a role (exact suffix).
+    Unplaceable tensors become blocking structure findings."""
+    placements: list[TensorPlacement] = []
+    dropped: list[tuple[str, str]] = []
+    L = len(graph["layers"])
+    for name in sorted(src.tensor_specs()):
+        match = max(((p, o) for p, o in PREFIXES if name.startswith(p)), key=lambda po: len(po[0]), default=None)
+        if match is None:
+            r.refuse(name, "tensor belongs to no object (no known prefix)", category="structure")
+            continue
+        prefix, obj = match
+        rel = name[len(prefix):]
+        if obj == "decoder_stack":
+            idx, _, suffix = rel.partition(".")
+            if not idx.isdigit() or int(idx) >= L:
+                r.refuse(name, f"layer index {idx!r} is outside the {L} declared layers", category="structure")
+                continue
+            role = LAYER_ROLES.get(suffix)
+            if role is None:
+                r.refuse(name, f"unclassified tensor suffix {suffix!r} under the softmax operator", category="structure")
+                continue
+            ops = graph["layers"][int(idx)]["operands"]
+            if role in ops:
+                r.refuse(name, f"duplicate operand: role {role} of layer {idx} is already {ops[role]!r}", category="structure")
+                continue
+            ops[role] = rel
+            placements.append(TensorPlacement(name, obj, rel, role, int(idx)))
+        else:
+            if rel != "weight":
+                r.refuse(name, f"unexpected tensor {rel!r} in {obj}", category="structure")
+                continue
+            if obj == "output_head" and tied:
+                dropped.append((name, "the head is tied to the embedding; the separate copy is not encoded"))
+                r.findings.append(Finding(category="metadata", key=name, value=None, message="tied head: duplicate lm_head not encoded", blocks=False))
+                continue
+            placements.append(TensorPlacement(name, obj, rel, "weight", None))
+    return placements, dropped
+
+
+for _mt in TRAITS:
+    register_family(_mt, _mt, _build(_mt))
