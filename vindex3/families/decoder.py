@@ -146,14 +146,15 @@ def _build(model_type: str):
             if hd * nh != H:
                 r.refuse("hidden_size", f"hidden_size {H} is not divisible by {nh} heads and no head_dim is declared")
                 return None
+        ok = True  # keep grading after a refusal, so every key gets its own finding
         if nh % nkv:
             r.refuse("num_key_value_heads", f"{nh} query heads are not a multiple of {nkv} key/value heads")
-            return None
+            ok = False
         if act not in ACTIVATIONS:
             r.refuse("hidden_act", f"activation {act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
-            return None
+            ok = False
         position = rope_policy(r, hd)
-        if position is None:
+        if position is None or not ok:
             return None
 
         bias = {"q": False, "k": False, "v": False, "o": False}

@@ -1,0 +1,286 @@
+"""`vindex3` command line: plan, encode, inspect, verify, ops, exec, default, label."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import __version__, jsonio
+from .errors import VindexError
+
+
+def _print_json(obj) -> None:
+    print(jsonio.dumps(obj))
+
+
+def cmd_plan(a) -> int:
+    from .admit import admit
+
+    plan = admit(a.src)
+    if a.json:
+        _print_json(plan.model_dump())
+    else:
+        print(plan.to_text())
+    return 0 if plan.admissible else 2
+
+
+def cmd_encode(a) -> int:
+    from .encode import encode_detailed
+    from .progress import terminal_progress
+
+    t0 = time.perf_counter()
+    with terminal_progress(f"encoding {Path(a.src).name}", enabled=not a.json) as cb:
+        r = encode_detailed(a.src, a.out, progress=cb)
+    secs = time.perf_counter() - t0
+    if a.json:
+        _print_json({"path": str(r.path), "tensors": r.tensors, "bytes": r.bytes, "seconds": round(secs, 3),
+                     "dropped": [{"tensor": n, "why": w} for n, w in r.dropped], "not_carried": r.not_carried})
+    else:
+        print(f"encoded {a.src} -> {r.path}: {r.tensors} tensors, {r.bytes:,} bytes in {secs:.1f}s")
+        for n, w in r.dropped:
+            print(f"  dropped {n}: {w}")
+        if r.not_carried:
+            print(f"  not carried from the source directory: {', '.join(r.not_carried)}")
+    return 0
+
+
+def describe(c) -> dict:
+    g = c.graph
+    comp = g.component
+    return {
+        "path": str(c.path),
+        "model": c.name,
+        "format": f"{c.index['format']} v{c.index['version']}",
+        "generation": c.generation,
+        "authority": c.authority,
+        "component": {"name": comp.name, "role": comp.role},
+        "layers": [{"index": l.index, "operator": l.label(), "window": l.window,
+                    "position": (l.position or {}).get("kind")} for l in g.layers],
+        "operator_mix": g.operator_mix_text(),
+        "representations": c.representations,
+        "objects": c.objects(),
+        "weight_bytes": c.weight_bytes,
+        "tokenizer": c.has_tokenizer,
+    }
+
+
+def cmd_inspect(a) -> int:
+    from .container import Container
+
+    c = Container(a.path)
+    d = describe(c)
+    if a.json:
+        _print_json(d)
+        return 0
+    print(f"{d['model']}  ({d['format']}, generation {d['generation']}, {d['authority']})")
+    print(f"path        {d['path']}")
+    print(f"component   {d['component']['name']} ({d['component']['role']})")
+    print(f"layers      {len(d['layers'])}: {d['operator_mix']}")
+    print(f"tokenizer   {'yes' if d['tokenizer'] else 'no'}")
+    print(f"weights     {d['weight_bytes']:,} bytes")
+    print("objects:")
+    for o in d["objects"]:
+        print(f"  {o['representation']:<24} {o['tensors']:>5} tensors {o['parameters']:>14,} params {o['bytes']:>14,} bytes")
+    print("layers:")
+    for l in d["layers"]:
+        extra = f" window={l['window']}" if l["window"] else ""
+        print(f"  {l['index']:>3}  {l['operator']}{extra}  position={l['position']}")
+    return 0
+
+
+def cmd_verify(a) -> int:
+    from .container import verify
+
+    r = verify(a.path)
+    if a.json:
+        _print_json(r.model_dump())
+    else:
+        print(r.to_text(), file=sys.stdout if r.ok else sys.stderr)
+    return 0 if r.ok else 1
+
+
+def cmd_ops(a) -> int:
+    from .container import Container
+
+    c = Container(a.path)
+    plan = c.op_plan()
+
+    def op_d(op):
+        return {"kind": op.kind, "role": op.role, "params": op.params,
+                "operands": {k: {"object": r.object, "tensor": r.tensor, "dtype": r.dtype, "shape": list(r.shape)} for k, r in op.operands.items()}}
+
+    if a.json:
+        _print_json({
+            "embedding": op_d(plan.embedding),
+            "layers": [{"index": l.index, "operator": l.operator, "params": l.params, "continuation": l.geometry.describe(),
+                        "ops": [op_d(o) for o in l.ops]} for l in plan.layers],
+            "final_norm": op_d(plan.final_norm),
+            "head": op_d(plan.head),
+        })
+        return 0
+
+    def show(op, indent="  "):
+        print(f"{indent}{op.describe()}")
+        for role, r in op.operands.items():
+            print(f"{indent}    {role:<14} {r.label}  {r.dtype}{list(r.shape)}")
+
+    print("embedding:")
+    show(plan.embedding)
+    for l in plan.layers:
+        print(f"layer {l.index} [{l.operator}] continuation {l.geometry.describe()}")
+        for op in l.ops:
+            show(op)
+    print("final norm:")
+    show(plan.final_norm)
+    print("head:")
+    show(plan.head)
+    return 0
+
+
+def cmd_exec(a) -> int:
+    import numpy as np
+
+    from .container import Container
+    from .exec.slice import Draft, Full
+
+    c = Container(a.path)
+    if a.tokens:
+        try:
+            ids = [int(t) for t in a.tokens.split(",") if t.strip()]
+        except ValueError:
+            raise VindexError(f"--tokens takes comma-separated integers, got {a.tokens!r}") from None
+    elif a.prompt is not None:
+        ids = c.tokenizer.encode(a.prompt)
+    else:
+        raise VindexError("exec needs --tokens 1,2,3 or --prompt TEXT")
+    sl = Draft(a.draft_depth) if a.draft_depth is not None else Full()
+    if a.logit_dump:
+        from .draft import dump_logits
+
+        meta = dump_logits(c, ids, sl, a.logit_dump)
+        if a.json:
+            _print_json(meta)
+        else:
+            print(f"wrote {meta.get('positions')} x {meta.get('vocab')} logits to {a.logit_dump} (+ sidecar)")
+        return 0
+    ex = c.executor(slice=sl)
+    logits = ex.forward(ids)
+    top = np.argsort(-logits[-1])[: a.top]
+    out = {
+        "tokens": ids,
+        "slice": sl.describe(),
+        "executed_layers": ex.trace.executed_layers,
+        "next_token": int(top[0]),
+        "top": [{"id": int(t), "logit": float(logits[-1][t])} for t in top],
+        "prepare_seconds": ex.trace.prepare_seconds,
+        "step_seconds": ex.trace.total_step_seconds,
+    }
+    if c.has_tokenizer:
+        for e in out["top"]:
+            e["text"] = c.tokenizer.token_text(e["id"])
+    if a.json:
+        _print_json(out)
+    else:
+        print(f"{out['slice']}: ran layers {out['executed_layers'][0]}..{out['executed_layers'][-1]} over {len(ids)} positions")
+        for e in out["top"]:
+            print(f"  {e['id']:>7}  {e['logit']:>10.4f}  {e.get('text', '')!r}")
+    return 0
+
+
+def cmd_default(a) -> int:
+    from . import default_model
+    from .progress import terminal_progress
+
+    with terminal_progress(f"encoding {default_model.NAME} (first use)", enabled=not a.json) as cb:
+        p = default_model.ensure(progress=cb)
+    print(p)
+    return 0
+
+
+def cmd_label(a) -> int:
+    from .container import Container
+
+    c = Container(a.path)
+    model = dict(c.index.get("model", {}))
+    model["name"] = a.name
+    c.rewrite_index(model=model)
+    print(f"{a.path}: model name set to {a.name!r} (generation {c.generation})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="vindex3", description="VINDEX3 containers: admit, encode, inspect, verify, run.")
+    p.add_argument("--version", action="version", version=f"vindex3 {__version__}")
+    p.add_argument("--debug", action="store_true", help="show Python tracebacks")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("plan", help="grade a checkpoint's config and tensors (headers only)")
+    s.add_argument("src")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_plan)
+
+    s = sub.add_parser("encode", help="encode an HF checkpoint dir or a .gguf file into a container")
+    s.add_argument("src")
+    s.add_argument("out")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_encode)
+
+    s = sub.add_parser("inspect", help="describe a container (reads no tensor data)")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_inspect)
+
+    s = sub.add_parser("verify", help="re-hash every file against the index")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_verify)
+
+    s = sub.add_parser("ops", help="print the operand plan")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_ops)
+
+    s = sub.add_parser("exec", help="run tokens through the model (or a draft of it)")
+    s.add_argument("path")
+    s.add_argument("--tokens")
+    s.add_argument("--prompt")
+    s.add_argument("--draft-depth", type=int)
+    s.add_argument("--top", type=int, default=5)
+    s.add_argument("--logit-dump", metavar="FILE")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_exec)
+
+    s = sub.add_parser("default", help="encode the built-in default model once and print its container path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_default)
+
+    s = sub.add_parser("label", help="rename the model in index.json (unknown keys are preserved)")
+    s.add_argument("path")
+    s.add_argument("--name", required=True)
+    s.set_defaults(fn=cmd_label)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except VindexError as e:
+        if a.debug:
+            raise
+        print(f"vindex3 {a.cmd}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vindex3 {a.cmd}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

