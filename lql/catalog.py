@@ -1,0 +1,145 @@
+"""The statement catalogue and the settings: one table each, so that HELP, the docs test and
+the REPL's completion all read the same source and cannot drift from each other."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class StatementDoc:
+    name: str  # the statement as written, e.g. "SHOW LAYERS"
+    syntax: str
+    summary: str
+    example: str
+
+
+STATEMENTS: tuple[StatementDoc, ...] = (
+    StatementDoc("OPEN", "OPEN 'path' | USE 'path' | OPEN DEFAULT",
+                 "bind a container (OPEN DEFAULT: the built-in default model, encoded on first use)",
+                 "OPEN 'model.vindex3';"),
+    StatementDoc("STATS", "STATS [AT n POSITIONS]",
+                 "the container's facts: layers, operator mix, objects, continuation state in bytes",
+                 "STATS AT 4096 POSITIONS;"),
+    StatementDoc("EXPLAIN", "EXPLAIN [INFER 'prompt' | INFER TOKENS (ids)] [DRAFT DEPTH n]",
+                 "the plan without running a token: ops, operands, dtypes, state geometry, bytes read",
+                 "EXPLAIN DRAFT DEPTH 2;"),
+    StatementDoc("SHOW LAYERS", "SHOW LAYERS [RANGE a-b]", "the per-layer policy and continuation geometry",
+                 "SHOW LAYERS RANGE 0-1;"),
+    StatementDoc("SHOW COMPONENTS", "SHOW COMPONENTS", "the graph's components and their roles", "SHOW COMPONENTS;"),
+    StatementDoc("SHOW REPRESENTATIONS", "SHOW REPRESENTATIONS ['filter']",
+                 "physical representations: segment files, tensor counts, bytes, hashes",
+                 "SHOW REPRESENTATIONS 'embedding';"),
+    StatementDoc("SHOW PROVENANCE", "SHOW PROVENANCE", "where the container came from", "SHOW PROVENANCE;"),
+    StatementDoc("SHOW OPERANDS", "SHOW OPERANDS [LAYER n]", "the tensors each op reads, with dtype, shape and bytes",
+                 "SHOW OPERANDS LAYER 0;"),
+    StatementDoc("SHOW SETTINGS", "SHOW SETTINGS", "the session's settings", "SHOW SETTINGS;"),
+    StatementDoc("INFER", "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n] [DRAFT DEPTH n] "
+                 "[SPECULATE DEPTH d [LOOKAHEAD k]]",
+                 "next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding",
+                 "INFER 'The capital of France is' TOP 3;"),
+    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n]",
+                 "which layers ran at each position, and the next token there", "TRACE 'Water boils';"),
+    StatementDoc("DRAFT DEPTH", "DRAFT DEPTH n | DRAFT OFF",
+                 "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
+                 "DRAFT DEPTH 2;"),
+    StatementDoc("DRAFT LADDER", "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [INTO 'ladder.json']",
+                 "score each draft depth against the full model over a prompt bank",
+                 "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';"),
+    StatementDoc("DUMP LOGITS", "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] INTO 'file.f32'",
+                 "write raw float32 logits [positions, vocab] and a provenance sidecar",
+                 "DUMP LOGITS 'Hello' DRAFT DEPTH 2 INTO 'draft.f32';"),
+    StatementDoc("SCORE DRAFT", "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
+                 "compare a draft's logit dump with the full model's: KL, top-1, ranks",
+                 "SCORE DRAFT 'draft.f32' AGAINST 'full.f32';"),
+    StatementDoc("VERIFY", "VERIFY", "re-hash every file of the bound container against its index", "VERIFY;"),
+    StatementDoc("PLAN", "PLAN 'checkpoint'", "admission: would this checkpoint encode, and what was judged",
+                 "PLAN 'path/to/hf-checkpoint';"),
+    StatementDoc("ENCODE", "ENCODE 'checkpoint' INTO 'dir'", "encode an HF directory or .gguf into a container",
+                 "ENCODE 'path/to/hf-checkpoint' INTO 'model.vindex3';"),
+    StatementDoc("SET", "SET name = value", "change a setting (see SHOW SETTINGS)", "SET timing = off;"),
+    StatementDoc("HELP", "HELP [statement]", "this help, or one statement's", "HELP INFER;"),
+)
+
+_ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "SHOW": None,
+            "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT"}
+
+
+def find_statement(topic: str) -> StatementDoc | None:
+    topic = " ".join(topic.upper().split())
+    topic = _ALIASES.get(topic, topic) or ""
+    for d in STATEMENTS:
+        if d.name == topic:
+            return d
+    return None
+
+
+def closest_topics(topic: str) -> list[str]:
+    return difflib.get_close_matches(topic.upper(), [d.name for d in STATEMENTS], n=3, cutoff=0.5)
+
+
+def help_text(topic: str | None) -> str | None:
+    """HELP's text; None when the topic names no statement."""
+    if topic is None:
+        width = max(len(d.name) for d in STATEMENTS)
+        lines = ["LQL statements (HELP name for one; statements end with ';'; keywords are case-insensitive):", ""]
+        lines += [f"  {d.name.ljust(width)}  {d.summary}" for d in STATEMENTS]
+        return "\n".join(lines)
+    if topic.upper().strip() == "SHOW":
+        docs = [d for d in STATEMENTS if d.name.startswith("SHOW ")]
+        return "\n".join(f"{d.syntax}\n  {d.summary}" for d in docs)
+    d = find_statement(topic)
+    if d is None:
+        return None
+    return f"{d.syntax}\n  {d.summary}\n  example: {d.example}"
+
+
+# ---- settings -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    name: str
+    default: Any
+    description: str
+    parse: Callable[[Any], Any]  # raises ValueError with a message naming what is accepted
+
+
+def _choice(*options: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        if isinstance(v, str) and v.lower() in options:
+            return v.lower()
+        raise ValueError(f"takes one of {', '.join(options)}")
+
+    return parse
+
+
+def _switch(v: Any) -> bool:
+    if isinstance(v, str) and v.lower() in ("on", "true", "yes"):
+        return True
+    if isinstance(v, str) and v.lower() in ("off", "false", "no"):
+        return False
+    raise ValueError("takes on or off")
+
+
+def _count(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return v
+    raise ValueError("takes a whole number of at least 1")
+
+
+SETTINGS: tuple[SettingDoc, ...] = (
+    SettingDoc("format", "text", "output format of results: text or json", _choice("text", "json")),
+    SettingDoc("timing", True, "show machine-dependent timings (prepare, prefill, tok/s)", _switch),
+    SettingDoc("top", 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
+    SettingDoc("compare", True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),
+)
+
+
+def setting(name: str) -> SettingDoc | None:
+    for s in SETTINGS:
+        if s.name == name:
+            return s
+    return None

@@ -1,0 +1,580 @@
+"""Results → text (aligned fields and tables) and → JSON (one object per statement, stable
+keys). Layout only: nothing here computes a fact, opens a file or touches a model.
+
+Machine-dependent values (timings) are rendered with a unit (``12.3 ms``, ``0.004 s``,
+``250.1 tok/s``) and only when the ``timing`` setting is on, so that text output is otherwise
+reproducible."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from . import results as R
+
+# ---- formatting helpers ---------------------------------------------------------------
+
+
+def fmt_int(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Exact bytes, with a binary-prefixed size beside it once it is large."""
+    if n is None:
+        return "-"
+    if n < 1024:
+        return f"{n:,} bytes"
+    size, unit = float(n), "B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024.0
+        if size < 1024.0:
+            break
+    return f"{n:,} bytes ({size:.1f} {unit})"
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s * 1000:.1f} ms" if s < 1.0 else f"{s:.2f} s"
+
+
+def fmt_prob(p: float) -> str:
+    return f"{p:.4f}"
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def fmt_text(s: str | None) -> str:
+    """A token's or a generation's text, quoted so that whitespace is visible."""
+    return "-" if s is None else repr(s)
+
+
+def fmt_mix(mix: Iterable[R.MixEntry]) -> str:
+    return " / ".join(f"{m.count} {m.label}" for m in mix) or "-"
+
+
+def fmt_layers(layers: Sequence[int]) -> str:
+    """[0, 1, 2, 3, 7] → '0-3, 7' (real layer indices, runs collapsed)."""
+    if not layers:
+        return "none"
+    runs: list[tuple[int, int]] = []
+    for i in layers:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
+
+
+def layers_phrase(layers: Sequence[int]) -> str:
+    """'layer 0' or 'layers 0-3'."""
+    return ("layer " if len(layers) == 1 else "layers ") + fmt_layers(layers)
+
+
+def fmt_params(params: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items() if v is not None)
+
+
+def fields(pairs: Iterable[tuple[str, Any]]) -> list[str]:
+    """Aligned ``label  value`` lines; pairs whose value is None are left out."""
+    pairs = [(k, v) for k, v in pairs if v is not None]
+    if not pairs:
+        return []
+    width = max(len(k) for k, _ in pairs)
+    return [f"{k.ljust(width)}  {v}".rstrip() for k, v in pairs]
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = ()) -> list[str]:
+    """An aligned table: header, a rule, rows. Columns in ``right`` are right-aligned."""
+    rows = [[c if isinstance(c, str) else fmt_value(c) for c in row] for row in rows]
+    right = set(right)
+    widths = [len(h) for h in headers]
+    for row in rows:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+
+    def line(cells: Sequence[str]) -> str:
+        out = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
+        return "  ".join(out).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+# ---- per-result layouts ---------------------------------------------------------------
+
+_LAYOUTS: dict[type, Callable[[Any, bool], list[str]]] = {}
+
+
+def _layout(cls: type):
+    def deco(fn):
+        _LAYOUTS[cls] = fn
+        return fn
+
+    return deco
+
+
+@_layout(R.OpenResult)
+def _open(r: R.OpenResult, timing: bool) -> list[str]:
+    out = [f"opened {r.name}" + (" (the default model)" if r.default_model else "")]
+    out += fields([
+        ("path", r.path),
+        ("component", f"{r.component} ({r.role})"),
+        ("layers", str(r.layers)),
+        ("operators", fmt_mix(r.operator_mix)),
+        ("tokenizer", "yes" if r.tokenizer else "no (use INFER TOKENS (...))"),
+        ("draft", None if r.draft_reset is None else f"DRAFT DEPTH {r.draft_reset} cleared; the full model runs"),
+    ])
+    return out
+
+
+@_layout(R.StatsResult)
+def _stats(r: R.StatsResult, timing: bool) -> list[str]:
+    c = r.continuation
+    out = fields([
+        ("model", r.name),
+        ("path", r.path),
+        ("generation", str(r.generation)),
+        ("digest", r.digest),
+        ("component", f"{r.component} ({r.role})"),
+        ("layers", str(r.layers)),
+        ("operators", fmt_mix(r.operator_mix)),
+        ("parameters", fmt_int(r.parameters)),
+        ("weights", fmt_bytes(r.bytes)),
+        ("output head", f"vocab {r.vocab:,}, " + ("tied to the embedding" if r.head_tied else "its own weights")),
+        ("tokenizer", "yes" if r.tokenizer else "no"),
+    ])
+    out += [""] + table(
+        ["object", "representation", "tensors", "parameters", "bytes"],
+        [[o.object, o.representation, fmt_int(o.tensors), fmt_int(o.parameters), fmt_int(o.bytes)] for o in r.objects],
+        right=(2, 3, 4),
+    )
+    out += ["", "continuation state"]
+    kv = (
+        f"{fmt_bytes(c.kv_bytes_per_position)} per position over {c.kv_layers} layer(s)"
+        + (f", {c.windowed_kv_layers} of them windowed" if c.windowed_kv_layers else "")
+        if c.kv_layers else "none (no layer keeps KV)"
+    )
+    latent = f"{fmt_bytes(c.latent_bytes_per_position)} per position over {c.latent_layers} layer(s)" if c.latent_layers else "none"
+    rec = f"{fmt_bytes(c.recurrent_bytes)} fixed over {c.recurrent_layers} layer(s)" if c.recurrent_layers else "none"
+    rows = [("  kv", kv), ("  latent", latent), ("  recurrent", rec)]
+    if c.stateless_layers:
+        rows.append(("  stateless", f"{c.stateless_layers} layer(s)"))
+    if r.positions is not None:
+        rows.append((f"  at {r.positions:,} positions", fmt_bytes(r.state_bytes_at_positions)))
+    out += fields(rows)
+    return out
+
+
+def _operand_rows(ops: Sequence[R.OpInfo], with_params: bool, skip_params_of: str | None = None) -> list[list[str]]:
+    rows: list[list[str]] = []
+    for op in ops:
+        params = fmt_params(op.params) if with_params and op.role != skip_params_of else ""
+        if not op.operands:
+            rows.append([op.kind, op.role, "-", "", "", "", "", params])
+            continue
+        for j, o in enumerate(op.operands):
+            rows.append([
+                op.kind if j == 0 else "", op.role if j == 0 else "", o.role, f"{o.object}/{o.tensor}",
+                o.dtype, fmt_shape(o.shape), fmt_int(o.bytes), params if j == 0 else "",
+            ])
+    return rows
+
+
+@_layout(R.ExplainResult)
+def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
+    head = f"plan: {r.slice}, {layers_phrase(r.executed_layers)} of {r.model_layers}"
+    out = [head]
+    if r.skipped_layers:
+        out.append(f"not run: {layers_phrase(r.skipped_layers)}")
+    if r.prompt is not None:
+        out += fields([
+            ("prompt", fmt_text(r.prompt.text) if r.prompt.text is not None else "token ids"),
+            ("token ids", fmt_value(r.prompt.ids)),
+            ("state after prompt", fmt_bytes(r.state_bytes_after_prompt)),
+        ])
+    headers = ["op", "role", "operand", "tensor", "dtype", "shape", "bytes", "params"]
+    rows: list[list[str]] = []
+    for st in r.steps:
+        if st.stage == "layer":
+            # the mixer's own parameters head the layer; its row then needs no params column
+            mixer = next((op for op in st.ops if op.role == "mixer"), None)
+            params = mixer.params if mixer is not None else st.params
+            title = f"layer {st.layer}: {st.operator}"
+            state = st.geometry or "-"
+            if st.bytes_per_position:
+                state += f", {st.bytes_per_position:,} bytes/position"
+            if st.fixed_bytes:
+                state += f", {st.fixed_bytes:,} bytes fixed"
+            rows.append([f"[{title}; state {state}]"] + [""] * 7)
+            if params:
+                rows.append([f"[  {fmt_params(params)}]"] + [""] * 7)
+            rows += _operand_rows(st.ops, with_params=True, skip_params_of="mixer")
+        else:
+            rows.append([f"[{st.stage.replace('_', ' ')}]"] + [""] * 7)
+            rows += _operand_rows(st.ops, with_params=True)
+    out += [""] + _table_with_banners(headers, rows, right=(6,))
+    c = r.reads
+    out += [""] + fields([
+        ("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}"),
+        ("  ends", f"{c.ends_reads} operands, {fmt_bytes(c.ends_bytes)} (embedding, final norm, head)"),
+        ("  layers", f"{c.layer_reads} operands, {fmt_bytes(c.layer_bytes)}"),
+    ])
+    return out
+
+
+def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right: Iterable[int] = ()) -> list[str]:
+    """A table in which rows starting with '[' are section banners spanning the line; banners
+    do not widen the columns."""
+    plain = [r for r in rows if not r[0].startswith("[")]
+    laid = table(headers, plain, right=right)
+    it = iter(laid[2:])
+    out = laid[:2]
+    for r in rows:
+        out.append(r[0][1:-1] if r[0].startswith("[") else next(it))
+    return out
+
+
+@_layout(R.LayersResult)
+def _layers(r: R.LayersResult, timing: bool) -> list[str]:
+    return table(
+        ["layer", "operator", "span", "window", "position", "ffn", "state", "bytes/position", "fixed bytes"],
+        [[str(x.layer), x.operator, x.span or "-", fmt_int(x.window), x.position or "-", x.ffn or "-",
+          x.continuation, fmt_int(x.bytes_per_position), fmt_int(x.fixed_bytes)] for x in r.layers],
+        right=(0, 3, 7, 8),
+    )
+
+
+@_layout(R.ComponentsResult)
+def _components(r: R.ComponentsResult, timing: bool) -> list[str]:
+    return table(
+        ["component", "role", "objects", "executes"],
+        [[c.name, c.role, ", ".join(c.objects) or "-",
+          "yes" if c.executes else f"no ({c.role} is not executable in this build)"] for c in r.components],
+    )
+
+
+@_layout(R.RepresentationsResult)
+def _reps(r: R.RepresentationsResult, timing: bool) -> list[str]:
+    if not r.representations:
+        return [f"no representation matches {r.filter!r}" if r.filter else "no representations"]
+    return table(
+        ["representation", "object", "encoding", "segment", "tensors", "payload bytes", "payload sha256"],
+        [[x.key, x.object, x.encoding or "-", x.segment, fmt_int(x.tensors), fmt_int(x.payload_bytes),
+          (x.payload_sha256 or "-")[:16]] for x in r.representations],
+        right=(4, 5),
+    )
+
+
+def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(d, dict) and d:
+        out = []
+        for k, v in d.items():
+            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [(prefix, d)]
+
+
+@_layout(R.ProvenanceResult)
+def _provenance(r: R.ProvenanceResult, timing: bool) -> list[str]:
+    if not r.provenance:
+        return ["no provenance recorded"]
+    return fields((k, fmt_value(v)) for k, v in _flatten(r.provenance))
+
+
+@_layout(R.OperandsResult)
+def _operands(r: R.OperandsResult, timing: bool) -> list[str]:
+    out = table(
+        ["layer", "op", "operand", "tensor", "dtype", "shape", "bytes"],
+        [[str(o.layer) if o.layer is not None else o.stage.replace("_", " "),
+          f"{o.op} ({o.op_role})" if o.op_role and o.op_role != o.op else o.op, o.role,
+          f"{o.object}/{o.tensor}", o.dtype, fmt_shape(o.shape), fmt_int(o.bytes)] for o in r.operands],
+        right=(6,),
+    )
+    return out + [f"{len(r.operands)} operands, {fmt_bytes(r.total_bytes)}"]
+
+
+@_layout(R.SettingsResult)
+def _settings(r: R.SettingsResult, timing: bool) -> list[str]:
+    return table(["setting", "value", "meaning"], [[s.name, fmt_value(s.value), s.description] for s in r.settings])
+
+
+def _prompt_fields(p: R.PromptInfo) -> list[tuple[str, Any]]:
+    return [
+        ("prompt", fmt_text(p.text) if p.text is not None else None),
+        ("prompt ids", fmt_value(p.ids)),
+    ]
+
+
+@_layout(R.InferResult)
+def _infer(r: R.InferResult, timing: bool) -> list[str]:
+    out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *_prompt_fields(r.prompt)])
+    if r.top is not None:
+        out += [""] + table(
+            ["rank", "token", "id", "probability"],
+            [[str(c.rank), fmt_text(c.token), str(c.id), fmt_prob(c.probability)] for c in r.top],
+            right=(0, 2, 3),
+        )
+    if r.generated_ids is not None:
+        out += [""] + fields([
+            ("generated", f"{len(r.generated_ids)} tokens"),
+            ("ids", fmt_value(r.generated_ids)),
+            ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
+        ])
+    if timing and r.timing is not None:
+        out += [""] + _timing_fields(r.timing)
+    return out
+
+
+def _timing_fields(t: R.Timing, extra: Sequence[tuple[str, Any]] = ()) -> list[str]:
+    return fields([
+        ("prepare", fmt_seconds(t.prepare_seconds) if t.prepare_seconds is not None else None),
+        ("prefill", fmt_seconds(t.prefill_seconds) if t.prefill_seconds is not None else None),
+        ("decode", fmt_seconds(t.decode_seconds) if t.decode_seconds is not None else None),
+        ("per token", f"{t.ms_per_token:.2f} ms" if t.ms_per_token is not None else None),
+        ("speed", f"{t.tokens_per_second:.1f} tok/s" if t.tokens_per_second is not None else None),
+        *extra,
+    ])
+
+
+@_layout(R.SpeculateResult)
+def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
+    out = fields([
+        *_prompt_fields(r.prompt),
+        ("draft", f"depth {r.depth}, lookahead {r.lookahead}, rollback by {r.rollback}"),
+        ("generated", f"{len(r.generated_ids)} tokens"),
+        ("ids", fmt_value(r.generated_ids)),
+        ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
+        ("acceptance", f"{r.accepted} of {r.proposed} proposed tokens ({r.acceptance_rate:.3f})"),
+        ("full-model calls", f"{r.full_model_calls} ({r.tokens_per_full_step:.2f} tokens per call)"),
+        ("same as greedy", None if r.matches_plain is None else ("yes" if r.matches_plain else "NO")),
+    ])
+    if timing and r.timing is not None:
+        out += [""] + _timing_fields(r.timing, [
+            ("plain greedy", f"{r.plain_tokens_per_second:.1f} tok/s" if r.plain_tokens_per_second is not None else None),
+            ("speedup", f"{r.speedup:.2f} x" if r.speedup is not None else None),
+        ])
+    return out
+
+
+@_layout(R.TraceResult)
+def _trace(r: R.TraceResult, timing: bool) -> list[str]:
+    out = [f"trace: {r.slice}, {r.model_layers}-layer model"]
+    rows = []
+    for x in r.rows:
+        ran = _layers_with_operators(x.layers, x.operators)
+        rows.append([str(x.position), str(x.token_id), fmt_text(x.token), ran, str(x.next_id), fmt_text(x.next_token)])
+    return out + table(["pos", "id", "token", "layers run", "next id", "next token"], rows, right=(0, 1, 4))
+
+
+def _layers_with_operators(layers: Sequence[int], operators: Sequence[str]) -> str:
+    """Runs of consecutive layers with one operator: '0-3 softmax (full)', '0-2 mamba2, 3 softmax (full)'."""
+    runs: list[list] = []
+    for i, op in zip(layers, operators):
+        if runs and runs[-1][2] == op and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i, op])
+    return ", ".join((f"{a}-{b}" if a != b else f"{a}") + f" {op}" for a, b, op in runs) or "none"
+
+
+@_layout(R.DraftResult)
+def _draft(r: R.DraftResult, timing: bool) -> list[str]:
+    if r.depth is None:
+        return [f"draft off: later statements run the full model ({r.model_layers} layers)"]
+    c = r.reads
+    return [
+        f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
+        f"{layers_phrase(r.executed_layers)} of {r.model_layers}",
+    ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
+
+
+@_layout(R.VerifyResult)
+def _verify(r: R.VerifyResult, timing: bool) -> list[str]:
+    if r.ok:
+        return [f"verified {r.checked} files: every hash matches the index"]
+    return [f"VERIFY FAILED: {len(r.problems)} problem(s) in {r.checked} files checked"] + [f"  - {p}" for p in r.problems]
+
+
+@_layout(R.PlanResult)
+def _plan(r: R.PlanResult, timing: bool) -> list[str]:
+    out = fields([
+        ("checkpoint", r.source),
+        ("model type", r.model_type or "-"),
+        ("admissible", "yes" if r.admissible else "no: " + f"{sum(f.blocks for f in r.findings)} finding(s) block it"),
+    ])
+    if r.findings:
+        graded = any(f.grade for f in r.findings)
+        headers = ["category", "key", "value"] + (["grade"] if graded else []) + ["blocks", "message"]
+        out += [""] + table(headers, [
+            [f.category, f.key, _short(fmt_value(f.value))] + ([f.grade] if graded else [])
+            + ["BLOCKS" if f.blocks else "", f.message] for f in r.findings
+        ])
+    return out
+
+
+def _short(s: str, n: int = 40) -> str:
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+@_layout(R.EncodeResult)
+def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
+    out = [f"encoded {r.source} into {r.path}"] + fields([
+        ("model", r.name),
+        ("layers", f"{r.layers} ({fmt_mix(r.operator_mix)})"),
+        ("weights", fmt_bytes(r.bytes)),
+    ])
+    if timing and r.timing is not None:
+        out += _timing_fields(r.timing)
+    return out
+
+
+@_layout(R.HelpResult)
+def _help(r: R.HelpResult, timing: bool) -> list[str]:
+    return r.text.rstrip("\n").split("\n")
+
+
+@_layout(R.SetResult)
+def _set(r: R.SetResult, timing: bool) -> list[str]:
+    return [f"{r.name} = {fmt_value(r.value)}" + ("" if r.previous == r.value else f" (was {fmt_value(r.previous)})")]
+
+
+@_layout(R.DumpResult)
+def _dump(r: R.DumpResult, timing: bool) -> list[str]:
+    slice_ = "full model" if r.depth is None else f"draft depth {r.depth}"
+    out = [f"dumped {r.positions} x {r.vocab:,} float32 logits ({slice_}) to {r.path}"]
+    out += fields([
+        ("sidecar", r.sidecar),
+        ("layers run", fmt_layers(r.executed_layers)),
+        ("container", str(r.meta.get("container_digest", "-"))[:16]),
+    ])
+    if timing:
+        out += fields([
+            ("prepare", fmt_seconds(r.meta.get("prepare_seconds"))),
+            ("per position", f"{r.meta['ms_per_position']:.2f} ms" if r.meta.get("ms_per_position") is not None else None),
+        ])
+    return out
+
+
+def _summary_fields(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    def f(key: str, fmt: str = "{:.4f}") -> str | None:
+        v = s.get(key)
+        return None if v is None else fmt.format(v)
+
+    return [
+        ("positions", f("positions", "{}")),
+        ("top-1 agreement", f("top1")),
+        ("KL mean", f("kl_mean")),
+        ("KL p50 / p90 / p99", " / ".join(f"{s[k]:.4f}" for k in ("kl_p50", "kl_p90", "kl_p99") if k in s) or None),
+        ("KL max", f("kl_max")),
+        ("median target rank", f("median_target_rank", "{:g}")),
+        ("top-5 containment", f("top5")),
+        ("top-20 containment", f("top20")),
+        ("median next-token rank", None if s.get("median_next_rank_draft") is None else
+         f"draft {s['median_next_rank_draft']:g}, target {s.get('median_next_rank_target', float('nan')):g}"),
+    ]
+
+
+@_layout(R.ScoreResult)
+def _score(r: R.ScoreResult, timing: bool) -> list[str]:
+    slice_ = "?" if r.depth is None else f"depth {r.depth}"
+    out = [f"draft {r.draft} ({slice_} of {r.model_layers}) against {r.target} (full model)"]
+    out += fields(_summary_fields(r.summary))
+    if r.positions:
+        out += [""] + table(
+            ["pos", "KL", "top-1", "target argmax", "draft argmax", "rank in draft"],
+            [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
+              str(p["draft_argmax"]), str(p["target_rank_in_draft"])] for p in r.positions],
+            right=(0, 1, 3, 4, 5),
+        )
+    return out
+
+
+@_layout(R.LadderResult)
+def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
+    headers = ["depth", "positions", "top-1", "KL p50", "KL p90", "KL p99", "rank p50", "top-5", "top-20"]
+    if timing:
+        headers += ["prepare", "ms/position"]
+    rows = []
+    for row in r.rows:
+        s = row["summary"]
+        cells = [str(row["depth"]), str(s["positions"]), f"{s['top1']:.3f}", f"{s['kl_p50']:.4f}",
+                 f"{s['kl_p90']:.4f}", f"{s['kl_p99']:.4f}", f"{s['median_target_rank']:g}",
+                 f"{s['top5']:.3f}", f"{s['top20']:.3f}"]
+        if timing:
+            cells += [fmt_seconds(row.get("prepare_seconds")), f"{row['ms_per_position']:.2f} ms"]
+        rows.append(cells)
+    out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
+    out += table(headers, rows, right=range(len(headers)))
+    if timing and r.target:
+        out.append(f"full model: {fmt_seconds(r.target.get('prepare_seconds'))} prepare, "
+                   f"{r.target.get('ms_per_position', 0.0):.2f} ms per position")
+    if r.into:
+        out.append(f"report written to {r.into}")
+    return out
+
+
+# ---- entry points ---------------------------------------------------------------------
+
+
+def to_text(result: R.Result, *, timing: bool = True) -> str:
+    """The result as aligned text (no trailing newline)."""
+    layout = _LAYOUTS.get(type(result))
+    if layout is None:  # a result kind without a layout is a bug; still show the data
+        return json.dumps(result.model_dump(mode="json", exclude={"statement"}), indent=2)
+    return "\n".join(layout(result, timing))
+
+
+def to_json(result: R.Result) -> dict:
+    """One object per statement: ``{"statement", "kind", "ok", "result"}``; keys are stable
+    (declaration order), values JSON-safe."""
+    body = result.model_dump(mode="json", exclude={"statement", "kind"})
+    return {
+        "statement": result.statement.model_dump() if result.statement else None,
+        "kind": result.kind,
+        "ok": True,
+        "result": body,
+    }
+
+
+def error_json(err: Exception, statement: R.StatementRef | None) -> dict:
+    """The JSON object for a statement that failed."""
+    from .errors import LqlError, LqlSyntaxError
+
+    if isinstance(err, LqlError):
+        error = {"type": err.kind, "message": err.message, "hint": err.hint}
+        if isinstance(err, LqlSyntaxError):
+            error.update(line=err.line, column=err.column, expected=err.expected)
+    else:
+        error = {"type": "InternalError", "message": f"{type(err).__name__}: {err}", "hint": None}
+    return {
+        "statement": statement.model_dump() if statement else None,
+        "kind": statement.kind if statement else None,
+        "ok": False,
+        "error": error,
+    }
+
+
+def dumps_json(obj: Any, *, indent: int | None = None) -> str:
+    """Strict JSON text for one statement's object (non-finite floats in the project's tagged
+    spelling, see vindex3.jsonio)."""
+    from vindex3 import jsonio
+
+    return jsonio.dumps(obj, indent=indent)

@@ -1,0 +1,405 @@
+"""Typed results, one class per kind of answer. A result is data only: the session fills it,
+`lql.render` lays it out as text or JSON. ``to_text()`` is the text renderer's view of it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class StatementRef(BaseModel):
+    """Which statement a result answers: its kind, position and source text."""
+
+    kind: str
+    line: int
+    column: int
+    text: str
+
+
+class Result(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    statement: StatementRef | None = None
+
+    def to_text(self, *, timing: bool = True) -> str:
+        from .render import to_text
+
+        return to_text(self, timing=timing)
+
+    def to_json(self) -> dict:
+        from .render import to_json
+
+        return to_json(self)
+
+
+# ---- shared pieces --------------------------------------------------------------------
+
+
+class MixEntry(BaseModel):
+    label: str
+    count: int
+
+
+class Operand(BaseModel):
+    role: str
+    object: str
+    tensor: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+
+
+class OpInfo(BaseModel):
+    kind: str
+    role: str
+    params: dict[str, Any]
+    operands: list[Operand]
+
+
+class PromptInfo(BaseModel):
+    """A prompt as the model sees it: text (None for TOKENS) and the ids it tokenised to."""
+
+    text: str | None
+    ids: list[int]
+
+
+class Timing(BaseModel):
+    """Machine-dependent: rendered only when the ``timing`` setting is on."""
+
+    prepare_seconds: float | None = None
+    prefill_seconds: float | None = None
+    decode_seconds: float | None = None
+    ms_per_token: float | None = None
+    tokens_per_second: float | None = None
+
+
+# ---- binding and facts ----------------------------------------------------------------
+
+
+class OpenResult(Result):
+    kind: Literal["open"] = "open"
+    name: str
+    path: str
+    default_model: bool
+    component: str
+    role: str
+    layers: int
+    operator_mix: list[MixEntry]
+    tokenizer: bool
+    generation: int
+    draft_reset: int | None = None  # the session's draft depth that OPEN cleared
+
+
+class ObjectRow(BaseModel):
+    object: str
+    representation: str
+    tensors: int
+    parameters: int
+    bytes: int
+
+
+class ContinuationSummary(BaseModel):
+    layers: int
+    kv_layers: int
+    kv_bytes_per_position: int
+    windowed_kv_layers: int
+    latent_layers: int
+    latent_bytes_per_position: int
+    recurrent_layers: int
+    recurrent_bytes: int
+    stateless_layers: int
+
+
+class StatsResult(Result):
+    kind: Literal["stats"] = "stats"
+    name: str
+    path: str
+    generation: int
+    digest: str
+    component: str
+    role: str
+    layers: int
+    operator_mix: list[MixEntry]
+    objects: list[ObjectRow]
+    parameters: int
+    bytes: int
+    vocab: int
+    head_tied: bool
+    tokenizer: bool
+    continuation: ContinuationSummary
+    positions: int | None = None
+    state_bytes_at_positions: int | None = None
+
+
+class ExplainStep(BaseModel):
+    stage: Literal["embedding", "layer", "final_norm", "head"]
+    layer: int | None = None
+    operator: str | None = None
+    params: dict[str, Any] = {}
+    geometry: str | None = None
+    bytes_per_position: int | None = None
+    fixed_bytes: int | None = None
+    ops: list[OpInfo]
+
+
+class ReadCost(BaseModel):
+    ends_reads: int
+    ends_bytes: int
+    layer_reads: int
+    layer_bytes: int
+    total_reads: int
+    total_bytes: int
+
+
+class ExplainResult(Result):
+    kind: Literal["explain"] = "explain"
+    slice: str
+    depth: int | None
+    model_layers: int
+    executed_layers: list[int]
+    skipped_layers: list[int]
+    prompt: PromptInfo | None = None
+    state_bytes_after_prompt: int | None = None
+    steps: list[ExplainStep]
+    reads: ReadCost
+
+
+class LayerRow(BaseModel):
+    layer: int
+    operator: str
+    span: str | None
+    window: int | None
+    position: str | None
+    ffn: str | None
+    continuation: str
+    bytes_per_position: int
+    fixed_bytes: int
+
+
+class LayersResult(Result):
+    kind: Literal["show_layers"] = "show_layers"
+    model_layers: int
+    layers: list[LayerRow]
+
+
+class ComponentRow(BaseModel):
+    name: str
+    role: str
+    objects: list[str]
+    executes: bool
+
+
+class ComponentsResult(Result):
+    kind: Literal["show_components"] = "show_components"
+    components: list[ComponentRow]
+
+
+class RepresentationRow(BaseModel):
+    key: str
+    object: str
+    encoding: str | None
+    segment: str
+    tensors: int | None
+    payload_bytes: int | None
+    payload_sha256: str | None
+    segment_sha256: str | None
+
+
+class RepresentationsResult(Result):
+    kind: Literal["show_representations"] = "show_representations"
+    filter: str | None
+    representations: list[RepresentationRow]
+
+
+class ProvenanceResult(Result):
+    kind: Literal["show_provenance"] = "show_provenance"
+    provenance: dict[str, Any]
+
+
+class OperandRow(BaseModel):
+    stage: str  # "embedding" | "layer" | "final_norm" | "head"
+    layer: int | None
+    op: str
+    op_role: str  # what the op is for in its layer (attn_norm, mixer, ffn...)
+    role: str  # the operand's role within the op (weight, q_proj...)
+    object: str
+    tensor: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+
+
+class OperandsResult(Result):
+    kind: Literal["show_operands"] = "show_operands"
+    layer: int | None
+    operands: list[OperandRow]
+    total_bytes: int
+
+
+class SettingRow(BaseModel):
+    name: str
+    value: Any
+    description: str
+
+
+class SettingsResult(Result):
+    kind: Literal["show_settings"] = "show_settings"
+    settings: list[SettingRow]
+
+
+# ---- running the model ----------------------------------------------------------------
+
+
+class Candidate(BaseModel):
+    rank: int
+    token: str | None  # None when the container carries no tokenizer
+    id: int
+    probability: float
+
+
+class InferResult(Result):
+    kind: Literal["infer"] = "infer"
+    slice: str
+    depth: int | None
+    executed_layers: list[int]
+    prompt: PromptInfo
+    top: list[Candidate] | None = None
+    generated_ids: list[int] | None = None
+    generated_text: str | None = None
+    timing: Timing | None = None
+
+
+class SpeculateResult(Result):
+    kind: Literal["speculate"] = "speculate"
+    prompt: PromptInfo
+    depth: int
+    lookahead: int
+    generated_ids: list[int]
+    generated_text: str | None
+    rounds: int
+    proposed: int
+    accepted: int
+    acceptance_rate: float
+    tokens_per_full_step: float
+    full_model_calls: int
+    rollback: str
+    matches_plain: bool | None = None
+    timing: Timing | None = None
+    speedup: float | None = None
+    plain_tokens_per_second: float | None = None
+
+
+class TraceRow(BaseModel):
+    position: int
+    token_id: int
+    token: str | None
+    layers: list[int]
+    operators: list[str]
+    next_id: int
+    next_token: str | None
+
+
+class TraceResult(Result):
+    kind: Literal["trace"] = "trace"
+    slice: str
+    depth: int | None
+    model_layers: int
+    prompt: PromptInfo
+    rows: list[TraceRow]
+
+
+class DraftResult(Result):
+    kind: Literal["draft"] = "draft"
+    depth: int | None  # None: the full model
+    model_layers: int
+    executed_layers: list[int]
+    reads: ReadCost
+
+
+# ---- the container, checkpoints, the session ------------------------------------------
+
+
+class VerifyResult(Result):
+    kind: Literal["verify"] = "verify"
+    path: str
+    ok: bool
+    checked: int
+    problems: list[str]
+
+
+class FindingRow(BaseModel):
+    category: str
+    key: str
+    value: Any
+    grade: str
+    message: str
+    blocks: bool
+
+
+class PlanResult(Result):
+    kind: Literal["plan"] = "plan"
+    source: str
+    model_type: str | None
+    admissible: bool
+    findings: list[FindingRow]
+
+
+class EncodeResult(Result):
+    kind: Literal["encode"] = "encode"
+    source: str
+    path: str
+    name: str
+    layers: int
+    operator_mix: list[MixEntry]
+    bytes: int
+    timing: Timing | None = None
+
+
+class HelpResult(Result):
+    kind: Literal["help"] = "help"
+    topic: str | None
+    text: str
+
+
+class SetResult(Result):
+    kind: Literal["set"] = "set"
+    name: str
+    value: Any
+    previous: Any
+
+
+# ---- drafts made measurable (vindex3.draft) -------------------------------------------
+
+
+class DumpResult(Result):
+    kind: Literal["dump_logits"] = "dump_logits"
+    path: str
+    sidecar: str
+    depth: int | None
+    positions: int
+    vocab: int
+    executed_layers: list[int]
+    meta: dict[str, Any]
+
+
+class ScoreResult(Result):
+    kind: Literal["score_draft"] = "score_draft"
+    draft: str
+    target: str
+    depth: int | None
+    model_layers: int
+    summary: dict[str, Any]
+    positions: list[dict[str, Any]]
+
+
+class LadderResult(Result):
+    kind: Literal["draft_ladder"] = "draft_ladder"
+    prompts_file: str
+    into: str | None
+    model_layers: int
+    depths: list[int]
+    rows: list[dict[str, Any]]
+    target: dict[str, Any]
+    report: dict[str, Any]
