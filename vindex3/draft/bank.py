@@ -6,7 +6,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .. import jsonio
 from ..errors import ConfigError
@@ -15,11 +15,23 @@ BANK_NAME = "prompts-v1.jsonl"
 
 
 class Prompt(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    """One bank entry: text to tokenize, or (for containers without a tokenizer, and for exact
+    replays) the token ids themselves — exactly one of the two."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str
     category: str
-    text: str
+    text: str | None = None
+    token_ids: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Prompt:
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("give exactly one of text and token_ids")
+        if self.token_ids is not None and not self.token_ids:
+            raise ValueError("token_ids is empty")
+        return self
 
 
 def bank_candidates(repo_root: str | os.PathLike | None = None) -> list[Path]:
@@ -39,8 +51,8 @@ def default_bank(repo_root: str | os.PathLike | None = None) -> Path:
 
 
 def load_prompts(path: str | os.PathLike) -> list[Prompt]:
-    """Read a JSONL prompt bank: one ``{"id", "category", "text"}`` object a line; blank lines
-    are skipped; ids must be unique."""
+    """Read a JSONL prompt bank: one ``{"id", "category", "text" | "token_ids"}`` object a line;
+    blank lines are skipped; ids must be unique."""
     p = Path(path)
     try:
         lines = p.read_text(encoding="utf-8").splitlines()

@@ -57,3 +57,10 @@ def container_facts(container: Any) -> dict[str, Any]:
         "component": graph.component.name,
         "num_layers": int(graph.num_layers),
     }
+
+
+def recurrent_layers(container: Any, executed: list[int]) -> list[tuple[int, str]]:
+    """(layer, operator) of each executed layer whose continuation keeps recurrent buffers, which a
+    KV truncation cannot roll back."""
+    layers = container.op_plan().layers
+    return [(i, layers[i].operator) for i in executed if layers[i].geometry.buffers]

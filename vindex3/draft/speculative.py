@@ -1,0 +1,252 @@
+"""Self-speculative greedy decoding: a reduced-depth draft of the same container proposes
+``k`` tokens, the full model checks them in one batch call, and the longest agreeing prefix is
+kept together with the full model's own next token. The output is, by construction, the full
+model's greedy continuation; only the number of full-model calls changes.
+
+One round, with the full stream at position P and its pending (emitted, not yet consumed)
+token ``x``::
+
+    draft:  step(x) → p1, step(p1) → p2, … → pk            (k draft steps)
+    full:   prefill([x, p1, …, pk]) → k+1 rows               (one full-model call)
+    accept: j = longest prefix with argmax(row[i]) == p(i+1); emit p1..pj and y = argmax(row[j])
+    roll back both streams to P+1+j (KV truncate, or snapshot/restore where state recurs)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from ..errors import StateError, UnsupportedOperator, VindexError
+from .slices import make_executor, open_container, recurrent_layers, resolve_slice
+
+
+class PlainResult(BaseModel):
+    tokens: list[int]
+    seconds: float
+    tokens_per_second: float
+
+
+class SpecResult(BaseModel):
+    tokens: list[int]
+    prompt_tokens: int
+    n: int
+    depth: int
+    lookahead: int
+    rollback: str  # "truncate" | "snapshot"
+    rounds: int  # verification calls of the full model
+    proposed: int  # draft tokens offered for verification
+    accepted: int  # of those, kept
+    acceptance_rate: float  # accepted / proposed
+    accepted_histogram: list[int]  # rounds that kept j draft tokens, j = 0..lookahead
+    full_model_calls: int  # prompt prefill + verification calls (+ replays in snapshot mode)
+    tokens_per_full_step: float  # n / full_model_calls; plain greedy is 1.0
+    draft_steps: int
+    prepare_seconds: float  # full + draft executors
+    seconds: float  # prompt prefill through the last token
+    tokens_per_second: float
+    plain: PlainResult | None = None
+    matches_plain: bool | None = None
+    speedup: float | None = None  # plain seconds / speculative seconds
+
+
+class _Stream:
+    """A continuation state that can forget the last tokens it consumed.
+
+    ``truncate`` mode drops KV rows past a position. ``snapshot`` mode (state that also keeps
+    recurrent buffers) snapshots before speculative input and, on rejection, restores and
+    replays the accepted tokens."""
+
+    def __init__(self, st: Any, mode: str):
+        self.st = st
+        self.mode = mode
+        self._snap: Any = None
+        self._snap_pos = 0
+        self.replays = 0
+
+    @property
+    def position(self) -> int:
+        return int(self.st.position)
+
+    def mark(self) -> None:
+        if self.mode == "snapshot":
+            self._snap = self.st.snapshot()
+            self._snap_pos = self.position
+
+    def rollback(self, keep: int, replay: Sequence[int]) -> None:
+        """Return to position ``keep``; ``replay`` are the tokens consumed since the mark that are
+        to be kept (used only in snapshot mode)."""
+        if self.position == keep:
+            return
+        if self.mode == "truncate":
+            self.st.truncate(keep)
+            return
+        self.st.restore(self._snap)
+        if replay:
+            self.st.prefill(list(replay))
+            self.replays += 1
+        if self.position != keep:
+            raise StateError(f"speculation rollback reached position {self.position}, expected {keep}")
+
+
+def _rollback_mode(container: Any, slice_obj: Any, st: Any, role: str) -> str:
+    """Decide how a stream forgets rejected tokens, or refuse by name before generating.
+
+    A state with only KV (or stateless) layers truncates. One whose executed layers keep
+    recurrent buffers needs snapshot and restore; if it offers neither, speculation is refused
+    naming the first such layer and its operator."""
+    recurrent = recurrent_layers(container, container.plan_slice(slice_obj).executed_layers)
+    if not recurrent:
+        return "truncate"
+    if callable(getattr(st, "snapshot", None)) and callable(getattr(st, "restore", None)):
+        try:
+            st.restore(st.snapshot())
+            return "snapshot"
+        except (StateError, UnsupportedOperator, NotImplementedError) as e:
+            reason = str(e)
+    else:
+        reason = "the continuation state offers no snapshot/restore"
+    layer, op = recurrent[0]
+    raise UnsupportedOperator(
+        f"SPECULATE cannot roll back the {role} stream: layer {layer} ({op}) keeps recurrent state "
+        f"and {reason}",
+        hint="speculation needs KV truncation or a state snapshot for every executed layer",
+    )
+
+
+def _argmax(row: np.ndarray) -> int:
+    return int(np.argmax(row))
+
+
+def greedy_generate(container: Any, token_ids: Sequence[int], n: int, *, ex: Any = None,
+                    on_token: Callable[[int], None] | None = None) -> PlainResult:
+    """Plain greedy decoding with the full model: prefill the prompt, then one step per token."""
+    c = open_container(container)
+    if ex is None:
+        ex, _ = make_executor(c, resolve_slice(c, None)[0])
+    prompt = _check_prompt(token_ids)
+    out: list[int] = []
+    t0 = time.perf_counter()
+    if n > 0:
+        st = ex.start()
+        tok = _argmax(np.asarray(st.prefill(prompt))[-1])
+        while True:
+            out.append(tok)
+            if on_token:
+                on_token(tok)
+            if len(out) == n:
+                break
+            tok = _argmax(st.step(tok))
+    secs = time.perf_counter() - t0
+    return PlainResult(tokens=out, seconds=secs, tokens_per_second=len(out) / secs if secs > 0 else 0.0)
+
+
+def _check_prompt(token_ids: Sequence[int]) -> list[int]:
+    prompt = [int(t) for t in token_ids]
+    if not prompt:
+        raise VindexError("generation needs at least one prompt token")
+    return prompt
+
+
+def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth: int,
+                         lookahead: int = 4, on_token: Callable[[int], None] | None = None, *,
+                         compare_plain: bool = False) -> SpecResult:
+    """Generate ``n`` greedy tokens after ``token_ids`` with the full model, using the draft of
+    ``depth`` layers to propose ``lookahead`` tokens per full-model call.
+
+    The tokens equal plain greedy decoding of the full model (up to argmax ties that batch and
+    step arithmetic round differently). ``on_token`` sees each token as it is emitted. With
+    ``compare_plain`` the plain greedy decode is run too, timed, and compared.
+    """
+    c = open_container(container)
+    prompt = _check_prompt(token_ids)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
+    draft_slice, _ = resolve_slice(c, depth)
+    full_slice, _ = resolve_slice(c, None)
+    full_ex, prep_full = make_executor(c, full_slice)
+    draft_ex, prep_draft = make_executor(c, draft_slice)
+
+    full = draft = None
+    out: list[int] = []
+    hist = [0] * (lookahead + 1)
+    rounds = proposed = accepted = draft_steps = 0
+    calls = 0
+
+    def emit(tok: int) -> None:
+        out.append(tok)
+        if on_token:
+            on_token(tok)
+
+    t0 = time.perf_counter()
+    if n > 0:
+        fst, dst = full_ex.start(), draft_ex.start()
+        # Decide (or refuse) how each stream rolls back before computing anything.
+        full = _Stream(fst, _rollback_mode(c, full_slice, fst, "full"))
+        draft = _Stream(dst, _rollback_mode(c, draft_slice, dst, "draft"))
+        pending = _argmax(np.asarray(fst.prefill(prompt))[-1])
+        calls += 1
+        dst.prefill(prompt)
+        emit(pending)
+        while len(out) < n:
+            # Never propose more than can be used: a round emits up to k+1 tokens.
+            k = min(lookahead, n - len(out) - 1)
+            base = full.position
+            draft.mark()
+            props: list[int] = []
+            tok = pending
+            for _ in range(k):
+                tok = _argmax(dst.step(tok))
+                props.append(tok)
+            draft_steps += k
+
+            full.mark()
+            rows = np.asarray(fst.prefill([pending] + props))
+            calls += 1
+            rounds += 1
+            j = 0
+            while j < k and _argmax(rows[j]) == props[j]:
+                j += 1
+            nxt = _argmax(rows[j])
+            proposed += k
+            accepted += j
+            hist[j] += 1
+
+            kept = [pending] + props[:j]  # consumed by both streams and kept
+            full.rollback(base + 1 + j, kept)
+            if j == k:
+                # The draft consumed pending, p1..p(k-1); it still owes pk (or pending if k=0).
+                dst.step(props[-1] if k else pending)
+                draft_steps += 1
+            else:
+                draft.rollback(base + 1 + j, kept)
+            for t in props[:j]:
+                emit(t)
+            if len(out) < n:
+                emit(nxt)
+            pending = nxt
+    secs = time.perf_counter() - t0
+    if full is not None:
+        calls += full.replays
+
+    result = SpecResult(
+        tokens=out, prompt_tokens=len(prompt), n=n, depth=int(depth), lookahead=lookahead,
+        rollback=full.mode if full is not None else "truncate",
+        rounds=rounds, proposed=proposed, accepted=accepted,
+        acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,
+        full_model_calls=calls, tokens_per_full_step=len(out) / calls if calls else 0.0,
+        draft_steps=draft_steps, prepare_seconds=prep_full + prep_draft, seconds=secs,
+        tokens_per_second=len(out) / secs if secs > 0 else 0.0,
+    )
+    if compare_plain:
+        plain = greedy_generate(c, prompt, n, ex=full_ex)
+        result.plain = plain
+        result.matches_plain = plain.tokens == out
+        result.speedup = plain.seconds / secs if secs > 0 else None
+    return result
