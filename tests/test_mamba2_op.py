@@ -1,0 +1,385 @@
+"""Mamba2 mixer numerics against transformers' Mamba2Mixer (torch fallback path), fp32.
+
+The oracle is the mixer module alone, on tiny random configs with n_groups > 1, widths
+that are not powers of two, a chunk size that does not divide the sequence, and A_log,
+dt_bias, D, conv bias and norm weights re-randomised so layout or offset bugs cannot
+hide behind ones and zeros.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache, Mamba2Config  # noqa: E402
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer  # noqa: E402
+
+from vindex3.errors import ClosureError, StateError  # noqa: E402
+from vindex3.exec.ops.mamba2 import (  # noqa: E402
+    Mamba2Geometry,
+    Mamba2State,
+    Mamba2Weights,
+    mamba2_prefill,
+    mamba2_step,
+)
+
+TOL = 1e-5
+
+CONFIGS = {
+    # hidden 72, 6 heads of 24, 3 groups of 2 heads, state 16, chunk 8
+    "h72_g3": dict(
+        hidden_size=72, expand=2, num_heads=6, head_dim=24, state_size=16, n_groups=3,
+        conv_kernel=4, chunk_size=8, use_bias=False, use_conv_bias=True,
+    ),
+    # odd widths everywhere the config allows: hidden 45, head_dim 15, state 13, kernel 3,
+    # biases on in_proj / out_proj
+    "odd_g2": dict(
+        hidden_size=45, expand=2, num_heads=6, head_dim=15, state_size=13, n_groups=2,
+        conv_kernel=3, chunk_size=8, use_bias=True, use_conv_bias=True,
+    ),
+}
+
+
+def make_mixer(name: str, seed: int = 0, **overrides):
+    kw = dict(CONFIGS[name])
+    kw.update(overrides)
+    cfg = Mamba2Config(
+        vocab_size=32, num_hidden_layers=1, layer_norm_epsilon=1e-5, **kw
+    )
+    torch.manual_seed(seed)
+    mixer = Mamba2Mixer(cfg, layer_idx=0).float().eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        h = cfg.num_heads
+        mixer.A_log.copy_(torch.empty(h).uniform_(math.log(0.5), math.log(8.0), generator=gen))
+        mixer.dt_bias.copy_(torch.empty(h).uniform_(-3.0, 0.5, generator=gen))
+        mixer.D.copy_(torch.randn(h, generator=gen))
+        mixer.norm.weight.copy_(1.0 + 0.5 * torch.randn(mixer.norm.weight.shape, generator=gen))
+        if mixer.conv1d.bias is not None:
+            mixer.conv1d.bias.copy_(0.2 * torch.randn(mixer.conv1d.bias.shape, generator=gen))
+        for lin in (mixer.in_proj, mixer.out_proj):
+            if lin.bias is not None:
+                lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
+    return cfg, mixer
+
+
+def geometry_of(cfg) -> Mamba2Geometry:
+    return Mamba2Geometry(
+        hidden_size=cfg.hidden_size,
+        num_heads=cfg.num_heads,
+        head_dim=cfg.head_dim,
+        state_size=cfg.state_size,
+        n_groups=cfg.n_groups,
+        conv_kernel=cfg.conv_kernel,
+        chunk_size=cfg.chunk_size,
+        time_step_limit=tuple(cfg.time_step_limit),
+        norm_eps=cfg.layer_norm_epsilon,
+        use_conv_bias=cfg.use_conv_bias,
+        use_bias=cfg.use_bias,
+    )
+
+
+def _ro(t):
+    if t is None:
+        return None
+    a = t.detach().cpu().numpy().copy()
+    a.setflags(write=False)  # the op must never write into (memory-mapped) weights
+    return a
+
+
+def weights_of(mixer) -> Mamba2Weights:
+    return Mamba2Weights(
+        in_proj=_ro(mixer.in_proj.weight),
+        in_proj_bias=_ro(mixer.in_proj.bias),
+        conv_weight=_ro(mixer.conv1d.weight),  # transformers layout [conv_dim, 1, kernel]
+        conv_bias=_ro(mixer.conv1d.bias),
+        A_log=_ro(mixer.A_log),
+        D=_ro(mixer.D),
+        dt_bias=_ro(mixer.dt_bias),
+        norm_weight=_ro(mixer.norm.weight),
+        out_proj=_ro(mixer.out_proj.weight),
+        out_proj_bias=_ro(mixer.out_proj.bias),
+    )
+
+
+def setup(name: str, seed: int = 0, **overrides):
+    cfg, mixer = make_mixer(name, seed, **overrides)
+    return cfg, mixer, weights_of(mixer), geometry_of(cfg)
+
+
+def inputs(cfg, T: int, seed: int = 7) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((T, cfg.hidden_size)).astype(np.float32)
+
+
+def torch_prefill(mixer, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return mixer(torch.from_numpy(x)[None]).numpy()[0]
+
+
+def torch_prefill_then_steps(cfg, mixer, x: np.ndarray, n_prefill: int):
+    """transformers driving its own cache: one prefill call, then one call per token."""
+    cache = DynamicCache(config=cfg)
+    outs = []
+    with torch.no_grad():
+        xt = torch.from_numpy(x)[None]
+        outs.append(mixer(xt[:, :n_prefill], cache=cache).numpy()[0])
+        assert cache.get_recurrent_state(0) is not None  # the cache really is being carried
+        for t in range(n_prefill, x.shape[0]):
+            outs.append(mixer(xt[:, t : t + 1], cache=cache).numpy()[0])
+    return np.concatenate(outs, axis=0), cache
+
+
+def ours_prefill_then_steps(w, g, x: np.ndarray, n_prefill: int):
+    st = Mamba2State.zeros(g)
+    outs = [mamba2_prefill(x[:n_prefill], w, g, st)]
+    for t in range(n_prefill, x.shape[0]):
+        o = mamba2_step(x[t], w, g, st)
+        assert o.dtype == np.float32 and o.shape == (g.hidden_size,)
+        outs.append(o[None])
+    return np.concatenate(outs, axis=0), st
+
+
+def maxdiff(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+def test_geometry_sizes_and_buffers():
+    cfg, mixer, w, g = setup("h72_g3")
+    assert g.intermediate == mixer.intermediate_size == 144
+    assert g.conv_dim == mixer.conv_dim
+    assert g.in_proj_dim == mixer.in_proj.out_features
+    assert g.buffers() == [
+        ("ssm", (6, 24, 16), "f32"),
+        ("conv", (g.conv_dim, 4), "f32"),
+    ]
+    st = Mamba2State.zeros(g)
+    assert st.ssm.dtype == np.float32 and st.conv.dtype == np.float32
+    assert [(n, s) for n, s, _ in g.buffers()] == [("ssm", st.ssm.shape), ("conv", st.conv.shape)]
+    c = st.copy()
+    c.ssm[0, 0, 0] = 1.0
+    assert st.ssm[0, 0, 0] == 0.0
+
+
+# --------------------------------------------------------------------------- (1) prefill
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("T", [1, 5, 8, 29])
+def test_prefill_matches_torch_mixer(name, T):
+    cfg, mixer, w, g = setup(name)
+    x = inputs(cfg, T)
+    st = Mamba2State.zeros(g)
+    ours = mamba2_prefill(x, w, g, st)
+    assert ours.dtype == np.float32 and ours.shape == (T, cfg.hidden_size)
+    assert st.ssm.dtype == np.float32 and st.conv.dtype == np.float32
+    ref = torch_prefill(mixer, x)
+    assert np.abs(ref).max() > 0.1  # the comparison is not between near-zeros
+    assert maxdiff(ours, ref) <= TOL
+
+
+# --------------------------------------------------------------------------- (2) prefill + steps
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("n_prefill", [2, 11])
+def test_prefill_then_steps_matches_transformers_cache(name, n_prefill):
+    cfg, mixer, w, g = setup(name)
+    T = 24
+    x = inputs(cfg, T)
+    ref, cache = torch_prefill_then_steps(cfg, mixer, x, n_prefill)
+    ours, st = ours_prefill_then_steps(w, g, x, n_prefill)
+    assert maxdiff(ours, ref) <= TOL
+    # the carried buffers are the same objects as transformers' cache holds
+    assert maxdiff(st.ssm, cache.get_recurrent_state(0)[0].numpy()) <= TOL
+    assert maxdiff(st.conv, cache.get_conv_state(0)[0].numpy()) <= TOL
+    # and the same as our own prefill of the whole sequence
+    whole = mamba2_prefill(x, w, g, Mamba2State.zeros(g))
+    assert maxdiff(ours, whole) <= TOL
+
+
+# --------------------------------------------------------------------------- (3) pure decode
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_token_by_token_from_zero_equals_prefill(name):
+    cfg, mixer, w, g = setup(name)
+    T = 21
+    x = inputs(cfg, T, seed=3)
+    st = Mamba2State.zeros(g)
+    steps = np.stack([mamba2_step(x[t], w, g, st) for t in range(T)])
+    st_p = Mamba2State.zeros(g)
+    pre = mamba2_prefill(x, w, g, st_p)
+    assert steps.dtype == np.float32
+    assert maxdiff(steps, pre) <= TOL
+    assert maxdiff(st.ssm, st_p.ssm) <= TOL
+    assert maxdiff(st.conv, st_p.conv) <= TOL  # in_proj rows: gemv vs gemm rounding only
+
+
+# --------------------------------------------------------------------------- (4) chunked prefill
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("split", [1, 2, 8, 13])
+def test_prefill_in_two_calls_equals_one(name, split):
+    cfg, mixer, w, g = setup(name)
+    T = 30
+    x = inputs(cfg, T, seed=5)
+    one = mamba2_prefill(x, w, g, st1 := Mamba2State.zeros(g))
+    st2 = Mamba2State.zeros(g)
+    two = np.concatenate(
+        [mamba2_prefill(x[:split], w, g, st2), mamba2_prefill(x[split:], w, g, st2)]
+    )
+    assert maxdiff(one, two) <= TOL
+    assert maxdiff(st1.ssm, st2.ssm) <= TOL
+    assert maxdiff(st1.conv, st2.conv) <= TOL
+
+
+def test_second_prefill_matches_transformers_cache():
+    """A multi-token call on a cache that already holds state (chunk path with initial state)."""
+    cfg, mixer, w, g = setup("odd_g2")
+    x = inputs(cfg, 26, seed=11)
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        xt = torch.from_numpy(x)[None]
+        ref = np.concatenate(
+            [mixer(xt[:, :9], cache=cache).numpy()[0], mixer(xt[:, 9:], cache=cache).numpy()[0]]
+        )
+    st = Mamba2State.zeros(g)
+    ours = np.concatenate([mamba2_prefill(x[:9], w, g, st), mamba2_prefill(x[9:], w, g, st)])
+    assert maxdiff(ours, ref) <= TOL
+
+
+def test_empty_prefill_leaves_state():
+    cfg, mixer, w, g = setup("h72_g3")
+    st = Mamba2State.zeros(g)
+    mamba2_prefill(inputs(cfg, 5), w, g, st)
+    before = st.copy()
+    out = mamba2_prefill(np.zeros((0, cfg.hidden_size), np.float32), w, g, st)
+    assert out.shape == (0, cfg.hidden_size) and out.dtype == np.float32
+    assert np.array_equal(st.ssm, before.ssm) and np.array_equal(st.conv, before.conv)
+
+
+# --------------------------------------------------------------------------- (5) time-step limits
+
+
+def test_infinite_upper_limit_is_the_default_and_matches():
+    cfg, mixer, w, g = setup("h72_g3")
+    assert g.time_step_limit[0] == 0.0 and math.isinf(g.time_step_limit[1])
+    x = inputs(cfg, 19)
+    assert maxdiff(mamba2_prefill(x, w, g, Mamba2State.zeros(g)), torch_prefill(mixer, x)) <= TOL
+
+
+@pytest.mark.parametrize("limit", [(0.1, 0.4), (0.2, math.inf)])
+def test_finite_time_step_limit_matches_transformers(limit):
+    cfg, mixer, w, g = setup("odd_g2", time_step_limit=limit)
+    assert g.time_step_limit == (float(limit[0]), float(limit[1]))
+    T, n_prefill = 20, 9
+    x = inputs(cfg, T, seed=13)
+
+    # the limits bind on this input: some softplus(dt + dt_bias) lie outside them
+    with torch.no_grad():
+        proj = mixer.in_proj(torch.from_numpy(x)).numpy()
+    dt = np.logaddexp(0.0, proj[:, -cfg.num_heads :] + w.dt_bias)
+    assert (dt < limit[0]).any()
+    assert math.isinf(limit[1]) or (dt > limit[1]).any()
+
+    # prefill clamps, as transformers' chunk path does
+    assert maxdiff(mamba2_prefill(x, w, g, Mamba2State.zeros(g)), torch_prefill(mixer, x)) <= TOL
+    # steps do not clamp, as transformers' recurrent path (and mamba_ssm's step) does not
+    ref, _ = torch_prefill_then_steps(cfg, mixer, x, n_prefill)
+    ours, _ = ours_prefill_then_steps(w, g, x, n_prefill)
+    assert maxdiff(ours, ref) <= TOL
+    # ... so with a binding limit, decode is not the same function as prefill, there as here
+    whole = mamba2_prefill(x, w, g, Mamba2State.zeros(g))
+    assert maxdiff(ours[n_prefill:], whole[n_prefill:]) > 1e-3
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def test_misshapen_operands_and_state_are_refused_by_name():
+    cfg, mixer, w, g = setup("h72_g3")
+    x = inputs(cfg, 3)
+    import dataclasses
+
+    wide = dataclasses.replace(
+        w, in_proj=np.zeros((g.in_proj_dim + 2 * 10, g.hidden_size), np.float32)
+    )
+    with pytest.raises(ClosureError, match="d_mlp"):
+        mamba2_prefill(x, wide, g, Mamba2State.zeros(g))
+    bad = dataclasses.replace(w, D=w.D.astype(np.float64))
+    with pytest.raises(ClosureError) as ei:
+        mamba2_step(x[0], bad, g, Mamba2State.zeros(g))
+    assert "D: dtype float64" in str(ei.value)
+    st = Mamba2State.zeros(g)
+    st.ssm = st.ssm[:, :, :-1].copy()
+    with pytest.raises(StateError, match="ssm"):
+        mamba2_prefill(x, w, g, st)
+    with pytest.raises(TypeError, match="float32"):
+        mamba2_prefill(x.astype(np.float64), w, g, Mamba2State.zeros(g))
+    with pytest.raises(ValueError, match="n_groups"):
+        dataclasses.replace(g, n_groups=4)
+
+
+def test_accepts_squeezed_conv_weight():
+    cfg, mixer, w, g = setup("odd_g2")
+    import dataclasses
+
+    w2 = dataclasses.replace(w, conv_weight=w.conv_weight[:, 0, :])
+    x = inputs(cfg, 10)
+    a = mamba2_prefill(x, w, g, Mamba2State.zeros(g))
+    b = mamba2_prefill(x, w2, g, Mamba2State.zeros(g))
+    assert np.array_equal(a, b)
+
+
+# --------------------------------------------------------------------------- timing (report only)
+
+
+def test_timing_report_hidden256():
+    """Not an assertion: prints prefill T=512 and decode per-token times against the torch mixer."""
+    cfg, mixer = make_mixer(
+        "h72_g3",
+        hidden_size=256, num_heads=8, head_dim=64, state_size=128, n_groups=1,
+        conv_kernel=4, chunk_size=256,
+    )
+    w, g = weights_of(mixer), geometry_of(cfg)
+    x = inputs(cfg, 512)
+    mamba2_prefill(x[:16], w, g, Mamba2State.zeros(g))
+    mamba2_step(x[0], w, g, Mamba2State.zeros(g))  # compile / warm
+
+    def best(fn, n):
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        return min(ts)
+
+    xt = torch.from_numpy(x)[None]
+    with torch.no_grad():
+        t_torch = best(lambda: mixer(xt), 5)
+    t_ours = best(lambda: mamba2_prefill(x, w, g, Mamba2State.zeros(g)), 5)
+
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        mixer(xt[:, :8], cache=cache)
+        one = xt[:, 8:9]
+        t_torch_step = best(lambda: mixer(one, cache=cache), 50)
+    st = Mamba2State.zeros(g)
+    t_ours_step = best(lambda: mamba2_step(x[8], w, g, st), 50)
+    print(
+        f"\n[mamba2 timing, hidden 256, 8x64 heads, state 128, 1 layer] "
+        f"prefill T=512: ours {t_ours * 1e3:.2f} ms, torch {t_torch * 1e3:.2f} ms "
+        f"(x{t_torch / t_ours:.2f}); step: ours {t_ours_step * 1e6:.0f} us, "
+        f"torch {t_torch_step * 1e6:.0f} us (x{t_torch_step / t_ours_step:.2f})"
+    )

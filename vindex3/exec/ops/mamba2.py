@@ -1,0 +1,444 @@
+"""Mamba2 mixer numerics: prefill over a prompt and single-token decode, one sequence.
+
+Semantics follow transformers 5.24.0 ``Mamba2Mixer`` (its torch fallback path), for one
+sequence, float32 end to end:
+
+1. ``in_proj`` splits into ``gate`` [intermediate], ``xBC`` [conv_dim] and ``dt`` [heads], in
+   that order. The projection width must be exactly ``intermediate + conv_dim + heads``:
+   transformers 5.24 builds ``in_proj`` at that width and has no ``d_mlp`` part any more
+   (older releases silently dropped two leading ``d_mlp`` slices), so a wider projection is
+   refused by name rather than guessed at.
+2. Causal depthwise conv over ``xBC`` with its own state (the last ``kernel`` raw inputs,
+   oldest first, as transformers' cache keeps them), bias, SiLU.
+3. ``xBC`` splits into x [heads, head_dim], B [n_groups, state], C [n_groups, state]; heads
+   ``h`` use group ``h // (heads // n_groups)``.
+4. Δ = softplus(dt + dt_bias); decay exp(Δ·A) with A = -exp(A_log); state update
+   ``s = s·exp(ΔA) + Δ·x ⊗ B``, output ``y = s·C + D·x``.
+   Prefill clamps Δ to ``time_step_limit`` after the softplus (an infinite upper bound is a
+   no-op). The single-token step does **not** clamp: transformers' recurrent path
+   (``mamba2_selective_state_update``) takes no limit, exactly like the reference
+   ``mamba_ssm`` step. With the default limits (0, inf) the two agree; with a binding finite
+   limit they differ, in transformers and here alike.
+5. Gated RMSNorm with the gate applied *before* the norm (``norm_before_gate=False``):
+   ``u = y·silu(gate)``, then RMS-normalised over groups of ``intermediate // n_groups``
+   channels (not over the whole intermediate), then times the weight.
+6. ``out_proj``.
+
+Neither prefill nor decode loops over positions in Python. Both run the same compiled
+(numba, fastmath off) sequential recurrence, ``_ssd_scan``, over all T positions in one call:
+prefill with T = prompt length, decode with T = 1, so decode continues a prefill with the
+very same arithmetic. The recurrence is exact (transformers' ``chunk_size`` is a tiling
+choice of its chunked SSD form and does not change the function; it is carried in the
+geometry but not needed here). Weights are only read, never written or copied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from vindex3.errors import ClosureError, StateError
+
+__all__ = [
+    "Mamba2Geometry",
+    "Mamba2Weights",
+    "Mamba2State",
+    "mamba2_prefill",
+    "mamba2_step",
+]
+
+F32 = np.float32
+_ZERO = F32(0.0)
+_ONE = F32(1.0)
+
+
+@dataclass(frozen=True)
+class Mamba2Geometry:
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    chunk_size: int
+    time_step_limit: tuple[float, float]  # the upper bound may be math.inf
+    norm_eps: float  # gated RMSNorm eps
+    use_conv_bias: bool
+    use_bias: bool
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "num_heads",
+            "head_dim",
+            "state_size",
+            "n_groups",
+            "conv_kernel",
+            "chunk_size",
+        ):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Mamba2Geometry.{name} must be a positive int, got {v!r}")
+        if self.num_heads % self.n_groups:
+            raise ValueError(
+                f"Mamba2Geometry: num_heads ({self.num_heads}) must be a multiple of "
+                f"n_groups ({self.n_groups})"
+            )
+        lim = tuple(float(v) for v in self.time_step_limit)
+        if len(lim) != 2 or math.isnan(lim[0]) or math.isnan(lim[1]):
+            raise ValueError(
+                f"Mamba2Geometry.time_step_limit must be two numbers (lower, upper), "
+                f"got {self.time_step_limit!r}"
+            )
+        object.__setattr__(self, "time_step_limit", lim)
+        if not (float(self.norm_eps) >= 0.0):
+            raise ValueError(f"Mamba2Geometry.norm_eps must be >= 0, got {self.norm_eps!r}")
+
+    @property
+    def intermediate(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.intermediate + 2 * self.n_groups * self.state_size
+
+    @property
+    def in_proj_dim(self) -> int:
+        return self.intermediate + self.conv_dim + self.num_heads
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.n_groups
+
+    @property
+    def norm_group_size(self) -> int:
+        """Channels per gated-RMSNorm group (transformers: ``intermediate // n_groups``)."""
+        return self.intermediate // self.n_groups
+
+    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return [
+            ("ssm", (self.num_heads, self.head_dim, self.state_size), "f32"),
+            ("conv", (self.conv_dim, self.conv_kernel), "f32"),
+        ]
+
+
+@dataclass
+class Mamba2Weights:
+    """float32 operands of one mixer. May be read-only memory-mapped views: never written."""
+
+    in_proj: np.ndarray  # [in_proj_dim, hidden]
+    in_proj_bias: np.ndarray | None  # [in_proj_dim]
+    conv_weight: np.ndarray  # [conv_dim, kernel] or [conv_dim, 1, kernel]
+    conv_bias: np.ndarray | None  # [conv_dim]
+    A_log: np.ndarray  # [heads]
+    D: np.ndarray  # [heads]
+    dt_bias: np.ndarray  # [heads]
+    norm_weight: np.ndarray  # [intermediate]
+    out_proj: np.ndarray  # [hidden, intermediate]
+    out_proj_bias: np.ndarray | None  # [hidden]
+
+
+class Mamba2State:
+    """A layer's recurrent buffers, float32: ``ssm`` [heads, head_dim, state_size] and
+    ``conv`` [conv_dim, kernel] (the last ``kernel`` conv inputs, oldest first)."""
+
+    __slots__ = ("ssm", "conv")
+
+    def __init__(self, ssm: np.ndarray, conv: np.ndarray):
+        self.ssm = ssm
+        self.conv = conv
+
+    @classmethod
+    def zeros(cls, geometry: Mamba2Geometry) -> Mamba2State:
+        g = geometry
+        return cls(
+            np.zeros((g.num_heads, g.head_dim, g.state_size), dtype=F32),
+            np.zeros((g.conv_dim, g.conv_kernel), dtype=F32),
+        )
+
+    def copy(self) -> Mamba2State:
+        return Mamba2State(self.ssm.copy(), self.conv.copy())
+
+    def __repr__(self) -> str:
+        return f"Mamba2State(ssm={self.ssm.shape}, conv={self.conv.shape})"
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _expect(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
+    if arr is None:
+        defects.append(f"{name}: missing, expected float32 {list(shape)}")
+        return
+    if not isinstance(arr, np.ndarray):
+        defects.append(f"{name}: not an array ({type(arr).__name__})")
+        return
+    if arr.dtype != F32:
+        defects.append(f"{name}: dtype {arr.dtype}, expected float32")
+    if arr.shape != shape:
+        defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
+
+
+def _conv_weight_2d(w: Mamba2Weights, g: Mamba2Geometry) -> np.ndarray:
+    cw = w.conv_weight
+    if isinstance(cw, np.ndarray) and cw.ndim == 3 and cw.shape[1] == 1:
+        cw = cw.reshape(cw.shape[0], cw.shape[2])  # a view, also of a memmap
+    return cw
+
+
+def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
+    """Validate operands and state against the geometry; return the 2-D conv weight."""
+    defects: list[str] = []
+    rows = getattr(w.in_proj, "shape", (0,))[0] if getattr(w.in_proj, "ndim", 0) == 2 else 0
+    if rows > g.in_proj_dim:
+        defects.append(
+            f"in_proj: {rows} rows, wider than intermediate + conv_dim + heads = "
+            f"{g.in_proj_dim}; an extra d_mlp part is not supported (transformers 5.24 "
+            f"Mamba2Mixer has none)"
+        )
+    else:
+        _expect("in_proj", w.in_proj, (g.in_proj_dim, g.hidden_size), defects)
+    cw = _conv_weight_2d(w, g)
+    _expect("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
+    for name, n in (("A_log", g.num_heads), ("D", g.num_heads), ("dt_bias", g.num_heads)):
+        _expect(name, getattr(w, name), (n,), defects)
+    _expect("norm_weight", w.norm_weight, (g.intermediate,), defects)
+    _expect("out_proj", w.out_proj, (g.hidden_size, g.intermediate), defects)
+    for name, flag, n in (
+        ("in_proj_bias", g.use_bias, g.in_proj_dim),
+        ("out_proj_bias", g.use_bias, g.hidden_size),
+        ("conv_bias", g.use_conv_bias, g.conv_dim),
+    ):
+        arr = getattr(w, name)
+        if flag:
+            _expect(name, arr, (n,), defects)
+        elif arr is not None:
+            defects.append(f"{name}: present, but the geometry declares no such bias")
+    if defects:
+        raise ClosureError("mamba2 operands do not match the layer geometry", defects)
+
+    for name, shape in (
+        ("ssm", (g.num_heads, g.head_dim, g.state_size)),
+        ("conv", (g.conv_dim, g.conv_kernel)),
+    ):
+        buf = getattr(state, name, None)
+        if (
+            not isinstance(buf, np.ndarray)
+            or buf.dtype != F32
+            or buf.shape != shape
+            or not buf.flags.writeable
+        ):
+            desc = (
+                f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
+            )
+            raise StateError(
+                f"mamba2 state buffer '{name}' is {desc}; expected a writable float32 "
+                f"{list(shape)}"
+            )
+    return cw
+
+
+def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
+    if not isinstance(x, np.ndarray) or x.dtype != F32:
+        dt = getattr(x, "dtype", type(x).__name__)
+        raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
+    if x.ndim != ndim or x.shape[-1] != hidden:
+        want = "[T, hidden]" if ndim == 2 else "[hidden]"
+        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
+
+
+# --------------------------------------------------------------------------- elementwise
+
+
+def _silu(v: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x) in float32 (exp(-x) may overflow to inf for x << 0: the result is 0)."""
+    with np.errstate(over="ignore"):
+        return v / (_ONE + np.exp(-v))
+
+
+def _softplus(v: np.ndarray) -> np.ndarray:
+    # log(1 + e^v) without overflow; equals torch's softplus (threshold 20) to float32 rounding.
+    return np.logaddexp(_ZERO, v)
+
+
+def _gated_rmsnorm(y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry) -> np.ndarray:
+    """transformers' MambaRMSNormGated: gate first, then RMS over n_groups groups, then weight."""
+    u = y * _silu(gate)
+    lead = u.shape[:-1]
+    ug = u.reshape(*lead, g.n_groups, g.norm_group_size)
+    var = np.mean(ug * ug, axis=-1, keepdims=True)
+    ug = ug / np.sqrt(var + F32(g.norm_eps))
+    return ug.reshape(*lead, g.intermediate) * w.norm_weight
+
+
+def _dt(dt_raw: np.ndarray, w: Mamba2Weights) -> np.ndarray:
+    return _softplus(dt_raw + w.dt_bias)
+
+
+# --------------------------------------------------------------------------- prefill
+
+
+@numba.njit(cache=True)
+def _ssd_scan(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
+    """Sequential SSD recurrence over T positions, in place on ``ssm`` [H, P, N].
+
+    For each position t and head h (group g = h // (H // G)):
+        s[p, n] = s[p, n] * dA[t, h] + xdt[t, h, p] * B[t, g, n]
+        y[t, h, p] = sum over n ascending of s[p, n] * C[t, g, n]
+    Each head works on a transposed copy [N, P] of its state so that both the update and the
+    output sum run over contiguous p (vectorised across independent outputs) while every
+    y[t, h, p] is still summed in plain n order: the same arithmetic for T = 1 (decode) as
+    for a whole prompt, with no reassociation (fastmath is off).
+    """
+    T, H, P = xdt.shape
+    G = B.shape[1]
+    N = B.shape[2]
+    hpg = H // G
+    S = np.empty((N, P), np.float32)
+    for h in range(H):
+        gi = h // hpg
+        for p in range(P):
+            for n in range(N):
+                S[n, p] = ssm[h, p, n]
+        for t in range(T):
+            da = dA[t, h]
+            xr = xdt[t, h]
+            yr = y[t, h]
+            for p in range(P):
+                yr[p] = 0.0
+            for n in range(N):
+                bn = B[t, gi, n]
+                cn = C[t, gi, n]
+                sr = S[n]
+                for p in range(P):
+                    v = sr[p] * da + xr[p] * bn
+                    sr[p] = v
+                    yr[p] += v * cn
+        for p in range(P):
+            for n in range(N):
+                ssm[h, p, n] = S[n, p]
+
+
+def _ssm_apply(
+    xs: np.ndarray,  # [T, H, P] conv/SiLU output for the heads
+    dt: np.ndarray,  # [T, H] softplus(dt + dt_bias), clamped or not by the caller
+    Bm: np.ndarray,  # [T, G, N]
+    Cm: np.ndarray,  # [T, G, N]
+    w: Mamba2Weights,
+    ssm: np.ndarray,  # [H, P, N], advanced in place
+) -> np.ndarray:
+    """y = SSD(x) + D x, [T, H, P] float32."""
+    A = -np.exp(w.A_log)
+    dA = np.exp(dt * A)
+    xdt = xs * dt[:, :, None]
+    y = np.empty(xs.shape, F32)
+    _ssd_scan(
+        ssm,
+        np.ascontiguousarray(xdt),
+        np.ascontiguousarray(dA),
+        np.ascontiguousarray(Bm),
+        np.ascontiguousarray(Cm),
+        y,
+    )
+    y += xs * w.D[:, None]
+    return y
+
+
+def mamba2_prefill(
+    x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
+) -> np.ndarray:
+    """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``; return
+    [T, hidden] float32 and leave ``state`` where a following prefill or step continues."""
+    _check_input(x, 2, g.hidden_size, "mamba2_prefill")
+    cw = _check(w, g, state)
+    T = x.shape[0]
+    if T == 0:
+        return np.zeros((0, g.hidden_size), F32)
+    I, CD, H, P, N, G, K = (
+        g.intermediate,
+        g.conv_dim,
+        g.num_heads,
+        g.head_dim,
+        g.state_size,
+        g.n_groups,
+        g.conv_kernel,
+    )
+
+    zxbcdt = x @ w.in_proj.T
+    if w.in_proj_bias is not None:
+        zxbcdt += w.in_proj_bias
+    gate = zxbcdt[:, :I]
+    xbc_in = zxbcdt[:, I : I + CD]
+    dt_raw = zxbcdt[:, I + CD :]
+
+    # causal depthwise conv; seq holds the K stored inputs followed by the T new ones
+    seq = np.concatenate([state.conv.T, xbc_in], axis=0)  # [K + T, CD]
+    xbc = seq[1 : 1 + T] * cw[:, 0]
+    for k in range(1, K):
+        xbc += seq[1 + k : 1 + k + T] * cw[:, k]
+    if w.conv_bias is not None:
+        xbc += w.conv_bias
+    state.conv[...] = seq[T:].T
+    xbc = _silu(xbc)
+
+    xs = xbc[:, :I].reshape(T, H, P)
+    Bm = xbc[:, I : I + G * N].reshape(T, G, N)
+    Cm = xbc[:, I + G * N :].reshape(T, G, N)
+
+    lo, hi = g.time_step_limit
+    dt = np.clip(_dt(dt_raw, w), F32(lo), F32(hi))
+
+    y = _ssm_apply(xs, dt, Bm, Cm, w, state.ssm)
+
+    u = _gated_rmsnorm(y.reshape(T, I), gate, w, g)
+    out = u @ w.out_proj.T
+    if w.out_proj_bias is not None:
+        out += w.out_proj_bias
+    return out
+
+
+# --------------------------------------------------------------------------- step
+
+
+def mamba2_step(x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
+    """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place."""
+    _check_input(x, 1, g.hidden_size, "mamba2_step")
+    cw = _check(w, g, state)
+    I, CD, H, P, N, G = (
+        g.intermediate,
+        g.conv_dim,
+        g.num_heads,
+        g.head_dim,
+        g.state_size,
+        g.n_groups,
+    )
+
+    zxbcdt = w.in_proj @ x
+    if w.in_proj_bias is not None:
+        zxbcdt += w.in_proj_bias
+    gate = zxbcdt[:I]
+    dt_raw = zxbcdt[I + CD :]
+
+    conv = state.conv
+    conv[:, :-1] = conv[:, 1:]
+    conv[:, -1] = zxbcdt[I : I + CD]
+    xbc = np.einsum("ck,ck->c", conv, cw)
+    if w.conv_bias is not None:
+        xbc += w.conv_bias
+    xbc = _silu(xbc)
+
+    xs = xbc[:I].reshape(1, H, P)
+    Bm = xbc[I : I + G * N].reshape(1, G, N)
+    Cm = xbc[I + G * N :].reshape(1, G, N)
+    dt = _dt(dt_raw, w).reshape(1, H)  # no time_step_limit clamp: transformers' recurrent path
+
+    y = _ssm_apply(xs, dt, Bm, Cm, w, state.ssm)
+
+    u = _gated_rmsnorm(y.reshape(I), gate, w, g)
+    out = w.out_proj @ u
+    if w.out_proj_bias is not None:
+        out += w.out_proj_bias
+    return out
