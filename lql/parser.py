@@ -445,7 +445,7 @@ def _found(text: str, err: UnexpectedInput) -> tuple[str, str]:
         return f"keyword {tok.value.upper()}", bare
     if tok.type == "STRING":
         return f"the string {tok.value}", bare
-    if tok.type in ("NAME", "INT") and bare:
+    if tok.type == "NAME" and bare:
         return repr(bare), bare
     return repr(str(tok.value)), bare
 

@@ -1,0 +1,256 @@
+"""The grammar and parser: text → typed statements with positions, and syntax errors that read
+well (the line, a caret, what was expected in words, a hint). No container needed."""
+
+from __future__ import annotations
+
+import pytest
+
+import lql_fixtures  # noqa: F401  (puts the source tree on sys.path)
+from lql import ast
+from lql import parser as P
+from lql.errors import LqlSyntaxError
+
+
+def one(text: str) -> dict:
+    s = P.parse_one(text)
+    return s.model_dump(exclude={"line", "column", "end_line", "end_column", "start_pos", "end_pos", "source"})
+
+
+# statement text → the fields of its AST node
+CASES = [
+    ("OPEN 'm.vindex3'", {"kind": "open", "path": "m.vindex3", "default": False}),
+    ('use "m"', {"kind": "open", "path": "m", "default": False}),
+    ("OPEN DEFAULT", {"kind": "open", "path": None, "default": True}),
+    ("STATS", {"kind": "stats", "positions": None}),
+    ("STATS AT 4096 POSITIONS", {"kind": "stats", "positions": 4096}),
+    ("EXPLAIN", {"kind": "explain", "prompt": None, "depth": None}),
+    ("EXPLAIN DRAFT DEPTH 2", {"kind": "explain", "prompt": None, "depth": 2}),
+    ("EXPLAIN INFER 'hi' DRAFT DEPTH 3",
+     {"kind": "explain", "prompt": {"kind": "text", "text": "hi"}, "depth": 3}),
+    ("SHOW LAYERS", {"kind": "show_layers", "start": None, "end": None}),
+    ("SHOW LAYERS RANGE 0-7", {"kind": "show_layers", "start": 0, "end": 7}),
+    ("SHOW LAYERS RANGE 3", {"kind": "show_layers", "start": 3, "end": 3}),
+    ("SHOW COMPONENTS", {"kind": "show_components"}),
+    ("SHOW REPRESENTATIONS", {"kind": "show_representations", "filter": None}),
+    ("SHOW REPRESENTATIONS 'emb'", {"kind": "show_representations", "filter": "emb"}),
+    ("SHOW PROVENANCE", {"kind": "show_provenance"}),
+    ("SHOW OPERANDS LAYER 2", {"kind": "show_operands", "layer": 2}),
+    ("SHOW SETTINGS", {"kind": "show_settings"}),
+    ("INFER 'x' TOP 3 GENERATE 4 DRAFT DEPTH 2",
+     {"kind": "infer", "prompt": {"kind": "text", "text": "x"}, "top": 3, "generate": 4, "depth": 2,
+      "speculate": None, "lookahead": None}),
+    ("INFER TOKENS (1, 2, 3) GENERATE 20 SPECULATE DEPTH 2 LOOKAHEAD 4",
+     {"kind": "infer", "prompt": {"kind": "tokens", "ids": [1, 2, 3]}, "top": None, "generate": 20,
+      "depth": None, "speculate": 2, "lookahead": 4}),
+    ("DRAFT DEPTH 2", {"kind": "draft_depth", "depth": 2}),
+    ("DRAFT OFF", {"kind": "draft_off"}),
+    ("DRAFT LADDER DEPTHS (1, 2, 4) ON 'p.jsonl'",
+     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None}),
+    ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' INTO 'l.json'",
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json"}),
+    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1}),
+    ("DUMP LOGITS 'x' INTO 'f.f32'",
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32"}),
+    ("DUMP LOGITS TOKENS (5) DRAFT DEPTH 2 INTO 'f.f32'",
+     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "into": "f.f32"}),
+    ("SCORE DRAFT 'a.f32' AGAINST 'b.f32'", {"kind": "score_draft", "draft": "a.f32", "target": "b.f32"}),
+    ("VERIFY", {"kind": "verify"}),
+    ("PLAN 'ckpt'", {"kind": "plan", "path": "ckpt"}),
+    ("ENCODE 'ckpt' INTO 'out'", {"kind": "encode", "checkpoint": "ckpt", "into": "out"}),
+    ("HELP", {"kind": "help", "topic": None}),
+    ("help show layers", {"kind": "help", "topic": "SHOW LAYERS"}),
+    ("SET format = json", {"kind": "set", "name": "format", "value": "json"}),
+    ("SET timing = OFF", {"kind": "set", "name": "timing", "value": "off"}),
+    ("SET top = 7", {"kind": "set", "name": "top", "value": 7}),
+    ("SET x = 0.5", {"kind": "set", "name": "x", "value": 0.5}),
+    ("SET x = 'A b'", {"kind": "set", "name": "x", "value": "A b"}),
+]
+
+
+@pytest.mark.parametrize("text,expected", CASES, ids=[c[0] for c in CASES])
+def test_statement_parses_to_its_node(text, expected):
+    assert one(text) == expected
+
+
+def test_every_statement_class_is_reachable_from_the_grammar():
+    kinds = {c[1]["kind"] for c in CASES}
+    assert kinds == {cls.model_fields["kind"].default for cls in ast.STATEMENT_CLASSES}
+
+
+def test_keywords_are_case_insensitive_and_strings_keep_case():
+    assert one("oPeN 'My.Vindex3'") == one("OPEN 'My.Vindex3'")
+    assert one("infer 'AbC' top 2")["prompt"]["text"] == "AbC"
+
+
+def test_a_word_that_starts_with_a_keyword_is_not_that_keyword():
+    with pytest.raises(LqlSyntaxError) as e:
+        P.parse("openx 'a'")
+    assert "found 'openx'" in e.value.message
+
+
+def test_string_escapes():
+    assert one(r"OPEN 'it\'s \"q\" \\ \t \u0041'")["path"] == "it's \"q\" \\ \t A"
+    assert one(r'OPEN "say \"hi\""')["path"] == 'say "hi"'
+
+
+def test_unknown_escape_is_refused_with_a_caret_under_it():
+    with pytest.raises(LqlSyntaxError) as e:
+        P.parse(r"OPEN 'C:\models'")
+    assert str(e.value) == (
+        "syntax error at line 1, column 9: unknown escape \\m in a string\n"
+        "  OPEN 'C:\\models'\n"
+        "          ^\n"
+        "  hint: known escapes are \\n \\t \\r \\0 \\\\ \\' \\\" \\uXXXX; write \\\\ for a backslash"
+    )
+
+
+def test_script_positions_comments_and_optional_last_semicolon():
+    text = "-- header comment\nOPEN 'm';  -- trailing\n\n  STATS AT 10 POSITIONS;\nSHOW\n  LAYERS"
+    stmts = P.parse(text)
+    assert [type(s).__name__ for s in stmts] == ["Open", "Stats", "ShowLayers"]
+    assert [(s.line, s.column) for s in stmts] == [(2, 1), (4, 3), (5, 1)]
+    assert [s.source for s in stmts] == ["OPEN 'm'", "STATS AT 10 POSITIONS", "SHOW\n  LAYERS"]
+    assert (stmts[2].end_line, stmts[2].end_column) == (6, 9)
+
+
+def test_empty_text_and_stray_semicolons():
+    assert P.parse("") == []
+    assert P.parse("  -- only a comment\n") == []
+    assert len(P.parse(";;STATS;;VERIFY;")) == 2
+
+
+# text → the exact error as a user sees it
+ERRORS = [
+    ("OPEN model.vindex3",
+     "syntax error at line 1, column 6: expected a quoted string or DEFAULT, found 'model.vindex3'\n"
+     "  OPEN model.vindex3\n"
+     "       ^\n"
+     "  hint: paths are strings: put it in quotes, e.g. 'model.vindex3'"),
+    ("OPEN /tmp/m",
+     "syntax error at line 1, column 6: expected a quoted string or DEFAULT, found '/'\n"
+     "  OPEN /tmp/m\n"
+     "       ^\n"
+     "  hint: paths are strings: put it in quotes, e.g. '/tmp/m'"),
+    ("STATS;\nDRAFT DEPTH;",
+     "syntax error at line 2, column 12: expected a whole number, found ';'\n"
+     "  DRAFT DEPTH;\n"
+     "             ^\n"
+     "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
+    ("INFER 'x' DRAFT DEPTH",
+     "syntax error at line 1, column 22: expected a whole number, found end of input\n"
+     "  INFER 'x' DRAFT DEPTH\n"
+     "                       ^\n"
+     "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
+    ("STAST",
+     "syntax error at line 1, column 1: expected a statement (DRAFT, DUMP, ENCODE, EXPLAIN, HELP, INFER, OPEN, "
+     "PLAN, SCORE, SET, SHOW, STATS, TRACE, USE, VERIFY) or ';', found 'STAST'\n"
+     "  STAST\n"
+     "  ^\n"
+     "  hint: did you mean STATS?"),
+    ("INFER 'x' TOPP 3",
+     "syntax error at line 1, column 11: expected ';', DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found 'TOPP'\n"
+     "  INFER 'x' TOPP 3\n"
+     "            ^\n"
+     "  hint: did you mean TOP?"),
+    ("SHOW LAYER",
+     "syntax error at line 1, column 6: expected COMPONENTS, LAYERS, OPERANDS, PROVENANCE, REPRESENTATIONS or "
+     "SETTINGS, found keyword LAYER\n"
+     "  SHOW LAYER\n"
+     "       ^\n"
+     "  hint: did you mean LAYERS?"),
+    ("STATS\nSHOW LAYERS",
+     "syntax error at line 2, column 1: expected ';' or AT, found keyword SHOW\n"
+     "  SHOW LAYERS\n"
+     "  ^\n"
+     "  hint: end the previous statement with ';' before SHOW"),
+    ("OPEN 'abc",
+     "syntax error at line 1, column 6: expected a quoted string or DEFAULT, found a string that is not closed on its line\n"
+     "  OPEN 'abc\n"
+     "       ^\n"
+     "  hint: close the string with ' before the end of the line"),
+    ("INFER hello",
+     "syntax error at line 1, column 7: expected a quoted string or TOKENS, found 'hello'\n"
+     "  INFER hello\n"
+     "        ^\n"
+     "  hint: a prompt is a quoted string, or token ids as TOKENS (1, 2, 3)"),
+    ("DRAFT 2",
+     "syntax error at line 1, column 7: expected DEPTH, LADDER or OFF, found '2'\n"
+     "  DRAFT 2\n"
+     "        ^\n"
+     "  hint: write DRAFT DEPTH n (or SPECULATE DEPTH n), e.g. DRAFT DEPTH 2"),
+    ("INFER TOKENS 1, 2",
+     "syntax error at line 1, column 14: expected '(', found '1'\n"
+     "  INFER TOKENS 1, 2\n"
+     "               ^\n"
+     "  hint: put the ids in parentheses, e.g. TOKENS (1, 2, 3)"),
+    ("SET format json",
+     "syntax error at line 1, column 12: expected '=', found 'json'\n"
+     "  SET format json\n"
+     "             ^\n"
+     "  hint: SET takes name = value, e.g. SET format = json"),
+    ("INFER 'x' DRAFT DEPTH 1.5",
+     "syntax error at line 1, column 24: expected ';', DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found '.'\n"
+     "  INFER 'x' DRAFT DEPTH 1.5\n"
+     "                         ^\n"
+     "  hint: only a whole number fits here, not 1.5"),
+    ("INFER 'x' GENERATE",
+     "syntax error at line 1, column 19: expected a whole number, found end of input\n"
+     "  INFER 'x' GENERATE\n"
+     "                    ^\n"
+     "  hint: GENERATE takes how many tokens to generate, e.g. GENERATE 20"),
+    ("INFER 'x' TOP 3 TOP 4",
+     "syntax error at line 1, column 17: TOP is given twice in one INFER\n"
+     "  INFER 'x' TOP 3 TOP 4\n"
+     "                  ^\n"
+     "  hint: keep one TOP clause"),
+    ("DUMP LOGITS 'x' INTO out.f32",
+     "syntax error at line 1, column 22: expected a quoted string, found 'out.f32'\n"
+     "  DUMP LOGITS 'x' INTO out.f32\n"
+     "                       ^\n"
+     "  hint: paths are strings: put it in quotes, e.g. 'out.f32'"),
+]
+
+
+@pytest.mark.parametrize("text,expected", ERRORS, ids=[e[0] for e in ERRORS])
+def test_syntax_error_reads_well(text, expected):
+    with pytest.raises(LqlSyntaxError) as e:
+        P.parse(text)
+    assert str(e.value) == expected
+
+
+def test_syntax_error_carries_position_and_expectations():
+    with pytest.raises(LqlSyntaxError) as e:
+        P.parse("STATS;\n  OPEN x")
+    err = e.value
+    assert (err.line, err.column) == (2, 8)
+    assert err.source_line == "  OPEN x"
+    assert "a quoted string" in err.expected and "DEFAULT" in err.expected
+
+
+def test_interactive_parser_tells_what_may_come_next():
+    assert set(P.interactive("INFER 'x' ").accepts()) == {
+        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "_SEMI", "$END"}
+    assert set(P.interactive("").accepts()) >= set(P.STATEMENT_KEYWORDS)
+    assert "OPEN" in P.STATEMENT_KEYWORDS and "DEPTH" not in P.STATEMENT_KEYWORDS
+    assert P.describe_terminal("STRING") == "a quoted string"
+    assert P.describe_terminal("OPEN") == "OPEN"
+
+
+def test_lexer_for_highlighting_never_raises():
+    toks = [(t.type, t.value) for t in P.lex("OPEN 'x -- y\nstats; -- hi")]
+    assert toks == [("OPEN", "OPEN"), ("WS", " "), ("ERROR", "'x -- y"), ("WS", "\n"), ("STATS", "stats"),
+                    ("_SEMI", ";"), ("WS", " "), ("COMMENT", "-- hi")]
+    assert [t.line for t in P.lex("a\nb")] == [1, 1, 2]
+
+
+def test_is_complete_for_the_repl():
+    assert P.is_complete("STATS; -- done")
+    assert not P.is_complete("STATS")
+    assert not P.is_complete("OPEN ';'")
+    assert not P.is_complete("")
+
+
+def test_lark_instance_is_reachable():
+    assert P.LARK.options.parser == "lalr"
+    assert P.LARK.options.lexer == "contextual"
+    assert P.LARK.options.propagate_positions
