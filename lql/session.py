@@ -619,5 +619,5 @@ def _top_candidates(logits: np.ndarray, n: int, token_text: Callable[[int], str 
     n = min(n, p.shape[0])
     # stable order: probability descending, then id ascending, so ties never depend on the sort
     order = np.lexsort((np.arange(p.shape[0]), -p))[:n]
-    return [R.Candidate(rank=k + 1, token=token_text(int(i)) or "", id=int(i), probability=float(p[i]))
+    return [R.Candidate(rank=k + 1, token=token_text(int(i)), id=int(i), probability=float(p[i]))
             for k, i in enumerate(order)]
