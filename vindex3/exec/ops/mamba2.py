@@ -182,7 +182,7 @@ def _expect(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
         defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
 
 
-def _conv_weight_2d(w: Mamba2Weights, g: Mamba2Geometry) -> np.ndarray:
+def _conv_weight_2d(w: Mamba2Weights) -> np.ndarray:
     cw = w.conv_weight
     if isinstance(cw, np.ndarray) and cw.ndim == 3 and cw.shape[1] == 1:
         cw = cw.reshape(cw.shape[0], cw.shape[2])  # a view, also of a memmap
@@ -201,7 +201,7 @@ def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarra
         )
     else:
         _expect("in_proj", w.in_proj, (g.in_proj_dim, g.hidden_size), defects)
-    cw = _conv_weight_2d(w, g)
+    cw = _conv_weight_2d(w)
     _expect("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
     for name, n in (("A_log", g.num_heads), ("D", g.num_heads), ("dt_bias", g.num_heads)):
         _expect(name, getattr(w, name), (n,), defects)
@@ -247,7 +247,9 @@ def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
         raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
     if x.ndim != ndim or x.shape[-1] != hidden:
         want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
+        raise ValueError(
+            f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}"
+        )
 
 
 # --------------------------------------------------------------------------- elementwise
@@ -264,7 +266,9 @@ def _softplus(v: np.ndarray) -> np.ndarray:
     return np.logaddexp(_ZERO, v)
 
 
-def _gated_rmsnorm(y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry) -> np.ndarray:
+def _gated_rmsnorm(
+    y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry
+) -> np.ndarray:
     """transformers' MambaRMSNormGated: gate first, then RMS over n_groups groups, then weight."""
     u = y * _silu(gate)
     lead = u.shape[:-1]
@@ -274,11 +278,7 @@ def _gated_rmsnorm(y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2G
     return ug.reshape(*lead, g.intermediate) * w.norm_weight
 
 
-def _dt(dt_raw: np.ndarray, w: Mamba2Weights) -> np.ndarray:
-    return _softplus(dt_raw + w.dt_bias)
-
-
-# --------------------------------------------------------------------------- prefill
+# --------------------------------------------------------------------------- scan
 
 
 @numba.njit(cache=True)
@@ -322,78 +322,71 @@ def _ssd_scan(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
                 ssm[h, p, n] = S[n, p]
 
 
-def _ssm_apply(
-    xs: np.ndarray,  # [T, H, P] conv/SiLU output for the heads
-    dt: np.ndarray,  # [T, H] softplus(dt + dt_bias), clamped or not by the caller
-    Bm: np.ndarray,  # [T, G, N]
-    Cm: np.ndarray,  # [T, G, N]
+def _ssm_norm(
+    zxbcdt: np.ndarray,  # [T, in_proj_dim] the projection (gate and dt are read from it)
+    conv_out: np.ndarray,  # [T, conv_dim] the conv output before SiLU
     w: Mamba2Weights,
+    g: Mamba2Geometry,
     ssm: np.ndarray,  # [H, P, N], advanced in place
+    clamp_dt: bool,
 ) -> np.ndarray:
-    """y = SSD(x) + D x, [T, H, P] float32."""
+    """SiLU, SSD recurrence with D skip, gated RMSNorm: returns [T, intermediate] float32."""
+    T = zxbcdt.shape[0]
+    ni, cd, gn = g.intermediate, g.conv_dim, g.n_groups * g.state_size
+    xbc = _silu(conv_out)
+    xs = xbc[:, :ni].reshape(T, g.num_heads, g.head_dim)
+    Bm = np.ascontiguousarray(xbc[:, ni : ni + gn].reshape(T, g.n_groups, g.state_size))
+    Cm = np.ascontiguousarray(xbc[:, ni + gn :].reshape(T, g.n_groups, g.state_size))
+    dt = _softplus(zxbcdt[:, ni + cd :] + w.dt_bias)  # [T, H]
+    if clamp_dt:
+        lo, hi = g.time_step_limit
+        dt = np.clip(dt, F32(lo), F32(hi))
     A = -np.exp(w.A_log)
-    dA = np.exp(dt * A)
-    xdt = xs * dt[:, :, None]
+    dA = np.ascontiguousarray(np.exp(dt * A))
+    xdt = np.ascontiguousarray(xs * dt[:, :, None])
     y = np.empty(xs.shape, F32)
-    _ssd_scan(
-        ssm,
-        np.ascontiguousarray(xdt),
-        np.ascontiguousarray(dA),
-        np.ascontiguousarray(Bm),
-        np.ascontiguousarray(Cm),
-        y,
-    )
+    _ssd_scan(ssm, xdt, dA, Bm, Cm, y)
     y += xs * w.D[:, None]
-    return y
+    return _gated_rmsnorm(y.reshape(T, ni), zxbcdt[:, :ni], w, g)
+
+
+# --------------------------------------------------------------------------- prefill
 
 
 def mamba2_prefill(
     x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
 ) -> np.ndarray:
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``; return
-    [T, hidden] float32 and leave ``state`` where a following prefill or step continues."""
+    [T, hidden] float32 and leave ``state`` where a following prefill or step continues.
+
+    Works from a zero state and from one left by an earlier prefill or step (a prompt fed in
+    several calls gives what one call gives). Δ is clamped to ``time_step_limit`` for every
+    position, as transformers' chunk path does; note that transformers routes a *one-token*
+    call on an already-started cache to its unclamped recurrent path instead, so a caller
+    that wants that behaviour for T == 1 continuations uses ``mamba2_step``.
+    """
     _check_input(x, 2, g.hidden_size, "mamba2_prefill")
     cw = _check(w, g, state)
     T = x.shape[0]
     if T == 0:
         return np.zeros((0, g.hidden_size), F32)
-    I, CD, H, P, N, G, K = (
-        g.intermediate,
-        g.conv_dim,
-        g.num_heads,
-        g.head_dim,
-        g.state_size,
-        g.n_groups,
-        g.conv_kernel,
-    )
+    ni, cd, K = g.intermediate, g.conv_dim, g.conv_kernel
 
     zxbcdt = x @ w.in_proj.T
     if w.in_proj_bias is not None:
         zxbcdt += w.in_proj_bias
-    gate = zxbcdt[:, :I]
-    xbc_in = zxbcdt[:, I : I + CD]
-    dt_raw = zxbcdt[:, I + CD :]
 
-    # causal depthwise conv; seq holds the K stored inputs followed by the T new ones
-    seq = np.concatenate([state.conv.T, xbc_in], axis=0)  # [K + T, CD]
-    xbc = seq[1 : 1 + T] * cw[:, 0]
+    # causal depthwise conv: seq is the K stored inputs followed by the T new ones, and
+    # output t sees seq[t+1 .. t+K] (weight k on seq[t+1+k])
+    seq = np.concatenate([state.conv.T, zxbcdt[:, ni : ni + cd]], axis=0)  # [K + T, cd]
+    conv_out = seq[1 : 1 + T] * cw[:, 0]
     for k in range(1, K):
-        xbc += seq[1 + k : 1 + k + T] * cw[:, k]
+        conv_out += seq[1 + k : 1 + k + T] * cw[:, k]
     if w.conv_bias is not None:
-        xbc += w.conv_bias
+        conv_out += w.conv_bias
     state.conv[...] = seq[T:].T
-    xbc = _silu(xbc)
 
-    xs = xbc[:, :I].reshape(T, H, P)
-    Bm = xbc[:, I : I + G * N].reshape(T, G, N)
-    Cm = xbc[:, I + G * N :].reshape(T, G, N)
-
-    lo, hi = g.time_step_limit
-    dt = np.clip(_dt(dt_raw, w), F32(lo), F32(hi))
-
-    y = _ssm_apply(xs, dt, Bm, Cm, w, state.ssm)
-
-    u = _gated_rmsnorm(y.reshape(T, I), gate, w, g)
+    u = _ssm_norm(zxbcdt, conv_out, w, g, state.ssm, clamp_dt=True)
     out = u @ w.out_proj.T
     if w.out_proj_bias is not None:
         out += w.out_proj_bias
@@ -403,41 +396,30 @@ def mamba2_prefill(
 # --------------------------------------------------------------------------- step
 
 
-def mamba2_step(x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
-    """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place."""
+def mamba2_step(
+    x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
+) -> np.ndarray:
+    """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place.
+
+    Δ is not clamped to ``time_step_limit`` here, as in transformers' recurrent path."""
     _check_input(x, 1, g.hidden_size, "mamba2_step")
     cw = _check(w, g, state)
-    I, CD, H, P, N, G = (
-        g.intermediate,
-        g.conv_dim,
-        g.num_heads,
-        g.head_dim,
-        g.state_size,
-        g.n_groups,
-    )
+    ni, cd, K = g.intermediate, g.conv_dim, g.conv_kernel
 
     zxbcdt = w.in_proj @ x
     if w.in_proj_bias is not None:
         zxbcdt += w.in_proj_bias
-    gate = zxbcdt[:I]
-    dt_raw = zxbcdt[I + CD :]
 
-    conv = state.conv
+    conv = state.conv  # shift in the new input; the window is then conv[:, 0..K-1]
     conv[:, :-1] = conv[:, 1:]
-    conv[:, -1] = zxbcdt[I : I + CD]
-    xbc = np.einsum("ck,ck->c", conv, cw)
+    conv[:, -1] = zxbcdt[ni : ni + cd]
+    conv_out = conv[:, 0] * cw[:, 0]  # the same sum, in the same order, as in prefill
+    for k in range(1, K):
+        conv_out += conv[:, k] * cw[:, k]
     if w.conv_bias is not None:
-        xbc += w.conv_bias
-    xbc = _silu(xbc)
+        conv_out += w.conv_bias
 
-    xs = xbc[:I].reshape(1, H, P)
-    Bm = xbc[I : I + G * N].reshape(1, G, N)
-    Cm = xbc[I + G * N :].reshape(1, G, N)
-    dt = _dt(dt_raw, w).reshape(1, H)  # no time_step_limit clamp: transformers' recurrent path
-
-    y = _ssm_apply(xs, dt, Bm, Cm, w, state.ssm)
-
-    u = _gated_rmsnorm(y.reshape(I), gate, w, g)
+    u = _ssm_norm(zxbcdt[None], conv_out[None], w, g, state.ssm, clamp_dt=False)[0]
     out = w.out_proj @ u
     if w.out_proj_bias is not None:
         out += w.out_proj_bias
