@@ -1,0 +1,159 @@
+"""The batch CLI: scripts, -e, stdin, exit codes, --keep-going, --json, --debug; data on
+stdout, diagnostics on stderr."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lql_fixtures import ROOT
+from lql import cli
+from lql.session import Session
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def run(argv, stdin: str = "", tty: bool = False):
+    out, err = io.StringIO(), io.StringIO()
+    sin = Tty(stdin) if tty else io.StringIO(stdin)
+    rc = cli.main(argv, stdin=sin, stdout=out, stderr=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def c(tiny_llama_container):
+    return str(tiny_llama_container)
+
+
+def test_execute_option(c):
+    rc, out, err = run(["-e", f"OPEN '{c}'; SHOW COMPONENTS;"])
+    assert rc == 0 and err == ""
+    assert out.startswith("opened llama\n")
+    assert "text       primary_text" in out
+
+
+def test_container_option_opens_first(c):
+    rc, out, err = run(["-c", c, "-e", "SHOW COMPONENTS"])
+    assert rc == 0 and out.count("opened llama") == 1
+
+
+def test_script_stops_at_the_first_error_naming_its_line(c, tmp_path):
+    script = tmp_path / "s.lql"
+    script.write_text(f"OPEN '{c}';\nSHOW COMPONENTS;\n  DRAFT DEPTH 9;\nVERIFY;\n")
+    rc, out, err = run([str(script)])
+    assert rc == 1
+    assert "primary_text" in out and "verified" not in out
+    assert err.startswith(f"{script}:3:3: error: draft depth 9 is deeper than the model")
+    assert "  in: DRAFT DEPTH 9" in err
+
+
+def test_keep_going_runs_on_and_still_fails(c):
+    rc, out, err = run(["--keep-going", "-e", f"OPEN '{c}'; DRAFT DEPTH 9; VERIFY"])
+    assert rc == 1
+    assert "verified" in out
+    assert err.rstrip().endswith("lql: 1 of 3 statement(s) failed")
+
+
+def test_syntax_error_runs_nothing(c):
+    rc, out, err = run(["-e", f"OPEN '{c}';\nSTATS\nSHOW LAYERS"])
+    assert rc == 1 and out == ""
+    assert err == (
+        "<-e>:3:1: syntax error: expected ';' or AT, found keyword SHOW\n"
+        "  SHOW LAYERS\n"
+        "  ^\n"
+        "  hint: end the previous statement with ';' before SHOW\n"
+    )
+
+
+def test_statements_on_stdin(c):
+    rc, out, err = run([], stdin=f"OPEN '{c}';\nVERIFY;\n")
+    assert rc == 0 and "verified" in out
+
+
+def test_dash_reads_stdin(c):
+    rc, out, _ = run(["-"], stdin=f"OPEN '{c}'; VERIFY")
+    assert rc == 0 and "verified" in out
+
+
+def test_json_output_one_object_per_statement(c):
+    rc, out, err = run(["--json", "--keep-going", "-e", f"OPEN '{c}'; SHOW COMPONENTS; DRAFT DEPTH 0"])
+    assert rc == 1
+    objs = [json.loads(line) for line in out.splitlines()]
+    assert [o["kind"] for o in objs] == ["open", "show_components", "draft_depth"]
+    assert [list(o) for o in objs[:2]] == [["statement", "kind", "ok", "result"]] * 2
+    assert objs[1]["statement"] == {"kind": "show_components", "line": 1, "column": 1 + len(f"OPEN '{c}'; "),
+                                    "text": "SHOW COMPONENTS"}
+    assert objs[2]["ok"] is False
+    assert objs[2]["error"]["type"] == "SliceError" and "draft depth 0" in objs[2]["error"]["message"]
+    assert "draft depth 0" in err  # the diagnostic also goes to stderr
+
+
+def test_set_format_switches_output_mid_script(c):
+    rc, out, _ = run(["-e", f"OPEN '{c}'; SET format = json; VERIFY"])
+    lines = out.splitlines()
+    assert lines[0] == "opened llama"
+    assert json.loads(lines[-1])["kind"] == "verify"
+
+
+def test_no_timing(c):
+    rc, out, _ = run(["--no-timing", "-e", f"OPEN '{c}'; INFER 'Hi' GENERATE 2"])
+    assert rc == 0 and "prefill" not in out and "tok/s" not in out
+    rc, out, _ = run(["-e", f"OPEN '{c}'; INFER 'Hi' GENERATE 2"])
+    assert "prefill" in out and "tok/s" in out
+
+
+def test_internal_error_has_no_traceback_unless_debug(c, monkeypatch):
+    def boom(self, qp):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(Session, "_do_verify", boom)
+    rc, out, err = run(["-e", f"OPEN '{c}';\nVERIFY"])
+    assert rc == 3
+    assert "<-e>:2:1: internal error: RuntimeError: kaboom" in err and "Traceback" not in err
+    rc, out, err = run(["--debug", "-e", f"OPEN '{c}';\nVERIFY"])
+    assert rc == 3 and "Traceback" in err
+
+
+def test_debug_shows_the_traceback_of_a_refusal(c):
+    rc, _, err = run(["--debug", "-e", f"OPEN '{c}'; DRAFT DEPTH 9"])
+    assert rc == 1 and "Traceback" in err and "SliceError" in err
+
+
+def test_missing_script():
+    rc, out, err = run(["no-such-script.lql"])
+    assert rc == 1 and err == "lql: script no-such-script.lql does not exist\n"
+
+
+def test_no_arguments_at_a_terminal_without_the_repl(monkeypatch):
+    monkeypatch.setitem(sys.modules, "lql.repl", None)
+    rc, out, err = run([], tty=True)
+    assert rc == 2 and out == ""
+    assert "interactive shell is not part of this build" in err
+
+
+def test_no_arguments_at_a_terminal_calls_the_repl(monkeypatch):
+    import types
+
+    calls = []
+    fake = types.ModuleType("lql.repl")
+    fake.main = lambda path=None, debug=False: calls.append((path, debug)) or 0
+    monkeypatch.setitem(sys.modules, "lql.repl", fake)
+    rc, _, _ = run([], tty=True)
+    assert rc == 0 and calls == [(None, False)]
+    rc, _, _ = run(["--repl", "m.vindex3", "--debug"])
+    assert calls[-1] == ("m.vindex3", True)
+
+
+def test_the_real_command_runs(c):
+    p = subprocess.run([sys.executable, "-m", "lql", "-e", f"OPEN '{c}'; DRAFT DEPTH 7"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 1
+    assert "opened llama" in p.stdout
+    assert "<-e>:1:" in p.stderr and "Traceback" not in p.stderr
