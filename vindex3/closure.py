@@ -81,6 +81,16 @@ def check(graph_raw: dict, tables: dict[str, dict[str, tuple[str, tuple[int, ...
 
     for layer in graph_raw["layers"]:
         i = layer["index"]
+        if layer["operator"] not in REQUIRED:
+            # Described but not executable in this build: its operands must exist and be
+            # claimed; their shapes are judged by the operator's executor when one exists.
+            for role, name in sorted(layer.get("operands", {}).items()):
+                t = tables.get("decoder_stack", {})
+                if name not in t:
+                    defects.append(f"layer {i} {role}: missing operand decoder_stack/{name}")
+                else:
+                    claimed["decoder_stack"].add(name)
+            continue
         shapes = expected_shapes(surface, layer["operator"])
         operands = layer.get("operands", {})
         need = required_roles(graph_raw, layer)

@@ -1,0 +1,258 @@
+"""Executor: parity with transformers, decode vs prefill, execution slices, operand reads,
+continuation state."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import vindex3
+from fixtures import load_reference
+from vindex3.continuation import Geometry, latent
+from vindex3.errors import SliceError, StateError, UnsupportedOperator
+from vindex3.exec.state import ContinuationState
+
+FAMILY_LIST = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "granite"]
+IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11, 180, 33, 90, 2, 301, 77]
+
+
+def hf_logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def hf_greedy(model, ids, n):
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        cache, nxt, toks = out.cache, int(out.logits[0, -1].argmax()), []
+        for _ in range(n):
+            toks.append(nxt)
+            out = model(torch.tensor([[nxt]]), cache=cache, use_cache=True)
+            cache, nxt = out.cache, int(out.logits[0, -1].argmax())
+    return toks
+
+
+def our_greedy(ex, ids, n):
+    st = ex.start()
+    logits = st.prefill(ids, last_only=True)[-1]
+    toks = []
+    for _ in range(n):
+        toks.append(int(logits.argmax()))
+        logits = st.step(toks[-1])
+    return toks
+
+
+def token_by_token(ex, ids):
+    st = ex.start()
+    return np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:]])
+
+
+# -- parity ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", FAMILY_LIST)
+def test_parity_with_transformers(checkpoint_dirs, containers, family):
+    ref = load_reference(checkpoint_dirs(family))
+    ex = vindex3.open(containers(family)).executor()
+    theirs = hf_logits(ref, IDS)
+    ours = ex.forward(IDS)
+    assert ours.dtype == np.float32 and ex.last_hidden.dtype == np.float32
+    assert np.abs(ours - theirs).max() <= 1e-4
+    dec = token_by_token(ex, IDS)
+    assert np.abs(dec - theirs).max() <= 1e-4
+    assert our_greedy(ex, IDS[:6], 16) == hf_greedy(ref, IDS[:6], 16)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_token_by_token_decode_matches_batch_prefill(containers, family):
+    ex = vindex3.open(containers(family)).executor()
+    batch = ex.forward(IDS)
+    dec = token_by_token(ex, IDS)
+    assert np.abs(dec - batch).max() <= 1e-5
+    assert np.array_equal(dec.argmax(-1), batch.argmax(-1))
+
+
+def test_sliding_window_changes_the_answer(checkpoint_dirs, tmp_path):
+    """The window is real: the same weights with full attention disagree beyond the window."""
+    import json as _json
+
+    src = checkpoint_dirs("mistral")
+    full = tmp_path / "full"
+    shutil.copytree(src, full)
+    cfg = _json.loads((full / "config.json").read_text())
+    cfg["sliding_window"] = None
+    (full / "config.json").write_text(_json.dumps(cfg))
+    a = vindex3.open(vindex3.encode(src, tmp_path / "a")).executor().forward(IDS)
+    b = vindex3.open(vindex3.encode(full, tmp_path / "b")).executor().forward(IDS)
+    assert np.array_equal(a[:5], b[:5])  # within the window (5 keys including the query)
+    assert np.abs(a[5:] - b[5:]).max() > 1e-3
+
+
+def test_continued_prefill_equals_one_prefill(tiny_llama_container):
+    ex = vindex3.open(tiny_llama_container).executor()
+    st = ex.start()
+    a = st.prefill(IDS[:7])
+    b = st.prefill(IDS[7:])
+    assert st.position == len(IDS)
+    assert np.abs(np.concatenate([a, b]) - ex.forward(IDS)).max() <= 1e-5
+
+
+def test_truncate_rolls_kv_back(tiny_llama_container):
+    ex = vindex3.open(tiny_llama_container).executor()
+    st = ex.start()
+    st.prefill(IDS[:10])
+    st.truncate(6)
+    again = st.step(IDS[6])
+    st2 = ex.start()
+    ref = st2.prefill(IDS[:7])[-1]
+    assert np.abs(again - ref).max() <= 1e-5
+    with pytest.raises(StateError, match="cannot truncate to position 99"):
+        st.truncate(99)
+
+
+# -- execution slices --------------------------------------------------------------------------
+
+def test_draft_at_full_depth_is_bit_identical(tiny_llama_container):
+    c = vindex3.open(tiny_llama_container)
+    L = c.graph.num_layers
+    full = c.executor(slice=vindex3.Full())
+    draft = c.executor(slice=vindex3.Draft(L))
+    a, b = full.forward(IDS), draft.forward(IDS)
+    assert np.array_equal(a, b)
+    assert np.array_equal(full.last_hidden, draft.last_hidden)
+    assert full.trace.executed_layers == draft.trace.executed_layers == list(range(L))
+    assert np.array_equal(token_by_token(full, IDS), token_by_token(draft, IDS))
+
+
+def test_draft_one_short_runs_fewer_layers_and_differs(tiny_llama_container):
+    c = vindex3.open(tiny_llama_container)
+    L = c.graph.num_layers
+    ex = c.executor(slice=vindex3.Draft(L - 1))
+    logits = ex.forward(IDS)
+    assert ex.trace.executed_layers == list(range(L - 1))
+    assert not np.array_equal(logits, c.executor().forward(IDS))
+
+
+def test_draft_bounds_are_refused_not_clamped(tiny_llama_container):
+    c = vindex3.open(tiny_llama_container)
+    with pytest.raises(SliceError, match="nothing between the embedding and the head"):
+        c.executor(slice=vindex3.Draft(0))
+    with pytest.raises(SliceError, match="deeper than the model, which has 4 layers"):
+        c.executor(slice=vindex3.Draft(5))
+    for a, b in [(-1, 2), (2, 2), (3, 1), (0, 5)]:
+        with pytest.raises(SliceError, match=rf"\[{a}, {b}\)"):
+            c.executor(slice=vindex3.LayerRange(a, b))
+
+
+def test_layer_ranges_compose_to_the_full_stack(tiny_llama_container):
+    c = vindex3.open(tiny_llama_container)
+    full = c.executor()
+    full.forward(IDS)
+    emb = c.segments["embedding"].tensor("weight")[IDS]
+    lo = c.executor(slice=vindex3.LayerRange(0, 2))
+    hi = c.executor(slice=vindex3.LayerRange(2, 4))
+    h = hi.run_hidden(lo.run_hidden(emb))
+    assert hi.trace.executed_layers == [2, 3]
+    assert np.array_equal(h, full.last_hidden)
+    with pytest.raises(SliceError, match="no embedding or head"):
+        lo.forward(IDS)
+
+
+def test_reads_grow_affinely_with_depth_and_stop_at_the_slice(tiny_llama_container):
+    c = vindex3.open(tiny_llama_container)
+    L = c.graph.num_layers
+    reads = []
+    for d in range(1, L + 1):
+        ex = c.executor(slice=vindex3.Draft(d))
+        reads.append(ex.prepared.reads)
+        plan = c.plan_slice(vindex3.Draft(d))
+        assert ex.prepared.reads == plan.total_reads
+        touched_layers = {int(lbl.split("/")[1].split(".")[0]) for lbl in ex.prepared.read_log if lbl.startswith("decoder_stack/")}
+        assert touched_layers == set(range(d))
+    per_layer = reads[1] - reads[0]
+    fixed = reads[0] - per_layer
+    assert per_layer > 0 and fixed == 3  # embedding, final norm, head (tied: embedding again)
+    assert reads == [fixed + per_layer * d for d in range(1, L + 1)]
+
+
+def test_trace_records_timings(tiny_llama_container):
+    ex = vindex3.open(tiny_llama_container).executor()
+    st = ex.start()
+    st.prefill(IDS[:4])
+    st.step(9)
+    assert ex.trace.prepare_seconds > 0 and len(ex.trace.step_seconds) == 2 and ex.trace.positions == 5
+
+
+def test_token_out_of_vocabulary_is_refused(tiny_llama_container):
+    ex = vindex3.open(tiny_llama_container).executor()
+    with pytest.raises(SliceError, match="token id 320 is outside the vocabulary"):
+        ex.forward([1, 320])
+
+
+# -- continuation geometry and state ---------------------------------------------------------
+
+def test_geometry_from_the_plan(containers):
+    c = vindex3.open(containers("qwen2"))
+    geoms = c.continuation()
+    assert [g.kind for g in geoms] == ["kv"] * 4
+    assert [g.window for g in geoms] == [None, 6, None, 6]
+    g = geoms[0]
+    assert g.kv_dim == 2 * 16 and g.bytes_per_position == 2 * 32 * 4
+    assert geoms[1].bytes_at(100) == 6 * g.bytes_per_position and g.bytes_at(100) == 100 * g.bytes_per_position
+
+
+def test_provider_refuses_a_kind_it_cannot_hold_before_allocating():
+    with pytest.raises(StateError, match=r"layer 7 \(latent_kv\)"):
+        ContinuationState.preflight({0: Geometry("kv", kv_dim=8), 7: latent(64)})
+
+
+def test_preflight_covers_only_the_executed_layers(tiny_llama_container, tmp_path):
+    """A layer whose operator has no executor refuses the full model by name, and a draft
+    that stops before it is neither refused nor charged for it."""
+    c = tmp_path / "c"
+    shutil.copytree(tiny_llama_container, c)
+    g = json.loads((c / "system_graph.json").read_text())
+    g["layers"][3]["operator"] = "gated_delta"
+    (c / "system_graph.json").write_text(json.dumps(g))
+    cont = vindex3.open(c)
+    with pytest.raises(UnsupportedOperator, match="layer 3: operator 'gated_delta' has no executor"):
+        cont.executor()
+    ex = cont.executor(slice=vindex3.Draft(3))
+    assert ex.trace.executed_layers == [] and ex.forward(IDS).shape == (len(IDS), 320)
+    assert not any(lbl.startswith("decoder_stack/3.") for lbl in ex.prepared.read_log)
+
+
+# -- the real model ----------------------------------------------------------------------------
+
+PROMPT = "The capital of France is"
+
+
+def test_smollm2_next_token_is_paris(smollm2_container, monkeypatch):
+    import builtins
+
+    real_open = builtins.open
+
+    def guarded(file, *a, **k):  # the container alone must suffice
+        assert not str(file).endswith(".gguf"), "the executor reached for the GGUF"
+        return real_open(file, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    c = vindex3.open(smollm2_container)
+    assert c.graph.num_layers == 30
+    logits = c.executor().forward(c.tokenizer.encode(PROMPT))
+    assert c.tokenizer.token_text(int(logits[-1].argmax())) == " Paris"
+
+
+def test_smollm2_logits_and_greedy_match_transformers(smollm2_container, smollm2_reference):
+    c = vindex3.open(smollm2_container)
+    ids = c.tokenizer.encode(PROMPT)
+    ex = c.executor()
+    diff = np.abs(ex.forward(ids) - hf_logits(smollm2_reference, ids)).max()
+    assert diff <= 1e-3, diff
+    assert our_greedy(ex, ids, 32) == hf_greedy(smollm2_reference, ids, 32)
