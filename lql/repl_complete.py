@@ -78,7 +78,7 @@ def context_at(text_before_cursor: str) -> Context:
     """Decide what kind of thing fits at the end of ``text_before_cursor``."""
     stripped = text_before_cursor.lstrip()
     if stripped.startswith("\\"):
-        m = re.match(r"\\(\S*)(\s+)?(.*)$", stripped, re.S)
+        m = re.match(r"\\(\S*)(\s+)?(.*)$", stripped, re.DOTALL)
         assert m is not None
         if m.group(2) is None:
             return Context("meta", word=stripped)
@@ -91,7 +91,12 @@ def context_at(text_before_cursor: str) -> Context:
     last = toks[-1] if toks else None
 
     # inside a string that is still open at the cursor
-    if last is not None and last.type == "ERROR" and last.value[:1] in "'\"" and "\n" not in last.value:
+    if (
+        last is not None
+        and last.type == "ERROR"
+        and last.value[:1] in "'\""
+        and "\n" not in last.value
+    ):
         before = stmt[: last.start_pos]
         acc = _accepts(before)
         prev = _significant(before)
@@ -113,12 +118,19 @@ def context_at(text_before_cursor: str) -> Context:
     prev_kinds = [t.type for t in prev]
 
     if prev_kinds and prev_kinds[0] == "HELP":
-        return Context("help", word=word, help_words=tuple(t.value.upper() for t in prev[1:]), accepts=acc)
+        return Context(
+            "help", word=word, help_words=tuple(t.value.upper() for t in prev[1:]), accepts=acc
+        )
     if prev_kinds == ["SET"]:
         return Context("setting", word=word, accepts=acc)
     if len(prev_kinds) == 3 and prev_kinds[0] == "SET" and prev_kinds[2] == "_EQ":
-        return Context("setting_value", word=word, setting=prev[1].value.lower(), accepts=acc,
-                       keywords=tuple(sorted(n for n in acc if n in parser.KEYWORDS)))
+        return Context(
+            "setting_value",
+            word=word,
+            setting=prev[1].value.lower(),
+            accepts=acc,
+            keywords=tuple(sorted(n for n in acc if n in parser.KEYWORDS)),
+        )
     kws = tuple(sorted(parser.KEYWORDS[n] for n in acc if n in parser.KEYWORDS))
     return Context("keyword", word=word, keywords=kws, accepts=acc)
 
@@ -155,8 +167,12 @@ def path_completions(typed: str, *, quote: str | None = None) -> Iterator[Comple
         text = name + ("/" if is_dir else "")
         if quote:
             text = text.replace("\\", "\\\\").replace(quote, "\\" + quote)
-        yield Completion(text, start_position=-len(prefix), display=text,
-                         display_meta="directory" if is_dir else "file")
+        yield Completion(
+            text,
+            start_position=-len(prefix),
+            display=text,
+            display_meta="directory" if is_dir else "file",
+        )
 
 
 class LqlCompleter(Completer):
@@ -171,13 +187,28 @@ class LqlCompleter(Completer):
         self._settings = settings
         self._meta = meta_commands
 
-    def get_completions(self, document: Document, complete_event: CompleteEvent | None = None) -> Iterator[Completion]:
+    def get_completions(
+        self, document: Document, complete_event: CompleteEvent | None = None
+    ) -> Iterator[Completion]:
+        try:
+            yield from self._completions(document, complete_event)
+        except Exception:  # noqa: BLE001 - a completer bug must not take the prompt down
+            return
+
+    def _completions(
+        self, document: Document, complete_event: CompleteEvent | None
+    ) -> Iterator[Completion]:
         ctx = context_at(document.text_before_cursor)
         word = ctx.word
+        asked = complete_event is None or complete_event.completion_requested
+        if not asked and not word and ctx.kind not in ("path", "meta_path", "meta"):
+            return  # while typing, offer words once one is begun; Tab offers everything
         if ctx.kind == "keyword":
             for kw in ctx.keywords:
                 if kw.startswith(word.upper()):
-                    yield Completion(_cased(kw, word), start_position=-len(word), display_meta="keyword")
+                    yield Completion(
+                        _cased(kw, word), start_position=-len(word), display_meta="keyword"
+                    )
         elif ctx.kind == "path":
             quote = _open_quote(document.text_before_cursor, word)
             yield from path_completions(word, quote=quote)
@@ -186,7 +217,9 @@ class LqlCompleter(Completer):
         elif ctx.kind == "setting":
             for s in self._settings():
                 if s.name.lower().startswith(word.lower()):
-                    yield Completion(s.name, start_position=-len(word), display_meta=s.description or "setting")
+                    yield Completion(
+                        s.name, start_position=-len(word), display_meta=s.description or "setting"
+                    )
         elif ctx.kind == "setting_value":
             info = {s.name.lower(): s for s in self._settings()}.get(ctx.setting or "")
             choices = info.choices if info else ()
@@ -217,4 +250,6 @@ def _help_completions(typed_words: Sequence[str], word: str) -> Iterator[Complet
         rest = " ".join(parts[n:])
         if rest.startswith(word.upper()) and rest not in seen:
             seen.add(rest)
-            yield Completion(_cased(rest, word), start_position=-len(word), display_meta="statement")
+            yield Completion(
+                _cased(rest, word), start_position=-len(word), display_meta="statement"
+            )

@@ -18,26 +18,28 @@ from prompt_toolkit.styles import Style
 from . import parser
 
 #: The REPL's colours. Class names are ``lql.<kind>``; tests and users' styles key on them.
-STYLE = Style.from_dict({
-    "lql.keyword": "bold ansiblue",
-    "lql.string": "ansigreen",
-    "lql.number": "ansicyan",
-    "lql.comment": "italic ansibrightblack",
-    "lql.punct": "",
-    "lql.name": "",
-    "lql.error": "bg:ansired ansiwhite",
-    "lql.meta": "ansimagenta",
-    "prompt": "bold",
-    "prompt.continuation": "ansibrightblack",
-    "bottom-toolbar": "noreverse bg:ansibrightblack ansiwhite",
-    "bottom-toolbar.model": "bold",
-    "bottom-toolbar.off": "italic",
-    "error": "ansired",
-    "error.caret": "bold ansired",
-    "warning": "ansiyellow",
-    "info": "ansibrightblack",
-    "generated": "ansigreen",
-})
+STYLE = Style.from_dict(
+    {
+        "lql.keyword": "bold ansiblue",
+        "lql.string": "ansigreen",
+        "lql.number": "ansicyan",
+        "lql.comment": "italic ansibrightblack",
+        "lql.punct": "",
+        "lql.name": "",
+        "lql.error": "bg:ansired ansiwhite",
+        "lql.meta": "ansimagenta",
+        "prompt": "bold",
+        "prompt.continuation": "ansibrightblack",
+        "bottom-toolbar": "noreverse bg:ansibrightblack ansiwhite",
+        "bottom-toolbar.model": "bold",
+        "bottom-toolbar.off": "italic",
+        "error": "ansired",
+        "error.caret": "bold ansired",
+        "warning": "ansiyellow",
+        "info": "ansibrightblack",
+        "generated": "ansigreen",
+    }
+)
 
 _PUNCT = {"_SEMI", "_LPAR", "_RPAR", "_COMMA", "_EQ", "_MINUS"}
 
@@ -95,7 +97,12 @@ def highlight(text: str) -> list[tuple[str, str]]:
         style = token_class(tok.type)
         start = tok.start_pos
         end = start + len(tok.value)
-        if bad is not None and start < bad[1] and end > bad[0] and tok.type not in ("WS", "COMMENT"):
+        if (
+            bad is not None
+            and start < bad[1]
+            and end > bad[0]
+            and tok.type not in ("WS", "COMMENT")
+        ):
             style = "class:lql.error"
         elif tok.type == "ERROR" and tok.value[:1] in "'\"" and end == len(text):
             style = "class:lql.string"  # a string still being typed, not yet an unclosed one
@@ -120,7 +127,11 @@ class LqlLexer(Lexer):
     or comment's meaning depends on what came before)."""
 
     def lex_document(self, document: Document) -> Callable[[int], StyleAndTextTuples]:
-        lines = _split_lines(highlight(document.text))
+        try:
+            fragments = highlight(document.text)
+        except Exception:  # noqa: BLE001 - colour is a courtesy: never let it break typing
+            fragments = [("", document.text)]
+        lines = _split_lines(fragments)
 
         def get_line(lineno: int) -> StyleAndTextTuples:
             return lines[lineno] if 0 <= lineno < len(lines) else []

@@ -1,0 +1,652 @@
+"""The interactive LQL shell. One `PromptSession` owns the terminal: history kept in a file,
+suggestions from it, emacs keys (vi as a setting), multi-line statements, highlighting from
+the grammar's lexer, completion from the grammar, a bottom toolbar with the bound model.
+
+The shell executes statements through the same `lql.Session` the batch CLI uses; what it adds
+is the terminal: GENERATE's tokens are printed as they are produced, ENCODE draws a progress
+bar, Ctrl-C stops a running statement and returns to the prompt with the session as it was,
+and no error ends the shell — only ``\\q``, ``exit``, ``quit`` or Ctrl-D do.
+
+Data goes to stdout and diagnostics to stderr, each looked up when written (so a test's
+captured streams see them); prompt_toolkit's own input and output can be injected."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from prompt_toolkit import PromptSession
+from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
+from prompt_toolkit.enums import EditingMode
+from prompt_toolkit.filters import Condition, completion_is_selected
+from prompt_toolkit.formatted_text import FormattedText
+from prompt_toolkit.history import FileHistory, History, InMemoryHistory
+from prompt_toolkit.key_binding import KeyBindings
+from prompt_toolkit.shortcuts import CompleteStyle, print_formatted_text
+
+from . import ast, catalog, parser, render
+from . import results as R
+from .errors import LqlError, LqlSyntaxError, SettingError
+from .repl_complete import LqlCompleter, SettingInfo
+from .repl_lexer import STYLE, LqlLexer, is_meta
+from .repl_meta import CONTINUE, EXIT, META
+
+PROMPT = "lql> "
+CONTINUATION = "... "
+
+#: Settings the shell itself owns (SET name = value; SHOW SETTINGS lists them with the rest).
+SHELL_SETTINGS: dict[str, str] = {
+    "editing_mode": "key bindings at the prompt: emacs or vi",
+    "history": "the file the prompt's history is kept in",
+}
+
+
+def default_history_path() -> Path:
+    """``$LQL_HISTORY`` if set, else ``~/.lql_history``."""
+    env = os.environ.get("LQL_HISTORY")
+    return Path(env).expanduser() if env else Path.home() / ".lql_history"
+
+
+def default_rc_path() -> Path | None:
+    """The startup file: ``$LQL_RC`` if set (empty: none), else ``~/.lqlrc``."""
+    env = os.environ.get("LQL_RC")
+    if env is not None:
+        return Path(env).expanduser() if env else None
+    return Path.home() / ".lqlrc"
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _setting_choices(doc: catalog.SettingDoc) -> tuple[str, ...]:
+    """The closed set of values a session setting takes, when it has one (for completion)."""
+    if isinstance(doc.default, bool):
+        return ("on", "off")
+    for cell in getattr(doc.parse, "__closure__", None) or ():
+        value = cell.cell_contents
+        if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
+            return value
+    return ()
+
+
+def should_submit(text: str) -> bool:
+    """Enter submits when the buffer is empty, a meta command, or holds a statement ending in
+    ';' (outside strings and comments); otherwise Enter continues on a new line."""
+    return not text.strip() or is_meta(text) or parser.is_complete(text)
+
+
+class _TokenEcho:
+    """GENERATE's tokens on stdout as they come. Text is decoded incrementally from all the
+    ids so far, so a character spread over several byte-level tokens appears whole."""
+
+    def __init__(self, shell: Shell):
+        self.shell = shell
+        self.ids: list[int] = []
+        self.shown = ""
+        self.started = False
+
+    def __call__(self, token_id: int, text: str | None) -> None:
+        out = self.shell.stdout
+        if not self.started:
+            self.started = True
+            self.shell.print_styled([("class:info", "generating: ")], file=out, end="")
+        self.ids.append(int(token_id))
+        decoded = self._decode()
+        if decoded is None:
+            piece = text if text is not None else f"[{token_id}]"
+        elif decoded.endswith("\ufffd"):
+            return  # the middle of a multi-byte character: wait for the rest
+        elif decoded.startswith(self.shown):
+            piece, self.shown = decoded[len(self.shown) :], decoded
+        else:  # the tokenizer revised earlier text; show what is new from here on
+            piece, self.shown = (text or ""), decoded
+        out.write(_printable(piece))
+        out.flush()
+
+    def _decode(self) -> str | None:
+        c = getattr(self.shell.session, "container", None)
+        if c is None or not getattr(c, "has_tokenizer", False):
+            return None
+        try:
+            return c.tokenizer.decode(self.ids)
+        except Exception:  # noqa: BLE001 - echo is a courtesy: never let it stop a generation
+            return None
+
+    def finish(self) -> None:
+        if self.started:
+            self.shell.stdout.write("\n")
+            self.shell.stdout.flush()
+
+
+def _printable(text: str) -> str:
+    """Control characters a model may produce (form feeds, escapes) made visible, so that a
+    generation cannot drive the terminal; newlines and tabs pass."""
+    return "".join(
+        ch if ch in "\n\t" or (ch.isprintable() or ch == " ") else repr(ch)[1:-1] for ch in text
+    )
+
+
+class _ProgressLine:
+    """A one-line progress bar on stderr for ENCODE (and OPEN DEFAULT, DRAFT LADDER), drawn
+    only on a terminal, redrawn at most 20 times a second, erased when the statement ends."""
+
+    def __init__(self, shell: Shell, title: str):
+        self.shell, self.title = shell, title
+        self.drawn = False
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        err = self.shell.stderr
+        if not _isatty(err):
+            return
+        now = time.monotonic()
+        if done < total and now - self.last < 0.05:
+            return
+        self.last = now
+        cols = _columns(err)
+        width = 30
+        frac = 0.0 if total <= 0 else min(1.0, done / total)
+        filled = round(frac * width)
+        head = f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} "
+        tail = label[: max(0, cols - len(head) - 1)]
+        err.write("\r" + (head + tail).ljust(cols - 1)[: cols - 1])
+        err.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        if self.drawn:
+            err = self.shell.stderr
+            err.write("\r" + " " * (_columns(err) - 1) + "\r")
+            err.flush()
+
+
+def _isatty(f: TextIO) -> bool:
+    try:
+        return f.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _columns(f: TextIO) -> int:
+    try:
+        return max(20, os.get_terminal_size(f.fileno()).columns)
+    except (OSError, AttributeError, ValueError):
+        return 80
+
+
+class Shell:
+    """The REPL: a `lql.Session` and the `PromptSession` that feeds it.
+
+    ``input``/``output`` are prompt_toolkit's (tests pass a pipe input and `DummyOutput`);
+    ``stdout``/``stderr`` default to the process's streams, looked up when written."""
+
+    def __init__(
+        self,
+        *,
+        input: Any = None,
+        output: Any = None,
+        history_path: str | os.PathLike | None = None,
+        debug: bool = False,
+        stdout: TextIO | None = None,
+        stderr: TextIO | None = None,
+        vi_mode: bool | None = None,
+    ):
+        from .session import Session
+
+        self._stdout, self._stderr = stdout, stderr
+        self.debug = debug
+        self._echo: _TokenEcho | None = None
+        self._progress: _ProgressLine | None = None
+        self.session = Session(on_token=self._on_token, on_progress=self._on_progress)
+        self.history_path: Path | None = (
+            Path(history_path).expanduser() if history_path else default_history_path()
+        )
+        self.history = self._open_history(self.history_path)
+        self._include_depth = 0
+        self._toolbar_cache: tuple[int, str] | None = None
+        self._pt_io = (input, output)
+        vi = (
+            bool(vi_mode)
+            if vi_mode is not None
+            else os.environ.get("LQL_EDITING_MODE", "").lower() == "vi"
+        )
+        self.prompt = self._make_prompt(vi)
+
+    def _make_prompt(self, vi_mode: bool) -> PromptSession:
+        input, output = self._pt_io
+        return PromptSession(
+            message=[("class:prompt", PROMPT)],
+            multiline=Condition(lambda: not should_submit(self.prompt.default_buffer.text)),
+            prompt_continuation=lambda width, line, soft: [
+                ("class:prompt.continuation", CONTINUATION.ljust(width))
+            ],
+            lexer=LqlLexer(),
+            completer=LqlCompleter(settings=self.setting_infos, meta_commands=META.completions),
+            complete_while_typing=True,
+            complete_style=CompleteStyle.COLUMN,
+            auto_suggest=AutoSuggestFromHistory(),
+            history=self.history,
+            key_bindings=self._key_bindings(),
+            bottom_toolbar=self.toolbar,
+            style=STYLE,
+            include_default_pygments_style=False,
+            vi_mode=vi_mode,
+            input=input,
+            output=output,
+        )
+
+    # ---- streams and printing ---------------------------------------------------------
+
+    @property
+    def stdout(self) -> TextIO:
+        return self._stdout or sys.stdout
+
+    @property
+    def stderr(self) -> TextIO:
+        return self._stderr or sys.stderr
+
+    def print_styled(
+        self, fragments: list[tuple[str, str]], *, file: TextIO | None = None, end: str = "\n"
+    ) -> None:
+        """Styled text on a stream: coloured on a terminal (NO_COLOR respected), plain elsewhere."""
+        f = file or self.stdout
+        if _isatty(f):
+            print_formatted_text(FormattedText(fragments), style=STYLE, file=f, end=end, flush=True)
+        else:
+            f.write("".join(t for _, t in fragments) + end)
+            f.flush()
+
+    def print_text(self, text: str) -> None:
+        self.print_styled([("", text)])
+
+    def print_info(self, text: str) -> None:
+        self.print_styled([("class:info", text)], file=self.stderr)
+
+    def print_error(self, text: str, hint: str | None = None) -> None:
+        frags = [("class:error", text)]
+        if hint:
+            frags.append(("class:warning", f"\n  hint: {hint}"))
+        self.print_styled(frags, file=self.stderr)
+
+    def print_lql_error(
+        self, e: LqlError, *, where: str = "", show_statement: bool = False
+    ) -> None:
+        """A syntax error with its line and caret; a refusal with its message and hint."""
+        if isinstance(e, LqlSyntaxError):
+            pad = "".join("\t" if ch == "\t" else " " for ch in e.source_line[: e.column - 1])
+            head = (
+                f"{where}:{e.line}:{e.column}: syntax error: "
+                if where
+                else f"syntax error at line {e.line}, column {e.column}: "
+            )
+            frags = [
+                ("class:error", f"{head}{e.message}\n"),
+                ("", f"  {e.source_line}\n"),
+                ("class:error.caret", f"  {pad}^"),
+            ]
+            if e.hint:
+                frags.append(("class:warning", f"\n  hint: {e.hint}"))
+            self.print_styled(frags, file=self.stderr)
+            return
+        loc = (
+            f"{where}:{e.line}:{e.column}: "
+            if where and e.line is not None
+            else (f"{where}: " if where else "")
+        )
+        frags = [("class:error", f"{loc}error: {e.message}")]
+        if e.statement and (show_statement or where):
+            frags.append(("", f"\n  in: {e.statement}"))
+        if e.hint:
+            frags.append(("class:warning", f"\n  hint: {e.hint}"))
+        self.print_styled(frags, file=self.stderr)
+
+    def print_result(self, result: R.Result) -> None:
+        if self.session.settings.get("format") == "json":
+            self.print_text(render.dumps_json(render.to_json(result)))
+        else:  # a blank line after each result keeps consecutive results apart
+            self.print_text(
+                render.to_text(result, timing=bool(self.session.settings.get("timing"))) + "\n"
+            )
+
+    # ---- hooks the session calls ------------------------------------------------------
+
+    def _on_token(self, token_id: int, text: str | None) -> None:
+        if self._echo is not None:
+            self._echo(token_id, text)
+
+    def _on_progress(self, done: int, total: int, label: str) -> None:
+        if self._progress is not None:
+            self._progress(done, total, label)
+
+    @contextmanager
+    def _live(self, stmt: ast.Statement) -> Iterator[None]:
+        """Token echo (text output only) and a progress bar while ``stmt`` runs."""
+        self._echo = _TokenEcho(self) if self.session.settings.get("format") != "json" else None
+        self._progress = _ProgressLine(self, stmt.keyword.lower() or "working")
+        try:
+            yield
+        finally:
+            echo, progress = self._echo, self._progress
+            self._echo = self._progress = None
+            if progress is not None:
+                progress.finish()
+            if echo is not None:
+                echo.finish()
+
+    # ---- history ----------------------------------------------------------------------
+
+    def _open_history(self, path: Path | None) -> History:
+        if path is None:
+            return InMemoryHistory()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(exist_ok=True)
+            return FileHistory(str(path))
+        except OSError as e:
+            self.print_error(
+                f"history file {path} cannot be used ({e.strerror or e}); "
+                "this session's history is kept in memory only"
+            )
+            return InMemoryHistory()
+
+    def history_entries(self) -> list[str]:
+        """History entries, oldest first."""
+        return list(reversed(list(self.history.load_history_strings())))
+
+    # ---- settings the shell owns ------------------------------------------------------
+
+    def setting_infos(self) -> list[SettingInfo]:
+        infos = [SettingInfo(s.name, s.description, _setting_choices(s)) for s in catalog.SETTINGS]
+        infos.append(SettingInfo("editing_mode", SHELL_SETTINGS["editing_mode"], ("emacs", "vi")))
+        infos.append(SettingInfo("history", SHELL_SETTINGS["history"]))
+        return infos
+
+    def _shell_setting_values(self) -> dict[str, Any]:
+        mode = "vi" if self.prompt.editing_mode == EditingMode.VI else "emacs"
+        return {
+            "editing_mode": mode,
+            "history": str(self.history_path) if self.history_path else "-",
+        }
+
+    def _set_shell_setting(self, stmt: ast.Set) -> R.SetResult:
+        previous = self._shell_setting_values()[stmt.name]
+        value = stmt.value
+        if stmt.name == "editing_mode":
+            if not isinstance(value, str) or value.lower() not in ("emacs", "vi"):
+                raise SettingError(f"setting editing_mode takes emacs or vi; got {value!r}")
+            self.prompt.editing_mode = (
+                EditingMode.VI if value.lower() == "vi" else EditingMode.EMACS
+            )
+            value = value.lower()
+        else:  # history
+            if not isinstance(value, str) or not value:
+                raise SettingError(
+                    f"setting history takes a file path in quotes; got {value!r}",
+                    hint="SET history = '~/.lql_history'",
+                )
+            path = Path(value).expanduser()
+            self.history = self._open_history(path)
+            self.history_path = path if isinstance(self.history, FileHistory) else None
+            # the prompt's buffer loads its history once: a new history needs a new prompt
+            self.prompt = self._make_prompt(self.prompt.editing_mode == EditingMode.VI)
+            value = str(path)
+        return R.SetResult(name=stmt.name, value=value, previous=previous)
+
+    # ---- the toolbar ------------------------------------------------------------------
+
+    def toolbar(self) -> list[tuple[str, str]]:
+        """The bound model, its layer count and operator mix, the draft depth, the output mode."""
+        try:
+            return self._toolbar()
+        except Exception:  # noqa: BLE001 - the toolbar must never break the prompt
+            return [("class:bottom-toolbar", " lql ")]
+
+    def _toolbar(self) -> list[tuple[str, str]]:
+        s = self.session
+        c = s.container
+        if c is None:
+            frags = [
+                ("class:bottom-toolbar.off", " no container bound: OPEN 'path' or OPEN DEFAULT ")
+            ]
+        else:
+            key = id(c)
+            if self._toolbar_cache is None or self._toolbar_cache[0] != key:
+                g = c.graph
+                mix = g.operator_mix_text() if hasattr(g, "operator_mix_text") else ""
+                self._toolbar_cache = (key, f"{g.num_layers} layers ({mix})")
+            depth = "off" if s.draft_depth is None else f"{s.draft_depth}"
+            frags = [
+                ("class:bottom-toolbar", " model "),
+                ("class:bottom-toolbar.model", str(c.name)),
+                ("class:bottom-toolbar", f" | {self._toolbar_cache[1]} | draft depth {depth} "),
+            ]
+        fmt = s.settings.get("format", "text")
+        timing = "on" if s.settings.get("timing") else "off"
+        mode = "vi" if self.prompt.editing_mode == EditingMode.VI else "emacs"
+        frags.append(("class:bottom-toolbar", f"| {fmt} | timing {timing} | {mode} | \\? help "))
+        return frags
+
+    # ---- keys -------------------------------------------------------------------------
+
+    def _key_bindings(self) -> KeyBindings:
+        kb = KeyBindings()
+
+        @kb.add("enter", filter=completion_is_selected)
+        def _take_completion(event) -> None:
+            """Enter on a highlighted completion takes it and keeps editing."""
+            event.current_buffer.complete_state = None
+
+        @kb.add("escape", "enter")
+        def _newline(event) -> None:
+            """Alt-Enter (Esc Enter) always starts a new line."""
+            event.current_buffer.insert_text("\n")
+
+        return kb
+
+    # ---- running text -----------------------------------------------------------------
+
+    def run_text(self, text: str, *, where: str = "") -> bool:
+        """Run what was typed (or a chunk of a script): a meta command, or LQL statements in
+        order, stopping at the first that fails. Returns `EXIT` only for an exit command."""
+        if is_meta(text):
+            return self.run_meta(text)
+        try:
+            statements = parser.parse(text)
+        except LqlSyntaxError as e:
+            self.print_lql_error(e, where=where)
+            return CONTINUE
+        for i, stmt in enumerate(statements):
+            if not self.run_statement(stmt, where=where, show_statement=len(statements) > 1):
+                left = len(statements) - i - 1
+                if left:
+                    self.print_info(f"({left} later statement{'s' if left > 1 else ''} not run)")
+                break
+        return CONTINUE
+
+    def run_meta(self, text: str) -> bool:
+        word, arg = META.split(text)
+        cmd = META.find(word)
+        if cmd is None:
+            close = META.suggest(word)
+            self.print_error(
+                f"unknown shell command {word}",
+                hint=(f"did you mean {' or '.join(close)}? " if close else "") + "\\? lists them",
+            )
+            return CONTINUE
+        try:
+            return cmd.handler(self, arg)
+        except KeyboardInterrupt:
+            self.print_error(f"interrupted: {cmd.name} stopped")
+        except Exception as e:  # noqa: BLE001 - a bug in a shell command; the shell survives it
+            self._internal_error(e, cmd.name)
+        return CONTINUE
+
+    def run_statement(
+        self, stmt: ast.Statement, *, where: str = "", show_statement: bool = False
+    ) -> bool:
+        """Execute one statement and print its result; True when it succeeded. Never raises:
+        errors print, Ctrl-C interrupts, and the session stays bound and usable."""
+        try:
+            if isinstance(stmt, ast.Set) and stmt.name in SHELL_SETTINGS:
+                result = self._set_shell_setting(stmt)
+            else:
+                with self._live(stmt):
+                    result = self.session.execute_statement(stmt)
+            if isinstance(result, R.SettingsResult):
+                result = self._with_shell_settings(result)
+            elif isinstance(result, R.HelpResult) and result.topic is None:
+                result = result.model_copy(
+                    update={
+                        "text": result.text.rstrip("\n")
+                        + "\n\nIn the shell: \\? lists shell commands; \\q quits."
+                    }
+                )
+            self.print_result(result)
+            return True
+        except KeyboardInterrupt:
+            self.print_error(
+                f"interrupted: {stmt.keyword} stopped; the session is as it was before it"
+            )
+            return False
+        except LqlError as e:
+            if e.line is None:
+                e.locate(stmt.line, stmt.column, stmt.source)
+            self.print_lql_error(e, where=where, show_statement=show_statement)
+            return False
+        except Exception as e:  # noqa: BLE001 - a bug; the shell survives it
+            self._internal_error(e, stmt.source)
+            return False
+
+    def _internal_error(self, e: Exception, what: str) -> None:
+        if self.debug:
+            traceback.print_exception(e, file=self.stderr)
+        self.print_error(
+            f"internal error: {type(e).__name__}: {e}\n  in: {what}",
+            hint=None
+            if self.debug
+            else "this is a bug in lql or vindex3; start lql with --debug to see the traceback",
+        )
+
+    def _with_shell_settings(self, result: R.SettingsResult) -> R.SettingsResult:
+        values = self._shell_setting_values()
+        rows = list(result.settings) + [
+            R.SettingRow(name=name, value=values[name], description=desc)
+            for name, desc in SHELL_SETTINGS.items()
+        ]
+        return result.model_copy(update={"settings": rows})
+
+    def run_file(self, path: str) -> bool:
+        """``\\i``: run a script in this session, statement by statement; lines that start with
+        a backslash are shell commands. Stops at the first failure, naming file and line."""
+        p = Path(path).expanduser()
+        if self._include_depth >= 8:
+            self.print_error(f"\\i {path}: scripts include each other more than 8 deep; stopped")
+            return CONTINUE
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            self.print_error(f"\\i: script {p} does not exist")
+            return CONTINUE
+        except (OSError, UnicodeDecodeError) as e:
+            self.print_error(f"\\i: script {p} cannot be read: {e}")
+            return CONTINUE
+        self._include_depth += 1
+        try:
+            return self.run_script(text, where=str(path))
+        finally:
+            self._include_depth -= 1
+
+    def run_script(self, text: str, *, where: str) -> bool:
+        """Run a script's statements and meta lines in order; stop at the first failure."""
+        chunk: list[str] = []
+        start = 1
+        for lineno, line in enumerate(text.split("\n"), start=1):
+            if not chunk and is_meta(line):
+                if self.run_meta(line) is EXIT:
+                    return EXIT
+                continue
+            if not chunk:
+                start = lineno
+            chunk.append(line)
+            body = "\n".join(chunk)
+            if parser.is_complete(body):
+                if not self._run_chunk(body, where, start):
+                    return CONTINUE
+                chunk = []
+        if "\n".join(chunk).strip():
+            self._run_chunk("\n".join(chunk), where, start)
+        return CONTINUE
+
+    def _run_chunk(self, body: str, where: str, first_line: int) -> bool:
+        source = "\n" * (first_line - 1) + body
+        try:
+            statements = parser.parse(source)
+        except LqlSyntaxError as e:
+            self.print_lql_error(e, where=where)
+            return False
+        for stmt in statements:
+            if not self.run_statement(stmt, where=where):
+                return False
+        return True
+
+    # ---- the loop ---------------------------------------------------------------------
+
+    def banner(self) -> None:
+        from . import __version__
+
+        self.print_info(
+            f"LQL {__version__}: statements end with ';'. HELP; lists them, \\? the shell "
+            "commands, \\q or Ctrl-D quits."
+        )
+
+    def run_rc(self, path: Path | None) -> None:
+        """Run the startup file (``~/.lqlrc``) if it exists: settings such as
+        ``SET editing_mode = vi;`` or ``\\timing off``."""
+        if path is not None and path.is_file():
+            self.run_file(str(path))
+
+    def loop(self) -> int:
+        """Read, run, repeat until an exit command or Ctrl-D. Returns the exit status (0)."""
+        while True:
+            try:
+                text = self.prompt.prompt()
+            except KeyboardInterrupt:
+                continue  # Ctrl-C while typing: drop the buffer, fresh prompt
+            except EOFError:
+                break
+            if not text.strip():
+                continue
+            try:
+                if self.run_text(text) is EXIT:
+                    break
+            except KeyboardInterrupt:  # between statements, or while printing
+                self.print_error("interrupted")
+            except Exception as e:  # noqa: BLE001 - nothing but an exit command ends the shell
+                self._internal_error(e, text)
+        return 0
+
+
+def main(
+    path: str | None = None,
+    *,
+    debug: bool = False,
+    input: Any = None,
+    output: Any = None,
+    history_path: str | os.PathLike | None = None,
+) -> int:
+    """Open the interactive shell, optionally on the container at ``path``; returns the exit
+    status. ``input``/``output`` are prompt_toolkit's (tests inject a pipe and `DummyOutput`);
+    ``history_path`` overrides ``$LQL_HISTORY`` and ``~/.lql_history``."""
+    shell = Shell(input=input, output=output, history_path=history_path, debug=debug)
+    shell.banner()
+    shell.run_rc(default_rc_path())
+    if path:
+        shell.run_text(f"OPEN {_quote(path)};")  # a refusal prints; the shell opens anyway
+    return shell.loop()
