@@ -1,0 +1,76 @@
+"""docs/lql.md stays honest: every ```lql example in it runs, in order, in one session, and
+prints what the ```text block after it shows (timings and timestamps masked). Regenerate the
+output blocks with LQL_REGEN=1 after an intended change, and read the diff."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lql_fixtures import ROOT, mask_timings, regen
+import lql
+from lql import catalog
+from lql.errors import LqlError
+
+DOC = ROOT / "docs" / "lql.md"
+PAIR = re.compile(r"```lql\n(.*?)```\n\n```text\n(.*?)```", re.S)
+_STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
+
+
+def _norm(text: str) -> str:
+    return mask_timings(_STAMP.sub("<timestamp>", text)).strip("\n")
+
+
+def _run(session: lql.Session, text: str) -> str:
+    chunks = []
+    try:
+        for out in session.run(text):
+            if out.error is not None:
+                chunks.append(f"error: {out.error}")
+                break
+            chunks.append(out.result.to_text())
+    except LqlError as e:
+        chunks.append(f"error: {e}")
+    return "\n\n".join(chunks)
+
+
+@pytest.fixture
+def docs_dir(tmp_path, monkeypatch, tiny_llama_container, tiny_llama_dir):
+    (tmp_path / "tiny.vindex3").symlink_to(tiny_llama_container)
+    (tmp_path / "tiny-checkpoint").symlink_to(tiny_llama_dir)
+    prompts = [{"id": "fact-01", "category": "fact", "text": "The capital of France is"},
+               {"id": "code-01", "category": "code", "text": "def add(a, b):"},
+               {"id": "story-01", "category": "narrative", "text": "Once upon a time"}]
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_docs_examples_print_what_the_docs_show(docs_dir):
+    doc = DOC.read_text(encoding="utf-8")
+    pairs = list(PAIR.finditer(doc))
+    assert len(pairs) >= 20
+    s = lql.Session()
+    failures, new_doc, last = [], [], 0
+    for m in pairs:
+        code, shown = m.group(1), m.group(2)
+        got = _run(s, code).replace(str(docs_dir), ".")
+        if _norm(got) != _norm(shown):
+            failures.append(f"--- {code.strip()}\n+++ docs show:\n{shown}\n+++ lql prints:\n{got}\n")
+        new_doc.append(doc[last:m.start(2)] + got + "\n")
+        last = m.end(2)
+    if regen() and failures:
+        DOC.write_text("".join(new_doc) + doc[last:], encoding="utf-8")
+        pytest.skip("docs output regenerated")
+    assert not failures, "\n".join(failures)
+
+
+def test_docs_cover_every_statement():
+    doc = DOC.read_text(encoding="utf-8")
+    for d in catalog.STATEMENTS:
+        assert d.syntax.split(" |")[0].split(" [")[0] in doc, d.name
+    examples = "\n".join(m.group(1) for m in PAIR.finditer(doc)).upper()
+    for d in catalog.STATEMENTS:
+        assert d.name in examples, f"no example of {d.name} in docs/lql.md"
