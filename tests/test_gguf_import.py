@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf import GGMLQuantizationType as Q
 
-from vindex3.errors import AdmissionError, ConfigError  # noqa: E402
-from vindex3.gguf_import import GgufCheckpoint, _byte_alphabet  # noqa: E402
-from vindex3.sources import open_source  # noqa: E402
+from vindex3.errors import AdmissionError, ConfigError
+from vindex3.gguf_import import GgufCheckpoint, _byte_alphabet
+from vindex3.sources import open_source
 
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -44,8 +43,10 @@ TEXTS = [
     "line one\nline two\n\n\tindented",
     "Unicode: café, naïve, Straße, 東京, Ωμέγα, emoji 🙂👍🏽",
     "numbers 12345 and 3.14159, x=-7",
-    "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+    (
+        "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    ),
     "",
 ]
 
@@ -57,7 +58,9 @@ def bits(a) -> np.ndarray:
     return np.ascontiguousarray(a).view(np.uint32)
 
 
-def transformers_parameters(directory: Path, name: str) -> tuple[dict[str, np.ndarray], object, str]:
+def transformers_parameters(
+    directory: Path, name: str
+) -> tuple[dict[str, np.ndarray], object, str]:
     """{HF name: float32 array} as transformers loads the GGUF, its config, and which path ran."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -73,7 +76,10 @@ def transformers_parameters(directory: Path, name: str) -> tuple[dict[str, np.nd
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     loaded = load_gguf_checkpoint(
-        str(directory / name), return_tensors=True, model_to_load=skeleton, torch_dtype=torch.float32
+        str(directory / name),
+        return_tensors=True,
+        model_to_load=skeleton,
+        torch_dtype=torch.float32,
     )
     params = {k: v.numpy() for k, v in loaded["tensors"].items()}
     return params, config, "load_gguf_checkpoint (accelerate is not installed)"
@@ -103,7 +109,7 @@ def _tiny_vocab():
     return tokens, types, merges
 
 
-TINY = dict(hidden=256, heads=4, kv_heads=2, inter=512, layers=2, ctx=128)
+TINY = {"hidden": 256, "heads": 4, "kv_heads": 2, "inter": 512, "layers": 2, "ctx": 128}
 
 # layer -> GGUF suffix -> type ("random" K/IQ blocks are written raw: gguf.quants cannot quantize them)
 TINY_TYPES = {
@@ -155,12 +161,21 @@ def write_tiny_gguf(
     types=None,
     pre: str = "gpt2",
     add_bos: bool = True,
+    retype: dict[str, int] | None = None,
     seed: int = 0,
 ) -> Path:
     rng = np.random.default_rng(seed)
-    h, heads, kvh, inter, layers = TINY["hidden"], TINY["heads"], TINY["kv_heads"], TINY["inter"], TINY["layers"]
+    h, heads, kvh, inter, layers = (
+        TINY["hidden"],
+        TINY["heads"],
+        TINY["kv_heads"],
+        TINY["inter"],
+        TINY["layers"],
+    )
     hd = h // heads
     tokens, token_types, merges = _tiny_vocab()
+    for token, ttype in (retype or {}).items():
+        token_types[tokens.index(token)] = ttype
     w = gguf.GGUFWriter(path, arch)
     w.add_name("tiny-llama-test")
     w.add_block_count(layers)
@@ -184,7 +199,9 @@ def write_tiny_gguf(
     w.add_add_bos_token(add_bos)
     w.add_chat_template("{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}")
     for key, value in (extra_kv or {}).items():
-        if isinstance(value, str):
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, str):
             w.add_string(key, value)
         elif isinstance(value, float):
             w.add_float32(key, value)
@@ -231,6 +248,9 @@ def tiny(tmp_path_factory) -> Path:
 # ------------------------------------------------------------------ tiny: agreement with transformers
 
 
+@pytest.mark.filterwarnings(
+    "ignore:invalid value encountered:RuntimeWarning"
+)  # random K/IQ blocks hold NaN scales
 def test_tiny_tensors_config_and_tokenizer_match_transformers(tiny):
     from transformers import AutoTokenizer
 
@@ -244,18 +264,39 @@ def test_tiny_tensors_config_and_tokenizer_match_transformers(tiny):
     for name, spec in specs.items():
         ours = src.load(name)
         assert ours.dtype == np.float32 and ours.shape == spec.shape == params[name].shape, name
-        assert np.array_equal(bits(ours), bits(params[name])), f"{name} ({spec.dtype}) differs from transformers"
+        assert np.array_equal(bits(ours), bits(params[name])), (
+            f"{name} ({spec.dtype}) differs from transformers"
+        )
     # the q/k un-permutation is real: the raw dequantized rows are not the transformers rows
-    raw_q = gguf.quants.dequantize(src._tensors["model.layers.1.self_attn.q_proj.weight"].data, Q.F16)
+    raw_q = gguf.quants.dequantize(
+        src._tensors["model.layers.1.self_attn.q_proj.weight"].data, Q.F16
+    )
     assert not np.array_equal(raw_q, params["model.layers.1.self_attn.q_proj.weight"])
     seen = {spec.dtype for spec in specs.values()}
-    assert {"Q4_0", "Q5_1", "Q8_0", "Q4_1", "Q6_K", "Q4_K", "Q5_0", "F16", "BF16", "Q2_K", "Q3_K", "IQ4_NL", "Q5_K", "F32"} <= seen
+    assert {
+        "Q4_0",
+        "Q5_1",
+        "Q8_0",
+        "Q4_1",
+        "Q6_K",
+        "Q4_K",
+        "Q5_0",
+        "F16",
+        "BF16",
+        "Q2_K",
+        "Q3_K",
+        "IQ4_NL",
+        "Q5_K",
+        "F32",
+    } <= seen
 
     ref = ref_config.to_dict()
     for key, value in src.config.items():
         assert key in ref, key
         assert ref[key] == value, (key, value, ref[key])
-    assert "pad_token_id" not in src.config  # the file states none; LlamaConfig's default is not copied
+    assert (
+        "pad_token_id" not in src.config
+    )  # the file states none; LlamaConfig's default is not copied
 
     tok = AutoTokenizer.from_pretrained(tiny.parent, gguf_file=tiny.name)
     caps = src.capability_files()
@@ -270,6 +311,35 @@ def test_tiny_tensors_config_and_tokenizer_match_transformers(tiny):
     assert tc["add_bos_token"] is True and tc["bos_token"] == "<s>" and tc["eos_token"] == "</s>"
     assert tc["chat_template"] == tok.chat_template
     assert "pad_token" not in json.loads(caps["special_tokens_map.json"])
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        # <|endoftext|> and the bos token as ordinary vocabulary entries, not control tokens
+        {"retype": {"<|endoftext|>": 1, "<s>": 1}},
+        # eos appended instead of bos prepended
+        {"add_bos": False, "extra_kv": {"tokenizer.ggml.add_eos_token": True}},
+        # a user-defined token turned control: special, skipped by skip_special_tokens
+        {"retype": {"<think>": 3}},
+    ],
+    ids=["plain-specials", "add-eos", "control-think"],
+)
+def test_tiny_tokenizer_variants_match_transformers(tmp_path, variant):
+    from transformers import AutoTokenizer
+
+    path = write_tiny_gguf(tmp_path / "variant.gguf", **variant)
+    tok = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    blob = GgufCheckpoint(path).capability_files()["tokenizer.json"].decode()
+    assert json.loads(blob) == json.loads(tok.backend_tokenizer.to_str())
+    ours = tokenizers.Tokenizer.from_str(blob)
+    for text in ["<|endoftext|>the<s> in</s>", "the <think> in €", ""]:
+        ids = tok(text).input_ids
+        assert ours.encode(text).ids == ids, text
+        for skip in (False, True):
+            assert ours.decode(ids, skip_special_tokens=skip) == tok.decode(
+                ids, skip_special_tokens=skip
+            )
 
 
 def test_tiny_metadata_only_open_and_provenance(tiny, monkeypatch):
@@ -349,7 +419,8 @@ def test_refuses_type_gguf_cannot_dequantize(tmp_path):
 
 def test_refuses_rope_scaling_instead_of_ignoring_it(tmp_path):
     path = write_tiny_gguf(
-        tmp_path / "scaled.gguf", extra_kv={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
+        tmp_path / "scaled.gguf",
+        extra_kv={"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0},
     )
     with pytest.raises(AdmissionError) as e:
         GgufCheckpoint(path)
@@ -433,7 +504,9 @@ def test_smollm2_every_tensor_bit_identical_to_transformers(smol, smol_reference
     for name, spec in specs.items():
         ours = smol.load(name)
         assert ours.dtype == np.float32 and ours.shape == params[name].shape == spec.shape, name
-        assert np.array_equal(ours, params[name]), f"{name} ({spec.dtype}) differs from transformers"
+        assert np.array_equal(ours, params[name]), (
+            f"{name} ({spec.dtype}) differs from transformers"
+        )
         assert np.array_equal(bits(ours), bits(params[name])), name
     assert specs["model.embed_tokens.weight"].dtype == "Q8_0"
     assert specs["model.layers.29.self_attn.q_proj.weight"].dtype == "Q4_1"
@@ -449,7 +522,11 @@ def test_smollm2_config_agrees_with_transformers(smol, smol_reference):
         assert ref[key] == value, (key, value, ref[key])
     assert smol.config["model_type"] == "llama" and smol.config["num_hidden_layers"] == 30
     assert smol.config["rope_parameters"] == {"rope_theta": 100000.0, "rope_type": "default"}
-    assert (smol.config["bos_token_id"], smol.config["eos_token_id"], smol.config["pad_token_id"]) == (1, 2, 2)
+    assert (
+        smol.config["bos_token_id"],
+        smol.config["eos_token_id"],
+        smol.config["pad_token_id"],
+    ) == (1, 2, 2)
     # generation_config.json: what transformers derives for the loaded model, nothing more
     from transformers import GenerationConfig
 
@@ -471,7 +548,9 @@ def test_smollm2_tokenizer_matches_transformers(smol, smol_hf_tokenizer, tmp_pat
         ids = tok(text).input_ids
         assert ours.encode(text).ids == ids, text
         assert ours.decode(ids, skip_special_tokens=False) == tok.decode(ids), text
-        assert ours.decode(ids, skip_special_tokens=True) == tok.decode(ids, skip_special_tokens=True), text
+        assert ours.decode(ids, skip_special_tokens=True) == tok.decode(
+            ids, skip_special_tokens=True
+        ), text
     chatml = tok(TEXTS[5]).input_ids
     assert chatml[0] == tok.convert_tokens_to_ids("<|im_start|>") == 1
 
@@ -487,7 +566,9 @@ def test_smollm2_tokenizer_matches_transformers(smol, smol_hf_tokenizer, tmp_pat
         tok.pad_token,
         tok.unk_token,
     )
-    assert again.add_bos_token is False is tok.add_bos_token  # the GGUF declares add_bos_token = false
+    assert (
+        again.add_bos_token is False is tok.add_bos_token
+    )  # the GGUF declares add_bos_token = false
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     assert again.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == (
         tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

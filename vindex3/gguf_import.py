@@ -133,7 +133,8 @@ class GgufCheckpoint(CheckpointSource):
             return gguf.GGUFReader(self.path, "r")
         except FileNotFoundError:
             raise ConfigError(f"GGUF file {self.path.name} does not exist") from None
-        except Exception as e:  # GGUFReader reports corruption as ValueError, struct/numpy errors...
+        # GGUFReader reports corruption as ValueError, IndexError, numpy reshape errors...
+        except Exception as e:  # noqa: BLE001
             raise ConfigError(
                 f"{self.path.name} is not a readable GGUF file: {type(e).__name__}: {e}",
                 hint="the file may be truncated or corrupt; re-download or re-convert it",
@@ -142,7 +143,12 @@ class GgufCheckpoint(CheckpointSource):
     def _read_metadata(self) -> dict[str, Any]:
         """Every key-value field except the large token arrays, which are read on demand."""
         meta: dict[str, Any] = {}
-        lazy = {"tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type", "tokenizer.ggml.scores"}
+        lazy = {
+            "tokenizer.ggml.tokens",
+            "tokenizer.ggml.merges",
+            "tokenizer.ggml.token_type",
+            "tokenizer.ggml.scores",
+        }
         for key, field in self._reader.fields.items():
             if key in lazy:
                 meta[key] = None  # present; read by _array()
@@ -150,7 +156,9 @@ class GgufCheckpoint(CheckpointSource):
             try:
                 meta[key] = field.contents()
             except (UnicodeDecodeError, ValueError, IndexError) as e:
-                raise ConfigError(f"{self.path.name}: metadata key {key} cannot be read ({e})") from None
+                raise ConfigError(
+                    f"{self.path.name}: metadata key {key} cannot be read ({e})"
+                ) from None
         return meta
 
     def _array(self, key: str) -> list | None:
@@ -160,7 +168,9 @@ class GgufCheckpoint(CheckpointSource):
         try:
             return field.contents()
         except (UnicodeDecodeError, ValueError, IndexError) as e:
-            raise ConfigError(f"{self.path.name}: metadata key {key} cannot be read ({e})") from None
+            raise ConfigError(
+                f"{self.path.name}: metadata key {key} cannot be read ({e})"
+            ) from None
 
     # ---------------------------------------------------------------- admission checks
 
@@ -170,7 +180,14 @@ class GgufCheckpoint(CheckpointSource):
             raise AdmissionError(
                 f"{self.path.name}: GGUF architecture {arch!r} is not supported "
                 f"(general.architecture; supported: {', '.join(SUPPORTED_ARCHITECTURES)})",
-                [{"category": "architecture", "key": "general.architecture", "value": arch, "blocks": True}],
+                [
+                    {
+                        "category": "architecture",
+                        "key": "general.architecture",
+                        "value": arch,
+                        "blocks": True,
+                    }
+                ],
             )
         if self._meta.get("general.name") == "mistral":
             # transformers reads a llama file whose general.name is exactly "mistral" as a Mistral
@@ -178,7 +195,14 @@ class GgufCheckpoint(CheckpointSource):
             raise AdmissionError(
                 f"{self.path.name}: general.name 'mistral' on a llama-architecture file makes the "
                 "reference loader treat it as a Mistral model; this importer does not judge that reading",
-                [{"category": "architecture", "key": "general.name", "value": "mistral", "blocks": True}],
+                [
+                    {
+                        "category": "architecture",
+                        "key": "general.name",
+                        "value": "mistral",
+                        "blocks": True,
+                    }
+                ],
             )
 
     def _check_split(self) -> None:
@@ -198,7 +222,7 @@ class GgufCheckpoint(CheckpointSource):
         for key, value in self._meta.items():
             if not key.startswith(prefix):
                 continue
-            sub = key[len(prefix):]
+            sub = key[len(prefix) :]
             if sub in _CONSUMED_ARCH_KEYS:
                 continue
             if sub in _NEUTRAL_ARCH_VALUES and value in _NEUTRAL_ARCH_VALUES[sub]:
@@ -208,7 +232,12 @@ class GgufCheckpoint(CheckpointSource):
         for key in missing:
             findings.append({"category": "missing", "key": key, "value": None, "blocks": True})
         if findings:
-            parts = [f"{f['key']}={f['value']!r}" if f["category"] == "unknown" else f"{f['key']} (absent)" for f in findings]
+            parts = [
+                f"{f['key']}={f['value']!r}"
+                if f["category"] == "unknown"
+                else f"{f['key']} (absent)"
+                for f in findings
+            ]
             raise AdmissionError(
                 f"{self.path.name}: metadata this importer cannot judge: {'; '.join(parts)}",
                 findings,
@@ -222,7 +251,9 @@ class GgufCheckpoint(CheckpointSource):
             if kind is float:
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             if not ok or (kind is int and value <= 0):
-                raise ConfigError(f"{self.path.name}: {prefix}{sub} = {value!r} is not a positive {kind.__name__}")
+                raise ConfigError(
+                    f"{self.path.name}: {prefix}{sub} = {value!r} is not a positive {kind.__name__}"
+                )
             return kind(value)
 
         hidden = get("embedding_length", int)
@@ -239,6 +270,10 @@ class GgufCheckpoint(CheckpointSource):
                 f"{prefix}attention.head_count_kv {kv_heads}"
             )
         head_dim = hidden // heads
+        if head_dim % 2:
+            raise AdmissionError(
+                f"{self.path.name}: head width {head_dim} is odd; rotary q/k rows come in pairs"
+            )
         for sub in ("attention.key_length", "attention.value_length", "rope.dimension_count"):
             if f"{prefix}{sub}" in self._meta:
                 value = get(sub, int)
@@ -247,7 +282,14 @@ class GgufCheckpoint(CheckpointSource):
                         f"{self.path.name}: {prefix}{sub} = {value} differs from the head width "
                         f"{head_dim} (embedding_length / head_count); partial rotary or a separate "
                         "head width is not read correctly by the reference loader and is refused",
-                        [{"category": "unknown", "key": f"{prefix}{sub}", "value": value, "blocks": True}],
+                        [
+                            {
+                                "category": "unknown",
+                                "key": f"{prefix}{sub}",
+                                "value": value,
+                                "blocks": True,
+                            }
+                        ],
                     )
         if f"{prefix}vocab_size" in self._meta:
             vocab = get("vocab_size", int)
@@ -262,7 +304,9 @@ class GgufCheckpoint(CheckpointSource):
         theta = get("rope.freq_base", float)
         eps = get("attention.layer_norm_rms_epsilon", float)
         if not (theta > 0 and np.isfinite(theta)):
-            raise ConfigError(f"{self.path.name}: {prefix}rope.freq_base = {theta!r} is not a positive finite number")
+            raise ConfigError(
+                f"{self.path.name}: {prefix}rope.freq_base = {theta!r} is not a positive finite number"
+            )
         if not (eps > 0 and np.isfinite(eps)):
             raise ConfigError(
                 f"{self.path.name}: {prefix}attention.layer_norm_rms_epsilon = {eps!r} is not a positive finite number"
@@ -298,7 +342,9 @@ class GgufCheckpoint(CheckpointSource):
             value = self._meta.get(gguf_key)
             if value is not None:
                 if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < vocab:
-                    raise ConfigError(f"{self.path.name}: {gguf_key} = {value!r} is not a token id below {vocab}")
+                    raise ConfigError(
+                        f"{self.path.name}: {gguf_key} = {value!r} is not a token id below {vocab}"
+                    )
                 config[hf_key] = value
         return config
 
@@ -349,7 +395,10 @@ class GgufCheckpoint(CheckpointSource):
             )
         missing = [n for n in expected if n not in by_hf]
         if missing:
-            defects.append(f"{len(missing)} tensor(s) missing: {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+            defects.append(
+                f"{len(missing)} tensor(s) missing: {', '.join(missing[:8])}"
+                + (" ..." if len(missing) > 8 else "")
+            )
         specs: dict[str, TensorSpec] = {}
         for name, shape in expected.items():
             t = by_hf.get(name)
@@ -358,7 +407,9 @@ class GgufCheckpoint(CheckpointSource):
             # GGUF lists dimensions innermost first; Hugging Face order is the reverse ([out, in]).
             hf_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             if hf_shape != shape:
-                defects.append(f"{t.name} ({name}) has shape {list(hf_shape)}, the config implies {list(shape)}")
+                defects.append(
+                    f"{t.name} ({name}) has shape {list(hf_shape)}, the config implies {list(shape)}"
+                )
                 continue
             if t.data.nbytes != int(t.n_bytes):
                 raise ConfigError(
@@ -368,7 +419,8 @@ class GgufCheckpoint(CheckpointSource):
             specs[name] = TensorSpec(name, t.tensor_type.name, hf_shape)
         if defects:
             raise AdmissionError(
-                f"{self.path.name}: tensors do not close over the llama config: " + "; ".join(defects),
+                f"{self.path.name}: tensors do not close over the llama config: "
+                + "; ".join(defects),
                 [{"category": "tensors", "defect": d, "blocks": True} for d in defects],
             )
         return by_hf, specs
@@ -393,7 +445,8 @@ class GgufCheckpoint(CheckpointSource):
             if reason:
                 raise AdmissionError(
                     f"{self.path.name}: tensor type {qtype.name} ({reason}) is used by "
-                    f"{len(names)} tensor(s): {', '.join(names[:4])}" + (" ..." if len(names) > 4 else ""),
+                    f"{len(names)} tensor(s): {', '.join(names[:4])}"
+                    + (" ..." if len(names) > 4 else ""),
                     [{"category": "encoding", "key": qtype.name, "value": names, "blocks": True}],
                 )
 
@@ -403,15 +456,30 @@ class GgufCheckpoint(CheckpointSource):
             return  # no tokenizer in the file: none is snapshot, and text input is refused later
         pre = self._meta.get("tokenizer.ggml.pre")
         if model not in SUPPORTED_TOKENIZERS or pre not in SUPPORTED_TOKENIZERS[model]:
-            supported = "; ".join(f"{m} with pre {', '.join(p)}" for m, p in SUPPORTED_TOKENIZERS.items())
+            supported = "; ".join(
+                f"{m} with pre {', '.join(p)}" for m, p in SUPPORTED_TOKENIZERS.items()
+            )
             raise AdmissionError(
                 f"{self.path.name}: tokenizer.ggml.model {model!r} with tokenizer.ggml.pre {pre!r} "
                 f"cannot be rebuilt exactly (supported: {supported})",
-                [{"category": "tokenizer", "key": "tokenizer.ggml.model", "value": f"{model}/{pre}", "blocks": True}],
+                [
+                    {
+                        "category": "tokenizer",
+                        "key": "tokenizer.ggml.model",
+                        "value": f"{model}/{pre}",
+                        "blocks": True,
+                    }
+                ],
             )
         for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
             if key not in self._meta:
                 raise AdmissionError(f"{self.path.name}: byte-level BPE tokenizer without {key}")
+        n_tokens = len(self._reader.fields["tokenizer.ggml.tokens"].data)
+        if n_tokens > self.config["vocab_size"]:
+            raise AdmissionError(
+                f"{self.path.name}: tokenizer.ggml.tokens has {n_tokens} entries but the model has "
+                f"{self.config['vocab_size']} embedding rows; some token ids would have no row"
+            )
 
     # ---------------------------------------------------------------- CheckpointSource
 
@@ -423,11 +491,15 @@ class GgufCheckpoint(CheckpointSource):
 
         spec = self._specs.get(name)
         if spec is None:
-            raise ConfigError(f"{self.path.name}: no tensor {name!r} (it has {len(self._specs)} tensors)")
+            raise ConfigError(
+                f"{self.path.name}: no tensor {name!r} (it has {len(self._specs)} tensors)"
+            )
         t = self._tensors[name]
         w = dequantize(t.data, t.tensor_type)
         if w.dtype != np.float32:
-            raise ConfigError(f"{self.path.name}: tensor {t.name} dequantized to {w.dtype}, not float32")
+            raise ConfigError(
+                f"{self.path.name}: tensor {t.name} dequantized to {w.dtype}, not float32"
+            )
         w = w.reshape(spec.shape)
         if name.endswith(".self_attn.q_proj.weight"):
             w = _unpermute_rotary(w, self.config["num_attention_heads"])
@@ -480,7 +552,9 @@ class GgufCheckpoint(CheckpointSource):
         if token_id is None:
             return None
         if not isinstance(token_id, int) or not 0 <= token_id < len(tokens):
-            raise ConfigError(f"{self.path.name}: tokenizer.ggml.{key} = {token_id!r} is not a token id")
+            raise ConfigError(
+                f"{self.path.name}: tokenizer.ggml.{key} = {token_id!r} is not a token id"
+            )
         return tokens[token_id]
 
     def build_tokenizer(self):
@@ -490,7 +564,9 @@ class GgufCheckpoint(CheckpointSource):
         from tokenizers.models import BPE
 
         if self._meta.get("tokenizer.ggml.model") is None:
-            raise ConfigError(f"{self.path.name} carries no tokenizer (tokenizer.ggml.model is absent)")
+            raise ConfigError(
+                f"{self.path.name} carries no tokenizer (tokenizer.ggml.model is absent)"
+            )
         tokens = self._array("tokenizer.ggml.tokens")
         merges_raw = self._array("tokenizer.ggml.merges")
         token_types = self._array("tokenizer.ggml.token_type") or []
@@ -500,12 +576,18 @@ class GgufCheckpoint(CheckpointSource):
         vocab: dict[str, int] = {}
         for index, token in enumerate(tokens):
             # tokens written in the byte alphabet stand as they are; any other is spelled byte by byte
-            vocab[token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8"))] = index
+            vocab[
+                token
+                if set(token) <= alphabet
+                else "".join(spelling[b] for b in token.encode("utf-8"))
+            ] = index
         merges = []
         for merge in merges_raw:
             pair = merge.split(" ")
             if len(pair) != 2:
-                raise ConfigError(f"{self.path.name}: tokenizer.ggml.merges entry {merge!r} is not a pair")
+                raise ConfigError(
+                    f"{self.path.name}: tokenizer.ggml.merges entry {merge!r} is not a pair"
+                )
             merges.append((pair[0], pair[1]))
 
         tk = Tokenizer(
@@ -552,8 +634,14 @@ class GgufCheckpoint(CheckpointSource):
         if user_defined:
             tk.add_tokens(user_defined)
 
-        add_bos = bool(self._meta.get("tokenizer.ggml.add_bos_token", False)) and named["bos_token"] is not None
-        add_eos = bool(self._meta.get("tokenizer.ggml.add_eos_token", False)) and named["eos_token"] is not None
+        add_bos = (
+            bool(self._meta.get("tokenizer.ggml.add_bos_token", False))
+            and named["bos_token"] is not None
+        )
+        add_eos = (
+            bool(self._meta.get("tokenizer.ggml.add_eos_token", False))
+            and named["eos_token"] is not None
+        )
         bos, eos = named["bos_token"], named["eos_token"]
         single = f"{(bos + ':0 ') if add_bos else ''}$A:0{(' ' + eos + ':0') if add_eos else ''}"
         pair = f"{single}{(' ' + bos + ':1') if add_bos else ''} $B:1{(' ' + eos + ':1') if add_eos else ''}"
@@ -562,7 +650,9 @@ class GgufCheckpoint(CheckpointSource):
             special_ids.append((bos, self._meta["tokenizer.ggml.bos_token_id"]))
         if add_eos:
             special_ids.append((eos, self._meta["tokenizer.ggml.eos_token_id"]))
-        tk.post_processor = processors.TemplateProcessing(single=single, pair=pair, special_tokens=special_ids)
+        tk.post_processor = processors.TemplateProcessing(
+            single=single, pair=pair, special_tokens=special_ids
+        )
         return tk
 
     def _build_capabilities(self) -> dict[str, bytes]:
@@ -596,7 +686,11 @@ class GgufCheckpoint(CheckpointSource):
         }
         # What transformers derives for a model loaded from this file: the token ids the file
         # states, nothing about sampling (GGUF does not say).
-        gen = {k: self.config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in self.config}
+        gen = {
+            k: self.config[k]
+            for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+            if k in self.config
+        }
         if gen:
             files["generation_config.json"] = (jsonio.dumps(gen) + "\n").encode("utf-8")
         return files
