@@ -16,7 +16,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import EngineRefusal, LqlError, LqlSyntaxError, NoContainer, NotAvailable, StatementError
+from .errors import (
+    EngineRefusal,
+    LqlError,
+    LqlSyntaxError,
+    NoContainer,
+    NotAvailable,
+    StatementError,
+)
 from .parser import parse
 from .results import Result
 from .session import Session
@@ -30,6 +37,15 @@ def connect(path: str | Path, **hooks) -> Session:
 
 
 __all__ = [
-    "EngineRefusal", "LqlError", "LqlSyntaxError", "NoContainer", "NotAvailable", "Result", "Session",
-    "StatementError", "connect", "parse", "__version__",
+    "EngineRefusal",
+    "LqlError",
+    "LqlSyntaxError",
+    "NoContainer",
+    "NotAvailable",
+    "Result",
+    "Session",
+    "StatementError",
+    "__version__",
+    "connect",
+    "parse",
 ]

@@ -3,7 +3,7 @@ column, source text) and nothing else; downstream code takes nodes, never text."
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,7 +35,7 @@ class TokenPrompt(Node):
         return "TOKENS (" + ", ".join(str(i) for i in self.ids) + ")"
 
 
-Prompt = Annotated[Union[TextPrompt, TokenPrompt], Field(discriminator="kind")]
+Prompt = Annotated[TextPrompt | TokenPrompt, Field(discriminator="kind")]
 
 
 # ---- statements -----------------------------------------------------------------------
@@ -194,11 +194,7 @@ class Set(Statement):
 
 
 AnyStatement = Annotated[
-    Union[
-        Open, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
-        ShowOperands, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace,
-        DumpLogits, ScoreDraft, Verify, Plan, Encode, Help, Set,
-    ],
+    Open | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,
     Field(discriminator="kind"),
 ]
 

@@ -4,8 +4,9 @@ the REPL's completion all read the same source and cannot drift from each other.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ class LqlError(Exception):
         """A stable name for the kind of failure (the class name), used by the JSON output."""
         return type(self).__name__
 
-    def locate(self, line: int, column: int, statement: str | None) -> "LqlError":
+    def locate(self, line: int, column: int, statement: str | None) -> LqlError:
         """Attach a statement's position unless one is already known; returns self."""
         if self.line is None:
             self.line, self.column = line, column

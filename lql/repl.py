@@ -121,6 +121,9 @@ class _TokenEcho:
 
     def finish(self) -> None:
         if self.started:
+            decoded = self._decode()
+            if decoded is not None and decoded.startswith(self.shown):
+                self.shell.stdout.write(_printable(decoded[len(self.shown) :]))  # what was held back
             self.shell.stdout.write("\n")
             self.shell.stdout.flush()
 
@@ -165,6 +168,11 @@ class _ProgressLine:
             err = self.shell.stderr
             err.write("\r" + " " * (_columns(err) - 1) + "\r")
             err.flush()
+
+
+def _blank(text: str) -> bool:
+    """Nothing but whitespace and comments."""
+    return all(t.type in ("WS", "COMMENT") for t in parser.lex(text))
 
 
 def _isatty(f: TextIO) -> bool:
@@ -568,19 +576,20 @@ class Shell:
         chunk: list[str] = []
         start = 1
         for lineno, line in enumerate(text.split("\n"), start=1):
-            if not chunk and is_meta(line):
+            if is_meta(line) and _blank("\n".join(chunk)):
+                chunk = []
                 if self.run_meta(line) is EXIT:
                     return EXIT
                 continue
-            if not chunk:
-                start = lineno
+            if _blank("\n".join(chunk)):
+                chunk, start = [], lineno  # comments before a statement are dropped
             chunk.append(line)
             body = "\n".join(chunk)
             if parser.is_complete(body):
                 if not self._run_chunk(body, where, start):
                     return CONTINUE
                 chunk = []
-        if "\n".join(chunk).strip():
+        if not _blank("\n".join(chunk)):
             self._run_chunk("\n".join(chunk), where, start)
         return CONTINUE
 

@@ -108,9 +108,9 @@ def context_at(text_before_cursor: str) -> Context:
 
     m = _WORD.search(stmt)
     word = m.group(0) if m else ""
-    if word and len(stmt) > len(word) and stmt[-len(word) - 1].isdigit():
-        return Context("none")  # '10ab' is not the start of a word
     head = stmt[: len(stmt) - len(word)]
+    if head and not head[-1].isspace() and head[-1] not in "(,;=":
+        return Context("none")  # '10ab', 'TOP 3|': a keyword here would run into the token
     acc = _accepts(head)
     if acc is None:
         return Context("none", word=word)

@@ -7,6 +7,7 @@ through with their own message (`EngineRefusal`). Anything else is a bug and pro
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import time
 from collections.abc import Callable, Iterator
@@ -60,7 +61,7 @@ def _engine_refusal(err: Exception) -> EngineRefusal:
 def _draft_module(what: str):
     """vindex3.draft, or a refusal naming the statement that needs it."""
     try:
-        import vindex3.draft as draft
+        draft = importlib.import_module("vindex3.draft")
     except ImportError as e:
         raise NotAvailable(f"{what} is not available in this build (vindex3.draft cannot be imported: {e})") from None
     return draft
@@ -214,7 +215,7 @@ class Session:
         v = _vindex3()
         if qp.args["default"]:
             try:
-                from vindex3 import default_model
+                default_model = importlib.import_module("vindex3.default_model")
             except ImportError as e:
                 raise NotAvailable(f"OPEN DEFAULT is not available in this build (vindex3.default_model "
                                    f"cannot be imported: {e})") from None
