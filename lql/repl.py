@@ -123,7 +123,9 @@ class _TokenEcho:
         if self.started:
             decoded = self._decode()
             if decoded is not None and decoded.startswith(self.shown):
-                self.shell.stdout.write(_printable(decoded[len(self.shown) :]))  # what was held back
+                self.shell.stdout.write(
+                    _printable(decoded[len(self.shown) :])
+                )  # what was held back
             self.shell.stdout.write("\n")
             self.shell.stdout.flush()
 

@@ -1,0 +1,424 @@
+"""The REPL driven through prompt_toolkit's pipe input and a dummy output: keys in, what the
+shell printed out. Results go to stdout and diagnostics to stderr (captured by pytest)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import signal
+
+import pytest
+from prompt_toolkit.enums import EditingMode
+from prompt_toolkit.input import create_pipe_input
+from prompt_toolkit.output import DummyOutput
+
+import vindex3
+from lql import repl
+from lql.repl_meta import META
+
+CTRL_C, CTRL_D, ENTER, TAB = "\x03", "\x04", "\r", "\t"
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch, tmp_path):
+    """No user's home, startup file or history leaks into a test."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("LQL_RC", "")
+    monkeypatch.delenv("LQL_HISTORY", raising=False)
+    monkeypatch.delenv("LQL_EDITING_MODE", raising=False)
+
+
+@pytest.fixture
+def history(tmp_path):
+    return tmp_path / "history"
+
+
+def drive(keys: str, history, path=None) -> int:
+    """Run `lql.repl.main` on typed keys; the input ends (like Ctrl-D) after the last key."""
+    with create_pipe_input() as inp:
+        inp.send_text(keys)
+        inp.close()
+        return repl.main(
+            str(path) if path else None, input=inp, output=DummyOutput(), history_path=history
+        )
+
+
+def quoted(path) -> str:
+    return "'" + str(path).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+class Tty(io.StringIO):
+    """A captured stream that claims to be a terminal (for the progress bar)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def make_shell(history, **kw) -> tuple[repl.Shell, io.StringIO, io.StringIO]:
+    out, err = kw.pop("stdout", io.StringIO()), kw.pop("stderr", io.StringIO())
+    sh = repl.Shell(output=DummyOutput(), history_path=history, stdout=out, stderr=err, **kw)
+    return sh, out, err
+
+
+# ---- typing statements ---------------------------------------------------------------
+
+
+def test_statements_run_and_print_tables(tiny_llama_container, history, capsys):
+    name = vindex3.open(tiny_llama_container).name
+    rc = drive(f"OPEN {quoted(tiny_llama_container)};{ENTER}SHOW LAYERS;{ENTER}", history)
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"opened {name}" in out
+    assert "layer  operator" in out and "-----  --------" in out  # a table, aligned
+    assert out.count("softmax") >= 4
+
+
+def test_several_statements_on_one_line_run_in_order(tiny_llama_container, history, capsys):
+    drive(
+        f"OPEN {quoted(tiny_llama_container)}; DRAFT DEPTH 1; SHOW SETTINGS; DRAFT OFF;{ENTER}",
+        history,
+    )
+    out = capsys.readouterr().out
+    i_open, i_draft = out.index("opened"), out.index("draft depth 1:")
+    i_settings, i_off = out.index("setting  "), out.index("draft off:")
+    assert i_open < i_draft < i_settings < i_off
+
+
+def test_enter_continues_an_unfinished_statement_on_a_new_line(history, capsys):
+    drive(f"SHOW{ENTER}SETTINGS{ENTER}  ;{ENTER}", history)
+    out = capsys.readouterr().out
+    assert "setting" in out and "format" in out
+    assert history.read_text().count("+SHOW\n+SETTINGS\n+  ;") == 1  # one entry, three lines
+
+
+def test_the_container_given_at_start_is_opened(tiny_llama_container, history, capsys):
+    drive(f"STATS;{ENTER}", history, path=tiny_llama_container)
+    assert "operators" in capsys.readouterr().out
+
+
+def test_a_container_that_cannot_be_opened_still_opens_the_shell(tmp_path, history, capsys):
+    rc = drive(f"SHOW SETTINGS;{ENTER}", history, path=tmp_path / "missing.vindex3")
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "error:" in cap.err and "missing.vindex3" in cap.err
+    assert "format" in cap.out
+
+
+# ---- errors never end the shell --------------------------------------------------------
+
+
+def test_a_syntax_error_shows_the_caret_and_the_shell_goes_on(history, capsys):
+    rc = drive(f"OPEN model.vindex3;{ENTER}HELP;{ENTER}", history)
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "syntax error at line 1, column 6" in cap.err
+    assert "  OPEN model.vindex3;\n       ^" in cap.err
+    assert "hint: paths are strings" in cap.err
+    assert "LQL statements" in cap.out  # the next statement ran
+
+
+def test_a_refusal_stops_the_rest_of_the_line_and_says_so(history, capsys):
+    drive(f"STATS; SHOW LAYERS; HELP;{ENTER}", history)
+    cap = capsys.readouterr()
+    assert "error: STATS needs an open container" in cap.err
+    assert "in: STATS" in cap.err
+    assert "2 later statements not run" in cap.err
+    assert "LQL statements" not in cap.out
+
+
+def test_an_internal_error_is_reported_and_the_shell_survives(history, capsys, monkeypatch):
+    from lql.session import Session
+
+    def boom(self, stmt):
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(Session, "execute_statement", boom)
+    rc = drive(f"STATS;{ENTER}\\timing off{ENTER}", history)
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "internal error: RuntimeError: kaboom" in cap.err
+    assert "--debug" in cap.err and "Traceback" not in cap.err
+    assert "timing is off" in cap.err  # the next command ran
+
+
+# ---- keys ------------------------------------------------------------------------------
+
+
+def test_ctrl_c_while_typing_clears_the_buffer(history, capsys):
+    rc = drive(f"SHOW LAY{CTRL_C}SHOW SETTINGS;{ENTER}", history)
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert "format" in cap.out and "error" not in cap.err  # 'SHOW LAYSHOW SETTINGS' never ran
+    assert "SHOW LAY" not in history.read_text().replace("SHOW SETTINGS", "")
+
+
+def test_ctrl_d_exits(history, capsys):
+    rc = drive(f"{CTRL_D}HELP;{ENTER}", history)
+    assert rc == 0
+    assert "LQL statements" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("word", ["\\q", "\\quit", "exit", "quit", "QUIT;"])
+def test_exit_commands_end_the_shell(word, history, capsys):
+    rc = drive(f"{word}{ENTER}HELP;{ENTER}", history)
+    assert rc == 0
+    assert "LQL statements" not in capsys.readouterr().out
+
+
+def test_vi_mode_is_a_setting(history, capsys):
+    sh, out, err = make_shell(history)
+    assert sh.prompt.editing_mode == EditingMode.EMACS
+    sh.run_text("SET editing_mode = vi;")
+    assert sh.prompt.editing_mode == EditingMode.VI
+    assert "editing_mode = vi (was emacs)" in out.getvalue()
+    sh.run_text("SET editing_mode = nano;")
+    assert "editing_mode takes emacs or vi" in err.getvalue()
+    sh.run_text("SHOW SETTINGS;")
+    assert "editing_mode  vi" in out.getvalue()
+
+
+def test_vi_mode_from_the_environment(history, monkeypatch):
+    monkeypatch.setenv("LQL_EDITING_MODE", "vi")
+    sh, _, _ = make_shell(history)
+    assert sh.prompt.editing_mode == EditingMode.VI
+
+
+def test_tab_completes_from_the_grammar_while_typing(history):
+    """Real typing: keys arrive while the prompt runs, so completion has time to answer."""
+
+    async def scenario() -> str:
+        with create_pipe_input() as inp:
+            sh = repl.Shell(input=inp, output=DummyOutput(), history_path=history)
+            task = asyncio.ensure_future(sh.prompt.prompt_async())
+            for keys in ["sh", TAB, " LAY", TAB, ";", ENTER]:
+                inp.send_text(keys)
+                await asyncio.sleep(0.3)
+            return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(scenario()) == "show LAYERS;"
+
+
+# ---- history ---------------------------------------------------------------------------
+
+
+def test_history_persists_and_feeds_the_next_shell(history, capsys):
+    drive(f"HELP;{ENTER}SHOW SETTINGS;{ENTER}", history)
+    capsys.readouterr()
+    drive(f"\\history{ENTER}", history)
+    out = capsys.readouterr().out
+    assert "1  HELP;" in out and "2  SHOW SETTINGS;" in out and "3  \\history" in out
+
+
+def test_history_path_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("LQL_HISTORY", str(tmp_path / "elsewhere"))
+    assert repl.default_history_path() == tmp_path / "elsewhere"
+    monkeypatch.delenv("LQL_HISTORY")
+    assert repl.default_history_path() == tmp_path / ".lql_history"  # HOME is tmp_path
+
+
+def test_history_file_is_a_setting(tmp_path, history):
+    sh, out, _ = make_shell(history)
+    other = tmp_path / "other_history"
+    sh.run_text(f"SET history = {quoted(other)};")
+    assert sh.history_path == other and other.exists()
+    assert sh.prompt.history is sh.history
+    assert f"history = {other}" in out.getvalue()
+
+
+def test_an_unusable_history_file_falls_back_to_memory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    sh, _, err = make_shell(blocker / "history")
+    assert "kept in memory only" in err.getvalue()
+    assert sh.history_entries() == []
+
+
+# ---- meta commands ---------------------------------------------------------------------
+
+
+def test_help_is_generated_from_the_registry(history, capsys):
+    drive(f"\\?{ENTER}", history)
+    out = capsys.readouterr().out
+    for cmd in META:
+        assert cmd.name in out and cmd.help in out
+
+
+def test_timing_json_and_text(tiny_llama_container, history):
+    sh, out, err = make_shell(history)
+    sh.run_text(f"OPEN {quoted(tiny_llama_container)};")
+    sh.run_text("\\timing")
+    assert sh.session.settings["timing"] is False and "timing is off" in err.getvalue()
+    sh.run_text("\\timing on")
+    assert sh.session.settings["timing"] is True
+    sh.run_text("\\json")
+    out.seek(0), out.truncate()
+    sh.run_text("DRAFT DEPTH 1;")
+    obj = json.loads(out.getvalue())
+    assert obj["kind"] == "draft" and obj["ok"] is True and obj["result"]["depth"] == 1
+    sh.run_text("\\text")
+    assert sh.session.settings["format"] == "text"
+
+
+def test_unknown_meta_command_suggests(history, capsys):
+    drive(f"\\timming{ENTER}", history)
+    err = capsys.readouterr().err
+    assert "unknown shell command \\timming" in err and "did you mean \\timing" in err
+
+
+def test_include_runs_a_script_in_the_session(tiny_llama_container, tmp_path, history):
+    script = tmp_path / "s.lql"
+    script.write_text(
+        f"-- a script\n\\timing off\nOPEN {quoted(tiny_llama_container)};\n"
+        "DRAFT DEPTH 2;\nSHOW\n  SETTINGS;\nSTATS AT x POSITIONS;\nDRAFT OFF;\n"
+    )
+    sh, out, err = make_shell(history)
+    sh.run_text(f"\\i {script}")
+    assert sh.session.settings["timing"] is False
+    assert sh.session.draft_depth == 2  # the script stopped before DRAFT OFF
+    assert "format" in out.getvalue()
+    assert f"{script}:7:10: syntax error: expected a whole number" in err.getvalue()
+
+
+def test_include_of_a_missing_file(history, tmp_path):
+    sh, _, err = make_shell(history)
+    sh.run_text(f"\\i {tmp_path}/nope.lql")
+    assert "does not exist" in err.getvalue()
+
+
+def test_help_mentions_the_shell_commands(history, capsys):
+    drive(f"HELP;{ENTER}", history)
+    assert "\\? lists shell commands" in capsys.readouterr().out
+
+
+# ---- the toolbar -----------------------------------------------------------------------
+
+
+def test_toolbar_shows_model_layers_mix_and_draft_depth(tiny_llama_container, history):
+    sh, _, _ = make_shell(history)
+
+    def text() -> str:
+        return "".join(t for _, t in sh.toolbar())
+
+    assert "no container bound" in text()
+    sh.run_text(f"OPEN {quoted(tiny_llama_container)};")
+    c = vindex3.open(tiny_llama_container)
+    bar = text()
+    assert c.name in bar
+    assert f"{c.graph.num_layers} layers ({c.graph.operator_mix_text()})" in bar
+    assert "draft depth off" in bar and "emacs" in bar
+    sh.run_text("DRAFT DEPTH 2;")
+    assert "draft depth 2" in text()
+
+
+# ---- long statements: streaming, progress, interruption --------------------------------
+
+
+def test_generate_streams_tokens_as_they_are_produced(tiny_llama_container, history):
+    sh, out, _ = make_shell(history)
+    sh.run_text(f"OPEN {quoted(tiny_llama_container)};")
+    hook = sh.session.on_token
+    seen: list[int] = []
+
+    def spy(token_id, text):
+        seen.append(len(out.getvalue()))  # what was on screen when this token was produced
+        hook(token_id, text)
+
+    sh.session.on_token = spy
+    before = len(out.getvalue())
+    sh.run_text("INFER 'hello' GENERATE 12;")
+    shown = out.getvalue()[before:]
+    assert shown.startswith("generating: ")
+    assert len(seen) == 12
+    assert len(set(seen[1:])) >= 3  # the screen grew while the tokens were being produced
+    assert shown.index("generating: ") < shown.index("generated  12 tokens")
+
+
+def test_ctrl_c_interrupts_a_generation_and_the_session_stays_usable(tiny_llama_container, history):
+    sh, out, err = make_shell(history)
+    sh.run_text(f"OPEN {quoted(tiny_llama_container)}; DRAFT DEPTH 2;")
+    sh.run_text("\\json")
+    out.seek(0), out.truncate()
+    sh.run_text("INFER 'hello' GENERATE 6;")
+    first = json.loads(out.getvalue())["result"]["generated_ids"]
+
+    hook = sh.session.on_token
+    count = 0
+
+    def press_ctrl_c(token_id, text):
+        nonlocal count
+        count += 1
+        if count == 3:
+            signal.raise_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
+        hook(token_id, text)
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        sh.session.on_token = press_ctrl_c
+        ok = sh.run_statement(repl.parser.parse_one("INFER 'hello' GENERATE 1000;"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sh.session.on_token = hook
+    assert ok is False and count < 1000
+    assert "interrupted: INFER stopped" in err.getvalue()
+    assert sh.session.bound and sh.session.draft_depth == 2
+
+    out.seek(0), out.truncate()
+    sh.run_text("INFER 'hello' GENERATE 6;")
+    assert json.loads(out.getvalue())["result"]["generated_ids"] == first
+
+
+def test_ctrl_c_in_the_loop_returns_to_the_prompt(history, capsys, monkeypatch):
+    from lql.session import Session
+
+    def interrupted(self, stmt):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Session, "execute_statement", interrupted)
+    rc = drive(f"HELP;{ENTER}\\timing off{ENTER}", history)
+    err = capsys.readouterr().err
+    assert rc == 0 and "interrupted: HELP stopped" in err and "timing is off" in err
+
+
+def test_encode_draws_a_progress_bar(tiny_llama_dir, tmp_path, history):
+    sh, out, err = make_shell(history, stderr=Tty())
+    target = tmp_path / "again.vindex3"
+    sh.run_text(f"ENCODE {quoted(tiny_llama_dir)} INTO {quoted(target)};")
+    drawn = err.getvalue()
+    assert "encode [" + "#" * 30 + "]" in drawn  # the last frame, complete
+    assert drawn.endswith("\r")  # then erased
+    assert f"into {target}" in out.getvalue()
+    assert target.exists()
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(tiny_llama_dir, tmp_path, history):
+    sh, out, err = make_shell(history)
+    sh.run_text(f"ENCODE {quoted(tiny_llama_dir)} INTO {quoted(tmp_path / 'x.vindex3')};")
+    assert "[" not in err.getvalue() and "encoded" in out.getvalue()
+
+
+def test_streamed_control_characters_are_made_visible():
+    assert repl._printable("a\x0cb\n\tc\x1b[31m") == "a\\x0cb\n\tc\\x1b[31m"
+
+
+def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch, history):
+    import os
+
+    def styled(no_color: bool) -> bytes:
+        if no_color:
+            monkeypatch.setenv("NO_COLOR", "1")
+        else:
+            monkeypatch.delenv("NO_COLOR", raising=False)
+        master, slave = os.openpty()
+        with open(slave, "w", closefd=True) as tty:
+            sh, _, _ = make_shell(history, stderr=tty)
+            sh.print_error("boom")
+        data = os.read(master, 4096)
+        os.close(master)
+        return data
+
+    assert b"\x1b[0;31m" in styled(no_color=False)  # red
+    assert b"31m" not in styled(no_color=True)
+    sh, _, err = make_shell(history)
+    sh.print_error("boom")
+    assert err.getvalue() == "boom\n"  # not a terminal: plain text

@@ -1,0 +1,139 @@
+"""End to end: the real ``lql`` command in a pseudo-terminal (pexpect), on the fixture
+container, reading what reaches the screen."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+pexpect = pytest.importorskip("pexpect")
+
+CPR_REQUEST = re.compile(r"\x1b\[6n")
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+TIMEOUT = 60  # generous: a loaded machine must not make this flaky
+
+
+def _lql() -> str:
+    exe = shutil.which("lql", path=str(Path(sys.executable).parent)) or shutil.which("lql")
+    if exe is None:
+        pytest.skip("the lql console script is not installed (pip install -e .)")
+    return exe
+
+
+class Screen:
+    """A child process and what it wrote. Answers prompt_toolkit's cursor-position requests
+    as a terminal would, so that the bottom toolbar is drawn."""
+
+    def __init__(self, child):
+        self.child = child
+
+    def expect(self, pattern: str, timeout: int = TIMEOUT) -> str:
+        """Wait for ``pattern`` (a regex); return the text before it, escapes removed."""
+        seen = []
+        while True:
+            i = self.child.expect([CPR_REQUEST, pattern], timeout=timeout)
+            seen.append(self.child.before)
+            if i == 0:
+                self.child.send("\x1b[1;1R")
+                continue
+            return ANSI.sub("", "".join(seen))
+
+    def prompt(self) -> str:
+        return self.expect(r"lql>")
+
+
+@pytest.fixture
+def screen(tiny_llama_container, tmp_path):
+    env = dict(os.environ)
+    env.update(
+        TERM="xterm",
+        HOME=str(tmp_path),
+        LQL_RC="",
+        LQL_HISTORY=str(tmp_path / "history"),
+        COLUMNS="120",
+        LINES="40",
+    )
+    env.pop("NO_COLOR", None)  # this test reads colours too
+    env.pop("LQL_EDITING_MODE", None)
+    child = pexpect.spawn(
+        _lql(),
+        ["--repl", str(tiny_llama_container)],
+        env=env,
+        cwd=str(tmp_path),
+        encoding="utf-8",
+        codec_errors="replace",
+        timeout=TIMEOUT,
+        dimensions=(40, 120),
+    )
+    yield Screen(child)
+    if child.isalive():
+        child.terminate(force=True)
+
+
+def test_the_lql_binary_runs_an_interactive_session(screen, tiny_llama_container):
+    import vindex3
+
+    name = vindex3.open(tiny_llama_container).name
+    child = screen.child
+
+    # opened on the container given on the command line; the toolbar names it
+    before = screen.prompt()
+    assert f"opened {name}" in before
+    screen.expect(
+        rf"model .*{re.escape(name)}.*\| 4 layers \(4 softmax \(full\)\) \| draft depth off"
+    )
+
+    # a statement, typed: a table comes back
+    child.send("SHOW LAYERS;\r")
+    screen.expect(r"layer  operator")
+    screen.prompt()
+
+    # Tab completes from the grammar (typed slowly, as a person would)
+    child.send("DRAFT DEP")
+    screen.expect(r"DEPTH")  # the completion menu shows it
+    child.send("\t")
+    child.send(" 2;\r")
+    screen.expect(r"draft depth 2: later INFER")
+    screen.expect(r"draft depth 2 ")  # the toolbar follows the session
+
+    # errors are red, with the caret, and the shell goes on
+    child.send("OPEN nowhere;\r")
+    err = child.expect([r"\x1b\[0;31msyntax error"], timeout=TIMEOUT)
+    assert err == 0
+    screen.expect(r"\^")
+    screen.prompt()
+
+    # a long GENERATE streams, Ctrl-C stops it, and the session is still bound
+    child.send("INFER 'hello' GENERATE 100000;\r")
+    screen.expect(r"generating: ")
+    screen.expect(r"\S")  # at least one token reached the screen
+    child.sendintr()
+    screen.expect(r"interrupted: INFER stopped")
+    screen.prompt()
+    child.send("INFER 'hello' TOP 2;\r")
+    text = screen.expect(r"probability")
+    assert "draft depth 2 (layers 0-1)" in text
+    screen.prompt()
+
+    # Ctrl-C while typing drops the line
+    child.send("STATS")
+    screen.expect(r"STATS")
+    child.sendcontrol("c")
+    screen.prompt()
+
+    # multi-line: Enter continues until ';'
+    child.send("SHOW\r")
+    screen.expect(r"\.\.\.")
+    child.send("SETTINGS;\r")
+    screen.expect(r"editing_mode")
+    screen.prompt()
+
+    child.send("\\q\r")
+    child.expect(pexpect.EOF, timeout=TIMEOUT)
+    child.close()
+    assert child.exitstatus == 0
