@@ -242,6 +242,7 @@ class Shell:
             complete_while_typing=True,
             complete_style=CompleteStyle.COLUMN,
             auto_suggest=AutoSuggestFromHistory(),
+            enable_open_in_editor=True,  # Ctrl-X Ctrl-E (emacs) or v (vi): edit in $EDITOR
             history=self.history,
             key_bindings=self._key_bindings(),
             bottom_toolbar=self.toolbar,

@@ -199,6 +199,22 @@ def test_tab_completes_from_the_grammar_while_typing(history):
     assert asyncio.run(scenario()) == "show LAYERS;"
 
 
+def test_suggestions_from_history(history):
+    """A line typed before is offered as a suggestion; the right arrow takes it."""
+    history.write_text("\n# earlier\n+SHOW SETTINGS;\n")
+
+    async def scenario() -> str:
+        with create_pipe_input() as inp:
+            sh = repl.Shell(input=inp, output=DummyOutput(), history_path=history)
+            task = asyncio.ensure_future(sh.prompt.prompt_async())
+            for keys in ["SHOW S", "\x1b[C", ENTER]:
+                inp.send_text(keys)
+                await asyncio.sleep(0.3)
+            return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(scenario()) == "SHOW SETTINGS;"
+
+
 # ---- history ---------------------------------------------------------------------------
 
 
@@ -422,3 +438,15 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(monkeypatch, history)
     sh, _, err = make_shell(history)
     sh.print_error("boom")
     assert err.getvalue() == "boom\n"  # not a terminal: plain text
+
+
+def test_the_docs_list_every_shell_command_and_setting():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "repl.md").read_text(encoding="utf-8")
+    for cmd in META:
+        names = ", ".join(f"`{n}{' ' + cmd.args if cmd.args else ''}`" for n in cmd.names)
+        row = f"| {names.replace('|', chr(92) + '|')} | {cmd.help} |"
+        assert row in doc, f"docs/repl.md lacks the row for {cmd.name}: {row}"
+    for name in repl.SHELL_SETTINGS:
+        assert f"| `{name}` |" in doc
