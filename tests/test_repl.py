@@ -450,3 +450,18 @@ def test_the_docs_list_every_shell_command_and_setting():
         assert row in doc, f"docs/repl.md lacks the row for {cmd.name}: {row}"
     for name in repl.SHELL_SETTINGS:
         assert f"| `{name}` |" in doc
+
+
+def test_the_startup_file_runs_first(tmp_path, history, monkeypatch, capsys):
+    rc_file = tmp_path / "lqlrc"
+    rc_file.write_text("-- my settings\nSET editing_mode = vi;\n\\timing off\n")
+    monkeypatch.setenv("LQL_RC", str(rc_file))
+    assert repl.default_rc_path() == rc_file
+    drive(f"SHOW SETTINGS;{ENTER}", history)
+    out = capsys.readouterr().out
+    assert "editing_mode  vi" in out and "timing        off" in out
+
+
+def test_the_default_startup_file_is_in_home(tmp_path, monkeypatch):
+    monkeypatch.delenv("LQL_RC")
+    assert repl.default_rc_path() == tmp_path / ".lqlrc"
