@@ -22,6 +22,24 @@ if TYPE_CHECKING:
     from ..container import Container
 
 F32 = np.float32
+
+# Small passes (decode steps, short prompts) are matrix-vector work: one BLAS thread does them
+# as fast as two on a quiet machine and many times faster on a busy one, where spinning BLAS
+# workers fight other processes for the cores. Large prefills keep BLAS's own thread count.
+SMALL_PASS = 16
+_threads: dict = {}
+
+
+def _small_pass_limit():
+    """A context that holds BLAS at VINDEX3_DECODE_THREADS (default 1) threads."""
+    if "ctl" not in _threads:
+        import os
+
+        from threadpoolctl import ThreadpoolController
+
+        _threads["ctl"] = ThreadpoolController()
+        _threads["n"] = int(os.environ.get("VINDEX3_DECODE_THREADS", "1"))
+    return _threads["ctl"].limit(limits=_threads["n"], user_api="blas")
 OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int], tuple[np.ndarray, np.ndarray]]
 
 
@@ -176,10 +194,15 @@ class Executor:
         T = h.shape[0]
         if T == 0:
             raise SliceError("no tokens to run")
-        h = self._layers(h, state)
+        if T <= SMALL_PASS:
+            with _small_pass_limit():
+                h = self._layers(h, state)
+                logits = self._logits(h[-1:] if last_only else h)
+        else:
+            h = self._layers(h, state)
+            logits = self._logits(h[-1:] if last_only else h)
         state.position += T
         self.last_hidden = h
-        logits = self._logits(h[-1:] if last_only else h)
         self.trace.step_seconds.append(time.perf_counter() - t0)
         self.trace.positions += T
         return logits
