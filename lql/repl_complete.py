@@ -18,7 +18,7 @@ from lark.exceptions import LarkError
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
 
-from . import ast, parser
+from . import ast, catalog, parser
 
 #: Keywords after which a string is a file-system path (OPEN 'p', PLAN 'ckpt', ENCODE 'ckpt'
 #: INTO 'dir', DUMP LOGITS ... INTO 'f', SCORE DRAFT 'a' AGAINST 'b', DRAFT LADDER ... ON 'f').
@@ -141,11 +141,12 @@ def _cased(candidate: str, typed: str) -> str:
 
 
 def help_topics() -> list[str]:
-    """Statement names HELP knows, from the AST (``SHOW LAYERS``, ``DRAFT DEPTH``...), plus
-    the alternative spelling USE."""
-    names = {cls.keyword for cls in ast.STATEMENT_CLASSES if cls.keyword}
+    """Statement names HELP has an entry for: the catalogue's (``SHOW LAYERS``, ``DRAFT
+    DEPTH``...) and every statement's own name that HELP resolves (``USE``, ``DRAFT OFF``)."""
+    names = {d.name for d in catalog.STATEMENTS}
+    names |= {cls.keyword for cls in ast.STATEMENT_CLASSES if cls.keyword}
     names.add("USE")
-    return sorted(names)
+    return sorted(n for n in names if catalog.find_statement(n) is not None)
 
 
 def path_completions(typed: str, *, quote: str | None = None) -> Iterator[Completion]:

@@ -278,3 +278,11 @@ def test_lexer_splits_lines_for_prompt_toolkit():
     assert get(0) == [("class:lql.keyword", "SHOW")]
     assert get(1) == [("", "  "), ("class:lql.keyword", "LAYERS"), ("class:lql.punct", ";")]
     assert get(5) == []
+
+
+def test_every_help_topic_offered_has_an_entry():
+    from lql.repl_complete import help_topics
+
+    topics = help_topics()
+    assert {d.name for d in catalog.STATEMENTS} <= set(topics)
+    assert all(catalog.help_text(t) for t in topics)
