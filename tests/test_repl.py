@@ -199,6 +199,19 @@ def test_tab_completes_from_the_grammar_while_typing(history):
     assert asyncio.run(scenario()) == "show LAYERS;"
 
 
+def test_enter_on_a_highlighted_completion_takes_it_without_running(history):
+    async def scenario() -> str:
+        with create_pipe_input() as inp:
+            sh = repl.Shell(input=inp, output=DummyOutput(), history_path=history)
+            task = asyncio.ensure_future(sh.prompt.prompt_async())
+            for keys in ["SHOW ", TAB, TAB, ENTER, ";", ENTER]:
+                inp.send_text(keys)
+                await asyncio.sleep(0.3)
+            return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(scenario()) == "SHOW COMPONENTS;"
+
+
 def test_suggestions_from_history(history):
     """A line typed before is offered as a suggestion; the right arrow takes it."""
     history.write_text("\n# earlier\n+SHOW SETTINGS;\n")
