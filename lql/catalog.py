@@ -114,6 +114,7 @@ def _choice(*options: str) -> Callable[[Any], str]:
             return v.lower()
         raise ValueError(f"takes one of {', '.join(options)}")
 
+    parse.choices = options  # type: ignore[attr-defined]  (read by the REPL's completer)
     return parse
 
 

@@ -69,11 +69,7 @@ def _setting_choices(doc: catalog.SettingDoc) -> tuple[str, ...]:
     """The closed set of values a session setting takes, when it has one (for completion)."""
     if isinstance(doc.default, bool):
         return ("on", "off")
-    for cell in getattr(doc.parse, "__closure__", None) or ():
-        value = cell.cell_contents
-        if isinstance(value, tuple) and value and all(isinstance(v, str) for v in value):
-            return value
-    return ()
+    return tuple(getattr(doc.parse, "choices", ()))
 
 
 def should_submit(text: str) -> bool:

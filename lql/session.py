@@ -228,9 +228,8 @@ class Session:
             path = qp.args["path"]
         c = v.open(path)
         cleared = self.draft_depth
-        self.container, self.default_model = c, bool(qp.args["default"])
-        self._executors.clear()
-        self.draft_depth = None
+        # One assignment, so an interrupt cannot leave old executors bound to the new container.
+        self.container, self.default_model, self._executors, self.draft_depth = c, bool(qp.args["default"]), {}, None
         comp = c.graph.component
         return R.OpenResult(
             name=c.name, path=str(c.path), default_model=self.default_model, component=comp.name, role=comp.role,
