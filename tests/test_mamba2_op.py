@@ -26,6 +26,7 @@ from vindex3.exec.ops.mamba2 import (  # noqa: E402
     Mamba2Geometry,
     Mamba2State,
     Mamba2Weights,
+    _run_conv,
     _ssd_scan,
     mamba2_prefill,
     mamba2_step,
@@ -252,6 +253,30 @@ def test_scan_kernel_is_the_same_arithmetic_for_one_and_many_positions():
         for h in range(H):
             s[h] = s[h] * dA[t, h] + np.outer(xdt[t, h], B[t, h // (H // G)])
             assert np.allclose(y_all[t, h], s[h] @ C[t, h // (H // G)], atol=1e-4)
+
+
+def test_conv_is_the_same_arithmetic_for_one_and_many_positions():
+    cfg, mixer, w, g = setup("odd_g2")
+    rng = np.random.default_rng(2)
+    T = 11
+    xbc_in = rng.standard_normal((T, g.conv_dim)).astype(np.float32)
+    stored = rng.standard_normal((g.conv_dim, g.conv_kernel)).astype(np.float32)
+    cw = w.conv_weight[:, 0, :]
+    st_all, st_one = Mamba2State.zeros(g), Mamba2State.zeros(g)
+    st_all.conv[...] = stored
+    st_one.conv[...] = stored
+    out_all = _run_conv(st_all.conv, xbc_in, cw, w)
+    out_one = np.concatenate([_run_conv(st_one.conv, xbc_in[t : t + 1], cw, w) for t in range(T)])
+    assert np.array_equal(out_all, out_one) and np.array_equal(st_all.conv, st_one.conv)
+    assert np.array_equal(st_all.conv, np.concatenate([stored.T, xbc_in])[-g.conv_kernel :].T)
+    # and it is transformers' conv: silu(depthwise conv1d over [stored, new]), new positions
+    seq = torch.from_numpy(np.concatenate([stored.T, xbc_in]).T.copy())[None]
+    with torch.no_grad():
+        ref = torch.nn.functional.conv1d(
+            seq, mixer.conv1d.weight, mixer.conv1d.bias, groups=g.conv_dim
+        )
+        ref = torch.nn.functional.silu(ref)[0].T.numpy()[-T:]
+    assert maxdiff(out_all, ref) <= TOL
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -25,11 +25,12 @@ sequence, float32 end to end:
 6. ``out_proj``.
 
 Neither prefill nor decode loops over positions in Python. Both run the same compiled
-(numba, fastmath off) sequential recurrence, ``_ssd_scan``, over all T positions in one call:
-prefill with T = prompt length, decode with T = 1, so decode continues a prefill with the
-very same arithmetic. The recurrence is exact (transformers' ``chunk_size`` is a tiling
-choice of its chunked SSD form and does not change the function; it is carried in the
-geometry but not needed here). Weights are only read, never written or copied.
+kernels (numba, fastmath off) over all T positions in one call: ``_conv_silu`` for the conv
+and ``_ssd_scan`` for the sequential SSD recurrence, prefill with T = prompt length and
+decode with T = 1, so decode continues a prefill with the very same arithmetic. The
+recurrence is exact: transformers' ``chunk_size`` is a tiling choice of its chunked SSD form
+and does not change the function; it is carried in the geometry but not needed here.
+Weights are only read, never written; only the small conv weight is re-laid out per call.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = [
 F32 = np.float32
 _ZERO = F32(0.0)
 _ONE = F32(1.0)
+_NO_BIAS = np.zeros(1, F32)
 
 
 @dataclass(frozen=True)
@@ -322,18 +324,61 @@ def _ssd_scan(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
                 ssm[h, p, n] = S[n, p]
 
 
+@numba.njit(cache=True)
+def _conv_silu(seq, cw_t, bias, has_bias, out):  # pragma: no cover - compiled
+    """Causal depthwise conv + bias + SiLU: ``seq`` is [K + T, C] (the K stored inputs, then
+    the T new ones), ``cw_t`` the conv weight as [K, C]; for t < T
+        out[t, c] = silu(sum over k ascending of seq[t + 1 + k, c] * cw_t[k, c] + bias[c]).
+    Prefill (T = prompt length) and decode (T = 1) share it, so their conv arithmetic is one.
+    """
+    T, C = out.shape
+    K = cw_t.shape[0]
+    one = np.float32(1.0)
+    for t in range(T):
+        o = out[t]
+        r = seq[t + 1]
+        wk = cw_t[0]
+        for c in range(C):
+            o[c] = r[c] * wk[c]
+        for k in range(1, K):
+            r = seq[t + 1 + k]
+            wk = cw_t[k]
+            for c in range(C):
+                o[c] += r[c] * wk[c]
+        if has_bias:
+            for c in range(C):
+                o[c] += bias[c]
+        for c in range(C):
+            v = o[c]
+            o[c] = v / (one + np.exp(-v))  # exp overflow for v << 0 gives -0.0, as wanted
+
+
+def _run_conv(
+    state_conv: np.ndarray, xbc_in: np.ndarray, cw: np.ndarray, w: Mamba2Weights
+) -> np.ndarray:
+    """Run the conv (+SiLU) over ``xbc_in`` [T, conv_dim] after the stored inputs and move the
+    stored window forward; returns the SiLU output [T, conv_dim]."""
+    T = xbc_in.shape[0]
+    seq = np.concatenate([state_conv.T, xbc_in], axis=0)  # [K + T, conv_dim]
+    out = np.empty(xbc_in.shape, F32)
+    has_bias = w.conv_bias is not None
+    bias = np.asarray(w.conv_bias) if has_bias else _NO_BIAS
+    _conv_silu(seq, np.ascontiguousarray(cw.T), bias, has_bias, out)
+    state_conv[...] = seq[T:].T
+    return out
+
+
 def _ssm_norm(
     zxbcdt: np.ndarray,  # [T, in_proj_dim] the projection (gate and dt are read from it)
-    conv_out: np.ndarray,  # [T, conv_dim] the conv output before SiLU
+    xbc: np.ndarray,  # [T, conv_dim] the conv output after SiLU
     w: Mamba2Weights,
     g: Mamba2Geometry,
     ssm: np.ndarray,  # [H, P, N], advanced in place
     clamp_dt: bool,
 ) -> np.ndarray:
-    """SiLU, SSD recurrence with D skip, gated RMSNorm: returns [T, intermediate] float32."""
+    """SSD recurrence with D skip, gated RMSNorm: returns [T, intermediate] float32."""
     T = zxbcdt.shape[0]
     ni, cd, gn = g.intermediate, g.conv_dim, g.n_groups * g.state_size
-    xbc = _silu(conv_out)
     xs = xbc[:, :ni].reshape(T, g.num_heads, g.head_dim)
     Bm = np.ascontiguousarray(xbc[:, ni : ni + gn].reshape(T, g.n_groups, g.state_size))
     Cm = np.ascontiguousarray(xbc[:, ni + gn :].reshape(T, g.n_groups, g.state_size))
@@ -370,23 +415,14 @@ def mamba2_prefill(
     T = x.shape[0]
     if T == 0:
         return np.zeros((0, g.hidden_size), F32)
-    ni, cd, K = g.intermediate, g.conv_dim, g.conv_kernel
+    ni, cd = g.intermediate, g.conv_dim
 
     zxbcdt = x @ w.in_proj.T
     if w.in_proj_bias is not None:
         zxbcdt += w.in_proj_bias
 
-    # causal depthwise conv: seq is the K stored inputs followed by the T new ones, and
-    # output t sees seq[t+1 .. t+K] (weight k on seq[t+1+k])
-    seq = np.concatenate([state.conv.T, zxbcdt[:, ni : ni + cd]], axis=0)  # [K + T, cd]
-    conv_out = seq[1 : 1 + T] * cw[:, 0]
-    for k in range(1, K):
-        conv_out += seq[1 + k : 1 + k + T] * cw[:, k]
-    if w.conv_bias is not None:
-        conv_out += w.conv_bias
-    state.conv[...] = seq[T:].T
-
-    u = _ssm_norm(zxbcdt, conv_out, w, g, state.ssm, clamp_dt=True)
+    xbc = _run_conv(state.conv, zxbcdt[:, ni : ni + cd], cw, w)
+    u = _ssm_norm(zxbcdt, xbc, w, g, state.ssm, clamp_dt=True)
     out = u @ w.out_proj.T
     if w.out_proj_bias is not None:
         out += w.out_proj_bias
@@ -404,22 +440,14 @@ def mamba2_step(
     Δ is not clamped to ``time_step_limit`` here, as in transformers' recurrent path."""
     _check_input(x, 1, g.hidden_size, "mamba2_step")
     cw = _check(w, g, state)
-    ni, cd, K = g.intermediate, g.conv_dim, g.conv_kernel
+    ni, cd = g.intermediate, g.conv_dim
 
     zxbcdt = w.in_proj @ x
     if w.in_proj_bias is not None:
         zxbcdt += w.in_proj_bias
 
-    conv = state.conv  # shift in the new input; the window is then conv[:, 0..K-1]
-    conv[:, :-1] = conv[:, 1:]
-    conv[:, -1] = zxbcdt[ni : ni + cd]
-    conv_out = conv[:, 0] * cw[:, 0]  # the same sum, in the same order, as in prefill
-    for k in range(1, K):
-        conv_out += conv[:, k] * cw[:, k]
-    if w.conv_bias is not None:
-        conv_out += w.conv_bias
-
-    u = _ssm_norm(zxbcdt[None], conv_out[None], w, g, state.ssm, clamp_dt=False)[0]
+    xbc = _run_conv(state.conv, zxbcdt[None, ni : ni + cd], cw, w)
+    u = _ssm_norm(zxbcdt[None], xbc, w, g, state.ssm, clamp_dt=False)[0]
     out = w.out_proj @ u
     if w.out_proj_bias is not None:
         out += w.out_proj_bias
