@@ -26,8 +26,11 @@ from vindex3.exec.ops.mamba2 import (  # noqa: E402
     Mamba2Geometry,
     Mamba2State,
     Mamba2Weights,
+    _gated_rmsnorm,
     _run_conv,
     _ssd_scan,
+    _ssd_scan_cols,
+    _ssd_scan_rows,
     mamba2_prefill,
     mamba2_step,
 )
@@ -247,12 +250,35 @@ def test_scan_kernel_is_the_same_arithmetic_for_one_and_many_positions():
         sl = slice(t, t + 1)
         _ssd_scan(s_one, xdt[sl], dA[sl], B[sl], C[sl], y_one[sl])
     assert np.array_equal(s_all, s_one) and np.array_equal(y_all, y_one)
+    # both loop orders are the same arithmetic, whatever T
+    for kernel in (_ssd_scan_cols, _ssd_scan_rows):
+        s_k, y_k = s0.copy(), np.empty((T, H, P), np.float32)
+        kernel(s_k, xdt, dA, B, C, y_k)
+        assert np.array_equal(s_k, s_all) and np.array_equal(y_k, y_all)
     # and it is the recurrence: s = s*dA + xdt (x) B, y = s . C
     s = s0.astype(np.float64)
     for t in range(T):
         for h in range(H):
             s[h] = s[h] * dA[t, h] + np.outer(xdt[t, h], B[t, h // (H // G)])
             assert np.allclose(y_all[t, h], s[h] @ C[t, h // (H // G)], atol=1e-4)
+
+
+def test_gated_norm_is_grouped_and_gated_first_like_transformers():
+    cfg, mixer, w, g = setup("h72_g3")
+    rng = np.random.default_rng(4)
+    y = rng.standard_normal((5, g.intermediate)).astype(np.float32)
+    y[:, : g.norm_group_size] *= 10.0  # groups of very different scale
+    gate = rng.standard_normal((5, g.intermediate)).astype(np.float32)
+    ours = _gated_rmsnorm(y, gate, w, g)
+    assert ours.dtype == np.float32
+    with torch.no_grad():
+        ref = mixer.norm(torch.from_numpy(y), torch.from_numpy(gate)).numpy()
+    assert maxdiff(ours, ref) <= TOL
+    # a norm over the whole width, or one applied before the gate, would be far off
+    u = y * (gate / (1 + np.exp(-gate)))
+    whole = u / np.sqrt(np.mean(u * u, -1, keepdims=True) + 1e-5) * w.norm_weight
+    before = y / np.sqrt(np.mean(y * y, -1, keepdims=True) + 1e-5) * w.norm_weight
+    assert maxdiff(whole, ref) > 0.1 and maxdiff(before, ref) > 0.1
 
 
 def test_conv_is_the_same_arithmetic_for_one_and_many_positions():

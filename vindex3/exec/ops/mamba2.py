@@ -26,8 +26,9 @@ sequence, float32 end to end:
 
 Neither prefill nor decode loops over positions in Python. Both run the same compiled
 kernels (numba, fastmath off) over all T positions in one call: ``_conv_silu`` for the conv
-and ``_ssd_scan`` for the sequential SSD recurrence, prefill with T = prompt length and
-decode with T = 1, so decode continues a prefill with the very same arithmetic. The
+and ``_ssd_scan`` for the sequential SSD recurrence (two loop orders of one arithmetic),
+prefill with T = prompt length and decode with T = 1, so decode continues a prefill with the
+very same arithmetic. The
 recurrence is exact: transformers' ``chunk_size`` is a tiling choice of its chunked SSD form
 and does not change the function; it is carried in the geometry but not needed here.
 Weights are only read, never written; only the small conv weight is re-laid out per call.
@@ -53,7 +54,6 @@ __all__ = [
 
 F32 = np.float32
 _ZERO = F32(0.0)
-_ONE = F32(1.0)
 _NO_BIAS = np.zeros(1, F32)
 
 
@@ -257,44 +257,56 @@ def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
 # --------------------------------------------------------------------------- elementwise
 
 
-def _silu(v: np.ndarray) -> np.ndarray:
-    """x * sigmoid(x) in float32 (exp(-x) may overflow to inf for x << 0: the result is 0)."""
-    with np.errstate(over="ignore"):
-        return v / (_ONE + np.exp(-v))
-
-
 def _softplus(v: np.ndarray) -> np.ndarray:
     # log(1 + e^v) without overflow; equals torch's softplus (threshold 20) to float32 rounding.
     return np.logaddexp(_ZERO, v)
 
 
+@numba.njit(cache=True)
+def _gated_rmsnorm_kernel(y, gate, weight, n_groups, eps, out):  # pragma: no cover - compiled
+    """transformers' MambaRMSNormGated with norm_before_gate=False, for rows of y [T, W]:
+    u = y * silu(gate); per group of W // n_groups channels u *= 1/sqrt(mean(u^2) + eps);
+    out = u * weight. The mean of squares is accumulated in float64, then cast."""
+    T, W = y.shape
+    gs = W // n_groups
+    one = np.float32(1.0)
+    for t in range(T):
+        for gi in range(n_groups):
+            o = gi * gs
+            acc = 0.0
+            for i in range(o, o + gs):
+                gv = gate[t, i]
+                u = y[t, i] * (gv / (one + np.exp(-gv)))
+                out[t, i] = u
+                acc += np.float64(u) * np.float64(u)
+            r = np.float32(1.0 / np.sqrt(acc / gs + eps))
+            for i in range(o, o + gs):
+                out[t, i] = (out[t, i] * r) * weight[i]
+
+
 def _gated_rmsnorm(
     y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry
 ) -> np.ndarray:
-    """transformers' MambaRMSNormGated: gate first, then RMS over n_groups groups, then weight."""
-    u = y * _silu(gate)
-    lead = u.shape[:-1]
-    ug = u.reshape(*lead, g.n_groups, g.norm_group_size)
-    var = np.mean(ug * ug, axis=-1, keepdims=True)
-    ug = ug / np.sqrt(var + F32(g.norm_eps))
-    return ug.reshape(*lead, g.intermediate) * w.norm_weight
+    """Gate first, then RMS over n_groups groups (not the whole width), then the weight."""
+    out = np.empty(y.shape, F32)
+    _gated_rmsnorm_kernel(y, gate, w.norm_weight, g.n_groups, float(g.norm_eps), out)
+    return out
 
 
 # --------------------------------------------------------------------------- scan
 
 
-@numba.njit(cache=True)
-def _ssd_scan(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
-    """Sequential SSD recurrence over T positions, in place on ``ssm`` [H, P, N].
+# The recurrence, for each position t and head h (group g = h // (H // G)):
+#     s[p, n] = s[p, n] * dA[t, h] + xdt[t, h, p] * B[t, g, n]
+#     y[t, h, p] = sum over n ascending, starting from 0, of s[p, n] * C[t, g, n]
+# Two loop orders compute exactly this arithmetic (fastmath is off, nothing is reassociated),
+# so they give bit-identical results and either may run any T; the dispatcher picks by speed.
 
-    For each position t and head h (group g = h // (H // G)):
-        s[p, n] = s[p, n] * dA[t, h] + xdt[t, h, p] * B[t, g, n]
-        y[t, h, p] = sum over n ascending of s[p, n] * C[t, g, n]
-    Each head works on a transposed copy [N, P] of its state so that both the update and the
-    output sum run over contiguous p (vectorised across independent outputs) while every
-    y[t, h, p] is still summed in plain n order: the same arithmetic for T = 1 (decode) as
-    for a whole prompt, with no reassociation (fastmath is off).
-    """
+
+@numba.njit(cache=True)
+def _ssd_scan_cols(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
+    """Long T: each head works on a transposed copy [N, P] of its state, so the update and
+    the output sums both run over contiguous p, vectorised across independent outputs."""
     T, H, P = xdt.shape
     G = B.shape[1]
     N = B.shape[2]
@@ -322,6 +334,67 @@ def _ssd_scan(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
         for p in range(P):
             for n in range(N):
                 ssm[h, p, n] = S[n, p]
+
+
+@numba.njit(cache=True)
+def _ssd_scan_rows(ssm, xdt, dA, B, C, y):  # pragma: no cover - compiled
+    """Short T (decode): in place on the [P, N] rows, no transposition; the update runs over
+    contiguous n, the output sums four rows at a time to overlap their dependency chains."""
+    T, H, P = xdt.shape
+    G = B.shape[1]
+    N = B.shape[2]
+    hpg = H // G
+    zero = np.float32(0.0)
+    for t in range(T):
+        for h in range(H):
+            gi = h // hpg
+            da = dA[t, h]
+            b = B[t, gi]
+            c = C[t, gi]
+            S = ssm[h]
+            for p in range(P):
+                s = S[p]
+                dx = xdt[t, h, p]
+                for n in range(N):
+                    s[n] = s[n] * da + dx * b[n]
+            p0 = 0
+            while p0 + 4 <= P:
+                s0 = S[p0]
+                s1 = S[p0 + 1]
+                s2 = S[p0 + 2]
+                s3 = S[p0 + 3]
+                a0 = zero
+                a1 = zero
+                a2 = zero
+                a3 = zero
+                for n in range(N):
+                    cn = c[n]
+                    a0 += s0[n] * cn
+                    a1 += s1[n] * cn
+                    a2 += s2[n] * cn
+                    a3 += s3[n] * cn
+                y[t, h, p0] = a0
+                y[t, h, p0 + 1] = a1
+                y[t, h, p0 + 2] = a2
+                y[t, h, p0 + 3] = a3
+                p0 += 4
+            for p in range(p0, P):
+                s = S[p]
+                a = zero
+                for n in range(N):
+                    a += s[n] * c[n]
+                y[t, h, p] = a
+
+
+_ROWS_MAX_T = 4  # up to this many positions the row kernel is the faster one
+
+
+def _ssd_scan(ssm, xdt, dA, B, C, y) -> None:
+    """Advance ``ssm`` [H, P, N] over T positions, writing y [T, H, P] (no D term)."""
+    if xdt.shape[0] <= _ROWS_MAX_T:
+        _ssd_scan_rows(ssm, xdt, dA, B, C, y)
+    else:
+        _ssd_scan_cols(ssm, xdt, dA, B, C, y)
 
 
 @numba.njit(cache=True)
