@@ -103,6 +103,7 @@ def test_short_generations(c, greedy, n):
     [
         ({"depth": 0}, SliceError, "smallest draft is depth 1"),
         ({"depth": 99}, SliceError, "deeper than the model"),
+        ({"depth": None}, SliceError, "needs a draft depth"),
         ({"lookahead": 0}, VindexError, "LOOKAHEAD must be an integer ≥ 1"),
         ({"n": -1}, VindexError, "GENERATE count must be a non-negative integer"),
     ],

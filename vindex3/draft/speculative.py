@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from ..errors import StateError, UnsupportedOperator, VindexError
+from ..errors import SliceError, StateError, UnsupportedOperator, VindexError
 from .slices import make_executor, open_container, recurrent_layers, resolve_slice
 
 
@@ -168,7 +168,9 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
     if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
         raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
-    draft_slice, _ = resolve_slice(c, depth)
+    draft_slice, draft_depth = resolve_slice(c, depth)
+    if draft_depth is None:
+        raise SliceError("SPECULATE needs a draft depth (1..L); the full model cannot draft for itself")
     full_slice, _ = resolve_slice(c, None)
     full_ex, prep_full = make_executor(c, full_slice)
     draft_ex, prep_draft = make_executor(c, draft_slice)
@@ -218,6 +220,11 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
             accepted += j
             hist[j] += 1
 
+            for t in props[:j]:
+                emit(t)
+            emit(nxt)  # k ≤ n - len(out) - 1 before the round, so this never overshoots
+            if len(out) >= n:
+                break  # nothing more to verify: skip the rollback
             kept = [pending] + props[:j]  # consumed by both streams and kept
             full.rollback(base + 1 + j, kept)
             if j == k:
@@ -226,17 +233,13 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
                 draft_steps += 1
             else:
                 draft.rollback(base + 1 + j, kept)
-            for t in props[:j]:
-                emit(t)
-            if len(out) < n:
-                emit(nxt)
             pending = nxt
     secs = time.perf_counter() - t0
     if full is not None:
         calls += full.replays
 
     result = SpecResult(
-        tokens=out, prompt_tokens=len(prompt), n=n, depth=int(depth), lookahead=lookahead,
+        tokens=out, prompt_tokens=len(prompt), n=n, depth=draft_depth, lookahead=lookahead,
         rollback=full.mode if full is not None else "truncate",
         rounds=rounds, proposed=proposed, accepted=accepted,
         acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,

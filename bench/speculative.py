@@ -1,0 +1,130 @@
+"""Self-speculative decoding against plain greedy decoding, side by side in one process, on the
+real model (SmolLM2-135M-Instruct).
+
+For every prompt chosen from the frozen bank (one per category by default) and every (depth,
+lookahead) pair: generate n tokens speculatively and plainly, alternating which runs first, best
+of ``--repeats`` wall-clock for each; the tokens must be identical. Writes
+bench/results/speculative.json with machine facts and prints acceptance rate, tokens per
+full-model step and the speed ratio plain/speculative.
+
+    python bench/speculative.py [--container DIR] [--n 32] [--depths 24,28,29] [--lookaheads 1,2,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import vindex3
+from vindex3 import jsonio
+from vindex3.draft import greedy_generate, speculative_generate
+from vindex3.draft.bank import default_bank, load_prompts
+from vindex3.draft.machine import machine_facts
+from vindex3.draft.slices import make_executor
+
+
+def container_path(arg: str | None) -> Path:
+    if arg:
+        return Path(arg)
+    from vindex3 import default_model
+
+    return Path(default_model.ensure())
+
+
+def pick_prompts(bank, per_category: int):
+    seen: dict[str, int] = {}
+    out = []
+    for p in bank:
+        if seen.get(p.category, 0) < per_category:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            out.append(p)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--container")
+    ap.add_argument("--n", type=int, default=32)
+    ap.add_argument("--depths", default="24,28,29")
+    ap.add_argument("--lookaheads", default="1,2,4")
+    ap.add_argument("--per-category", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "speculative.json"))
+    args = ap.parse_args()
+
+    c = vindex3.open(container_path(args.container))
+    prompts = pick_prompts(load_prompts(default_bank(ROOT)), args.per_category)
+    depths = [int(x) for x in args.depths.split(",")]
+    looks = [int(x) for x in args.lookaheads.split(",")]
+    full_ex, _ = make_executor(c, vindex3.Full())
+
+    # Plain greedy once per prompt: the reference tokens (and a warm-up).
+    plain = {}
+    for p in prompts:
+        ids = c.tokenizer.encode(p.text)
+        runs = [greedy_generate(c, ids, args.n, ex=full_ex) for _ in range(args.repeats)]
+        plain[p.id] = {"ids": ids, "tokens": runs[0].tokens, "seconds": min(r.seconds for r in runs)}
+
+    results = []
+    all_match = True
+    print(f"{'depth':>5} {'k':>2} {'accept':>7} {'tok/full':>8} {'speedup':>8} {'match':>6}")
+    for d in depths:
+        for k in looks:
+            per_prompt = []
+            for i, p in enumerate(prompts):
+                ref = plain[p.id]
+                spec_runs = []
+                plain_secs = []  # only runs interleaved with the speculative ones
+                for r in range(args.repeats):
+                    # Alternate order so that neither arm always runs on a warmer cache.
+                    if (i + r) % 2:
+                        plain_secs.append(greedy_generate(c, ref["ids"], args.n, ex=full_ex).seconds)
+                        spec_runs.append(speculative_generate(c, ref["ids"], args.n, d, k))
+                    else:
+                        spec_runs.append(speculative_generate(c, ref["ids"], args.n, d, k))
+                        plain_secs.append(greedy_generate(c, ref["ids"], args.n, ex=full_ex).seconds)
+                s = spec_runs[0]
+                match = all(x.tokens == ref["tokens"] for x in spec_runs)
+                all_match &= match
+                spec_best = min(x.seconds for x in spec_runs)
+                per_prompt.append({
+                    "id": p.id, "category": p.category, "prompt_tokens": len(ref["ids"]),
+                    "matches_plain": match, "acceptance_rate": s.acceptance_rate,
+                    "tokens_per_full_step": s.tokens_per_full_step, "rounds": s.rounds,
+                    "accepted_histogram": s.accepted_histogram, "spec_seconds": spec_best,
+                    "plain_seconds": min(plain_secs), "speedup": min(plain_secs) / spec_best,
+                })
+            acc = sum(x["acceptance_rate"] for x in per_prompt) / len(per_prompt)
+            tps = statistics.mean(x["tokens_per_full_step"] for x in per_prompt)
+            sp_total = sum(x["plain_seconds"] for x in per_prompt) / sum(x["spec_seconds"] for x in per_prompt)
+            m = all(x["matches_plain"] for x in per_prompt)
+            results.append({"depth": d, "lookahead": k, "mean_acceptance_rate": acc,
+                            "mean_tokens_per_full_step": tps, "speedup_total_time": sp_total,
+                            "all_match_plain": m, "prompts": per_prompt})
+            print(f"{d:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {sp_total:>7.2f}x {m!s:>6}")
+
+    best = max(results, key=lambda r: r["speedup_total_time"])
+    print(f"\nbest: depth {best['depth']} lookahead {best['lookahead']}: "
+          f"{best['speedup_total_time']:.2f}x plain greedy wall-clock, acceptance "
+          f"{best['mean_acceptance_rate']:.3f}, {best['mean_tokens_per_full_step']:.2f} tokens per full step")
+    print(f"speculative tokens identical to plain greedy everywhere: {all_match}")
+    out = {
+        "benchmark": "speculative", "container": c.name, "container_digest": c.digest,
+        "model_layers": c.graph.num_layers, "n": args.n, "repeats": args.repeats,
+        "prompts": [p.id for p in prompts], "plain": {k: {"seconds": v["seconds"], "tokens": v["tokens"]}
+                                                       for k, v in plain.items()},
+        "results": results, "best": {k: best[k] for k in best if k != "prompts"},
+        "all_match_plain": all_match, "machine": machine_facts(),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    jsonio.write_atomic(args.out, out)
+    return 0 if all_match else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
