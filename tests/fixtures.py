@@ -25,7 +25,7 @@ FAMILIES: dict[str, dict] = {
     "llama_tied": dict(BASE, tie_word_embeddings=True, hidden_act="gelu_pytorch_tanh",
                        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                                         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-    "mistral": dict(BASE, sliding_window=5, head_dim=24),
+    "mistral": dict(BASE, sliding_window=5, head_dim=24, hidden_act="gelu"),
     "qwen2": dict(BASE, layer_types=["full_attention", "sliding_attention", "full_attention", "sliding_attention"],
                   sliding_window=6, use_sliding_window=True, max_window_layers=1),
     "qwen3": dict(BASE, head_dim=20, attention_bias=True),
