@@ -43,6 +43,7 @@ def test_sidecar_records_provenance(c, target):
     assert meta["ms_per_position"] == pytest.approx(meta["step_seconds"] * 1000 / len(IDS))
     assert meta["numpy"] == np.__version__
     assert meta["blas"]["name"] and "threads" in meta["blas"]
+    assert meta["thread_count"] is None or meta["thread_count"] >= 1
     assert meta["library_version"]
     assert sidecar_path(path).name == "target.meta.json"
 

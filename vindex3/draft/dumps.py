@@ -20,8 +20,8 @@ import numpy as np
 
 from .. import jsonio
 from ..errors import ConfigError, IntegrityError, VindexError
-from .machine import blas_identity, library_version, thread_count
-from .slices import container_facts, make_executor, resolve_slice
+from .machine import blas_identity, library_version
+from .slices import container_facts, decode_thread_count, make_executor, resolve_slice
 
 FORMAT = "vindex3-logit-dump"
 FORMAT_VERSION = 1
@@ -109,7 +109,7 @@ def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.
         "ms_per_position": step_seconds * 1000.0 / len(ids),
         "numpy": np.__version__,
         "blas": blas_identity(),
-        "thread_count": thread_count(),
+        "thread_count": decode_thread_count(),  # threads the decode passes ran with
     }
     return write_dump(path, logits, meta)
 

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 # Environment variables that cap BLAS/OpenMP threads; recorded verbatim when set.
-_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+_THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "VINDEX3_DECODE_THREADS")
 
 
 def library_version() -> str:
@@ -77,6 +78,12 @@ def thread_count() -> int | None:
     return _openblas_threads()
 
 
+def _decode_threads() -> int | None:
+    from .slices import decode_thread_count
+
+    return decode_thread_count()
+
+
 def machine_facts() -> dict[str, Any]:
     """Everything a benchmark figure needs beside it to be comparable."""
     return {
@@ -88,6 +95,7 @@ def machine_facts() -> dict[str, Any]:
         "numpy": np.__version__,
         "blas": blas_identity(),
         "thread_count": thread_count(),
+        "decode_thread_count": _decode_threads(),
         "thread_env": {k: os.environ[k] for k in _THREAD_ENV if k in os.environ},
         "library_version": library_version(),
     }

@@ -64,3 +64,19 @@ def recurrent_layers(container: Any, executed: list[int]) -> list[tuple[int, str
     KV truncation cannot roll back."""
     layers = container.op_plan().layers
     return [(i, layers[i].operator) for i in executed if layers[i].geometry.buffers]
+
+
+def decode_thread_count() -> int | None:
+    """BLAS threads in effect during decode-sized passes. The executor holds small passes at a
+    thread limit of its own; ask BLAS from inside that limit when the executor offers it."""
+    from .machine import thread_count
+
+    try:
+        from ..exec import engine
+    except ImportError:
+        return thread_count()
+    limit = getattr(engine, "_small_pass_limit", None)
+    if limit is None:
+        return thread_count()
+    with limit():
+        return thread_count()
