@@ -482,9 +482,13 @@ def smol(smol_dir) -> GgufCheckpoint:
 
 
 @pytest.fixture(scope="module")
-def smol_reference(smol_dir):
-    params, config, how = transformers_parameters(smol_dir, SMOL_FILE)
-    return params, config, how
+def smol_reference(smol_dir, smollm2_reference):
+    # The session's transformers model (tests/conftest.py), loaded once for every module.
+    model = smollm2_reference
+    params = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    if model.config.tie_word_embeddings:
+        params.pop("lm_head.weight", None)
+    return params, model.config, "AutoModelForCausalLM.from_pretrained (session fixture)"
 
 
 @pytest.fixture(scope="module")
