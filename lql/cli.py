@@ -29,6 +29,9 @@ def _arg_parser() -> argparse.ArgumentParser:
         epilog="With no script and no -e, statements are read from standard input; "
                "at a terminal, the interactive shell opens instead.",
     )
+    from vindex3 import __version__
+
+    p.add_argument("--version", action="version", version=f"lql {__version__}")
     p.add_argument("script", nargs="?", help="a .lql script to run ('-' for standard input)")
     p.add_argument("-e", "--execute", action="append", metavar="TEXT", default=[],
                    help="run these statements (may be given more than once)")
