@@ -93,7 +93,7 @@ def _compile_op(op: Op, layer: int, W: PreparedOperands) -> OpFn:
         )
         return lambda h, x, ls, p0: (h, f(x))
     if k == "mamba2":
-        from .ops import mamba2 as m2
+        from .ops import mamba2_bind as m2
 
         run = m2.bind(op.params, w)
         return lambda h, x, ls, p0: (h, run(x, ls.recurrent))
@@ -146,7 +146,7 @@ class Executor:
                     p = op.params
                     kv = KvRows(p["kv_heads"], p["head_dim"], p["window"])
                 elif op.kind == "mamba2":
-                    from .ops import mamba2 as m2
+                    from .ops import mamba2_bind as m2
 
                     rec = m2.new_state(op.params)
             layers[i] = LayerState(i, g, kv, rec)
