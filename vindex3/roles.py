@@ -71,20 +71,22 @@ def expected_shapes(surface: dict, operator: str) -> dict[str, Callable[[], tupl
         )
     m2 = surface.get("operators", {}).get("mamba2")
     if m2 is not None:
-        nh, hd, ns, g, k = (int(m2[x]) for x in ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel"))
-        inter = nh * hd
-        conv_dim = inter + 2 * g * ns
-        proj = int(m2.get("in_proj_dim", 2 * inter + 2 * g * ns + nh))
+        # Names of their own: the lambdas above close over nh, hd and inter by name, and a
+        # hybrid surface has both groups.
+        mh, mp, mn, mg, mk = (int(m2[x]) for x in ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel"))
+        m_inter = mh * mp
+        conv_dim = m_inter + 2 * mg * mn
+        proj = int(m2.get("in_proj_dim", 2 * m_inter + 2 * mg * mn + mh))
         out.update(
             in_proj=lambda: (proj, H),
             in_proj_bias=lambda: (proj,),
-            conv_weight=lambda: (conv_dim, 1, k),
+            conv_weight=lambda: (conv_dim, 1, mk),
             conv_bias=lambda: (conv_dim,),
-            A_log=lambda: (nh,),
-            D=lambda: (nh,),
-            dt_bias=lambda: (nh,),
-            gated_norm=lambda: (inter,),
-            out_proj=lambda: (H, inter),
+            A_log=lambda: (mh,),
+            D=lambda: (mh,),
+            dt_bias=lambda: (mh,),
+            gated_norm=lambda: (m_inter,),
+            out_proj=lambda: (H, m_inter),
             out_proj_bias=lambda: (H,),
         )
     return out
