@@ -61,6 +61,7 @@ def build_checkpoint(family: str, out: Path, seed: int = 0, tokenizer: bool = Tr
         for name, p in model.named_parameters():
             if p.dim() == 1:  # norms and biases: re-randomise away from ones and zeros
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
+        REFINE.get(family, lambda m: None)(model)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -74,3 +75,48 @@ def load_reference(path: Path):
     import transformers as T
 
     return T.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+
+
+# ---- state-space and hybrid families ---------------------------------------------------------
+# Odd widths everywhere the configs allow, n_groups > 1, and a chunk size (8) that the test
+# prompts exceed and do not divide.
+
+FAMILIES["mamba2"] = dict(
+    vocab_size=VOCAB, hidden_size=45, expand=2, num_heads=6, head_dim=15, state_size=13, n_groups=3, conv_kernel=3,
+    chunk_size=8, num_hidden_layers=3, use_bias=True, use_conv_bias=True, layer_norm_epsilon=1e-5,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+)
+FAMILIES["granitemoehybrid"] = dict(
+    vocab_size=VOCAB, hidden_size=45, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
+    shared_intermediate_size=70, num_local_experts=0, layer_types=["attention", "mamba", "mamba", "attention"],
+    mamba_n_heads=6, mamba_d_head=15, mamba_n_groups=3, mamba_d_state=13, mamba_d_conv=3, mamba_expand=2,
+    mamba_chunk_size=8, embedding_multiplier=2.0, residual_multiplier=0.6, attention_multiplier=0.09,
+    logits_scaling=0.5, rms_norm_eps=1e-5, tie_word_embeddings=True, position_embedding_type=None, initializer_range=0.1,
+    max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+)
+
+
+def _rerandomise_ssm(model) -> None:
+    """A_log, dt_bias and D away from their arange/ones initialisation, the gated-norm weights
+    and conv biases away from ones, so layout and offset bugs cannot hide."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(1234)
+    for _, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
+        if not hasattr(mod, "A_log"):
+            continue
+        h = mod.A_log.shape[0]
+        mod.A_log.copy_(torch.empty(h).uniform_(math.log(0.3), math.log(4.0), generator=gen))
+        mod.dt_bias.copy_(torch.empty(h).uniform_(-3.0, 0.5, generator=gen))
+        mod.D.copy_(torch.randn(h, generator=gen))
+        mod.norm.weight.copy_(1.0 + 0.5 * torch.randn(mod.norm.weight.shape, generator=gen))
+        if mod.conv1d.bias is not None:
+            mod.conv1d.bias.copy_(0.2 * torch.randn(mod.conv1d.bias.shape, generator=gen))
+        for lin in (mod.in_proj, mod.out_proj):
+            if lin.bias is not None:
+                lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
+
+
+REFINE = {"mamba2": _rerandomise_ssm, "granitemoehybrid": _rerandomise_ssm}
