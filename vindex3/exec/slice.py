@@ -56,7 +56,8 @@ class SlicePlan:
 
     @property
     def ends_bytes(self) -> int:
-        return sum(r.nbytes for r in self.end_operands)
+        """Distinct bytes of the ends: a tied head re-reads the embedding (a read, no new bytes)."""
+        return _distinct_bytes(self.end_operands)
 
     @property
     def layer_reads(self) -> int:
@@ -64,7 +65,7 @@ class SlicePlan:
 
     @property
     def layer_bytes(self) -> int:
-        return sum(r.nbytes for v in self.layer_operands.values() for r in v)
+        return _distinct_bytes([r for v in self.layer_operands.values() for r in v])
 
     @property
     def total_reads(self) -> int:
@@ -74,14 +75,15 @@ class SlicePlan:
     def total_bytes(self) -> int:
         """Bytes of distinct tensors the slice prepares (a tied head reads the embedding again,
         which costs a read but no new bytes)."""
-        seen = {}
-        for r in self.operands:
-            seen[r.label] = r.nbytes
-        return sum(seen.values())
+        return _distinct_bytes(self.operands)
 
     @property
     def operands(self) -> list[OperandRef]:
         return list(self.end_operands) + [r for i in self.executed_layers for r in self.layer_operands[i]]
+
+
+def _distinct_bytes(refs: list[OperandRef]) -> int:
+    return sum({r.label: r.nbytes for r in refs}.values())
 
 
 def resolve(sl: ExecutionSlice, num_layers: int) -> tuple[list[int], bool]:
