@@ -166,6 +166,15 @@ def _stats(r: R.StatsResult, timing: bool) -> list[str]:
         [[o.object, o.representation, fmt_int(o.tensors), fmt_int(o.parameters), fmt_int(o.bytes)] for o in r.objects],
         right=(2, 3, 4),
     )
+    if not c.kv_layers and not c.latent_layers and c.recurrent_layers:
+        # Nothing grows with the sequence: say so, and print no KV line at all.
+        out += ["", "continuation state: recurrent only"]
+        rows = [("  recurrent", f"{fmt_bytes(c.recurrent_bytes)} over {c.recurrent_layers} layer(s), constant in sequence length")]
+        if c.stateless_layers:
+            rows.append(("  stateless", f"{c.stateless_layers} layer(s)"))
+        if r.positions is not None:
+            rows.append((f"  at {r.positions:,} positions", fmt_bytes(r.state_bytes_at_positions)))
+        return out + fields(rows)
     out += ["", "continuation state"]
     kv = (
         f"{fmt_bytes(c.kv_bytes_per_position)} per position over {c.kv_layers} layer(s)"
@@ -173,7 +182,8 @@ def _stats(r: R.StatsResult, timing: bool) -> list[str]:
         if c.kv_layers else "none (no layer keeps KV)"
     )
     latent = f"{fmt_bytes(c.latent_bytes_per_position)} per position over {c.latent_layers} layer(s)" if c.latent_layers else "none"
-    rec = f"{fmt_bytes(c.recurrent_bytes)} fixed over {c.recurrent_layers} layer(s)" if c.recurrent_layers else "none"
+    rec = (f"{fmt_bytes(c.recurrent_bytes)} fixed over {c.recurrent_layers} layer(s), constant in sequence length"
+           if c.recurrent_layers else "none")
     rows = [("  kv", kv), ("  latent", latent), ("  recurrent", rec)]
     if c.stateless_layers:
         rows.append(("  stateless", f"{c.stateless_layers} layer(s)"))

@@ -1,0 +1,35 @@
+"""Statement text in, rendered text out, on the pure Mamba2 and the Granite hybrid fixture
+containers: STATS says what the continuation holds (recurrent only; KV per position plus fixed
+recurrent bytes), EXPLAIN lists the mamba2 ops with operands and buffer shapes.
+
+The cases live in lql_cases/mamba2.txt and lql_cases/hybrid.txt (format: lql_fixtures.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from lql_fixtures import HERE, read_cases, regen, run_case, write_cases
+
+FILES = {"mamba2": HERE / "lql_cases" / "mamba2.txt", "granitemoehybrid": HERE / "lql_cases" / "hybrid.txt"}
+CASES = [(family, case) for family, path in FILES.items() for case in read_cases(path)]
+
+
+@pytest.mark.parametrize("family, case", CASES, ids=[f"{f}: {c.name}" for f, c in CASES])
+def test_statement_renders(family, case, containers, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    container = containers(family)
+    got = run_case(case.text.replace("<container>", str(container)), container, tmp_path)
+    if regen() and got != case.expected:
+        cases = read_cases(FILES[family])
+        for c in cases:
+            if c.name == case.name:
+                c.expected = got
+        write_cases(FILES[family], cases)
+        pytest.skip("expectation regenerated")
+    assert got == case.expected, f"case {case.name!r} ({FILES[family].name} line {case.line})"
+
+
+def test_case_names_are_unique():
+    for path in FILES.values():
+        names = [c.name for c in read_cases(path)]
+        assert len(names) == len(set(names))
