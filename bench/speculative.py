@@ -5,7 +5,9 @@ For every prompt chosen from the frozen bank (one per category by default) and e
 lookahead) pair: generate n tokens speculatively and plainly, alternating which runs first, best
 of ``--repeats`` wall-clock for each; the tokens must be identical. Writes
 bench/results/speculative.json with machine facts and prints acceptance rate, tokens per
-full-model step and the speed ratio plain/speculative.
+full-model step and the wall-clock speed ratio plain/speculative ("speedup"), beside two
+predictions from measured pass costs and the observed acceptance histogram: "model" (the
+measured cost of a (k+1)-token verification) and "ideal" (if verification cost one step).
 
     python bench/speculative.py [--container DIR] [--n 32] [--depths 24,28,29] [--lookaheads 1,2,4]
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +49,33 @@ def pick_prompts(bank, per_category: int):
     return out
 
 
+def pass_ms(ex, prompt: list[int], T: int, repeats: int = 5) -> float:
+    """Best-of ms for one pass of T tokens (a step when T = 1) after ``prompt``, rolled back
+    after each run so that every run sees the same context."""
+    st = ex.start()
+    st.prefill(prompt)
+    base = st.position
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        if T == 1:
+            st.step(prompt[-1])
+        else:
+            st.prefill(prompt[-T:] if len(prompt) >= T else [prompt[-1]] * T)
+        best = min(best, time.perf_counter() - t0)
+        st.truncate(base)
+    return best * 1000.0
+
+
+def predicted_speedup(hist: list[int], k: int, step: float, draft: float, verify: float) -> float:
+    """Speed of speculation over plain decoding from measured pass costs and the observed
+    accepted-per-round histogram: a round costs k draft steps, one (k+1)-token verification and,
+    when all k are accepted, one catch-up draft step; it yields j+1 tokens."""
+    cost = sum(n * (k * draft + verify + (draft if j == k else 0.0)) for j, n in enumerate(hist))
+    tokens = sum(n * (j + 1) for j, n in enumerate(hist))
+    return tokens * step / cost if cost else 0.0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--container")
@@ -70,9 +100,18 @@ def main() -> int:
         runs = [greedy_generate(c, ids, args.n, ex=full_ex) for _ in range(args.repeats)]
         plain[p.id] = {"ids": ids, "tokens": runs[0].tokens, "seconds": min(r.seconds for r in runs)}
 
+    # Pass costs behind the ratios: a full step, a full verification of k+1 tokens, a draft step.
+    probe = c.tokenizer.encode(prompts[0].text)
+    costs = {"full_step_ms": pass_ms(full_ex, probe, 1),
+             "full_verify_ms": {k + 1: pass_ms(full_ex, probe, k + 1) for k in looks},
+             "draft_step_ms": {d: pass_ms(make_executor(c, vindex3.Draft(d))[0], probe, 1) for d in depths}}
+    print(f"full step {costs['full_step_ms']:.1f} ms; verify " +
+          ", ".join(f"{t} tokens {v:.1f} ms" for t, v in costs["full_verify_ms"].items()) + "; draft step " +
+          ", ".join(f"d{d} {v:.1f} ms" for d, v in costs["draft_step_ms"].items()))
+
     results = []
     all_match = True
-    print(f"{'depth':>5} {'k':>2} {'accept':>7} {'tok/full':>8} {'speedup':>8} {'match':>6}")
+    print(f"{'depth':>5} {'k':>2} {'accept':>7} {'tok/full':>8} {'speedup':>8} {'model':>8} {'ideal':>8} {'match':>6}")
     for d in depths:
         for k in looks:
             per_prompt = []
@@ -103,10 +142,16 @@ def main() -> int:
             tps = statistics.mean(x["tokens_per_full_step"] for x in per_prompt)
             sp_total = sum(x["plain_seconds"] for x in per_prompt) / sum(x["spec_seconds"] for x in per_prompt)
             m = all(x["matches_plain"] for x in per_prompt)
+            hist = [sum(x["accepted_histogram"][j] for x in per_prompt) for j in range(k + 1)]
+            pred = predicted_speedup(hist, k, costs["full_step_ms"], costs["draft_step_ms"][d],
+                                     costs["full_verify_ms"][k + 1])
+            ideal = predicted_speedup(hist, k, costs["full_step_ms"], costs["draft_step_ms"][d],
+                                      costs["full_step_ms"])
             results.append({"depth": d, "lookahead": k, "mean_acceptance_rate": acc,
                             "mean_tokens_per_full_step": tps, "speedup_total_time": sp_total,
-                            "all_match_plain": m, "prompts": per_prompt})
-            print(f"{d:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {sp_total:>7.2f}x {m!s:>6}")
+                            "predicted_speedup": pred, "speedup_if_verify_cost_a_step": ideal,
+                            "accepted_histogram": hist, "all_match_plain": m, "prompts": per_prompt})
+            print(f"{d:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {sp_total:>7.2f}x {pred:>7.2f}x {ideal:>7.2f}x {m!s:>6}")
 
     best = max(results, key=lambda r: r["speedup_total_time"])
     print(f"\nbest: depth {best['depth']} lookahead {best['lookahead']}: "
@@ -118,7 +163,7 @@ def main() -> int:
         "model_layers": c.graph.num_layers, "n": args.n, "repeats": args.repeats,
         "prompts": [p.id for p in prompts], "plain": {k: {"seconds": v["seconds"], "tokens": v["tokens"]}
                                                        for k, v in plain.items()},
-        "results": results, "best": {k: best[k] for k in best if k != "prompts"},
+        "pass_costs": costs, "results": results, "best": {k: best[k] for k in best if k != "prompts"},
         "all_match_plain": all_match, "machine": machine_facts(),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -97,5 +97,7 @@ def machine_facts() -> dict[str, Any]:
         "thread_count": thread_count(),
         "decode_thread_count": _decode_threads(),
         "thread_env": {k: os.environ[k] for k in _THREAD_ENV if k in os.environ},
+        # Other processes competing for the cores change every timing; record how busy it was.
+        "loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "library_version": library_version(),
     }
