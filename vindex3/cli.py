@@ -88,7 +88,8 @@ def cmd_inspect(a) -> int:
     print("layers:")
     for l in d["layers"]:
         extra = f" window={l['window']}" if l["window"] else ""
-        print(f"  {l['index']:>3}  {l['operator']}{extra}  position={l['position']}")
+        pos = f"  position={l['position']}" if l["position"] is not None else ""  # only attention has one
+        print(f"  {l['index']:>3}  {l['operator']}{extra}{pos}")
     return 0
 
 
