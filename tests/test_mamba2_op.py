@@ -438,41 +438,40 @@ def test_accepts_squeezed_conv_weight():
 # --------------------------------------------------------------------------- timing (report only)
 
 
-def test_timing_report_hidden256():
-    """Not an assertion: prints prefill T=512 and decode per-token times against the torch mixer."""
+@pytest.mark.parametrize("n_groups", [1, 8])
+def test_timing_report_hidden256(n_groups):
+    """Not an assertion: prints prefill T=512 and decode per-token times of one mixer against
+    the torch mixer, interleaved, best of a few (bench/ holds the real measurement)."""
     cfg, mixer = make_mixer(
         "h72_g3",
-        hidden_size=256, num_heads=8, head_dim=64, state_size=128, n_groups=1,
+        hidden_size=256, num_heads=8, head_dim=64, state_size=128, n_groups=n_groups,
         conv_kernel=4, chunk_size=256,
     )
     w, g = weights_of(mixer), geometry_of(cfg)
     x = inputs(cfg, 512)
+    xt = torch.from_numpy(x)[None]
     mamba2_prefill(x[:16], w, g, Mamba2State.zeros(g))
     mamba2_step(x[0], w, g, Mamba2State.zeros(g))  # compile / warm
 
-    def best(fn, n):
-        ts = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
-        return min(ts)
-
-    xt = torch.from_numpy(x)[None]
-    with torch.no_grad():
-        t_torch = best(lambda: mixer(xt), 3)
-    t_ours = best(lambda: mamba2_prefill(x, w, g, Mamba2State.zeros(g)), 3)
+    def timed(fn):
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
 
     cache = DynamicCache(config=cfg)
+    st = Mamba2State.zeros(g)
     with torch.no_grad():
         mixer(xt[:, :8], cache=cache)
-        one = xt[:, 8:9]
-        t_torch_step = best(lambda: mixer(one, cache=cache), 30)
-    st = Mamba2State.zeros(g)
-    t_ours_step = best(lambda: mamba2_step(x[8], w, g, st), 30)
+        t_ours, t_torch, s_ours, s_torch = [], [], [], []
+        for _ in range(3):
+            t_ours.append(timed(lambda: mamba2_prefill(x, w, g, Mamba2State.zeros(g))))
+            t_torch.append(timed(lambda: mixer(xt)))
+            for _ in range(10):
+                s_ours.append(timed(lambda: mamba2_step(x[8], w, g, st)))
+                s_torch.append(timed(lambda: mixer(xt[:, 8:9], cache=cache)))
+    to, tt, so, st_ = min(t_ours), min(t_torch), min(s_ours), min(s_torch)
     print(
-        f"\n[mamba2 timing, hidden 256, 8x64 heads, state 128, 1 layer] "
-        f"prefill T=512: ours {t_ours * 1e3:.2f} ms, torch {t_torch * 1e3:.2f} ms "
-        f"(x{t_torch / t_ours:.2f}); step: ours {t_ours_step * 1e6:.0f} us, "
-        f"torch {t_torch_step * 1e6:.0f} us (x{t_torch_step / t_ours_step:.2f})"
+        f"\n[mamba2 timing, hidden 256, 8x64 heads, state 128, n_groups {n_groups}, one mixer] "
+        f"prefill T=512: ours {to * 1e3:.1f} ms, torch {tt * 1e3:.1f} ms (x{tt / to:.2f}); "
+        f"step: ours {so * 1e6:.0f} us, torch {st_ * 1e6:.0f} us (x{st_ / so:.2f})"
     )
