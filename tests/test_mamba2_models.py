@@ -362,3 +362,29 @@ def test_unclassified_mixer_tensor_is_refused(checkpoint_dirs, tmp_path, family,
     plan = vindex3.admit(ck)
     msg = _blocking(plan).get(extra, "")
     assert "unclassified tensor suffix" in msg and f"under the {operator} operator" in msg, plan.to_text()
+
+
+def test_hybrid_with_rotary_attention(refs, tmp_path):
+    """position_embedding_type 'rope' lowers rope_parameters to the attention layers (the
+    fixture's default is NoPE); an explicit even head_dim (rotary needs one) is read; parity
+    holds on prefill and decode."""
+    from fixtures import build_checkpoint
+
+    refs("granitemoehybrid")  # the module's oracles hold torch at one thread
+    ck = build_checkpoint("granitemoehybrid", tmp_path / "ck", tokenizer=False, position_embedding_type="rope",
+                          head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+    ref = load_reference(ck)
+    c = vindex3.open(vindex3.encode(ck, tmp_path / "c"))
+    assert c.graph.layers[0].position["kind"] == "rope" and c.graph.layers[0].position["theta"] == 500.0
+    assert c.graph.surface["attention"]["head_dim"] == 16
+    ex = c.executor()
+    theirs = hf_prefill(ref, IDS)
+    assert np.abs(ex.forward(IDS) - theirs).max() <= TOL
+    assert np.abs(token_by_token(ex, IDS) - theirs).max() <= TOL
+    assert our_greedy(ex, IDS[:6], 16) == hf_greedy(ref, IDS[:6], 16)
+
+
+def test_rotary_attention_needs_an_even_head_width(checkpoint_dirs, tmp_path):
+    ck = _copy_with_config(checkpoint_dirs("granitemoehybrid"), tmp_path / "ck", position_embedding_type="rope")
+    plan = vindex3.admit(ck)
+    assert "rotary embedding needs an even head width, found 15" in _blocking(plan).get("position_embedding_type", "")

@@ -148,8 +148,15 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         for key in ("rope_parameters", "rope_theta", "rope_scaling"):
             r.ignore(key, "position_embedding_type is null: no rotary embedding runs, its parameters are unused")
     elif pe == "rope":
-        position = rope_policy(r, hd) if hd else None
-        ok = ok and position is not None
+        if isinstance(hd, int) and hd % 2:
+            r.refuse("position_embedding_type", f"a rotary embedding needs an even head width, found {hd} "
+                                                "(the reference cannot run it either)")
+            for key in ("rope_parameters", "rope_theta", "rope_scaling"):
+                r.ignore(key, "not lowered: the rotary embedding is refused (odd head width)")
+            ok = False
+        else:
+            position = rope_policy(r, hd) if hd else None
+            ok = ok and position is not None
     else:
         r.refuse("position_embedding_type", f"{pe!r} is not a position encoding the reference knows (null or 'rope')")
         ok = False
