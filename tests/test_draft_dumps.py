@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import FAMILIES
 
 import vindex3
 from vindex3.draft import dump_logits, read_dump, score_files, sidecar_path
@@ -131,3 +132,14 @@ def test_a_layer_range_yields_no_logits_and_is_refused(c, tmp_path):
 def test_an_empty_token_list_is_refused(c, tmp_path):
     with pytest.raises(VindexError, match="token id list is empty"):
         dump_logits(c, [], vindex3.Full(), tmp_path / "x.f32")
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_draft_at_full_depth_scores_exactly_on_every_family(containers, family, tmp_path):
+    fc = vindex3.open(containers(family))
+    L = fc.graph.num_layers
+    dump_logits(fc, IDS, vindex3.Full(), tmp_path / "t.f32")
+    dump_logits(fc, IDS, vindex3.Draft(L), tmp_path / "d.f32")
+    assert (tmp_path / "t.f32").read_bytes() == (tmp_path / "d.f32").read_bytes()
+    rep = score_files(tmp_path / "d.f32", tmp_path / "t.f32")
+    assert rep.summary.top1 == 1.0 and rep.summary.kl_max == 0.0
