@@ -7,7 +7,6 @@ The cases live in lql_cases/mamba2.txt and lql_cases/hybrid.txt (format: lql_fix
 from __future__ import annotations
 
 import pytest
-
 from lql_fixtures import HERE, read_cases, regen, run_case, write_cases
 
 FILES = {"mamba2": HERE / "lql_cases" / "mamba2.txt", "granitemoehybrid": HERE / "lql_cases" / "hybrid.txt"}

@@ -12,7 +12,7 @@ checkpoint spells its keys.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from ..admit import ConfigReader, Finding, Lowering, TensorPlacement, register_family
 from ..sources import CheckpointSource

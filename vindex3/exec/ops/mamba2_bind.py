@@ -23,7 +23,7 @@ import numpy as np
 from ...errors import UnsupportedOperator
 from .mamba2 import Mamba2Geometry, Mamba2State, Mamba2Weights, mamba2_prefill, mamba2_step
 
-__all__ = ["bind", "new_state", "geometry", "BoundState"]
+__all__ = ["BoundState", "bind", "geometry", "new_state"]
 
 # Geometry keys the executor needs; anything else in the params is description only.
 _REQUIRED = ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel", "chunk_size", "time_step_limit", "norm_eps")
@@ -51,7 +51,7 @@ class BoundState(Mamba2State):
         super().__init__(ssm, conv)
         self.started = started
 
-    def copy(self) -> "BoundState":
+    def copy(self) -> BoundState:
         return BoundState(self.ssm.copy(), self.conv.copy(), self.started)
 
     def __repr__(self) -> str:
