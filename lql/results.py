@@ -18,7 +18,9 @@ class StatementRef(BaseModel):
 
 
 class Result(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Non-finite floats survive model_dump(mode="json") so that dumps_json can write them in the
+    # tagged spelling (a Mamba2 time_step_limit of [0, inf] must not come out as [0, null]).
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
 
     kind: str
     statement: StatementRef | None = None

@@ -32,3 +32,23 @@ def test_case_names_are_unique():
     for path in FILES.values():
         names = [c.name for c in read_cases(path)]
         assert len(names) == len(set(names))
+
+
+def test_json_keeps_an_infinite_time_step_limit(containers):
+    """--json output is strict JSON; an infinite Δ limit is written in the tagged spelling,
+    never as null (absence) or a bare Infinity."""
+    import json
+    import math
+
+    import lql
+    from lql import render
+    from vindex3 import jsonio
+
+    s = lql.Session()
+    s.execute(f"OPEN '{containers('mamba2')}'")
+    (r,) = s.execute("EXPLAIN DRAFT DEPTH 1")
+    text = render.dumps_json(render.to_json(r))
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert '"time_step_limit": [0.0, {"__float__": "Infinity"}]' in text
+    mixer = next(op for st in jsonio.loads(text)["result"]["steps"] for op in st["ops"] if op["kind"] == "mamba2")
+    assert mixer["params"]["time_step_limit"] == [0.0, math.inf]
