@@ -122,6 +122,21 @@ def test_summary_percentiles_use_linear_interpolation():
     assert s.kl_max == 99.0
 
 
+@pytest.mark.parametrize("n", [1, 2, 7, 100, 101])
+def test_summary_percentiles_agree_with_numpy_on_finite_values(n):
+    kl = np.random.default_rng(n).exponential(size=n)
+    s = summarize([_pos(i, float(v)) for i, v in enumerate(kl)])
+    assert [s.kl_p50, s.kl_p90, s.kl_p99] == pytest.approx(np.percentile(kl, [50, 90, 99]).tolist(), abs=1e-12)
+
+
+def test_an_infinite_kl_makes_upper_percentiles_infinite_not_nan():
+    only = summarize([_pos(0, math.inf)])
+    assert only.kl_p50 == only.kl_p99 == only.kl_mean == only.kl_max == math.inf
+    mixed = summarize([_pos(i, float(i)) for i in range(9)] + [_pos(9, math.inf)])  # KL 0..8, inf
+    assert mixed.kl_p50 == 4.5
+    assert mixed.kl_p90 == math.inf and mixed.kl_p99 == math.inf
+
+
 def test_summary_rates_and_median_rank():
     ps = [_pos(0, 0.0, True, 0), _pos(1, 0.0, False, 3), _pos(2, 0.0, False, 7), _pos(3, 0.0, False, 30)]
     s = summarize(ps)
@@ -142,7 +157,8 @@ def test_summary_of_nothing_is_refused():
         (np.zeros((2, 4)), np.zeros((2, 4)), [0, 1, 2], "3 token ids"),
         (np.zeros((2, 4)), np.zeros((2, 4)), [0, 4], "outside the vocabulary of 4"),
         (np.zeros(4), np.zeros(4), [0], "2-D"),
-        (np.array([[0, np.nan]]), np.zeros((1, 2)), [0], "draft logits hold NaN at positions [0]"),
+        (np.array([[0, np.nan]]), np.zeros((1, 2)), [0], "draft logits hold NaN or +inf at positions [0]"),
+        (np.zeros((2, 2)), np.array([[0, 0], [np.inf, 0]]), [0, 1], "target logits hold NaN or +inf at positions [1]"),
     ],
 )
 def test_score_arrays_refuses_malformed_input(draft, target, ids, needle):

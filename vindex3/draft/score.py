@@ -126,9 +126,10 @@ def _check_arrays(draft: np.ndarray, target: np.ndarray, token_ids: Sequence[int
     if bad:
         raise IntegrityError(f"token ids {bad[:5]} fall outside the vocabulary of {vocab}")
     for name, arr in (("draft", draft), ("target", target)):
-        nan_rows = np.flatnonzero(np.isnan(arr).any(axis=1))
-        if nan_rows.size:
-            raise IntegrityError(f"{name} logits hold NaN at positions {nan_rows[:5].tolist()}")
+        # -inf is a legitimate "impossible token"; NaN and +inf mean the run itself broke.
+        bad_rows = np.flatnonzero((np.isnan(arr) | np.isposinf(arr)).any(axis=1))
+        if bad_rows.size:
+            raise IntegrityError(f"{name} logits hold NaN or +inf at positions {bad_rows[:5].tolist()}")
 
 
 def score_arrays(
@@ -183,6 +184,21 @@ def score_arrays(
     return ArrayScore(positions=positions, summary=summarize(positions))
 
 
+def _percentile(values: np.ndarray, q: float) -> float:
+    """numpy's default (linear) percentile, except that a bracket reaching an infinite KL gives
+    inf instead of NaN (numpy computes inf - inf there)."""
+    x = np.sort(values)
+    h = (len(x) - 1) * q / 100.0
+    lo = int(np.floor(h))
+    hi = min(lo + 1, len(x) - 1)
+    frac = h - lo
+    if frac == 0.0 or x[hi] == x[lo]:
+        return float(x[lo])
+    if np.isinf(x[hi]):
+        return float(x[hi])
+    return float(x[lo] + frac * (x[hi] - x[lo]))
+
+
 def summarize(positions: Sequence[PositionScore]) -> ScoreSummary:
     """Pool any set of positions (one prompt, a category, everything) into one summary."""
     if not positions:
@@ -191,8 +207,7 @@ def summarize(positions: Sequence[PositionScore]) -> ScoreSummary:
     rank = np.array([p.target_rank_in_draft for p in positions], dtype=np.float64)
     nd = np.array([p.next_rank_draft for p in positions if p.next_rank_draft is not None], np.float64)
     nt = np.array([p.next_rank_target for p in positions if p.next_rank_target is not None], np.float64)
-    with np.errstate(invalid="ignore"):  # an infinite KL interpolates to inf, not a warning
-        p50, p90, p99 = np.percentile(kl, [50, 90, 99])
+    p50, p90, p99 = (_percentile(kl, q) for q in (50, 90, 99))
     return ScoreSummary(
         positions=len(positions),
         kl_mean=float(kl.mean()),
