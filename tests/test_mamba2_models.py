@@ -306,13 +306,17 @@ def test_infinite_time_step_limit_in_both_spellings(checkpoint_dirs, tmp_path, s
 
 
 def test_legacy_layer_type_spellings_are_read(checkpoint_dirs, tmp_path):
+    """Released Granite 4.0 configs write layers_block_type with mamba/attention, 'nope' for no
+    position encoding and normalization_function 'rmsnorm'."""
     ck = _copy_with_config(checkpoint_dirs("granitemoehybrid"), tmp_path / "ck",
-                           layers_block_type=["attention", "mamba", "mamba", "attention"])
+                           layers_block_type=["attention", "mamba", "mamba", "attention"],
+                           position_embedding_type="nope", normalization_function="rmsnorm")
     cfg = json.loads((ck / "config.json").read_text())
     del cfg["layer_types"]
     (ck / "config.json").write_text(json.dumps(cfg))
     c = vindex3.open(vindex3.encode(ck, tmp_path / "c"))
     assert [lp.operator for lp in c.graph.layers] == ["softmax", "mamba2", "mamba2", "softmax"]
+    assert c.graph.layers[0].position == {"kind": "none"}
 
 
 def _blocking(plan):
@@ -329,6 +333,7 @@ def _blocking(plan):
     ("mamba2", {"time_step_limit": [0.0, float("nan")]}, "time_step_limit", "expected 0 <= lower <= upper"),
     ("granitemoehybrid", {"layer_types": ["attention", "mamba", "moe", "attention"]}, "layer_types", "layer 2 has type 'moe'"),
     ("granitemoehybrid", {"position_embedding_type": "alibi"}, "position_embedding_type", "'alibi' is not a position encoding"),
+    ("granitemoehybrid", {"normalization_function": "layernorm"}, "normalization_function", "the reference runs RMSNorm"),
 ])
 def test_refusals_name_the_key(checkpoint_dirs, tmp_path, family, changes, key, needle):
     ck = tmp_path / "ck"

@@ -126,8 +126,15 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     nkv = r.take("num_key_value_heads", "key/value heads (GQA)", default=nh, default_reason="the reference uses num_attention_heads")
     bias = bool(r.take("attention_bias", "bias on q/k/v/o projections", default=False, default_reason="the reference default has none"))
     score_scale = _number(r, "attention_multiplier", "attention score scale (replaces head_dim^-0.5)")
-    pe = r.take("position_embedding_type", "null: NoPE attention; 'rope': rotary", default=None,
+    pe = r.take("position_embedding_type", "null or 'nope': NoPE attention; 'rope': rotary", default=None,
                 default_reason="the reference default is null (no position encoding)")
+    if r.has("normalization_function"):
+        if r.config["normalization_function"] == "rmsnorm":
+            r.take("normalization_function", "the norms are RMSNorm, as the reference runs them")
+        else:
+            r.refuse("normalization_function", f"{r.config['normalization_function']!r}: the reference runs RMSNorm "
+                                               "whatever this says; refusing rather than guessing which is meant")
+            ok = False
     hd = None
     if isinstance(nh, int) and nh > 0 and isinstance(H, int):
         if r.has("head_dim") and r.config["head_dim"] is not None:
@@ -143,7 +150,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         r.refuse("num_key_value_heads", f"{nh} query heads are not a multiple of {nkv} key/value heads")
         ok = False
     position = None
-    if pe is None:
+    if pe is None or pe == "nope":
         position = {"kind": "none"}
         for key in ("rope_parameters", "rope_theta", "rope_scaling"):
             r.ignore(key, "position_embedding_type is null: no rotary embedding runs, its parameters are unused")
@@ -158,7 +165,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             position = rope_policy(r, hd) if hd else None
             ok = ok and position is not None
     else:
-        r.refuse("position_embedding_type", f"{pe!r} is not a position encoding the reference knows (null or 'rope')")
+        r.refuse("position_embedding_type", f"{pe!r} is not a position encoding this build runs (null or 'nope': none; 'rope')")
         ok = False
 
     # -- the Mamba2 mixer ------------------------------------------------------------------------
