@@ -26,6 +26,7 @@ from vindex3.exec.ops.mamba2 import (  # noqa: E402
     Mamba2Geometry,
     Mamba2State,
     Mamba2Weights,
+    _exp_f32,
     _gated_rmsnorm,
     _run_conv,
     _ssd_scan,
@@ -261,6 +262,28 @@ def test_scan_kernel_is_the_same_arithmetic_for_one_and_many_positions():
         for h in range(H):
             s[h] = s[h] * dA[t, h] + np.outer(xdt[t, h], B[t, h // (H // G)])
             assert np.allclose(y_all[t, h], s[h] @ C[t, h // (H // G)], atol=1e-4)
+
+
+def test_exp_f32_is_accurate_and_propagates_nan():
+    import numba
+
+    @numba.njit
+    def vexp(a, o):
+        for i in range(a.size):
+            o[i] = _exp_f32(a[i])
+
+    x = np.concatenate([np.linspace(-87.0, 88.0, 400_001), [0.0, -0.0, 1e-30, -1e-30]])
+    x = x.astype(np.float32)
+    out = np.empty_like(x)
+    vexp(x, out)
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(out - ref) / ref) < 1.5e-7
+    assert out[-4] == 1.0 and out[-3] == 1.0
+    special = np.array([np.nan, -np.inf, -200.0, np.inf], np.float32)
+    so = np.empty_like(special)
+    vexp(special, so)
+    assert np.isnan(so[0]) and 0.0 <= so[1] < 1.2e-38 and 0.0 <= so[2] < 1.2e-38
+    assert np.isinf(so[3])
 
 
 def test_gated_norm_is_grouped_and_gated_first_like_transformers():
