@@ -256,3 +256,18 @@ def test_smollm2_logits_and_greedy_match_transformers(smollm2_container, smollm2
     diff = np.abs(ex.forward(ids) - hf_logits(smollm2_reference, ids)).max()
     assert diff <= 1e-3, diff
     assert our_greedy(ex, ids, 32) == hf_greedy(smollm2_reference, ids, 32)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_long_prefill_crosses_query_blocks(checkpoint_dirs, containers, family):
+    """More positions than one causal query block (128), with and without a window."""
+    from vindex3.exec.ops.softmax import QUERY_BLOCK
+
+    ids = [int(t) for t in np.random.RandomState(1).randint(0, 320, size=QUERY_BLOCK * 2 + 37)]
+    ex = vindex3.open(containers(family)).executor()
+    batch = ex.forward(ids)
+    assert np.abs(batch - hf_logits(load_reference(checkpoint_dirs(family)), ids)).max() <= 1e-4
+    st = ex.start()
+    st.prefill(ids[:100])
+    rest = np.stack([st.step(t) for t in ids[100:]])
+    assert np.abs(rest - batch[100:]).max() <= 1e-5

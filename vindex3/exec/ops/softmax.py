@@ -9,6 +9,8 @@ import numpy as np
 from . import rope as rope_mod
 from .norm import make_weight, rms_norm
 
+QUERY_BLOCK = 128
+
 
 def make_attention(p: dict, w: dict):
     nh, nkv, hd = p["heads"], p["kv_heads"], p["head_dim"]
@@ -49,25 +51,33 @@ def make_attention(p: dict, w: dict):
             q = q * qscale
         kv.append(k, v)
         first = 0 if window is None else max(0, p0 - window + 1)
-        K, V = kv.view(first)  # [nkv, S, hd]
-        S = K.shape[1]
-        # queries grouped per kv head: [nkv, g*T, hd] (head h uses kv head h // g)
-        qg = q.transpose(1, 0, 2).reshape(nkv, g * T, hd)
-        scores = np.matmul(qg, K.transpose(0, 2, 1))  # [nkv, g*T, S]
-        scores *= sscale
-        scores = scores.reshape(nkv, g, T, S)
-        if T > 1 or window is not None:
-            qpos = p0 + np.arange(T)[:, None]
-            kpos = first + np.arange(S)[None, :]
-            masked = kpos > qpos
-            if window is not None:
-                masked |= (qpos - kpos) >= window
-            if masked.any():
-                scores = np.where(masked, neg, scores)
-        scores -= scores.max(axis=-1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=-1, keepdims=True)
-        out = np.matmul(scores.reshape(nkv, g * T, S), V)  # [nkv, g*T, hd]
+        K, V = kv.view(first)  # [nkv, S, hd], absolute positions first..p0+T-1
+        # queries grouped per kv head: [nkv, g, T, hd] (head h uses kv head h // g)
+        qh = q.transpose(1, 0, 2).reshape(nkv, g, T, hd)
+        out = np.empty((nkv, g, T, hd), np.float32)
+        # Causal blocks of queries: block [a, b) only needs keys up to p0 + b, so the masked
+        # upper triangle of a long prefill is never computed.
+        for a in range(0, T, QUERY_BLOCK):
+            b = min(T, a + QUERY_BLOCK)
+            n = b - a
+            lo = first if window is None else max(first, p0 + a - window + 1)
+            hi = p0 + b
+            Kb, Vb = K[:, lo - first : hi - first], V[:, lo - first : hi - first]
+            Sb = hi - lo
+            s = np.matmul(qh[:, :, a:b].reshape(nkv, g * n, hd), Kb.transpose(0, 2, 1)).reshape(nkv, g, n, Sb)
+            s *= sscale
+            if n > 1 or (window is not None and p0 + a - lo >= window):
+                qpos = (p0 + a) + np.arange(n)[:, None]
+                kpos = lo + np.arange(Sb)[None, :]
+                masked = kpos > qpos
+                if window is not None:
+                    masked |= (qpos - kpos) >= window
+                if masked.any():
+                    s[:, :, masked] = neg
+            s -= s.max(axis=-1, keepdims=True)
+            np.exp(s, out=s)
+            s *= np.float32(1.0) / s.sum(axis=-1, keepdims=True)
+            out[:, :, a:b] = np.matmul(s.reshape(nkv, g * n, Sb), Vb).reshape(nkv, g, n, hd)
         out = out.reshape(nh, T, hd).transpose(1, 0, 2).reshape(T, nh * hd)
         y = out @ oT
         if ob is not None:
