@@ -67,16 +67,7 @@ def recurrent_layers(container: Any, executed: list[int]) -> list[tuple[int, str
 
 
 def decode_thread_count() -> int | None:
-    """BLAS threads in effect during decode-sized passes. The executor holds small passes at a
-    thread limit of its own; ask BLAS from inside that limit when the executor offers it."""
-    from .machine import thread_count
+    """BLAS threads in effect during decode-sized passes (the executor holds them at a limit)."""
+    from ..exec.engine import decode_threads
 
-    try:
-        from ..exec import engine
-    except ImportError:
-        return thread_count()
-    limit = getattr(engine, "_small_pass_limit", None)
-    if limit is None:
-        return thread_count()
-    with limit():
-        return thread_count()
+    return decode_threads()

@@ -40,6 +40,13 @@ def _small_pass_limit():
         _threads["ctl"] = ThreadpoolController()
         _threads["n"] = int(os.environ.get("VINDEX3_DECODE_THREADS", "1"))
     return _threads["ctl"].limit(limits=_threads["n"], user_api="blas")
+
+
+def decode_threads() -> int:
+    """BLAS threads that decode-sized passes (≤ SMALL_PASS positions) run with."""
+    with _small_pass_limit() as lim:
+        counts = [i["num_threads"] for i in lim.info() if i.get("user_api") == "blas"]
+    return max(counts) if counts else _threads["n"]
 OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int], tuple[np.ndarray, np.ndarray]]
 
 
