@@ -44,8 +44,8 @@ def _small_pass_limit():
 
 def decode_threads() -> int:
     """BLAS threads that decode-sized passes (≤ SMALL_PASS positions) run with."""
-    with _small_pass_limit() as lim:
-        counts = [i["num_threads"] for i in lim.info() if i.get("user_api") == "blas"]
+    with _small_pass_limit():
+        counts = [i["num_threads"] for i in _threads["ctl"].info() if i.get("user_api") == "blas"]
     return max(counts) if counts else _threads["n"]
 OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int], tuple[np.ndarray, np.ndarray]]
 
