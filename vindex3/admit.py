@@ -224,6 +224,15 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         reader._grade("model_type", CONSUMED, f"selects the {family} lowering")
         lowering = builder(reader, source)
         reader.finish()
+        if lowering is not None:
+            from .errors import GraphSchemaError
+            from .graph import Graph
+
+            try:
+                mix = Graph(lowering.graph).operator_mix()
+            except GraphSchemaError as e:  # the lowering itself is inconsistent: a defect, named
+                reader.refuse("graph", f"the lowered graph is not valid: {e.message}", category=STRUCTURE)
+                lowering = None
     blocks = any(f.blocks for f in reader.findings)
     plan = AdmissionPlan(
         source=source.name,
@@ -234,14 +243,8 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         findings=reader.findings,
     )
     if lowering is not None:
-        from .graph import Graph
-
-        layers = lowering.graph["layers"]
-        plan.layers = len(layers)
-        try:
-            plan.operator_mix = Graph(lowering.graph).operator_mix()
-        except Exception:  # graph validation happens at encode; the plan only describes
-            plan.operator_mix = []
+        plan.layers = len(lowering.graph["layers"])
+        plan.operator_mix = mix
         specs = source.tensor_specs()
         plan.tensors = len(lowering.placements)
         plan.parameters = sum(math.prod(specs[p.source_name].shape) for p in lowering.placements)
