@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..admit import ConfigReader, Finding, Lowering, TensorPlacement, register_family
+from ..admit import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
+from .placement import place_tensors
 
 PREFIXES = (
     ("model.embed_tokens.", "embedding"),
@@ -266,50 +267,10 @@ def _build(model_type: str):
             "layers": graph_layers,
             "surface": surface,
         }
-        placements, dropped = place_tensors(src, graph, r, tied)
+        placements, dropped = place_tensors(src, graph, r, tied, PREFIXES, lambda i: ("softmax", LAYER_ROLES))
         return Lowering(graph=graph, placements=placements, dropped=dropped)
 
     return build
-
-
-def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: bool):
-    """Assign every source tensor to an object (longest prefix) and a role (exact suffix).
-    Unplaceable tensors become blocking structure findings."""
-    placements: list[TensorPlacement] = []
-    dropped: list[tuple[str, str]] = []
-    L = len(graph["layers"])
-    for name in sorted(src.tensor_specs()):
-        match = max(((p, o) for p, o in PREFIXES if name.startswith(p)), key=lambda po: len(po[0]), default=None)
-        if match is None:
-            r.refuse(name, "tensor belongs to no object (no known prefix)", category="structure")
-            continue
-        prefix, obj = match
-        rel = name[len(prefix):]
-        if obj == "decoder_stack":
-            idx, _, suffix = rel.partition(".")
-            if not idx.isdigit() or int(idx) >= L:
-                r.refuse(name, f"layer index {idx!r} is outside the {L} declared layers", category="structure")
-                continue
-            role = LAYER_ROLES.get(suffix)
-            if role is None:
-                r.refuse(name, f"unclassified tensor suffix {suffix!r} under the softmax operator", category="structure")
-                continue
-            ops = graph["layers"][int(idx)]["operands"]
-            if role in ops:
-                r.refuse(name, f"duplicate operand: role {role} of layer {idx} is already {ops[role]!r}", category="structure")
-                continue
-            ops[role] = rel
-            placements.append(TensorPlacement(name, obj, rel, role, int(idx)))
-        else:
-            if rel != "weight":
-                r.refuse(name, f"unexpected tensor {rel!r} in {obj}", category="structure")
-                continue
-            if obj == "output_head" and tied:
-                dropped.append((name, "the head is tied to the embedding; the separate copy is not encoded"))
-                r.findings.append(Finding(category="metadata", key=name, value=None, message="tied head: duplicate lm_head not encoded", blocks=False))
-                continue
-            placements.append(TensorPlacement(name, obj, rel, "weight", None))
-    return placements, dropped
 
 
 for _mt in TRAITS:

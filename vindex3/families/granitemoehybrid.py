@@ -20,14 +20,8 @@ import math
 from ..admit import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from . import mamba2 as m2f
-from .decoder import rope_policy
-
-PREFIXES = (
-    ("model.embed_tokens.", "embedding"),
-    ("model.layers.", "decoder_stack"),
-    ("model.norm.", "final_norm"),
-    ("lm_head.", "output_head"),
-)
+from .decoder import PREFIXES, rope_policy
+from .placement import place_tensors
 
 COMMON_ROLES = {
     "input_layernorm.weight": "mixer_norm",
@@ -260,7 +254,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     def table(i: int):
         return (ops[i], MAMBA_ROLES if ops[i] == "mamba2" else ATTENTION_ROLES)
 
-    placements, dropped = m2f.place_tensors(src, graph, r, bool(tied), PREFIXES, table)
+    placements, dropped = place_tensors(src, graph, r, bool(tied), PREFIXES, table)
     return Lowering(graph=graph, placements=placements, dropped=dropped)
 
 
