@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
+
 VOCAB = 320
 CORPUS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
@@ -120,3 +122,40 @@ def _rerandomise_ssm(model) -> None:
 
 
 REFINE = {"mamba2": _rerandomise_ssm, "granitemoehybrid": _rerandomise_ssm}
+
+
+# -- running both sides -------------------------------------------------------------------
+
+def hf_logits(model, ids):
+    import torch
+
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def hf_greedy(model, ids, n):
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        cache, nxt, toks = out.cache, int(out.logits[0, -1].argmax()), []
+        for _ in range(n):
+            toks.append(nxt)
+            out = model(torch.tensor([[nxt]]), cache=cache, use_cache=True)
+            cache, nxt = out.cache, int(out.logits[0, -1].argmax())
+    return toks
+
+
+def our_greedy(ex, ids, n):
+    st = ex.start()
+    logits = st.prefill(ids, last_only=True)[-1]
+    toks = []
+    for _ in range(n):
+        toks.append(int(logits.argmax()))
+        logits = st.step(toks[-1])
+    return toks
+
+
+def token_by_token(ex, ids):
+    st = ex.start()
+    return np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:]])

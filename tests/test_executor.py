@@ -8,50 +8,15 @@ import shutil
 
 import numpy as np
 import pytest
+from fixtures import hf_greedy, hf_logits, load_reference, our_greedy, token_by_token
 
 import vindex3
-from fixtures import load_reference
 from vindex3.continuation import Geometry, latent
 from vindex3.errors import SliceError, StateError, UnsupportedOperator
 from vindex3.exec.state import ContinuationState
 
 FAMILY_LIST = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "granite"]
 IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11, 180, 33, 90, 2, 301, 77]
-
-
-def hf_logits(model, ids):
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
-def hf_greedy(model, ids, n):
-    import torch
-
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=True)
-        cache, nxt, toks = out.cache, int(out.logits[0, -1].argmax()), []
-        for _ in range(n):
-            toks.append(nxt)
-            out = model(torch.tensor([[nxt]]), cache=cache, use_cache=True)
-            cache, nxt = out.cache, int(out.logits[0, -1].argmax())
-    return toks
-
-
-def our_greedy(ex, ids, n):
-    st = ex.start()
-    logits = st.prefill(ids, last_only=True)[-1]
-    toks = []
-    for _ in range(n):
-        toks.append(int(logits.argmax()))
-        logits = st.step(toks[-1])
-    return toks
-
-
-def token_by_token(ex, ids):
-    st = ex.start()
-    return np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:]])
 
 
 # -- parity ----------------------------------------------------------------------------------

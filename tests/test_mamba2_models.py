@@ -14,7 +14,7 @@ import shutil
 
 import numpy as np
 import pytest
-from fixtures import load_reference
+from fixtures import hf_greedy, hf_logits, load_reference, our_greedy, token_by_token
 
 import lql
 import vindex3
@@ -28,13 +28,6 @@ TOL = 1e-4
 
 # -- the oracle ----------------------------------------------------------------------------------
 
-def hf_prefill(model, ids):
-    import torch
-
-    with torch.no_grad():
-        return model(torch.tensor([ids])).logits[0].numpy()
-
-
 def hf_decode(model, ids, carry=True):
     """Token by token through transformers' own cache. In 5.24 the state goes in and out as
     ``cache``; ``carry=False`` drops it each step (what passing the wrong keyword does)."""
@@ -47,34 +40,6 @@ def hf_decode(model, ids, carry=True):
             cache = out.cache
             rows.append(out.logits[0, -1].numpy())
     return np.stack(rows)
-
-
-def hf_greedy(model, ids, n):
-    import torch
-
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=True)
-        cache, nxt, toks = out.cache, int(out.logits[0, -1].argmax()), []
-        for _ in range(n):
-            toks.append(nxt)
-            out = model(torch.tensor([[nxt]]), cache=cache, use_cache=True)
-            cache, nxt = out.cache, int(out.logits[0, -1].argmax())
-    return toks
-
-
-def our_greedy(ex, ids, n):
-    st = ex.start()
-    logits = st.prefill(ids, last_only=True)[-1]
-    toks = []
-    for _ in range(n):
-        toks.append(int(logits.argmax()))
-        logits = st.step(toks[-1])
-    return toks
-
-
-def token_by_token(ex, ids):
-    st = ex.start()
-    return np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:]])
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +78,7 @@ def _copy_with_config(src, dst, **changes):
 @pytest.mark.parametrize("family", MODELS)
 def test_parity_prefill_decode_and_greedy(refs, containers, family):
     ref = refs(family)
-    theirs = hf_prefill(ref, IDS)
+    theirs = hf_logits(ref, IDS)
     # The oracle carries its state: its own decode equals its prefill, and a decode that drops
     # the cache (the wrong-keyword failure) does not.
     assert np.abs(hf_decode(ref, IDS) - theirs).max() <= 1e-5
@@ -149,7 +114,7 @@ def test_binding_time_step_limit_follows_the_reference(refs, checkpoint_dirs, tm
     refs("mamba2")  # the module's oracles hold torch at one thread
     ref = load_reference(ck)
     ex = vindex3.open(vindex3.encode(ck, tmp_path / "c")).executor()
-    assert np.abs(ex.forward(IDS) - hf_prefill(ref, IDS)).max() <= TOL
+    assert np.abs(ex.forward(IDS) - hf_logits(ref, IDS)).max() <= TOL
     assert np.abs(token_by_token(ex, IDS) - hf_decode(ref, IDS)).max() <= TOL
     free = vindex3.open(vindex3.encode(checkpoint_dirs("mamba2"), tmp_path / "free")).executor()
     assert np.abs(free.forward(IDS) - ex.forward(IDS)).max() > 1e-3  # the limit is real
@@ -383,7 +348,7 @@ def test_hybrid_with_rotary_attention(refs, tmp_path):
     assert c.graph.layers[0].position["kind"] == "rope" and c.graph.layers[0].position["theta"] == 500.0
     assert c.graph.surface["attention"]["head_dim"] == 16
     ex = c.executor()
-    theirs = hf_prefill(ref, IDS)
+    theirs = hf_logits(ref, IDS)
     assert np.abs(ex.forward(IDS) - theirs).max() <= TOL
     assert np.abs(token_by_token(ex, IDS) - theirs).max() <= TOL
     assert our_greedy(ex, IDS[:6], 16) == hf_greedy(ref, IDS[:6], 16)
