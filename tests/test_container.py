@@ -376,3 +376,21 @@ def test_cli_inspect_and_plan_json(tiny_llama_dir, tiny_llama_container, capsys)
     assert main(["plan", str(tiny_llama_dir), "--json"]) == 0
     p = json.loads(capsys.readouterr().out)
     assert p["admissible"] is True and p["model_type"] == "llama"
+
+
+def test_verify_refuses_an_index_without_a_graph_hash(tiny_llama_container, tmp_path):
+    c = copy_container(tiny_llama_container, tmp_path / "c")
+    idx = json.loads((c / "index.json").read_text())
+    del idx["graph"]
+    (c / "index.json").write_text(json.dumps(idx))
+    r = vindex3.verify(c)
+    assert not r.ok and any("records no graph hash" in p for p in r.problems)
+
+
+def test_absent_mlp_bias_is_a_recorded_reference_default(checkpoint_dirs, tmp_path):
+    ck = copy_container(checkpoint_dirs("llama"), tmp_path / "ck")
+    cfg = json.loads((ck / "config.json").read_text())
+    del cfg["mlp_bias"]
+    (ck / "config.json").write_text(json.dumps(cfg))
+    (f,) = [f for f in vindex3.admit(ck).findings if f.key == "mlp_bias"]
+    assert f.category == "reference_default" and f.value is False and not f.blocks

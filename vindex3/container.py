@@ -216,7 +216,10 @@ def verify(path: str | Path) -> VerifyReport:
         if want is not None and got != want:
             problems.append(f"{rel}: sha256 {got[:16]}… differs from the index's {want[:16]}…")
 
-    g = index.get("graph", {})
+    g = index.get("graph")
+    if not isinstance(g, dict) or not g.get("sha256"):
+        problems.append(f"{INDEX}: records no graph hash, so {GRAPH} cannot be verified")
+        g = {}
     check_file(g.get("path", GRAPH), g.get("sha256"), None, "the graph")
     for key, rep in sorted(index.get("representations", {}).items()):
         before = len(problems)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from ..admit import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
-from .placement import place_tensors
+from .placement import assemble_graph, place_tensors
 
 PREFIXES = (
     ("model.embed_tokens.", "embedding"),
@@ -20,9 +20,8 @@ PREFIXES = (
     ("lm_head.", "output_head"),
 )
 
-LAYER_ROLES = {
-    "input_layernorm.weight": "attn_norm",
-    "post_attention_layernorm.weight": "ffn_norm",
+# Softmax attention operands under a llama-shaped layer (also used by the Granite hybrid).
+ATTENTION_ROLES = {
     "self_attn.q_proj.weight": "q_proj",
     "self_attn.k_proj.weight": "k_proj",
     "self_attn.v_proj.weight": "v_proj",
@@ -33,6 +32,11 @@ LAYER_ROLES = {
     "self_attn.o_proj.bias": "o_bias",
     "self_attn.q_norm.weight": "q_norm",
     "self_attn.k_norm.weight": "k_norm",
+}
+LAYER_ROLES = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    **ATTENTION_ROLES,
     "mlp.gate_proj.weight": "ffn_gate",
     "mlp.up_proj.weight": "ffn_up",
     "mlp.down_proj.weight": "ffn_down",
@@ -164,7 +168,8 @@ def _build(model_type: str):
             bias = {k: b for k in bias}
         elif t.qkv_bias == "fixed_qkv":
             bias = {"q": True, "k": True, "v": True, "o": False}
-        mlp_bias = bool(r.take("mlp_bias", "bias on FFN projections")) if r.has("mlp_bias") else False
+        mlp_bias = bool(r.take("mlp_bias", "bias on FFN projections", default=False,
+                               default_reason="the reference has no FFN bias unless the config declares one"))
 
         # sliding windows
         spans = ["full"] * L
@@ -252,21 +257,7 @@ def _build(model_type: str):
             "head": {"vocab": vocab, "tied": bool(tied), "multiplier": head_mult, "softcap": None},
             "operators": {},
         }
-        objects = {
-            "embedding": {"kind": "embedding", "operands": {"weight": "weight"}},
-            "decoder_stack": {"kind": "decoder_stack", "layers": L},
-            "final_norm": {"kind": "final_norm", "operands": {"weight": "weight"}},
-        }
-        if not tied:
-            objects["output_head"] = {"kind": "output_head", "operands": {"weight": "weight"}}
-        graph = {
-            "schema": 6,
-            "model": {"name": src.name, "family": model_type},
-            "components": [{"name": "text", "role": "primary_text", "objects": list(objects)}],
-            "objects": objects,
-            "layers": graph_layers,
-            "surface": surface,
-        }
+        graph = assemble_graph(src.name, model_type, bool(tied), graph_layers, surface)
         placements, dropped = place_tensors(src, graph, r, tied, PREFIXES, lambda i: ("softmax", LAYER_ROLES))
         return Lowering(graph=graph, placements=placements, dropped=dropped)
 

@@ -20,8 +20,8 @@ import math
 from ..admit import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from . import mamba2 as m2f
-from .decoder import PREFIXES, rope_policy
-from .placement import place_tensors
+from .decoder import ATTENTION_ROLES, PREFIXES, rope_policy
+from .placement import assemble_graph, place_tensors
 
 COMMON_ROLES = {
     "input_layernorm.weight": "mixer_norm",
@@ -30,17 +30,8 @@ COMMON_ROLES = {
     "shared_mlp.output_linear.weight": "ffn_down",
 }
 MAMBA_ROLES = {**COMMON_ROLES, **{f"mamba.{k}": v for k, v in m2f.MIXER_ROLES.items()}}
-ATTENTION_ROLES = {
-    **COMMON_ROLES,
-    "self_attn.q_proj.weight": "q_proj",
-    "self_attn.k_proj.weight": "k_proj",
-    "self_attn.v_proj.weight": "v_proj",
-    "self_attn.o_proj.weight": "o_proj",
-    "self_attn.q_proj.bias": "q_bias",
-    "self_attn.k_proj.bias": "k_bias",
-    "self_attn.v_proj.bias": "v_bias",
-    "self_attn.o_proj.bias": "o_bias",
-}
+# No QK-norm in this family: its attention table is the shared one without q_norm/k_norm.
+SOFTMAX_ROLES = {**COMMON_ROLES, **{k: v for k, v in ATTENTION_ROLES.items() if v not in ("q_norm", "k_norm")}}
 
 # transformers 5.24 spellings, and the legacy ones it remaps (configuration_utils).
 LAYER_TYPES = {"linear_attention": "mamba2", "mamba": "mamba2", "full_attention": "softmax", "attention": "softmax"}
@@ -240,19 +231,10 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         surface["operators"]["mamba2"] = m2f.mixer_geometry(
             hidden=H, num_heads=mnh, head_dim=mhd, state_size=ns, n_groups=mg, conv_kernel=mk, chunk_size=chunk,
             limit=limit, eps=eps, use_conv_bias=bool(conv_bias), use_bias=bool(proj_bias))
-    objects = m2f.head_objects(bool(tied))
-    objects["decoder_stack"]["layers"] = L
-    graph = {
-        "schema": 6,
-        "model": {"name": src.name, "family": "granitemoehybrid"},
-        "components": [{"name": "text", "role": "primary_text", "objects": list(objects)}],
-        "objects": objects,
-        "layers": layers,
-        "surface": surface,
-    }
+    graph = assemble_graph(src.name, "granitemoehybrid", bool(tied), layers, surface)
 
     def table(i: int):
-        return (ops[i], MAMBA_ROLES if ops[i] == "mamba2" else ATTENTION_ROLES)
+        return (ops[i], MAMBA_ROLES if ops[i] == "mamba2" else SOFTMAX_ROLES)
 
     placements, dropped = place_tensors(src, graph, r, bool(tied), PREFIXES, table)
     return Lowering(graph=graph, placements=placements, dropped=dropped)

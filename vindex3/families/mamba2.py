@@ -15,7 +15,7 @@ import math
 
 from ..admit import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
-from .placement import place_tensors
+from .placement import assemble_graph, place_tensors
 
 # Mixer tensor suffix (below the layer's mixer module) -> operand role, exact match only.
 MIXER_ROLES = {
@@ -120,17 +120,6 @@ def conv_activation(r: ConfigReader, key: str = "hidden_act", *, also: str = "")
     return act
 
 
-def head_objects(tied: bool) -> dict:
-    objects = {
-        "embedding": {"kind": "embedding", "operands": {"weight": "weight"}},
-        "decoder_stack": {"kind": "decoder_stack", "layers": 0},
-        "final_norm": {"kind": "final_norm", "operands": {"weight": "weight"}},
-    }
-    if not tied:
-        objects["output_head"] = {"kind": "output_head", "operands": {"weight": "weight"}}
-    return objects
-
-
 def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     H = r.take("hidden_size", "residual width")
     L = r.take("num_hidden_layers", "number of Mamba2 layers")
@@ -207,16 +196,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
                                                conv_kernel=k, chunk_size=chunk, limit=limit, eps=eps,
                                                use_conv_bias=bool(use_conv_bias), use_bias=bool(use_bias))},
     }
-    objects = head_objects(bool(tied))
-    objects["decoder_stack"]["layers"] = L
-    graph = {
-        "schema": 6,
-        "model": {"name": src.name, "family": "mamba2"},
-        "components": [{"name": "text", "role": "primary_text", "objects": list(objects)}],
-        "objects": objects,
-        "layers": layers,
-        "surface": surface,
-    }
+    graph = assemble_graph(src.name, "mamba2", bool(tied), layers, surface)
     placements, dropped = place_tensors(src, graph, r, bool(tied), PREFIXES, lambda i: ("mamba2", LAYER_ROLES))
     return Lowering(graph=graph, placements=placements, dropped=dropped)
 

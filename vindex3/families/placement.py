@@ -1,6 +1,7 @@
-"""Placing source tensors: each goes to an object by its longest matching prefix and, in the
-decoder stack, to an operand role by exact suffix under its layer's operator. Anything else is
-a blocking structure finding that names the tensor. Shared by every family."""
+"""What every family's lowering shares: the schema-6 graph skeleton (components and objects)
+and the placement of source tensors — each to an object by its longest matching prefix and, in
+the decoder stack, to an operand role by exact suffix under its layer's operator. Anything
+else is a blocking structure finding that names the tensor."""
 
 from __future__ import annotations
 
@@ -52,3 +53,23 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
                 continue
             placements.append(TensorPlacement(name, obj, rel, "weight", None))
     return placements, dropped
+
+
+def assemble_graph(name: str, family: str, tied: bool, layers: list[dict], surface: dict) -> dict:
+    """The schema-6 graph of a single-component text model: embedding, decoder stack, final
+    norm and, when the head is not tied, an output head."""
+    objects = {
+        "embedding": {"kind": "embedding", "operands": {"weight": "weight"}},
+        "decoder_stack": {"kind": "decoder_stack", "layers": len(layers)},
+        "final_norm": {"kind": "final_norm", "operands": {"weight": "weight"}},
+    }
+    if not tied:
+        objects["output_head"] = {"kind": "output_head", "operands": {"weight": "weight"}}
+    return {
+        "schema": 6,
+        "model": {"name": name, "family": family},
+        "components": [{"name": "text", "role": "primary_text", "objects": list(objects)}],
+        "objects": objects,
+        "layers": layers,
+        "surface": surface,
+    }
