@@ -79,3 +79,7 @@ class TokenizerMissing(VindexError):
 
 class EncodeError(VindexError):
     """An encode failed; the output directory was not created."""
+
+
+class UnsupportedEncoding(VindexError):
+    """A representation's encoding has no codec in this build (it is carried, never decoded)."""

@@ -1,0 +1,104 @@
+"""What every weight encoding provides.
+
+A *codec* turns the bytes a segment stores for one tensor into a *weight object* that kernels
+use without knowing how it is stored. The logical tensor (its name, its shape, the role it plays)
+never changes with the encoding; only the bytes and the arithmetic that reads them do.
+
+Kernels speak to weights through three verbs:
+
+* ``mm(x)``     x [T, in] float32 -> x @ W.T [T, out] float32   (W is [out, in], a linear map)
+* ``take(ids)`` rows of W as float32 [n, in]                     (an embedding gather)
+* ``dense()``   the whole tensor as float32                      (norms, biases, small operands)
+
+An encoding this build cannot execute is still carried: segments keep its entries, tools pass
+them through, and only the operation that must decode one refuses, naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import UnsupportedEncoding
+
+
+class Weight:
+    """A logical tensor in one physical encoding. Subclasses implement the verbs they can."""
+
+    encoding: ClassVar[str] = "?"
+
+    def __init__(self, shape: tuple[int, ...], nbytes: int):
+        self.shape = tuple(int(s) for s in shape)
+        self.nbytes = int(nbytes)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def mm(self, x: np.ndarray) -> np.ndarray:
+        """x [T, in] float32 -> x @ W.T, [T, out] float32."""
+        raise UnsupportedEncoding(f"encoding {self.encoding!r} has no matrix product in this build")
+
+    def take(self, ids: np.ndarray) -> np.ndarray:
+        """Rows ``ids`` of W as float32 [len(ids), in]."""
+        raise UnsupportedEncoding(f"encoding {self.encoding!r} has no row gather in this build")
+
+    def dense(self) -> np.ndarray:
+        """The whole tensor as float32 (a view when the encoding is float32)."""
+        raise UnsupportedEncoding(f"encoding {self.encoding!r} cannot be decoded to float32 in this build")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.encoding}, shape={list(self.shape)}, nbytes={self.nbytes})"
+
+
+class Codec:
+    """One encoding: its name (the dtype string in segment headers and the ``encoding`` of a
+    representation), how many bytes a tensor of a shape takes, and how to view those bytes as
+    a weight object without copying the tensor."""
+
+    name: ClassVar[str]
+    version: ClassVar[int] = 1
+    bits_per_weight: ClassVar[float]
+
+    def nbytes(self, shape: tuple[int, ...]) -> int:
+        return int(math.ceil(math.prod(shape) * self.bits_per_weight / 8))
+
+    def weight(self, raw: np.ndarray, shape: tuple[int, ...]) -> Weight:
+        """``raw``: the tensor's bytes as a read-only uint8 array (a view of the mapped segment)."""
+        raise NotImplementedError
+
+    def encode(self, arr: np.ndarray) -> np.ndarray:
+        """float32 ``arr`` -> the bytes this encoding stores for it (uint8, C order)."""
+        raise UnsupportedEncoding(f"encoding {self.name!r} cannot be written by this build")
+
+
+_CODECS: dict[str, Codec] = {}
+
+
+def register(codec: Codec) -> Codec:
+    if codec.name in _CODECS and type(_CODECS[codec.name]) is not type(codec):
+        raise ValueError(f"encoding {codec.name!r} is registered twice")
+    _CODECS[codec.name] = codec
+    return codec
+
+
+def known() -> list[str]:
+    """Encodings this build can execute."""
+    return sorted(_CODECS)
+
+
+def is_known(name: str) -> bool:
+    return name in _CODECS
+
+
+def get(name: str, *, what: str = "") -> Codec:
+    """The codec for ``name``, or a refusal naming the encoding (and ``what`` needed it)."""
+    codec = _CODECS.get(name)
+    if codec is None:
+        where = f"{what} has " if what else ""
+        raise UnsupportedEncoding(
+            f"{where}encoding {name!r}, which this build cannot execute (executable: {', '.join(known())})",
+        )
+    return codec
