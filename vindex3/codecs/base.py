@@ -10,6 +10,8 @@ Kernels speak to weights through three verbs:
 * ``take(ids)`` rows of W as float32 [n, in]                     (an embedding gather)
 * ``dense()``   the whole tensor as float32                      (norms, biases, small operands)
 
+and a stacked expert bank [E, out, in] hands out one expert at a time with ``expert(e)``.
+
 An encoding this build cannot execute is still carried: segments keep its entries, tools pass
 them through, and only the operation that must decode one refuses, naming it.
 """
@@ -48,6 +50,10 @@ class Weight:
     def dense(self) -> np.ndarray:
         """The whole tensor as float32 (a view when the encoding is float32)."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} cannot be decoded to float32 in this build")
+
+    def expert(self, e: int) -> "Weight":
+        """Of a stacked expert bank [E, out, in]: expert ``e`` as a 2-D weight [out, in]."""
+        raise UnsupportedEncoding(f"encoding {self.encoding!r} has no expert view in this build")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.encoding}, shape={list(self.shape)}, nbytes={self.nbytes})"

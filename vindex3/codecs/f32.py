@@ -27,6 +27,9 @@ class DenseF32(Weight):
     def dense(self) -> np.ndarray:
         return self.a
 
+    def expert(self, e: int) -> "DenseF32":
+        return DenseF32(self.a[e])
+
 
 class F32Codec(Codec):
     name = "f32"
