@@ -32,7 +32,7 @@ tokenizers = pytest.importorskip("tokenizers")
 from gguf import GGMLQuantizationType as Q
 
 from vindex3.errors import AdmissionError, ConfigError
-from vindex3.gguf_import import GgufCheckpoint, _byte_alphabet
+from vindex3.sources.gguf import GgufCheckpoint, _byte_alphabet
 from vindex3.sources import open_source
 
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..admit import ConfigReader, Lowering, register_family
+from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from .placement import assemble_graph, place_tensors
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from ..admit import ConfigReader, Lowering, register_family
+from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from . import mamba2 as m2f
 from .decoder import ATTENTION_ROLES, PREFIXES, rope_policy

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ..admit import ConfigReader, Lowering, register_family
+from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from .placement import assemble_graph, place_tensors
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..admit import ConfigReader, Finding, TensorPlacement
+from .base import ConfigReader, Finding, TensorPlacement
 from ..sources import CheckpointSource
 
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from . import jsonio
-from .errors import AdmissionError, ConfigError
-from .sources import CheckpointSource, TensorSpec
+from .. import jsonio
+from ..errors import AdmissionError, ConfigError
+from .base import CheckpointSource, TensorSpec
 
 SUPPORTED_ARCHITECTURES = ("llama",)
 

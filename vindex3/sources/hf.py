@@ -1,64 +1,18 @@
-"""Checkpoint sources: the import boundary. A source yields a config dict (as a Hugging Face
-config.json would), tensor specs read from headers only, tensors on demand, and the capability
-files (tokenizer, generation config, chat template) to snapshot into a container.
-
-Hugging Face tensor spellings and file layouts live here and in admission, nowhere past them.
-"""
+"""A Hugging Face checkpoint directory: config.json plus model.safetensors, or shards listed in
+model.safetensors.index.json. Admission reads safetensors headers only."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from . import jsonio
-from .errors import ConfigError, ContainerNotFound
-
-CAPABILITY_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # source dtype spelling, e.g. "F32", "BF16", "Q4_1"
-    shape: tuple[int, ...]
-
-
-class CheckpointSource:
-    """Common interface of every importable checkpoint."""
-
-    kind: str  # "hf" | "gguf"
-    path: Path
-    config: dict
-
-    @property
-    def name(self) -> str:
-        return self.path.name
-
-    def tensor_specs(self) -> dict[str, TensorSpec]:
-        raise NotImplementedError
-
-    def load(self, name: str) -> np.ndarray:
-        """The tensor as float32, exactly (widening only; quantized formats dequantized)."""
-        raise NotImplementedError
-
-    def capability_files(self) -> dict[str, bytes]:
-        raise NotImplementedError
-
-    def provenance(self) -> dict:
-        raise NotImplementedError
-
+from .. import jsonio
+from ..errors import ConfigError, ContainerNotFound
+from .base import CAPABILITY_FILES, CheckpointSource, TensorSpec
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 
@@ -156,17 +110,3 @@ class HfCheckpoint(CheckpointSource):
             "config_sha256": h.hexdigest(),
             "shards": [s.name for s in self._shards],
         }
-
-
-def open_source(path: str | Path) -> CheckpointSource:
-    """A checkpoint directory or a .gguf file."""
-    p = Path(path)
-    if p.suffix.lower() == ".gguf":
-        if not p.is_file():
-            raise ContainerNotFound(f"GGUF file {p} does not exist")
-        from .gguf_import import GgufCheckpoint
-
-        return GgufCheckpoint(p)
-    if not p.exists():
-        raise ContainerNotFound(f"checkpoint {p} does not exist")
-    return HfCheckpoint(p)

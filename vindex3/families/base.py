@@ -1,0 +1,161 @@
+"""What every family lowering shares: the grades a config key can receive, the reader that grades
+each key as it is read, the lowering a family produces (a graph plus tensor placements), and the
+registry of families by ``model_type``.
+
+Families (vindex3.families.*) and admission (vindex3.admit) both build on this module; it imports
+neither of them, so there is no cycle between them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import BaseModel
+
+from ..sources import CheckpointSource
+
+# Grades a key can receive.
+CONSUMED = "consumed"  # lowered into the graph
+METADATA = "metadata"  # kept as a fact about the model, no effect on execution
+IGNORED = "ignored"  # known safe to ignore for inference (training-only and the like)
+DEFAULTED = "reference_default"  # absent, and the reference implementation fixes its value
+UNKNOWN = "unknown"  # blocks
+UNSUPPORTED = "unsupported"  # a known key with a value we cannot execute; blocks
+STRUCTURE = "structure"  # a defect in the tensors or the layout; blocks
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _jsonable(x) for k, x in v.items()}
+    return v
+
+
+class Finding(BaseModel):
+    category: str
+    key: str
+    value: Any = None
+    message: str
+    blocks: bool
+
+    def text(self) -> str:
+        mark = "BLOCKS" if self.blocks else "ok"
+        return f"[{mark}] {self.category}: {self.key} = {self.value!r} — {self.message}"
+
+
+class ConfigReader:
+    """Reads config keys and records a finding for each, so that nothing is silently ignored."""
+
+    # Keys every Hugging Face config may carry that do not change inference.
+    GENERIC_METADATA = {
+        "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "bos_token_id",
+        "eos_token_id", "pad_token_id", "_name_or_path", "name_or_path", "max_position_embeddings",
+        "use_cache", "initializer_range", "sep_token_id", "decoder_start_token_id",
+    }
+    GENERIC_IGNORED = {
+        "attention_dropout": "dropout is a training-time setting",
+        "hidden_dropout": "dropout is a training-time setting",
+        "embd_pdrop": "dropout is a training-time setting",
+        "resid_pdrop": "dropout is a training-time setting",
+        "pretraining_tp": "tensor-parallel slicing used in pretraining; inference math is the same",
+        "output_attentions": "an output option of the reference, not model math",
+        "output_hidden_states": "an output option of the reference, not model math",
+        "return_dict": "an output option of the reference, not model math",
+        "id2label": "classification-head labels, unused by a causal LM",
+        "label2id": "classification-head labels, unused by a causal LM",
+        "problem_type": "classification-head setting, unused by a causal LM",
+        "tokenizer_class": "the tokenizer is snapshotted from its own files",
+        "chunk_size_feed_forward": "a memory option of the reference; same math",
+        "torchscript": "an export option of the reference",
+        "rescale_prenorm_residual": "an initialisation option, no effect on trained weights",
+        "router_aux_loss_coef": "a training loss coefficient",
+        "output_router_logits": "an output option of the reference",
+    }
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.findings: list[Finding] = []
+        self.graded: set[str] = set()
+
+    def _grade(self, key: str, category: str, message: str, blocks: bool = False) -> None:
+        self.graded.add(key)
+        self.findings.append(Finding(category=category, key=key, value=_jsonable(self.config.get(key)), message=message, blocks=blocks))
+
+    def has(self, key: str) -> bool:
+        return key in self.config
+
+    def take(self, key: str, message: str, *, default: Any = ..., default_reason: str = "") -> Any:
+        """Consume a key into the graph. ``default`` is used only where the reference
+        implementation fixes the value when the key is absent, and is recorded as such."""
+        if key in self.config:
+            self._grade(key, CONSUMED, message)
+            return self.config[key]
+        if default is ...:
+            self.refuse(key, f"required key is absent: {message}", category=STRUCTURE)
+            return None
+        self.graded.add(key)
+        self.findings.append(
+            Finding(category=DEFAULTED, key=key, value=_jsonable(default), message=f"absent; {default_reason or 'the reference fixes this value'}", blocks=False)
+        )
+        return default
+
+    def meta(self, key: str, message: str) -> Any:
+        if key in self.config:
+            self._grade(key, METADATA, message)
+        return self.config.get(key)
+
+    def ignore(self, key: str, message: str) -> None:
+        if key in self.config:
+            self._grade(key, IGNORED, message)
+
+    def refuse(self, key: str, message: str, *, category: str = UNSUPPORTED) -> None:
+        self.graded.add(key)
+        self.findings.append(Finding(category=category, key=key, value=_jsonable(self.config.get(key)), message=message, blocks=True))
+
+    def finish(self) -> None:
+        for key in self.config:
+            if key in self.graded:
+                continue
+            if key in self.GENERIC_METADATA:
+                self._grade(key, METADATA, "recorded as a fact about the model")
+            elif key in self.GENERIC_IGNORED:
+                self._grade(key, IGNORED, self.GENERIC_IGNORED[key])
+            else:
+                self._grade(key, UNKNOWN, "not understood by this build; refusing rather than guessing", blocks=True)
+
+
+@dataclass
+class TensorPlacement:
+    source_name: str
+    object: str
+    name: str  # relative to the object
+    role: str
+    layer: int | None
+
+
+@dataclass
+class Lowering:
+    """What a family builder produces."""
+
+    graph: dict
+    placements: list[TensorPlacement]
+    dropped: list[tuple[str, str]]  # (source tensor, why it is not encoded)
+
+
+FamilyBuilder = Callable[[ConfigReader, CheckpointSource], Lowering | None]
+_FAMILIES: dict[str, tuple[str, FamilyBuilder]] = {}
+
+
+def register_family(model_type: str, family: str, builder: FamilyBuilder) -> None:
+    _FAMILIES[model_type] = (family, builder)
+
+
+
+
+def registered_families() -> dict[str, tuple[str, FamilyBuilder]]:
+    """model_type -> (family, builder), as registered so far."""
+    return dict(_FAMILIES)

@@ -1,0 +1,54 @@
+"""What every checkpoint source provides: the import boundary. A source yields a config dict
+(as a Hugging Face config.json would), tensor specs read from headers only, tensors on demand,
+and the capability files (tokenizer, generation config, chat template) to snapshot.
+
+Hugging Face tensor spellings and file layouts live here and in admission, nowhere past them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+CAPABILITY_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # source dtype spelling, e.g. "F32", "BF16", "Q4_1"
+    shape: tuple[int, ...]
+
+
+class CheckpointSource:
+    """Common interface of every importable checkpoint."""
+
+    kind: str  # "hf" | "gguf"
+    path: Path
+    config: dict
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def tensor_specs(self) -> dict[str, TensorSpec]:
+        raise NotImplementedError
+
+    def load(self, name: str) -> np.ndarray:
+        """The tensor as float32, exactly (widening only; quantized formats dequantized)."""
+        raise NotImplementedError
+
+    def capability_files(self) -> dict[str, bytes]:
+        raise NotImplementedError
+
+    def provenance(self) -> dict:
+        raise NotImplementedError
