@@ -599,15 +599,20 @@ def _op_info(op) -> R.OpInfo:
 
 
 def _continuation_summary(geoms: list) -> R.ContinuationSummary:
-    kv = [g for g in geoms if g.kind in ("kv", "kv_and_recurrent")]
-    latent = [g for g in geoms if g.kind == "latent_kv"]
-    rec = [g for g in geoms if g.kind in ("recurrent", "kv_and_recurrent")]
+    """Per kind of state part: the layers that keep one and their bytes (rows per position, or
+    fixed), summed over the parts; nothing here asks which operator a layer runs."""
+    from vindex3.continuation import KV, LATENT, RECURRENT
+
+    def rows(kind: str) -> int:
+        return sum(p.row_bytes for g in geoms for p in g.of(kind))
+
     return R.ContinuationSummary(
-        layers=len(geoms), kv_layers=len(kv), kv_bytes_per_position=sum(g.bytes_per_position for g in kv),
-        windowed_kv_layers=sum(1 for g in kv if getattr(g, "window", None)),
-        latent_layers=len(latent), latent_bytes_per_position=sum(g.bytes_per_position for g in latent),
-        recurrent_layers=len(rec), recurrent_bytes=sum(g.fixed_bytes for g in rec),
-        stateless_layers=sum(1 for g in geoms if g.kind == "stateless"),
+        layers=len(geoms), kv_layers=sum(g.has(KV) for g in geoms), kv_bytes_per_position=rows(KV),
+        windowed_kv_layers=sum(any(p.window for p in g.of(KV)) for g in geoms),
+        latent_layers=sum(g.has(LATENT) for g in geoms), latent_bytes_per_position=rows(LATENT),
+        recurrent_layers=sum(g.has(RECURRENT) for g in geoms),
+        recurrent_bytes=sum(p.fixed_bytes for g in geoms for p in g.of(RECURRENT)),
+        stateless_layers=sum(g.stateless for g in geoms),
     )
 
 

@@ -254,7 +254,7 @@ def test_closure_defects_on_open_are_listed(tiny_llama_container, tmp_path):
         vindex3.open(c)
     text = str(e.value)
     assert "missing operand decoder_stack/1.self_attn.nope.weight" in text
-    assert "layer 2 (softmax): missing operand role ffn_up" in text
+    assert "layer 2 (gated_ffn): missing operand role ffn_up" in text
     assert "1.self_attn.q_proj.weight: unclassified tensor" in text
 
 

@@ -57,7 +57,7 @@ def test_speculative_output_equals_greedy_on_every_family(containers, family):
     fc = vindex3.open(containers(family))
     want = greedy_generate(fc, PROMPT, N).tokens
     # Families whose layers keep recurrent state (mamba2, hybrids) roll back by snapshot.
-    recurrent = any(g.buffers for g in fc.continuation())
+    recurrent = any(g.rollback == "snapshot" for g in fc.continuation())
     for depth, lookahead in [(1, 3), (fc.graph.num_layers - 1, 4)]:
         r = speculative_generate(fc, PROMPT, N, depth, lookahead)
         assert r.tokens == want, (depth, lookahead)
@@ -138,8 +138,8 @@ class _RefusingState:
 
 
 def _recurrent_container():
-    layers = [SimpleNamespace(operator="softmax", geometry=SimpleNamespace(buffers=())),
-              SimpleNamespace(operator="mamba2", geometry=SimpleNamespace(buffers=("ssm",)))]
+    layers = [SimpleNamespace(operator="softmax", geometry=SimpleNamespace(rollback="truncate")),
+              SimpleNamespace(operator="mamba2", geometry=SimpleNamespace(rollback="snapshot"))]
     return SimpleNamespace(
         op_plan=lambda: SimpleNamespace(layers=layers),
         plan_slice=lambda sl: SimpleNamespace(executed_layers=[0, 1]),

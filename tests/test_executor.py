@@ -11,9 +11,8 @@ import pytest
 from fixtures import hf_greedy, hf_logits, load_reference, our_greedy, token_by_token
 
 import vindex3
-from vindex3.continuation import Geometry, latent
+from vindex3.continuation import KV, SNAPSHOT, TRUNCATE, Geometry, buffer, kv_rows, latent_rows
 from vindex3.errors import SliceError, StateError, UnsupportedOperator
-from vindex3.exec.state import ContinuationState
 
 FAMILY_LIST = ["llama", "llama_tied", "mistral", "qwen2", "qwen3", "granite"]
 IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11, 180, 33, 90, 2, 301, 77]
@@ -122,8 +121,9 @@ def test_layer_ranges_compose_to_the_full_stack(tiny_llama_container):
     emb = c.segments["embedding"].tensor("weight")[IDS]
     lo = c.executor(slice=vindex3.LayerRange(0, 2))
     hi = c.executor(slice=vindex3.LayerRange(2, 4))
-    h = hi.run_hidden(lo.run_hidden(emb))
-    assert hi.trace.executed_layers == [2, 3]
+    st_hi = hi.start()
+    h = st_hi.prefill_hidden(lo.start().prefill_hidden(emb))
+    assert st_hi.trace.executed_layers == [2, 3]
     assert np.array_equal(h, full.last_hidden)
     with pytest.raises(SliceError, match="no embedding or head"):
         lo.forward(IDS)
@@ -165,16 +165,24 @@ def test_token_out_of_vocabulary_is_refused(tiny_llama_container):
 def test_geometry_from_the_plan(containers):
     c = vindex3.open(containers("qwen2"))
     geoms = c.continuation()
-    assert [g.kind for g in geoms] == ["kv"] * 4
-    assert [g.window for g in geoms] == [None, 6, None, 6]
+    assert [[(p.name, p.kind) for p in g.parts] for g in geoms] == [[("kv", KV)]] * 4
+    assert [g.of(KV)[0].window for g in geoms] == [None, 6, None, 6]
     g = geoms[0]
-    assert g.kv_dim == 2 * 16 and g.bytes_per_position == 2 * 32 * 4
+    assert g.of(KV)[0].shape == (2, 2 * 16) and g.bytes_per_position == 2 * 32 * 4
     assert geoms[1].bytes_at(100) == 6 * g.bytes_per_position and g.bytes_at(100) == 100 * g.bytes_per_position
+    assert all(g.rollback == TRUNCATE for g in geoms)
 
 
-def test_provider_refuses_a_kind_it_cannot_hold_before_allocating():
-    with pytest.raises(StateError, match=r"layer 7 \(latent_kv\)"):
-        ContinuationState.preflight({0: Geometry("kv", kv_dim=8), 7: latent(64)})
+def test_geometry_of_parts_counts_rows_and_buffers_apart():
+    """A latent row is one row of its width per position (not a K/V pair); a buffer is fixed and
+    needs a snapshot; a layer's geometry sums its parts."""
+    g = Geometry((kv_rows(8, window=5), latent_rows(12), buffer("s", (3, 4))))
+    assert g.bytes_per_position == (2 * 8 + 12) * 4 and g.fixed_bytes == 12 * 4
+    assert g.bytes_at(10) == 5 * 2 * 8 * 4 + 10 * 12 * 4 + 48
+    assert g.rollback == SNAPSHOT and Geometry((latent_rows(3),)).rollback == TRUNCATE
+    assert g.describe() == "Kv{kv_dim=8, window=5} + LatentKv{width=12} + Recurrent{s[3, 4]:f32}"
+    with pytest.raises(ValueError, match="unique"):
+        Geometry((buffer("s", (1,)), buffer("s", (2,))))
 
 
 def test_preflight_covers_only_the_executed_layers(tiny_llama_container, tmp_path):

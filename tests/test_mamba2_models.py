@@ -19,7 +19,10 @@ from fixtures import hf_greedy, hf_logits, load_reference, our_greedy, token_by_
 import lql
 import vindex3
 from vindex3.draft import greedy_generate, speculative_generate
+from vindex3.continuation import KV, RECURRENT
 from vindex3.errors import AdmissionError, StateError
+from vindex3.operators.mamba2 import Mamba2State
+from vindex3.operators.softmax import KvRows
 
 MODELS = ["mamba2", "granitemoehybrid"]
 IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11, 180, 33, 90, 2, 301, 77]
@@ -141,7 +144,7 @@ def test_hybrid_draft_is_charged_only_for_the_layers_it_runs(containers):
     st = ex.start()
     st.prefill(IDS)
     assert list(st.state.layers) == [0]
-    assert st.state.layers[0].recurrent is None and st.state.layers[0].kv is not None
+    assert isinstance(st.state.layers[0]["mixer"], KvRows) and set(st.state.layers[0].ops) == {"mixer"}
     assert st.state.nbytes == c.continuation()[0].bytes_at(len(IDS))
     assert not any(lbl.startswith(("decoder_stack/1.", "decoder_stack/2.")) for lbl in ex.prepared.read_log)
     st.truncate(5)  # nothing recurrent in the slice: truncation is allowed
@@ -155,27 +158,27 @@ def test_hybrid_draft_is_charged_only_for_the_layers_it_runs(containers):
 def test_pure_mamba2_geometry_is_recurrent_only(containers):
     c = vindex3.open(containers("mamba2"))
     geoms = c.continuation()
-    assert [g.kind for g in geoms] == ["recurrent"] * 3
+    assert [[p.kind for p in g.parts] for g in geoms] == [[RECURRENT, RECURRENT]] * 3
     g = geoms[0]
-    assert not g.keeps_kv and g.bytes_per_position == 0
-    assert [(b.name, b.shape, b.dtype) for b in g.buffers] == [("ssm", (6, 15, 13), "f32"), ("conv", (168, 3), "f32")]
+    assert not g.has(KV) and g.bytes_per_position == 0 and g.rollback == "snapshot"
+    assert [(b.name, b.shape, b.dtype) for b in g.parts] == [("ssm", (6, 15, 13), "f32"), ("conv", (168, 3), "f32")]
     assert g.bytes_at(1) == g.bytes_at(100_000) == (6 * 15 * 13 + 168 * 3) * 4
     ex = c.executor()
     st = ex.start()
     st.prefill(IDS)
-    assert all(ls.kv is None for ls in st.state.layers.values())
+    assert all(isinstance(ls["mixer"], Mamba2State) for ls in st.state.layers.values())
     assert st.state.nbytes == sum(x.fixed_bytes for x in geoms)
 
 
 def test_hybrid_geometry_mixes_kv_and_recurrent(containers):
     c = vindex3.open(containers("granitemoehybrid"))
     geoms = c.continuation()
-    assert [g.kind for g in geoms] == ["kv", "recurrent", "recurrent", "kv"]
-    assert geoms[0].kv_dim == 15 and geoms[0].bytes_per_position == 2 * 15 * 4
+    assert [sorted({p.kind for p in g.parts}) for g in geoms] == [[KV], [RECURRENT], [RECURRENT], [KV]]
+    assert geoms[0].of(KV)[0].shape == (2, 15) and geoms[0].bytes_per_position == 2 * 15 * 4
     st = c.executor().start()
     st.prefill(IDS)
-    assert [ls.kv is not None for ls in st.state.layers.values()] == [True, False, False, True]
-    assert [ls.recurrent is not None for ls in st.state.layers.values()] == [False, True, True, False]
+    assert [type(ls["mixer"]) for ls in st.state.layers.values()] == [KvRows, Mamba2State, Mamba2State, KvRows]
+    assert all(ls["ffn"] is None for ls in st.state.layers.values())  # the dense FFN keeps no state
     assert st.state.nbytes == sum(g.bytes_at(len(IDS)) for g in geoms)
 
 
@@ -236,7 +239,7 @@ def test_hybrid_graph(containers):
     assert c.graph.layers[0].position == {"kind": "none"}
     kinds = [[(op.kind, op.role) for op in lo.ops] for lo in c.op_plan().layers]
     ffn = [("rms_norm", "ffn_norm"), ("gated_ffn", "ffn"), ("residual_add", "ffn_residual")]
-    assert kinds[0] == [("rms_norm", "mixer_norm"), ("attention", "mixer"), ("residual_add", "mixer_residual")] + ffn
+    assert kinds[0] == [("rms_norm", "mixer_norm"), ("softmax", "mixer"), ("residual_add", "mixer_residual")] + ffn
     assert kinds[1] == [("rms_norm", "mixer_norm"), ("mamba2", "mixer"), ("residual_add", "mixer_residual")] + ffn
     assert c.op_plan().layers[1].ops[0].operands["weight"].tensor == "1.input_layernorm.weight"
     assert c.op_plan().layers[1].ops[3].operands["weight"].tensor == "1.post_attention_layernorm.weight"

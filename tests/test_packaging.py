@@ -42,7 +42,7 @@ def test_vindex3_ops_and_exec(tiny_llama_container, capsys):
     assert main(["ops", str(tiny_llama_container), "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     kinds = [op["kind"] for op in plan["layers"][0]["ops"]]
-    assert kinds == ["rms_norm", "attention", "residual_add", "rms_norm", "gated_ffn", "residual_add"]
+    assert kinds == ["rms_norm", "softmax", "residual_add", "rms_norm", "gated_ffn", "residual_add"]
     assert plan["layers"][0]["continuation"] == "Kv{kv_dim=32}"
     assert plan["layers"][0]["ops"][1]["operands"]["q_proj"] == {
         "object": "decoder_stack", "tensor": "0.self_attn.q_proj.weight", "dtype": "f32", "shape": [64, 64]}

@@ -111,7 +111,7 @@ def cmd_ops(a) -> int:
     plan = c.op_plan()
 
     def op_d(op):
-        return {"kind": op.kind, "role": op.role, "params": op.params,
+        return {"kind": op.kind, "role": op.role, "params": dict(op.params),
                 "operands": {k: {"object": r.object, "tensor": r.tensor, "dtype": r.dtype, "shape": list(r.shape)} for k, r in op.operands.items()}}
 
     if a.json:

@@ -88,12 +88,24 @@ class Container:
             raise GraphSchemaError(f"{GRAPH} is unreadable: {e.message}") from None
         self.graph = Graph(raw)
         self.graph.component  # exactly one primary_text, or a named refusal
+        # object -> its one representation. A second representation of an object is refused by
+        # name: it must never silently win over the first.
         self.segments: dict[str, Segment] = {}
-        for key, rep in self.representations_by_key.items():
-            seg_path = self.path / rep["segment"]
-            self.segments[rep["object"]] = Segment(seg_path)
+        chosen: dict[str, str] = {}
+        for key, rep in sorted(self.representations_by_key.items()):
+            if not isinstance(rep, dict) or not isinstance(rep.get("object"), str) or not isinstance(rep.get("segment"), str):
+                raise IntegrityError(f"{INDEX}: representation {key!r} must name its object and segment")
+            obj = rep["object"]
+            if obj in chosen:
+                raise IntegrityError(
+                    f"{INDEX}: object {obj!r} has two representations, {chosen[obj]!r} and {key!r}; this build executes "
+                    "exactly one representation per object and will not pick one",
+                    hint="keep one representation per object in a container (vindex3 represent writes a new container)",
+                )
+            chosen[obj] = key
+            self.segments[obj] = Segment(self.path / rep["segment"])
         tables = {o: {n: (e.dtype, e.shape) for n, e in s.entries.items()} for o, s in self.segments.items()}
-        defects = closure.check(self.graph.raw, tables)
+        defects = closure.check(self.graph, tables)
         if defects:
             raise ClosureError(f"{self.path.name}: operands do not close over the graph ({len(defects)} defect(s))", defects)
 
@@ -173,11 +185,15 @@ class Container:
 
         return plan_slice(self._op_plan, sl or Full())
 
+    def tensor_source(self) -> "SegmentSource":
+        """Where an executor reads this container's operands: its mapped segments."""
+        return SegmentSource(self.segments)
+
     def executor(self, slice: "ExecutionSlice | None" = None) -> "Executor":
         from .exec.engine import Executor
         from .exec.slice import Full
 
-        return Executor(self, slice or Full())
+        return Executor(self._op_plan, self.tensor_source(), slice or Full())
 
     # -- integrity -------------------------------------------------------------------------
     def verify(self) -> VerifyReport:
@@ -187,6 +203,16 @@ class Container:
         """Rewrite index.json with ``updates`` applied; unknown keys survive; generation + 1."""
         rewrite_index(self.path, **updates)
         self.index = read_index(self.path)
+
+
+class SegmentSource:
+    """Operands as weight objects over memory-mapped segments, keyed by object."""
+
+    def __init__(self, segments: dict[str, Segment]):
+        self._segments = segments
+
+    def weight(self, ref):
+        return self._segments[ref.object].weight(ref.tensor)
 
 
 def rewrite_index(path: Path, **updates) -> None:

@@ -1,134 +1,128 @@
-"""Continuation geometry: what state a layer keeps between positions, derived from its ops.
+"""Continuation geometry: what state a layer keeps between positions, as a list of named parts.
 
-Kv{kv_dim, window}     grows 2·kv_dim values per position (capped at the window)
-LatentKv{width}        grows ``width`` values per position (one latent row, not a K/V pair)
-Recurrent{buffers}     fixed size, independent of sequence length
-KvAndRecurrent         both
-Stateless              nothing
+A part is one of the three kinds of state the graph vocabulary names:
 
-Every byte count STATS, EXPLAIN or a provider reports comes from here."""
+KV         rows per position: a K and a V row of ``kv_dim`` values each (capped at a window)
+LATENT     rows per position: one operator-defined row of ``width`` values (not a K/V pair)
+RECURRENT  a fixed buffer (a recurrent matrix, a conv window), independent of sequence length
+
+A layer's geometry is the parts of all its ops; a layer with none is stateless. Rows roll back
+by truncation; fixed buffers roll back only through a snapshot. Every byte count that STATS,
+EXPLAIN, SHOW LAYERS or a provider reports comes from here; operators build their parts with
+`kv_rows`, `latent_rows` and `buffer` and never spell a kind themselves."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+KV = "kv"
+LATENT = "latent"
+RECURRENT = "recurrent"
+KINDS = (KV, LATENT, RECURRENT)
+
+TRUNCATE = "truncate"
+SNAPSHOT = "snapshot"
+
 ITEMSIZE = {"f32": 4, "f16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
-class Buffer:
-    name: str
-    shape: tuple[int, ...]
+class StatePart:
+    name: str  # unique within its layer, e.g. "kv", "ssm", "conv"
+    kind: str  # KV | LATENT | RECURRENT
+    shape: tuple[int, ...]  # one row's shape (rows) or the whole buffer's (fixed)
+    per_position: bool  # rows grow with positions; buffers do not
+    rollback: str  # TRUNCATE | SNAPSHOT
     dtype: str = "f32"
+    window: int | None = None  # rows kept at most (sliding attention)
 
     @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * ITEMSIZE[self.dtype]
+    def row_bytes(self) -> int:
+        return math.prod(self.shape) * ITEMSIZE[self.dtype] if self.per_position else 0
+
+    @property
+    def fixed_bytes(self) -> int:
+        return 0 if self.per_position else math.prod(self.shape) * ITEMSIZE[self.dtype]
+
+    def bytes_at(self, positions: int) -> int:
+        if not self.per_position:
+            return self.fixed_bytes
+        n = positions if self.window is None else min(positions, self.window)
+        return self.row_bytes * n
+
+
+def kv_rows(kv_dim: int, window: int | None = None, dtype: str = "f32") -> StatePart:
+    """A K and a V row of ``kv_dim`` values per position."""
+    return StatePart("kv", KV, (2, int(kv_dim)), True, TRUNCATE, dtype, window)
+
+
+def latent_rows(width: int, name: str = "latent", dtype: str = "f32") -> StatePart:
+    """One operator-defined row of ``width`` values per position."""
+    return StatePart(name, LATENT, (int(width),), True, TRUNCATE, dtype)
+
+
+def buffer(name: str, shape: tuple[int, ...], dtype: str = "f32") -> StatePart:
+    """A fixed-size buffer; it rolls back only through a snapshot."""
+    return StatePart(name, RECURRENT, tuple(int(s) for s in shape), False, SNAPSHOT, dtype)
 
 
 @dataclass(frozen=True)
 class Geometry:
-    kind: str  # "kv" | "latent_kv" | "recurrent" | "kv_and_recurrent" | "stateless"
-    kv_dim: int = 0
-    window: int | None = None
-    latent_width: int = 0
-    buffers: tuple[Buffer, ...] = ()
-    dtype: str = "f32"
+    """The state one layer keeps: the parts of all its ops (none: stateless)."""
+
+    parts: tuple[StatePart, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.parts]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"state part names must be unique within a layer; repeated: {', '.join(dup)}")
 
     @property
-    def keeps_kv(self) -> bool:
-        return self.kind in ("kv", "kv_and_recurrent")
+    def stateless(self) -> bool:
+        return not self.parts
+
+    def of(self, kind: str) -> tuple[StatePart, ...]:
+        return tuple(p for p in self.parts if p.kind == kind)
+
+    def has(self, kind: str) -> bool:
+        return any(p.kind == kind for p in self.parts)
 
     @property
     def bytes_per_position(self) -> int:
         """Bytes added per position while below any window."""
-        if self.keeps_kv:
-            return 2 * self.kv_dim * ITEMSIZE[self.dtype]
-        if self.kind == "latent_kv":
-            return self.latent_width * ITEMSIZE[self.dtype]
-        return 0
+        return sum(p.row_bytes for p in self.parts)
 
     @property
     def fixed_bytes(self) -> int:
-        return sum(b.nbytes for b in self.buffers)
+        return sum(p.fixed_bytes for p in self.parts)
 
     def bytes_at(self, positions: int) -> int:
-        n = positions if self.window is None else min(positions, self.window)
-        return self.bytes_per_position * n + self.fixed_bytes
+        return sum(p.bytes_at(positions) for p in self.parts)
+
+    @property
+    def rollback(self) -> str:
+        """TRUNCATE when every part can be cut back to a position, else SNAPSHOT."""
+        return SNAPSHOT if any(p.rollback == SNAPSHOT for p in self.parts) else TRUNCATE
 
     def describe(self) -> str:
-        if self.kind == "stateless":
+        if not self.parts:
             return "Stateless"
-        parts = []
-        if self.keeps_kv:
-            w = f", window={self.window}" if self.window else ""
-            parts.append(f"Kv{{kv_dim={self.kv_dim}{w}}}")
-        if self.kind == "latent_kv":
-            parts.append(f"LatentKv{{width={self.latent_width}}}")
-        if self.buffers:
-            bufs = ", ".join(f"{b.name}{list(b.shape)}:{b.dtype}" for b in self.buffers)
-            parts.append(f"Recurrent{{{bufs}}}")
-        return " + ".join(parts)
+        out = []
+        for p in self.of(KV):
+            w = f", window={p.window}" if p.window else ""
+            out.append(f"Kv{{kv_dim={p.shape[1]}{w}}}")
+        for p in self.of(LATENT):
+            out.append(f"LatentKv{{width={p.shape[0]}}}")
+        bufs = self.of(RECURRENT)
+        if bufs:
+            out.append("Recurrent{" + ", ".join(f"{b.name}{list(b.shape)}:{b.dtype}" for b in bufs) + "}")
+        return " + ".join(out)
 
 
-STATELESS = Geometry("stateless")
+STATELESS = Geometry()
 
 
-def kv(kv_dim: int, window: int | None = None) -> Geometry:
-    return Geometry("kv", kv_dim=kv_dim, window=window)
-
-
-def latent(width: int) -> Geometry:
-    return Geometry("latent_kv", latent_width=width)
-
-
-def recurrent(buffers: list[Buffer]) -> Geometry:
-    return Geometry("recurrent", buffers=tuple(buffers))
-
-
-def combine(parts: list[Geometry]) -> Geometry:
-    """Geometry of a layer whose ops keep the given parts of state."""
-    parts = [p for p in parts if p.kind != "stateless"]
-    if not parts:
-        return STATELESS
-    if len(parts) == 1:
-        return parts[0]
-    kvs = [p for p in parts if p.keeps_kv]
-    bufs = tuple(b for p in parts for b in p.buffers)
-    lat = [p for p in parts if p.kind == "latent_kv"]
-    if len(kvs) == 1 and not lat and bufs:
-        return Geometry("kv_and_recurrent", kv_dim=kvs[0].kv_dim, window=kvs[0].window, buffers=bufs)
-    if not kvs and not lat:
-        return Geometry("recurrent", buffers=bufs)
-    raise ValueError(f"no geometry combines {[p.kind for p in parts]}")
-
-
-@dataclass
-class Summary:
-    layers: int
-    kv_layers: int
-    kv_bytes_per_position: int  # summed over KV layers (below their windows)
-    windowed_kv_layers: int
-    recurrent_layers: int
-    recurrent_bytes: int  # fixed, independent of sequence length
-    latent_layers: int
-    latent_bytes_per_position: int
-    stateless_layers: int
-
-    def total_at(self, geoms: list[Geometry], positions: int) -> int:
-        return sum(g.bytes_at(positions) for g in geoms)
-
-
-def summarize(geoms: list[Geometry]) -> Summary:
-    return Summary(
-        layers=len(geoms),
-        kv_layers=sum(g.keeps_kv for g in geoms),
-        kv_bytes_per_position=sum(g.bytes_per_position for g in geoms if g.keeps_kv),
-        windowed_kv_layers=sum(1 for g in geoms if g.keeps_kv and g.window),
-        recurrent_layers=sum(1 for g in geoms if g.buffers),
-        recurrent_bytes=sum(g.fixed_bytes for g in geoms),
-        latent_layers=sum(1 for g in geoms if g.kind == "latent_kv"),
-        latent_bytes_per_position=sum(g.bytes_per_position for g in geoms if g.kind == "latent_kv"),
-        stateless_layers=sum(1 for g in geoms if g.kind == "stateless"),
-    )
+def combine(parts: list[StatePart]) -> Geometry:
+    return Geometry(tuple(parts))

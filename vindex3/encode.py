@@ -114,7 +114,7 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
     for rep in representations.values():
         seg = Segment(tmp / rep["segment"])
         tables[rep["object"]] = {n: (e.dtype, e.shape) for n, e in seg.entries.items()}
-    defects = closure.check(lowering.graph, tables)
+    defects = closure.check(Graph(lowering.graph), tables)
     if defects:
         raise ClosureError(f"encode of {source.name}: operands do not close over the graph ({len(defects)} defect(s)); no output was written", defects)
 

@@ -1,18 +1,91 @@
 """The model graph (schema 6): components, objects, the per-layer policy and the execution
-surface. This module reads and validates a graph dict; it never looks at model families."""
+surface. This module reads and validates a graph dict; it never looks at model families.
+
+Validation happens once, when the graph loads: the core surface (hidden size, embedding,
+residual, norms, head) is parsed into typed models here, and each layer's operators parse their
+own parameters (vindex3.operators). A missing or ill-typed fact is a named refusal, never a
+default."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from . import operators as ops_registry
 from .errors import ComponentError, GraphSchemaError
 
 GRAPH_SCHEMA = 6
-OPERATORS = ("softmax", "gated_delta", "mamba2", "kda", "mla", "recurrent")
+# The schema's operator vocabulary, with the top-level surface group each one reads. A name here
+# that no registered operator executes is *described*: it opens, STATS and EXPLAIN show it, and
+# preparing it is refused by name. Registered operators add their own names.
+SCHEMA_OPERATORS: dict[str, str | None] = {
+    "softmax": "attention", "mla": "attention", "gated_delta": None, "mamba2": None, "kda": None, "recurrent": None,
+}
+SCHEMA_FFNS: dict[str, str | None] = {"dense": "ffn", "routed": "ffn"}
 ROLES = ("primary_text", "perception", "drafter")
 PLACEMENTS = ("pre_only", "pre_post", "post_only", "pre_mixer")
 OBJECT_KINDS = ("embedding", "decoder_stack", "final_norm", "output_head", "expert_bank")
+CORE_SURFACE = ("hidden_size", "embedding", "residual", "norms", "head", "operators")
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EmbeddingSpec(_Spec):
+    multiplier: float = Field(allow_inf_nan=False)
+
+
+class ResidualSpec(_Spec):
+    multiplier: float = Field(allow_inf_nan=False)
+    fp32: bool | None = None  # a statement about the reference's residual dtype; this executor is float32 throughout
+
+
+class NormsSpec(_Spec):
+    kind: Literal["rms"]
+    eps: float = Field(ge=0, allow_inf_nan=False)
+    weight_offset: float = Field(allow_inf_nan=False)
+    placement: Literal["pre_only", "pre_post", "post_only", "pre_mixer"]
+
+
+class HeadSpec(_Spec):
+    vocab: int = Field(gt=0)
+    tied: bool
+    multiplier: float = Field(allow_inf_nan=False)
+    softcap: float | None = Field(gt=0, allow_inf_nan=False)
+
+    @field_validator("multiplier")
+    @classmethod
+    def _nonzero(cls, v: float) -> float:
+        if v == 0:
+            raise ValueError("a head multiplier of 0 erases every logit")
+        return v
+
+
+class CoreSurface(_Spec):
+    model_config = ConfigDict(frozen=True, extra="ignore")  # operator groups are checked apart
+    hidden_size: int = Field(gt=0)
+    embedding: EmbeddingSpec
+    residual: ResidualSpec
+    norms: NormsSpec
+    head: HeadSpec
+    operators: dict[str, Any]
+
+
+def _problems(e: ValidationError) -> str:
+    out = []
+    for err in e.errors():
+        key = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "missing":
+            out.append(f"surface.{key} is missing (absence is not a default)")
+        elif err["type"] == "extra_forbidden":
+            out.append(f"surface.{key} is not a known key")
+        else:
+            out.append(f"surface.{key} {err['msg'].lower()} (found {err.get('input')!r})")
+    return "; ".join(out)
 
 
 @dataclass(frozen=True)
@@ -29,23 +102,29 @@ class LayerPolicy:
     span: str | None  # "full" | "sliding" for softmax layers
     window: int | None
     position: dict | None  # {"kind": "rope", theta, rotary_dims, scaling} | {"kind": "none"}
-    ffn: str | None  # "dense" or None (no FFN in this layer)
+    ffn: str | None  # the FFN kind ("dense", ...) or None (no FFN in this layer)
     operands: dict[str, str] = field(default_factory=dict)  # role -> tensor name in decoder_stack
 
     def label(self) -> str:
-        if self.operator == "softmax" and self.span:
-            return f"softmax ({self.span})"
+        if self.span:
+            return f"{self.operator} ({self.span})"
         return self.operator
 
 
 def _req(d: dict, key: str, where: str) -> Any:
+    if not isinstance(d, dict):
+        raise GraphSchemaError(f"system_graph.json: {where} is not an object")
     if key not in d:
         raise GraphSchemaError(f"system_graph.json: {where} has no '{key}'")
     return d[key]
 
 
 class Graph:
-    """A validated schema-6 graph."""
+    """A validated schema-6 graph.
+
+    ``layer_params[i]`` maps each slot ("mixer", "ffn") of layer i to its operator's typed
+    parameters, for every layer whose operator this build registers; ``operator(i, slot)`` is
+    that operator (None for a described one)."""
 
     def __init__(self, raw: dict):
         if not isinstance(raw, dict):
@@ -57,50 +136,120 @@ class Graph:
                 hint="re-encode the container from its checkpoint with `vindex3 encode SRC OUT`",
             )
         self.raw = raw
-        self.model: dict = raw.get("model", {})
+        model = raw.get("model", {})
+        self.model: dict = model if isinstance(model, dict) else {}
         comps = _req(raw, "components", "the graph")
-        self.components = [
-            Component(_req(c, "name", "a component"), _req(c, "role", "a component"), tuple(c.get("objects", ())))
-            for c in comps
-        ]
+        if not isinstance(comps, list):
+            raise GraphSchemaError("system_graph.json: components is not a list")
+        self.components = []
+        for c in comps:
+            objs = c.get("objects", ()) if isinstance(c, dict) else ()
+            name, role = _req(c, "name", "a component"), _req(c, "role", "a component")
+            if not isinstance(name, str) or not isinstance(objs, list) or not all(isinstance(o, str) for o in objs):
+                raise GraphSchemaError(f"system_graph.json: component {name!r} needs a string name and a list of object names")
+            self.components.append(Component(name, role, tuple(objs)))
         for c in self.components:
             if c.role not in ROLES:
                 raise GraphSchemaError(f"component {c.name!r} has unknown role {c.role!r} (known: {', '.join(ROLES)})")
         self.objects: dict[str, dict] = _req(raw, "objects", "the graph")
+        if not isinstance(self.objects, dict):
+            raise GraphSchemaError("system_graph.json: objects is not an object")
         for name, obj in self.objects.items():
-            if obj.get("kind") not in OBJECT_KINDS:
-                raise GraphSchemaError(f"object {name!r} has unknown kind {obj.get('kind')!r}")
+            if not isinstance(obj, dict) or obj.get("kind") not in OBJECT_KINDS:
+                kind = obj.get("kind") if isinstance(obj, dict) else obj
+                raise GraphSchemaError(f"object {name!r} has unknown kind {kind!r} (known: {', '.join(OBJECT_KINDS)})")
         self.surface: dict = _req(raw, "surface", "the graph")
+        try:
+            self.core = CoreSurface.model_validate(self.surface)
+        except ValidationError as e:
+            raise GraphSchemaError(f"system_graph.json: {_problems(e)}") from None
         layers = _req(raw, "layers", "the graph")
-        self.layers: list[LayerPolicy] = []
-        for i, l in enumerate(layers):
-            op = l.get("operator")
-            if op is None:
-                raise GraphSchemaError(f"layer {i} has no explicit operator (absence is not softmax)")
-            if op not in OPERATORS:
-                raise GraphSchemaError(f"layer {i} has unknown operator {op!r} (known: {', '.join(OPERATORS)})")
-            if l.get("index") != i:
-                raise GraphSchemaError(f"layer entry {i} carries index {l.get('index')!r}")
-            self.layers.append(
-                LayerPolicy(i, op, l.get("span"), l.get("window"), l.get("position"), l.get("ffn"), dict(l.get("operands", {})))
-            )
-        norms = self.surface.get("norms")
-        if norms is not None and norms.get("placement") not in PLACEMENTS:
-            raise GraphSchemaError(f"norm placement {norms.get('placement')!r} is not one of {', '.join(PLACEMENTS)}")
-        uses_attention = any(l.operator in ("softmax", "mla") for l in self.layers)
-        if uses_attention != ("attention" in self.surface):
-            raise GraphSchemaError(
-                "surface.attention must exist exactly when some layer runs softmax or MLA "
-                f"(layers with attention: {uses_attention}, group present: {'attention' in self.surface})"
-            )
-        uses_ffn = any(l.ffn for l in self.layers)
-        if uses_ffn != ("ffn" in self.surface):
-            raise GraphSchemaError(
-                f"surface.ffn must exist exactly when some layer has an FFN (layers with FFN: {uses_ffn}, "
-                f"group present: {'ffn' in self.surface})"
-            )
+        if not isinstance(layers, list) or not layers:
+            raise GraphSchemaError("system_graph.json: layers must be a non-empty list")
+        self.layers: list[LayerPolicy] = [self._layer(i, entry) for i, entry in enumerate(layers)]
+        self._operators: list[dict[str, Any]] = []
+        self.layer_params: list[dict[str, Any]] = []
+        for lp in self.layers:
+            chosen, params = {}, {}
+            for slot, value in ((ops_registry.MIXER, lp.operator), (ops_registry.FFN, lp.ffn)):
+                if value is None:
+                    continue
+                op = ops_registry.selected(slot, value)
+                chosen[slot] = op
+                if op is not None:
+                    params[slot] = op.params(self.surface, lp)
+            self._operators.append(chosen)
+            self.layer_params.append(params)
+        self._check_groups()
+
+    def _layer(self, i: int, entry: Any) -> LayerPolicy:
+        if not isinstance(entry, dict):
+            raise GraphSchemaError(f"system_graph.json: layer entry {i} is not an object")
+        op = entry.get("operator")
+        if op is None:
+            raise GraphSchemaError(f"layer {i} has no explicit operator (absence is not softmax)")
+        known = set(SCHEMA_OPERATORS) | {o.selects for o in ops_registry.all_operators() if o.slot == ops_registry.MIXER}
+        if op not in known:
+            raise GraphSchemaError(f"layer {i} has unknown operator {op!r} (known: {', '.join(sorted(known))})")
+        if entry.get("index") != i:
+            raise GraphSchemaError(f"layer entry {i} carries index {entry.get('index')!r}")
+        ffn = entry.get("ffn")
+        ffns = set(SCHEMA_FFNS) | {o.selects for o in ops_registry.all_operators() if o.slot == ops_registry.FFN}
+        if ffn is not None and ffn not in ffns:
+            raise GraphSchemaError(f"layer {i} has unknown ffn kind {ffn!r} (known: {', '.join(sorted(ffns))}, or null)")
+        window = entry.get("window")
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise GraphSchemaError(f"layer {i} has window {window!r}; a window is a positive number of keys")
+        operands = entry.get("operands", {})
+        if not isinstance(operands, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in operands.items()):
+            raise GraphSchemaError(f"layer {i}: operands must map role names to tensor names")
+        pos = entry.get("position")
+        if pos is not None and not isinstance(pos, dict):
+            raise GraphSchemaError(f"layer {i}: position must be an object or null, found {pos!r}")
+        if isinstance(pos, dict) and pos.get("kind") == "rope":
+            theta = pos.get("theta")
+            if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+                raise GraphSchemaError(f"layer {i}: rope theta must be a positive finite number, found {theta!r}")
+        return LayerPolicy(i, op, entry.get("span"), window, pos, ffn, dict(operands))
+
+    def _check_groups(self) -> None:
+        """A top-level surface group exists exactly when some layer's operator reads it, and
+        every group under surface.operators is read by some layer."""
+        needed: dict[str, list[int]] = {}
+        op_groups: set[str] = set()
+        for i, lp in enumerate(self.layers):
+            for slot, value in ((ops_registry.MIXER, lp.operator), (ops_registry.FFN, lp.ffn)):
+                if value is None:
+                    continue
+                op = self._operators[i].get(slot)
+                group = op.surface_group if op is not None else (SCHEMA_OPERATORS if slot == ops_registry.MIXER else SCHEMA_FFNS).get(value)
+                if group:
+                    needed.setdefault(group, []).append(i)
+                if op is not None and op.operator_group:
+                    op_groups.add(op.operator_group)
+                elif op is None:
+                    op_groups.add(value)  # a described operator may keep its facts there
+        known_groups = set(CORE_SURFACE) | {"attention", "ffn"} | {o.surface_group for o in ops_registry.all_operators() if o.surface_group}
+        for key in self.surface:
+            if key not in known_groups:
+                raise GraphSchemaError(f"system_graph.json: surface.{key} is not a known group (known: {', '.join(sorted(known_groups))})")
+        for group in sorted(known_groups - set(CORE_SURFACE)):
+            present = group in self.surface
+            users = needed.get(group, [])
+            if present != bool(users):
+                what = f"layers {users[:6]} read it" if users else "no layer reads it"
+                raise GraphSchemaError(
+                    f"surface.{group} must exist exactly when some layer's operator reads it ({what}; group present: {present})"
+                )
+        unused = sorted(set(self.core.operators) - op_groups)
+        if unused:
+            raise GraphSchemaError(f"surface.operators.{unused[0]} is read by no layer's operator")
 
     # -- facts -----------------------------------------------------------------------------
+    def operator(self, layer: int, slot: str):
+        """The registered operator in ``slot`` of ``layer``, or None (described, or no such slot)."""
+        return self._operators[layer].get(slot)
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -128,8 +277,8 @@ class Graph:
 
     @property
     def hidden_size(self) -> int:
-        return int(self.surface["hidden_size"])
+        return self.core.hidden_size
 
     @property
     def vocab_size(self) -> int:
-        return int(self.surface["head"]["vocab"])
+        return self.core.head.vocab

@@ -4,6 +4,10 @@ Layout: an 8-byte little-endian header length ``h``, ``h`` bytes of JSON header 
 spaces so that the payload starts 16-byte aligned, then the tensors packed in name order,
 each tensor itself starting on a 16-byte boundary. Readers memory-map the payload and accept
 a payload start aligned to 4 bytes (older writers).
+
+A tensor's ``dtype`` is its encoding: the name of a codec (vindex3.codecs) whose ``nbytes`` gives
+its stored length. An entry whose encoding this build has no codec for is kept as it is (its
+``len`` is trusted for accounting); only reading it as a weight is refused, by name.
 """
 
 from __future__ import annotations
@@ -18,12 +22,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from . import codecs
 from .errors import IntegrityError
 
 SEGMENT_SCHEMA = 1
 ALIGN = 16
-DTYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}
-_NP_TO_DTYPE = {np.dtype(v): k for k, v in DTYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -47,13 +50,6 @@ class SegmentInfo:
     segment_bytes: int
 
 
-def dtype_name(arr: np.ndarray) -> str:
-    try:
-        return _NP_TO_DTYPE[arr.dtype]
-    except KeyError:
-        raise IntegrityError(f"tensor dtype {arr.dtype} has no segment encoding (supported: {sorted(DTYPES)})") from None
-
-
 def _pad(n: int, align: int = ALIGN) -> int:
     return (-n) % align
 
@@ -65,15 +61,16 @@ def write_segment(
     load: Callable[[str], np.ndarray],
     on_tensor: Callable[[str], None] | None = None,
 ) -> SegmentInfo:
-    """Write tensors packed in name order. ``specs`` maps name -> (dtype, shape) so the header
-    can be written first; ``load(name)`` yields each array when its turn comes (so a large
-    object never has to sit in memory whole). Returns the hashes the index records."""
+    """Write tensors packed in name order. ``specs`` maps name -> (encoding, shape) so the
+    header can be written first; ``load(name)`` yields each float32 array when its turn comes (so
+    a large object never has to sit in memory whole), and the encoding's codec writes its bytes.
+    Returns the hashes the index records."""
     names = sorted(specs)
     entries = []
     offset = 0
     for name in names:
         dtype, shape = specs[name]
-        nbytes = int(np.dtype(DTYPES[dtype]).itemsize * int(np.prod(shape, dtype=np.int64)))
+        nbytes = codecs.get(dtype, what=f"tensor {name}").nbytes(tuple(shape))
         entries.append({"name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "len": nbytes})
         offset += nbytes + _pad(nbytes)
     header = {"schema": SEGMENT_SCHEMA, "representation": representation, "tensors": entries}
@@ -86,11 +83,13 @@ def write_segment(
         f.write(prefix)
         file_hash.update(prefix)
         for name, e in zip(names, entries):
-            arr = np.ascontiguousarray(load(name), dtype=DTYPES[e["dtype"]])
+            arr = load(name)
             if tuple(arr.shape) != tuple(e["shape"]):
                 raise IntegrityError(f"tensor {name}: loaded shape {list(arr.shape)} differs from its spec {e['shape']}")
-            arr = arr.astype(arr.dtype.newbyteorder("<"), copy=False)
-            buf = memoryview(arr.reshape(-1)).cast("B")
+            data = codecs.get(e["dtype"]).encode(arr)
+            if data.nbytes != e["len"]:
+                raise IntegrityError(f"tensor {name}: the {e['dtype']} codec wrote {data.nbytes} bytes, expected {e['len']}")
+            buf = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
             pad = b"\0" * _pad(e["len"])
             for chunk in (buf, pad):
                 f.write(chunk)
@@ -136,12 +135,14 @@ class Segment:
         self.payload_start = 8 + hlen
         if self.payload_start % 4:
             raise IntegrityError(f"segment {self.path.name}: payload starts at {self.payload_start}, not 4-byte aligned")
+        if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
+            raise IntegrityError(f"segment {self.path.name}: header is not an object with a list of tensors")
         self.representation = header.get("representation")
         self.entries: dict[str, TensorEntry] = {}
         for t in header.get("tensors", []):
-            if t["dtype"] not in DTYPES:
-                raise IntegrityError(f"segment {self.path.name}: tensor {t['name']} has unknown dtype {t['dtype']!r}")
-            e = TensorEntry(t["name"], t["dtype"], tuple(t["shape"]), int(t["offset"]), int(t["len"]))
+            e = _entry(self.path.name, t)
+            if e.name in self.entries:
+                raise IntegrityError(f"segment {self.path.name}: tensor {e.name} is listed twice")
             if self.payload_start + e.offset + e.nbytes > size:
                 raise IntegrityError(
                     f"segment {self.path.name}: tensor {e.name} runs past the end of the file "
@@ -159,12 +160,36 @@ class Segment:
             self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
         return self._mm
 
-    def tensor(self, name: str) -> np.ndarray:
-        """A read-only view into the mapped file (no copy)."""
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's stored bytes: a read-only uint8 view into the mapped file (no copy)."""
         e = self.entries[name]
         start = self.payload_start + e.offset
-        raw = self._map()[start : start + e.nbytes]
-        return np.ndarray(e.shape, dtype=DTYPES[e.dtype], buffer=raw)
+        return self._map()[start : start + e.nbytes]
+
+    def weight(self, name: str):
+        """The tensor as a weight object of its encoding's codec (refused by name without one)."""
+        e = self.entries[name]
+        codec = codecs.get(e.dtype, what=f"tensor {self.path.name}:{name}")
+        return codec.weight(self.raw(name), e.shape)
+
+    def tensor(self, name: str) -> np.ndarray:
+        """The whole tensor as float32 (a view of the mapped file when it is stored as f32)."""
+        return self.weight(name).dense()
+
+
+def _entry(seg: str, t) -> TensorEntry:
+    """One header entry, checked for types and, where a codec knows the encoding, its length."""
+    ok = (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("dtype"), str)
+          and isinstance(t.get("shape"), list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])
+          and all(isinstance(t.get(k), int) and not isinstance(t.get(k), bool) and t[k] >= 0 for k in ("offset", "len")))
+    if not ok:
+        raise IntegrityError(f"segment {seg}: a tensor entry is malformed (name, dtype, shape, offset, len): {str(t)[:200]}")
+    e = TensorEntry(t["name"], t["dtype"], tuple(t["shape"]), t["offset"], t["len"])
+    if codecs.is_known(e.dtype):
+        want = codecs.get(e.dtype).nbytes(e.shape)
+        if want != e.nbytes:
+            raise IntegrityError(f"segment {seg}: tensor {e.name} ({e.dtype} {list(e.shape)}) records {e.nbytes} bytes, its encoding takes {want}")
+    return e
 
 
 def sha256_file(path: Path, skip: int = 0) -> str:

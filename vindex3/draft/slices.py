@@ -60,10 +60,12 @@ def container_facts(container: Any) -> dict[str, Any]:
 
 
 def recurrent_layers(container: Any, executed: list[int]) -> list[tuple[int, str]]:
-    """(layer, operator) of each executed layer whose continuation keeps recurrent buffers, which a
-    KV truncation cannot roll back."""
+    """(layer, operator) of each executed layer whose state has a part that truncation cannot
+    roll back (a fixed recurrence, which needs a snapshot)."""
+    from ..continuation import TRUNCATE
+
     layers = container.op_plan().layers
-    return [(i, layers[i].operator) for i in executed if layers[i].geometry.buffers]
+    return [(i, layers[i].operator) for i in executed if layers[i].geometry.rollback != TRUNCATE]
 
 
 def decode_thread_count() -> int | None:

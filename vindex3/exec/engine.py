@@ -1,25 +1,29 @@
-"""The executor: prepares a slice's operands from the memory-mapped segments (counting every
-read), compiles each op to a small closure, and runs batch prefill and single-token steps
-against one continuation state. It knows operators and surfaces, never model families."""
+"""The executor: prepares a slice's operands from a tensor source (counting every read), binds
+each op once (core ops here, slot ops through their operator), and runs batch prefill and
+single-position steps in streams, each with its own continuation state and trace. It knows the
+layer skeleton and the operator interface, never an operator's kind nor a model family.
+
+    ex = Executor(op_plan, tensor_source, Full())     # Container.executor() builds this
+    st = ex.start()                                    # a token stream (a hidden stream for a LayerRange)
+    st.prefill(ids); st.step(tok); st.trace; st.last_hidden
+"""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from .. import codecs
+from ..codecs import Weight
 from ..errors import SliceError, StateError, UnsupportedOperator
-from ..opplan import Op, OperandRef
-from .ops import ffn as ffn_mod
-from .ops import softmax as softmax_mod
+from ..operators import ARRAY
+from ..opplan import Op, OperandRef, OpPlan
 from .ops.norm import make_weight, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
-from .state import ContinuationState, KvRows, LayerState
+from .state import ContinuationState, LayerState
 from .trace import ExecutionTrace
-
-if TYPE_CHECKING:
-    from ..container import Container
 
 F32 = np.float32
 
@@ -47,129 +51,153 @@ def decode_threads() -> int:
     with _small_pass_limit():
         counts = [i["num_threads"] for i in _threads["ctl"].info() if i.get("user_api") == "blas"]
     return max(counts) if counts else _threads["n"]
-OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int], tuple[np.ndarray, np.ndarray]]
+
+
+class TensorSource(Protocol):
+    """Where an executor reads operands from (a container's segments, a shard's, ...)."""
+
+    def weight(self, ref: OperandRef) -> Weight: ...
 
 
 class PreparedOperands:
-    """Only the slice's tensors, as read-only views of the mapped segments. Every operand
-    reference resolved counts as one read; bytes count each distinct tensor once."""
+    """Only the slice's tensors, as weight objects over the source's bytes. Every operand
+    reference resolved counts as one read; bytes count each distinct tensor once, at its stored
+    (encoded) size."""
 
-    def __init__(self, container: "Container"):
-        self._segments = container.segments
-        self._cache: dict[str, np.ndarray] = {}
+    def __init__(self, source: TensorSource):
+        self._source = source
+        self._cache: dict[str, Weight] = {}
         self.reads = 0
         self.bytes = 0
         self.read_log: list[str] = []
 
-    def get(self, ref: OperandRef) -> np.ndarray:
+    def weight(self, ref: OperandRef) -> Weight:
         self.reads += 1
         self.read_log.append(ref.label)
-        arr = self._cache.get(ref.label)
-        if arr is None:
-            arr = self._segments[ref.object].tensor(ref.tensor)
-            if arr.dtype != np.float32:
-                raise UnsupportedOperator(f"operand {ref.label} is {arr.dtype}; the executor runs float32 operands")
-            self._cache[ref.label] = arr
+        w = self._cache.get(ref.label)
+        if w is None:
+            w = self._source.weight(ref)
+            self._cache[ref.label] = w
             self.bytes += ref.nbytes
-        return arr
+        return w
+
+    def array(self, ref: OperandRef) -> np.ndarray:
+        """The operand whole, as float32 (norm weights, biases, small operands)."""
+        return self.weight(ref).dense()
 
 
-def _compile_op(op: Op, layer: int, W: PreparedOperands) -> OpFn:
-    w = {role: W.get(ref) for role, ref in op.operands.items()}
-    k = op.kind
-    if k == "rms_norm":
-        weight = make_weight(w["weight"], op.params["weight_offset"])
-        eps = F32(op.params["eps"])
+# A bound op: (h residual, x current activation, layer state, first position, one position?) -> (h, x)
+OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int, bool], tuple[np.ndarray, np.ndarray]]
 
-        def norm(h, x, ls, p0):
-            return h, rms_norm(h, weight, eps)
 
-        return norm
-    if k == "residual_add":
-        m = F32(op.params["multiplier"])
+def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
+    if op.kind == "rms_norm":
+        weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
+        eps = F32(op.params.eps)
+        return lambda h, x, ls, p0, one: (h, rms_norm(h, weight, eps))
+    if op.kind == "residual_add":
+        m = F32(op.params.multiplier)
         if m == 1:
-            return lambda h, x, ls, p0: (h + x, x)
-        return lambda h, x, ls, p0: (h + x * m, x)
-    if k == "attention":
-        attn = softmax_mod.make_attention(op.params, w)
-        return lambda h, x, ls, p0: (h, attn(x, ls.kv, p0))
-    if k == "gated_ffn":
-        f = ffn_mod.make_ffn(
-            op.params["activation"], w.get("ffn_gate"), w.get("ffn_up"), w["ffn_down"], w.get("ffn_gate_up"),
-            w.get("ffn_gate_bias"), w.get("ffn_up_bias"), w.get("ffn_down_bias"), w.get("ffn_gate_up_bias"),
-        )
-        return lambda h, x, ls, p0: (h, f(x))
-    if k == "mamba2":
-        from .ops import mamba2_bind as m2
+            return lambda h, x, ls, p0, one: (h + x, x)
+        return lambda h, x, ls, p0, one: (h + x * m, x)
+    raise UnsupportedOperator(f"core op {op.kind!r} has no executor")
 
-        run = m2.bind(op.params, w)
-        return lambda h, x, ls, p0: (h, run(x, ls.recurrent))
-    raise UnsupportedOperator(
-        f"layer {layer}: operator {k!r} has no executor in this build (executable: softmax, mamba2)"
-    )
+
+def _bind_slot(op: Op, W: PreparedOperands) -> OpFn:
+    kinds = {r.name: r.kind for r in op.operator.roles(op.params)}
+    operands = {role: (W.array(ref) if kinds.get(role) == ARRAY else W.weight(ref)) for role, ref in op.operands.items()}
+    kernel = op.operator.bind(op.params, operands)
+    slot = op.role
+    prefill, step = kernel.prefill, kernel.step
+
+    def run(h, x, ls, p0, one):
+        return h, (step if one else prefill)(x, ls.ops.get(slot), p0)
+
+    return run
+
+
+def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
+    """Refuse by name, before reading anything, what this slice cannot execute."""
+    for i in layers:
+        for op in plan.layers[i].slot_ops():
+            if op.operator is None:
+                from ..operators import registered
+
+                runnable = ", ".join(n for n, _ in registered())
+                what = "operator" if op.role == "mixer" else f"{op.role} kind"
+                raise UnsupportedOperator(
+                    f"layer {i}: {what} {op.kind!r} has no executor in this build (executable operators: {runnable})"
+                )
+    for ref in refs:
+        codecs.get(ref.dtype, what=f"operand {ref.label}")
 
 
 class Executor:
-    def __init__(self, container: "Container", sl: ExecutionSlice):
-        self.container = container
-        plan = container.op_plan()
+    """Prepared once per slice; runs any number of streams."""
+
+    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice):
         self.plan = plan
         self.slice = sl
         self.slice_plan = plan_slice(plan, sl)
         self.layers = self.slice_plan.executed_layers
-        geoms = {i: plan.layers[i].geometry for i in self.layers}
-        ContinuationState.preflight(geoms)  # only the layers this slice executes
+        _preflight(plan, self.layers, self.slice_plan.operands)
         t0 = time.perf_counter()
-        W = PreparedOperands(container)
+        W = PreparedOperands(source)
         self.has_ends = self.slice_plan.has_ends
         if self.has_ends:
-            self._emb = W.get(plan.embedding.operands["weight"])
-            self._emb_mult = F32(plan.embedding.params["multiplier"])
+            self._emb = W.weight(plan.embedding.operands["weight"])
+            self._emb_mult = F32(plan.embedding.params.multiplier)
             fn = plan.final_norm
-            self._fn_w = make_weight(W.get(fn.operands["weight"]), fn.params["weight_offset"])
-            self._fn_eps = F32(fn.params["eps"])
+            self._fn_w = make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset)
+            self._fn_eps = F32(fn.params.eps)
             hd = plan.head
-            self._head_T = W.get(hd.operands["weight"]).T
-            self._head_mult = F32(hd.params["multiplier"])
-            self._softcap = hd.params.get("softcap")
+            self._head = W.weight(hd.operands["weight"])
+            self._head_mult = F32(hd.params.multiplier)
+            self._softcap = hd.params.softcap
         self._kernels: list[tuple[int, list[OpFn]]] = [
-            (i, [_compile_op(op, i, W) for op in plan.layers[i].ops]) for i in self.layers
+            (i, [(_bind_slot(op, W) if op.operator is not None else _bind_core(op, W)) for op in plan.layers[i].ops])
+            for i in self.layers
         ]
         self.prepared = W
-        self.trace = ExecutionTrace(
-            prepare_seconds=time.perf_counter() - t0, operand_reads=W.reads, bytes_read=W.bytes
-        )
-        self.last_hidden: np.ndarray | None = None
+        self.prepare_seconds = time.perf_counter() - t0
+        self.operand_reads = W.reads
+        self.bytes_read = W.bytes
+        self._last: _StreamBase | None = None
 
     # -- state -------------------------------------------------------------------------------
     def new_state(self) -> ContinuationState:
         layers = {}
         for i in self.layers:
             lo = self.plan.layers[i]
-            g = lo.geometry
-            kv = rec = None
-            for op in lo.ops:
-                if op.kind == "attention":
-                    p = op.params
-                    kv = KvRows(p["kv_heads"], p["head_dim"], p["window"])
-                elif op.kind == "mamba2":
-                    from .ops import mamba2_bind as m2
-
-                    rec = m2.new_state(op.params)
-            layers[i] = LayerState(i, g, kv, rec)
+            ops = {op.role: s for op in lo.slot_ops() if (s := op.operator.new_state(op.params)) is not None}
+            layers[i] = LayerState(i, lo.geometry, ops)
         return ContinuationState(layers)
 
+    def new_trace(self) -> ExecutionTrace:
+        return ExecutionTrace(prepare_seconds=self.prepare_seconds, operand_reads=self.operand_reads,
+                              bytes_read=self.bytes_read)
+
+    @property
+    def trace(self) -> ExecutionTrace:
+        """The trace of the stream that ran last (after ``forward(ids)``: that forward's)."""
+        return self._last.trace if self._last is not None else self.new_trace()
+
+    @property
+    def last_hidden(self) -> np.ndarray | None:
+        return self._last.last_hidden if self._last is not None else None
+
     # -- passes ------------------------------------------------------------------------------
-    def _layers(self, h: np.ndarray, state: ContinuationState) -> np.ndarray:
+    def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> np.ndarray:
         p0 = state.position
+        one = h.shape[0] == 1
         ran = []
         x = h
         for i, fns in self._kernels:
             ls = state.layers[i]
             for fn in fns:
-                h, x = fn(h, x, ls, p0)
+                h, x = fn(h, x, ls, p0, one)
             ran.append(i)
-        self.trace.executed_layers = ran
+        trace.executed_layers = ran
         return h
 
     def _embed(self, ids) -> np.ndarray:
@@ -178,14 +206,14 @@ class Executor:
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             bad = int(ids[(ids < 0) | (ids >= V)][0])
             raise SliceError(f"token id {bad} is outside the vocabulary [0, {V})")
-        h = self._emb[ids]
+        h = self._emb.take(ids)
         if self._emb_mult != 1:
             h = h * self._emb_mult
         return h
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         hn = rms_norm(h, self._fn_w, self._fn_eps)
-        logits = hn @ self._head_T
+        logits = self._head.mm(hn)
         if self._head_mult != 1:
             logits = logits * self._head_mult
         if self._softcap:
@@ -193,66 +221,53 @@ class Executor:
             logits = np.tanh(logits / c) * c
         return logits
 
-    def _run(self, ids, state: ContinuationState, last_only: bool = False) -> np.ndarray:
-        if not self.has_ends:
-            raise SliceError(f"{self.slice.describe()} has no embedding or head; use run_hidden(h) on a layer range")
+    def _pass(self, h: np.ndarray, stream: _StreamBase, ends: bool, last_only: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
-        h = self._embed(ids)
         T = h.shape[0]
         if T == 0:
-            raise SliceError("no tokens to run")
+            raise SliceError("no positions to run")
+        out = None
         if T <= SMALL_PASS:
             with _small_pass_limit():
-                h = self._layers(h, state)
-                logits = self._logits(h[-1:] if last_only else h)
+                h = self._layers(h, stream.state, stream.trace)
+                if ends:
+                    out = self._logits(h[-1:] if last_only else h)
         else:
-            h = self._layers(h, state)
-            logits = self._logits(h[-1:] if last_only else h)
-        state.position += T
-        self.last_hidden = h
-        self.trace.step_seconds.append(time.perf_counter() - t0)
-        self.trace.positions += T
-        return logits
+            h = self._layers(h, stream.state, stream.trace)
+            if ends:
+                out = self._logits(h[-1:] if last_only else h)
+        stream.state.position += T
+        stream.last_hidden = h
+        stream.trace.step_seconds.append(time.perf_counter() - t0)
+        stream.trace.positions += T
+        self._last = stream
+        return h if out is None else out
 
     def forward(self, token_ids) -> np.ndarray:
-        """Batch prefill from an empty state: float32 logits [positions, vocab]."""
-        return self._run(token_ids, self.new_state())
+        """Batch prefill in a fresh stream: float32 logits [positions, vocab]."""
+        if not self.has_ends:
+            raise SliceError(f"{self.slice.describe()} has no embedding or head; run hidden states through "
+                             "start().prefill_hidden(h) on a layer range")
+        return self.start().prefill(token_ids)
 
-    def run_hidden(self, h: np.ndarray, state: ContinuationState | None = None) -> np.ndarray:
-        """Hidden states in, hidden states out, over the slice's layers (for LayerRange)."""
-        state = state or self.new_state()
-        h = np.asarray(h, dtype=np.float32)
-        out = self._layers(h, state)
-        state.position += h.shape[0]
-        return out
-
-    def start(self) -> "Stream":
-        if isinstance(self.slice, LayerRange):
-            raise SliceError(f"{self.slice.describe()} has no ends; a token stream needs an embedding and a head")
+    def start(self) -> Stream | HiddenStream:
+        """A new stream with its own state and trace: token ids in and logits out for a slice
+        with ends, hidden states in and out for a `LayerRange`."""
+        if isinstance(self.slice, LayerRange) or not self.has_ends:
+            return HiddenStream(self)
         return Stream(self)
 
 
-class Stream:
-    """One continuation: prefill (any number of tokens, continuing from the current position),
-    single-token steps, rollback."""
-
+class _StreamBase:
     def __init__(self, ex: Executor):
         self.ex = ex
         self.state = ex.new_state()
+        self.trace = ex.new_trace()
+        self.last_hidden: np.ndarray | None = None
 
     @property
     def position(self) -> int:
         return self.state.position
-
-    @property
-    def last_hidden(self) -> np.ndarray | None:
-        return self.ex.last_hidden
-
-    def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
-        return self.ex._run(token_ids, self.state, last_only)
-
-    def step(self, token_id: int) -> np.ndarray:
-        return self.ex._run([int(token_id)], self.state)[0]
 
     def truncate(self, position: int) -> None:
         self.state.truncate(position)
@@ -260,7 +275,39 @@ class Stream:
     def snapshot(self) -> dict:
         return self.state.snapshot()
 
-    def restore(self, snap: dict) -> None:
+    def restore(self, snap: Any) -> None:
         if not isinstance(snap, dict) or "position" not in snap:
             raise StateError("restore() takes a snapshot returned by snapshot() of this stream")
         self.state.restore(snap)
+
+
+class Stream(_StreamBase):
+    """One token continuation: prefill (any number of tokens, continuing from the current
+    position), single-token steps, rollback."""
+
+    def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
+        return self.ex._pass(self.ex._embed(token_ids), self, True, last_only)
+
+    def step(self, token_id: int) -> np.ndarray:
+        return self.prefill([int(token_id)])[0]
+
+
+class HiddenStream(_StreamBase):
+    """A layer range's continuation: hidden states [T, hidden] in, hidden states out, with the
+    range's own state (so a range can run in another process and hand its output on)."""
+
+    def _check(self, h) -> np.ndarray:
+        h = np.asarray(h)
+        if h.dtype != F32 or h.ndim != 2 or h.shape[1] != self.ex.plan.hidden_size:
+            raise SliceError(f"a hidden stream takes float32 [positions, {self.ex.plan.hidden_size}]; "
+                             f"got {h.dtype} {list(h.shape)}")
+        return h
+
+    def prefill_hidden(self, h) -> np.ndarray:
+        return self.ex._pass(self._check(h), self, False)
+
+    def step_hidden(self, h) -> np.ndarray:
+        h = self._check(h)
+        if h.shape[0] != 1:
+            raise SliceError(f"step_hidden takes one position, got {h.shape[0]}")
+        return self.ex._pass(h, self, False)

@@ -1,4 +1,4 @@
-"""Gated FFN: down(act(gate(x)) * up(x)), with SiLU and GELU variants."""
+"""FFN activations, float32: SiLU, erf-GELU (numba, imported on first use) and tanh-GELU."""
 
 from __future__ import annotations
 
@@ -43,32 +43,3 @@ def activation(name: str):
         return ACTIVATIONS[name]
     except KeyError:
         raise UnsupportedOperator(f"FFN activation {name!r} has no executor (supported: {', '.join(ACTIVATIONS)})") from None
-
-
-def make_ffn(act: str, gate, up, down, gate_up=None, gate_b=None, up_b=None, down_b=None, gate_up_b=None):
-    f = activation(act)
-    gT = gate.T if gate is not None else None
-    uT = up.T if up is not None else None
-    guT = gate_up.T if gate_up is not None else None
-    dT = down.T
-
-    def run(x: np.ndarray) -> np.ndarray:
-        if guT is not None:
-            gu = x @ guT
-            if gate_up_b is not None:
-                gu = gu + gate_up_b
-            half = gu.shape[-1] // 2
-            g, u = gu[..., :half], gu[..., half:]
-        else:
-            g = x @ gT
-            u = x @ uT
-            if gate_b is not None:
-                g = g + gate_b
-            if up_b is not None:
-                u = u + up_b
-        y = (f(g) * u) @ dT
-        if down_b is not None:
-            y = y + down_b
-        return y
-
-    return run

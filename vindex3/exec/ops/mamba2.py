@@ -46,6 +46,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from vindex3.codecs import Weight
 from vindex3.errors import ClosureError, StateError
 
 __all__ = [
@@ -133,7 +134,9 @@ class Mamba2Geometry:
 
 @dataclass
 class Mamba2Weights:
-    """float32 operands of one mixer. May be read-only memory-mapped views: never written."""
+    """Operands of one mixer. The two projections are float32 arrays or weight objects
+    (vindex3.codecs: ``mm(x) = x @ W.T``, any encoding); the rest are float32 arrays. May be
+    read-only memory-mapped views: never written."""
 
     in_proj: np.ndarray  # [in_proj_dim, hidden]
     in_proj_bias: np.ndarray | None  # [in_proj_dim]
@@ -175,9 +178,18 @@ class Mamba2State:
 # --------------------------------------------------------------------------- checks
 
 
+def _mm(w, x: np.ndarray) -> np.ndarray:
+    """x [T, in] @ W.T for a float32 array or a weight object."""
+    return x @ w.T if isinstance(w, np.ndarray) else w.mm(x)
+
+
 def _expect(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
     if arr is None:
         defects.append(f"{name}: missing, expected float32 {list(shape)}")
+        return
+    if isinstance(arr, Weight):
+        if arr.shape != shape:
+            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
         return
     if not isinstance(arr, np.ndarray):
         defects.append(f"{name}: not an array ({type(arr).__name__})")
@@ -198,7 +210,7 @@ def _conv_weight_2d(w: Mamba2Weights) -> np.ndarray:
 def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
     """Validate operands and state against the geometry; return the 2-D conv weight."""
     defects: list[str] = []
-    rows = getattr(w.in_proj, "shape", (0,))[0] if getattr(w.in_proj, "ndim", 0) == 2 else 0
+    rows = w.in_proj.shape[0] if getattr(w.in_proj, "ndim", 0) == 2 else 0
     if rows > g.in_proj_dim:
         defects.append(
             f"in_proj: {rows} rows, wider than intermediate + conv_dim + heads = "
@@ -533,13 +545,13 @@ def mamba2_prefill(
         return np.zeros((0, g.hidden_size), F32)
     ni, cd = g.intermediate, g.conv_dim
 
-    zxbcdt = x @ w.in_proj.T
+    zxbcdt = _mm(w.in_proj, x)
     if w.in_proj_bias is not None:
         zxbcdt += w.in_proj_bias
 
     xbc = _run_conv(state.conv, zxbcdt[:, ni : ni + cd], cw, w)
     u = _ssm_norm(zxbcdt, xbc, w, g, state.ssm, clamp_dt=True)
-    out = u @ w.out_proj.T
+    out = _mm(w.out_proj, u)
     if w.out_proj_bias is not None:
         out += w.out_proj_bias
     return out
@@ -558,13 +570,13 @@ def mamba2_step(
     cw = _check(w, g, state)
     ni, cd = g.intermediate, g.conv_dim
 
-    zxbcdt = w.in_proj @ x
+    zxbcdt = w.in_proj @ x if isinstance(w.in_proj, np.ndarray) else w.in_proj.mm(x[None])[0]
     if w.in_proj_bias is not None:
         zxbcdt += w.in_proj_bias
 
     xbc = _run_conv(state.conv, zxbcdt[None, ni : ni + cd], cw, w)
     u = _ssm_norm(zxbcdt[None], xbc, w, g, state.ssm, clamp_dt=False)[0]
-    out = w.out_proj @ u
+    out = w.out_proj @ u if isinstance(w.out_proj, np.ndarray) else w.out_proj.mm(u[None])[0]
     if w.out_proj_bias is not None:
         out += w.out_proj_bias
     return out

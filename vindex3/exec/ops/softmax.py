@@ -12,25 +12,27 @@ from .norm import make_weight, rms_norm
 QUERY_BLOCK = 128
 
 
-def make_attention(p: dict, w: dict):
-    nh, nkv, hd = p["heads"], p["kv_heads"], p["head_dim"]
+def make_attention(p, w: dict):
+    """``p``: the softmax operator's params; ``w``: role -> Weight (projections) or float32 array
+    (biases, QK-norm weights). Returns ``run(x [T, hidden], kv: KvRows, p0) -> [T, hidden]``."""
+    nh, nkv, hd = p.heads, p.kv_heads, p.head_dim
     g = nh // nkv
-    window = p["window"]
-    qT, kT, vT, oT = w["q_proj"].T, w["k_proj"].T, w["v_proj"].T, w["o_proj"].T
+    window = p.window
+    Wq, Wk, Wv, Wo = w["q_proj"], w["k_proj"], w["v_proj"], w["o_proj"]
     qb, kb, vb, ob = (w.get(n) for n in ("q_bias", "k_bias", "v_bias", "o_bias"))
-    qn = make_weight(w["q_norm"], p["qk_norm_offset"]) if "q_norm" in w else None
-    kn = make_weight(w["k_norm"], p["qk_norm_offset"]) if "k_norm" in w else None
-    qk_eps = np.float32(p["qk_norm_eps"]) if p["qk_norm_eps"] is not None else None
-    table = rope_mod.RopeTable(p["rope_theta"], p["rotary_dims"], p["rope_scaling"]) if p["position"] == "rope" else None
-    qscale = np.float32(p["query_scale"])
-    sscale = np.float32(p["score_scale"])
+    qn = make_weight(w["q_norm"], p.qk_norm_offset) if "q_norm" in w else None
+    kn = make_weight(w["k_norm"], p.qk_norm_offset) if "k_norm" in w else None
+    qk_eps = np.float32(p.qk_norm_eps) if p.qk_norm_eps is not None else None
+    table = rope_mod.RopeTable(p.rope_theta, p.rotary_dims, p.rope_scaling) if p.position == "rope" else None
+    qscale = np.float32(p.query_scale)
+    sscale = np.float32(p.score_scale)
     neg = np.float32(-np.inf)
 
     def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
         T = x.shape[0]
-        q = x @ qT
-        k = x @ kT
-        v = x @ vT
+        q = Wq.mm(x)
+        k = Wk.mm(x)
+        v = Wv.mm(x)
         if qb is not None:
             q = q + qb
         if kb is not None:
@@ -79,7 +81,7 @@ def make_attention(p: dict, w: dict):
             s *= np.float32(1.0) / s.sum(axis=-1, keepdims=True)
             out[:, :, a:b] = np.matmul(s.reshape(nkv, g * n, Sb), Vb).reshape(nkv, g, n, hd)
         out = out.reshape(nh, T, hd).transpose(1, 0, 2).reshape(T, nh * hd)
-        y = out @ oT
+        y = Wo.mm(out)
         if ob is not None:
             y = y + ob
         return y

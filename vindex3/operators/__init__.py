@@ -1,0 +1,25 @@
+"""Operators as plug-ins: one module per operator, registered by name (see base.py and
+docs/operators.md#adding-an-operator)."""
+
+from .base import (
+    ARRAY,
+    FFN,
+    MATRIX,
+    MIXER,
+    Kernel,
+    Operator,
+    Params,
+    Role,
+    all_operators,
+    get,
+    parse_params,
+    register,
+    registered,
+    selected,
+    unregister,
+)
+
+__all__ = [
+    "ARRAY", "FFN", "MATRIX", "MIXER", "Kernel", "Operator", "Params", "Role", "all_operators", "get",
+    "parse_params", "register", "registered", "selected", "unregister",
+]

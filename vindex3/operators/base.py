@@ -1,0 +1,183 @@
+"""What every operator module provides, and the registry that finds one by name.
+
+An operator is one module that owns everything about one kind of layer computation:
+
+* its **slot** in the layer skeleton ("mixer" or "ffn") and the graph value that selects it
+  (a layer's ``operator`` for mixers, its ``ffn`` for FFNs);
+* its **typed parameters** (`Params`), read from its own part of the graph surface and the layer
+  policy, validated when the graph loads: a missing or ill-typed fact is a named refusal, never a
+  default;
+* its **operand roles** (`Role`): name, expected shape from the parameters, required or optional,
+  and whether the kernel multiplies by it (a `vindex3.codecs.Weight`) or reads it whole;
+* its **continuation geometry** (a list of `vindex3.continuation` parts) and its **state** object;
+* its **kernel binding**: ``bind`` once per executor, then ``prefill(x, state, p0)`` and
+  ``step(x, state, p0)``.
+
+Nothing outside the module names its kind. See docs/operators.md#adding-an-operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..continuation import Geometry
+from ..errors import GraphSchemaError
+
+MIXER = "mixer"
+FFN = "ffn"
+SLOTS = (MIXER, FFN)
+
+MATRIX = "matrix"  # the kernel receives a Weight (mm / take / expert): any encoding with a codec
+ARRAY = "array"  # the kernel receives the whole tensor as float32
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str
+    shape: tuple[int, ...]
+    required: bool = True
+    kind: str = MATRIX
+
+
+class Params(BaseModel):
+    """Typed, immutable parameters of one op. Unknown keys are refused (extra="forbid"). Reads
+    like a read-only mapping for display (``items()``); fields listed in ``HIDDEN`` (facts every
+    op carries, such as the hidden size) are not shown."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    HIDDEN: ClassVar[frozenset[str]] = frozenset({"hidden_size"})
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, v) for k, v in self.model_dump().items() if k not in self.HIDDEN]
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:  # dict(params) shows what items() shows
+        return iter(self.items())
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+def parse_params(cls: type[Params], raw: Mapping[str, Any], where: str) -> Params:
+    """Validate ``raw`` into ``cls``; every problem is named (key and what was expected)."""
+    try:
+        return cls.model_validate(dict(raw))
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            key = ".".join(str(x) for x in err["loc"]) or "(params)"
+            if err["type"] == "missing":
+                problems.append(f"'{key}' is missing (absence is not a default)")
+            elif err["type"] == "extra_forbidden":
+                problems.append(f"'{key}' is not a parameter of this operator")
+            else:
+                problems.append(f"'{key}' {err['msg'].lower()} (found {err.get('input')!r})")
+        raise GraphSchemaError(f"system_graph.json: {where}: " + "; ".join(problems)) from None
+
+
+class Kernel:
+    """A bound op: ``prefill`` runs any number of positions from ``p0``; ``step`` runs one.
+    ``x`` is [T, hidden] float32 (T = 1 for step); the result is the op's write, [T, hidden]."""
+
+    def prefill(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def step(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
+        return self.prefill(x, state, p0)
+
+
+class Operator:
+    """Base of every operator. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]  # registry name; the op's kind in plans and EXPLAIN
+    slot: ClassVar[str]  # MIXER | FFN
+    selects: ClassVar[str]  # the graph value that selects it (layer.operator, or layer.ffn)
+    surface_group: ClassVar[str | None] = None  # the top-level surface group it reads, if any
+    operator_group: ClassVar[str | None] = None  # its key under surface.operators, if any
+    Params: ClassVar[type[Params]]
+
+    def params(self, surface: Mapping[str, Any], layer: Any) -> Params:
+        """Typed parameters of this op in ``layer`` (a `vindex3.graph.LayerPolicy`)."""
+        raise NotImplementedError
+
+    def roles(self, p: Params) -> list[Role]:
+        raise NotImplementedError
+
+    def geometry(self, p: Params) -> Geometry:
+        return Geometry()
+
+    def new_state(self, p: Params) -> Any:
+        """The op's state object (`vindex3.exec.state.OpState`), or None if it keeps none."""
+        return None
+
+    def summary(self, p: Params) -> dict[str, Any]:
+        """The few parameters SHOW LAYERS and the plan's layer line show."""
+        return {}
+
+    def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
+        """``operands``: role -> Weight (MATRIX roles) or float32 array (ARRAY roles)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<operator {self.name} ({self.slot})>"
+
+
+# ---- registry ---------------------------------------------------------------------------------
+
+_BY_NAME: dict[str, Operator] = {}
+_BY_SELECT: dict[tuple[str, str], Operator] = {}
+
+
+def register(op: Operator | type[Operator]) -> Operator:
+    """Register an operator (class or instance). Re-registering the same class is a no-op; a
+    second operator claiming a name or a graph value is refused."""
+    inst = op() if isinstance(op, type) else op
+    if inst.slot not in SLOTS:
+        raise ValueError(f"operator {inst.name!r} has slot {inst.slot!r} (slots: {', '.join(SLOTS)})")
+    for table, key in ((_BY_NAME, inst.name), (_BY_SELECT, (inst.slot, inst.selects))):
+        have = table.get(key)
+        if have is not None and type(have) is not type(inst):
+            raise ValueError(f"operator {inst.name!r} claims {key!r}, already registered to {have.name!r}")
+    _BY_NAME[inst.name] = inst
+    _BY_SELECT[(inst.slot, inst.selects)] = inst
+    return inst
+
+
+def unregister(name: str) -> None:
+    """Remove an operator (tests register toy operators and clean up after themselves)."""
+    inst = _BY_NAME.pop(name, None)
+    if inst is not None:
+        _BY_SELECT.pop((inst.slot, inst.selects), None)
+
+
+def registered() -> list[tuple[str, str]]:
+    """(name, slot) of every registered operator, sorted by name."""
+    _load_builtins()
+    return sorted((o.name, o.slot) for o in _BY_NAME.values())
+
+
+def get(name: str) -> Operator | None:
+    _load_builtins()
+    return _BY_NAME.get(name)
+
+
+def selected(slot: str, value: str) -> Operator | None:
+    """The operator a layer's ``operator`` (slot MIXER) or ``ffn`` (slot FFN) value selects."""
+    _load_builtins()
+    return _BY_SELECT.get((slot, value))
+
+
+def all_operators() -> list[Operator]:
+    _load_builtins()
+    return list(_BY_NAME.values())
+
+
+def _load_builtins() -> None:
+    from . import builtins  # noqa: F401  (registers the built-in operators on import)

@@ -1,0 +1,89 @@
+"""The gated dense FFN (graph ``ffn: "dense"``, slot ffn): down(act(gate(x)) * up(x)), with the
+gate and up projections stored apart or fused into one matrix (gate rows first), optional
+biases, and the SiLU / erf-GELU / tanh-GELU activations. It keeps no state."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from ..errors import GraphSchemaError
+from .base import ARRAY, FFN, Kernel, Operator, Params, Role, parse_params, register
+
+
+class GatedFfnParams(Params):
+    HIDDEN = frozenset({"hidden_size", "kind"})
+
+    hidden_size: int = Field(gt=0)
+    kind: Literal["gated"]
+    activation: Literal["silu", "gelu", "gelu_tanh"]
+    intermediate_size: int = Field(gt=0)
+    bias: bool
+    fused_gate_up: bool
+
+
+class _Bound(Kernel):
+    def __init__(self, p: GatedFfnParams, w: dict):
+        from ..exec.ops.ffn import activation
+
+        self.act = activation(p.activation)
+        self.gate, self.up, self.gate_up, self.down = (w.get(n) for n in ("ffn_gate", "ffn_up", "ffn_gate_up", "ffn_down"))
+        self.gate_b, self.up_b, self.gate_up_b, self.down_b = (
+            w.get(n) for n in ("ffn_gate_bias", "ffn_up_bias", "ffn_gate_up_bias", "ffn_down_bias"))
+
+    def prefill(self, x: np.ndarray, state, p0: int) -> np.ndarray:
+        if self.gate_up is not None:
+            gu = self.gate_up.mm(x)
+            if self.gate_up_b is not None:
+                gu = gu + self.gate_up_b
+            half = gu.shape[-1] // 2
+            g, u = gu[..., :half], gu[..., half:]
+        else:
+            g = self.gate.mm(x)
+            u = self.up.mm(x)
+            if self.gate_b is not None:
+                g = g + self.gate_b
+            if self.up_b is not None:
+                u = u + self.up_b
+        y = self.down.mm(self.act(g) * u)
+        if self.down_b is not None:
+            y = y + self.down_b
+        return y
+
+
+class GatedFfn(Operator):
+    name = "gated_ffn"
+    slot = FFN
+    selects = "dense"
+    surface_group = "ffn"
+    Params = GatedFfnParams
+
+    def params(self, surface, layer) -> GatedFfnParams:
+        f = surface.get("ffn")
+        if not isinstance(f, dict):
+            raise GraphSchemaError(f"system_graph.json: layer {layer.index} has a dense FFN but the surface has no ffn group")
+        return parse_params(GatedFfnParams, {**f, "hidden_size": surface.get("hidden_size")}, f"layer {layer.index} (gated_ffn)")
+
+    def roles(self, p: GatedFfnParams) -> list[Role]:
+        H, I, b, fused = p.hidden_size, p.intermediate_size, p.bias, p.fused_gate_up
+        return [
+            Role("ffn_gate", (I, H), not fused),
+            Role("ffn_up", (I, H), not fused),
+            Role("ffn_gate_up", (2 * I, H), fused),
+            Role("ffn_down", (H, I)),
+            Role("ffn_gate_bias", (I,), b and not fused, ARRAY),
+            Role("ffn_up_bias", (I,), b and not fused, ARRAY),
+            Role("ffn_gate_up_bias", (2 * I,), b and fused, ARRAY),
+            Role("ffn_down_bias", (H,), b, ARRAY),
+        ]
+
+    def summary(self, p: GatedFfnParams) -> dict:
+        return {"activation": p.activation, "intermediate_size": p.intermediate_size}
+
+    def bind(self, p: GatedFfnParams, operands: dict) -> Kernel:
+        return _Bound(p, operands)
+
+
+register(GatedFfn)

@@ -1,0 +1,227 @@
+"""The softmax attention operator (graph operator ``softmax``, slot mixer).
+
+GQA with repeat_interleave head mapping, RoPE or NoPE, optional QK-norm and biases, full or
+sliding span (a window of w keys including the query), query scale and score scale kept
+separate. Its state is one `KvRows` per layer: a K and a V row per position. The kernel lives in
+vindex3.exec.ops.softmax."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator, model_validator
+
+from ..continuation import Geometry, kv_rows
+from ..errors import GraphSchemaError, StateError
+from ..exec.state import OpState
+from .base import ARRAY, MIXER, Kernel, Operator, Params, Role, parse_params, register
+
+# Rows kept beyond a sliding window, so that a speculative rollback of a few positions still
+# finds the keys it needs.
+WINDOW_SLACK = 64
+
+
+class SoftmaxParams(Params):
+    HIDDEN = frozenset({"hidden_size", "bias"})
+
+    hidden_size: int = Field(gt=0)
+    heads: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    head_mapping: Literal["repeat_interleave"]
+    span: Literal["full", "sliding"]
+    window: int | None = Field(gt=0)
+    position: Literal["rope", "none"]
+    rope_theta: float | None = Field(gt=0, allow_inf_nan=False)
+    rotary_dims: int | None = Field(gt=0)
+    rope_scaling: dict | None
+    query_scale: float = Field(allow_inf_nan=False)
+    score_scale: float = Field(allow_inf_nan=False)
+    bias: dict[Literal["q", "k", "v", "o"], bool]
+    qk_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)
+    qk_norm_offset: float | None = Field(allow_inf_nan=False)
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _scaling(cls, v: dict | None) -> dict | None:
+        if v is None:
+            return v
+        need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                                  "original_max_position_embeddings")}
+        kind = v.get("type")
+        if kind not in need:
+            raise ValueError(f"rope scaling type {kind!r} is not one of {', '.join(need)}")
+        for k in need[kind]:
+            x = v.get(k)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
+                raise ValueError(f"rope scaling {kind} needs a positive finite {k}, found {x!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SoftmaxParams:
+        if self.heads % self.kv_heads:
+            raise ValueError(f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})")
+        if (self.span == "sliding") != (self.window is not None):
+            raise ValueError(f"span {self.span!r} with window {self.window!r}: a window exists exactly for sliding layers")
+        if self.position == "rope":
+            if self.rope_theta is None or self.rotary_dims is None:
+                raise ValueError("rope position needs rope_theta and rotary_dims")
+            if self.rotary_dims % 2 or self.rotary_dims > self.head_dim:
+                raise ValueError(f"rotary_dims {self.rotary_dims} must be even and at most head_dim {self.head_dim}")
+            if self.rotary_dims != self.head_dim:
+                raise ValueError(f"partial rotary ({self.rotary_dims} of {self.head_dim} dims) has no executor")
+        elif self.rope_theta is not None or self.rotary_dims is not None or self.rope_scaling is not None:
+            raise ValueError("a layer without rope carries no rope parameters")
+        if (self.qk_norm_eps is None) != (self.qk_norm_offset is None):
+            raise ValueError("qk_norm_eps and qk_norm_offset come together")
+        return self
+
+
+class KvRows(OpState):
+    """K and V rows of one layer: [kv_heads, rows, head_dim] each, grown geometrically."""
+
+    def __init__(self, kv_heads: int, head_dim: int, window: int | None):
+        self.kv_heads, self.head_dim, self.window = kv_heads, head_dim, window
+        cap = 64
+        self.k = np.empty((kv_heads, cap, head_dim), np.float32)
+        self.v = np.empty((kv_heads, cap, head_dim), np.float32)
+        self.start = 0  # absolute position of row 0
+        self.end = 0  # absolute position one past the last row
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v: [T, kv_heads, head_dim]."""
+        T = k.shape[0]
+        self._compact()
+        lo = self.end - self.start
+        hi = lo + T
+        if hi > self.k.shape[1]:
+            cap = max(hi, 2 * self.k.shape[1])
+            nk = np.empty((self.kv_heads, cap, self.head_dim), np.float32)
+            nv = np.empty_like(nk)
+            nk[:, :lo] = self.k[:, :lo]
+            nv[:, :lo] = self.v[:, :lo]
+            self.k, self.v = nk, nv
+        self.k[:, lo:hi] = k.transpose(1, 0, 2)
+        self.v[:, lo:hi] = v.transpose(1, 0, 2)
+        self.end += T
+
+    def _compact(self) -> None:
+        if self.window is None:
+            return
+        keep = self.window + WINDOW_SLACK
+        rows = self.end - self.start
+        if rows > 2 * keep:
+            drop = rows - keep
+            self.k[:, : rows - drop] = self.k[:, drop:rows].copy()
+            self.v[:, : rows - drop] = self.v[:, drop:rows].copy()
+            self.start += drop
+
+    def view(self, from_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        if from_pos < self.start:
+            raise StateError(f"KV rows before position {self.start} were released (asked for {from_pos})")
+        a, b = from_pos - self.start, self.end - self.start
+        return self.k[:, a:b], self.v[:, a:b]
+
+    def truncate(self, pos: int) -> None:
+        if pos > self.end:
+            raise StateError(f"cannot truncate KV rows forward to {pos} (they end at {self.end})")
+        if pos < self.start:
+            raise StateError(f"cannot roll KV rows back to {pos}: rows before {self.start} were released by the window")
+        self.end = pos
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * (self.end - self.start) * self.kv_heads * self.head_dim * 4
+
+    def snapshot(self) -> int:
+        # Rows before ``end`` are never rewritten in place, so the end position is the snapshot.
+        return self.end
+
+    def restore(self, snap: int) -> None:
+        self.truncate(snap)
+
+
+class _Bound(Kernel):
+    def __init__(self, run):
+        self.run = run
+
+    def prefill(self, x: np.ndarray, state: KvRows, p0: int) -> np.ndarray:
+        return self.run(x, state, p0)
+
+
+class Softmax(Operator):
+    name = "softmax"
+    slot = MIXER
+    selects = "softmax"
+    surface_group = "attention"
+    Params = SoftmaxParams
+
+    def params(self, surface, layer) -> SoftmaxParams:
+        where = f"layer {layer.index} (softmax)"
+        a = surface.get("attention")
+        if not isinstance(a, dict):
+            raise GraphSchemaError(f"system_graph.json: {where}: the surface has no attention group")
+        pos = layer.position
+        if not isinstance(pos, dict) or "kind" not in pos:
+            raise GraphSchemaError(f"system_graph.json: {where}: no position policy (rope or none)")
+        rope = pos["kind"] == "rope"
+        unknown = sorted(set(pos) - ({"kind", "theta", "rotary_dims", "scaling"} if rope else {"kind"}))
+        if unknown:
+            raise GraphSchemaError(f"system_graph.json: {where}: position has unknown keys {', '.join(unknown)}")
+        qk = a.get("qk_norm", ...)
+        if qk is ...:
+            raise GraphSchemaError(f"system_graph.json: {where}: attention has no 'qk_norm' (null when absent)")
+        if qk is not None and (not isinstance(qk, dict) or qk.get("kind") != "rms" or set(qk) != {"kind", "eps", "weight_offset"}):
+            raise GraphSchemaError(f"system_graph.json: {where}: qk_norm must be null or {{kind: rms, eps, weight_offset}}, found {qk!r}")
+        known = {"heads", "kv_heads", "head_dim", "head_mapping", "query_scale", "score_scale", "bias", "qk_norm"}
+        extra = sorted(set(a) - known)
+        if extra:
+            raise GraphSchemaError(f"system_graph.json: surface.attention has unknown keys {', '.join(extra)}")
+        raw: dict[str, Any] = {k: a[k] for k in known - {"qk_norm"} if k in a}
+        raw.update(
+            hidden_size=surface.get("hidden_size"),
+            span=layer.span,
+            window=layer.window,
+            position=pos["kind"],
+            rope_theta=pos.get("theta") if rope else None,
+            rotary_dims=pos.get("rotary_dims") if rope else None,
+            rope_scaling=pos.get("scaling") if rope else None,
+            qk_norm_eps=qk["eps"] if qk else None,
+            qk_norm_offset=qk["weight_offset"] if qk else None,
+        )
+        return parse_params(SoftmaxParams, raw, where)
+
+    def roles(self, p: SoftmaxParams) -> list[Role]:
+        H, q, kv = p.hidden_size, p.heads * p.head_dim, p.kv_heads * p.head_dim
+        b, qk = p.bias, p.qk_norm_eps is not None
+        return [
+            Role("q_proj", (q, H)),
+            Role("k_proj", (kv, H)),
+            Role("v_proj", (kv, H)),
+            Role("o_proj", (H, q)),
+            Role("q_bias", (q,), b["q"], ARRAY),
+            Role("k_bias", (kv,), b["k"], ARRAY),
+            Role("v_bias", (kv,), b["v"], ARRAY),
+            Role("o_bias", (H,), b["o"], ARRAY),
+            Role("q_norm", (p.head_dim,), qk, ARRAY),
+            Role("k_norm", (p.head_dim,), qk, ARRAY),
+        ]
+
+    def geometry(self, p: SoftmaxParams) -> Geometry:
+        return Geometry((kv_rows(p.kv_heads * p.head_dim, p.window),))
+
+    def new_state(self, p: SoftmaxParams) -> KvRows:
+        return KvRows(p.kv_heads, p.head_dim, p.window)
+
+    def summary(self, p: SoftmaxParams) -> dict:
+        return {k: p[k] for k in ("heads", "kv_heads", "head_dim", "span", "window", "position", "rope_theta")}
+
+    def bind(self, p: SoftmaxParams, operands: dict) -> Kernel:
+        from ..exec.ops.softmax import make_attention
+
+        return _Bound(make_attention(p, operands))
+
+
+register(Softmax)
