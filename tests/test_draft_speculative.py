@@ -123,10 +123,6 @@ def test_empty_prompt_is_refused(c):
         speculative_generate(c, [], 4, 1)
 
 
-class _NoSnapshotState:
-    position = 0
-
-
 class _RefusingState:
     position = 0
 
@@ -146,8 +142,7 @@ def _recurrent_container():
     )
 
 
-@pytest.mark.parametrize("state, reason", [(_NoSnapshotState(), "offers no snapshot/restore"),
-                                           (_RefusingState(), "buffers cannot be copied")])
+@pytest.mark.parametrize("state, reason", [(_RefusingState(), "buffers cannot be copied")])
 def test_recurrent_state_without_snapshot_is_refused_by_name(state, reason):
     with pytest.raises(UnsupportedOperator, match=f"layer 1 \\(mamba2\\) keeps recurrent state.*{reason}"):
         spec._rollback_mode(_recurrent_container(), None, state, "full")

@@ -118,11 +118,7 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
     if defects:
         raise ClosureError(f"encode of {source.name}: operands do not close over the graph ({len(defects)} defect(s)); no output was written", defects)
 
-    not_carried = []
-    if source.kind == "hf":
-        known = {"config.json", "model.safetensors", "model.safetensors.index.json", *capabilities}
-        known |= set(getattr(source, "_shards", []) and [s.name for s in source._shards])
-        not_carried = sorted(p.name for p in source.path.iterdir() if p.name not in known)
+    not_carried = source.not_carried(set(capabilities))
 
     provenance = dict(source.provenance())
     provenance.update(

@@ -26,7 +26,7 @@ def library_version() -> str:
         try:
             import vindex3
 
-            return str(getattr(vindex3, "__version__", "unknown"))
+            return vindex3.__version__
         except Exception:  # noqa: BLE001 - a version string is never worth a crash
             return "unknown"
 

@@ -96,20 +96,17 @@ class _Stream:
 def _rollback_mode(container: Any, slice_obj: Any, st: Any, role: str) -> str:
     """Decide how a stream forgets rejected tokens, or refuse by name before generating.
 
-    A state with only KV (or stateless) layers truncates. One whose executed layers keep
-    recurrent buffers needs snapshot and restore; if it offers neither, speculation is refused
-    naming the first such layer and its operator."""
+    A state whose parts all truncate (rows) is cut back. One whose executed layers keep a fixed
+    recurrence rolls back by snapshot and restore; if its state refuses either, speculation is
+    refused naming the first such layer and its operator."""
     recurrent = recurrent_layers(container, container.plan_slice(slice_obj).executed_layers)
     if not recurrent:
         return "truncate"
-    if callable(getattr(st, "snapshot", None)) and callable(getattr(st, "restore", None)):
-        try:
-            st.restore(st.snapshot())
-            return "snapshot"
-        except (StateError, UnsupportedOperator, NotImplementedError) as e:
-            reason = str(e)
-    else:
-        reason = "the continuation state offers no snapshot/restore"
+    try:
+        st.restore(st.snapshot())
+        return "snapshot"
+    except (StateError, UnsupportedOperator) as e:
+        reason = str(e)
     layer, op = recurrent[0]
     raise UnsupportedOperator(
         f"SPECULATE cannot roll back the {role} stream: layer {layer} ({op}) keeps recurrent state "

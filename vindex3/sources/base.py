@@ -52,3 +52,7 @@ class CheckpointSource:
 
     def provenance(self) -> dict:
         raise NotImplementedError
+
+    def not_carried(self, capabilities: set[str]) -> list[str]:
+        """Files beside the checkpoint that an encode leaves behind (reported, never silently)."""
+        return []

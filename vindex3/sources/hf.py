@@ -102,6 +102,11 @@ class HfCheckpoint(CheckpointSource):
     def capability_files(self) -> dict[str, bytes]:
         return {n: (self.path / n).read_bytes() for n in CAPABILITY_FILES if (self.path / n).exists()}
 
+    def not_carried(self, capabilities: set[str]) -> list[str]:
+        known = {"config.json", "model.safetensors", "model.safetensors.index.json", *capabilities}
+        known |= {s.name for s in self._shards}
+        return sorted(p.name for p in self.path.iterdir() if p.name not in known)
+
     def provenance(self) -> dict:
         h = hashlib.sha256((self.path / "config.json").read_bytes())
         return {
