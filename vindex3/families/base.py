@@ -156,6 +156,11 @@ def register_family(model_type: str, family: str, builder: FamilyBuilder) -> Non
 
 
 
+def unregister_family(model_type: str) -> None:
+    """Remove a registration (tests register toy families and clean up after themselves)."""
+    _FAMILIES.pop(model_type, None)
+
+
 def registered_families() -> dict[str, tuple[str, FamilyBuilder]]:
     """model_type -> (family, builder), as registered so far."""
     return dict(_FAMILIES)
