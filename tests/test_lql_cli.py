@@ -12,7 +12,6 @@ import pytest
 
 from lql_fixtures import ROOT
 from lql import cli
-from lql.session import Session
 
 
 class Tty(io.StringIO):
@@ -110,10 +109,12 @@ def test_no_timing(c):
 
 
 def test_internal_error_has_no_traceback_unless_debug(c, monkeypatch):
-    def boom(self, qp):
+    from lql import commands, planner
+
+    def boom(session, node):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(Session, "_do_verify", boom)
+    monkeypatch.setitem(commands.COMMANDS, planner.Verify, boom)
     rc, out, err = run(["-e", f"OPEN '{c}';\nVERIFY"])
     assert rc == 3
     assert "<-e>:2:1: internal error: RuntimeError: kaboom" in err and "Traceback" not in err
