@@ -170,7 +170,8 @@ def test_the_shell_offers_every_session_setting_and_its_own():
 
 
 def test_setting_choices_come_from_the_catalogue():
-    assert _setting_choices(catalog.setting("format")) == ("text", "json")
+    assert _setting_choices(catalog.setting("format")) == ("text", "json", "csv", "tsv", "markdown", "jsonl")
+    assert _setting_choices(catalog.setting("expanded")) == ("on", "off", "auto")
     assert _setting_choices(catalog.setting("timing")) == ("on", "off")
     assert _setting_choices(catalog.setting("top")) == ()
 
