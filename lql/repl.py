@@ -230,7 +230,8 @@ class Shell(Console):
                 ("class:prompt.continuation", CONTINUATION.ljust(width))
             ],
             lexer=LqlLexer(),
-            completer=LqlCompleter(settings=self.setting_infos, meta_commands=META.completions),
+            completer=LqlCompleter(settings=self.setting_infos, meta_commands=META.completions,
+                                   model_layers=self._model_layers),
             complete_while_typing=True,
             complete_style=CompleteStyle.COLUMN,
             auto_suggest=AutoSuggestFromHistory(),
@@ -290,6 +291,10 @@ class Shell(Console):
     def history_entries(self) -> list[str]:
         """History entries, oldest first."""
         return list(reversed(list(self.history.load_history_strings())))
+
+    def _model_layers(self) -> int | None:
+        cat = self.session.catalog
+        return cat.num_layers if cat is not None else None
 
     # ---- settings the shell owns ------------------------------------------------------
 
