@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 import vindex3
 from vindex3.draft import run_ladder
 from vindex3.draft.bank import default_bank
+from lql.render import ladder_text
 
 
 def container_path(arg: str | None) -> Path:
@@ -73,7 +74,7 @@ def main() -> int:
     report = run_ladder(c, depths, bank, out_path=args.out, progress=progress)
     print(f"container {c.name}  digest {c.digest[:16]}…  layers {report.model_layers}  "
           f"prompts {report.prompts} ({', '.join(report.categories)})  {time.perf_counter() - t0:.1f}s")
-    print(report.table())
+    print(ladder_text(report))
     print()
     print(markdown(report))
     print()
