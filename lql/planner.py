@@ -394,7 +394,8 @@ def _show_settings(s: ast.ShowSettings, ctx: Context) -> Node:
 @plans(ast.Infer, needs_container=True)
 def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
     cat = ctx.catalog
-    chat = s.chat if s.chat is not None else bool(ctx.settings.get("chat", False))
+    # CHAT on the statement is explicit; the setting applies to text prompts only
+    chat = s.chat if s.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(s.prompt, ast.TextPrompt))
     if s.speculate is not None:
         draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
         target = cat.bind_slice(None)
