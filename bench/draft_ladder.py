@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vindex3
+from lql.render import ladder_text
 from vindex3.draft import run_ladder
 from vindex3.draft.bank import default_bank
-from lql.render import ladder_text
 
 
 def container_path(arg: str | None) -> Path:

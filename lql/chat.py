@@ -41,7 +41,7 @@ class _Undefined:
 
 UNDEFINED = _Undefined()
 
-_TAG = re.compile(r"(\{\{-?|\{%-?|\{#)(.*?)(-?\}\}|-?%\}|#\})", re.S)
+_TAG = re.compile(r"(\{\{-?|\{%-?|\{#)(.*?)(-?\}\}|-?%\}|#\})", re.DOTALL)
 
 
 @dataclass
@@ -96,7 +96,7 @@ _EXPR_TOKEN = re.compile(r"""
     | (?P<num>\d+)
     | (?P<op>==|!=|<=|>=|[-+~<>()\[\].,|])
     | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
-    )""", re.X)
+    )""", re.VERBOSE)
 
 _ESC = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
 
@@ -162,7 +162,7 @@ class _Expr:
         while self.peek() == ("name", "or"):
             self.take()
             right = self.and_()
-            left = (lambda a, b: lambda c: a(c) or b(c))(left, right)
+            left = _or(left, right)
         return left
 
     def and_(self):
@@ -170,7 +170,7 @@ class _Expr:
         while self.peek() == ("name", "and"):
             self.take()
             right = self.not_()
-            left = (lambda a, b: lambda c: a(c) and b(c))(left, right)
+            left = _and(left, right)
         return left
 
     def not_(self):
@@ -193,11 +193,11 @@ class _Expr:
             elif t == ("name", "in"):
                 self.take()
                 right = self.concat()
-                left = (lambda a, b: lambda c: a(c) in b(c))(left, right)
+                left = _in(left, right, negate=False)
             elif t == ("name", "not") and self.peek(1) == ("name", "in"):
                 self.take(), self.take()
                 right = self.concat()
-                left = (lambda a, b: lambda c: a(c) not in b(c))(left, right)
+                left = _in(left, right, negate=True)
             elif t == ("name", "is"):
                 self.take()
                 neg = self.peek() == ("name", "not")
@@ -214,9 +214,9 @@ class _Expr:
             op = self.take()[1]
             right = self.postfix()
             if op == "~":
-                left = (lambda a, b: lambda c: f"{a(c)}{b(c)}")(left, right)
+                left = _tilde(left, right)
             else:
-                left = (lambda a, b: lambda c: a(c) + b(c))(left, right)
+                left = _plus(left, right)
         return left
 
     def postfix(self):
@@ -225,11 +225,11 @@ class _Expr:
             op = self.take()[1]
             if op == ".":
                 name = self.take()[1]
-                fn = (lambda f, n: lambda c: _attr(f(c), n))(fn, name)
+                fn = _attr_of(fn, name)
             elif op == "[":
                 key = self.or_()
                 self.take("]")
-                fn = (lambda f, k: lambda c: _item(f(c), k(c)))(fn, key)
+                fn = _item_of(fn, key)
             elif op == "|":
                 name = self.take()[1]
                 fn = _filter(name, fn, self)
@@ -240,7 +240,7 @@ class _Expr:
                     if self.peek() is not None and self.peek()[1] == ",":
                         self.take()
                 self.take(")")
-                fn = (lambda f, a: lambda c: _call(f, a, c))(fn, args)
+                fn = _call_of(fn, args)
         return fn
 
     def atom(self):
@@ -277,6 +277,39 @@ class _Expr:
 
 
 _RAISE = object()
+
+
+# Combinators: each returns a closure over already-parsed operands, evaluated on a context.
+def _or(a, b):
+    return lambda c: a(c) or b(c)
+
+
+def _and(a, b):
+    return lambda c: a(c) and b(c)
+
+
+def _in(a, b, *, negate: bool):
+    return (lambda c: a(c) not in b(c)) if negate else (lambda c: a(c) in b(c))
+
+
+def _tilde(a, b):
+    return lambda c: f"{a(c)}{b(c)}"
+
+
+def _plus(a, b):
+    return lambda c: a(c) + b(c)
+
+
+def _attr_of(f, name: str):
+    return lambda c: _attr(f(c), name)
+
+
+def _item_of(f, key):
+    return lambda c: _item(f(c), key(c))
+
+
+def _call_of(f, args):
+    return lambda c: _call(f, args, c)
 
 
 def _binop(op: str, a, b):
@@ -381,7 +414,7 @@ def _parse(toks: list[_Tok], i: int, stop: tuple[str, ...]) -> tuple[list, int, 
             i += 1
             continue
         if word == "for":
-            m = re.match(r"for\s+([A-Za-z_][A-Za-z0-9_]*)\s+in\s+(.+)$", t.value, re.S)
+            m = re.match(r"for\s+([A-Za-z_][A-Za-z0-9_]*)\s+in\s+(.+)$", t.value, re.DOTALL)
             if m is None:
                 raise ChatTemplateError(f"the chat template's loop {t.value!r} is not one this renderer reads")
             body, i, end = _parse(toks, i + 1, ("endfor",))
@@ -391,7 +424,7 @@ def _parse(toks: list[_Tok], i: int, stop: tuple[str, ...]) -> tuple[list, int, 
             i += 1
             continue
         if word == "set":
-            m = re.match(r"set\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.+)$", t.value, re.S)
+            m = re.match(r"set\s+([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.+)$", t.value, re.DOTALL)
             if m is None:
                 raise ChatTemplateError(f"the chat template's {{% {t.value} %}} is not one this renderer reads")
             nodes.append(("set", m.group(1), _Expr(m.group(2)).parse()))
@@ -435,6 +468,6 @@ def render(template: str, messages: list[dict[str, str]], *, add_generation_prom
            **variables: Any) -> str:
     """The template rendered for ``messages`` (``[{"role", "content"}]``), as Hugging Face's
     ``apply_chat_template(..., tokenize=False)`` renders it."""
-    nodes, _, end = _parse(_lex(template), 0, ())
+    nodes, _, _ = _parse(_lex(template), 0, ())
     ctx: dict[str, Any] = {"messages": messages, "add_generation_prompt": add_generation_prompt, **variables}
     return "".join(_run(nodes, ctx))

@@ -173,9 +173,8 @@ class Console:
         else:
             body = ("\n" if blocky and self._printed else "") + text
         self._printed = True
-        if screen and self._should_page(body, out):
-            if self._page(body, out):
-                return
+        if screen and self._should_page(body, out) and self._page(body, out):
+            return
         out.write(body + "\n")
         out.flush()
 
@@ -258,7 +257,7 @@ class Console:
             if not p.parent.exists():
                 raise MetaError(f"\\o: cannot write {p}: its directory {p.parent} does not exist")
             try:
-                self._redirect = open(p, "w", encoding="utf-8")
+                self._redirect = open(p, "w", encoding="utf-8")  # noqa: SIM115 - open until \\o alone
             except OSError as e:
                 raise MetaError(f"\\o: cannot write {p}: {e.strerror or e}") from None
             self._redirect_path = str(p)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 
+import lql_fixtures  # noqa: F401
 import pytest
 
-import lql_fixtures  # noqa: F401
 from lql import chat
 
 SMOLLM2 = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\n"
@@ -54,7 +54,7 @@ def _oracle():
 @pytest.mark.parametrize("gen", [True, False])
 def test_renders_as_hugging_face_does(template, messages, gen):
     compile_ = _oracle()
-    kw = dict(add_generation_prompt=gen, bos_token="<s>", eos_token="</s>")
+    kw = {"add_generation_prompt": gen, "bos_token": "<s>", "eos_token": "</s>"}
     if template is INST and messages[0]["role"] == "system":
         with pytest.raises(chat.ChatTemplateError, match="Only user and assistant roles"):
             chat.render(template, messages, **kw)

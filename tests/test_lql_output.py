@@ -14,12 +14,12 @@ import shutil
 import signal
 import sys
 
+import lql_fixtures  # noqa: F401
 import numpy as np
 import pytest
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
-import lql_fixtures  # noqa: F401
 import lql
 from lql import cli, render, repl
 
@@ -85,7 +85,7 @@ def test_csv_of_show_layers_parses_into_one_row_per_layer(c):
 
 
 def test_markdown_renders_as_a_table(c):
-    rc, out, _ = run_cli(["--format", "markdown", "-e", f"OPEN {q(c)}; SHOW OPERANDS LAYER 0"])
+    _, out, _ = run_cli(["--format", "markdown", "-e", f"OPEN {q(c)}; SHOW OPERANDS LAYER 0"])
     table = out.strip("\n").split("\n\n")[-1].split("\n")
     header, rule, body = table[0], table[1], table[2:]
     cols = [h.strip() for h in header.strip("|").split("|")]
@@ -98,10 +98,10 @@ def test_markdown_renders_as_a_table(c):
 
 
 def test_tsv_and_jsonl_rows(c):
-    rc, out, _ = run_cli(["--format", "tsv", "-e", f"OPEN {q(c)}; SHOW LAYERS RANGE 0-1"])
+    _, out, _ = run_cli(["--format", "tsv", "-e", f"OPEN {q(c)}; SHOW LAYERS RANGE 0-1"])
     lines = out.strip("\n").split("\n\n")[-1].split("\n")
     assert lines[0].split("\t")[:2] == ["layer", "operator"] and len(lines) == 3
-    rc, out, _ = run_cli(["--format", "jsonl", "-e", f"OPEN {q(c)}; SHOW LAYERS RANGE 1-3"])
+    _, out, _ = run_cli(["--format", "jsonl", "-e", f"OPEN {q(c)}; SHOW LAYERS RANGE 1-3"])
     objs = [json.loads(line) for line in out.splitlines()]
     assert [o["layer"] for o in objs[-3:]] == [1, 2, 3]
 
@@ -123,7 +123,7 @@ def test_text_tables_fit_the_width_or_go_vertical(c):
     assert [ln.split()[-1] for ln in table[2:]] == [ln.split()[-1] for ln in wide.splitlines()[2:-1]]  # bytes intact
     vertical = r.to_text(width=80, expanded="auto")
     assert vertical.startswith("-[ RECORD 1 ]")
-    assert re.search(r"^tensor +\| decoder_stack/0\.input_layernorm\.weight$", vertical, re.M)
+    assert re.search(r"^tensor +\| decoder_stack/0\.input_layernorm\.weight$", vertical, re.MULTILINE)
     assert r.to_text(width=200, expanded="auto") == wide  # it fits: a table
     assert r.to_text(expanded="on").count("-[ RECORD") == 9
 
@@ -137,7 +137,7 @@ def test_repl_formats_and_expanded_display(c, tmp_path):
     assert "output format is csv" in err and "expanded display is on" in err
     assert "\nlayer,operator,span,window,position,ffn,continuation,bytes_per_position,fixed_bytes\n0,softmax," in out
     assert "| name | role | objects | executes |" in out
-    assert "-[ RECORD 1 ]" in out and re.search(r"^operator +\| softmax$", out, re.M)
+    assert "-[ RECORD 1 ]" in out and re.search(r"^operator +\| softmax$", out, re.MULTILINE)
     obj = json.loads(out[out.index('{\n  "statement"'):])  # indented in the REPL
     assert obj["kind"] == "draft" and obj["result"]["depth"] == 1
 
@@ -157,7 +157,7 @@ def test_repl_redirect_and_once(c, tmp_path):
 
 
 def test_a_missing_directory_is_refused_by_name(tmp_path):
-    out, err = drive(f"\\o {tmp_path}/nowhere/x.txt{ENTER}\\once {tmp_path}/no/y{ENTER}", tmp_path)
+    _, err = drive(f"\\o {tmp_path}/nowhere/x.txt{ENTER}\\once {tmp_path}/no/y{ENTER}", tmp_path)
     assert "nowhere does not exist" in err and "no does not exist" in err
 
 
@@ -166,7 +166,7 @@ def test_long_output_goes_through_the_pager(c, tmp_path, monkeypatch):
     monkeypatch.setenv("PAGER", f"cat > {paged}")
     monkeypatch.setenv("COLUMNS", "100")
     monkeypatch.setenv("LINES", "20")
-    out, err = drive(f"OPEN {q(c)};{ENTER}SHOW OPERANDS;{ENTER}SHOW COMPONENTS;{ENTER}", tmp_path, stdout=Tty())
+    out, _ = drive(f"OPEN {q(c)};{ENTER}SHOW OPERANDS;{ENTER}SHOW COMPONENTS;{ENTER}", tmp_path, stdout=Tty())
     text = paged.read_text()
     assert "39 operands" in text and text.count("\n") > 20  # long: paged
     assert "39 operands" not in out and "executes" in out  # short: printed
@@ -184,13 +184,33 @@ def test_pager_off(c, tmp_path, monkeypatch):
 
 def test_wall_time_for_every_statement(c, tmp_path):
     out, _ = drive(f"OPEN {q(c)};{ENTER}VERIFY;{ENTER}TRACE 'Hi';{ENTER}\\timing off{ENTER}VERIFY;{ENTER}", tmp_path)
-    assert len(re.findall(r"^time: \d+(\.\d+)? m?s$", out, re.M)) == 3  # OPEN, VERIFY, TRACE
+    assert len(re.findall(r"^time: \d+(\.\d+)? m?s$", out, re.MULTILINE)) == 3  # OPEN, VERIFY, TRACE
 
 
 def test_encode_time_is_not_called_prepare(tiny_llama_dir, tmp_path):
     r = lql.Session().execute_one(f"ENCODE {q(tiny_llama_dir)} INTO {q(tmp_path / 'e.vindex3')}")
     assert "encode time" in r.to_text() and "prepare" not in r.to_text()
     assert r.seconds > 0
+
+
+def test_completion_through_the_pipe_input(c, tmp_path):
+    """Typed keys: a fuzzy keyword and a draft depth of the bound model are completed."""
+    import asyncio
+
+    async def scenario(keys: list[str]) -> str:
+        with create_pipe_input() as inp:
+            sh = repl.Shell(input=inp, output=DummyOutput(), history_path=tmp_path / "history",
+                            stdout=io.StringIO(), stderr=io.StringIO())
+            sh.run_text(f"OPEN {q(c)};")
+            task = asyncio.ensure_future(sh.prompt.prompt_async())
+            for k in keys:
+                inp.send_text(k)
+                await asyncio.sleep(0.3)
+            return await asyncio.wait_for(task, 10)
+
+    assert asyncio.run(scenario(["SHOW opd", "\t", ";", ENTER])) == "SHOW operands;"
+    assert asyncio.run(scenario(["DRAFT LADDER DEPTHS (1, 2, 3, ", "\t", ") ON 'p';", ENTER])) == (
+        "DRAFT LADDER DEPTHS (1, 2, 3, 4) ON 'p';")
 
 
 # ---- scripts --------------------------------------------------------------------------

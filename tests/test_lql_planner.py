@@ -4,9 +4,9 @@ INFER runs: the same slice plan object, the same reads, the same layers."""
 
 from __future__ import annotations
 
+import lql_fixtures  # noqa: F401
 import pytest
 
-import lql_fixtures  # noqa: F401
 import lql
 from lql import planner
 from lql.binding import Catalog

@@ -200,7 +200,7 @@ def test_unknown_setting(s):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("SET format = xml", "setting format takes one of text, json; got 'xml'"),
+    ("SET format = xml", "setting format takes one of text, json, csv, tsv, markdown, jsonl; got 'xml'"),
     ("SET timing = 3", "setting timing takes on or off; got 3"),
     ("SET top = 0", "setting top takes a whole number of at least 1; got 0"),
 ])

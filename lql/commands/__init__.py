@@ -44,4 +44,4 @@ def execute(session: Session, node: planner.Node) -> Result:
 
 
 # Importing the modules registers their commands.
-from . import container, drafts, explain, facts, infer, open, settings, trace  # noqa: E402,F401
+from . import container, drafts, explain, facts, infer, open, settings, trace  # noqa: F401
