@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vindex3
+from lql.render import ladder_text
 from vindex3.draft import run_ladder
 from vindex3.draft.bank import default_bank
 
@@ -73,7 +74,7 @@ def main() -> int:
     report = run_ladder(c, depths, bank, out_path=args.out, progress=progress)
     print(f"container {c.name}  digest {c.digest[:16]}…  layers {report.model_layers}  "
           f"prompts {report.prompts} ({', '.join(report.categories)})  {time.perf_counter() - t0:.1f}s")
-    print(report.table())
+    print(ladder_text(report))
     print()
     print(markdown(report))
     print()

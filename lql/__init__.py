@@ -5,11 +5,12 @@ Embedding API::
     import lql
     s = lql.connect("model.vindex3")          # or lql.Session(); s.execute("OPEN '...'")
     results = s.execute("STATS; INFER 'x' TOP 3;")
-    results[0].to_text(); results[0].model_dump()
+    results[0].to_text(); results[0].to_dict(); results[0].to_records()
+    r = s.execute_one("SHOW LAYERS"); r.to_pandas()   # pandas: the notebook extra
     s.run_file("examples/quickstart.lql")
 
-Parse errors raise `LqlSyntaxError`; refusals raise `LqlError` subclasses whose message names
-what was refused.
+Statements run in order up to the first failure. Parse errors raise `LqlSyntaxError`; refusals
+raise `LqlError` subclasses whose message names what was refused.
 """
 
 from __future__ import annotations

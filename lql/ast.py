@@ -74,6 +74,7 @@ class Explain(Statement):
     kind: Literal["explain"] = "explain"
     prompt: Prompt | None = None
     depth: int | None = None
+    infer: Infer | None = None  # EXPLAIN INFER ...: the statement whose plan is shown
 
 
 class ShowLayers(Statement):
@@ -119,6 +120,8 @@ class Infer(Statement):
     depth: int | None = None
     speculate: int | None = None  # the draft depth that proposes tokens
     lookahead: int | None = None
+    exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
+    chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
 
 
 class DraftDepth(Statement):
@@ -138,6 +141,7 @@ class DraftLadder(Statement):
     depths: list[int]
     prompts: str
     into: str | None = None
+    plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
 
 
 class Trace(Statement):
@@ -192,6 +196,8 @@ class Set(Statement):
     name: str
     value: str | int | float
 
+
+Explain.model_rebuild()
 
 AnyStatement = Annotated[
     Open | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,

@@ -24,8 +24,8 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("STATS", "STATS [AT n POSITIONS]",
                  "the container's facts: layers, operator mix, objects, continuation state in bytes",
                  "STATS AT 4096 POSITIONS;"),
-    StatementDoc("EXPLAIN", "EXPLAIN [INFER 'prompt' | INFER TOKENS (ids)] [DRAFT DEPTH n]",
-                 "the plan without running a token: ops, operands, dtypes, state geometry, bytes read",
+    StatementDoc("EXPLAIN", "EXPLAIN [DRAFT DEPTH n] | EXPLAIN INFER ...",
+                 "the plan without running a token (of the very INFER given): ops, operands, state, bytes read",
                  "EXPLAIN DRAFT DEPTH 2;"),
     StatementDoc("SHOW LAYERS", "SHOW LAYERS [RANGE a-b]", "the per-layer policy and continuation geometry",
                  "SHOW LAYERS RANGE 0-1;"),
@@ -37,8 +37,8 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("SHOW OPERANDS", "SHOW OPERANDS [LAYER n]", "the tensors each op reads, with dtype, shape and bytes",
                  "SHOW OPERANDS LAYER 0;"),
     StatementDoc("SHOW SETTINGS", "SHOW SETTINGS", "the session's settings", "SHOW SETTINGS;"),
-    StatementDoc("INFER", "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n] [DRAFT DEPTH n] "
-                 "[SPECULATE DEPTH d [LOOKAHEAD k]]",
+    StatementDoc("INFER", "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] "
+                 "[SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT]",
                  "next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding",
                  "INFER 'The capital of France is' TOP 3;"),
     StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n]",
@@ -46,7 +46,8 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("DRAFT DEPTH", "DRAFT DEPTH n | DRAFT OFF",
                  "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
                  "DRAFT DEPTH 2;"),
-    StatementDoc("DRAFT LADDER", "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [INTO 'ladder.json']",
+    StatementDoc("DRAFT LADDER", "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [INTO 'ladder.json'] "
+                 "[PLOT INTO 'ladder.png']",
                  "score each draft depth against the full model over a prompt bank",
                  "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';"),
     StatementDoc("DUMP LOGITS", "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] INTO 'file.f32'",
@@ -65,7 +66,8 @@ STATEMENTS: tuple[StatementDoc, ...] = (
 )
 
 _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "SHOW": None,
-            "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT"}
+            "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT",
+            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER"}
 
 
 def find_statement(topic: str) -> StatementDoc | None:
@@ -133,10 +135,15 @@ def _count(v: Any) -> int:
 
 
 SETTINGS: tuple[SettingDoc, ...] = (
-    SettingDoc("format", "text", "output format of results: text or json", _choice("text", "json")),
-    SettingDoc("timing", True, "show machine-dependent timings (prepare, prefill, tok/s)", _switch),
+    SettingDoc("format", "text", "output format: text, json, csv, tsv, markdown or jsonl",
+               _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
+    SettingDoc("timing", True, "show timings: wall time per statement, prepare, prefill, tok/s", _switch),
     SettingDoc("top", 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
     SettingDoc("compare", True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),
+    SettingDoc("chat", False, "INFER wraps text prompts in the model's chat template (as CHAT does)", _switch),
+    SettingDoc("expanded", "off", "tables one field per line: on, off, or auto (when too wide)",
+               _choice("on", "off", "auto")),
+    SettingDoc("pager", True, "in the shell, page output longer than the screen ($PAGER, else less -SRXF)", _switch),
 )
 
 

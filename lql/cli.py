@@ -1,23 +1,24 @@
 """The ``lql`` command. Batch use: ``lql script.lql``, ``lql -e "OPEN 'm'; STATS;"``, or
 statements on standard input; with no arguments at a terminal it opens the REPL.
 
-Results go to stdout (text, or one JSON object per statement per line); diagnostics go to
-stderr, as ``SOURCE:LINE:COLUMN: error: message``. Exit status: 0 when every statement ran,
-1 when a statement failed or the text is not LQL, 2 for a usage error, 3 for an internal
-error (a bug; ``--debug`` shows its traceback), 130 when interrupted."""
+Results go to stdout in the chosen format (``--format text|json|csv|tsv|markdown|jsonl``;
+``--json`` is ``--format json``, one object per statement per line); diagnostics go to stderr,
+as ``SOURCE:LINE:COLUMN: error: message``. A script runs statement by statement and stops at
+the first that fails (statements before it have run, as with sqlite3 and psql), unless
+``--keep-going``. Lines that start with a backslash are shell commands (``\\timing off``).
+Exit status: 0 when every statement ran, 1 when a statement failed or the text is not LQL, 2
+for a usage error, 3 for an internal error (a bug; ``--debug`` shows its traceback), 130 when
+interrupted."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
 import sys
-import traceback
 from typing import TextIO
 
-from . import render
-from .errors import LqlError, LqlSyntaxError
-from .parser import parse
-from .results import StatementRef
+from . import console as C
+from .render import FORMATS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -36,7 +37,9 @@ def _arg_parser() -> argparse.ArgumentParser:
     p.add_argument("-e", "--execute", action="append", metavar="TEXT", default=[],
                    help="run these statements (may be given more than once)")
     p.add_argument("-c", "--container", metavar="PATH", help="open this container before running anything")
-    p.add_argument("--json", action="store_true", help="print results as JSON, one object per statement per line")
+    p.add_argument("--format", choices=FORMATS, default=None,
+                   help="output format of results (default text; json is one object per statement per line)")
+    p.add_argument("--json", action="store_true", help="the same as --format json")
     p.add_argument("--keep-going", action="store_true",
                    help="run every statement even after one fails (the exit status still reports the failure)")
     p.add_argument("--no-timing", action="store_true", help="leave machine-dependent timings out of text output")
@@ -89,117 +92,44 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None, stdout: 
                 print(f"lql: script {args.script} cannot be read: {e}", file=err)
                 return EXIT_FAILED
 
-    runner = _Runner(out, err, json_output=args.json, keep_going=args.keep_going, debug=args.debug,
-                     timing=not args.no_timing)
+    from .session import Session
+
+    session = Session()
+    session.settings["format"] = args.format or ("json" if args.json else "text")
+    session.settings["timing"] = not args.no_timing
+    con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug)
     try:
-        return runner.run(sources, container=args.container)
+        return _run(con, sources, args.container, err)
     except KeyboardInterrupt:
         print("lql: interrupted", file=err)
         return EXIT_INTERRUPTED
+    finally:
+        con.close()
 
 
-class _Runner:
-    def __init__(self, out: TextIO, err: TextIO, *, json_output: bool, keep_going: bool, debug: bool, timing: bool):
-        from .session import Session
-
-        self.out, self.err = out, err
-        self.keep_going, self.debug = keep_going, debug
-        self.session = Session()
-        self.session.settings["format"] = "json" if json_output else "text"
-        self.session.settings["timing"] = timing
-        self.failed = 0
-        self.ran = 0
-        self.printed = False
-
-    def run(self, sources: list[tuple[str, str]], container: str | None) -> int:
-        if container is not None:
-            text = "OPEN " + _quote(container)
-            rc = self._run_text("<--container>", text)
-            if rc != EXIT_OK:
-                return rc
-        for label, text in sources:
-            rc = self._run_text(label, text)
-            if rc in (EXIT_INTERNAL,) or (rc != EXIT_OK and not self.keep_going):
-                return rc
-        if self.failed:
-            if self.keep_going:
-                print(f"lql: {self.failed} of {self.ran} statement(s) failed", file=self.err)
+def _run(con: C.Console, sources: list[tuple[str, str]], container: str | None, err: TextIO) -> int:
+    if container is not None:
+        st = con.run_script("OPEN " + _quote(container), where="<--container>")
+        if st != C.OK:
+            return _exit_status(st)
+    for label, text in sources:
+        st = con.run_script(text, where=label)
+        if st in (C.INTERNAL, C.INTERRUPTED, C.EXIT):
+            if st == C.INTERRUPTED:
+                print("lql: interrupted", file=err)
+            return _exit_status(st)
+        if st == C.FAILED and not con.keep_going:
             return EXIT_FAILED
-        return EXIT_OK
+    if con.failed:
+        if con.keep_going:
+            print(f"lql: {con.failed} of {con.ran} statement(s) failed", file=err)
+        return EXIT_FAILED
+    return EXIT_OK
 
-    def _run_text(self, label: str, text: str) -> int:
-        try:
-            statements = parse(text)
-        except LqlSyntaxError as e:
-            self.failed += 1
-            self._report(label, e, None)
-            if self._json():
-                self._emit_json(render.error_json(e, None))
-            return EXIT_FAILED
-        rc = EXIT_OK
-        for stmt in statements:
-            self.ran += 1
-            ref = StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
-            try:
-                result = self.session.execute_statement(stmt)
-            except LqlError as e:
-                self.failed += 1
-                self._report(label, e, stmt)
-                if self._json():
-                    self._emit_json(render.error_json(e, ref))
-                rc = EXIT_FAILED
-                if not self.keep_going:
-                    return rc
-                continue
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # a bug: say so, without a traceback unless asked
-                self.failed += 1
-                if self.debug:
-                    traceback.print_exc(file=self.err)
-                print(f"{label}:{stmt.line}:{stmt.column}: internal error: {type(e).__name__}: {e}\n"
-                      f"  in: {stmt.source}\n  this is a bug in lql or vindex3; run with --debug for the traceback",
-                      file=self.err)
-                if self._json():
-                    self._emit_json(render.error_json(e, ref))
-                return EXIT_INTERNAL
-            self._emit(result)
-        return rc
 
-    def _json(self) -> bool:
-        return self.session.settings["format"] == "json"
-
-    def _emit(self, result) -> None:
-        if self._json():
-            self._emit_json(render.to_json(result))
-            return
-        if self.printed:
-            self.out.write("\n")
-        self.out.write(render.to_text(result, timing=bool(self.session.settings["timing"])) + "\n")
-        self.out.flush()
-        self.printed = True
-
-    def _emit_json(self, obj: dict) -> None:
-        self.out.write(render.dumps_json(obj) + "\n")
-        self.out.flush()
-
-    def _report(self, label: str, e: LqlError, stmt) -> None:
-        if self.debug:
-            traceback.print_exception(e, file=self.err)
-        if isinstance(e, LqlSyntaxError):
-            msg = f"{label}:{e.line}:{e.column}: syntax error: {e.message}\n{e.context()}"
-            if e.hint:
-                msg += f"\n  hint: {e.hint}"
-            print(msg, file=self.err)
-            return
-        line = e.line if e.line is not None else (stmt.line if stmt else "?")
-        col = e.column if e.column is not None else (stmt.column if stmt else "?")
-        msg = f"{label}:{line}:{col}: error: {e.message}"
-        if e.statement:
-            msg += f"\n  in: {e.statement}"
-        if e.hint:
-            msg += f"\n  hint: {e.hint}"
-        print(msg, file=self.err)
+def _exit_status(st: str) -> int:
+    return {C.OK: EXIT_OK, C.EXIT: EXIT_OK, C.FAILED: EXIT_FAILED, C.INTERNAL: EXIT_INTERNAL,
+            C.INTERRUPTED: EXIT_INTERRUPTED}[st]
 
 
 def _quote(s: str) -> str:

@@ -69,10 +69,9 @@ class LqlSyntaxError(LqlError):
         return f"  {self.source_line}\n  {pad}^"
 
     def __str__(self) -> str:
-        out = f"syntax error at line {self.line}, column {self.column}: {self.message}\n{self.context()}"
-        if self.hint:
-            out += f"\n  hint: {self.hint}"
-        return out
+        from .render import error_text  # the one formatter
+
+        return error_text(self)
 
 
 class StatementError(LqlError):

@@ -202,8 +202,11 @@ class ToAst(Transformer):
         return ast.Stats(positions=_int(c[2]) if c[2] is not None else None, **self._pos(meta))
 
     def explain_stmt(self, meta, c):
-        _, _, prompt, depth = c
-        return ast.Explain(prompt=prompt, depth=depth, **self._pos(meta))
+        return ast.Explain(depth=c[1], **self._pos(meta))
+
+    def explain_infer(self, meta, c):
+        inf = c[1]
+        return ast.Explain(prompt=inf.prompt, depth=inf.depth, infer=inf, **self._pos(meta))
 
     def draft_clause(self, meta, c):
         return _int(c[2])
@@ -236,7 +239,10 @@ class ToAst(Transformer):
         return ("top", _int(c[1]), c[0])
 
     def generate_clause(self, meta, c):
-        return ("generate", _int(c[1]), c[0])
+        return ("generate", (_int(c[1]), c[2] is not None), c[0])
+
+    def chat_clause(self, meta, c):
+        return ("chat", True, c[0])
 
     def speculate_clause(self, meta, c):
         return ("speculate", _int(c[2]), c[0])
@@ -255,6 +261,8 @@ class ToAst(Transformer):
                 raise _BuildError(f"{word} is given twice in one INFER", tok or c[0],
                                   hint=f"keep one {word} clause")
             fields[name] = value
+        if "generate" in fields:
+            fields["generate"], fields["exactly"] = fields["generate"]
         return ast.Infer(prompt=c[1], **fields, **self._pos(meta))
 
     def trace_stmt(self, meta, c):
@@ -269,7 +277,8 @@ class ToAst(Transformer):
     def draft_ladder(self, meta, c):
         # DRAFT LADDER DEPTHS int_list ON STRING [INTO STRING]
         into = _unquote(c[7]) if c[7] is not None else None
-        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, **self._pos(meta))
+        plot = _unquote(c[10]) if c[10] is not None else None
+        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, plot=plot, **self._pos(meta))
 
     def dump_stmt(self, meta, c):
         # DUMP LOGITS prompt [draft_clause] INTO STRING

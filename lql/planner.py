@@ -1,39 +1,232 @@
-"""Statement → plan. The planner resolves what a statement leaves to the session (the default
-draft depth, the TOP setting), checks what can be judged without a model (a clause that
-contradicts another, a count of zero, a range that runs backwards, a missing binding), and
-names the one operation the session will perform. It never opens a file or touches a model.
+"""Statement → plan node. The planner binds a statement against a read-only catalog view of the
+open container (`lql.binding.Catalog`) and the session's settings, and returns a typed plan
+node: what will run, on which slice (vindex3's own slice plan object), over which token ids.
+EXPLAIN renders the node INFER would run; the command modules (`lql.commands`) execute nodes.
 
-Bounds that depend on the model (a depth deeper than it, a layer it does not have) are judged
-by vindex3 when the session plans the slice, so there is one authority for each."""
+It refuses what can be judged before anything runs: a clause that contradicts another, a count
+of zero, a range that runs backwards, a missing container, and, through the catalog, a depth
+the model does not have (vindex3's `SliceError`, the one authority for depths), a layer it does
+not have, a token outside the vocabulary. It never reads tensor data and never runs a model.
+
+Adding a statement: a grammar rule (grammar/lql.lark), an AST node (lql/ast.py), a plan node
+and a ``@plans(ast.X)`` function here, a command module under lql/commands/ registered for the
+node, a result class (lql/results.py) with its layout in lql/render.py."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ast
-from .errors import NoContainer, StatementError
+from . import ast, catalog
+from .binding import Catalog, SliceBinding
+from .errors import NoContainer, SettingError, StatementError
 
 
 @dataclass(frozen=True)
 class Context:
-    """What the planner may know about the session."""
+    """What the planner may know: the catalog of the bound container (None when unbound), the
+    session's default draft depth and its settings."""
 
-    bound: bool
-    draft_depth: int | None  # the session default set by DRAFT DEPTH n
-    top: int  # the TOP setting
+    catalog: Catalog | None
+    draft_depth: int | None = None
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def bound(self) -> bool:
+        return self.catalog is not None
+
+
+# ---- plan nodes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Node:
+    """A planned statement. ``statement`` is the AST node it came from."""
+
+    statement: ast.Statement
+
+    def describe(self) -> str:
+        return self.statement.keyword
 
 
 @dataclass(frozen=True)
-class QueryPlan:
-    """One operation for the session: ``op`` names it, ``args`` carries resolved values,
-    ``depth`` is the draft depth the operation runs at (None: the full model)."""
+class BoundPrompt:
+    """A prompt as the model will see it: its text (None for TOKENS), the token ids, and
+    whether the chat template wrapped the text."""
 
-    op: str
-    statement: ast.Statement
-    needs_container: bool = False
-    depth: int | None = None
-    args: dict[str, Any] = field(default_factory=dict)
+    text: str | None
+    ids: tuple[int, ...]
+    chat: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Open(Node):
+    path: str | None
+    default: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Stats(Node):
+    positions: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class ShowLayers(Node):
+    layers: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class ShowComponents(Node):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class ShowRepresentations(Node):
+    filter: str | None
+
+
+@dataclass(frozen=True, eq=False)
+class ShowProvenance(Node):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class ShowOperands(Node):
+    layer: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class ShowSettings(Node):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class Run(Node):
+    """INFER: prefill the prompt on the slice, then the TOP n candidates and/or n greedy
+    tokens. Generation stops at an end-of-sequence id in ``stop_ids`` unless ``exactly``."""
+
+    slice: SliceBinding
+    prompt: BoundPrompt
+    top: int | None
+    generate: int | None
+    exactly: bool = False
+    stop_ids: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        parts = []
+        if self.top is not None:
+            parts.append(f"the top {self.top} next tokens")
+        if self.generate is not None:
+            stop = ("" if self.exactly or not self.stop_ids else
+                    f", stopping at end-of-sequence ({', '.join(map(str, self.stop_ids))})")
+            parts.append(f"{self.generate} greedy tokens{' exactly' if self.exactly else ''}{stop}")
+        head = f"INFER: prefill {len(self.prompt.ids)} tokens"
+        return head + (", then " + " and ".join(parts) if parts else "")
+
+
+@dataclass(frozen=True, eq=False)
+class Speculate(Node):
+    """INFER ... SPECULATE: the draft slice proposes ``lookahead`` tokens, the full model
+    (``target``) verifies them; ``generate`` tokens in all."""
+
+    prompt: BoundPrompt
+    target: SliceBinding
+    draft: SliceBinding
+    generate: int
+    lookahead: int
+    compare: bool
+
+    def describe(self) -> str:
+        return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by self-speculation "
+                f"({self.draft.label} proposes {self.lookahead} at a time, the {self.target.label} verifies)")
+
+
+@dataclass(frozen=True, eq=False)
+class Explain(Node):
+    """EXPLAIN: the slice plan, and the node INFER would run (None for a bare EXPLAIN)."""
+
+    slice: SliceBinding
+    target: Run | Speculate | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Trace(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+
+
+@dataclass(frozen=True, eq=False)
+class SetDraft(Node):
+    """DRAFT DEPTH n (slice bound) or DRAFT OFF (slice of the full model, or None unbound)."""
+
+    slice: SliceBinding | None
+    depth: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Ladder(Node):
+    depths: tuple[int, ...]
+    prompts: str
+    into: str | None
+    plot: str | None
+
+
+@dataclass(frozen=True, eq=False)
+class Dump(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    into: str
+
+
+@dataclass(frozen=True, eq=False)
+class Score(Node):
+    draft: str
+    target: str
+
+
+@dataclass(frozen=True, eq=False)
+class Verify(Node):
+    pass
+
+
+@dataclass(frozen=True, eq=False)
+class Admit(Node):
+    path: str
+
+
+@dataclass(frozen=True, eq=False)
+class Encode(Node):
+    checkpoint: str
+    into: str
+
+
+@dataclass(frozen=True, eq=False)
+class Help(Node):
+    topic: str | None
+    text: str
+
+
+@dataclass(frozen=True, eq=False)
+class SetSetting(Node):
+    name: str
+    value: Any  # parsed by the setting's own parser
+
+
+# ---- planning -------------------------------------------------------------------------
+
+_PLANNERS: dict[type[ast.Statement], tuple[Callable[[Any, Context], Node], bool]] = {}
+
+
+def plans(stmt_type: type[ast.Statement], *, needs_container: bool = False):
+    """Register the function that plans ``stmt_type``. With ``needs_container`` the statement
+    is refused (`NoContainer`) when no container is bound, after its own checks pass."""
+
+    def register(fn):
+        _PLANNERS[stmt_type] = (fn, needs_container)
+        return fn
+
+    return register
 
 
 def _err(stmt: ast.Statement, message: str, hint: str | None = None) -> StatementError:
@@ -45,89 +238,53 @@ def _positive(stmt: ast.Statement, value: int | None, what: str, example: str) -
         raise _err(stmt, f"{what} must be at least 1, got {value}", hint=f"e.g. {example}")
 
 
-def plan(stmt: ast.Statement, ctx: Context) -> QueryPlan:
-    """Lower one statement. Raises `StatementError` / `NoContainer`, positioned at it."""
-    p = _lower(stmt, ctx)
-    if p.needs_container and not ctx.bound:
-        raise NoContainer(
-            f"{stmt.keyword} needs an open container, and none is open",
-            hint="OPEN 'path/to/model.vindex3' (or OPEN DEFAULT) first",
-            line=stmt.line, column=stmt.column, statement=stmt.source,
-        )
-    return p
+def plan(stmt: ast.Statement, ctx: Context) -> Node:
+    """Bind one statement. Raises `StatementError`, `NoContainer`, `SettingError`, or a
+    vindex3 refusal (a depth the model does not have, a missing tokenizer)."""
+    entry = _PLANNERS.get(type(stmt))
+    if entry is None:  # a grammar rule without a planner is a bug
+        raise _err(stmt, f"{type(stmt).__name__} has no plan")
+    fn, needs_container = entry
+    if needs_container:
+        _check(stmt, ctx)  # what needs no model is refused even with nothing bound
+        if not ctx.bound:
+            raise NoContainer(
+                f"{stmt.keyword} needs an open container, and none is open",
+                hint="OPEN 'path/to/model.vindex3' (or OPEN DEFAULT) first",
+                line=stmt.line, column=stmt.column, statement=stmt.source,
+            )
+    return fn(stmt, ctx)
 
 
-def _lower(s: ast.Statement, ctx: Context) -> QueryPlan:
-    default_depth = ctx.draft_depth
+def _check(s: ast.Statement, ctx: Context) -> None:
+    """The checks that need no container."""
     match s:
-        case ast.Open():
-            return QueryPlan("open", s, args={"path": s.path, "default": s.default})
         case ast.Stats():
             _positive(s, s.positions, "STATS AT ... POSITIONS", "STATS AT 4096 POSITIONS")
-            return QueryPlan("stats", s, needs_container=True, args={"positions": s.positions})
-        case ast.Explain():
-            _positive(s, s.depth, "DRAFT DEPTH", "EXPLAIN DRAFT DEPTH 2")
-            depth = s.depth if s.depth is not None else default_depth
-            return QueryPlan("explain", s, needs_container=True, depth=depth, args={"prompt": s.prompt})
         case ast.ShowLayers():
             if s.start is not None and s.end is not None and s.end < s.start:
                 raise _err(s, f"RANGE {s.start}-{s.end} runs backwards", hint=f"write RANGE {s.end}-{s.start}")
-            return QueryPlan("show_layers", s, needs_container=True, args={"start": s.start, "end": s.end})
-        case ast.ShowComponents():
-            return QueryPlan("show_components", s, needs_container=True)
-        case ast.ShowRepresentations():
-            return QueryPlan("show_representations", s, needs_container=True, args={"filter": s.filter})
-        case ast.ShowProvenance():
-            return QueryPlan("show_provenance", s, needs_container=True)
-        case ast.ShowOperands():
-            return QueryPlan("show_operands", s, needs_container=True, args={"layer": s.layer})
-        case ast.ShowSettings():
-            return QueryPlan("show_settings", s)
         case ast.Infer():
-            return _lower_infer(s, ctx)
-        case ast.Trace():
-            _positive(s, s.depth, "DRAFT DEPTH", "TRACE 'text' DRAFT DEPTH 2")
-            depth = s.depth if s.depth is not None else default_depth
-            return QueryPlan("trace", s, needs_container=True, depth=depth, args={"prompt": s.prompt})
-        case ast.DraftDepth():
-            return QueryPlan("draft", s, needs_container=True, depth=s.depth)
-        case ast.DraftOff():
-            return QueryPlan("draft_off", s)
+            _check_infer(s)
+        case ast.Explain() if s.infer is not None:
+            _check_infer(s.infer)
         case ast.DraftLadder():
             seen: set[int] = set()
             for d in s.depths:
                 if d in seen:
                     raise _err(s, f"DRAFT LADDER lists depth {d} twice")
                 seen.add(d)
-            return QueryPlan("ladder", s, needs_container=True,
-                             args={"depths": list(s.depths), "prompts": s.prompts, "into": s.into})
-        case ast.DumpLogits():
-            depth = s.depth if s.depth is not None else default_depth
-            return QueryPlan("dump", s, needs_container=True, depth=depth, args={"prompt": s.prompt, "into": s.into})
-        case ast.ScoreDraft():
-            return QueryPlan("score", s, args={"draft": s.draft, "target": s.target})
-        case ast.Verify():
-            return QueryPlan("verify", s, needs_container=True)
-        case ast.Plan():
-            return QueryPlan("admit", s, args={"path": s.path})
-        case ast.Encode():
-            return QueryPlan("encode", s, args={"checkpoint": s.checkpoint, "into": s.into})
-        case ast.Help():
-            return QueryPlan("help", s, args={"topic": s.topic})
-        case ast.Set():
-            return QueryPlan("set", s, args={"name": s.name, "value": s.value})
-    raise _err(s, f"{type(s).__name__} has no plan")  # a grammar rule without a lowering is a bug
 
 
-def _lower_infer(s: ast.Infer, ctx: Context) -> QueryPlan:
+def _check_infer(s: ast.Infer) -> None:
     _positive(s, s.top, "TOP", "TOP 5")
     _positive(s, s.generate, "GENERATE", "GENERATE 20")
-    _positive(s, s.depth, "DRAFT DEPTH", "DRAFT DEPTH 2")
+    if s.exactly and s.generate is None:  # the grammar ties EXACTLY to GENERATE; kept for clarity
+        raise _err(s, "EXACTLY belongs to GENERATE n", hint="e.g. GENERATE 20 EXACTLY")
     if s.speculate is not None or s.lookahead is not None:
         if s.speculate is None:
             raise _err(s, "LOOKAHEAD only applies to speculative decoding",
                        hint="add SPECULATE DEPTH d, e.g. INFER 'text' GENERATE 20 SPECULATE DEPTH 2 LOOKAHEAD 4")
-        _positive(s, s.speculate, "SPECULATE DEPTH", "SPECULATE DEPTH 2")
         _positive(s, s.lookahead, "LOOKAHEAD", "LOOKAHEAD 4")
         if s.generate is None:
             raise _err(s, "SPECULATE needs GENERATE n: speculation is a way of generating tokens",
@@ -137,9 +294,191 @@ def _lower_infer(s: ast.Infer, ctx: Context) -> QueryPlan:
                        hint="the draft that proposes tokens is SPECULATE DEPTH d")
         if s.top is not None:
             raise _err(s, "TOP cannot be combined with SPECULATE", hint="run INFER 'text' TOP n on its own")
-        return QueryPlan("speculate", s, needs_container=True, depth=s.speculate,
-                         args={"prompt": s.prompt, "generate": s.generate, "lookahead": s.lookahead or 4})
-    depth = s.depth if s.depth is not None else ctx.draft_depth
-    top = s.top if s.top is not None else (None if s.generate is not None else ctx.top)
-    return QueryPlan("infer", s, needs_container=True, depth=depth,
-                     args={"prompt": s.prompt, "top": top, "generate": s.generate})
+
+
+def _depth(ctx: Context, depth: int | None) -> int | None:
+    return depth if depth is not None else ctx.draft_depth
+
+
+def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat: bool = False) -> BoundPrompt:
+    """Token ids for a prompt: a text through the container's tokenizer (wrapped in its chat
+    template with ``chat``), or TOKENS checked against the vocabulary."""
+    cat = ctx.catalog
+    assert cat is not None
+    if isinstance(prompt, ast.TextPrompt):
+        if chat:
+            from . import chat as chat_mod
+
+            template = cat.chat_template()
+            if template is None:
+                raise StatementError(f"CHAT needs the model's chat template, and container {cat.name} carries none",
+                                     hint="leave CHAT out (or SET chat = off) to run the text as it is")
+            rendered = chat_mod.render(template, [{"role": "user", "content": prompt.text}],
+                                       add_generation_prompt=True, **cat.special_tokens())
+            ids = cat.tokenize(rendered, special=False)
+        else:
+            ids = cat.tokenize(prompt.text)
+        if not ids:
+            raise StatementError(f"the prompt {prompt.text!r} tokenises to no tokens")
+        bound = BoundPrompt(prompt.text, tuple(ids), chat)
+    else:
+        if chat:
+            raise StatementError("CHAT applies a chat template to text, and TOKENS (...) are ids already",
+                                 hint="give the prompt as text, or leave CHAT out")
+        if not prompt.ids:
+            raise StatementError("TOKENS () holds no token ids")
+        bound = BoundPrompt(None, tuple(prompt.ids))
+    vocab = cat.vocab
+    bad = [i for i in bound.ids if i >= vocab]
+    if bad:
+        raise StatementError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+    return bound
+
+
+@plans(ast.Open)
+def _open(s: ast.Open, ctx: Context) -> Node:
+    return Open(s, path=s.path, default=s.default)
+
+
+@plans(ast.Stats, needs_container=True)
+def _stats(s: ast.Stats, ctx: Context) -> Node:
+    return Stats(s, positions=s.positions)
+
+
+@plans(ast.Explain, needs_container=True)
+def _explain(s: ast.Explain, ctx: Context) -> Node:
+    if s.infer is not None:
+        target = _infer(s.infer, ctx)
+        sl = target.slice if isinstance(target, Run) else target.target
+        return Explain(s, slice=sl, target=target)
+    return Explain(s, slice=ctx.catalog.bind_slice(_depth(ctx, s.depth)))
+
+
+@plans(ast.ShowLayers, needs_container=True)
+def _show_layers(s: ast.ShowLayers, ctx: Context) -> Node:
+    n = ctx.catalog.num_layers
+    if s.start is None:
+        return ShowLayers(s, layers=tuple(range(n)))
+    ctx.catalog.check_layer(s.start)
+    ctx.catalog.check_layer(s.end)
+    return ShowLayers(s, layers=tuple(range(s.start, s.end + 1)))
+
+
+@plans(ast.ShowComponents, needs_container=True)
+def _show_components(s: ast.ShowComponents, ctx: Context) -> Node:
+    return ShowComponents(s)
+
+
+@plans(ast.ShowRepresentations, needs_container=True)
+def _show_representations(s: ast.ShowRepresentations, ctx: Context) -> Node:
+    return ShowRepresentations(s, filter=s.filter)
+
+
+@plans(ast.ShowProvenance, needs_container=True)
+def _show_provenance(s: ast.ShowProvenance, ctx: Context) -> Node:
+    return ShowProvenance(s)
+
+
+@plans(ast.ShowOperands, needs_container=True)
+def _show_operands(s: ast.ShowOperands, ctx: Context) -> Node:
+    if s.layer is not None:
+        ctx.catalog.check_layer(s.layer)
+    return ShowOperands(s, layer=s.layer)
+
+
+@plans(ast.ShowSettings)
+def _show_settings(s: ast.ShowSettings, ctx: Context) -> Node:
+    return ShowSettings(s)
+
+
+@plans(ast.Infer, needs_container=True)
+def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
+    cat = ctx.catalog
+    # CHAT on the statement is explicit; the setting applies to text prompts only
+    chat = s.chat if s.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(s.prompt, ast.TextPrompt))
+    if s.speculate is not None:
+        draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
+        target = cat.bind_slice(None)
+        prompt = bind_prompt(ctx, s.prompt, chat=chat)
+        return Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
+                         lookahead=s.lookahead or 4, compare=bool(ctx.settings.get("compare", True)))
+    sl = cat.bind_slice(_depth(ctx, s.depth))  # a bad depth is refused before tokenising anything
+    prompt = bind_prompt(ctx, s.prompt, chat=chat)
+    top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))
+    stop = () if s.exactly or s.generate is None else cat.eos_ids()
+    return Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop)
+
+
+@plans(ast.Trace, needs_container=True)
+def _trace(s: ast.Trace, ctx: Context) -> Node:
+    sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
+    return Trace(s, slice=sl, prompt=bind_prompt(ctx, s.prompt))
+
+
+@plans(ast.DraftDepth, needs_container=True)
+def _draft_depth(s: ast.DraftDepth, ctx: Context) -> Node:
+    return SetDraft(s, slice=ctx.catalog.bind_slice(s.depth), depth=s.depth)
+
+
+@plans(ast.DraftOff)
+def _draft_off(s: ast.DraftOff, ctx: Context) -> Node:
+    return SetDraft(s, slice=ctx.catalog.bind_slice(None) if ctx.bound else None, depth=None)
+
+
+@plans(ast.DraftLadder, needs_container=True)
+def _ladder(s: ast.DraftLadder, ctx: Context) -> Node:
+    for d in s.depths:
+        ctx.catalog.bind_slice(d)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
+    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot)
+
+
+@plans(ast.DumpLogits, needs_container=True)
+def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
+    sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
+    return Dump(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), into=s.into)
+
+
+@plans(ast.ScoreDraft)
+def _score(s: ast.ScoreDraft, ctx: Context) -> Node:
+    return Score(s, draft=s.draft, target=s.target)
+
+
+@plans(ast.Verify, needs_container=True)
+def _verify(s: ast.Verify, ctx: Context) -> Node:
+    return Verify(s)
+
+
+@plans(ast.Plan)
+def _admit(s: ast.Plan, ctx: Context) -> Node:
+    return Admit(s, path=s.path)
+
+
+@plans(ast.Encode)
+def _encode(s: ast.Encode, ctx: Context) -> Node:
+    return Encode(s, checkpoint=s.checkpoint, into=s.into)
+
+
+@plans(ast.Help)
+def _help(s: ast.Help, ctx: Context) -> Node:
+    text = catalog.help_text(s.topic)
+    if text is None:
+        close = catalog.closest_topics(s.topic)
+        raise StatementError(
+            f"HELP has no entry for {s.topic!r}",
+            hint=(f"did you mean {' or '.join(close)}? " if close else "") + "HELP alone lists every statement",
+        )
+    return Help(s, topic=s.topic, text=text)
+
+
+@plans(ast.Set)
+def _set(s: ast.Set, ctx: Context) -> Node:
+    doc = catalog.setting(s.name)
+    if doc is None:
+        raise SettingError(f"there is no setting named {s.name!r}",
+                           hint="settings: " + ", ".join(x.name for x in catalog.SETTINGS))
+    try:
+        value = doc.parse(s.value)
+    except ValueError as e:
+        raise SettingError(f"setting {s.name} {e}; got {s.value!r}") from None
+    return SetSetting(s, name=s.name, value=value)
+

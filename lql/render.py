@@ -1,5 +1,8 @@
-"""Results → text (aligned fields and tables) and → JSON (one object per statement, stable
-keys). Layout only: nothing here computes a fact, opens a file or touches a model.
+"""The one renderer. Results → text (aligned fields and tables, fitted to a width or laid out
+one field per line), JSON (one object per statement, stable keys), rows for CSV, TSV,
+Markdown and JSON lines, HTML for notebooks, a ladder chart; and errors → text (the one
+error formatter every front end uses) and JSON (one shape for syntax errors and refusals).
+Layout only: nothing here computes a fact, opens a container or touches a model.
 
 Machine-dependent values (timings) are rendered with a unit (``12.3 ms``, ``0.004 s``,
 ``250.1 tok/s``) and only when the ``timing`` setting is on, so that text output is otherwise
@@ -7,11 +10,22 @@ reproducible."""
 
 from __future__ import annotations
 
+import csv
+import html
+import io
 import json
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 from . import results as R
+
+#: Output formats, as ``SET format``, ``\T`` and ``lql --format`` name them.
+FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
+
+# (width, expanded) for the tables of the result being laid out: width None means no fitting;
+# expanded is "on" (one field per line), "off", or "auto" (one field per line when too wide).
+_FIT: ContextVar[tuple[int | None, str]] = ContextVar("lql_fit", default=(None, "off"))
 
 # ---- formatting helpers ---------------------------------------------------------------
 
@@ -102,16 +116,67 @@ def fields(pairs: Iterable[tuple[str, Any]]) -> list[str]:
     return [f"{k.ljust(width)}  {v}".rstrip() for k, v in pairs]
 
 
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = ()) -> list[str]:
-    """An aligned table: header, a rule, rows. Columns in ``right`` are right-aligned."""
-    rows = [[c if isinstance(c, str) else fmt_value(c) for c in row] for row in rows]
-    right = set(right)
+def _natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
     widths = [len(h) for h in headers]
     for row in rows:
         for i, c in enumerate(row):
             widths[i] = max(widths[i], len(c))
+    return widths
+
+
+def _wants_vertical(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
+    width, expanded = _FIT.get()
+    if expanded == "on":
+        return True
+    if expanded == "auto" and width is not None:
+        widths = _natural_widths(headers, rows)
+        return sum(widths) + 2 * (len(widths) - 1) > width
+    return False
+
+
+def _fit_widths(widths: list[int], headers: Sequence[str], right: set[int], width: int) -> list[int]:
+    """Shrink the widest text columns (never the right-aligned numbers) until the table fits,
+    down to a floor per column; a table that cannot fit keeps its floor widths."""
+    widths = list(widths)
+    floor = [max(4, min(len(h), 12)) for h in headers]
+    while sum(widths) + 2 * (len(widths) - 1) > width:
+        cands = [i for i in range(len(widths)) if i not in right and widths[i] > floor[i]]
+        if not cands:
+            break
+        i = max(cands, key=lambda j: widths[j])
+        widths[i] -= 1
+    return widths
+
+
+def _clip(cell: str, w: int) -> str:
+    return cell if len(cell) <= w else cell[: max(0, w - 1)] + "…"
+
+
+def vertical(headers: Sequence[str], rows: Iterable[Sequence[str]], *, start: int = 1) -> list[str]:
+    """Rows one field per line (``\\x``, ``SET expanded = on``), each under a record banner."""
+    hw = max(len(h) for h in headers)
+    out: list[str] = []
+    for n, row in enumerate(rows, start=start):
+        out.append(f"-[ RECORD {n} ]" + "-" * max(3, hw - 10))
+        out += [f"{h.ljust(hw)} | {c}".rstrip() for h, c in zip(headers, row)]
+    return out
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = ()) -> list[str]:
+    """An aligned table: header, a rule, rows. Columns in ``right`` are right-aligned. When the
+    renderer has a width, long cells are cut with an ellipsis so that no line wraps; in
+    expanded mode the rows come one field per line instead."""
+    rows = [[c if isinstance(c, str) else fmt_value(c) for c in row] for row in rows]
+    if _wants_vertical(headers, rows):
+        return vertical(headers, rows)
+    right = set(right)
+    widths = _natural_widths(headers, rows)
+    width, _ = _FIT.get()
+    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
+        widths = _fit_widths(widths, headers, right, width)
 
     def line(cells: Sequence[str]) -> str:
+        cells = [_clip(c, widths[i]) for i, c in enumerate(cells)]
         out = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
         return "  ".join(out).rstrip()
 
@@ -216,7 +281,9 @@ def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
         out.append(f"not run: {layers_phrase(r.skipped_layers)}")
     if r.prompt is not None:
         out += fields([
-            ("prompt", fmt_text(r.prompt.text) if r.prompt.text is not None else "token ids"),
+            ("runs", r.operation),
+            ("prompt", (fmt_text(r.prompt.text) if r.prompt.text is not None else "token ids")
+             + (" in the chat template" if r.prompt.chat else "")),
             ("token ids", fmt_value(r.prompt.ids)),
             ("state after prompt", fmt_bytes(r.state_bytes_after_prompt)),
         ])
@@ -254,6 +321,15 @@ def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right:
     """A table in which rows starting with '[' are section banners spanning the line; banners
     do not widen the columns."""
     plain = [r for r in rows if not r[0].startswith("[")]
+    if _wants_vertical(headers, plain):
+        out, n = [], 1
+        for r in rows:
+            if r[0].startswith("["):
+                out.append(r[0][1:-1])
+            else:
+                out += vertical(headers, [r], start=n)
+                n += 1
+        return out
     laid = table(headers, plain, right=right)
     it = iter(laid[2:])
     out = laid[:2]
@@ -328,7 +404,7 @@ def _settings(r: R.SettingsResult, timing: bool) -> list[str]:
 
 def _prompt_fields(p: R.PromptInfo) -> list[tuple[str, Any]]:
     return [
-        ("prompt", fmt_text(p.text) if p.text is not None else None),
+        ("prompt", fmt_text(p.text) + (" (in the chat template)" if p.chat else "") if p.text is not None else None),
         ("prompt ids", fmt_value(p.ids)),
     ]
 
@@ -344,12 +420,21 @@ def _infer(r: R.InferResult, timing: bool) -> list[str]:
         )
     if r.generated_ids is not None:
         out += [""] + fields([
-            ("generated", f"{len(r.generated_ids)} tokens"),
+            ("generated", _generated(len(r.generated_ids), r.interrupted, r.stopped_at)),
             ("ids", fmt_value(r.generated_ids)),
             ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
         ])
     if timing and r.timing is not None:
         out += [""] + _timing_fields(r.timing)
+    return out
+
+
+def _generated(n: int, interrupted: bool, stopped_at: int | None = None) -> str:
+    out = f"{n} token{'' if n == 1 else 's'}"
+    if interrupted:
+        return out + " (interrupted: the tokens produced before Ctrl-C)"
+    if stopped_at is not None:
+        return out + f" (stopped at end-of-sequence id {stopped_at})"
     return out
 
 
@@ -366,6 +451,14 @@ def _timing_fields(t: R.Timing, extra: Sequence[tuple[str, Any]] = ()) -> list[s
 
 @_layout(R.SpeculateResult)
 def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
+    if r.interrupted:
+        return fields([
+            *_prompt_fields(r.prompt),
+            ("draft", f"depth {r.depth}, lookahead {r.lookahead}"),
+            ("generated", _generated(len(r.generated_ids), True)),
+            ("ids", fmt_value(r.generated_ids)),
+            ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
+        ])
     out = fields([
         *_prompt_fields(r.prompt),
         ("draft", f"depth {r.depth}, lookahead {r.lookahead}, rollback by {r.rollback}"),
@@ -418,17 +511,22 @@ def _draft(r: R.DraftResult, timing: bool) -> list[str]:
 
 @_layout(R.VerifyResult)
 def _verify(r: R.VerifyResult, timing: bool) -> list[str]:
+    where = f" in {r.path}" if r.show_path else ""
     if r.ok:
-        return [f"verified {r.checked} files: every hash matches the index"]
-    return [f"VERIFY FAILED: {len(r.problems)} problem(s) in {r.checked} files checked"] + [f"  - {p}" for p in r.problems]
+        return [f"verified {r.checked} files{where}: every hash matches the index"]
+    return ([f"VERIFY FAILED{where}: {len(r.problems)} problem(s) in {r.checked} files checked"]
+            + [f"  - {p}" for p in r.problems])
 
 
 @_layout(R.PlanResult)
 def _plan(r: R.PlanResult, timing: bool) -> list[str]:
     out = fields([
-        ("checkpoint", r.source),
+        ("checkpoint", r.source + (f" ({r.source_kind})" if r.source_kind else "")),
         ("model type", r.model_type or "-"),
+        ("family", r.family),
         ("admissible", "yes" if r.admissible else "no: " + f"{sum(f.blocks for f in r.findings)} finding(s) block it"),
+        ("layers", None if r.layers is None else f"{r.layers} ({fmt_mix(r.operator_mix or [])})"),
+        ("tensors", None if r.tensors is None else f"{r.tensors} ({fmt_int(r.parameters)} parameters)"),
     ])
     if r.findings:
         graded = any(f.grade for f in r.findings)
@@ -451,8 +549,8 @@ def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
         ("layers", f"{r.layers} ({fmt_mix(r.operator_mix)})"),
         ("weights", fmt_bytes(r.bytes)),
     ])
-    if timing and r.timing is not None:
-        out += _timing_fields(r.timing)
+    if timing and r.seconds is not None:
+        out += fields([("encode time", fmt_seconds(r.seconds))])
     return out
 
 
@@ -508,12 +606,21 @@ def _score(r: R.ScoreResult, timing: bool) -> list[str]:
     out = [f"draft {r.draft} ({slice_} of {r.model_layers}) against {r.target} (full model)"]
     out += fields(_summary_fields(r.summary))
     if r.positions:
-        out += [""] + table(
-            ["pos", "KL", "top-1", "target argmax", "draft argmax", "rank in draft"],
-            [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
-              str(p["draft_argmax"]), str(p["target_rank_in_draft"])] for p in r.positions],
-            right=(0, 1, 3, 4, 5),
-        )
+        if r.tokens:
+            out += [""] + table(
+                ["pos", "KL", "top-1", "target argmax", "target token", "draft argmax", "draft token", "rank in draft"],
+                [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
+                  fmt_text(p.get("target_token")), str(p["draft_argmax"]), fmt_text(p.get("draft_token")),
+                  str(p["target_rank_in_draft"])] for p in r.positions],
+                right=(0, 1, 3, 5, 7),
+            )
+        else:
+            out += [""] + table(
+                ["pos", "KL", "top-1", "target argmax", "draft argmax", "rank in draft"],
+                [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
+                  str(p["draft_argmax"]), str(p["target_rank_in_draft"])] for p in r.positions],
+                right=(0, 1, 3, 4, 5),
+            )
     return out
 
 
@@ -531,25 +638,38 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
         if timing:
             cells += [fmt_seconds(row.get("prepare_seconds")), f"{row['ms_per_position']:.2f} ms"]
         rows.append(cells)
-    out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
-    out += table(headers, rows, right=range(len(headers)))
+    if r.interrupted:
+        done = ", ".join(str(d) for d in r.depths) or "none"
+        out = [f"depth ladder on {r.prompts_file}: interrupted; depths finished: {done}"]
+    else:
+        out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
+    if rows:
+        out += table(headers, rows, right=range(len(headers)))
     if timing and r.target:
         out.append(f"full model: {fmt_seconds(r.target.get('prepare_seconds'))} prepare, "
                    f"{r.target.get('ms_per_position', 0.0):.2f} ms per position")
     if r.into:
         out.append(f"report written to {r.into}")
+    if r.plot_path:
+        out.append(f"chart written to {r.plot_path}")
     return out
 
 
 # ---- entry points ---------------------------------------------------------------------
 
 
-def to_text(result: R.Result, *, timing: bool = True) -> str:
-    """The result as aligned text (no trailing newline)."""
+def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, expanded: str = "off") -> str:
+    """The result as aligned text (no trailing newline). ``width``: fit tables to it (cells
+    cut with an ellipsis, never wrapped); ``expanded``: on, off or auto (one field per line
+    when a table does not fit)."""
     layout = _LAYOUTS.get(type(result))
     if layout is None:  # a result kind without a layout is a bug; still show the data
         return json.dumps(result.model_dump(mode="json", exclude={"statement"}), indent=2)
-    return "\n".join(layout(result, timing))
+    token = _FIT.set((width, expanded if expanded in ("on", "off", "auto") else "off"))
+    try:
+        return "\n".join(layout(result, timing))
+    finally:
+        _FIT.reset(token)
 
 
 def to_json(result: R.Result) -> dict:
@@ -564,22 +684,385 @@ def to_json(result: R.Result) -> dict:
     }
 
 
-def error_json(err: Exception, statement: R.StatementRef | None) -> dict:
-    """The JSON object for a statement that failed."""
-    from .errors import LqlError, LqlSyntaxError
+def error_json(err: BaseException, statement: R.StatementRef | None) -> dict:
+    """The JSON object for a statement that failed. One shape for every failure:
+    ``{"statement", "kind", "ok": false, "error": {type, message, hint, line, column,
+    expected}}``; ``expected`` lists what a syntax error expected (empty otherwise)."""
+    from .errors import LqlError
 
     if isinstance(err, LqlError):
-        error = {"type": err.kind, "message": err.message, "hint": err.hint}
-        if isinstance(err, LqlSyntaxError):
-            error.update(line=err.line, column=err.column, expected=err.expected)
+        error = {"type": err.kind, "message": err.message, "hint": err.hint, "line": err.line,
+                 "column": err.column, "expected": list(getattr(err, "expected", []) or [])}
     else:
-        error = {"type": "InternalError", "message": f"{type(err).__name__}: {err}", "hint": None}
+        error = {"type": "InternalError", "message": f"{type(err).__name__}: {err}", "hint": None,
+                 "line": statement.line if statement else None, "column": statement.column if statement else None,
+                 "expected": []}
     return {
         "statement": statement.model_dump() if statement else None,
         "kind": statement.kind if statement else None,
         "ok": False,
         "error": error,
     }
+
+
+# ---- errors as text: the one formatter ------------------------------------------------
+
+
+def error_fragments(err: BaseException, *, where: str = "", show_statement: bool = False) -> list[tuple[str, str]]:
+    """An error as styled fragments (style class, text): a syntax error with its line and a
+    caret, a refusal with its message, the statement (with ``where`` or ``show_statement``)
+    and its hint. ``where`` (a file name, ``<-e>``) prefixes ``where:line:column:``."""
+    from .errors import LqlError, LqlSyntaxError
+
+    if isinstance(err, LqlSyntaxError):
+        head = (f"{where}:{err.line}:{err.column}: syntax error: " if where
+                else f"syntax error at line {err.line}, column {err.column}: ")
+        pad = "".join("\t" if ch == "\t" else " " for ch in err.source_line[: err.column - 1])
+        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {err.source_line}\n"),
+                 ("class:error.caret", f"  {pad}^")]
+        if err.hint:
+            frags.append(("class:warning", f"\n  hint: {err.hint}"))
+        return frags
+    if isinstance(err, LqlError):
+        loc = (f"{where}:{err.line}:{err.column}: " if where and err.line is not None
+               else (f"{where}: " if where else ""))
+        frags = [("class:error", f"{loc}error: {err.message}")]
+        if err.statement and (show_statement or where):
+            frags.append(("", f"\n  in: {err.statement}"))
+        if err.hint:
+            frags.append(("class:warning", f"\n  hint: {err.hint}"))
+        return frags
+    return [("class:error", f"internal error: {type(err).__name__}: {err}")]
+
+
+def error_text(err: BaseException, *, where: str = "", show_statement: bool = False) -> str:
+    """`error_fragments` as plain text."""
+    return "".join(t for _, t in error_fragments(err, where=where, show_statement=show_statement))
+
+
+def internal_error_text(err: BaseException, *, where: str = "", line: int | None = None, column: int | None = None,
+                        statement: str | None = None, debug: bool = False) -> str:
+    """A bug's one-line report (the traceback is shown separately, with --debug)."""
+    loc = f"{where}:{line}:{column}: " if where and line is not None else (f"{where}: " if where else "")
+    out = f"{loc}internal error: {type(err).__name__}: {err}"
+    if statement:
+        out += f"\n  in: {statement}"
+    if not debug:
+        out += "\n  this is a bug in lql or vindex3; run with --debug for the traceback"
+    return out
+
+
+# ---- rows: CSV, TSV, Markdown, JSON lines, pandas, HTML -------------------------------
+
+_RECORDS: dict[type, Callable[[Any], list[dict[str, Any]]]] = {}
+
+
+def _records_of(cls: type):
+    def deco(fn):
+        _RECORDS[cls] = fn
+        return fn
+
+    return deco
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _dump(m: Any) -> dict[str, Any]:
+    return m.model_dump(mode="json") if hasattr(m, "model_dump") else dict(m)
+
+
+def records(result: R.Result) -> list[dict[str, Any]]:
+    """The result's rows as flat dicts: one per layer for SHOW LAYERS, one per candidate for
+    INFER ... TOP, one per generated token for GENERATE alone, one per position for TRACE and
+    SCORE DRAFT, one per depth for DRAFT LADDER, one per operand for SHOW OPERANDS and
+    EXPLAIN, one per finding for PLAN; a single row of fields otherwise."""
+    fn = _RECORDS.get(type(result))
+    if fn is not None:
+        return fn(result)
+    body = result.model_dump(mode="json", exclude={"statement", "kind"})
+    return [_flat(body)]
+
+
+@_records_of(R.LayersResult)
+def _rec_layers(r: R.LayersResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.layers]
+
+
+@_records_of(R.ComponentsResult)
+def _rec_components(r: R.ComponentsResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.components]
+
+
+@_records_of(R.RepresentationsResult)
+def _rec_reps(r: R.RepresentationsResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.representations]
+
+
+@_records_of(R.ProvenanceResult)
+def _rec_provenance(r: R.ProvenanceResult) -> list[dict[str, Any]]:
+    return [{"key": k, "value": v} for k, v in _flatten(r.provenance)] if r.provenance else []
+
+
+@_records_of(R.OperandsResult)
+def _rec_operands(r: R.OperandsResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.operands]
+
+
+@_records_of(R.SettingsResult)
+def _rec_settings(r: R.SettingsResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.settings]
+
+
+@_records_of(R.StatsResult)
+def _rec_stats(r: R.StatsResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.objects]
+
+
+@_records_of(R.ExplainResult)
+def _rec_explain(r: R.ExplainResult) -> list[dict[str, Any]]:
+    out = []
+    for st in r.steps:
+        for op in st.ops:
+            for o in op.operands or [None]:
+                out.append({"stage": st.stage, "layer": st.layer, "operator": st.operator, "op": op.kind,
+                            "op_role": op.role, "operand": o.role if o else None,
+                            "tensor": f"{o.object}/{o.tensor}" if o else None, "dtype": o.dtype if o else None,
+                            "shape": o.shape if o else None, "bytes": o.bytes if o else None})
+    return out
+
+
+@_records_of(R.InferResult)
+def _rec_infer(r: R.InferResult) -> list[dict[str, Any]]:
+    if r.top is not None:
+        return [_dump(c) for c in r.top]
+    return [{"position": i, "id": t} for i, t in enumerate(r.generated_ids or [])]
+
+
+@_records_of(R.TraceResult)
+def _rec_trace(r: R.TraceResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.rows]
+
+
+@_records_of(R.ScoreResult)
+def _rec_score(r: R.ScoreResult) -> list[dict[str, Any]]:
+    return [dict(p) for p in r.positions]
+
+
+@_records_of(R.LadderResult)
+def _rec_ladder(r: R.LadderResult) -> list[dict[str, Any]]:
+    out = []
+    for row in r.rows:
+        rec = {"depth": row["depth"], **{k: v for k, v in row["summary"].items()}}
+        rec.update({k: row[k] for k in ("executed_layers", "prepare_seconds", "ms_per_position") if k in row})
+        out.append(rec)
+    return out
+
+
+@_records_of(R.PlanResult)
+def _rec_plan(r: R.PlanResult) -> list[dict[str, Any]]:
+    return [_dump(f) for f in r.findings]
+
+
+@_records_of(R.VerifyResult)
+def _rec_verify(r: R.VerifyResult) -> list[dict[str, Any]]:
+    if r.ok:
+        return [{"path": r.path, "ok": True, "checked": r.checked, "problem": None}]
+    return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[str]:
+    cols: dict[str, None] = {}
+    for row in rows:
+        for k in row:
+            cols.setdefault(k, None)
+    return list(cols)
+
+
+def _cell(v: Any) -> str:
+    """A value as one CSV/TSV/Markdown cell: lists and objects as JSON, None as empty."""
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (list, dict)):
+        return dumps_json(v)
+    return str(v)
+
+
+def to_delimited(result: R.Result, delimiter: str = ",") -> str:
+    """CSV (or TSV with a tab) of `records`: a header line, then one line per row."""
+    rows = records(result)
+    if not rows:
+        return ""
+    cols = _columns(rows)
+    buf = io.StringIO()
+    if delimiter == "\t":  # TSV: no quoting; tabs and newlines inside a value are escaped
+        esc = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r", "\\": "\\\\"})
+        buf.write("\t".join(cols) + "\n")
+        for row in rows:
+            buf.write("\t".join(_cell(row.get(c)).translate(esc) for c in cols) + "\n")
+    else:
+        w = csv.writer(buf, delimiter=delimiter, lineterminator="\n")
+        w.writerow(cols)
+        for row in rows:
+            w.writerow([_cell(row.get(c)) for c in cols])
+    return buf.getvalue().rstrip("\n")
+
+
+def to_markdown(result: R.Result) -> str:
+    """A GitHub-flavoured Markdown table of `records` (pipes escaped, newlines as <br>)."""
+    rows = records(result)
+    if not rows:
+        return ""
+    cols = _columns(rows)
+
+    def cell(v: Any) -> str:
+        return _cell(v).replace("\\", "\\\\").replace("|", "\\|").replace("\n", "<br>")
+
+    out = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    out += ["| " + " | ".join(cell(row.get(c)) for c in cols) + " |" for row in rows]
+    return "\n".join(out)
+
+
+def to_jsonl(result: R.Result) -> str:
+    """One compact JSON object per row of `records`."""
+    return "\n".join(dumps_json(row) for row in records(result))
+
+
+def format_result(result: R.Result, fmt: str, *, timing: bool = True, width: int | None = None,
+                  expanded: str = "off", indent: int | None = None) -> str:
+    """The result in one of `FORMATS` (no trailing newline)."""
+    if fmt == "json":
+        return dumps_json(to_json(result), indent=indent)
+    if fmt == "jsonl":
+        return to_jsonl(result)
+    if fmt == "csv":
+        return to_delimited(result, ",")
+    if fmt == "tsv":
+        return to_delimited(result, "\t")
+    if fmt == "markdown":
+        return to_markdown(result)
+    return to_text(result, timing=timing, width=width, expanded=expanded)
+
+
+def to_pandas(result: R.Result):
+    """`records` as a pandas DataFrame (pandas is an optional extra)."""
+    from .errors import NotAvailable
+
+    try:
+        import pandas as pd
+    except ImportError:
+        raise NotAvailable("to_pandas() needs pandas, which is not installed",
+                           hint="pip install 'lql-vindex3[notebook]' (or pandas)") from None
+    return pd.DataFrame.from_records(records(result), columns=_columns(records(result)) or None)
+
+
+def to_html(result: R.Result) -> str:
+    """An HTML view for notebooks: the rows as a table (a single row as field/value pairs),
+    the statement as a caption, and the text layout in a collapsible block."""
+    rows = records(result)
+    esc = html.escape
+    caption = esc(result.statement.text) if result.statement else esc(result.kind)
+    parts = ['<div class="lql-result">', f"<table><caption><code>{caption}</code></caption>"]
+    if len(rows) == 1:
+        parts.append("<tr><th>field</th><th>value</th></tr>")
+        parts += [f"<tr><td>{esc(k)}</td><td>{esc(_cell(v))}</td></tr>" for k, v in rows[0].items()]
+    elif rows:
+        cols = _columns(rows)
+        parts.append("<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(_cell(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows]
+    parts.append("</table>")
+    parts.append(f"<details><summary>text</summary><pre>{esc(to_text(result))}</pre></details></div>")
+    return "\n".join(parts)
+
+
+# ---- the ladder chart ------------------------------------------------------------------
+
+CHART_FORMATS = (".png", ".svg")
+
+
+def require_matplotlib(what: str) -> None:
+    """Refuse by name when matplotlib (an optional extra) is missing."""
+    from .errors import NotAvailable
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise NotAvailable(f"{what} needs matplotlib, which is not installed",
+                           hint="pip install 'lql-vindex3[notebook]' (or matplotlib)") from None
+
+
+def ladder_figure(result: R.LadderResult):
+    """A matplotlib Figure of a ladder: KL p50 and p90 (left axis, nats) and top-1 agreement
+    (right axis) against draft depth."""
+    require_matplotlib("plotting a ladder")
+    from matplotlib.figure import Figure
+
+    depths = [row["depth"] for row in result.rows]
+    s = [row["summary"] for row in result.rows]
+    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(depths, [x["kl_p50"] for x in s], marker="o", label="KL p50")
+    ax.plot(depths, [x["kl_p90"] for x in s], marker="o", linestyle="--", label="KL p90")
+    ax.set_xlabel(f"draft depth (layers of {result.model_layers})")
+    ax.set_ylabel("KL(target ‖ draft), nats")
+    ax2 = ax.twinx()
+    ax2.plot(depths, [x["top1"] for x in s], marker="s", color="tab:green", label="top-1 agreement")
+    ax2.set_ylim(0.0, 1.05)
+    ax2.set_ylabel("top-1 agreement")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper center")
+    ax.set_title(f"depth ladder on {result.prompts_file}")
+    return fig
+
+
+def save_figure(fig, path: str) -> None:
+    """Write a figure as PNG or SVG, chosen by the file's extension."""
+    from pathlib import Path
+
+    from .errors import StatementError
+
+    ext = Path(path).suffix.lower()
+    if ext not in CHART_FORMATS:
+        raise StatementError(f"PLOT INTO writes .png or .svg, not {Path(path).name!r}",
+                             hint="e.g. PLOT INTO 'ladder.png'")
+    fig.savefig(path, format=ext[1:])
+
+
+# ---- vindex3's own reports, laid out here ----------------------------------------------
+
+
+def admission_text(plan) -> str:
+    """A vindex3 AdmissionPlan as text (the ``vindex3 plan`` command prints this)."""
+    from .commands.container import plan_result
+
+    return to_text(plan_result(plan))
+
+
+def verify_text(report) -> str:
+    """A vindex3 VerifyReport as text (the ``vindex3 verify`` command prints this)."""
+    from .commands.container import verify_result
+
+    return to_text(verify_result(report, show_path=True))
+
+
+def ladder_text(report, *, timing: bool = True) -> str:
+    """A vindex3 LadderReport as DRAFT LADDER prints it."""
+    from .commands.drafts import ladder_result
+
+    return to_text(ladder_result(report, prompts_file=report.prompts_file, into=None), timing=timing)
 
 
 def dumps_json(obj: Any, *, indent: int | None = None) -> str:

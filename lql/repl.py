@@ -2,10 +2,12 @@
 suggestions from it, emacs keys (vi as a setting), multi-line statements, highlighting from
 the grammar's lexer, completion from the grammar, a bottom toolbar with the bound model.
 
-The shell executes statements through the same `lql.Session` the batch CLI uses; what it adds
-is the terminal: GENERATE's tokens are printed as they are produced, ENCODE draws a progress
-bar, Ctrl-C stops a running statement and returns to the prompt with the session as it was,
-and no error ends the shell — only ``\\q``, ``exit``, ``quit`` or Ctrl-D do.
+The shell is a `lql.console.Console` (the same statement loop, printer, formats and shell
+commands as the batch ``lql`` command); what it adds is the terminal: GENERATE's tokens are
+printed as they are produced, ENCODE draws a progress bar, long output goes through a pager,
+tables fit the screen, Ctrl-C stops a running statement and returns to the prompt (with the
+tokens or ladder depths finished so far), and no error ends the shell — only ``\\q``,
+``exit``, ``quit`` or Ctrl-D do.
 
 Data goes to stdout and diagnostics to stderr, each looked up when written (so a test's
 captured streams see them); prompt_toolkit's own input and output can be injected."""
@@ -13,9 +15,7 @@ captured streams see them); prompt_toolkit's own input and output can be injecte
 from __future__ import annotations
 
 import os
-import sys
 import time
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,17 +25,17 @@ from prompt_toolkit import PromptSession
 from prompt_toolkit.auto_suggest import AutoSuggestFromHistory
 from prompt_toolkit.enums import EditingMode
 from prompt_toolkit.filters import Condition, completion_is_selected
-from prompt_toolkit.formatted_text import FormattedText
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
-from prompt_toolkit.shortcuts import CompleteStyle, print_formatted_text
+from prompt_toolkit.shortcuts import CompleteStyle
 
-from . import ast, catalog, parser, render
+from . import ast, catalog, parser
 from . import results as R
-from .errors import LqlError, LqlSyntaxError, SettingError
+from .console import EXIT, Console, isatty
+from .errors import SettingError
 from .repl_complete import LqlCompleter, SettingInfo
 from .repl_lexer import STYLE, LqlLexer, is_meta
-from .repl_meta import CONTINUE, EXIT, META
+from .repl_meta import META
 
 PROMPT = "lql> "
 CONTINUATION = "... "
@@ -174,10 +174,7 @@ def _blank(text: str) -> bool:
 
 
 def _isatty(f: TextIO) -> bool:
-    try:
-        return f.isatty()
-    except (AttributeError, ValueError):
-        return False
+    return isatty(f)
 
 
 def _columns(f: TextIO) -> int:
@@ -187,8 +184,9 @@ def _columns(f: TextIO) -> int:
         return 80
 
 
-class Shell:
-    """The REPL: a `lql.Session` and the `PromptSession` that feeds it.
+class Shell(Console):
+    """The REPL: a `lql.Session`, the console that prints for it, and the `PromptSession` that
+    feeds it.
 
     ``input``/``output`` are prompt_toolkit's (tests pass a pipe input and `DummyOutput`);
     ``stdout``/``stderr`` default to the process's streams, looked up when written."""
@@ -206,16 +204,14 @@ class Shell:
     ):
         from .session import Session
 
-        self._stdout, self._stderr = stdout, stderr
-        self.debug = debug
         self._echo: _TokenEcho | None = None
         self._progress: _ProgressLine | None = None
-        self.session = Session(on_token=self._on_token, on_progress=self._on_progress)
+        super().__init__(Session(on_token=self._on_token, on_progress=self._on_progress), stdout=stdout,
+                         stderr=stderr, interactive=True, debug=debug, color=True)
         self.history_path: Path | None = (
             Path(history_path).expanduser() if history_path else default_history_path()
         )
         self.history = self._open_history(self.history_path)
-        self._include_depth = 0
         self._toolbar_cache: tuple[int, str] | None = None
         self._pt_io = (input, output)
         vi = (
@@ -234,7 +230,8 @@ class Shell:
                 ("class:prompt.continuation", CONTINUATION.ljust(width))
             ],
             lexer=LqlLexer(),
-            completer=LqlCompleter(settings=self.setting_infos, meta_commands=META.completions),
+            completer=LqlCompleter(settings=self.setting_infos, meta_commands=META.completions,
+                                   model_layers=self._model_layers),
             complete_while_typing=True,
             complete_style=CompleteStyle.COLUMN,
             auto_suggest=AutoSuggestFromHistory(),
@@ -249,79 +246,6 @@ class Shell:
             output=output,
         )
 
-    # ---- streams and printing ---------------------------------------------------------
-
-    @property
-    def stdout(self) -> TextIO:
-        return self._stdout or sys.stdout
-
-    @property
-    def stderr(self) -> TextIO:
-        return self._stderr or sys.stderr
-
-    def print_styled(
-        self, fragments: list[tuple[str, str]], *, file: TextIO | None = None, end: str = "\n"
-    ) -> None:
-        """Styled text on a stream: coloured on a terminal (NO_COLOR respected), plain elsewhere."""
-        f = file or self.stdout
-        if _isatty(f):
-            print_formatted_text(FormattedText(fragments), style=STYLE, file=f, end=end, flush=True)
-        else:
-            f.write("".join(t for _, t in fragments) + end)
-            f.flush()
-
-    def print_text(self, text: str) -> None:
-        self.print_styled([("", text)])
-
-    def print_info(self, text: str) -> None:
-        self.print_styled([("class:info", text)], file=self.stderr)
-
-    def print_error(self, text: str, hint: str | None = None) -> None:
-        frags = [("class:error", text)]
-        if hint:
-            frags.append(("class:warning", f"\n  hint: {hint}"))
-        self.print_styled(frags, file=self.stderr)
-
-    def print_lql_error(
-        self, e: LqlError, *, where: str = "", show_statement: bool = False
-    ) -> None:
-        """A syntax error with its line and caret; a refusal with its message and hint."""
-        if isinstance(e, LqlSyntaxError):
-            pad = "".join("\t" if ch == "\t" else " " for ch in e.source_line[: e.column - 1])
-            head = (
-                f"{where}:{e.line}:{e.column}: syntax error: "
-                if where
-                else f"syntax error at line {e.line}, column {e.column}: "
-            )
-            frags = [
-                ("class:error", f"{head}{e.message}\n"),
-                ("", f"  {e.source_line}\n"),
-                ("class:error.caret", f"  {pad}^"),
-            ]
-            if e.hint:
-                frags.append(("class:warning", f"\n  hint: {e.hint}"))
-            self.print_styled(frags, file=self.stderr)
-            return
-        loc = (
-            f"{where}:{e.line}:{e.column}: "
-            if where and e.line is not None
-            else (f"{where}: " if where else "")
-        )
-        frags = [("class:error", f"{loc}error: {e.message}")]
-        if e.statement and (show_statement or where):
-            frags.append(("", f"\n  in: {e.statement}"))
-        if e.hint:
-            frags.append(("class:warning", f"\n  hint: {e.hint}"))
-        self.print_styled(frags, file=self.stderr)
-
-    def print_result(self, result: R.Result) -> None:
-        if self.session.settings.get("format") == "json":
-            self.print_text(render.dumps_json(render.to_json(result)))
-        else:  # a blank line after each result keeps consecutive results apart
-            self.print_text(
-                render.to_text(result, timing=bool(self.session.settings.get("timing"))) + "\n"
-            )
-
     # ---- hooks the session calls ------------------------------------------------------
 
     def _on_token(self, token_id: int, text: str | None) -> None:
@@ -333,9 +257,10 @@ class Shell:
             self._progress(done, total, label)
 
     @contextmanager
-    def _live(self, stmt: ast.Statement) -> Iterator[None]:
-        """Token echo (text output only) and a progress bar while ``stmt`` runs."""
-        self._echo = _TokenEcho(self) if self.session.settings.get("format") != "json" else None
+    def live(self, stmt: ast.Statement) -> Iterator[None]:
+        """Token echo (text output only) and a progress bar while ``stmt`` runs; both are
+        cleared however the statement ends."""
+        self._echo = _TokenEcho(self) if self.session.settings.get("format") == "text" else None
         self._progress = _ProgressLine(self, stmt.keyword.lower() or "working")
         try:
             yield
@@ -366,6 +291,10 @@ class Shell:
     def history_entries(self) -> list[str]:
         """History entries, oldest first."""
         return list(reversed(list(self.history.load_history_strings())))
+
+    def _model_layers(self) -> int | None:
+        cat = self.session.catalog
+        return cat.num_layers if cat is not None else None
 
     # ---- settings the shell owns ------------------------------------------------------
 
@@ -457,89 +386,20 @@ class Shell:
 
         return kb
 
-    # ---- running text -----------------------------------------------------------------
+    # ---- what the console asks the shell -------------------------------------------------
 
-    def run_text(self, text: str, *, where: str = "") -> bool:
-        """Run what was typed (or a chunk of a script): a meta command, or LQL statements in
-        order, stopping at the first that fails. Returns `EXIT` only for an exit command."""
-        if is_meta(text):
-            return self.run_meta(text)
-        try:
-            statements = parser.parse(text)
-        except LqlSyntaxError as e:
-            self.print_lql_error(e, where=where)
-            return CONTINUE
-        for i, stmt in enumerate(statements):
-            if not self.run_statement(stmt, where=where, show_statement=len(statements) > 1):
-                left = len(statements) - i - 1
-                if left:
-                    self.print_info(f"({left} later statement{'s' if left > 1 else ''} not run)")
-                break
-        return CONTINUE
+    def shell_statement(self, stmt: ast.Statement) -> R.Result | None:
+        if isinstance(stmt, ast.Set) and stmt.name in SHELL_SETTINGS:
+            return self._set_shell_setting(stmt)
+        return None
 
-    def run_meta(self, text: str) -> bool:
-        word, arg = META.split(text)
-        cmd = META.find(word)
-        if cmd is None:
-            close = META.suggest(word)
-            self.print_error(
-                f"unknown shell command {word}",
-                hint=(f"did you mean {' or '.join(close)}? " if close else "") + "\\? lists them",
-            )
-            return CONTINUE
-        try:
-            return cmd.handler(self, arg)
-        except KeyboardInterrupt:
-            self.print_error(f"interrupted: {cmd.name} stopped")
-        except Exception as e:  # noqa: BLE001 - a bug in a shell command; the shell survives it
-            self._internal_error(e, cmd.name)
-        return CONTINUE
-
-    def run_statement(
-        self, stmt: ast.Statement, *, where: str = "", show_statement: bool = False
-    ) -> bool:
-        """Execute one statement and print its result; True when it succeeded. Never raises:
-        errors print, Ctrl-C interrupts, and the session stays bound and usable."""
-        try:
-            if isinstance(stmt, ast.Set) and stmt.name in SHELL_SETTINGS:
-                result = self._set_shell_setting(stmt)
-            else:
-                with self._live(stmt):
-                    result = self.session.execute_statement(stmt)
-            if isinstance(result, R.SettingsResult):
-                result = self._with_shell_settings(result)
-            elif isinstance(result, R.HelpResult) and result.topic is None:
-                result = result.model_copy(
-                    update={
-                        "text": result.text.rstrip("\n")
-                        + "\n\nIn the shell: \\? lists shell commands; \\q quits."
-                    }
-                )
-            self.print_result(result)
-            return True
-        except KeyboardInterrupt:
-            self.print_error(
-                f"interrupted: {stmt.keyword} stopped; the session is as it was before it"
-            )
-            return False
-        except LqlError as e:
-            if e.line is None:
-                e.locate(stmt.line, stmt.column, stmt.source)
-            self.print_lql_error(e, where=where, show_statement=show_statement)
-            return False
-        except Exception as e:  # noqa: BLE001 - a bug; the shell survives it
-            self._internal_error(e, stmt.source)
-            return False
-
-    def _internal_error(self, e: Exception, what: str) -> None:
-        if self.debug:
-            traceback.print_exception(e, file=self.stderr)
-        self.print_error(
-            f"internal error: {type(e).__name__}: {e}\n  in: {what}",
-            hint=None
-            if self.debug
-            else "this is a bug in lql or vindex3; start lql with --debug to see the traceback",
-        )
+    def decorate(self, result: R.Result) -> R.Result:
+        if isinstance(result, R.SettingsResult):
+            return self._with_shell_settings(result)
+        if isinstance(result, R.HelpResult) and result.topic is None:
+            return result.model_copy(update={
+                "text": result.text.rstrip("\n") + "\n\nIn the shell: \\? lists shell commands; \\q quits."})
+        return result
 
     def _with_shell_settings(self, result: R.SettingsResult) -> R.SettingsResult:
         values = self._shell_setting_values()
@@ -548,61 +408,6 @@ class Shell:
             for name, desc in SHELL_SETTINGS.items()
         ]
         return result.model_copy(update={"settings": rows})
-
-    def run_file(self, path: str) -> bool:
-        """``\\i``: run a script in this session, statement by statement; lines that start with
-        a backslash are shell commands. Stops at the first failure, naming file and line."""
-        p = Path(path).expanduser()
-        if self._include_depth >= 8:
-            self.print_error(f"\\i {path}: scripts include each other more than 8 deep; stopped")
-            return CONTINUE
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            self.print_error(f"\\i: script {p} does not exist")
-            return CONTINUE
-        except (OSError, UnicodeDecodeError) as e:
-            self.print_error(f"\\i: script {p} cannot be read: {e}")
-            return CONTINUE
-        self._include_depth += 1
-        try:
-            return self.run_script(text, where=str(path))
-        finally:
-            self._include_depth -= 1
-
-    def run_script(self, text: str, *, where: str) -> bool:
-        """Run a script's statements and meta lines in order; stop at the first failure."""
-        chunk: list[str] = []
-        start = 1
-        for lineno, line in enumerate(text.split("\n"), start=1):
-            if is_meta(line) and _blank("\n".join(chunk)):
-                chunk = []
-                if self.run_meta(line) is EXIT:
-                    return EXIT
-                continue
-            if _blank("\n".join(chunk)):
-                chunk, start = [], lineno  # comments before a statement are dropped
-            chunk.append(line)
-            body = "\n".join(chunk)
-            if parser.is_complete(body):
-                if not self._run_chunk(body, where, start):
-                    return CONTINUE
-                chunk = []
-        if not _blank("\n".join(chunk)):
-            self._run_chunk("\n".join(chunk), where, start)
-        return CONTINUE
-
-    def _run_chunk(self, body: str, where: str, first_line: int) -> bool:
-        source = "\n" * (first_line - 1) + body
-        try:
-            statements = parser.parse(source)
-        except LqlSyntaxError as e:
-            self.print_lql_error(e, where=where)
-            return False
-        for stmt in statements:
-            if not self.run_statement(stmt, where=where):
-                return False
-        return True
 
     # ---- the loop ---------------------------------------------------------------------
 
@@ -618,7 +423,7 @@ class Shell:
         """Run the startup file (``~/.lqlrc``) if it exists: settings such as
         ``SET editing_mode = vi;`` or ``\\timing off``."""
         if path is not None and path.is_file():
-            self.run_file(str(path))
+            self.run_meta(f"\\i {path}")
 
     def loop(self) -> int:
         """Read, run, repeat until an exit command or Ctrl-D. Returns the exit status (0)."""
@@ -632,12 +437,13 @@ class Shell:
             if not text.strip():
                 continue
             try:
-                if self.run_text(text) is EXIT:
+                if self.run_text(text) == EXIT:
                     break
             except KeyboardInterrupt:  # between statements, or while printing
                 self.print_error("interrupted")
             except Exception as e:  # noqa: BLE001 - nothing but an exit command ends the shell
-                self._internal_error(e, text)
+                self.internal_error(e, what=text)
+        self.close()
         return 0
 
 

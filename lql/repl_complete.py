@@ -3,9 +3,16 @@
 Two questions kept apart (as pgcli does): *what kind of thing fits at the cursor* — decided
 by `context_at`, which asks the LALR parser (Lark's interactive parser, ``accepts()``) what may
 come next in the statement under the cursor — and *which candidates exist* for that kind:
-keywords, file-system paths (inside the string of OPEN, USE, PLAN, ENCODE ... INTO and the
-other statements that take a path), setting names after SET, statement names after HELP, and
-meta commands after a backslash."""
+keywords (matched by prefix, else fuzzily: ``SHOW opd`` offers OPERANDS), whole numbers where
+the grammar takes one (layer numbers after LAYER and RANGE, draft depths 1..L after DEPTH and
+in DEPTHS (...), usual TOP / GENERATE / LOOKAHEAD / AT values), file-system paths (inside the
+string of OPEN, USE, PLAN, ENCODE ... INTO and the other statements that take a path; a file
+closes the quote; SCORE DRAFT skips ``.meta.json`` sidecars), setting names after SET,
+statement names after HELP, and meta commands after a backslash.
+
+Two keyword rules the grammar does not state: LOOKAHEAD is offered only once SPECULATE is in
+the INFER, and an INFER clause already given (TOP, GENERATE, DRAFT, SPECULATE, LOOKAHEAD, CHAT)
+is not offered again (the parser would refuse it twice)."""
 
 from __future__ import annotations
 
@@ -25,6 +32,18 @@ from . import ast, catalog, parser
 PATH_KEYWORDS = frozenset({"OPEN", "USE", "PLAN", "ENCODE", "INTO", "AGAINST", "ON", "DRAFT"})
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
+_NUMBER = re.compile(r"[0-9]+$")
+
+#: INFER's clauses: each may be given once.
+INFER_CLAUSES = frozenset({"TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT"})
+
+#: Usual values where the grammar takes a count (not a layer or a depth).
+USUAL_NUMBERS: dict[str, tuple[int, ...]] = {
+    "TOP": (1, 3, 5, 10, 20),
+    "GENERATE": (10, 20, 50, 100),
+    "LOOKAHEAD": (2, 3, 4, 6, 8),
+    "AT": (512, 1024, 2048, 4096, 8192, 32768),
+}
 
 
 @dataclass(frozen=True)
@@ -39,13 +58,16 @@ class SettingInfo:
 
 @dataclass
 class Context:
-    """What fits at the cursor. ``kind`` is one of ``keyword``, ``path``, ``setting``,
-    ``setting_value``, ``help``, ``meta``, ``meta_path`` or ``none``; ``word`` is the text
-    being completed (the part a candidate replaces)."""
+    """What fits at the cursor. ``kind`` is one of ``keyword``, ``integer``, ``path``,
+    ``setting``, ``setting_value``, ``help``, ``meta``, ``meta_path`` or ``none``; ``word`` is
+    the text being completed (the part a candidate replaces)."""
 
     kind: str
     word: str = ""
     keywords: tuple[str, ...] = ()  # for "keyword": the keywords the parser accepts next
+    number: str | None = None  # for "integer": what the number is (LAYER, DEPTH, TOP, ...)
+    statement: str | None = None  # for "path": the statement's first keyword (SCORE, OPEN...)
+    taken: tuple[int, ...] = ()  # for "integer" in DEPTHS (...): depths already listed
     help_words: tuple[str, ...] = ()  # for "help": the topic words already typed
     setting: str | None = None  # for "setting_value"
     accepts: frozenset[str] = field(default_factory=frozenset)
@@ -101,15 +123,22 @@ def context_at(text_before_cursor: str) -> Context:
         acc = _accepts(before)
         prev = _significant(before)
         if acc and "STRING" in acc and prev and prev[-1].type in PATH_KEYWORDS:
-            return Context("path", word=last.value[1:], accepts=acc)
+            return Context("path", word=last.value[1:], accepts=acc, statement=prev[0].type)
         return Context("none")
     if last is not None and last.type in ("STRING", "COMMENT", "ERROR"):
         return Context("none")  # just after a closed string or inside a comment
 
+    n = _NUMBER.search(stmt)
+    if n is not None:
+        head = stmt[: n.start()]
+        if not head or head[-1].isspace() or head[-1] in "(,-":
+            num = _integer_context(head, n.group(0))
+            if num is not None:
+                return num
     m = _WORD.search(stmt)
     word = m.group(0) if m else ""
     head = stmt[: len(stmt) - len(word)]
-    if head and not head[-1].isspace() and head[-1] not in "(,;=":
+    if head and not head[-1].isspace() and head[-1] not in "(,;=-":
         return Context("none")  # '10ab', 'TOP 3|': a keyword here would run into the token
     acc = _accepts(head)
     if acc is None:
@@ -131,8 +160,93 @@ def context_at(text_before_cursor: str) -> Context:
             accepts=acc,
             keywords=tuple(sorted(n for n in acc if n in parser.KEYWORDS)),
         )
+    if "INT" in acc and not word:
+        num = _integer_context(head, "")
+        if num is not None and num.number is not None:
+            return num
     kws = tuple(sorted(parser.KEYWORDS[n] for n in acc if n in parser.KEYWORDS))
-    return Context("keyword", word=word, keywords=kws, accepts=acc)
+    return Context("keyword", word=word, keywords=keyword_rules(kws, prev_kinds), accepts=acc)
+
+
+def keyword_rules(keywords: Sequence[str], prev_kinds: Sequence[str]) -> tuple[str, ...]:
+    """The grammar's candidates, less what it allows but would be refused or meaningless:
+    LOOKAHEAD before SPECULATE, an INFER clause given already."""
+    if "INFER" not in prev_kinds:
+        return tuple(keywords)
+    used = set(prev_kinds[prev_kinds.index("INFER") + 1:])
+    out = []
+    for kw in keywords:
+        if kw == "LOOKAHEAD" and "SPECULATE" not in used:
+            continue
+        if kw in INFER_CLAUSES and kw in used:
+            continue
+        out.append(kw)
+    return tuple(out)
+
+
+def _integer_context(head: str, word: str) -> Context | None:
+    """What a whole number at the cursor means, from the token before it."""
+    acc = _accepts(head)
+    if acc is None or "INT" not in acc:
+        return None
+    prev = _significant(head)
+    if not prev:
+        return None
+    kinds = [t.type for t in prev]
+    last = kinds[-1]
+    if last == "DEPTH":
+        return Context("integer", word=word, number="DEPTH", accepts=acc)
+    if last in ("LAYER", "RANGE"):
+        return Context("integer", word=word, number="LAYER", accepts=acc)
+    if last == "_MINUS" and len(prev) >= 2 and prev[-2].type == "INT":
+        return Context("integer", word=word, number="LAYER_END", accepts=acc, taken=(int(prev[-2].value),))
+    if last in ("_LPAR", "_COMMA") and "DEPTHS" in kinds:
+        listed = tuple(int(t.value) for t in prev[kinds.index("DEPTHS"):] if t.type == "INT")
+        return Context("integer", word=word, number="DEPTHS", accepts=acc, taken=listed)
+    if last in USUAL_NUMBERS:
+        return Context("integer", word=word, number=last, accepts=acc)
+    return Context("integer", word=word, number=None, accepts=acc)
+
+
+def integer_candidates(ctx: Context, layers: int | None) -> list[tuple[int, str]]:
+    """(value, meaning) for an integer context; layers and depths need the bound model's
+    layer count (``layers``), and are not guessed without it."""
+    kind = ctx.number
+    if kind in ("DEPTH", "DEPTHS"):
+        if not layers:
+            return []
+        return [(d, "full model" if d == layers else f"layers 0-{d - 1}" if d > 1 else "layer 0")
+                for d in range(1, layers + 1) if d not in ctx.taken]
+    if kind == "LAYER":
+        return [(i, "layer") for i in range(layers)] if layers else []
+    if kind == "LAYER_END":
+        start = ctx.taken[0] if ctx.taken else 0
+        return [(i, "last layer") for i in range(start, layers)] if layers else []
+    if kind in USUAL_NUMBERS:
+        return [(v, kind.lower()) for v in USUAL_NUMBERS[kind]]
+    return []
+
+
+def fuzzy_matches(word: str, candidates: Iterable[str]) -> list[str]:
+    """Candidates that start with ``word``; when none does, those that hold its letters in
+    order (``opd`` → OPERANDS), the tightest match first."""
+    w = word.upper()
+    cands = list(candidates)
+    prefix = [c for c in cands if c.startswith(w)]
+    if prefix or not w:
+        return prefix
+    scored = []
+    for c in cands:
+        pos, first, ok = -1, None, True
+        for ch in w:
+            pos = c.find(ch, pos + 1)
+            if pos < 0:
+                ok = False
+                break
+            first = pos if first is None else first
+        if ok:
+            scored.append((pos - (first or 0), first or 0, c))
+    return [c for _, _, c in sorted(scored)]
 
 
 def _cased(candidate: str, typed: str) -> str:
@@ -149,11 +263,13 @@ def help_topics() -> list[str]:
     return sorted(n for n in names if catalog.find_statement(n) is not None)
 
 
-def path_completions(typed: str, *, quote: str | None = None) -> Iterator[Completion]:
+def path_completions(typed: str, *, quote: str | None = None, skip_suffixes: Sequence[str] = (),
+                     close: bool = False) -> Iterator[Completion]:
     """Files and directories whose path starts with ``typed`` (``~`` expanded). Directories
     complete with a trailing '/', so that the next Tab goes inside. Hidden entries only when
     the typed name starts with '.'. ``quote``: the quote character of the enclosing string,
-    escaped in candidates that contain it."""
+    escaped in candidates that contain it, and (with ``close``) written after a file's name
+    to close the string. Names ending in one of ``skip_suffixes`` are not offered."""
     expanded = os.path.expanduser(typed)
     directory, prefix = os.path.split(expanded)
     try:
@@ -163,15 +279,19 @@ def path_completions(typed: str, *, quote: str | None = None) -> Iterator[Comple
     for name in entries:
         if not name.startswith(prefix) or (name.startswith(".") and not prefix.startswith(".")):
             continue
+        if any(name.endswith(sfx) for sfx in skip_suffixes):
+            continue
         full = os.path.join(directory, name)
         is_dir = os.path.isdir(full)
         text = name + ("/" if is_dir else "")
         if quote:
             text = text.replace("\\", "\\\\").replace(quote, "\\" + quote)
+            if close and not is_dir:
+                text += quote
         yield Completion(
             text,
             start_position=-len(prefix),
-            display=text,
+            display=text[:-1] if close and quote and text.endswith(quote) and not is_dir else text,
             display_meta="directory" if is_dir else "file",
         )
 
@@ -184,9 +304,11 @@ class LqlCompleter(Completer):
         self,
         settings: Callable[[], Sequence[SettingInfo]] = lambda: (),
         meta_commands: Callable[[], Iterable[tuple[str, str]]] = lambda: (),
+        model_layers: Callable[[], int | None] = lambda: None,
     ):
         self._settings = settings
         self._meta = meta_commands
+        self._layers = model_layers
 
     def get_completions(
         self, document: Document, complete_event: CompleteEvent | None = None
@@ -205,14 +327,18 @@ class LqlCompleter(Completer):
         if not asked and not word and ctx.kind not in ("path", "meta_path", "meta"):
             return  # while typing, offer words once one is begun; Tab offers everything
         if ctx.kind == "keyword":
-            for kw in ctx.keywords:
-                if kw.startswith(word.upper()):
-                    yield Completion(
-                        _cased(kw, word), start_position=-len(word), display_meta="keyword"
-                    )
+            for kw in fuzzy_matches(word, ctx.keywords):
+                yield Completion(
+                    _cased(kw, word), start_position=-len(word), display_meta="keyword"
+                )
+        elif ctx.kind == "integer":
+            for value, meaning in integer_candidates(ctx, self._layers()):
+                if str(value).startswith(word):
+                    yield Completion(str(value), start_position=-len(word), display_meta=meaning)
         elif ctx.kind == "path":
             quote = _open_quote(document.text_before_cursor, word)
-            yield from path_completions(word, quote=quote)
+            skip = (".meta.json",) if ctx.statement == "SCORE" else ()
+            yield from path_completions(word, quote=quote, skip_suffixes=skip, close=True)
         elif ctx.kind == "meta_path":
             yield from path_completions(word)
         elif ctx.kind == "setting":

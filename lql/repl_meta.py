@@ -1,8 +1,10 @@
 """Meta commands: the shell's own commands, which are not LQL (``\\q``, ``\\timing``, ``\\i``...).
 
 They live in one registry — name, aliases, arguments, one line of help, handler — and ``\\?``
-is generated from it, so the help cannot drift from what the commands do. Handlers return
-`CONTINUE` or `EXIT`."""
+is generated from it, so the help cannot drift from what the commands do. Handlers receive the
+`lql.console.Console` (the REPL's `Shell` is one; so is the ``lql`` command running a script)
+and the argument text; they return `CONTINUE` or `EXIT`, and refuse a bad argument by raising
+`MetaError`. Commands marked ``interactive_only`` are refused in scripts run by ``lql``."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .console import MetaError
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .repl import Shell
+    from .console import Console as Shell
 
 CONTINUE, EXIT = True, False
 
@@ -26,6 +30,7 @@ class MetaCommand:
     args: str  # e.g. "[on|off]", shown in the help
     help: str
     handler: Handler
+    interactive_only: bool = False
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -40,12 +45,12 @@ class MetaRegistry:
         self._by_name: dict[str, MetaCommand] = {}
 
     def command(
-        self, name: str, *aliases: str, args: str = "", help: str
+        self, name: str, *aliases: str, args: str = "", help: str, interactive_only: bool = False
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as a meta command."""
 
         def register(fn: Handler) -> Handler:
-            cmd = MetaCommand(name, tuple(aliases), args, help, fn)
+            cmd = MetaCommand(name, tuple(aliases), args, help, fn, interactive_only)
             for n in cmd.names:
                 if n.lower() in self._by_name:
                     raise ValueError(f"meta command {n} is registered twice")
@@ -87,7 +92,7 @@ class MetaRegistry:
         return "\n".join(lines)
 
 
-#: The shell's commands. Handlers receive the `Shell` and the argument text.
+#: The shell's commands. Handlers receive the console and the argument text.
 META = MetaRegistry()
 
 
@@ -114,29 +119,89 @@ def _switch(arg: str, current: bool) -> bool | None:
 
 
 @META.command(
-    "\\timing", args="[on|off]", help="show timings with results (toggles without an argument)"
+    "\\timing", args="[on|off]",
+    help="show the wall time of every statement and the model's timings (toggles without an argument)",
 )
 def _timing(shell: Shell, arg: str) -> bool:
     value = _switch(arg, bool(shell.session.settings.get("timing")))
     if value is None:
-        shell.print_error(f"\\timing takes on or off, not {arg!r}")
-        return CONTINUE
+        raise MetaError(f"\\timing takes on or off, not {arg!r}")
     shell.session.settings["timing"] = value
     shell.print_info(f"timing is {'on' if value else 'off'}")
     return CONTINUE
 
 
+def _set_format(shell: Shell, fmt: str) -> None:
+    from .render import FORMATS
+
+    if fmt not in FORMATS:
+        raise MetaError(f"\\T takes one of {', '.join(FORMATS)}, not {fmt!r}", hint="e.g. \\T csv")
+    shell.session.settings["format"] = fmt
+    shell.print_info(f"output format is {fmt}")
+
+
+@META.command("\\T", "\\format", args="FORMAT", help="output format: text, json, csv, tsv, markdown or jsonl")
+def _format(shell: Shell, arg: str) -> bool:
+    if not arg:
+        shell.print_info(f"output format is {shell.session.settings.get('format', 'text')}")
+        return CONTINUE
+    _set_format(shell, arg.lower())
+    return CONTINUE
+
+
 @META.command("\\json", help="print results as JSON, one object per statement")
 def _json(shell: Shell, arg: str) -> bool:
-    shell.session.settings["format"] = "json"
-    shell.print_info("output format is json")
+    _set_format(shell, "json")
     return CONTINUE
 
 
 @META.command("\\text", help="print results as text tables (the default)")
 def _text(shell: Shell, arg: str) -> bool:
-    shell.session.settings["format"] = "text"
-    shell.print_info("output format is text")
+    _set_format(shell, "text")
+    return CONTINUE
+
+
+@META.command("\\x", args="[on|off|auto]",
+              help="tables one field per line: on, off, or auto when too wide (toggles without an argument)")
+def _expanded(shell: Shell, arg: str) -> bool:
+    a = arg.lower()
+    current = shell.session.settings.get("expanded", "off")
+    if a == "":
+        a = "off" if current == "on" else "on"
+    elif a in ("true", "yes"):
+        a = "on"
+    elif a in ("false", "no"):
+        a = "off"
+    if a not in ("on", "off", "auto"):
+        raise MetaError(f"\\x takes on, off or auto, not {arg!r}")
+    shell.session.settings["expanded"] = a
+    shell.print_info(f"expanded display is {a}")
+    return CONTINUE
+
+
+@META.command("\\pager", args="[on|off]",
+              help="page output longer than the screen through $PAGER (toggles without an argument)")
+def _pager(shell: Shell, arg: str) -> bool:
+    value = _switch(arg, bool(shell.session.settings.get("pager", True)))
+    if value is None:
+        raise MetaError(f"\\pager takes on or off, not {arg!r}")
+    shell.session.settings["pager"] = value
+    shell.print_info(f"pager is {'on' if value else 'off'}")
+    return CONTINUE
+
+
+@META.command("\\o", "\\out", args="[FILE]", help="send results to FILE until \\o alone sends them back")
+def _out(shell: Shell, arg: str) -> bool:
+    shell.redirect(arg or None)
+    shell.print_info(f"results go to {shell.redirected_to}" if arg else "results go to the screen")
+    return CONTINUE
+
+
+@META.command("\\once", args="FILE", help="send the next statement's result to FILE")
+def _once(shell: Shell, arg: str) -> bool:
+    if not arg:
+        raise MetaError("\\once needs a file, e.g. \\once layers.csv")
+    shell.redirect_once(arg)
     return CONTINUE
 
 
@@ -148,18 +213,17 @@ def _text(shell: Shell, arg: str) -> bool:
 )
 def _include(shell: Shell, arg: str) -> bool:
     if not arg:
-        shell.print_error("\\i needs a file, e.g. \\i examples/quickstart.lql")
-        return CONTINUE
-    return shell.run_file(arg)
+        raise MetaError("\\i needs a file, e.g. \\i examples/quickstart.lql")
+    return EXIT if shell.run_file(arg) == "exit" else CONTINUE
 
 
-@META.command("\\history", args="[n]", help="the last n entries of the history (default 20)")
+@META.command("\\history", args="[n]", help="the last n entries of the history (default 20)",
+              interactive_only=True)
 def _history(shell: Shell, arg: str) -> bool:
     try:
         n = int(arg) if arg else 20
     except ValueError:
-        shell.print_error(f"\\history takes a count, not {arg!r}")
-        return CONTINUE
+        raise MetaError(f"\\history takes a count, not {arg!r}") from None
     entries = shell.history_entries()
     if n <= 0 or not entries:
         shell.print_info("the history is empty" if not entries else "nothing to show")

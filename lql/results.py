@@ -1,17 +1,23 @@
-"""Typed results, one class per kind of answer. A result is data only: the session fills it,
-`lql.render` lays it out as text or JSON. ``to_text()`` is the text renderer's view of it."""
+"""Typed results, one class per kind of answer. A result is data only: a command fills it,
+`lql.render` lays it out (text, JSON, CSV, TSV, Markdown, JSON lines, HTML).
+
+In a notebook a result shows itself as an HTML table (``_repr_html_``) and ``str(result)`` is
+its text; ``to_dict()`` / ``to_json()`` give the JSON object ``lql --format json`` prints,
+``to_records()`` its rows as dicts, and ``to_pandas()`` those rows as a DataFrame (pandas is
+an optional extra: ``pip install 'lql-vindex3[notebook]'``)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 
 class StatementRef(BaseModel):
-    """Which statement a result answers: its kind, position and source text."""
+    """Which statement a result answers: its kind, position and source text (kind is None
+    for text that did not parse)."""
 
-    kind: str
+    kind: str | None
     line: int
     column: int
     text: str
@@ -25,15 +31,44 @@ class Result(BaseModel):
     kind: str
     statement: StatementRef | None = None
 
-    def to_text(self, *, timing: bool = True) -> str:
+    def to_text(self, *, timing: bool = True, width: int | None = None, expanded: str = "off") -> str:
+        """Aligned text; ``width`` fits tables to that many columns, ``expanded`` (on, off,
+        auto) lays them out one field per line."""
         from .render import to_text
 
-        return to_text(self, timing=timing)
+        return to_text(self, timing=timing, width=width, expanded=expanded)
 
-    def to_json(self) -> dict:
+    def __str__(self) -> str:
+        return self.to_text()
+
+    def to_dict(self) -> dict:
+        """The JSON object ``lql --format json`` prints for this result."""
         from .render import to_json
 
         return to_json(self)
+
+    def to_json(self, *, indent: int | None = None) -> str:
+        """`to_dict` as JSON text (non-finite floats in the tagged spelling)."""
+        from .render import dumps_json, to_json
+
+        return dumps_json(to_json(self), indent=indent)
+
+    def to_records(self) -> list[dict[str, Any]]:
+        """The result's rows (the table CSV and pandas see), one dict per row."""
+        from .render import records
+
+        return records(self)
+
+    def to_pandas(self):
+        """`to_records` as a pandas DataFrame; refuses by name when pandas is not installed."""
+        from .render import to_pandas
+
+        return to_pandas(self)
+
+    def _repr_html_(self) -> str:
+        from .render import to_html
+
+        return to_html(self)
 
 
 # ---- shared pieces --------------------------------------------------------------------
@@ -65,6 +100,7 @@ class PromptInfo(BaseModel):
 
     text: str | None
     ids: list[int]
+    chat: bool = False  # the text was wrapped in the model's chat template
 
 
 class Timing(BaseModel):
@@ -164,6 +200,7 @@ class ExplainResult(Result):
     skipped_layers: list[int]
     prompt: PromptInfo | None = None
     state_bytes_after_prompt: int | None = None
+    operation: str | None = None  # what the explained INFER runs on this plan
     steps: list[ExplainStep]
     reads: ReadCost
 
@@ -270,7 +307,18 @@ class InferResult(Result):
     top: list[Candidate] | None = None
     generated_ids: list[int] | None = None
     generated_text: str | None = None
+    stopped_at: int | None = None  # the end-of-sequence id generation stopped at, if it did
+    interrupted: bool = False  # Ctrl-C stopped the generation: the tokens so far
+    prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
+    prepared_bytes: int | None = None  # distinct bytes it prepared
     timing: Timing | None = None
+    _logits: Any = PrivateAttr(default=None)
+
+    @property
+    def logits(self):
+        """The float32 logits [vocab] after the last prompt token (numpy), as the run computed
+        them; not part of the JSON."""
+        return self._logits
 
 
 class SpeculateResult(Result):
@@ -280,13 +328,14 @@ class SpeculateResult(Result):
     lookahead: int
     generated_ids: list[int]
     generated_text: str | None
-    rounds: int
-    proposed: int
-    accepted: int
-    acceptance_rate: float
-    tokens_per_full_step: float
-    full_model_calls: int
-    rollback: str
+    interrupted: bool = False  # Ctrl-C: the tokens so far, and no statistics
+    rounds: int | None = None
+    proposed: int | None = None
+    accepted: int | None = None
+    acceptance_rate: float | None = None
+    tokens_per_full_step: float | None = None
+    full_model_calls: int | None = None
+    rollback: str | None = None
     matches_plain: bool | None = None
     timing: Timing | None = None
     speedup: float | None = None
@@ -329,6 +378,7 @@ class VerifyResult(Result):
     ok: bool
     checked: int
     problems: list[str]
+    show_path: bool = Field(default=False, exclude=True)  # name the container in the text (vindex3 verify)
 
 
 class FindingRow(BaseModel):
@@ -343,8 +393,14 @@ class FindingRow(BaseModel):
 class PlanResult(Result):
     kind: Literal["plan"] = "plan"
     source: str
+    source_kind: str | None = None
     model_type: str | None
+    family: str | None = None
     admissible: bool
+    layers: int | None = None
+    operator_mix: list[MixEntry] | None = None
+    tensors: int | None = None
+    parameters: int | None = None
     findings: list[FindingRow]
 
 
@@ -356,7 +412,7 @@ class EncodeResult(Result):
     layers: int
     operator_mix: list[MixEntry]
     bytes: int
-    timing: Timing | None = None
+    seconds: float | None = None  # how long the encode took (machine-dependent)
 
 
 class HelpResult(Result):
@@ -393,7 +449,8 @@ class ScoreResult(Result):
     depth: int | None
     model_layers: int
     summary: dict[str, Any]
-    positions: list[dict[str, Any]]
+    positions: list[dict[str, Any]]  # with target_token / draft_token text when a tokenizer matched
+    tokens: bool = False  # whether token text is shown beside ids
 
 
 class LadderResult(Result):
@@ -405,3 +462,15 @@ class LadderResult(Result):
     rows: list[dict[str, Any]]
     target: dict[str, Any]
     report: dict[str, Any]
+    plot_path: str | None = None  # the chart written with PLOT INTO
+    interrupted: bool = False  # Ctrl-C: the depths finished before it
+
+    def plot(self, path: str | None = None):
+        """Draw the ladder (KL and top-1 against depth); with ``path`` also save it (.png or
+        .svg). Returns the matplotlib Figure. matplotlib is an optional extra."""
+        from .render import ladder_figure, save_figure
+
+        fig = ladder_figure(self)
+        if path is not None:
+            save_figure(fig, path)
+        return fig

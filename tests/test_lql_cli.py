@@ -12,7 +12,6 @@ import pytest
 
 from lql_fixtures import ROOT
 from lql import cli
-from lql.session import Session
 
 
 class Tty(io.StringIO):
@@ -61,12 +60,14 @@ def test_keep_going_runs_on_and_still_fails(c):
     assert err.rstrip().endswith("lql: 1 of 3 statement(s) failed")
 
 
-def test_syntax_error_runs_nothing(c):
-    rc, out, err = run(["-e", f"OPEN '{c}';\nSTATS\nSHOW LAYERS"])
-    assert rc == 1 and out == ""
+def test_a_syntax_error_stops_the_script_where_it_is(c):
+    """As sqlite3 and psql do: the statements before it run; the error names its own line."""
+    rc, out, err = run(["--no-timing", "-e", f"OPEN '{c}';\nSTATS\nSHOW LAYERS; VERIFY"])
+    assert rc == 1
+    assert out.startswith("opened llama\n") and "verified" not in out
     assert err == (
         "<-e>:3:1: syntax error: expected ';' or AT, found keyword SHOW\n"
-        "  SHOW LAYERS\n"
+        "  SHOW LAYERS; VERIFY\n"
         "  ^\n"
         "  hint: end the previous statement with ';' before SHOW\n"
     )
@@ -110,10 +111,12 @@ def test_no_timing(c):
 
 
 def test_internal_error_has_no_traceback_unless_debug(c, monkeypatch):
-    def boom(self, qp):
+    from lql import commands, planner
+
+    def boom(session, node):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(Session, "_do_verify", boom)
+    monkeypatch.setitem(commands.COMMANDS, planner.Verify, boom)
     rc, out, err = run(["-e", f"OPEN '{c}';\nVERIFY"])
     assert rc == 3
     assert "<-e>:2:1: internal error: RuntimeError: kaboom" in err and "Traceback" not in err

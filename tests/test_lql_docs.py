@@ -74,3 +74,29 @@ def test_docs_cover_every_statement():
     examples = "\n".join(m.group(1) for m in PAIR.finditer(doc)).upper()
     for d in catalog.STATEMENTS:
         assert d.name in examples, f"no example of {d.name} in docs/lql.md"
+
+
+# A path the docs name: a top-level folder of the checkout, then more path.
+_CHECKOUT_PATH = re.compile(r"(?<![\w/~.-])((?:examples|tests|bench|docs|scripts|grammar|lql|vindex3)/[\w./*-]*[\w*/])")
+_LINK = re.compile(r"\]\(([^)#\s]+)\)")
+
+
+def test_docs_name_only_files_in_the_checkout():
+    """Every file or folder the README and docs/*.md name exists in this checkout; nothing
+    points outside it (``../``)."""
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        assert "../" not in text, f"{doc.name} points outside the checkout"
+        names = set(_CHECKOUT_PATH.findall(text))
+        names |= {(doc.parent / m).resolve().relative_to(ROOT).as_posix() for m in _LINK.findall(text)
+                  if "://" not in m}
+        for name in sorted(names):
+            name = name.rstrip(".")
+            if "*" in name:
+                ok = any(ROOT.glob(name))
+            else:
+                ok = (ROOT / name).exists()
+            if not ok:
+                missing.append(f"{doc.relative_to(ROOT)}: {name}")
+    assert not missing, "docs name files that are not in the checkout:\n" + "\n".join(missing)

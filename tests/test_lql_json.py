@@ -17,7 +17,7 @@ STATEMENTS = [
                                         "operator_mix", "objects", "parameters", "bytes", "vocab", "head_tied",
                                         "tokenizer", "continuation", "positions", "state_bytes_at_positions"]),
     ("EXPLAIN DRAFT DEPTH 1", "explain", ["slice", "depth", "model_layers", "executed_layers", "skipped_layers",
-                                          "prompt", "state_bytes_after_prompt", "steps", "reads"]),
+                                          "prompt", "state_bytes_after_prompt", "operation", "steps", "reads"]),
     ("SHOW LAYERS", "show_layers", ["model_layers", "layers"]),
     ("SHOW COMPONENTS", "show_components", ["components"]),
     ("SHOW REPRESENTATIONS", "show_representations", ["filter", "representations"]),
@@ -25,7 +25,8 @@ STATEMENTS = [
     ("SHOW OPERANDS LAYER 0", "show_operands", ["layer", "operands", "total_bytes"]),
     ("SHOW SETTINGS", "show_settings", ["settings"]),
     ("INFER 'x' TOP 2 GENERATE 2", "infer", ["slice", "depth", "executed_layers", "prompt", "top",
-                                             "generated_ids", "generated_text", "timing"]),
+                                             "generated_ids", "generated_text", "stopped_at", "interrupted",
+                                             "prepared_reads", "prepared_bytes", "timing"]),
     ("INFER 'x' GENERATE 3 SPECULATE DEPTH 1", "speculate", None),
     ("TRACE 'x'", "trace", ["slice", "depth", "model_layers", "prompt", "rows"]),
     ("DRAFT DEPTH 2", "draft", ["depth", "model_layers", "executed_layers", "reads"]),
@@ -65,7 +66,20 @@ def test_error_json(session):
     obj = render.error_json(e.value, ref)
     assert obj == {"statement": ref.model_dump(), "kind": "show_operands", "ok": False,
                    "error": {"type": "StatementError", "message": "layer 12 does not exist: the model has 4 layers (0..3)",
-                             "hint": None}}
+                             "hint": None, "line": 1, "column": 1, "expected": []}}
+
+
+def test_syntax_errors_and_refusals_have_one_json_shape(session):
+    outs = list(session.run("SHOW LAYERS RANGE 1-2; SHOW OPERANDS LAYER 12", keep_going=True))
+    outs += list(session.run("SHOW LAYERS;\nSTATS AT x POSITIONS"))
+    refusal, syntax = outs[1], outs[-1]
+    a, b = render.error_json(refusal.error, refusal.ref), render.error_json(syntax.error, syntax.ref)
+    assert list(a) == list(b) == ["statement", "kind", "ok", "result"][:3] + ["error"]
+    assert list(a["error"]) == list(b["error"]) == ["type", "message", "hint", "line", "column", "expected"]
+    assert list(a["statement"]) == list(b["statement"]) == ["kind", "line", "column", "text"]
+    assert b["statement"] == {"kind": None, "line": 2, "column": 1, "text": "STATS AT x POSITIONS"}
+    assert (b["error"]["type"], b["error"]["line"], b["error"]["column"]) == ("LqlSyntaxError", 2, 10)
+    assert "a whole number" in b["error"]["expected"]
 
 
 def test_non_finite_numbers_use_the_tagged_spelling():

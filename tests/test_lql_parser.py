@@ -11,9 +11,15 @@ from lql import parser as P
 from lql.errors import LqlSyntaxError
 
 
+POSITIONS = {"line", "column", "end_line", "end_column", "start_pos", "end_pos", "source"}
+
+
 def one(text: str) -> dict:
     s = P.parse_one(text)
-    return s.model_dump(exclude={"line", "column", "end_line", "end_column", "start_pos", "end_pos", "source"})
+    d = s.model_dump(exclude=POSITIONS)
+    if d.get("infer"):  # EXPLAIN INFER: the INFER statement it explains, positions aside
+        d["infer"] = {k: v for k, v in d["infer"].items() if k not in POSITIONS}
+    return d
 
 
 # statement text → the fields of its AST node
@@ -23,10 +29,16 @@ CASES = [
     ("OPEN DEFAULT", {"kind": "open", "path": None, "default": True}),
     ("STATS", {"kind": "stats", "positions": None}),
     ("STATS AT 4096 POSITIONS", {"kind": "stats", "positions": 4096}),
-    ("EXPLAIN", {"kind": "explain", "prompt": None, "depth": None}),
-    ("EXPLAIN DRAFT DEPTH 2", {"kind": "explain", "prompt": None, "depth": 2}),
+    ("EXPLAIN", {"kind": "explain", "prompt": None, "depth": None, "infer": None}),
+    ("EXPLAIN DRAFT DEPTH 2", {"kind": "explain", "prompt": None, "depth": 2, "infer": None}),
     ("EXPLAIN INFER 'hi' DRAFT DEPTH 3",
-     {"kind": "explain", "prompt": {"kind": "text", "text": "hi"}, "depth": 3}),
+     {"kind": "explain", "prompt": {"kind": "text", "text": "hi"}, "depth": 3,
+      "infer": {"kind": "infer", "prompt": {"kind": "text", "text": "hi"}, "top": None, "generate": None, "depth": 3,
+                "speculate": None, "lookahead": None, "exactly": False, "chat": None}}),
+    ("EXPLAIN INFER 'hi' GENERATE 5 EXACTLY CHAT",
+     {"kind": "explain", "prompt": {"kind": "text", "text": "hi"}, "depth": None,
+      "infer": {"kind": "infer", "prompt": {"kind": "text", "text": "hi"}, "top": None, "generate": 5, "depth": None,
+                "speculate": None, "lookahead": None, "exactly": True, "chat": True}}),
     ("SHOW LAYERS", {"kind": "show_layers", "start": None, "end": None}),
     ("SHOW LAYERS RANGE 0-7", {"kind": "show_layers", "start": 0, "end": 7}),
     ("SHOW LAYERS RANGE 3", {"kind": "show_layers", "start": 3, "end": 3}),
@@ -38,16 +50,18 @@ CASES = [
     ("SHOW SETTINGS", {"kind": "show_settings"}),
     ("INFER 'x' TOP 3 GENERATE 4 DRAFT DEPTH 2",
      {"kind": "infer", "prompt": {"kind": "text", "text": "x"}, "top": 3, "generate": 4, "depth": 2,
-      "speculate": None, "lookahead": None}),
+      "speculate": None, "lookahead": None, "exactly": False, "chat": None}),
     ("INFER TOKENS (1, 2, 3) GENERATE 20 SPECULATE DEPTH 2 LOOKAHEAD 4",
      {"kind": "infer", "prompt": {"kind": "tokens", "ids": [1, 2, 3]}, "top": None, "generate": 20,
-      "depth": None, "speculate": 2, "lookahead": 4}),
+      "depth": None, "speculate": 2, "lookahead": 4, "exactly": False, "chat": None}),
     ("DRAFT DEPTH 2", {"kind": "draft_depth", "depth": 2}),
     ("DRAFT OFF", {"kind": "draft_off"}),
     ("DRAFT LADDER DEPTHS (1, 2, 4) ON 'p.jsonl'",
-     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None}),
+     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None, "plot": None}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' INTO 'l.json'",
-     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json"}),
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None}),
+    ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' PLOT INTO 'l.svg'",
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg"}),
     ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1}),
     ("DUMP LOGITS 'x' INTO 'f.f32'",
      {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32"}),
@@ -148,7 +162,7 @@ ERRORS = [
      "  ^\n"
      "  hint: did you mean STATS?"),
     ("INFER 'x' TOPP 3",
-     "syntax error at line 1, column 11: expected ';', DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found 'TOPP'\n"
+     "syntax error at line 1, column 11: expected ';', CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found 'TOPP'\n"
      "  INFER 'x' TOPP 3\n"
      "            ^\n"
      "  hint: did you mean TOP?"),
@@ -189,7 +203,7 @@ ERRORS = [
      "             ^\n"
      "  hint: SET takes name = value, e.g. SET format = json"),
     ("INFER 'x' DRAFT DEPTH 1.5",
-     "syntax error at line 1, column 24: expected ';', DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found '.'\n"
+     "syntax error at line 1, column 24: expected ';', CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found '.'\n"
      "  INFER 'x' DRAFT DEPTH 1.5\n"
      "                         ^\n"
      "  hint: only a whole number fits here, not 1.5"),
@@ -229,7 +243,7 @@ def test_syntax_error_carries_position_and_expectations():
 
 def test_interactive_parser_tells_what_may_come_next():
     assert set(P.interactive("INFER 'x' ").accepts()) == {
-        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "_SEMI", "$END"}
+        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "_SEMI", "$END"}
     assert set(P.interactive("").accepts()) >= set(P.STATEMENT_KEYWORDS)
     assert "OPEN" in P.STATEMENT_KEYWORDS and "DEPTH" not in P.STATEMENT_KEYWORDS
     assert P.describe_terminal("STRING") == "a quoted string"

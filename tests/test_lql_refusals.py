@@ -124,8 +124,13 @@ def test_depth_deeper_than_the_model(s, text):
     assert err.kind == "SliceError"
 
 
-def test_depth_zero(s):
-    err = refuse(s, "DRAFT DEPTH 0", EngineRefusal)
+@pytest.mark.parametrize("text", ["DRAFT DEPTH 0", "INFER 'x' DRAFT DEPTH 0", "EXPLAIN DRAFT DEPTH 0",
+                                  "EXPLAIN INFER 'x' DRAFT DEPTH 0", "TRACE 'x' DRAFT DEPTH 0",
+                                  "INFER 'x' GENERATE 2 SPECULATE DEPTH 0", "DRAFT LADDER DEPTHS (0) ON 'p.jsonl'",
+                                  "DUMP LOGITS 'x' DRAFT DEPTH 0 INTO 'f.f32'"])
+def test_depth_zero_is_the_same_refusal_everywhere(s, text):
+    err = refuse(s, text, EngineRefusal)
+    assert err.kind == "SliceError"
     assert "draft depth 0" in err.message and "smallest draft is depth 1" in err.message
 
 
@@ -167,7 +172,6 @@ def test_layers_the_model_does_not_have(s, text, message):
 PLANNER = [
     ("INFER 'x' TOP 0", "TOP must be at least 1, got 0"),
     ("INFER 'x' GENERATE 0", "GENERATE must be at least 1, got 0"),
-    ("INFER 'x' DRAFT DEPTH 0", "DRAFT DEPTH must be at least 1, got 0"),
     ("STATS AT 0 POSITIONS", "STATS AT ... POSITIONS must be at least 1, got 0"),
     ("INFER 'x' LOOKAHEAD 3", "LOOKAHEAD only applies to speculative decoding"),
     ("INFER 'x' SPECULATE DEPTH 2", "SPECULATE needs GENERATE n: speculation is a way of generating tokens"),
@@ -196,7 +200,7 @@ def test_unknown_setting(s):
 
 
 @pytest.mark.parametrize("text,message", [
-    ("SET format = xml", "setting format takes one of text, json; got 'xml'"),
+    ("SET format = xml", "setting format takes one of text, json, csv, tsv, markdown, jsonl; got 'xml'"),
     ("SET timing = 3", "setting timing takes on or off; got 3"),
     ("SET top = 0", "setting top takes a whole number of at least 1; got 0"),
 ])

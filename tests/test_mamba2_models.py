@@ -251,7 +251,7 @@ def test_hybrid_graph(containers):
 def test_every_key_is_graded(checkpoint_dirs, family):
     ck = checkpoint_dirs(family)
     plan = vindex3.admit(ck)
-    assert plan.admissible, plan.to_text()
+    assert plan.admissible, plan.model_dump_json(indent=2)
     cfg = json.loads((ck / "config.json").read_text())
     assert set(cfg) <= {f.key for f in plan.findings}
 
@@ -311,7 +311,7 @@ def test_refusals_name_the_key(checkpoint_dirs, tmp_path, family, changes, key, 
     (ck / "config.json").write_text(json.dumps(cfg).replace("NaN", '{"__float__": "NaN"}'))
     plan = vindex3.admit(ck)
     assert not plan.admissible
-    assert needle in _blocking(plan).get(key, ""), plan.to_text()
+    assert needle in _blocking(plan).get(key, ""), plan.model_dump_json(indent=2)
     with pytest.raises(AdmissionError, match=key):
         vindex3.encode(ck, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -334,7 +334,7 @@ def test_unclassified_mixer_tensor_is_refused(checkpoint_dirs, tmp_path, family,
     save_file(t, ck / "model.safetensors", metadata={"format": "pt"})
     plan = vindex3.admit(ck)
     msg = _blocking(plan).get(extra, "")
-    assert "unclassified tensor suffix" in msg and f"under the {operator} operator" in msg, plan.to_text()
+    assert "unclassified tensor suffix" in msg and f"under the {operator} operator" in msg, plan.model_dump_json(indent=2)
 
 
 def test_hybrid_with_rotary_attention(refs, tmp_path):

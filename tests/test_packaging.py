@@ -26,7 +26,8 @@ def test_grammar_ships_inside_the_wheel(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "lql/grammar/lql.lark" in names
     assert (ROOT / "grammar" / "lql.lark").read_bytes() == zipfile.ZipFile(wheel).read("lql/grammar/lql.lark")
-    for mod in ("vindex3/exec/engine.py", "vindex3/families/decoder.py", "vindex3/draft/__init__.py", "lql/repl.py"):
+    for mod in ("vindex3/exec/engine.py", "vindex3/families/decoder.py", "vindex3/draft/__init__.py", "lql/repl.py",
+                "lql/commands/infer.py"):
         assert mod in names, mod
 
 
@@ -51,3 +52,15 @@ def test_vindex3_ops_and_exec(tiny_llama_container, capsys):
     assert out["executed_layers"] == [0, 1] and out["tokens"] == [1, 2, 3]
     assert main(["exec", str(tiny_llama_container), "--tokens", "1,2,3", "--draft-depth", "9"]) == 2
     assert "deeper than the model" in capsys.readouterr().err
+
+
+def test_vindex3_plan_and_verify_print_through_the_lql_renderer(tiny_llama_dir, tiny_llama_container, capsys):
+    from vindex3.cli import main
+
+    assert main(["plan", str(tiny_llama_dir)]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("checkpoint  ") and first.endswith(" (hf)") and "admissible  yes" in out
+    assert "consumed  model_type" in out  # the findings table
+    assert main(["verify", str(tiny_llama_container)]) == 0
+    assert capsys.readouterr().out.startswith(f"verified 8 files in {tiny_llama_container}: every hash matches")

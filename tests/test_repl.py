@@ -363,38 +363,82 @@ def test_generate_streams_tokens_as_they_are_produced(tiny_llama_container, hist
     assert shown.index("generating: ") < shown.index("generated  12 tokens")
 
 
-def test_ctrl_c_interrupts_a_generation_and_the_session_stays_usable(tiny_llama_container, history):
+def _press_ctrl_c_after(sh, n: int):
+    """A token hook that sends SIGINT (what the terminal sends on Ctrl-C) at the n-th token."""
+    hook = sh.session.on_token
+    count = 0
+
+    def press(token_id, text):
+        nonlocal count
+        count += 1
+        if count == n:
+            signal.raise_signal(signal.SIGINT)
+        hook(token_id, text)
+
+    return press, lambda: count
+
+
+def test_ctrl_c_keeps_the_tokens_generated_so_far(tiny_llama_container, history):
     sh, out, err = make_shell(history)
     sh.run_text(f"OPEN {quoted(tiny_llama_container)}; DRAFT DEPTH 2;")
     sh.run_text("\\json")
     out.seek(0), out.truncate()
-    sh.run_text("INFER 'hello' GENERATE 6;")
+    sh.run_text("INFER 'hello' GENERATE 6 EXACTLY;")
     first = json.loads(out.getvalue())["result"]["generated_ids"]
 
     hook = sh.session.on_token
-    count = 0
-
-    def press_ctrl_c(token_id, text):
-        nonlocal count
-        count += 1
-        if count == 3:
-            signal.raise_signal(signal.SIGINT)  # what the terminal sends on Ctrl-C
-        hook(token_id, text)
-
+    press, count = _press_ctrl_c_after(sh, 3)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        sh.session.on_token = press_ctrl_c
-        ok = sh.run_statement(repl.parser.parse_one("INFER 'hello' GENERATE 1000;"))
+        sh.session.on_token = press
+        out.seek(0), out.truncate()
+        status = sh.run_statement(repl.parser.parse_one("INFER 'hello' GENERATE 1000 EXACTLY;"))
     finally:
         signal.signal(signal.SIGINT, previous)
         sh.session.on_token = hook
-    assert ok is False and count < 1000
+    assert status == "interrupted" and count() < 1000
+    partial = json.loads(out.getvalue())["result"]
+    assert partial["interrupted"] is True
+    assert partial["generated_ids"] == first[: len(partial["generated_ids"])] and len(partial["generated_ids"]) >= 2
     assert "interrupted: INFER stopped" in err.getvalue()
     assert sh.session.bound and sh.session.draft_depth == 2
 
     out.seek(0), out.truncate()
-    sh.run_text("INFER 'hello' GENERATE 6;")
+    sh.run_text("INFER 'hello' GENERATE 6 EXACTLY;")
     assert json.loads(out.getvalue())["result"]["generated_ids"] == first
+
+
+def test_ctrl_c_through_the_pipe_input_shows_the_partial_text(tiny_llama_container, history, capsys, monkeypatch):
+    """Typed into the REPL: the interrupted GENERATE prints the tokens it had, marked."""
+    from lql import session as session_mod
+
+    real_init = session_mod.Session.__init__
+
+    def init(self, *a, **kw):
+        real_init(self, *a, **kw)
+        hook = self.on_token
+        count = 0
+
+        def press(token_id, text):
+            nonlocal count
+            count += 1
+            if count == 4:
+                signal.raise_signal(signal.SIGINT)
+            hook(token_id, text)
+
+        self.on_token = press
+
+    monkeypatch.setattr(session_mod.Session, "__init__", init)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        drive(f"OPEN {quoted(tiny_llama_container)};{ENTER}INFER 'hello' GENERATE 500 EXACTLY;{ENTER}"
+              f"SHOW SETTINGS;{ENTER}", history)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    cap = capsys.readouterr()
+    assert "generated  4 tokens (interrupted: the tokens produced before Ctrl-C)" in cap.out
+    assert "interrupted: INFER stopped" in cap.err
+    assert "setting" in cap.out  # the shell went on
 
 
 def test_ctrl_c_in_the_loop_returns_to_the_prompt(history, capsys, monkeypatch):

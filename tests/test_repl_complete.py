@@ -63,8 +63,15 @@ def accepted_keywords(text: str) -> list[str]:
     ],
 )
 def test_keywords_offered_are_exactly_those_the_parser_accepts(completer, text):
+    """The parser's candidates, less the two rules it cannot state (LOOKAHEAD only after
+    SPECULATE; an INFER clause not twice)."""
     stmt = current_statement(text)
-    assert texts(completer, text) == accepted_keywords(stmt)
+    expected = accepted_keywords(stmt)
+    if "INFER" in stmt:
+        used = set(stmt.upper().split())
+        expected = [k for k in expected if not (k == "LOOKAHEAD" and "SPECULATE" not in used)
+                    and not (k in ("TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT") and k in used)]
+    assert texts(completer, text) == expected
 
 
 def test_keywords_at_the_start_are_the_statement_keywords(completer):
@@ -118,8 +125,9 @@ def tree(tmp_path):
 
 @pytest.mark.parametrize("head", ["OPEN '", 'USE "', "PLAN '", "ENCODE '", "ENCODE 'a' INTO '"])
 def test_paths_are_offered_inside_path_strings(completer, tree, head):
-    assert texts(completer, f"{head}{tree}/m") == ["mixed.gguf", "model.vindex3/"]
-    assert texts(completer, f"{head}{tree}/") == ["mixed.gguf", "model.vindex3/", "other"]
+    q = head[-1]  # a file closes the string; a directory does not (the next Tab goes inside)
+    assert texts(completer, f"{head}{tree}/m") == [f"mixed.gguf{q}", "model.vindex3/"]
+    assert texts(completer, f"{head}{tree}/") == [f"mixed.gguf{q}", "model.vindex3/", f"other{q}"]
 
 
 def test_paths_pop_up_while_typing_and_relative_to_the_working_directory(
@@ -131,7 +139,7 @@ def test_paths_pop_up_while_typing_and_relative_to_the_working_directory(
 
 
 def test_hidden_entries_only_when_asked_for(completer, tree):
-    assert texts(completer, f"OPEN '{tree}/.") == [".hidden"]
+    assert texts(completer, f"OPEN '{tree}/.") == [".hidden'"]
 
 
 def test_home_is_expanded(completer, tree, monkeypatch):
@@ -141,8 +149,61 @@ def test_home_is_expanded(completer, tree, monkeypatch):
 
 def test_a_quote_in_a_file_name_is_escaped(completer, tmp_path):
     (tmp_path / "it's").write_text("x")
-    assert texts(completer, f"OPEN '{tmp_path}/it") == ["it\\'s"]
-    assert texts(completer, f'OPEN "{tmp_path}/it') == ["it's"]
+    assert texts(completer, f"OPEN '{tmp_path}/it") == ["it\\'s'"]
+    assert texts(completer, f'OPEN "{tmp_path}/it') == ["it's\""]
+
+
+def test_score_skips_sidecars_and_closes_the_quote(completer, tmp_path):
+    for name in ("draft.f32", "draft.f32.meta.json", "full.f32", "full.meta.json"):
+        (tmp_path / name).write_text("x")
+    assert texts(completer, f"SCORE DRAFT '{tmp_path}/") == ["draft.f32'", "full.f32'"]
+    assert texts(completer, f"SCORE DRAFT 'a' AGAINST \"{tmp_path}/f") == ['full.f32"']
+    assert "full.meta.json'" in texts(completer, f"OPEN '{tmp_path}/f")  # other statements show every file
+
+
+# ---- numbers where the grammar takes one -------------------------------------------------
+
+
+@pytest.fixture
+def with_layers() -> LqlCompleter:
+    return LqlCompleter(settings=lambda: SETTINGS, meta_commands=META.completions, model_layers=lambda: 4)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("DRAFT DEPTH ", ["1", "2", "3", "4"]),
+    ("INFER 'x' DRAFT DEPTH ", ["1", "2", "3", "4"]),
+    ("INFER 'x' GENERATE 5 SPECULATE DEPTH ", ["1", "2", "3", "4"]),
+    ("SHOW OPERANDS LAYER ", ["0", "1", "2", "3"]),
+    ("SHOW LAYERS RANGE ", ["0", "1", "2", "3"]),
+    ("SHOW LAYERS RANGE 2-", ["2", "3"]),
+    ("DRAFT LADDER DEPTHS (", ["1", "2", "3", "4"]),
+    ("DRAFT LADDER DEPTHS (1, 3, ", ["2", "4"]),
+    ("INFER 'x' TOP ", ["1", "3", "5", "10", "20"]),
+    ("INFER 'x' TOP 1", ["1", "10"]),
+    ("DRAFT DEPTH 3", ["3"]),
+])
+def test_whole_numbers_where_the_grammar_takes_one(with_layers, text, expected):
+    assert texts(with_layers, text) == expected
+    for t in expected:  # each keeps the text valid LQL so far
+        parser.interactive(text[: len(text) - len(text.split()[-1]) if text[-1].isdigit() else len(text)] + t)
+
+
+def test_layers_and_depths_are_not_guessed_without_a_model(completer):
+    assert texts(completer, "DRAFT DEPTH ") == []
+    assert texts(completer, "SHOW OPERANDS LAYER ") == []
+
+
+def test_keywords_match_fuzzily_when_no_prefix_does(completer):
+    assert texts(completer, "SHOW opd") == ["operands"]
+    assert texts(completer, "SHOW rps") == ["representations"]
+    assert texts(completer, "SHOW LAY") == ["LAYERS"]  # a prefix wins
+
+
+def test_lookahead_only_after_speculate_and_no_clause_twice(completer):
+    assert "LOOKAHEAD" not in texts(completer, "INFER 'x' ")
+    assert "LOOKAHEAD" in texts(completer, "INFER 'x' GENERATE 9 SPECULATE DEPTH 2 ")
+    assert "TOP" not in texts(completer, "INFER 'x' TOP 3 ")
+    assert "GENERATE" in texts(completer, "INFER 'x' TOP 3 ")
 
 
 def test_no_paths_for_strings_that_are_not_paths(completer, tree):
@@ -170,7 +231,8 @@ def test_the_shell_offers_every_session_setting_and_its_own():
 
 
 def test_setting_choices_come_from_the_catalogue():
-    assert _setting_choices(catalog.setting("format")) == ("text", "json")
+    assert _setting_choices(catalog.setting("format")) == ("text", "json", "csv", "tsv", "markdown", "jsonl")
+    assert _setting_choices(catalog.setting("expanded")) == ("on", "off", "auto")
     assert _setting_choices(catalog.setting("timing")) == ("on", "off")
     assert _setting_choices(catalog.setting("top")) == ()
 
@@ -206,7 +268,8 @@ def test_context_kinds():
     assert context_at("OPEN '").kind == "path"
     assert context_at("INFER '").kind == "none"
     assert context_at("\\").kind == "meta"
-    assert context_at("DRAFT DEPTH 3").kind == "none"
+    assert context_at("DRAFT DEPTH 3").kind == "integer"  # completing the number being typed
+    assert context_at("DRAFT DEPTH 3x").kind == "none"
 
 
 # ---- Enter: submit or continue ---------------------------------------------------------

@@ -137,3 +137,38 @@ def test_the_lql_binary_runs_an_interactive_session(screen, tiny_llama_container
     child.expect(pexpect.EOF, timeout=TIMEOUT)
     child.close()
     assert child.exitstatus == 0
+
+
+def test_long_output_goes_through_a_real_pager(tiny_llama_container, tmp_path):
+    """less -SRXF (the default pager) shows the first screen and waits; G shows the end, q
+    returns to the prompt. With \\pager off the same output is printed straight."""
+    if shutil.which("less") is None:
+        pytest.skip("SKIPPED LOUDLY: less is not installed (apt-get install less)")
+    env = dict(os.environ)
+    env.update(TERM="xterm", HOME=str(tmp_path), LQL_RC="", LQL_HISTORY=str(tmp_path / "history"),
+               NO_COLOR="1")
+    for name in ("PAGER", "LESS", "COLUMNS", "LINES", "LQL_EDITING_MODE"):
+        env.pop(name, None)
+    child = pexpect.spawn(_lql(), ["--repl", str(tiny_llama_container)], env=env, cwd=str(tmp_path),
+                          encoding="utf-8", codec_errors="replace", timeout=TIMEOUT, dimensions=(15, 100))
+    screen = Screen(child)
+    try:
+        screen.prompt()
+        child.send("SHOW OPERANDS;\r")
+        screen.expect(r"layer\s+op\s+operand")
+        with pytest.raises(pexpect.TIMEOUT):  # the pager holds the rest back ...
+            child.expect(r"39 operands", timeout=3)
+        child.send("G")  # ... until asked for the end
+        screen.expect(r"39 operands")
+        child.send("q")
+        screen.prompt()
+        child.send("\\pager off\r")
+        screen.expect(r"pager is off")
+        child.send("SHOW OPERANDS;\r")
+        screen.expect(r"39 operands")  # no pager: all of it, no key pressed
+        screen.prompt()
+        child.send("\\q\r")
+        child.expect(pexpect.EOF, timeout=TIMEOUT)
+    finally:
+        if child.isalive():
+            child.terminate(force=True)

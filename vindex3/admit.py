@@ -31,6 +31,8 @@ from .sources import CheckpointSource, open_source
 
 
 class AdmissionPlan(BaseModel):
+    """Plain data; its text layout is lql.render.admission_text (the one renderer)."""
+
     source: str
     source_kind: str
     model_type: str | None
@@ -44,31 +46,6 @@ class AdmissionPlan(BaseModel):
 
     def blocking(self) -> list[Finding]:
         return [f for f in self.findings if f.blocks]
-
-    def to_text(self) -> str:
-        lines = [
-            f"source      {self.source} ({self.source_kind})",
-            f"model_type  {self.model_type}",
-            f"family      {self.family}",
-            f"admissible  {'yes' if self.admissible else 'NO'}",
-        ]
-        if self.layers is not None:
-            mix = " / ".join(f"{n} {label}" for label, n in self.operator_mix)
-            lines.append(f"layers      {self.layers} ({mix})")
-        if self.tensors is not None:
-            lines.append(f"tensors     {self.tensors} ({self.parameters:,} parameters)")
-        groups: dict[str, list[Finding]] = {}
-        for f in self.findings:
-            groups.setdefault(f.category, []).append(f)
-        for cat in (UNKNOWN, UNSUPPORTED, STRUCTURE, DEFAULTED, CONSUMED, METADATA, IGNORED):
-            fs = groups.get(cat)
-            if not fs:
-                continue
-            lines.append(f"{cat} ({len(fs)}):")
-            for f in fs:
-                mark = "  ✗ " if f.blocks else "    "
-                lines.append(f"{mark}{f.key} = {_jsonable(f.value)!r}: {f.message}")
-        return "\n".join(lines)
 
 
 

@@ -23,7 +23,9 @@ def cmd_plan(a) -> int:
     if a.json:
         _print_json(plan.model_dump())
     else:
-        print(plan.to_text())
+        from lql.render import admission_text  # one renderer for every report
+
+        print(admission_text(plan))
     return 0 if plan.admissible else 2
 
 
@@ -99,7 +101,9 @@ def cmd_verify(a) -> int:
     if a.json:
         _print_json(r.model_dump())
     else:
-        print(r.to_text(), file=sys.stdout if r.ok else sys.stderr)
+        from lql.render import verify_text  # one renderer for every report
+
+        print(verify_text(r), file=sys.stdout if r.ok else sys.stderr)
     return 0 if r.ok else 1
 
 

@@ -35,15 +35,12 @@ GRAPH = "system_graph.json"
 
 
 class VerifyReport(BaseModel):
+    """Plain data; its text layout is lql.render.verify_text (the one renderer)."""
+
     path: str
     ok: bool
     checked: int
     problems: list[str]
-
-    def to_text(self) -> str:
-        if self.ok:
-            return f"verified {self.checked} files in {self.path}: all hashes match"
-        return "\n".join([f"VERIFY FAILED for {self.path} ({len(self.problems)} problem(s)):"] + [f"  - {p}" for p in self.problems])
 
 
 def read_index(path: Path) -> dict:

@@ -40,7 +40,10 @@ class Tokenizer:
         cfg = jsonio.load(cfg_path) if cfg_path.exists() else {}
         return cls(tok, cfg)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of ``text``. ``special=False`` adds no BOS/EOS (a chat template writes its own)."""
+        if not special:
+            return list(self._tok.encode(text, add_special_tokens=False).ids)
         if self.add_bos is None:
             return list(self._tok.encode(text, add_special_tokens=True).ids)
         ids = list(self._tok.encode(text, add_special_tokens=False).ids)

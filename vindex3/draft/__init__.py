@@ -2,13 +2,13 @@
 scoring, the depth ladder, and self-speculative decoding. See docs/draft.md."""
 
 from .dumps import dump_logits, read_dump, read_meta, sidecar_path
-from .ladder import LadderReport, LadderRow, format_ladder_table, run_ladder
+from .ladder import LadderReport, LadderRow, run_ladder
 from .score import ArrayScore, PositionScore, ScoreReport, ScoreSummary, score_arrays, score_files
 from .speculative import PlainResult, SpecResult, greedy_generate, speculative_generate
 
 __all__ = [
     "ArrayScore", "LadderReport", "LadderRow", "PlainResult", "PositionScore", "ScoreReport",
-    "ScoreSummary", "SpecResult", "dump_logits", "format_ladder_table", "greedy_generate",
+    "ScoreSummary", "SpecResult", "dump_logits", "greedy_generate",
     "read_dump", "read_meta", "run_ladder", "score_arrays", "score_files", "sidecar_path",
     "speculative_generate",
 ]

@@ -52,6 +52,8 @@ class TargetCost(BaseModel):
 
 
 class LadderReport(BaseModel):
+    """Plain data; DRAFT LADDER's table is laid out by lql.render.ladder_text."""
+
     container_digest: str
     component: str | None
     model_layers: int
@@ -64,35 +66,6 @@ class LadderReport(BaseModel):
     rows: list[LadderRow]
     seconds: float
     machine: dict[str, Any]
-
-    def table(self) -> str:
-        """One line per depth, as DRAFT LADDER prints it."""
-        return format_ladder_table(self)
-
-
-TABLE_HEADER = (
-    f"{'depth':>5} {'positions':>9} {'top1':>6} {'KL p50':>8} {'KL p90':>8} {'KL p99':>8} "
-    f"{'rank~':>6} {'top5':>6} {'top20':>6} {'prep s':>7} {'ms/pos':>7}"
-)
-
-
-def format_ladder_row(row: LadderRow) -> str:
-    s = row.summary
-    return (
-        f"{row.depth:>5} {s.positions:>9} {s.top1:>6.3f} {s.kl_p50:>8.4f} {s.kl_p90:>8.4f} "
-        f"{s.kl_p99:>8.4f} {s.median_target_rank:>6g} {s.top5:>6.3f} {s.top20:>6.3f} "
-        f"{row.prepare_seconds:>7.3f} {row.ms_per_position:>7.2f}"
-    )
-
-
-def format_ladder_table(report: LadderReport) -> str:
-    lines = [TABLE_HEADER] + [format_ladder_row(r) for r in report.rows]
-    t = report.target
-    lines.append(
-        f"{'full':>5} {t.positions:>9} {'':>6} {'':>8} {'':>8} {'':>8} {'':>6} {'':>6} {'':>6} "
-        f"{t.prepare_seconds:>7.3f} {t.ms_per_position:>7.2f}"
-    )
-    return "\n".join(lines)
 
 
 def _check_depths(depths: Sequence[int], layers: int) -> list[int]:
@@ -134,7 +107,8 @@ def _tokenize(container: Any, prompts: list[Prompt]) -> dict[str, list[int]]:
 
 def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.PathLike,
                out_path: str | os.PathLike | None = None, progress: Progress | None = None,
-               work_dir: str | os.PathLike | None = None) -> LadderReport:
+               work_dir: str | os.PathLike | None = None,
+               on_row: Callable[[LadderRow], None] | None = None) -> LadderReport:
     """Score draft depths against the full model over a prompt bank.
 
     For every prompt the full model's logits are dumped once, then each depth's; each depth is
@@ -208,6 +182,8 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
                 per_category={k: summarize(v) for k, v in by_cat.items()}, per_prompt=per_prompt,
                 prepare_seconds=prep, step_seconds=step, ms_per_position=step * 1000.0 / len(pooled),
             ))
+            if on_row is not None:
+                on_row(rows[-1])
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -1,0 +1,184 @@
+"""The one place LQL reaches into vindex3 for facts: a read-only catalog view of the open
+container that the planner binds statements against, and the small helpers that turn vindex3's
+objects and refusals into LQL's.
+
+The planner may ask the catalog for anything that reads no tensor data: the graph, the op
+plan, a slice's plan (which layers run, which operands it reads), the vocabulary, the
+tokenizer, the chat template, the end-of-sequence ids. Running the model happens in the
+command modules (`lql.commands`), through the session's executors.
+
+When vindex3's core changes shape (operators as modules, state parts, the trace on the
+stream), this module and the command modules are where LQL adapts."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from . import results as R
+from .errors import EngineRefusal, NotAvailable, StatementError
+
+
+def vindex3():
+    import vindex3 as v
+
+    return v
+
+
+def is_engine_error(err: BaseException) -> bool:
+    """True for a refusal raised by vindex3 (any `vindex3.errors.VindexError`)."""
+    return isinstance(err, vindex3().errors.VindexError)
+
+
+def engine_refusal(err: Exception) -> EngineRefusal:
+    """A vindex3 refusal as an LQL error, with its own message, hint and class name."""
+    hint = getattr(err, "hint", None)
+    message = str(err)
+    suffix = f"\n  hint: {hint}"
+    if hint and message.endswith(suffix):
+        message = message[: -len(suffix)]
+    return EngineRefusal(message, engine_kind=type(err).__name__, hint=hint)
+
+
+def draft_module(what: str):
+    """vindex3.draft, or a refusal naming the statement that needs it."""
+    try:
+        return importlib.import_module("vindex3.draft")
+    except ImportError as e:
+        raise NotAvailable(f"{what} is not available in this build (vindex3.draft cannot be imported: {e})") from None
+
+
+def slice_of(depth: int | None):
+    """The vindex3 execution slice for a draft depth (None: the full model)."""
+    v = vindex3()
+    return v.Full() if depth is None else v.Draft(depth)
+
+
+def slice_label(depth: int | None) -> str:
+    return "full model" if depth is None else f"draft depth {depth}"
+
+
+def read_cost(sp) -> R.ReadCost:
+    """A slice plan's operand reads, split into the ends and the layers."""
+    return R.ReadCost(ends_reads=sp.ends_reads, ends_bytes=sp.ends_bytes, layer_reads=sp.layer_reads,
+                      layer_bytes=sp.layer_bytes, total_reads=sp.total_reads, total_bytes=sp.total_bytes)
+
+
+@dataclass(frozen=True, eq=False)
+class SliceBinding:
+    """A slice bound against the container: the depth asked for and vindex3's plan of it (which
+    layers run, which operands are read). EXPLAIN renders this very object; INFER, TRACE and
+    DUMP LOGITS run it."""
+
+    depth: int | None
+    plan: Any = field(repr=False)  # vindex3.exec.slice.SlicePlan
+
+    @property
+    def label(self) -> str:
+        return slice_label(self.depth)
+
+    @property
+    def executed_layers(self) -> list[int]:
+        return [int(i) for i in self.plan.executed_layers]
+
+    @property
+    def reads(self) -> R.ReadCost:
+        return read_cost(self.plan)
+
+
+class Catalog:
+    """A read-only view of an open container for the planner: facts only, no tensor data."""
+
+    def __init__(self, container):
+        self.container = container
+
+    # ---- the graph and the plan --------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return self.container.name
+
+    @property
+    def num_layers(self) -> int:
+        return self.container.graph.num_layers
+
+    @cached_property
+    def op_plan(self):
+        return self.container.op_plan()
+
+    @property
+    def vocab(self) -> int:
+        return self.op_plan.vocab
+
+    def bind_slice(self, depth: int | None) -> SliceBinding:
+        """Plan a slice; vindex3 refuses a depth of 0 or deeper than the model (`SliceError`)."""
+        return SliceBinding(depth, self.container.plan_slice(slice_of(depth)))
+
+    def check_layer(self, layer: int, what: str = "layer") -> None:
+        n = self.num_layers
+        if not 0 <= layer < n:
+            raise StatementError(f"{what} {layer} does not exist: the model has {n} layers (0..{n - 1})")
+
+    # ---- the tokenizer -------------------------------------------------------------------
+
+    @property
+    def has_tokenizer(self) -> bool:
+        return self.container.has_tokenizer
+
+    def tokenize(self, text: str, *, special: bool = True) -> list[int]:
+        """Token ids of ``text`` (a missing tokenizer is vindex3's `TokenizerMissing`).
+        ``special=False`` encodes without adding BOS/EOS: a chat template writes its own."""
+        return [int(i) for i in self.container.tokenizer.encode(text, special=special)]
+
+    def token_text(self, token_id: int) -> str | None:
+        return self.container.tokenizer.token_text(token_id) if self.has_tokenizer else None
+
+    def decode(self, ids: list[int]) -> str | None:
+        return self.container.tokenizer.decode(ids) if self.has_tokenizer else None
+
+    def eos_ids(self) -> tuple[int, ...]:
+        """End-of-sequence ids as the container declares them: generation_config.json's
+        ``eos_token_id`` (one id or a list) when present, else the tokenizer's EOS token.
+        Empty when neither declares one."""
+        gc = Path(self.container.path) / "generation_config.json"
+        if gc.exists():
+            try:
+                v = json.loads(gc.read_text(encoding="utf-8")).get("eos_token_id")
+            except (OSError, ValueError):
+                v = None
+            if isinstance(v, int) and not isinstance(v, bool):
+                return (v,)
+            if isinstance(v, list) and v and all(isinstance(x, int) for x in v):
+                return tuple(v)
+        if self.has_tokenizer and self.container.tokenizer.eos_id is not None:
+            return (int(self.container.tokenizer.eos_id),)
+        return ()
+
+    def chat_template(self) -> str | None:
+        """The container's chat template (tokenizer_config.json's ``chat_template``, or a
+        ``chat_template.jinja`` / ``chat_template.json`` snapshot), or None."""
+        path = Path(self.container.path)
+        jinja = path / "chat_template.jinja"
+        if jinja.exists():
+            return jinja.read_text(encoding="utf-8")
+        cj = path / "chat_template.json"
+        if cj.exists():
+            t = json.loads(cj.read_text(encoding="utf-8")).get("chat_template")
+            if isinstance(t, str):
+                return t
+        if self.has_tokenizer:
+            t = self.container.tokenizer.config.get("chat_template")
+            if isinstance(t, str):
+                return t
+        return None
+
+    def special_tokens(self) -> dict[str, str]:
+        """bos_token / eos_token spellings for a chat template."""
+        if not self.has_tokenizer:
+            return {}
+        tok = self.container.tokenizer
+        return {k: v for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token)) if v}

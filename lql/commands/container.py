@@ -1,0 +1,54 @@
+"""VERIFY (re-hash the bound container), PLAN (admission of a checkpoint) and ENCODE."""
+
+from __future__ import annotations
+
+import time
+
+from .. import planner
+from .. import results as R
+from ..binding import vindex3
+from . import command
+from .explain import jsonable
+
+
+def verify_result(rep, *, default_path: str | None = None, show_path: bool = False) -> R.VerifyResult:
+    """A vindex3 VerifyReport as a result (also used by the vindex3 command's printer)."""
+    return R.VerifyResult(path=str(getattr(rep, "path", default_path)), ok=rep.ok, checked=rep.checked,
+                          problems=list(rep.problems), show_path=show_path)
+
+
+def plan_result(p) -> R.PlanResult:
+    """A vindex3 AdmissionPlan as a result (also used by the vindex3 command's printer)."""
+    mix = getattr(p, "operator_mix", None)
+    return R.PlanResult(
+        source=str(p.source), source_kind=getattr(p, "source_kind", None), model_type=p.model_type,
+        family=getattr(p, "family", None), admissible=p.admissible, layers=getattr(p, "layers", None),
+        operator_mix=[R.MixEntry(label=label, count=n) for label, n in mix] if mix else None,
+        tensors=getattr(p, "tensors", None), parameters=getattr(p, "parameters", None),
+        findings=[R.FindingRow(category=f.category, key=f.key, value=jsonable(f.value), grade=getattr(f, "grade", "") or "",
+                               message=f.message, blocks=f.blocks) for f in p.findings],
+    )
+
+
+@command(planner.Verify)
+def verify(session, node: planner.Verify) -> R.VerifyResult:
+    return verify_result(session.container.verify(), default_path=str(session.container.path))
+
+
+@command(planner.Admit)
+def admit(session, node: planner.Admit) -> R.PlanResult:
+    return plan_result(vindex3().admit(node.path))
+
+
+@command(planner.Encode)
+def encode(session, node: planner.Encode) -> R.EncodeResult:
+    v = vindex3()
+    t0 = time.perf_counter()
+    out = v.encode(node.checkpoint, node.into, progress=session.on_progress)
+    secs = time.perf_counter() - t0
+    c = v.open(out)
+    return R.EncodeResult(
+        source=node.checkpoint, path=str(out), name=c.name, layers=c.graph.num_layers,
+        operator_mix=[R.MixEntry(label=label, count=n) for label, n in c.graph.operator_mix()],
+        bytes=sum(o["bytes"] for o in c.objects()), seconds=secs,
+    )

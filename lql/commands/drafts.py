@@ -1,0 +1,115 @@
+"""DRAFT DEPTH / DRAFT OFF (the session's default slice), DUMP LOGITS, SCORE DRAFT and DRAFT
+LADDER (vindex3.draft: drafts made measurable)."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from .. import planner
+from .. import results as R
+from ..binding import draft_module, slice_of
+from ..errors import FileRefusal
+from . import command
+
+
+@command(planner.SetDraft)
+def set_draft(session, node: planner.SetDraft) -> R.DraftResult:
+    session.draft_depth = node.depth
+    sl = node.slice
+    if sl is None:  # DRAFT OFF with nothing bound
+        return R.DraftResult(depth=None, model_layers=0, executed_layers=[],
+                             reads=R.ReadCost(ends_reads=0, ends_bytes=0, layer_reads=0, layer_bytes=0,
+                                              total_reads=0, total_bytes=0))
+    return R.DraftResult(depth=node.depth, model_layers=session.catalog.num_layers,
+                         executed_layers=sl.executed_layers, reads=sl.reads)
+
+
+def _writable(path: Path) -> None:
+    if not path.parent.exists():
+        raise FileRefusal(f"cannot write {path}: its directory {path.parent} does not exist")
+
+
+@command(planner.Dump)
+def dump(session, node: planner.Dump) -> R.DumpResult:
+    draft = draft_module("DUMP LOGITS")
+    c = session.container
+    path = Path(node.into)
+    _writable(path)
+    try:
+        meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path)
+    except OSError as e:
+        raise FileRefusal(f"cannot write {path}: {e.strerror or e}") from None
+    sidecar = draft.sidecar_path(path) if hasattr(draft, "sidecar_path") else Path(f"{path}.meta.json")
+    return R.DumpResult(path=str(path), sidecar=str(sidecar), depth=meta.get("draft_depth"),
+                        positions=int(meta["positions"]), vocab=int(meta["vocab"]),
+                        executed_layers=list(meta.get("executed_layers", [])), meta=meta)
+
+
+@command(planner.Score)
+def score(session, node: planner.Score) -> R.ScoreResult:
+    draft = draft_module("SCORE DRAFT")
+    for key in ("draft", "target"):
+        if not Path(getattr(node, key)).exists():
+            raise FileRefusal(f"SCORE DRAFT: the {key} dump {getattr(node, key)} does not exist")
+    rep = draft.score_files(node.draft, node.target)
+    positions = [p.model_dump(mode="json") for p in rep.positions]
+    # Token text beside ids, when the bound container is the one both dumps were made on.
+    tokens = False
+    if session.bound and session.catalog.has_tokenizer and session.container.digest == rep.container_digest:
+        tokens = True
+        for p in positions:
+            p["target_token"] = session.catalog.token_text(p["target_argmax"])
+            p["draft_token"] = session.catalog.token_text(p["draft_argmax"])
+    return R.ScoreResult(
+        draft=node.draft, target=node.target, depth=rep.draft_depth, model_layers=rep.model_layers,
+        summary=rep.summary.model_dump(mode="json"), positions=positions, tokens=tokens,
+    )
+
+
+def ladder_result(rep, *, prompts_file: str, into: str | None, plot_path: str | None = None) -> R.LadderResult:
+    """A vindex3 ladder report as a result (also used by the vindex3 command's printer)."""
+    full = rep.model_dump(mode="json")
+    rows = full.pop("rows")
+    return R.LadderResult(prompts_file=prompts_file, into=into, model_layers=rep.model_layers,
+                          depths=list(rep.depths), rows=rows, target=full.get("target", {}), report=full,
+                          plot_path=plot_path)
+
+
+@command(planner.Ladder)
+def ladder(session, node: planner.Ladder) -> R.LadderResult:
+    draft = draft_module("DRAFT LADDER")
+    prompts = Path(node.prompts)
+    if not prompts.exists():
+        raise FileRefusal(f"DRAFT LADDER: the prompt bank {prompts} does not exist")
+    into = node.into
+    if into is not None:
+        _writable(Path(into))
+    if node.plot is not None:
+        _writable(Path(node.plot))
+        from ..render import require_matplotlib
+
+        require_matplotlib("DRAFT LADDER ... PLOT INTO")  # before the long run, not after it
+    finished: list = []
+    kwargs = {}
+    if "on_row" in inspect.signature(draft.run_ladder).parameters:
+        kwargs["on_row"] = finished.append
+    try:
+        rep = draft.run_ladder(session.container, list(node.depths), prompts, out_path=into,
+                               progress=session.on_progress, **kwargs)
+    except KeyboardInterrupt:  # Ctrl-C: the depths finished so far
+        return R.LadderResult(prompts_file=str(prompts), into=None, model_layers=session.catalog.num_layers,
+                              depths=[r.depth for r in finished], rows=[r.model_dump(mode="json") for r in finished],
+                              target={}, report={}, interrupted=True)
+    result = ladder_result(rep, prompts_file=str(prompts), into=into, plot_path=node.plot)
+    if node.plot is not None:
+        from ..render import ladder_figure, save_figure
+
+        try:
+            save_figure(ladder_figure(result), node.plot)
+        except OSError as e:
+            raise FileRefusal(f"cannot write {node.plot}: {e.strerror or e}") from None
+    return result
+
+
+

@@ -1,0 +1,35 @@
+"""SET, SHOW SETTINGS, HELP: the session's settings and the statement catalogue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import catalog, planner
+from .. import results as R
+from . import command
+
+
+def setting_text(v: Any) -> Any:
+    if isinstance(v, bool):
+        return "on" if v else "off"
+    return v
+
+
+@command(planner.ShowSettings)
+def show_settings(session, node: planner.ShowSettings) -> R.SettingsResult:
+    return R.SettingsResult(settings=[
+        R.SettingRow(name=s.name, value=setting_text(session.settings[s.name]), description=s.description)
+        for s in catalog.SETTINGS
+    ])
+
+
+@command(planner.SetSetting)
+def set_setting(session, node: planner.SetSetting) -> R.SetResult:
+    previous = session.settings[node.name]
+    session.settings[node.name] = node.value
+    return R.SetResult(name=node.name, value=setting_text(node.value), previous=setting_text(previous))
+
+
+@command(planner.Help)
+def help_(session, node: planner.Help) -> R.HelpResult:
+    return R.HelpResult(topic=node.topic, text=node.text)

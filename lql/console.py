@@ -1,0 +1,448 @@
+"""The output side that the ``lql`` command and the REPL share: it runs text through the one
+statement loop (`lql.loop`), runs shell commands (``\\timing``, ``\\o``...), and prints every
+result and every error the same way — in the session's format (text, json, csv, tsv,
+markdown, jsonl), fitted to the terminal, through a pager when it is long (interactive only),
+or into a file (``\\o``, ``\\once``), with the wall time of each statement when timing is on.
+
+Results go to standard output (or the redirect target), diagnostics to standard error; both
+are looked up when written, so a test's captured streams see them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+from prompt_toolkit.formatted_text import FormattedText
+from prompt_toolkit.shortcuts import print_formatted_text
+
+from . import ast, loop, render
+from . import results as R
+from .errors import FileRefusal, LqlError, LqlSyntaxError
+from .repl_lexer import STYLE
+
+# What running a piece of text came to.
+OK, FAILED, EXIT, INTERRUPTED, INTERNAL = "ok", "failed", "exit", "interrupted", "internal"
+
+DEFAULT_PAGER = "less -SRXF"
+
+
+def isatty(f: Any) -> bool:
+    try:
+        return bool(f.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def terminal_size(f: Any) -> tuple[int, int]:
+    """(columns, lines) of the terminal behind ``f``; $COLUMNS/$LINES, else 80 x 24, when it
+    has none."""
+    try:
+        size = os.get_terminal_size(f.fileno())
+        return max(20, size.columns), max(5, size.lines)
+    except (OSError, AttributeError, ValueError):
+        pass
+
+    def env(name: str, default: int) -> int:
+        try:
+            return int(os.environ.get(name, ""))
+        except ValueError:
+            return default
+
+    return max(20, env("COLUMNS", 80)), max(5, env("LINES", 24))
+
+
+class MetaError(Exception):
+    """A shell command refused its argument; the message says what it takes."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
+class Console:
+    """Runs text against a `lql.Session` and prints what comes back.
+
+    ``interactive``: the REPL (a pager and terminal-width fitting when standard output is a
+    terminal, indented JSON, a blank line after each result); otherwise batch (a blank line
+    between results, one JSON object per line). ``keep_going``: a script runs on after a
+    failure. ``color``: styled diagnostics on a terminal (NO_COLOR respected)."""
+
+    def __init__(self, session, *, stdout: TextIO | None = None, stderr: TextIO | None = None,
+                 interactive: bool = False, keep_going: bool = False, debug: bool = False, color: bool = False):
+        self.session = session
+        self._stdout, self._stderr = stdout, stderr
+        self.interactive, self.keep_going, self.debug, self.color = interactive, keep_going, debug, color
+        self.ran = self.failed = 0
+        self._printed = False
+        self._redirect: TextIO | None = None
+        self._redirect_path: str | None = None
+        self._once: str | None = None
+        self._include_depth = 0
+
+    # ---- streams --------------------------------------------------------------------------
+
+    @property
+    def stdout(self) -> TextIO:
+        return self._stdout or sys.stdout
+
+    @property
+    def stderr(self) -> TextIO:
+        return self._stderr or sys.stderr
+
+    def print_styled(self, fragments: list[tuple[str, str]], *, file: TextIO | None = None, end: str = "\n") -> None:
+        """Styled text on a stream: coloured on a terminal when colour is on, plain elsewhere."""
+        f = file or self.stdout
+        if self.color and isatty(f):
+            print_formatted_text(FormattedText(fragments), style=STYLE, file=f, end=end, flush=True)
+        else:
+            f.write("".join(t for _, t in fragments) + end)
+            f.flush()
+
+    def print_text(self, text: str) -> None:
+        self.print_styled([("", text)])
+
+    def print_info(self, text: str) -> None:
+        self.print_styled([("class:info", text)], file=self.stderr)
+
+    def print_error(self, text: str, hint: str | None = None) -> None:
+        frags = [("class:error", text)]
+        if hint:
+            frags.append(("class:warning", f"\n  hint: {hint}"))
+        self.print_styled(frags, file=self.stderr)
+
+    def print_lql_error(self, e: LqlError, *, where: str = "", show_statement: bool = False) -> None:
+        """A syntax error with its line and caret; a refusal with its message and hint."""
+        self.print_styled(render.error_fragments(e, where=where, show_statement=show_statement), file=self.stderr)
+
+    # ---- settings the console reads -------------------------------------------------------
+
+    @property
+    def format(self) -> str:
+        return self.session.settings.get("format", "text")
+
+    @property
+    def timing(self) -> bool:
+        return bool(self.session.settings.get("timing", True))
+
+    def _results_stream(self) -> tuple[TextIO, bool]:
+        """Where a result goes, and whether that is the screen."""
+        if self._redirect is not None:
+            return self._redirect, False
+        return self.stdout, True
+
+    # ---- printing results -----------------------------------------------------------------
+
+    def emit_result(self, result: R.Result, seconds: float | None = None) -> None:
+        """Print a result in the session's format, with its wall time when timing is on."""
+        once = self._once
+        fmt = self.format
+        if once is not None:
+            self._once = None
+            try:
+                with open(once, "w", encoding="utf-8") as f:
+                    f.write(self._formatted(result, fmt, None) + "\n")
+            except OSError as e:
+                raise FileRefusal(f"\\once: cannot write {once}: {e.strerror or e}") from None
+            self.print_info(f"result written to {once}")
+            return
+        out, screen = self._results_stream()
+        width = None
+        if screen and self.interactive and isatty(out):
+            width = terminal_size(out)[0]
+        text = self._formatted(result, fmt, width)
+        if fmt in ("text",) and self.timing and seconds is not None:
+            text += f"\ntime: {render.fmt_seconds(seconds)}"
+        self._write_block(text, out, screen, fmt)
+
+    def _formatted(self, result: R.Result, fmt: str, width: int | None) -> str:
+        indent = 2 if self.interactive and fmt == "json" else None
+        return render.format_result(result, fmt, timing=self.timing, width=width,
+                                    expanded=str(self.session.settings.get("expanded", "off")), indent=indent)
+
+    def _write_block(self, text: str, out: TextIO, screen: bool, fmt: str) -> None:
+        blocky = fmt in ("text", "csv", "tsv", "markdown")
+        if self.interactive:
+            body = text + ("\n" if blocky else "")  # a blank line after each result keeps them apart
+        else:
+            body = ("\n" if blocky and self._printed else "") + text
+        self._printed = True
+        if screen and self._should_page(body, out) and self._page(body, out):
+            return
+        out.write(body + "\n")
+        out.flush()
+
+    def _should_page(self, text: str, out: TextIO) -> bool:
+        if not (self.interactive and self.session.settings.get("pager", True) and isatty(out)):
+            return False
+        cols, rows = terminal_size(out)
+        lines = text.split("\n")
+        return len(lines) > rows - 2 or any(len(ln) > cols for ln in lines)
+
+    def _page(self, text: str, out: TextIO) -> bool:
+        """Send ``text`` through $PAGER (default ``less -SRXF``); False if it could not run."""
+        cmd = os.environ.get("PAGER") or DEFAULT_PAGER
+        try:
+            fd = out.fileno()
+        except (AttributeError, ValueError, OSError):
+            fd = None
+        try:
+            p = subprocess.Popen(cmd, shell=True, stdin=subprocess.PIPE, stdout=fd)
+        except OSError as e:
+            self.print_error(f"the pager {cmd!r} cannot run ({e}); printing instead",
+                             hint="SET pager = off, or set $PAGER")
+            return False
+        try:
+            assert p.stdin is not None
+            p.stdin.write((text + "\n").encode("utf-8", "replace"))
+            p.stdin.close()
+        except BrokenPipeError:  # the reader quit early (q in less)
+            pass
+        while True:
+            try:
+                p.wait()
+                break
+            except KeyboardInterrupt:  # Ctrl-C belongs to the pager while it runs
+                continue
+        if p.returncode == 127:
+            self.print_error(f"the pager {cmd!r} was not found; printing instead",
+                             hint="SET pager = off, or set $PAGER")
+            return False
+        return True
+
+    def emit_error(self, err: BaseException, ref: R.StatementRef | None, *, where: str = "",
+                   show_statement: bool = False) -> None:
+        """A failure: the diagnostic on standard error; in json/jsonl format also its JSON
+        object in the results, where a program reading them will look."""
+        if self.debug and isinstance(err, LqlError):
+            traceback.print_exception(err, file=self.stderr)
+        self.print_lql_error(err, where=where, show_statement=show_statement)
+        if self.format in ("json", "jsonl"):
+            self._emit_json(render.error_json(err, ref))
+
+    def _emit_json(self, obj: dict) -> None:
+        indent = 2 if self.interactive and self.format == "json" else None
+        out, _ = self._results_stream()
+        out.write(render.dumps_json(obj, indent=indent) + "\n")
+        out.flush()
+
+    def internal_error(self, e: BaseException, *, where: str = "", stmt: ast.Statement | None = None,
+                       what: str | None = None) -> None:
+        """A bug: one line (the traceback only with --debug); the front end survives it."""
+        if self.debug:
+            traceback.print_exception(e, file=self.stderr)
+        self.print_error(render.internal_error_text(
+            e, where=where, line=stmt.line if stmt else None, column=stmt.column if stmt else None,
+            statement=stmt.source if stmt else what, debug=self.debug))
+        if self.format in ("json", "jsonl"):
+            ref = (R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
+                   if stmt else None)
+            self._emit_json(render.error_json(e, ref))
+
+    # ---- redirect -------------------------------------------------------------------------
+
+    def redirect(self, path: str | None) -> None:
+        """``\\o FILE``: results go to FILE (truncated) until ``\\o`` alone."""
+        if self._redirect is not None:
+            self._redirect.close()
+            self._redirect = self._redirect_path = None
+        if path:
+            p = Path(path).expanduser()
+            if not p.parent.exists():
+                raise MetaError(f"\\o: cannot write {p}: its directory {p.parent} does not exist")
+            try:
+                self._redirect = open(p, "w", encoding="utf-8")  # noqa: SIM115 - open until \\o alone
+            except OSError as e:
+                raise MetaError(f"\\o: cannot write {p}: {e.strerror or e}") from None
+            self._redirect_path = str(p)
+
+    def redirect_once(self, path: str) -> None:
+        """``\\once FILE``: the next statement's result goes to FILE."""
+        p = Path(path).expanduser()
+        if not p.parent.exists():
+            raise MetaError(f"\\once: cannot write {p}: its directory {p.parent} does not exist")
+        self._once = str(p)
+
+    @property
+    def redirected_to(self) -> str | None:
+        return self._redirect_path
+
+    def close(self) -> None:
+        self.redirect(None)
+
+    # ---- hooks a front end fills ------------------------------------------------------------
+
+    @contextmanager
+    def live(self, stmt: ast.Statement) -> Iterator[None]:
+        """What the front end shows while ``stmt`` runs (the REPL: token echo, progress)."""
+        yield
+
+    def shell_statement(self, stmt: ast.Statement) -> R.Result | None:
+        """A statement the front end answers itself (the REPL's own settings), or None."""
+        return None
+
+    def decorate(self, result: R.Result) -> R.Result:
+        """The front end's additions to a result (the REPL adds its settings to SHOW SETTINGS)."""
+        return result
+
+    # ---- running ----------------------------------------------------------------------------
+
+    def run_meta(self, text: str, *, where: str = "", line: int | None = None) -> str:
+        """A shell command line. Unknown commands and bad arguments are refused by name."""
+        from .repl_meta import EXIT as META_EXIT
+        from .repl_meta import META
+
+        word, arg = META.split(text)
+        cmd = META.find(word)
+        loc = f"{where}:{line}: " if where and line is not None else (f"{where}: " if where else "")
+        if cmd is None:
+            close = META.suggest(word)
+            self.print_error(f"{loc}unknown shell command {word}",
+                             hint=(f"did you mean {' or '.join(close)}? " if close else "") + "\\? lists them")
+            return FAILED
+        if cmd.interactive_only and not self.interactive:
+            self.print_error(f"{loc}{cmd.name} works only in the interactive shell",
+                             hint=f"leave {cmd.name} out of the script")
+            return FAILED
+        try:
+            return EXIT if cmd.handler(self, arg) is META_EXIT else OK
+        except _ScriptFailed:  # an included script stopped; it said why
+            return FAILED
+        except MetaError as e:
+            self.print_error(f"{loc}{e.message}", hint=e.hint)
+            return FAILED
+        except KeyboardInterrupt:
+            self.print_error(f"interrupted: {cmd.name} stopped")
+            return INTERRUPTED
+        except Exception as e:  # noqa: BLE001 - a bug in a shell command; the front end survives it
+            self.internal_error(e, what=cmd.name)
+            return INTERNAL
+
+    def run_statement(self, stmt: ast.Statement, *, where: str = "", show_statement: bool = False) -> str:
+        """Execute one parsed statement and print its outcome."""
+        t0 = time.perf_counter()
+        try:
+            result = self.shell_statement(stmt)
+            if result is None:
+                with self.live(stmt):
+                    result = self.session.execute_statement(stmt)
+        except KeyboardInterrupt:
+            self._once = None
+            self.print_error(f"interrupted: {stmt.keyword} stopped; the session is as it was before it")
+            return INTERRUPTED
+        except LqlError as e:
+            self._once = None
+            if e.line is None:
+                e.locate(stmt.line, stmt.column, stmt.source)
+            ref = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
+            self.emit_error(e, ref, where=where, show_statement=show_statement)
+            return FAILED
+        except Exception as e:  # noqa: BLE001 - a bug; printed, the front end decides what next
+            self._once = None
+            self.internal_error(e, where=where, stmt=stmt)
+            return INTERNAL
+        return self._print_outcome(stmt, result, time.perf_counter() - t0)
+
+    def _print_outcome(self, stmt: ast.Statement, result: R.Result, seconds: float) -> str:
+        try:
+            self.emit_result(self.decorate(result), seconds)
+        except LqlError as e:  # \once could not write
+            self.print_lql_error(e)
+            return FAILED
+        if getattr(result, "interrupted", False):
+            self.print_error(f"interrupted: {stmt.keyword} stopped; what it finished is shown")
+            return INTERRUPTED
+        return OK
+
+    def _run_chunk(self, full: str, ch: loop.Chunk, where: str, show_statement: bool) -> list[str]:
+        try:
+            stmts = loop.parse_chunk(full, ch)
+        except LqlSyntaxError as e:
+            self._once = None
+            ref = R.StatementRef(kind=None, line=ch.line, column=ch.column, text=ch.text)
+            self.emit_error(e, ref, where=where)
+            return [FAILED]
+        return [self.run_statement(s, where=where, show_statement=show_statement) for s in stmts]
+
+    def run_items(self, text: str, items, *, where: str = "", show_statement: bool = False,
+                  keep_going: bool | None = None) -> str:
+        """Run statements and shell-command lines in order; stop at the first failure (unless
+        ``keep_going``), at an interrupt, an internal error or an exit command. Counts what
+        ran and what failed."""
+        keep_going = self.keep_going if keep_going is None else keep_going
+        items = list(items)
+        status = OK
+        for i, item in enumerate(items):
+            if not (isinstance(item, loop.MetaLine) and item.text.split()[0] in ("\\i", "\\include")):
+                self.ran += 1  # an \i line is counted by the statements it runs
+            if isinstance(item, loop.MetaLine):
+                st = self.run_meta(item.text, where=where, line=item.line)
+                sts = [st]
+            else:
+                sts = self._run_chunk(text, item, where, show_statement)
+            for st in sts:
+                if st in (EXIT, INTERRUPTED, INTERNAL):
+                    if st != EXIT and st == INTERNAL:
+                        self.failed += 1
+                    return st
+                if st == FAILED:
+                    self.failed += 1
+                    status = FAILED
+                    if not keep_going:
+                        left = len(items) - i - 1
+                        if left and self.interactive and not where:
+                            self.print_info(f"({left} later statement{'s' if left > 1 else ''} not run)")
+                        return FAILED
+        return status
+
+    def run_text(self, text: str, *, where: str = "") -> str:
+        """What was typed at the prompt: a shell command, or statements run in order until
+        the first failure."""
+        from .repl_lexer import is_meta
+
+        if is_meta(text):
+            self.ran += 1
+            st = self.run_meta(text, where=where)
+            if st == FAILED:
+                self.failed += 1
+            return st
+        items = list(loop.chunks(text))
+        return self.run_items(text, items, where=where, show_statement=len(items) > 1, keep_going=False)
+
+    def run_script(self, text: str, *, where: str) -> str:
+        """A script (a file, ``-e`` text, standard input, ``\\i``, the rc file): statements and
+        shell-command lines in order, stopping at the first failure unless keep-going."""
+        return self.run_items(text, loop.script_items(text), where=where)
+
+    def run_file(self, path: str) -> str:
+        """``\\i``: run a script file in this session; a failure names file and line."""
+        p = Path(path).expanduser()
+        if self._include_depth >= 8:
+            raise MetaError(f"\\i {path}: scripts include each other more than 8 deep; stopped")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise MetaError(f"\\i: script {p} does not exist") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise MetaError(f"\\i: script {p} cannot be read: {e}") from None
+        self._include_depth += 1
+        try:
+            st = self.run_script(text, where=str(path))
+        finally:
+            self._include_depth -= 1
+        if st == FAILED:
+            raise _ScriptFailed
+        return st
+
+
+class _ScriptFailed(MetaError):
+    """An included script stopped at a failure it already reported."""
+
+    def __init__(self):
+        super().__init__("")
