@@ -12,7 +12,6 @@ stream), this module and the command modules are where LQL adapts."""
 
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import results as R
-from .errors import EngineRefusal, NotAvailable, StatementError
+from .errors import EngineRefusal, StatementError
 
 
 def vindex3():
@@ -45,11 +44,10 @@ def engine_refusal(err: Exception) -> EngineRefusal:
 
 
 def draft_module(what: str):
-    """vindex3.draft, or a refusal naming the statement that needs it."""
-    try:
-        return importlib.import_module("vindex3.draft")
-    except ImportError as e:
-        raise NotAvailable(f"{what} is not available in this build (vindex3.draft cannot be imported: {e})") from None
+    """vindex3.draft (``what`` names the statement that needs it, for readers of the call)."""
+    import vindex3.draft
+
+    return vindex3.draft
 
 
 def slice_of(depth: int | None):

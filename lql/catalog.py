@@ -139,6 +139,7 @@ SETTINGS: tuple[SettingDoc, ...] = (
                _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
     SettingDoc("timing", True, "show timings: wall time per statement, prepare, prefill, tok/s", _switch),
     SettingDoc("top", 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
+    SettingDoc("lookahead", 4, "draft tokens SPECULATE proposes per round when LOOKAHEAD is not given", _count),
     SettingDoc("compare", True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),
     SettingDoc("chat", False, "INFER wraps text prompts in the model's chat template (as CHAT does)", _switch),
     SettingDoc("expanded", "off", "tables one field per line: on, off, or auto (when too wide)",

@@ -106,7 +106,3 @@ class EngineRefusal(LqlError):
 
 class FileRefusal(LqlError):
     """A file the statement reads or writes cannot be used (missing, unreadable, exists)."""
-
-
-class Interrupted(LqlError):
-    """The statement was interrupted (Ctrl-C) before it finished; the session is unchanged."""

@@ -401,7 +401,7 @@ def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
         return Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
-                         lookahead=s.lookahead or 4, compare=bool(ctx.settings.get("compare", True)))
+                         lookahead=s.lookahead if s.lookahead is not None else ctx.settings["lookahead"], compare=bool(ctx.settings.get("compare", True)))
     sl = cat.bind_slice(_depth(ctx, s.depth))  # a bad depth is refused before tokenising anything
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
     top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))

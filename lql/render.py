@@ -529,10 +529,9 @@ def _plan(r: R.PlanResult, timing: bool) -> list[str]:
         ("tensors", None if r.tensors is None else f"{r.tensors} ({fmt_int(r.parameters)} parameters)"),
     ])
     if r.findings:
-        graded = any(f.grade for f in r.findings)
-        headers = ["category", "key", "value"] + (["grade"] if graded else []) + ["blocks", "message"]
+        headers = ["category", "key", "value", "blocks", "message"]
         out += [""] + table(headers, [
-            [f.category, f.key, _short(fmt_value(f.value))] + ([f.grade] if graded else [])
+            [f.category, f.key, _short(fmt_value(f.value))]
             + ["BLOCKS" if f.blocks else "", f.message] for f in r.findings
         ])
     return out

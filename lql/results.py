@@ -385,7 +385,6 @@ class FindingRow(BaseModel):
     category: str
     key: str
     value: Any
-    grade: str
     message: str
     blocks: bool
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
 
@@ -16,7 +15,6 @@ from lql.errors import (
     FileRefusal,
     LqlError,
     NoContainer,
-    NotAvailable,
     SettingError,
     StatementError,
 )
@@ -105,12 +103,6 @@ def test_open_with_closure_defects(copy):
     err = refuse(lql.Session(), f"OPEN '{copy}'", EngineRefusal)
     assert err.kind == "ClosureError"
     assert "q_missing" in str(err)
-
-
-def test_open_default_refuses_by_name_when_the_build_lacks_it(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vindex3.default_model", None)
-    err = refuse(lql.Session(), "OPEN DEFAULT", NotAvailable)
-    assert err.message.startswith("OPEN DEFAULT is not available in this build")
 
 
 # ---- depths, layers, prompts ----------------------------------------------------------
@@ -249,18 +241,6 @@ def test_score_refusal_from_vindex3_passes_through(s, tmp_path):
 
 
 # ---- statements whose engine is not in this build -------------------------------------
-
-
-@pytest.mark.parametrize("text,name", [
-    ("DUMP LOGITS 'x' INTO 'f.f32'", "DUMP LOGITS"),
-    ("SCORE DRAFT 'a' AGAINST 'b'", "SCORE DRAFT"),
-    ("DRAFT LADDER DEPTHS (1) ON 'p'", "DRAFT LADDER"),
-    ("INFER 'x' GENERATE 2 SPECULATE DEPTH 1", "INFER ... SPECULATE"),
-])
-def test_draft_statements_refuse_by_name_without_vindex3_draft(s, monkeypatch, text, name):
-    monkeypatch.setitem(sys.modules, "vindex3.draft", None)
-    err = refuse(s, text, NotAvailable)
-    assert err.message.startswith(f"{name} is not available in this build")
 
 
 # ---- verify is a result, not a refusal ---------------------------------------------------

@@ -13,19 +13,19 @@ from .explain import jsonable
 
 def verify_result(rep, *, default_path: str | None = None, show_path: bool = False) -> R.VerifyResult:
     """A vindex3 VerifyReport as a result (also used by the vindex3 command's printer)."""
-    return R.VerifyResult(path=str(getattr(rep, "path", default_path)), ok=rep.ok, checked=rep.checked,
+    return R.VerifyResult(path=str(rep.path), ok=rep.ok, checked=rep.checked,
                           problems=list(rep.problems), show_path=show_path)
 
 
 def plan_result(p) -> R.PlanResult:
     """A vindex3 AdmissionPlan as a result (also used by the vindex3 command's printer)."""
-    mix = getattr(p, "operator_mix", None)
+    mix = p.operator_mix
     return R.PlanResult(
-        source=str(p.source), source_kind=getattr(p, "source_kind", None), model_type=p.model_type,
-        family=getattr(p, "family", None), admissible=p.admissible, layers=getattr(p, "layers", None),
+        source=str(p.source), source_kind=p.source_kind, model_type=p.model_type,
+        family=p.family, admissible=p.admissible, layers=p.layers,
         operator_mix=[R.MixEntry(label=label, count=n) for label, n in mix] if mix else None,
-        tensors=getattr(p, "tensors", None), parameters=getattr(p, "parameters", None),
-        findings=[R.FindingRow(category=f.category, key=f.key, value=jsonable(f.value), grade=getattr(f, "grade", "") or "",
+        tensors=p.tensors, parameters=p.parameters,
+        findings=[R.FindingRow(category=f.category, key=f.key, value=jsonable(f.value),
                                message=f.message, blocks=f.blocks) for f in p.findings],
     )
 

@@ -3,7 +3,6 @@ LADDER (vindex3.draft: drafts made measurable)."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 from .. import planner
@@ -91,12 +90,9 @@ def ladder(session, node: planner.Ladder) -> R.LadderResult:
 
         require_matplotlib("DRAFT LADDER ... PLOT INTO")  # before the long run, not after it
     finished: list = []
-    kwargs = {}
-    if "on_row" in inspect.signature(draft.run_ladder).parameters:
-        kwargs["on_row"] = finished.append
     try:
         rep = draft.run_ladder(session.container, list(node.depths), prompts, out_path=into,
-                               progress=session.on_progress, **kwargs)
+                               progress=session.on_progress, on_row=finished.append)
     except KeyboardInterrupt:  # Ctrl-C: the depths finished so far
         return R.LadderResult(prompts_file=str(prompts), into=None, model_layers=session.catalog.num_layers,
                               depths=[r.depth for r in finished], rows=[r.model_dump(mode="json") for r in finished],

@@ -23,7 +23,7 @@ def jsonable(v: Any) -> Any:
 
 def op_info(op) -> R.OpInfo:
     return R.OpInfo(
-        kind=op.kind, role=getattr(op, "role", "") or "", params=jsonable(dict(op.params)),
+        kind=op.kind, role=op.role, params=jsonable(dict(op.params)),
         operands=[R.Operand(role=role, object=ref.object, tensor=ref.tensor, dtype=ref.dtype, shape=list(ref.shape),
                             bytes=ref.nbytes) for role, ref in op.operands.items()],
     )

@@ -66,7 +66,7 @@ def show_layers(session, node: planner.ShowLayers) -> R.LayersResult:
                 pos_text = f"rope theta={pos['theta']:g}"
         rows.append(R.LayerRow(
             layer=lp.index, operator=lp.operator, span=lp.span, window=lp.window, position=pos_text,
-            ffn=getattr(lp, "ffn", None), continuation=g.describe(), bytes_per_position=g.bytes_per_position,
+            ffn=lp.ffn, continuation=g.describe(), bytes_per_position=g.bytes_per_position,
             fixed_bytes=g.fixed_bytes,
         ))
     return R.LayersResult(model_layers=c.graph.num_layers, layers=rows)
@@ -75,11 +75,9 @@ def show_layers(session, node: planner.ShowLayers) -> R.LayersResult:
 @command(planner.ShowComponents)
 def show_components(session, node: planner.ShowComponents) -> R.ComponentsResult:
     g = session.container.graph
-    comps = getattr(g, "components", None) or [g.component]
     return R.ComponentsResult(components=[
-        R.ComponentRow(name=x.name, role=x.role, objects=list(getattr(x, "objects", ()) or ()),
-                       executes=x.role == "primary_text")
-        for x in comps
+        R.ComponentRow(name=x.name, role=x.role, objects=list(x.objects), executes=x.role == "primary_text")
+        for x in g.components
     ])
 
 
@@ -118,7 +116,7 @@ def show_operands(session, node: planner.ShowOperands) -> R.OperandsResult:
 
     def add(stage: str, idx: int | None, op) -> None:
         for role, ref in op.operands.items():
-            rows.append(R.OperandRow(stage=stage, layer=idx, op=op.kind, op_role=getattr(op, "role", "") or "",
+            rows.append(R.OperandRow(stage=stage, layer=idx, op=op.kind, op_role=op.role,
                                      role=role, object=ref.object, tensor=ref.tensor, dtype=ref.dtype,
                                      shape=list(ref.shape), bytes=ref.nbytes))
 

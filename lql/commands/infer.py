@@ -4,10 +4,8 @@ generation keeps the tokens produced so far (the result is marked interrupted)."
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -73,10 +71,6 @@ def speculate(session, node: planner.Speculate) -> R.SpeculateResult:
     c = session.container
     cat = session.catalog
     prompt = prompt_info(node.prompt)
-    kwargs: dict[str, Any] = {}
-    params = inspect.signature(draft.speculative_generate).parameters
-    if "compare_plain" in params:
-        kwargs["compare_plain"] = node.compare
     produced: list[int] = []
     hook = session.on_token
 
@@ -87,19 +81,19 @@ def speculate(session, node: planner.Speculate) -> R.SpeculateResult:
 
     try:
         res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, node.draft.depth, node.lookahead,
-                                         on_token=on_token, **kwargs)
+                                         on_token=on_token, compare_plain=node.compare)
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
         return R.SpeculateResult(prompt=prompt, depth=node.draft.depth, lookahead=node.lookahead,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)
-    plain = getattr(res, "plain", None)
+    plain = res.plain
     return R.SpeculateResult(
         prompt=prompt, depth=res.depth, lookahead=res.lookahead, generated_ids=list(res.tokens),
         generated_text=cat.decode(list(res.tokens)), rounds=res.rounds, proposed=res.proposed,
         accepted=res.accepted, acceptance_rate=res.acceptance_rate, tokens_per_full_step=res.tokens_per_full_step,
-        full_model_calls=res.full_model_calls, rollback=res.rollback, matches_plain=getattr(res, "matches_plain", None),
+        full_model_calls=res.full_model_calls, rollback=res.rollback, matches_plain=res.matches_plain,
         timing=R.Timing(prepare_seconds=res.prepare_seconds, decode_seconds=res.seconds,
                         tokens_per_second=res.tokens_per_second),
-        speedup=getattr(res, "speedup", None),
+        speedup=res.speedup,
         plain_tokens_per_second=plain.tokens_per_second if plain is not None else None,
     )
 

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
-import inspect
-
 from .. import planner
 from .. import results as R
 from ..binding import vindex3
-from ..errors import NotAvailable
 from . import command
 
 
@@ -20,16 +16,9 @@ def mix(container) -> list[R.MixEntry]:
 def open_container(session, node: planner.Open) -> R.OpenResult:
     v = vindex3()
     if node.default:
-        try:
-            default_model = importlib.import_module("vindex3.default_model")
-        except ImportError as e:
-            raise NotAvailable(f"OPEN DEFAULT is not available in this build (vindex3.default_model "
-                               f"cannot be imported: {e})") from None
-        ensure = default_model.ensure
-        if "progress" in inspect.signature(ensure).parameters:
-            path = ensure(progress=session.on_progress)
-        else:
-            path = ensure()
+        from vindex3 import default_model
+
+        path = default_model.ensure(progress=session.on_progress)
     else:
         path = node.path
     c = v.open(path)
