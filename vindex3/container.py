@@ -189,10 +189,17 @@ class Container:
         """Where an executor reads this container's operands: its mapped segments."""
         return SegmentSource(self.segments)
 
-    def executor(self, slice: "ExecutionSlice | None" = None) -> "Executor":
+    def executor(self, slice: "ExecutionSlice | None" = None, *, shards=None) -> "Executor":
+        """An executor for ``slice`` (default Full()). With ``shards`` (a count, a ranges string
+        "0-14,15-29" or a list of LayerRanges) the layers run as Ray actors and the ends here:
+        a `vindex3.shards.ShardedExecutor`, byte-identical to one process (see docs/distributed.md)."""
         from .exec.engine import Executor
         from .exec.slice import Full
 
+        if shards is not None:
+            from .shards import sharded
+
+            return sharded(self, shards).executor(slice or Full())
         return Executor(self._op_plan, self.tensor_source(), slice or Full())
 
     # -- integrity -------------------------------------------------------------------------
