@@ -23,12 +23,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import numpy as np  # noqa: E402
+import numpy as np
+from machine import facts
 
-import vindex3  # noqa: E402
-from vindex3 import jsonio  # noqa: E402
-from machine import facts  # noqa: E402
-from vindex3.draft.machine import machine_facts  # noqa: E402
+import vindex3
+from vindex3 import jsonio
+from vindex3.draft.machine import machine_facts
 
 PROMPT = "The capital of France is Paris, the capital of Italy is Rome, and the capital of Spain is"
 
