@@ -170,7 +170,7 @@ class Shard:
         ray = _ray()
         if isinstance(e, ray.exceptions.GetTimeoutError):
             return ShardTimeout(f"{self.label} did not answer within {self.model.timeout:g} s while {doing}; it was "
-                                "stopped and will be recreated on the next call", shard=self.name,
+                                "stopped; the next call recreates it and replays the stream onto it", shard=self.name,
                                 layers=(self.range.start, self.range.end))
         if isinstance(e, ray.exceptions.RayTaskError):
             cause = getattr(e, "cause", None)
@@ -179,8 +179,8 @@ class Shard:
             return ShardError(f"{self.label} failed while {doing}: {type(cause).__name__ if cause else 'error'}: {cause or e}")
         if isinstance(e, (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError)):
             return ShardFailed(f"{self.label} died while {doing} (its actor is gone: {type(e).__name__}); the next call "
-                               "recreates it", shard=self.name, layers=(self.range.start, self.range.end),
-                               hint="run the statement again: a fresh stream replays from the prompt")
+                               "recreates it and replays the stream onto it", shard=self.name,
+                               layers=(self.range.start, self.range.end), hint="retry the call (or the statement)")
         if isinstance(e, VindexError):
             return e
         return ShardError(f"{self.label} failed while {doing}: {type(e).__name__}: {e}")
@@ -301,9 +301,10 @@ class ShardedTrace(ExecutionTrace):
     shard_calls: dict[str, int] = field(default_factory=dict)  # every shard of the model, 0 if never called
     shard_seconds: dict[str, float] = field(default_factory=dict)  # in-actor compute seconds
     transfer_bytes: int = 0  # hidden-state bytes moved between driver and shards, and shard to shard
+    replays: int = 0  # times the stream rebuilt its state on recreated shards after a fault
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ShardSnapshot:
     """A handle on a snapshot that lives in the shards (the state never leaves them)."""
 
@@ -312,15 +313,31 @@ class ShardSnapshot:
     position: int
 
 
-def _release(handles: list, sid: str, key: int | None) -> None:
+class _Remote:
+    """A stream's identity on the shards: its id there and the actors holding its state. When
+    the stream is rebuilt on a recreated shard it gets a new id; finalizers hold this object, not
+    the stream, so they release whatever the stream's state is at the time."""
+
+    def __init__(self) -> None:
+        self.sid = ""
+        self.handles: list = []
+        self.renew()
+
+    def renew(self) -> None:
+        _release(self, None)
+        self.sid = uuid.uuid4().hex
+        self.handles = []
+
+
+def _release(remote: _Remote, key: int | None) -> None:
     import sys
 
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():  # never start a runtime just to forget something
         return
-    for actor in handles:
+    for actor in remote.handles:
         with contextlib.suppress(Exception):  # the actor is gone: nothing to release
-            actor.release.remote(sid, key)
+            actor.release.remote(remote.sid, key)
 
 
 class ShardedExecutor:
@@ -373,64 +390,98 @@ class ShardedExecutor:
 
 
 class ShardedStream:
-    """One token continuation over the shards, with the token `Stream` API."""
+    """One token continuation over the shards, with the token `Stream` API.
 
-    _ids = itertools.count()
+    The stream keeps a log of the calls that completed (token prefills, snapshots, restores,
+    truncations: ids and keys, no tensors). When a call fails in a shard (the actor died, stalled
+    past the time limit, or refused), the error names the shard and the stream is marked stale;
+    the next call rebuilds its state on fresh shard streams by replaying the log — the same
+    passes in the same order, so the same bytes — and then runs. A failed call never counts:
+    retrying it gives what it would have given."""
 
     def __init__(self, ex: ShardedExecutor):
         self.ex = ex
-        self.sid = f"{uuid.uuid4().hex[:12]}-{next(self._ids)}"
+        self.id = uuid.uuid4().hex
         self.trace = ex.new_trace()
         self.last_hidden: np.ndarray | None = None
         self._position = 0
         self._keys = itertools.count()
-        self._broken: str | None = None
-        # The actor generation each shard had when this stream started: a recreated shard has
-        # lost this stream's state, and the stream says so instead of computing from nothing.
+        self._log: list[tuple] = []
+        self._live: weakref.WeakValueDictionary[int, ShardSnapshot] = weakref.WeakValueDictionary()
+        self._stale: str | None = None
+        self._replaying = False
+        # The actor generation each shard had when this stream's state was put there: a
+        # recreated shard has lost it, and the stream rebuilds instead of computing from nothing.
         self._gen: dict[str, int] = {}
-        self._handles: list = []
-        self._fin = weakref.finalize(self, _release, self._handles, self.sid, None)
+        self._remote = _Remote()
+        weakref.finalize(self, _release, self._remote, None)
 
     @property
     def position(self) -> int:
         return self._position
 
+    @property
+    def sid(self) -> str:
+        return self._remote.sid
+
     # -- plumbing -------------------------------------------------------------------------------
     def _ready(self) -> list[tuple[Shard, int]]:
-        if self._broken:
-            raise StateError(f"this stream can no longer continue: {self._broken}",
-                             hint="start a new stream (run the statement again); the shard set recreates what it lost")
-        for s, _ in self.ex.hops:
-            g = self._gen.get(s.name)
-            if g is not None and (s.actor is None or s.generation != g):
-                self._broken = (f"{s.label} was recreated after it {s.lost or 'failed'}, so this stream's state on it "
-                                "is gone")
-                raise StateError(f"this stream can no longer continue: {self._broken}",
-                                 hint="start a new stream (run the statement again)")
-        for s, _ in self.ex.hops:
+        hops = self.ex.hops
+        lost = [s for s, _ in hops if s.name in self._gen and (s.actor is None or s.generation != self._gen[s.name])]
+        if (self._stale or lost) and not self._replaying:
+            self._rebuild()
+        for s, _ in hops:
             if s.actor is None:
                 self.ex.model.start_shards([s])
             if s.name not in self._gen:
                 self._gen[s.name] = s.generation
-                self._handles.append(s.actor)
-        return self.ex.hops
+                self._remote.handles.append(s.actor)
+        return hops
+
+    def _rebuild(self) -> None:
+        """Fresh shard streams, then every logged call again, in order."""
+        self._remote.renew()
+        self._gen = {}
+        self._stale = None
+        self._position = 0
+        self._replaying = True
+        try:
+            for op, *args in self._log:
+                if op == "prefill":
+                    self._run(self.ex.model.ends._embed(args[0]))
+                elif op == "snapshot":
+                    self._broadcast("snapshot", args[0])
+                elif op == "restore":
+                    self._broadcast("restore", args[0])
+                    self._position = args[1]
+                elif op == "truncate":
+                    self._broadcast("truncate", args[0])
+                    self._position = args[0]
+        except BaseException:
+            self._stale = self._stale or "its rebuild was interrupted"
+            raise
+        finally:
+            self._replaying = False
+        for key in {a[0] for op, *a in self._log if op == "snapshot"} - set(self._live.keys()):
+            _release(self._remote, key)  # snapshots nobody holds any more
+        self.trace.replays += 1
 
     def _collect(self, refs: list, doing: str, deadline: float) -> list:
         """Results of one call per hop, in pipeline order; the first shard that failed or stalled
-        is reported by name and this stream is marked unusable."""
+        is reported by name and the stream is marked stale (rebuilt on its next call)."""
         ray = _ray()
         out = []
         for (s, _), ref in zip(self.ex.hops, refs):
             try:
                 out.append(ray.get(ref, timeout=max(0.0, deadline - time.monotonic())))
             except KeyboardInterrupt:
-                self._broken = f"it was interrupted while {doing}"
+                self._stale = f"it was interrupted while {doing}"
                 raise
             except ray.exceptions.RayError as e:
                 err = s._translate(e, doing)
                 if isinstance(err, ShardFailed):
                     s.drop("timed out" if isinstance(err, ShardTimeout) else "died")
-                self._broken = f"{s.label} failed while {doing}: {err.message}"
+                self._stale = f"{s.label} failed while {doing}"
                 raise err from None
         return out
 
@@ -442,15 +493,9 @@ class ShardedStream:
             self.trace.shard_calls[s.name] += 1
         return self._collect(refs, method, deadline)
 
-    # -- the Stream API --------------------------------------------------------------------------
-    def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
-        ends = self.ex.model.ends
-        h = ends._embed(token_ids)  # bad ids are refused here, before any shard is called
-        T = h.shape[0]
-        if T == 0:
-            raise SliceError("no positions to run")
+    def _run(self, h: np.ndarray) -> tuple[np.ndarray, list]:
+        """Hidden states [T, H] through every hop; the last shard's output and the reports."""
         hops = self._ready()
-        t0 = time.perf_counter()
         deadline = time.monotonic() + self.ex.model.timeout
         x, infos = h, []
         for s, end in hops:
@@ -458,23 +503,34 @@ class ShardedStream:
             infos.append(info)
             self.trace.shard_calls[s.name] += 1
         got = self._collect(infos, "running a pass", deadline)
-        h = _ray().get(x, timeout=max(0.0, deadline - time.monotonic()))
-        layers, owners = [], []
-        for (s, _), info in zip(hops, got):
-            layers += info["layers"]
-            owners += [s.name] * len(info["layers"])
-            self.trace.shard_seconds[s.name] += info["seconds"]
+        out = _ray().get(x, timeout=max(0.0, deadline - time.monotonic()))
+        layers = [i for info in got for i in info["layers"]]
         if layers != self.ex.layers:  # every layer once, in order: checked on every pass
-            self._broken = f"the shards ran layers {layers}, the plan is {self.ex.layers}"
+            self._stale = "a pass ran the wrong layers"
             raise ShardError(f"sharded pass ran layers {layers}, but {self.ex.slice.describe()} runs {self.ex.layers}")
+        self._position += h.shape[0]
+        return out, got
+
+    # -- the Stream API --------------------------------------------------------------------------
+    def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
+        ends = self.ex.model.ends
+        h = ends._embed(token_ids)  # bad ids are refused here, before any shard is called
+        T = h.shape[0]
+        if T == 0:
+            raise SliceError("no positions to run")
+        t0 = time.perf_counter()
+        h, got = self._run(h)
+        self._log.append(("prefill", np.asarray(token_ids, dtype=np.int64).reshape(-1).tolist()))
         out = ends.logits(h, T, last_only)
-        self._position += T
         self.last_hidden = h
         tr = self.trace
-        tr.executed_layers, tr.layer_shards = layers, owners
+        tr.executed_layers = [i for info in got for i in info["layers"]]
+        tr.layer_shards = [s.name for (s, _), info in zip(self.ex.hops, got) for _ in info["layers"]]
+        for (s, _), info in zip(self.ex.hops, got):
+            tr.shard_seconds[s.name] += info["seconds"]
         tr.positions += T
         tr.step_seconds.append(time.perf_counter() - t0)
-        tr.transfer_bytes += (len(hops) + 1) * h.nbytes
+        tr.transfer_bytes += (len(self.ex.hops) + 1) * h.nbytes
         self.ex._last = self
         return out
 
@@ -484,14 +540,17 @@ class ShardedStream:
     def snapshot(self) -> ShardSnapshot:
         key = next(self._keys)
         self._broadcast("snapshot", key)
-        snap = ShardSnapshot(self.sid, key, self._position)
-        weakref.finalize(snap, _release, [s.actor for s, _ in self.ex.hops], self.sid, key)
+        self._log.append(("snapshot", key))
+        snap = ShardSnapshot(self.id, key, self._position)
+        self._live[key] = snap
+        weakref.finalize(snap, _release, self._remote, key)
         return snap
 
     def restore(self, snap: Any) -> None:
-        if not isinstance(snap, ShardSnapshot) or snap.stream != self.sid:
+        if not isinstance(snap, ShardSnapshot) or snap.stream != self.id:
             raise StateError("restore() takes a snapshot returned by snapshot() of this stream")
         self._broadcast("restore", snap.key)
+        self._log.append(("restore", snap.key, snap.position))
         self._position = snap.position
 
     def truncate(self, position: int) -> None:
@@ -506,6 +565,7 @@ class ShardedStream:
             raise StateError(f"cannot truncate: layers {held[:4]}{more} keep recurrent state, which rolls back only "
                              "through snapshot() and restore()")
         self._broadcast("truncate", position)
+        self._log.append(("truncate", position))
         self._position = position
 
     def state_bytes(self) -> dict[str, int]:
