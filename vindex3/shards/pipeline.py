@@ -146,7 +146,7 @@ class Shard:
             facts = ray.get(actor.open.remote(self.spec), timeout=m.open_timeout)
         except ray.exceptions.RayError as e:
             ray.kill(actor, no_restart=True)
-            raise self._translate(e, "opening") from None
+            raise self._translate(e, "opening", m.open_timeout) from None
         want = m.blas
         got = [{k: b[k] for k in ("api", "version", "architecture", "threads")} for b in facts["blas"]]
         if got != want or facts["decode_threads"] != m.decode_threads:
@@ -166,10 +166,12 @@ class Shard:
                 _ray().kill(self.actor, no_restart=True)
         self.actor, self.lost = None, why
 
-    def _translate(self, e: BaseException, doing: str) -> VindexError:
+    def _translate(self, e: BaseException, doing: str, limit: float | None = None) -> VindexError:
+        """A Ray failure as a typed refusal naming this shard and its layers."""
         ray = _ray()
         if isinstance(e, ray.exceptions.GetTimeoutError):
-            return ShardTimeout(f"{self.label} did not answer within {self.model.timeout:g} s while {doing}; it was "
+            limit = self.model.timeout if limit is None else limit
+            return ShardTimeout(f"{self.label} did not answer within {limit:g} s while {doing}; it was "
                                 "stopped; the next call recreates it and replays the stream onto it", shard=self.name,
                                 layers=(self.range.start, self.range.end))
         if isinstance(e, ray.exceptions.RayTaskError):
