@@ -67,8 +67,8 @@ def models(ray_cluster, containers):
         c = vindex3.open(containers(family))
         ranges = vindex3.shards.split.resolve(len(c.op_plan().layers), shards)
         key = (family, tuple((r.start, r.end) for r in ranges), tuple(sorted(options.items())))
-        if key not in made:
-            made[key] = (c, vindex3.shards.shard(c, ranges, **options))
+        if key not in made:  # the model Container.executor(shards=) uses, cached on the container
+            made[key] = (c, vindex3.shards.sharded(c, ranges, **options))
         return made[key]
 
     yield get
@@ -155,6 +155,18 @@ def test_sharded_output_is_byte_identical_to_one_process(models, family, split):
     one = c.executor().start()
     one.prefill(IDS[:5])
     assert st.last_hidden.dtype == np.float32 and np.array_equal(st.last_hidden, one.last_hidden)
+
+
+def test_container_executor_with_shards_shares_one_set_of_actors_across_slices(models):
+    c, m = models("llama", 2)
+    full, draft = c.executor(shards=2), c.executor(Draft(3), shards="0-1,2-3")
+    assert full.model is m and draft.model is m  # one split, one model, the same actors
+    assert isinstance(full, vindex3.shards.ShardedExecutor)
+    assert np.array_equal(full.forward(IDS[:5]), c.executor().forward(IDS[:5]))
+    assert np.array_equal(draft.forward(IDS[:5]), c.executor(Draft(3)).forward(IDS[:5]))
+    assert full.trace.executed_layers == [0, 1, 2, 3] and draft.trace.executed_layers == [0, 1, 2]
+    with pytest.raises(vindex3.errors.SliceError, match="runs Full"):
+        c.executor(LayerRange(0, 2), shards=2)
 
 
 def test_state_lives_in_the_shards_and_matches_one_process_bytes(models):
