@@ -343,6 +343,7 @@ def test_shard_containers_hold_only_their_layers_and_run_identically(ray_cluster
         held = {(o, n) for o, s in member.segments.items() for n in s.entries}
         want = {(r.object, r.tensor) for i in range(*e["layers"]) for r in plan.layers[i].operands()}
         assert held == want
+    assert all(vindex3.verify(out / e["path"]).ok for e in m["shards"] + [m["ends"]])  # members verify as usual
     ends = ShardContainer(out / "ends")
     assert set(ends.segments) == {"embedding", "final_norm"}  # tied head: no output_head object
     assert ends.has_tokenizer and ends.digest == c.digest
@@ -380,6 +381,8 @@ def test_the_manifest_is_checked_against_each_shard_index_before_the_first_call(
         open_set(out)
     with pytest.raises(ShardError, match="has no manifest.json"):
         open_set(out / "shard-0")
+    with pytest.raises(ShardError, match="shard-0 is a member of a shard set .* not a whole container"):
+        vindex3.open(out / "shard-0")
 
 
 def test_a_failed_shard_write_leaves_nothing_behind(containers, tmp_path, monkeypatch):

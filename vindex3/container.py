@@ -79,6 +79,12 @@ class Container:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.index = read_index(self.path)
+        if isinstance(self.index.get("shard"), dict):  # a member of a shard set holds part of a model
+            from .shards.errors import ShardError
+
+            raise ShardError(f"{self.path.name} is a member of a shard set (it holds part of "
+                             f"{self.index['shard'].get('parent_name', 'a model')}); it is not a whole container",
+                             hint="open the shard set's directory with vindex3.shards.open_set")
         gp = self.path / GRAPH
         if not gp.exists():
             raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container")

@@ -487,6 +487,19 @@ class ShardedStream:
                 raise err from None
         return out
 
+    def _collect_last(self, ref, deadline: float) -> np.ndarray:
+        """The last shard's hidden states (its report already arrived, so this is a fetch)."""
+        ray = _ray()
+        s = self.ex.hops[-1][0]
+        try:
+            return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.RayError as e:
+            err = s._translate(e, "handing back its hidden states")
+            if isinstance(err, ShardFailed):
+                s.drop("timed out" if isinstance(err, ShardTimeout) else "died")
+            self._stale = f"{s.label} failed while handing back its hidden states"
+            raise err from None
+
     def _broadcast(self, method: str, *args) -> list:
         hops = self._ready()
         deadline = time.monotonic() + self.ex.model.timeout
@@ -505,7 +518,7 @@ class ShardedStream:
             infos.append(info)
             self.trace.shard_calls[s.name] += 1
         got = self._collect(infos, "running a pass", deadline)
-        out = _ray().get(x, timeout=max(0.0, deadline - time.monotonic()))
+        out = self._collect_last(x, deadline)
         layers = [i for info in got for i in info["layers"]]
         if layers != self.ex.layers:  # every layer once, in order: checked on every pass
             self._stale = "a pass ran the wrong layers"
