@@ -1,4 +1,4 @@
-"""`vindex3` command line: plan, encode, inspect, verify, ops, exec, default, label."""
+"""`vindex3` command line: plan, encode, inspect, verify, ops, exec, shard, default, label."""
 
 from __future__ import annotations
 
@@ -195,6 +195,24 @@ def cmd_exec(a) -> int:
     return 0
 
 
+def cmd_shard(a) -> int:
+    from .shards import write_shards
+    from .shards.store import read_manifest
+
+    if (a.ranges is None) == (a.shards is None):
+        raise VindexError("shard needs exactly one of --ranges 0-14,15-29 or --shards N")
+    out = write_shards(a.src, a.out, a.ranges if a.ranges is not None else a.shards)
+    m = read_manifest(out)
+    if a.json:
+        _print_json(m)
+        return 0
+    print(f"sharded {m['parent']['name']} (digest {m['parent']['digest'][:16]}…) -> {out}")
+    print(f"  ends: embedding, final norm, head, tokenizer ({m['ends']['path']})")
+    for e in m["shards"]:
+        print(f"  {e['name']}: layers {e['layers'][0]}..{e['layers'][1] - 1} ({e['path']})")
+    return 0
+
+
 def cmd_default(a) -> int:
     from . import default_model
     from .progress import terminal_progress
@@ -257,6 +275,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--logit-dump", metavar="FILE")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_exec)
+
+    s = sub.add_parser("shard", help="write shard containers: each holds only its layers' segments, plus a manifest")
+    s.add_argument("src")
+    s.add_argument("out")
+    s.add_argument("--ranges", help="inclusive layer ranges, e.g. 0-14,15-29")
+    s.add_argument("--shards", type=int, help="an even split into N shards")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_shard)
 
     s = sub.add_parser("default", help="encode the built-in default model once and print its container path")
     s.add_argument("--json", action="store_true")

@@ -76,6 +76,12 @@ class Container:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.index = read_index(self.path)
+        if isinstance(self.index.get("shard"), dict):  # a member of a shard set holds part of a model
+            from .shards.errors import ShardError
+
+            raise ShardError(f"{self.path.name} is a member of a shard set (it holds part of "
+                             f"{self.index['shard'].get('parent_name', 'a model')}); it is not a whole container",
+                             hint="open the shard set's directory with vindex3.shards.open_set")
         gp = self.path / GRAPH
         if not gp.exists():
             raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container")
@@ -186,10 +192,17 @@ class Container:
         """Where an executor reads this container's operands: its mapped segments."""
         return SegmentSource(self.segments)
 
-    def executor(self, slice: "ExecutionSlice | None" = None) -> "Executor":
+    def executor(self, slice: "ExecutionSlice | None" = None, *, shards=None) -> "Executor":
+        """An executor for ``slice`` (default Full()). With ``shards`` (a count, a ranges string
+        "0-14,15-29" or a list of LayerRanges) the layers run as Ray actors and the ends here:
+        a `vindex3.shards.ShardedExecutor`, byte-identical to one process (see docs/distributed.md)."""
         from .exec.engine import Executor
         from .exec.slice import Full
 
+        if shards is not None:
+            from .shards import sharded
+
+            return sharded(self, shards).executor(slice or Full())
         return Executor(self._op_plan, self.tensor_source(), slice or Full())
 
     # -- integrity -------------------------------------------------------------------------
