@@ -61,6 +61,7 @@ class Open(Statement):
     kind: Literal["open"] = "open"
     path: str | None = None  # None with default=True
     default: bool = False
+    shards: int | None = None  # SHARDS n: run the layers as n Ray actors (vindex3.shards)
 
 
 class Stats(Statement):

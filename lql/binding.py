@@ -50,6 +50,29 @@ def draft_module(what: str):
     return vindex3.draft
 
 
+def placement_info(container, sl, positions: int = 0):
+    """Where a sharded model's parts run, for a slice (None when the model runs in this
+    process). Reads no tensor data and calls no actor."""
+    from vindex3.shards import ShardedModel
+
+    from . import results as R
+
+    if not isinstance(container, ShardedModel):
+        return None
+    p = container.placement(sl, positions=positions)
+    return R.PlacementInfo(
+        slice=p.slice, positions=p.positions, driver_holds=list(p.driver.get("holds", [])),
+        driver_weight_bytes=int(p.driver.get("weight_bytes", 0)),
+        shards=[R.ShardRow(name=s.name, layers=list(s.layers), actor=s.actor, pid=s.pid, weight_bytes=s.weight_bytes,
+                           state_bytes_per_position=s.state_bytes_per_position, fixed_state_bytes=s.fixed_state_bytes,
+                           state_bytes=s.state_bytes) for s in p.shards],
+        untouched=list(p.untouched), hops_per_position=p.hops_per_position,
+        bytes_per_hop_per_position=p.bytes_per_hop_per_position,
+        bytes_between_shards_per_position=p.bytes_between_shards_per_position,
+        bytes_moved_per_position=p.bytes_moved_per_position,
+    )
+
+
 def slice_of(depth: int | None):
     """The vindex3 execution slice for a draft depth (None: the full model)."""
     v = vindex3()

@@ -18,8 +18,9 @@ class StatementDoc:
 
 
 STATEMENTS: tuple[StatementDoc, ...] = (
-    StatementDoc("OPEN", "OPEN 'path' | USE 'path' | OPEN DEFAULT",
-                 "bind a container (OPEN DEFAULT: the built-in default model, encoded on first use)",
+    StatementDoc("OPEN", "OPEN 'path' [SHARDS n] | USE 'path' | OPEN DEFAULT [SHARDS n]",
+                 "bind a container (OPEN DEFAULT: the built-in default model, encoded on first use; "
+                 "SHARDS n: its layers run as n Ray actors)",
                  "OPEN 'model.vindex3';"),
     StatementDoc("STATS", "STATS [AT n POSITIONS]",
                  "the container's facts: layers, operator mix, objects, continuation state in bytes",
@@ -134,12 +135,20 @@ def _count(v: Any) -> int:
     raise ValueError("takes a whole number of at least 1")
 
 
+def _count0(v: Any) -> int:
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+        return v
+    raise ValueError("takes a whole number (0 for none)")
+
+
 SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("format", "text", "output format: text, json, csv, tsv, markdown or jsonl",
                _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
     SettingDoc("timing", True, "show timings: wall time per statement, prepare, prefill, tok/s", _switch),
     SettingDoc("top", 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
     SettingDoc("lookahead", 4, "draft tokens SPECULATE proposes per round when LOOKAHEAD is not given", _count),
+    SettingDoc("shards", 0, "run the layers as this many Ray actors (0: in this process); applies to the bound model",
+               _count0),
     SettingDoc("compare", True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),
     SettingDoc("chat", False, "INFER wraps text prompts in the model's chat template (as CHAT does)", _switch),
     SettingDoc("expanded", "off", "tables one field per line: on, off, or auto (when too wide)",

@@ -193,10 +193,10 @@ class ToAst(Transformer):
 
     # statements
     def open_path(self, meta, c):
-        return ast.Open(path=_unquote(c[1]), **self._pos(meta))
+        return ast.Open(path=_unquote(c[1]), shards=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
 
     def open_default(self, meta, c):
-        return ast.Open(default=True, **self._pos(meta))
+        return ast.Open(default=True, shards=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
 
     def stats_stmt(self, meta, c):
         return ast.Stats(positions=_int(c[2]) if c[2] is not None else None, **self._pos(meta))

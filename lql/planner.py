@@ -64,6 +64,7 @@ class BoundPrompt:
 class Open(Node):
     path: str | None
     default: bool
+    shards: int  # 0: one process; n: n layer-range actors
 
 
 @dataclass(frozen=True, eq=False)
@@ -337,7 +338,8 @@ def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat:
 
 @plans(ast.Open)
 def _open(s: ast.Open, ctx: Context) -> Node:
-    return Open(s, path=s.path, default=s.default)
+    _positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
+    return Open(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings["shards"])
 
 
 @plans(ast.Stats, needs_container=True)

@@ -206,12 +206,37 @@ def _open(r: R.OpenResult, timing: bool) -> list[str]:
         ("operators", fmt_mix(r.operator_mix)),
         ("tokenizer", "yes" if r.tokenizer else "no (use INFER TOKENS (...))"),
         ("draft", None if r.draft_reset is None else f"DRAFT DEPTH {r.draft_reset} cleared; the full model runs"),
+        ("shards", f"{r.shards} layer-range actors (Ray)" if r.shards else None),
+    ])
+    return out
+
+
+def _placement(p: R.PlacementInfo | None) -> list[str]:
+    """The shard placement of a sharded model: who holds which layers, and the bytes that cross."""
+    if p is None:
+        return []
+    out = ["", f"placement ({p.slice}; state at {p.positions:,} positions)"]
+    rows = [["driver", ", ".join(p.driver_holds), "-", "-", fmt_int(p.driver_weight_bytes), "-", "-", "-"]]
+    rows += [[s.name, layers_phrase(list(range(s.layers[0], s.layers[1] + 1))), s.actor or "(not started)",
+              "-" if s.pid is None else str(s.pid), fmt_int(s.weight_bytes), fmt_int(s.state_bytes_per_position),
+              fmt_int(s.fixed_state_bytes), fmt_int(s.state_bytes)] for s in p.shards]
+    out += table(["part", "holds", "actor", "pid", "weight bytes", "state bytes/position", "fixed state bytes",
+                  "state bytes"], rows, right=(4, 5, 6, 7))
+    out += fields([
+        ("not called", ", ".join(p.untouched) if p.untouched else None),
+        ("crossing", f"{fmt_bytes(p.bytes_per_hop_per_position)} per hop per position, {p.hops_per_position} hops: "
+                     f"{fmt_bytes(p.bytes_moved_per_position)} per position "
+                     f"({fmt_bytes(p.bytes_between_shards_per_position)} between shards)"),
     ])
     return out
 
 
 @_layout(R.StatsResult)
 def _stats(r: R.StatsResult, timing: bool) -> list[str]:
+    return _stats_facts(r) + _placement(r.placement)
+
+
+def _stats_facts(r: R.StatsResult) -> list[str]:
     c = r.continuation
     out = fields([
         ("model", r.name),
@@ -275,6 +300,10 @@ def _operand_rows(ops: Sequence[R.OpInfo], with_params: bool, skip_params_of: st
 
 @_layout(R.ExplainResult)
 def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
+    return _explain_plan(r) + _placement(r.placement)
+
+
+def _explain_plan(r: R.ExplainResult) -> list[str]:
     head = f"plan: {r.slice}, {layers_phrase(r.executed_layers)} of {r.model_layers}"
     out = [head]
     if r.skipped_layers:

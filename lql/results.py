@@ -128,6 +128,7 @@ class OpenResult(Result):
     tokenizer: bool
     generation: int
     draft_reset: int | None = None  # the session's draft depth that OPEN cleared
+    shards: int = 0  # layer-range actors the model runs in (0: this process)
 
 
 class ObjectRow(BaseModel):
@@ -150,6 +151,32 @@ class ContinuationSummary(BaseModel):
     stateless_layers: int
 
 
+class ShardRow(BaseModel):
+    name: str
+    layers: list[int]  # [first, last] held
+    actor: str | None
+    pid: int | None
+    weight_bytes: int
+    state_bytes_per_position: int
+    fixed_state_bytes: int
+    state_bytes: int
+
+
+class PlacementInfo(BaseModel):
+    """Where a sharded model's parts run and what crosses between them per position."""
+
+    slice: str
+    positions: int
+    driver_holds: list[str]
+    driver_weight_bytes: int
+    shards: list[ShardRow]
+    untouched: list[str]  # shards the slice never calls
+    hops_per_position: int
+    bytes_per_hop_per_position: int
+    bytes_between_shards_per_position: int
+    bytes_moved_per_position: int
+
+
 class StatsResult(Result):
     kind: Literal["stats"] = "stats"
     name: str
@@ -169,6 +196,7 @@ class StatsResult(Result):
     continuation: ContinuationSummary
     positions: int | None = None
     state_bytes_at_positions: int | None = None
+    placement: PlacementInfo | None = None  # when the model runs as shards
 
 
 class ExplainStep(BaseModel):
@@ -203,6 +231,7 @@ class ExplainResult(Result):
     operation: str | None = None  # what the explained INFER runs on this plan
     steps: list[ExplainStep]
     reads: ReadCost
+    placement: PlacementInfo | None = None  # when the model runs as shards
 
 
 class LayerRow(BaseModel):

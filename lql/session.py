@@ -34,7 +34,8 @@ class Session:
 
     def __init__(self, path: str | Path | None = None, *, on_token: TokenHook | None = None,
                  on_progress: ProgressHook | None = None):
-        self.container = None
+        self.container = None  # what statements run on: the container, or its sharded view
+        self.base_container = None  # the opened container itself
         self.catalog: Catalog | None = None
         self.default_model = False
         self.draft_depth: int | None = None
@@ -109,11 +110,32 @@ class Session:
         """What the planner may know about this session."""
         return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=dict(self.settings))
 
-    def bind(self, container, *, default_model: bool = False) -> None:
-        """Bind ``container``: a fresh catalog, no executors, no draft depth."""
+    def bind(self, container, *, default_model: bool = False, shards: int = 0) -> None:
+        """Bind ``container``: a fresh catalog, no executors, no draft depth. ``shards`` > 0 runs
+        its layers as that many Ray actors (vindex3.shards), with the same answers."""
+        model = container
+        if shards:
+            from vindex3 import shards as vshards
+
+            model = vshards.sharded(container, shards)
+        old = self.container
         # One assignment, so an interrupt cannot leave old executors bound to the new container.
-        self.container, self.catalog, self.default_model, self._executors, self.draft_depth = (
-            container, Catalog(container), bool(default_model), {}, None)
+        self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth = (
+            model, container, Catalog(model), bool(default_model), {}, None)
+        self.settings["shards"] = shards
+        self._release(old)
+
+    def reshard(self, shards: int) -> None:
+        """Run the bound model in ``shards`` actors (0: in this process); the draft depth stays."""
+        depth = self.draft_depth
+        self.bind(self.base_container, default_model=self.default_model, shards=shards)
+        self.draft_depth = depth
+
+    def _release(self, old) -> None:
+        from vindex3.shards import ShardedModel
+
+        if isinstance(old, ShardedModel) and old is not self.container:
+            old.close()
 
     def executor(self, depth: int | None) -> tuple[Any, bool]:
         """The executor for a depth (prepared once per session), and whether it was prepared now."""
@@ -126,7 +148,9 @@ class Session:
 
     def close(self) -> None:
         """Forget the bound container and every prepared executor."""
-        self.container = None
+        old = self.container
+        self.container = self.base_container = None
+        self._release(old)
         self.catalog = None
         self._executors.clear()
         self.draft_depth = None

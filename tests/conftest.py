@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures import FAMILIES, build_checkpoint
+from fixtures import FAMILIES, bounded, build_checkpoint
 
 
 def _need_transformers():
@@ -93,3 +93,22 @@ def smollm2_reference(smollm2_gguf):
     return AutoModelForCausalLM.from_pretrained(
         smollm2_gguf.parent, gguf_file=smollm2_gguf.name, dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for the whole run, on loopback, started and stopped in bounded time."""
+    try:
+        import ray
+    except ImportError as e:
+        pytest.skip(f"SKIPPED LOUDLY: Ray is not installed ({e}); install the extra: pip install 'lql-vindex3[ray]'")
+    from vindex3.shards import loopback_only
+
+    loopback_only()
+    with bounded(120, "starting a local Ray cluster"):
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    try:
+        yield ray
+    finally:
+        with bounded(60, "stopping the local Ray cluster"):
+            ray.shutdown()

@@ -5,7 +5,9 @@ ones and zeros. Everything is deterministic (fixed seeds)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +161,19 @@ def our_greedy(ex, ids, n):
 def token_by_token(ex, ids):
     st = ex.start()
     return np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:]])
+
+
+@contextlib.contextmanager
+def bounded(seconds: float, what: str):
+    """Fail (never hang) when ``what`` takes longer than ``seconds``."""
+
+    def on_alarm(signum, frame):
+        raise TimeoutError(f"{what} took longer than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)

@@ -15,9 +15,9 @@ from lql import results as R
 STATEMENTS = [
     ("STATS AT 16 POSITIONS", "stats", ["name", "path", "generation", "digest", "component", "role", "layers",
                                         "operator_mix", "objects", "parameters", "bytes", "vocab", "head_tied",
-                                        "tokenizer", "continuation", "positions", "state_bytes_at_positions"]),
+                                        "tokenizer", "continuation", "positions", "state_bytes_at_positions", "placement"]),
     ("EXPLAIN DRAFT DEPTH 1", "explain", ["slice", "depth", "model_layers", "executed_layers", "skipped_layers",
-                                          "prompt", "state_bytes_after_prompt", "operation", "steps", "reads"]),
+                                          "prompt", "state_bytes_after_prompt", "operation", "steps", "reads", "placement"]),
     ("SHOW LAYERS", "show_layers", ["model_layers", "layers"]),
     ("SHOW COMPONENTS", "show_components", ["components"]),
     ("SHOW REPRESENTATIONS", "show_representations", ["filter", "representations"]),

@@ -24,9 +24,11 @@ def one(text: str) -> dict:
 
 # statement text → the fields of its AST node
 CASES = [
-    ("OPEN 'm.vindex3'", {"kind": "open", "path": "m.vindex3", "default": False}),
-    ('use "m"', {"kind": "open", "path": "m", "default": False}),
-    ("OPEN DEFAULT", {"kind": "open", "path": None, "default": True}),
+    ("OPEN 'm.vindex3'", {"kind": "open", "path": "m.vindex3", "default": False, "shards": None}),
+    ('use "m"', {"kind": "open", "path": "m", "default": False, "shards": None}),
+    ("OPEN DEFAULT", {"kind": "open", "path": None, "default": True, "shards": None}),
+    ("OPEN 'm' SHARDS 2", {"kind": "open", "path": "m", "default": False, "shards": 2}),
+    ("open default shards 3", {"kind": "open", "path": None, "default": True, "shards": 3}),
     ("STATS", {"kind": "stats", "positions": None}),
     ("STATS AT 4096 POSITIONS", {"kind": "stats", "positions": 4096}),
     ("EXPLAIN", {"kind": "explain", "prompt": None, "depth": None, "infer": None}),

@@ -7,14 +7,12 @@ shut down at its end; every test skips loudly when Ray is not installed."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import signal
 import time
 
 import numpy as np
 import pytest
-from fixtures import our_greedy, token_by_token
+from fixtures import bounded, our_greedy, token_by_token
 
 import vindex3
 import vindex3.shards
@@ -22,40 +20,6 @@ from vindex3 import Draft, LayerRange
 from vindex3.errors import StateError
 
 IDS = [5, 17, 42, 7, 99, 3, 250, 12, 64, 8, 31, 77, 150, 9, 200, 45, 11, 120, 33, 21, 6, 88]  # 22 > SMALL_PASS
-
-
-@contextlib.contextmanager
-def bounded(seconds: float, what: str):
-    """Fail (never hang) when ``what`` takes longer than ``seconds``."""
-
-    def on_alarm(signum, frame):
-        raise TimeoutError(f"{what} took longer than {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    try:
-        import ray
-    except ImportError as e:
-        pytest.skip(f"SKIPPED LOUDLY: Ray is not installed ({e}); install the extra: pip install 'lql-vindex3[ray]'")
-    from vindex3.shards import loopback_only
-
-    loopback_only()
-    with bounded(120, "starting a local Ray cluster"):
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    try:
-        yield ray
-    finally:
-        with bounded(60, "stopping the local Ray cluster"):
-            ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from typing import Any
 
 from .. import planner
 from .. import results as R
+from ..binding import placement_info, slice_of
 from . import command
 
 
@@ -61,4 +62,5 @@ def explain(session, node: planner.Explain) -> R.ExplainResult:
         executed_layers=executed, skipped_layers=[i for i in range(c.graph.num_layers) if i not in executed],
         prompt=prompt, state_bytes_after_prompt=state,
         operation=target.describe() if target is not None else None, steps=steps, reads=sl.reads,
+        placement=placement_info(c, slice_of(sl.depth), len(prompt.ids) if prompt is not None else 0),
     )

@@ -23,10 +23,10 @@ def open_container(session, node: planner.Open) -> R.OpenResult:
         path = node.path
     c = v.open(path)
     cleared = session.draft_depth
-    session.bind(c, default_model=node.default)
+    session.bind(c, default_model=node.default, shards=node.shards)
     comp = c.graph.component
     return R.OpenResult(
         name=c.name, path=str(c.path), default_model=session.default_model, component=comp.name, role=comp.role,
         layers=c.graph.num_layers, operator_mix=mix(c), tokenizer=c.has_tokenizer,
-        generation=c.generation, draft_reset=cleared,
+        generation=c.generation, draft_reset=cleared, shards=node.shards,
     )

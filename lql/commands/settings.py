@@ -26,6 +26,8 @@ def show_settings(session, node: planner.ShowSettings) -> R.SettingsResult:
 @command(planner.SetSetting)
 def set_setting(session, node: planner.SetSetting) -> R.SetResult:
     previous = session.settings[node.name]
+    if node.name == "shards" and session.bound and node.value != previous:
+        session.reshard(node.value)  # the setting is the bound model's placement
     session.settings[node.name] = node.value
     return R.SetResult(name=node.name, value=setting_text(node.value), previous=setting_text(previous))
 
