@@ -561,8 +561,19 @@ def test_latent_rows_grow_truncate_and_roll_back():
     expect = [mla_step(xn[t], w, g, fresh) for t in range(50, 55)]
     assert all(np.array_equal(a, b) for a, b in zip(after, expect))
     assert np.array_equal(rows.view(), fresh.view())
-    rows.restore(snap)
-    assert len(rows) == 40 and np.array_equal(rows.view(), snap.view())
+    rows.restore(snap)  # a mark, not a copy: rows below 40 were never rewritten
+    assert len(rows) == 40 and np.array_equal(rows.view(), fresh.view()[:40])
+    mark = rows.snapshot()
+    rows.truncate(39)  # cuts below the mark: restoring it now would be wrong, so it is refused
+    with pytest.raises(StateError, match="truncated and rewritten"):
+        rows.restore(mark)
+    with pytest.raises(StateError, match="not a snapshot of them"):
+        fresh.restore(snap)
+    with pytest.raises(StateError, match="keeps no K rows"):
+        rows.k
+    with pytest.raises(StateError, match="keeps no V rows"):
+        rows.v
+    mla_step(xn[39], w, g, rows)
     with pytest.raises(StateError, match="truncate"):
         rows.truncate(41)
     with pytest.raises(StateError, match=str(g.latent_width)):

@@ -162,11 +162,13 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from vindex3.errors import ClosureError, GraphSchemaError, StateError
+from vindex3.exec.state import OpState
 
 __all__ = [
     "DECODE_MODE",
@@ -383,12 +385,29 @@ class MlaWeights:
         return self._absorbed
 
 
-class LatentRows:
+class _Mark:
+    """A snapshot of latent rows: the position count, valid while rows below it are untouched."""
+
+    __slots__ = ("positions", "valid", "__weakref__")
+
+    def __init__(self, positions: int):
+        self.positions = positions
+        self.valid = True
+
+    def __repr__(self) -> str:
+        return f"<latent rows mark at {self.positions}{'' if self.valid else ', invalidated'}>"
+
+
+class LatentRows(OpState):
     """One operator-defined float32 row per position ([positions, width]), growable: MLA keeps
     its normalised latent and rope key here. Rolled back by truncation (rows are only ever
-    appended), so a position's row never changes once written."""
+    appended), so a position's row never changes once written.
 
-    __slots__ = ("_buf", "_n", "width")
+    It keeps no K or V: asking it for them (``k``, ``v``) is refused by name. A snapshot is a
+    mark (the position count), not a copy: rows below it are never rewritten unless a truncation
+    cuts below it, which invalidates the mark, so restoring it is refused rather than wrong."""
+
+    __slots__ = ("_buf", "_marks", "_n", "width")
 
     def __init__(self, width: int, capacity: int = 0):
         if isinstance(width, bool) or not isinstance(width, int) or width < 1:
@@ -396,6 +415,7 @@ class LatentRows:
         self.width = width
         self._buf = np.zeros((max(0, int(capacity)), width), F32)
         self._n = 0
+        self._marks: weakref.WeakSet[_Mark] = weakref.WeakSet()
 
     @classmethod
     def for_geometry(cls, g: MlaGeometry, capacity: int = 0) -> LatentRows:
@@ -428,10 +448,28 @@ class LatentRows:
         v.flags.writeable = False
         return v
 
+    def _no_kv(self, what: str):
+        raise StateError(
+            f"an MLA layer keeps no {what} rows: its state is one latent row per position "
+            f"(width {self.width}: the normalised kv latent and the shared rope key); per-head keys "
+            "and values exist only transiently, reconstructed through kv_b_proj"
+        )
+
+    @property
+    def k(self):
+        self._no_kv("K")
+
+    @property
+    def v(self):
+        self._no_kv("V")
+
     def truncate(self, positions: int) -> None:
         """Forget every row from ``positions`` on (speculative rollback)."""
         if isinstance(positions, bool) or not isinstance(positions, int) or not 0 <= positions <= self._n:
             raise StateError(f"cannot truncate latent rows to {positions!r}: they hold {self._n} positions")
+        for m in list(self._marks):
+            if m.positions > positions:
+                m.valid = False
         self._n = positions
 
     @property
@@ -443,19 +481,28 @@ class LatentRows:
     def capacity_nbytes(self) -> int:
         return self._buf.nbytes
 
-    def snapshot(self) -> LatentRows:
-        """An independent copy (truncation is the cheap rollback; a snapshot survives any)."""
-        s = LatentRows(self.width, self._n)
-        s.append(self._buf[: self._n])
-        return s
+    def snapshot(self) -> _Mark:
+        """A mark at the current position (cheap: no rows are copied)."""
+        m = _Mark(self._n)
+        self._marks.add(m)
+        return m
 
-    def restore(self, snap: LatentRows) -> None:
-        if not isinstance(snap, LatentRows) or snap.width != self.width:
-            raise StateError(f"cannot restore latent rows of width {self.width} from {snap!r}")
-        self._n = 0
-        self.append(snap.view())
+    def restore(self, snap: _Mark) -> None:
+        """Return to a mark taken by ``snapshot()`` of these rows."""
+        if not isinstance(snap, _Mark) or snap not in self._marks:
+            raise StateError(f"cannot restore latent rows of width {self.width} from {snap!r}: not a snapshot of them")
+        if not snap.valid:
+            raise StateError(f"cannot restore latent rows to {snap.positions}: rows below it were truncated and "
+                             "rewritten since the snapshot")
+        if snap.positions > self._n:
+            raise StateError(f"cannot restore latent rows forward to {snap.positions} (they hold {self._n})")
+        self.truncate(snap.positions)
 
-    copy = snapshot
+    def copy(self) -> LatentRows:
+        """An independent copy of the rows."""
+        c = LatentRows(self.width, self._n)
+        c.append(self._buf[: self._n])
+        return c
 
     def __repr__(self) -> str:
         return f"LatentRows(positions={self._n}, width={self.width})"
