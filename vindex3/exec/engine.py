@@ -128,7 +128,7 @@ def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
                 raise UnsupportedOperator(
                     f"layer {i}: {what} {op.kind!r} has no executor in this build (executable operators: {runnable})"
                 )
-            op.operator.preflight(op.params)
+            op.operator.preflight(op.params, f"layer {i} ({op.kind})")
     for ref in refs:
         codecs.get(ref.dtype, what=f"operand {ref.label}")
 

@@ -121,9 +121,10 @@ class Operator:
         """The few parameters SHOW LAYERS and the plan's layer line show."""
         return {}
 
-    def preflight(self, p: Params) -> None:
+    def preflight(self, p: Params, where: str) -> None:
         """Refuse by name, before the executor reads a single operand of any layer, parameters
-        that load (the graph may carry a fact as unjudged, null) but cannot be executed."""
+        that load (the graph may carry a fact as unjudged, null) but cannot be executed.
+        ``where`` names the op for the message ("layer 3 (mla)")."""
         return None
 
     def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
