@@ -11,7 +11,8 @@ layer skeleton and the operator interface, never an operator's kind nor a model 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 

@@ -125,7 +125,6 @@ class Operator:
         """Refuse by name, before the executor reads a single operand of any layer, parameters
         that load (the graph may carry a fact as unjudged, null) but cannot be executed.
         ``where`` names the op for the message ("layer 3 (mla)")."""
-        return None
 
     def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
         """``operands``: role -> Weight (MATRIX roles) or float32 array (ARRAY roles)."""

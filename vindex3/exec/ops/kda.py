@@ -51,12 +51,8 @@ reassociating a sum; there is no Python loop over positions. Decode (``kda_step`
 recurrence itself, one compiled pass over the state per token, as the reference's recurrent
 path does for one token with a cache.
 
-**Why the state is float32.** The reference casts q, k, v, g and β to float32 inside both
-kernels ("states are more susceptible to rounding errors") and stores
-``last_recurrent_state.to(torch.float32)`` in its cache after every call, whatever the
-model's dtype: the recurrent matrix of a KDA layer is float32 by the reference's own choice,
-so it is float32 here too (a bf16 state would compound rounding over every position). The
-conv windows hold raw projection rows and are float32 like every activation here.
+The state is float32 because the reference makes it so; that judgment is written once, in
+the operator module (vindex3/operators/kda.py).
 
 State parts (fixed size, rolled back by snapshot, never truncated):
 

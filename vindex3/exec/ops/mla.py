@@ -388,7 +388,7 @@ class MlaWeights:
 class _Mark:
     """A snapshot of latent rows: the position count, valid while rows below it are untouched."""
 
-    __slots__ = ("positions", "valid", "__weakref__")
+    __slots__ = ("__weakref__", "positions", "valid")
 
     def __init__(self, positions: int):
         self.positions = positions
