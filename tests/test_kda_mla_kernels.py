@@ -570,9 +570,9 @@ def test_latent_rows_grow_truncate_and_roll_back():
     with pytest.raises(StateError, match="not a snapshot of them"):
         fresh.restore(snap)
     with pytest.raises(StateError, match="keeps no K rows"):
-        rows.k
+        _ = rows.k
     with pytest.raises(StateError, match="keeps no V rows"):
-        rows.v
+        _ = rows.v
     mla_step(xn[39], w, g, rows)
     with pytest.raises(StateError, match="truncate"):
         rows.truncate(41)
