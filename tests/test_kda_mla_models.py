@@ -110,7 +110,7 @@ def kimi_config(**over):
 DS_VARIANTS = {
     # q_lora path, yarn with both mscales (the softmax-scale correction), interleaved pairs, biases
     "ds_yarn": {"q_lora_rank": 22, "qk_rope_head_dim": 8, "qk_nope_head_dim": 12, "v_head_dim": 10,
-                "rope_interleave": True, "attention_bias": True, "max_position_embeddings": 512,
+                "rope_interleave": True, "attention_bias": True, "max_position_embeddings": 256,
                 "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                     "original_max_position_embeddings": 64, "beta_fast": 32, "beta_slow": 1,
                                     "mscale": 0.8, "mscale_all_dim": 1.0}},
