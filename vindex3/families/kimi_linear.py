@@ -193,11 +193,12 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     eps = r.take("rms_norm_eps", "epsilon of the decoder norms and of KDA's output norm (not of MLA's kv_a/q_a norms)")
     tied = r.take("tie_word_embeddings", "output head shares the embedding", default=False,
                   default_reason="the reference default is untied")
-    ok = all(ds.positive_int(r, k, v) for k, v in (("hidden_size", H), ("num_hidden_layers", L), ("vocab_size", vocab)))
+    widths_ok = [ds.positive_int(r, k, v) for k, v in (("hidden_size", H), ("num_hidden_layers", L), ("vocab_size", vocab))]
+    ok = all(widths_ok)
     if not ds.number(eps) or eps < 0:
         r.refuse("rms_norm_eps", f"expected a number >= 0, found {eps!r}")
         ok = False
-    L = L if ok else 0
+    L = L if widths_ok[1] else 0
 
     mixers, lac = _mixers(r, L) if L else (None, {})
     ok = ok and mixers is not None
@@ -209,9 +210,8 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     widths = ds.mla_widths(r, q_lora_default=None)
     for key in ("rope_theta", "rope_scaling", "rope_parameters"):
         r.ignore(key, "Kimi-Linear's MLA runs no rope: these parameters are unused")
-    aliased_mpe = ds.aliased(r, ("model_max_length", "max_position_embeddings"), "context length (description only: no rope)",
-                             grade="meta")
-    del aliased_mpe
+    ds.aliased(r, ("model_max_length", "max_position_embeddings"), "context length (description only: no rope)",
+               grade="meta")
     ok = ok and widths is not None and ffn is not None
 
     # -- KDA -----------------------------------------------------------------------------------------
