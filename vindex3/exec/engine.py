@@ -11,7 +11,8 @@ layer skeleton and the operator interface, never an operator's kind nor a model 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -128,6 +129,7 @@ def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
                 raise UnsupportedOperator(
                     f"layer {i}: {what} {op.kind!r} has no executor in this build (executable operators: {runnable})"
                 )
+            op.operator.preflight(op.params, f"layer {i} ({op.kind})")
     for ref in refs:
         codecs.get(ref.dtype, what=f"operand {ref.label}")
 

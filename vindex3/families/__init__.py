@@ -2,6 +2,8 @@
 
 from . import (  # noqa: F401
     decoder,
+    deepseek_v3,
     granitemoehybrid,
+    kimi_linear,
     mamba2,
 )

@@ -10,8 +10,8 @@ An operator is one module that owns everything about one kind of layer computati
 * its **operand roles** (`Role`): name, expected shape from the parameters, required or optional,
   and whether the kernel multiplies by it (a `vindex3.codecs.Weight`) or reads it whole;
 * its **continuation geometry** (a list of `vindex3.continuation` parts) and its **state** object;
-* its **kernel binding**: ``bind`` once per executor, then ``prefill(x, state, p0)`` and
-  ``step(x, state, p0)``.
+* its **kernel binding**: ``preflight`` (a named refusal before any operand is read), ``bind``
+  once per executor, then ``prefill(x, state, p0)`` and ``step(x, state, p0)``.
 
 Nothing outside the module names its kind. See docs/operators.md#adding-an-operator.
 """
@@ -120,6 +120,11 @@ class Operator:
     def summary(self, p: Params) -> dict[str, Any]:
         """The few parameters SHOW LAYERS and the plan's layer line show."""
         return {}
+
+    def preflight(self, p: Params, where: str) -> None:
+        """Refuse by name, before the executor reads a single operand of any layer, parameters
+        that load (the graph may carry a fact as unjudged, null) but cannot be executed.
+        ``where`` names the op for the message ("layer 3 (mla)")."""
 
     def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
         """``operands``: role -> Weight (MATRIX roles) or float32 array (ARRAY roles)."""

@@ -1,0 +1,123 @@
+"""DeepSeek-V3 (transformers' ``deepseek_v3``, ``DeepseekV3ForCausalLM``): every layer is MLA
+attention with DeepSeek's decoupled rope, followed by a dense FFN (the first
+``first_k_dense_replace`` layers) or routed experts (the rest).
+
+Layout: ``model.embed_tokens``, ``model.layers.N.input_layernorm``, ``model.layers.N.self_attn.*``
+(vindex3.families.deepseek_common.MLA_ROLES: q_proj, or q_a_proj / q_a_layernorm / q_b_proj
+when ``q_lora_rank`` is set; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj, biases when
+``attention_bias``), ``model.layers.N.post_attention_layernorm``, ``model.layers.N.mlp.
+{gate,up,down}_proj`` (dense layers), ``model.norm``, ``lm_head``.
+
+The rope (``rope_parameters``, or the older ``rope_theta`` + ``rope_scaling``) is default or
+yarn, with ``rope_interleave``; yarn's mscale correction of the softmax scale is lowered into
+the mla operator's ``softmax_scale``. Released checkpoints also carry
+``num_nextn_predict_layers`` (alias ``num_mtp_layers``) multi-token-prediction layers after the
+decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward pass, and
+neither does this build: they are set aside by name and recorded in the container's provenance
+as dropped tensors, never classified as decoder layers and never dropped silently. The released
+weights are FP8 with a ``weight_scale_inv`` per linear and a ``quantization_config``: refused
+by name, an encoding this build cannot execute. Routed-expert layers are refused by name until
+the routed-expert operator lands (vindex3.families.deepseek_common).
+"""
+
+from __future__ import annotations
+
+from ..sources import CheckpointSource
+from . import deepseek_common as ds
+from .base import ConfigReader, Lowering, register_family
+from .placement import assemble_graph, place_tensors
+
+TABLE = {**ds.NORM_ROLES, **ds.MLA_ROLES, **ds.dense_ffn_roles("mlp")}
+ROUTER_SPELLINGS = {
+    "experts": ("n_routed_experts", "num_local_experts"),
+    "top_k": ("num_experts_per_tok",),
+    "shared_experts": ("n_shared_experts",),
+    "renormalize": ("norm_topk_prob",),
+    "n_group": ("n_group",),
+    "topk_group": ("topk_group",),
+    "routed_scaling_factor": ("routed_scaling_factor",),
+    "expert_width": ("moe_intermediate_size",),
+}
+# keys of the released configs that transformers keeps as attributes without reading them
+HUB_FIXED = {
+    "scoring_func": ("sigmoid", "the reference's router always scores with a sigmoid"),
+    "topk_method": ("noaux_tc", "the reference selects with the score-correction bias (noaux_tc)"),
+    "moe_layer_freq": (1, "the reference routes every layer from first_k_dense_replace on"),
+}
+HUB_IGNORED = {
+    "ep_size": "the expert-parallel degree of the original serving code; no effect on the math",
+    "aux_loss_alpha": "a training loss coefficient",
+    "seq_aux": "a training loss option",
+    "auto_map": "remote-code class names; this build never runs remote code (the family comes from model_type)",
+}
+
+
+def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
+    H = r.take("hidden_size", "residual width")
+    L = r.take("num_hidden_layers", "number of decoder layers (MTP layers come after them)")
+    vocab = r.take("vocab_size", "vocabulary size")
+    eps = r.take("rms_norm_eps", "epsilon of the decoder norms (not of MLA's kv_a / q_a norms)")
+    tied = r.take("tie_word_embeddings", "output head shares the embedding", default=False,
+                  default_reason="the reference default is untied")
+    ok = all(ds.positive_int(r, k, v) for k, v in (("hidden_size", H), ("num_hidden_layers", L), ("vocab_size", vocab)))
+    if not ds.number(eps) or eps < 0:
+        r.refuse("rms_norm_eps", f"expected a number >= 0, found {eps!r}")
+        ok = False
+
+    widths = ds.mla_widths(r, q_lora_default=1536)
+    rope = ds.mla_rope(r, widths["qk_rope_head_dim"] if widths else 0)
+    ffn = ds.dense_ffn_surface(r)
+    ok = ok and widths is not None and rope is not False and ffn is not None
+
+    k = r.take("first_k_dense_replace", "the first k layers have a dense FFN, the rest routed experts", default=3,
+               default_reason="the reference default is 3")
+    kinds = None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        r.refuse("first_k_dense_replace", f"expected an integer >= 0, found {k!r}")
+        ok = False
+    elif ok:
+        kinds = ["dense" if i < k else "routed" for i in range(L)]
+    ds.read_router(r, ROUTER_SPELLINGS, bool(kinds) and "routed" in kinds)
+    if kinds is not None:
+        ok = ds.refuse_routed_layers(r, "first_k_dense_replace", kinds) and ok
+
+    mtp = ds.aliased(r, ("num_nextn_predict_layers", "num_mtp_layers"),
+                     "multi-token-prediction layers stored after the decoder (set aside, never executed)",
+                     default=1, default_reason="the reference default is 1")
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
+        if mtp is not None:
+            r.refuse("num_nextn_predict_layers", f"expected an integer >= 0, found {mtp!r}")
+        ok = False
+    for key, (want, why) in HUB_FIXED.items():
+        if r.has(key):
+            v = r.config[key]
+            if v == want and isinstance(v, bool) == isinstance(want, bool):
+                r.meta(key, f"{why} (released-config key, unread by transformers)")
+            else:
+                r.refuse(key, f"{v!r}: {why}; a checkpoint that asks otherwise would not run as declared")
+                ok = False
+    for key, why in HUB_IGNORED.items():
+        r.ignore(key, why)
+    ok = ds.refuse_fp8(r, src) and ok
+    if not ok:
+        return None
+
+    aside, dropped = ds.set_aside_layers(r, src, L, mtp, "multi-token-prediction (MTP)", "num_nextn_predict_layers")
+    layers = [{"index": i, "operator": "mla", "span": None, "window": None, "position": None, "ffn": "dense", "operands": {}}
+              for i in range(L)]
+    surface = {
+        "hidden_size": H,
+        "embedding": {"multiplier": 1.0},
+        "residual": {"multiplier": 1.0},
+        "ffn": ffn,
+        "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_only"},
+        "head": {"vocab": vocab, "tied": bool(tied), "multiplier": 1.0, "softcap": None},
+        "operators": {"mla": ds.mla_surface(widths, rope, "deepseek_v3")},
+    }
+    graph = assemble_graph(src.name, "deepseek_v3", bool(tied), layers, surface)
+    placements, more = place_tensors(ds.WithoutTensors(src, aside), graph, r, bool(tied), ds.PREFIXES,
+                                     lambda i: ("mla", TABLE))
+    return Lowering(graph=graph, placements=placements, dropped=dropped + more)
+
+
+register_family("deepseek_v3", "deepseek_v3", build)
