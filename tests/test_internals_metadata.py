@@ -141,6 +141,12 @@ def test_k_larger_rebuilds_and_smaller_is_served(tmp_path, containers):
         Internals(path, k=0)
 
 
+def test_a_build_reports_its_progress_per_layer(tmp_path, containers):
+    seen = []
+    Internals(_own(tmp_path, containers, "llama"), progress=lambda *a: seen.append(a)).build_metadata([1, 3])
+    assert seen == [(1, 2, "layer 1"), (2, 2, "layer 3")]
+
+
 def test_mixer_only_layers_have_no_metadata(tmp_path, containers):
     path = _own(tmp_path, containers, "mamba2")
     ix = Internals(path)

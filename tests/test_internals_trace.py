@@ -16,7 +16,7 @@ from internals_oracle import hf_parts, hf_readout, hf_run
 
 import vindex3
 from vindex3 import Draft
-from vindex3.errors import OutputRefused, QueryRefused
+from vindex3.errors import OutputRefused, QueryRefused, SliceError
 from vindex3.internals import FeatureAblation, Internals
 
 PROMPT = [5, 17, 99, 3, 250, 42, 7, 123]
@@ -125,6 +125,10 @@ def test_trace_layers_positions_drafts_and_refusals(containers):
         ix.trace(PROMPT, 17, positions="first")
     ab = FeatureAblation.of([(0, 1)])
     assert ix.trace(PROMPT, 17, intervention=ab).intervention["text"] == "ABLATE FEATURES (0:1)"
+    with pytest.raises(SliceError, match="full model or a draft"):
+        ix.trace(PROMPT, 17, slice=vindex3.LayerRange(0, 2))
+    with pytest.raises(SliceError, match="draft depth 5 is deeper than the model"):
+        ix.trace(PROMPT, 17, slice=5)
 
 
 def test_save_writes_residuals_and_parts_to_npz(tmp_path, containers):

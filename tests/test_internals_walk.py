@@ -249,3 +249,40 @@ def test_the_residual_walk_flags_ablated_features_and_skips_mixer_only_layers(ix
     assert f.feature == top and f.ablated
     m = ix_of("mamba2").feature_activity(PROMPT)
     assert m.layers == [] and [s.layer for s in m.skipped] == [0, 1, 2]
+
+
+def test_every_result_is_plain_data_that_json_carries_whole(ix_of, tmp_path):
+    """Each statement's result survives JSON with every field (what phase B's renderers and
+    `--json` output rely on)."""
+    ix = ix_of("granitemoehybrid")
+    results = [
+        ix.walk(PROMPT, top=2), ix.describe("capital", threshold=0.5), ix.show_features(1, limit=2),
+        ix.select(FeatureQuery(nearest_to="Paris", where=[Condition(column="score", op=">", value=0)], limit=3)),
+        ix.feature_activity(PROMPT, top=2, intervention=FeatureAblation.of([(1, 2)])),
+        ix.trace(PROMPT, 17, decompose=True, save=tmp_path / "t.npz"),
+        ix.observe(PROMPT, tmp_path / "r.jsonl", generate=1), ix.build_metadata(),
+    ]
+    for r in results:
+        back = type(r).model_validate_json(r.model_dump_json())
+        assert back == r, type(r).__name__
+        assert set(json.loads(r.model_dump_json())) == set(type(r).model_fields)
+
+
+def test_a_container_that_cannot_be_written_keeps_metadata_in_memory_and_says_so(ix_of, monkeypatch):
+    import os
+
+    from vindex3.internals.metadata import _topk_rows
+
+    ix = ix_of("llama")
+    # compile the top-k kernel first: numba writes its own cache with os.replace
+    _topk_rows(np.zeros((1, 3), np.float32), 1, np.zeros((1, 1), np.int32), np.zeros((1, 1), np.float32))
+
+    def refuse(*a, **k):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    note = ix.build_metadata([0, 1])
+    assert not note.cached and "PermissionError" in note.note and note.built_layers == [0, 1]
+    assert "derived" not in ix.container.index
+    assert not (ix.container.path / "derived").exists()  # nothing half-written is left behind
+    assert ix.walk(PROMPT, top=1, layers=[0]).layers[0].features  # served from memory

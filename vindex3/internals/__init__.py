@@ -71,23 +71,36 @@ class Internals:
 
     ``k``: tokens kept per feature in the feature metadata (default `DEFAULT_K`);
     ``on_stale``: what to do with metadata built from another state of the container: "rebuild"
-    (the result's ``metadata.rebuilt`` says why) or "refuse" (`vindex3.errors.DerivedStale`)."""
+    (the result's ``metadata.rebuilt`` says why) or "refuse" (`vindex3.errors.DerivedStale`);
+    ``progress``: a `vindex3.progress.Progress` callback told of each layer a statement builds
+    (a whole-model build takes a while: one vocabulary-sized GEMM per FFN layer)."""
 
-    def __init__(self, container, *, k: int = DEFAULT_K, on_stale: Literal["rebuild", "refuse"] = "rebuild"):
+    def __init__(self, container, *, k: int = DEFAULT_K, on_stale: Literal["rebuild", "refuse"] = "rebuild",
+                 progress=None):
         from ..draft.slices import open_container
 
         self.container = open_container(container)
         self.view = ModelView(self.container)
-        self.metadata = FeatureTokens(self.view, k=k, on_stale=on_stale)
+        self.metadata = FeatureTokens(self.view, k=k, on_stale=on_stale, progress=progress)
         self._executors: dict = {}
 
     # -- runs ----------------------------------------------------------------------------------
     def executor(self, slice=None, intervention: Intervention | None = None):
         """A prepared executor for ``slice`` (None: full; an int or ``Draft(n)``: a draft) with
         ``intervention``; kept for reuse."""
-        from ..draft.slices import resolve_slice
+        from ..errors import SliceError
+        from ..exec.slice import Draft, Full
 
-        sl, depth = resolve_slice(self.container, slice)
+        if slice is None or isinstance(slice, Full):
+            sl, depth = Full(), None
+        elif isinstance(slice, int) and not isinstance(slice, bool):
+            sl, depth = Draft(slice), slice
+        elif isinstance(slice, Draft):
+            sl, depth = slice, slice.end
+        else:
+            raise SliceError(f"looking inside runs the full model or a draft (Draft(n)); got {slice!r}",
+                             hint="a layer range has no embedding or head to read tokens in and logits out")
+        self.container.plan_slice(sl)  # a depth the model does not have is refused here, by name
         key = (sl, intervention)
         ex = self._executors.get(key)
         if ex is None:

@@ -96,20 +96,16 @@ class TraceResult(BaseModel):
     seconds: float
 
 
-def _rows(view: ModelView, ex: Executor, h: np.ndarray, positions: list[int], target: int, layer: int | None,
-          operator: str) -> list[LensRow]:
-    logits = ex.readout(h[positions])
-    out = []
-    for r, p in enumerate(positions):
-        row = logits[r]
-        m = row.max()
-        e = np.exp(row - m)
-        z = e.sum(dtype=np.float32)
-        top = int(np.argmax(row))
-        out.append(LensRow(layer=layer, operator=operator, position=p, rank=int(np.count_nonzero(row > row[target])),
-                           prob=float(e[target] / z), logit=float(row[target]), top_id=top, top_token=view.text(top),
-                           top_prob=float(e[top] / z)))
-    return out
+READOUT_ROWS = 64  # residuals read through the head per GEMM (the head is read once per block)
+
+
+def _row(view: ModelView, row: np.ndarray, target: int, layer: int | None, operator: str, p: int) -> LensRow:
+    e = np.exp(row - row.max())
+    z = e.sum(dtype=np.float32)
+    top = int(np.argmax(row))
+    return LensRow(layer=layer, operator=operator, position=p, rank=int(np.count_nonzero(row > row[target])),
+                   prob=float(e[target] / z), logit=float(row[target]), top_id=top, top_token=view.text(top),
+                   top_prob=float(e[top] / z))
 
 
 def lens(view: ModelView, ex: Executor, run: CapturedRun, target: int, *, layers: Iterable[int] | None = None,
@@ -121,30 +117,25 @@ def lens(view: ModelView, ex: Executor, run: CapturedRun, target: int, *, layers
     T = len(run.ids)
     pos = [T - 1] if positions == "last" else list(range(T))
     labels = {lo.index: lo.operator for lo in ex.plan.layers}
-    rows: list[LensRow] = []
+    wanted: list[tuple[int | None, str, np.ndarray]] = []  # (layer, operator, residual [T, hidden])
     if layers is None:
         chosen = list(run.executed)
-        rows += _rows(view, ex, run.embedding, pos, target, None, "embedding")
+        wanted.append((None, "embedding", run.embedding))
     else:
         chosen = layer_list(layers, len(ex.plan.layers), "TRACE LAYERS")
         not_run = [i for i in chosen if i not in run.executed]
         if not_run:
             raise QueryRefused(f"TRACE LAYERS: layer {not_run[0]} is not executed by {ex.slice.describe()}")
-    for i in chosen:
-        rows += _rows(view, ex, run.after(i), pos, target, i, labels[i])
-    final = _own_row(view, run, target, T - 1, run.executed[-1] if run.executed else None,
-                     labels[run.executed[-1]] if run.executed else "embedding")
+    wanted += [(i, labels[i], run.after(i)) for i in chosen]
+    keys = [(layer, op, p) for layer, op, _ in wanted for p in pos]
+    hs = np.concatenate([h[pos] for _, _, h in wanted])
+    rows: list[LensRow] = []
+    for b in range(0, hs.shape[0], READOUT_ROWS):
+        logits = ex.readout(hs[b:b + READOUT_ROWS])
+        rows += [_row(view, logits[r], target, *keys[b + r]) for r in range(logits.shape[0])]
+    last = run.executed[-1] if run.executed else None
+    final = _row(view, run.logits[T - 1], target, last, labels[last] if last is not None else "embedding", T - 1)
     return rows, final
-
-
-def _own_row(view: ModelView, run: CapturedRun, target: int, p: int, layer, operator) -> LensRow:
-    row = run.logits[p]
-    e = np.exp(row - row.max())
-    z = e.sum(dtype=np.float32)
-    top = int(np.argmax(row))
-    return LensRow(layer=layer, operator=operator, position=p, rank=int(np.count_nonzero(row > row[target])),
-                   prob=float(e[target] / z), logit=float(row[target]), top_id=top, top_token=view.text(top),
-                   top_prob=float(e[top] / z))
 
 
 def decompose_arrays(ex: Executor, run: CapturedRun, target: int, position: int):
@@ -165,7 +156,7 @@ def decompose_arrays(ex: Executor, run: CapturedRun, target: int, position: int)
         ops.append(w.operator)
         vecs.append(w.write[position])
     parts = (np.stack(vecs) @ u) * s
-    pre = ro.head.mm(ro.normed(h[None]))[0, target]
+    pre = np.dot(ro.normed(h[None])[0], ro.head.take(np.asarray([target]))[0])  # the logit before any softcap
     if ro.multiplier != 1:
         pre = pre * ro.multiplier
     return names, layers, sites, ops, parts.astype(np.float32), s, np.float32(pre)
@@ -235,9 +226,12 @@ def save(path, *, ex: Executor, run: CapturedRun, target: int, rows: list[LensRo
     np.savez(buf, **arrays)
     data = buf.getvalue()
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    finally:
+        tmp.unlink(missing_ok=True)
     return SavedFile(path=str(p), arrays=sorted(arrays), bytes=len(data))

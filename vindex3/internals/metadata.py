@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from ..errors import DerivedStale, QueryRefused
+from ..progress import Progress
 from .common import SkippedLayer, span_text
 from .model import ModelView
 
@@ -120,7 +121,8 @@ def top_tokens(view: ModelView, values: np.ndarray, k: int) -> tuple[np.ndarray,
 class FeatureTokens:
     """A container's feature metadata, read from its sidecar or built when absent or stale."""
 
-    def __init__(self, view: ModelView, *, k: int = DEFAULT_K, on_stale: OnStale = "rebuild"):
+    def __init__(self, view: ModelView, *, k: int = DEFAULT_K, on_stale: OnStale = "rebuild",
+                 progress: Progress | None = None):
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise QueryRefused(f"feature metadata k must be an integer in 1..{MAX_K}, got {k!r}")
         if on_stale not in ("rebuild", "refuse"):
@@ -129,6 +131,7 @@ class FeatureTokens:
         self.container = view.container
         self.k = k
         self.on_stale = on_stale
+        self.progress = progress  # called (done, total, "layer i") as layers are built
         self._mem: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> (ids, logits) at >= k
         self._cached = True
         self._note: str | None = None
@@ -201,12 +204,14 @@ class FeatureTokens:
         if missing:
             t0 = time.perf_counter()
             built = {}
-            for i in missing:
+            for n, i in enumerate(missing, start=1):
                 t1 = time.perf_counter()
                 ffn = self.view.ffn_layer(i)
                 ids, logits = top_tokens(self.view, ffn.view.values, build_k)
                 built[i] = (ids, logits, time.perf_counter() - t1)
                 self._mem[i] = (ids, logits)
+                if self.progress is not None:
+                    self.progress(n, len(missing), f"layer {i}")
             seconds = time.perf_counter() - t0
             self._write(built, keep=e, k=build_k)
         return MetadataNote(k=self.k, source_digest=self.container.digest, layers=list(layers), built_layers=missing,
@@ -262,11 +267,14 @@ class FeatureTokens:
                 np.savez(buf, ids=ids, logits=logits)
                 data = buf.getvalue()
                 tmp = root / f"{rel}.tmp-{os.getpid()}"
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, root / rel)
+                try:
+                    with open(tmp, "wb") as f:
+                        f.write(data)
+                        f.flush()
+                        os.fsync(f.fileno())
+                    os.replace(tmp, root / rel)
+                finally:
+                    tmp.unlink(missing_ok=True)
                 files[rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
                 layers[str(i)] = {"file": rel, "features": int(ids.shape[0]), "seconds": round(secs, 4)}
             n_ffn = sum(1 for i in range(self.view.num_layers) if not isinstance(self.view.ffn_layer(i), SkippedLayer))
@@ -283,3 +291,8 @@ class FeatureTokens:
             self.container.index = read_index(root)
         except OSError as e:
             self._cached, self._note = False, f"{type(e).__name__}: {e}"
+            for empty in (d, d.parent):  # leave no empty directory behind
+                try:
+                    empty.rmdir()
+                except OSError:
+                    break

@@ -104,7 +104,14 @@ class _Lines:
         return digest
 
 
+LENS_ROWS = 64  # residuals read through the head per GEMM (the head is read once per block)
+
+
 class _Recorder(Observer):
+    """Writes one event per position and write. Without lens tokens each write's events go out
+    at once; with them a pass's writes wait for ``flush()`` (after the pass), so that all their
+    residuals are read through the head in a few GEMMs instead of one per write."""
+
     def __init__(self, lines: _Lines, ex: Executor, view: ModelView, lens_ids: list[int]):
         self.lines = lines
         self.ex = ex
@@ -112,27 +119,35 @@ class _Recorder(Observer):
         self.kinds = {(lo.index, op.role): op.kind for lo in ex.plan.layers for op in lo.slot_ops()}
         self.passno = 0
         self.writes = 0
+        self.pending: list[tuple[dict, np.ndarray]] = []
 
     def write(self, layer, site, p0, write, residual):
         wn, rn = _norms(write), _norms(residual)
-        lens = None
-        if self.lens_ids.size:
-            logits = self.ex.readout(residual)  # [T, vocab]
-            m = logits.max(axis=-1, keepdims=True)
-            e = np.exp(logits - m)
-            z = e.sum(axis=-1, dtype=np.float32)
-            sel = logits[:, self.lens_ids]
-            ranks = (logits[:, None, :] > sel[:, :, None]).sum(axis=-1)
-            lens = [[{"id": int(t), "logit": float(sel[r, j]), "prob": float(e[r, t] / z[r]), "rank": int(ranks[r, j])}
-                     for j, t in enumerate(self.lens_ids)] for r in range(logits.shape[0])]
         kind = self.kinds[(layer, site)]
         for r in range(write.shape[0]):
             ev = {"type": "write", "pass": self.passno, "position": p0 + r, "layer": layer, "site": site, "operator": kind,
                   "write_norm": float(wn[r]), "residual_norm": float(rn[r])}
-            if lens is not None:
-                ev["lens"] = lens[r]
-            self.lines.put(ev)
-            self.writes += 1
+            if self.lens_ids.size:
+                self.pending.append((ev, residual[r]))
+            else:
+                self.lines.put(ev)
+                self.writes += 1
+
+    def flush(self) -> None:
+        """Compute the lens readouts of the pending writes and write their events, in order."""
+        for b in range(0, len(self.pending), LENS_ROWS):
+            block = self.pending[b:b + LENS_ROWS]
+            logits = self.ex.readout(np.stack([h for _, h in block]))  # [rows, vocab]
+            e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+            z = e.sum(axis=-1, dtype=np.float32)
+            sel = logits[:, self.lens_ids]
+            ranks = (logits[:, None, :] > sel[:, :, None]).sum(axis=-1)
+            for r, (ev, _) in enumerate(block):
+                ev["lens"] = [{"id": int(t), "logit": float(sel[r, j]), "prob": float(e[r, t] / z[r]),
+                               "rank": int(ranks[r, j])} for j, t in enumerate(self.lens_ids)]
+                self.lines.put(ev)
+                self.writes += 1
+        self.pending = []
 
 
 def library_versions() -> dict:
@@ -178,6 +193,7 @@ def observe(view: ModelView, ex: Executor, prompt: Prompt, path, *, generate: in
         try:
             st = ex.start(observer=rec)
             logits = np.asarray(st.prefill(prompt.ids))[-1]
+            rec.flush()
             for i in range(generate):
                 tok = int(np.argmax(logits))
                 e = np.exp(logits - logits.max())
@@ -188,11 +204,15 @@ def observe(view: ModelView, ex: Executor, prompt: Prompt, path, *, generate: in
                 if i + 1 < generate:
                     rec.passno += 1
                     logits = st.step(tok)
+                    rec.flush()
         except BaseException as err:
             status, reason = "interrupted", f"{type(err).__name__}: {err}"
             raise
         finally:
-            digest = lines.close(status, reason)
+            try:
+                rec.flush()  # the writes a pass had made when it stopped are observations too
+            finally:
+                digest = lines.close(status, reason)
     text = c.tokenizer.decode(generated) if generated and view.has_tokenizer else None
     return ObserveResult(path=str(p), run_id=run_id, prompt=prompt, generated_ids=generated, generated_text=text,
                          slice=ex.slice.describe(), executed_layers=list(ex.layers), intervention=header["intervention"],
