@@ -1,4 +1,4 @@
-"""`vindex3` command line: plan, encode, inspect, verify, ops, exec, shard, default, label."""
+"""`vindex3` command line: plan, encode, inspect, verify, ops, exec, shard, default, label, record verify."""
 
 from __future__ import annotations
 
@@ -234,6 +234,21 @@ def cmd_label(a) -> int:
     return 0
 
 
+def cmd_record_verify(a) -> int:
+    """Exit 0: intact and complete; 3: intact record of an interrupted run; 1: truncated,
+    edited or not a record."""
+    from .internals.record import verify_record
+
+    r = verify_record(a.path)
+    if a.json:
+        _print_json(r.model_dump())
+    else:
+        print(r.to_text(), file=sys.stdout if r.ok else sys.stderr)
+    if not r.ok:
+        return 1
+    return 0 if r.status == "complete" else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vindex3", description="VINDEX3 containers: admit, encode, inspect, verify, run.")
     p.add_argument("--version", action="version", version=f"vindex3 {__version__}")
@@ -292,6 +307,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("path")
     s.add_argument("--name", required=True)
     s.set_defaults(fn=cmd_label)
+
+    s = sub.add_parser("record", help="execution records (OBSERVE ... RECORD INTO)")
+    rsub = s.add_subparsers(dest="record_cmd", required=True)
+    r = rsub.add_parser("verify", help="check a record against its receipt: complete, interrupted, truncated or edited")
+    r.add_argument("path")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(fn=cmd_record_verify)
     return p
 
 

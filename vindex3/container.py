@@ -20,12 +20,14 @@ from .errors import (
     FormatVersionError,
     GraphSchemaError,
     IntegrityError,
+    SliceError,
 )
 from .graph import Graph
 from .segments import Segment, sha256_file
 
 if TYPE_CHECKING:
     from .exec.engine import Executor
+    from .exec.intervention import Intervention
     from .exec.slice import ExecutionSlice
 
 FORMAT = "VINDEX3"
@@ -41,6 +43,23 @@ class VerifyReport(BaseModel):
     ok: bool
     checked: int
     problems: list[str]
+
+
+class DerivedRow(BaseModel):
+    """One derived representation (index.json ``derived``): what it is, what it was derived
+    from, and whether that source is this container as it is now."""
+
+    key: str
+    kind: str
+    version: int | None
+    authority: str
+    method: str | None
+    params: dict
+    source_digest: str | None
+    fresh: bool  # source_digest is this container's digest
+    files: int
+    bytes: int
+    summary: str | None
 
 
 def read_index(path: Path) -> dict:
@@ -90,7 +109,7 @@ class Container:
         except ConfigError as e:
             raise GraphSchemaError(f"{GRAPH} is unreadable: {e.message}") from None
         self.graph = Graph(raw)
-        self.graph.component  # exactly one primary_text, or a named refusal
+        _ = self.graph.component  # exactly one primary_text, or a named refusal
         # object -> its one representation. A second representation of an object is refused by
         # name: it must never silently win over the first.
         self.segments: dict[str, Segment] = {}
@@ -155,6 +174,23 @@ class Container:
         return out
 
     @property
+    def derived(self) -> list[DerivedRow]:
+        """Derived representations recorded in index.json (feature metadata, ...), each with its
+        provenance; ``fresh`` is False when the container changed since it was built."""
+        rows = []
+        for key, e in sorted((self.index.get("derived") or {}).items()):
+            if not isinstance(e, dict):
+                continue
+            files = e.get("files") or {}
+            rows.append(DerivedRow(
+                key=key, kind=str(e.get("kind", key)), version=e.get("version"), authority=str(e.get("authority", "derived")),
+                method=e.get("method"), params=dict(e.get("params") or {}), source_digest=e.get("source_digest"),
+                fresh=e.get("source_digest") == self.digest, files=len(files),
+                bytes=sum(int(f.get("bytes", 0)) for f in files.values() if isinstance(f, dict)), summary=e.get("summary"),
+            ))
+        return rows
+
+    @property
     def weight_bytes(self) -> int:
         return sum(r["payload_bytes"] for r in self.representations_by_key.values())
 
@@ -183,27 +219,33 @@ class Container:
         """Per-layer continuation geometry, from the plan."""
         return [lo.geometry for lo in self._op_plan.layers]
 
-    def plan_slice(self, sl: "ExecutionSlice | None" = None):
+    def plan_slice(self, sl: ExecutionSlice | None = None):
         from .exec.slice import Full, plan_slice
 
         return plan_slice(self._op_plan, sl or Full())
 
-    def tensor_source(self) -> "SegmentSource":
+    def tensor_source(self) -> SegmentSource:
         """Where an executor reads this container's operands: its mapped segments."""
         return SegmentSource(self.segments)
 
-    def executor(self, slice: "ExecutionSlice | None" = None, *, shards=None) -> "Executor":
-        """An executor for ``slice`` (default Full()). With ``shards`` (a count, a ranges string
-        "0-14,15-29" or a list of LayerRanges) the layers run as Ray actors and the ends here:
-        a `vindex3.shards.ShardedExecutor`, byte-identical to one process (see docs/distributed.md)."""
+    def executor(self, slice: ExecutionSlice | None = None, intervention: Intervention | None = None, *,
+                 shards=None) -> Executor:
+        """An executor for ``slice`` (default Full()) over this container's segments;
+        ``intervention`` (e.g. a `vindex3.exec.intervention.FeatureAblation`) changes what every
+        pass computes. With ``shards`` (a count, a ranges string "0-14,15-29" or a list of
+        LayerRanges) the layers run as Ray actors and the ends here: a
+        `vindex3.shards.ShardedExecutor`, byte-identical to one process (docs/distributed.md)."""
         from .exec.engine import Executor
         from .exec.slice import Full
 
         if shards is not None:
+            if intervention is not None:
+                raise SliceError("an intervention cannot run over shards in this build (the actors run the "
+                                 "container's own weights)", hint="run the intervention in one process")
             from .shards import sharded
 
             return sharded(self, shards).executor(slice or Full())
-        return Executor(self._op_plan, self.tensor_source(), slice or Full())
+        return Executor(self._op_plan, self.tensor_source(), slice or Full(), intervention)
 
     # -- integrity -------------------------------------------------------------------------
     def verify(self) -> VerifyReport:
@@ -270,8 +312,11 @@ def verify(path: str | Path) -> VerifyReport:
                 problems.append(str(e))
     for name, cap in sorted(index.get("capabilities", {}).items()):
         check_file(name, cap.get("sha256"), cap.get("bytes"), "a capability sidecar")
+    for key, e in sorted((index.get("derived") or {}).items()):
+        for rel, f in sorted(((e or {}).get("files") or {}).items()):
+            check_file(rel, f.get("sha256"), f.get("bytes"), f"a file of the derived representation {key!r}")
     return VerifyReport(path=str(path), ok=not problems, checked=checked, problems=problems)
 
 
-def open(path: str | Path) -> Container:  # noqa: A001 - the public verb is vindex3.open
+def open(path: str | Path) -> Container:
     return Container(path)

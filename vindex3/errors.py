@@ -83,3 +83,21 @@ class EncodeError(VindexError):
 
 class UnsupportedEncoding(VindexError):
     """A representation's encoding has no codec in this build (it is carried, never decoded)."""
+
+
+class QueryRefused(VindexError):
+    """An internals query asked for something that does not exist or cannot be answered (an
+    unknown column, a layer outside the model, a target that is not one token...)."""
+
+
+class DerivedStale(VindexError):
+    """A derived representation (feature metadata, ...) no longer matches its source container,
+    and the caller asked for a refusal instead of a rebuild."""
+
+
+class OutputRefused(VindexError):
+    """An output file cannot be written where asked (it exists, or it lies inside a container)."""
+
+
+class RecordError(VindexError):
+    """An execution record cannot be written or read as one."""

@@ -26,7 +26,7 @@ class Tokenizer:
         self.add_bos = config.get("add_bos_token")
 
     @classmethod
-    def from_container(cls, path: Path) -> "Tokenizer":
+    def from_container(cls, path: Path) -> Tokenizer:
         tj = Path(path) / "tokenizer.json"
         if not tj.exists():
             raise TokenizerMissing(
@@ -50,6 +50,10 @@ class Tokenizer:
         if self.add_bos and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids
+
+    def pieces(self, text: str) -> list[int]:
+        """The ids of ``text`` alone: no BOS, no special tokens added."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -5,6 +5,10 @@ row i predicting token i+1 — and its sidecar ``name.meta.json`` (``Path(path).
 ".meta.json")``) saying where the numbers came from. The sidecar is written last, through a
 temporary file and a rename, so its presence means the dump is complete; any stale sidecar is
 removed before the data is touched.
+
+The sidecar names the intervention the run carried (``intervention``: null for a clean run, else
+what ``ABLATE FEATURES`` zeroed). A sidecar written before interventions existed has no such key
+and comes from a clean run.
 """
 
 from __future__ import annotations
@@ -110,19 +114,23 @@ def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.
         "numpy": np.__version__,
         "blas": blas_identity(),
         "thread_count": decode_thread_count(),  # threads the decode passes ran with
+        "intervention": ex.intervention.record() if ex.intervention is not None else None,
     }
     return write_dump(path, logits, meta)
 
 
-def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike) -> dict:
+def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike,
+                intervention: Any = None) -> dict:
     """Dump the logits of ``token_ids`` under ``slice`` (``vindex3.Full()``, ``vindex3.Draft(n)``,
     or None for full) into ``path`` and its ``.meta.json`` sidecar; return the sidecar dict.
+    ``intervention`` (a `vindex3.exec.intervention.FeatureAblation`) changes the run and is
+    named in the sidecar.
 
     The rows are computed through the incremental decode path (one-token prefill, then a step
     per token), which is what a drafter actually runs.
     """
     slice_obj, depth = resolve_slice(container, slice)
-    ex, prepare_seconds = make_executor(container, slice_obj)
+    ex, prepare_seconds = make_executor(container, slice_obj, intervention)
     return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth)
 
 

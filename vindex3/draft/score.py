@@ -87,6 +87,10 @@ class ScoreReport(BaseModel):
     target_ms_per_position: float | None
     positions: list[PositionScore]
     summary: ScoreSummary
+    # What each arm's run was changed by (ABLATE FEATURES ...), None for a clean run: a score
+    # between an ablated and a clean dump says so rather than passing for a draft comparison.
+    draft_intervention: dict | None = None
+    target_intervention: dict | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -305,6 +309,8 @@ def score_files(draft_path: str | Path, target_path: str | Path) -> ScoreReport:
         draft_ms_per_position=dmeta.get("ms_per_position"),
         target_prepare_seconds=tmeta.get("prepare_seconds"),
         target_ms_per_position=tmeta.get("ms_per_position"),
+        draft_intervention=dmeta.get("intervention"),
+        target_intervention=tmeta.get("intervention"),
         positions=scored.positions,
         summary=scored.summary,
     )

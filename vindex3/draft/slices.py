@@ -39,9 +39,9 @@ def resolve_slice(container: Any, slice: Any) -> tuple[Any, int | None]:
     )
 
 
-def make_executor(container: Any, slice_obj: Any) -> tuple[Any, float]:
-    """Prepare an executor for a slice; return it with the seconds preparation took."""
-    ex = container.executor(slice=slice_obj)
+def make_executor(container: Any, slice_obj: Any, intervention: Any = None) -> tuple[Any, float]:
+    """Prepare an executor for a slice (and intervention); return it with the seconds preparation took."""
+    ex = container.executor(slice=slice_obj, intervention=intervention)
     return ex, float(ex.prepare_seconds)
 
 

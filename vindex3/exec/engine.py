@@ -6,12 +6,18 @@ layer skeleton and the operator interface, never an operator's kind nor a model 
     ex = Executor(op_plan, tensor_source, Full())     # Container.executor() builds this
     st = ex.start()                                    # a token stream (a hidden stream for a LayerRange)
     st.prefill(ids); st.step(tok); st.trace; st.last_hidden
+
+Two generic hooks serve the internals queries (vindex3.internals) and cost nothing when unused:
+an `Observer` attached to a stream sees every slot's input and write and the residual after it
+(one None check per pass), and an intervention (`vindex3.exec.intervention`) given to the
+executor binds the FFN kernels it names differently (no check at all on the hot path).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,8 +25,10 @@ import numpy as np
 from .. import codecs
 from ..codecs import Weight
 from ..errors import SliceError, StateError, UnsupportedOperator
-from ..operators import ARRAY
+from ..operators import ARRAY, FFN, MIXER
 from ..opplan import Op, OperandRef, OpPlan
+from .intervention import Intervention
+from .intervention import resolve as resolve_intervention
 from .ops.norm import make_weight, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
 from .state import ContinuationState, LayerState
@@ -45,6 +53,12 @@ def _small_pass_limit():
         _threads["ctl"] = ThreadpoolController()
         _threads["n"] = int(os.environ.get("VINDEX3_DECODE_THREADS", "1"))
     return _threads["ctl"].limit(limits=_threads["n"], user_api="blas")
+
+
+def small_pass_threads():
+    """The context decode-sized passes run in (BLAS held at VINDEX3_DECODE_THREADS threads), for
+    other matrix-vector work (the internals queries) that a busy machine slows down the same way."""
+    return _small_pass_limit()
 
 
 def decode_threads() -> int:
@@ -91,6 +105,55 @@ class PreparedOperands:
 OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int, bool], tuple[np.ndarray, np.ndarray]]
 
 
+class Observer:
+    """Watches one stream's residual stream: ``ex.start(observer=obs)`` (or ``stream.observer =
+    obs``). Per pass (positions ``p0 .. p0+T-1``), in execution order:
+
+    * ``begin(p0, h)``: the residual entering the first executed layer (for a slice with ends:
+      the scaled embedding);
+    * per executed layer and slot (``site`` is "mixer" or "ffn"): ``slot_input(layer, site, p0,
+      x)`` with the input the slot's op reads (after its pre-norm, if any), then ``write(layer,
+      site, p0, write, residual)`` with the slot's write (after any post-norm and the residual
+      multiplier: exactly what is added to the residual) and the residual after it.
+
+    Arrays are [T, hidden] float32 and belong to the executor: read them, keep references (the
+    executor never writes into them afterwards), never modify them. Observing changes no byte of
+    the run."""
+
+    def begin(self, p0: int, h: np.ndarray) -> None:
+        pass
+
+    def slot_input(self, layer: int, site: str, p0: int, x: np.ndarray) -> None:
+        pass
+
+    def write(self, layer: int, site: str, p0: int, write: np.ndarray, residual: np.ndarray) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Readout:
+    """The component's final norm and head: hidden [T, hidden] -> logits [T, vocab], float32.
+    Its parts are public so that attributions can freeze the norm's scale."""
+
+    norm_weight: np.ndarray  # [hidden], the weight offset already added
+    eps: np.float32
+    head: Weight  # [vocab, hidden]
+    multiplier: np.float32
+    softcap: float | None
+
+    def normed(self, h: np.ndarray) -> np.ndarray:
+        return rms_norm(h, self.norm_weight, self.eps)
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        logits = self.head.mm(self.normed(h))
+        if self.multiplier != 1:
+            logits = logits * self.multiplier
+        if self.softcap:
+            c = F32(self.softcap)
+            logits = np.tanh(logits / c) * c
+        return logits
+
+
 def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
     if op.kind == "rms_norm":
         weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
@@ -104,10 +167,18 @@ def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
     raise UnsupportedOperator(f"core op {op.kind!r} has no executor")
 
 
-def _bind_slot(op: Op, W: PreparedOperands) -> OpFn:
+def slot_operands(op: Op, W: PreparedOperands) -> dict[str, Any]:
+    """A slot op's operands as its operator's ``bind`` takes them (role -> Weight or array)."""
     kinds = {r.name: r.kind for r in op.operator.roles(op.params)}
-    operands = {role: (W.array(ref) if kinds.get(role) == ARRAY else W.weight(ref)) for role, ref in op.operands.items()}
-    kernel = op.operator.bind(op.params, operands)
+    return {role: (W.array(ref) if kinds.get(role) == ARRAY else W.weight(ref)) for role, ref in op.operands.items()}
+
+
+def _bind_slot(op: Op, W: PreparedOperands, ablate: np.ndarray | None = None) -> OpFn:
+    operands = slot_operands(op, W)
+    if ablate is None:
+        kernel = op.operator.bind(op.params, operands)
+    else:  # resolve_intervention has checked that the operator opts into features
+        kernel = op.operator.bind_ablated(op.params, operands, ablate)
     slot = op.role
     prefill, step = kernel.prefill, kernel.step
 
@@ -135,31 +206,35 @@ def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
 
 
 class Executor:
-    """Prepared once per slice; runs any number of streams."""
+    """Prepared once per slice (and intervention, if any); runs any number of streams."""
 
-    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice):
+    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice, intervention: Intervention | None = None):
         self.plan = plan
         self.slice = sl
         self.slice_plan = plan_slice(plan, sl)
         self.layers = self.slice_plan.executed_layers
         _preflight(plan, self.layers, self.slice_plan.operands)
+        ablate = resolve_intervention(intervention, plan, self.layers, sl.describe())
+        self.intervention = intervention
         t0 = time.perf_counter()
         W = PreparedOperands(source)
         self.has_ends = self.slice_plan.has_ends
+        self.readout: Readout | None = None
         if self.has_ends:
             self._emb = W.weight(plan.embedding.operands["weight"])
             self._emb_mult = F32(plan.embedding.params.multiplier)
-            fn = plan.final_norm
-            self._fn_w = make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset)
-            self._fn_eps = F32(fn.params.eps)
-            hd = plan.head
-            self._head = W.weight(hd.operands["weight"])
-            self._head_mult = F32(hd.params.multiplier)
-            self._softcap = hd.params.softcap
+            fn, hd = plan.final_norm, plan.head
+            self.readout = Readout(make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset), F32(fn.params.eps),
+                                   W.weight(hd.operands["weight"]), F32(hd.params.multiplier), hd.params.softcap)
         self._kernels: list[tuple[int, list[OpFn]]] = [
-            (i, [(_bind_slot(op, W) if op.operator is not None else _bind_core(op, W)) for op in plan.layers[i].ops])
+            (i, [(_bind_slot(op, W, ablate.get(i) if op.role == FFN else None) if op.operator is not None
+                  else _bind_core(op, W)) for op in plan.layers[i].ops])
             for i in self.layers
         ]
+        # What an observer is told about each op: (slot, multiplier) of a residual add, (slot,
+        # None) of a slot op, None of a norm.
+        self._sites: dict[int, list[tuple[str, np.float32 | None] | None]] = {i: [_site(op) for op in plan.layers[i].ops]
+                                                                             for i in self.layers}
         self.prepared = W
         self.prepare_seconds = time.perf_counter() - t0
         self.operand_reads = W.reads
@@ -189,6 +264,30 @@ class Executor:
         return self._last.last_hidden if self._last is not None else None
 
     # -- passes ------------------------------------------------------------------------------
+    def _layers_observed(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace, obs: Observer) -> np.ndarray:
+        """`_layers` with an observer: the same arithmetic in the same order (so the same bytes),
+        with each residual add spelled out so that the write it adds can be shown."""
+        p0 = state.position
+        one = h.shape[0] == 1
+        ran = []
+        x = h
+        obs.begin(p0, h)
+        for i, fns in self._kernels:
+            ls = state.layers[i]
+            for fn, site in zip(fns, self._sites[i]):
+                if site is None:
+                    h, x = fn(h, x, ls, p0, one)
+                elif site[1] is None:
+                    obs.slot_input(i, site[0], p0, x)
+                    h, x = fn(h, x, ls, p0, one)
+                else:
+                    w = x if site[1] == 1 else x * site[1]
+                    h = h + w
+                    obs.write(i, site[0], p0, w, h)
+            ran.append(i)
+        trace.executed_layers = ran
+        return h
+
     def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> np.ndarray:
         p0 = state.position
         one = h.shape[0] == 1
@@ -202,6 +301,12 @@ class Executor:
         trace.executed_layers = ran
         return h
 
+    def embed(self, ids) -> np.ndarray:
+        """Token ids -> the residual entering layer 0 (embedding rows times its multiplier)."""
+        if not self.has_ends:
+            raise SliceError(f"{self.slice.describe()} has no embedding")
+        return self._embed(ids)
+
     def _embed(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         V = self._emb.shape[0]
@@ -214,14 +319,7 @@ class Executor:
         return h
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
-        hn = rms_norm(h, self._fn_w, self._fn_eps)
-        logits = self._head.mm(hn)
-        if self._head_mult != 1:
-            logits = logits * self._head_mult
-        if self._softcap:
-            c = F32(self._softcap)
-            logits = np.tanh(logits / c) * c
-        return logits
+        return self.readout(h)
 
     def _pass(self, h: np.ndarray, stream: _StreamBase, ends: bool, last_only: bool = False) -> np.ndarray:
         t0 = time.perf_counter()
@@ -229,13 +327,16 @@ class Executor:
         if T == 0:
             raise SliceError("no positions to run")
         out = None
+        obs = stream.observer
         if T <= SMALL_PASS:
             with _small_pass_limit():
-                h = self._layers(h, stream.state, stream.trace)
+                h = self._layers(h, stream.state, stream.trace) if obs is None else \
+                    self._layers_observed(h, stream.state, stream.trace, obs)
                 if ends:
                     out = self._logits(h[-1:] if last_only else h)
         else:
-            h = self._layers(h, stream.state, stream.trace)
+            h = self._layers(h, stream.state, stream.trace) if obs is None else \
+                self._layers_observed(h, stream.state, stream.trace, obs)
             if ends:
                 out = self._logits(h[-1:] if last_only else h)
         stream.state.position += T
@@ -252,20 +353,30 @@ class Executor:
                              "start().prefill_hidden(h) on a layer range")
         return self.start().prefill(token_ids)
 
-    def start(self) -> Stream | HiddenStream:
+    def start(self, observer: Observer | None = None) -> Stream | HiddenStream:
         """A new stream with its own state and trace: token ids in and logits out for a slice
-        with ends, hidden states in and out for a `LayerRange`."""
+        with ends, hidden states in and out for a `LayerRange`. An observer, if given, sees the
+        stream's residual stream (see `Observer`)."""
         if isinstance(self.slice, LayerRange) or not self.has_ends:
-            return HiddenStream(self)
-        return Stream(self)
+            return HiddenStream(self, observer)
+        return Stream(self, observer)
+
+
+def _site(op: Op) -> tuple[str, np.float32 | None] | None:
+    if op.kind == "residual_add":
+        return op.role.removesuffix("_residual"), F32(op.params.multiplier)
+    if op.role in (MIXER, FFN):
+        return op.role, None
+    return None
 
 
 class _StreamBase:
-    def __init__(self, ex: Executor):
+    def __init__(self, ex: Executor, observer: Observer | None = None):
         self.ex = ex
         self.state = ex.new_state()
         self.trace = ex.new_trace()
         self.last_hidden: np.ndarray | None = None
+        self.observer = observer
 
     @property
     def position(self) -> int:

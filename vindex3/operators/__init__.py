@@ -6,6 +6,8 @@ from .base import (
     FFN,
     MATRIX,
     MIXER,
+    FeatureFfn,
+    FeatureView,
     Kernel,
     Operator,
     Params,
@@ -20,6 +22,6 @@ from .base import (
 )
 
 __all__ = [
-    "ARRAY", "FFN", "MATRIX", "MIXER", "Kernel", "Operator", "Params", "Role", "all_operators", "get",
+    "ARRAY", "FFN", "MATRIX", "MIXER", "FeatureFfn", "FeatureView", "Kernel", "Operator", "Params", "Role", "all_operators", "get",
     "parse_params", "register", "registered", "selected", "unregister",
 ]

@@ -134,6 +134,54 @@ class Operator:
         return f"<operator {self.name} ({self.slot})>"
 
 
+# ---- opt-in: FFN features ------------------------------------------------------------------------
+
+
+class FeatureView:
+    """An FFN layer read as a key-value memory of ``count`` features: feature f reads the FFN's
+    input through its key (gate row f) and writes its value (down column f), weighted by its
+    activation. All arrays are float32.
+
+    * ``keys``   [count, hidden]: gate rows (no bias);
+    * ``values`` [hidden, count]: down columns (no bias; the FFN adds a down bias, if any, whatever
+      its features do);
+    * ``activations(x)``: x [T, hidden] (the FFN's input) -> [T, count], the coefficient each
+      value is written with (``write = values @ a + down bias``).
+    """
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, activations):
+        self.keys = keys
+        self.values = values
+        self.count = int(keys.shape[0])
+        self._activations = activations
+
+    def scores(self, q: np.ndarray) -> np.ndarray:
+        """Gate scores ``q @ keys.T``: q [n, hidden] -> [n, count]."""
+        return q @ self.keys.T
+
+    def activations(self, x: np.ndarray) -> np.ndarray:
+        return self._activations(x)
+
+
+class FeatureFfn:
+    """Opt-in for an FFN operator whose write is a sum of features (see `FeatureView`): mix it
+    into the operator class to let WALK, DESCRIBE, feature metadata and ``ABLATE FEATURES`` see
+    its layers. An FFN operator without it is skipped by the feature queries and refused, by
+    name, by an ablation."""
+
+    def feature_count(self, p: Params) -> int:
+        raise NotImplementedError
+
+    def feature_view(self, p: Params, operands: dict[str, Any]) -> FeatureView:
+        """``operands`` as for ``bind``."""
+        raise NotImplementedError
+
+    def bind_ablated(self, p: Params, operands: dict[str, Any], features: np.ndarray) -> Kernel:
+        """A kernel that computes the FFN with ``features`` (sorted int64 indices, each within
+        ``feature_count``) contributing nothing, as if their activations were zero."""
+        raise NotImplementedError
+
+
 # ---- registry ---------------------------------------------------------------------------------
 
 _BY_NAME: dict[str, Operator] = {}

@@ -1,6 +1,10 @@
 """The gated dense FFN (graph ``ffn: "dense"``, slot ffn): down(act(gate(x)) * up(x)), with the
 gate and up projections stored apart or fused into one matrix (gate rows first), optional
-biases, and the SiLU / erf-GELU / tanh-GELU activations. It keeps no state."""
+biases, and the SiLU / erf-GELU / tanh-GELU activations. It keeps no state.
+
+It opts into features (`FeatureFfn`): feature f is gate row f (its key) and down column f (its
+value), written with activation act(gate_f · x + b) · (up_f · x + b); ablating a feature zeroes
+that activation."""
 
 from __future__ import annotations
 
@@ -10,7 +14,18 @@ import numpy as np
 from pydantic import Field
 
 from ..errors import GraphSchemaError
-from .base import ARRAY, FFN, Kernel, Operator, Params, Role, parse_params, register
+from .base import (
+    ARRAY,
+    FFN,
+    FeatureFfn,
+    FeatureView,
+    Kernel,
+    Operator,
+    Params,
+    Role,
+    parse_params,
+    register,
+)
 
 
 class GatedFfnParams(Params):
@@ -33,7 +48,8 @@ class _Bound(Kernel):
         self.gate_b, self.up_b, self.gate_up_b, self.down_b = (
             w.get(n) for n in ("ffn_gate_bias", "ffn_up_bias", "ffn_gate_up_bias", "ffn_down_bias"))
 
-    def prefill(self, x: np.ndarray, state, p0: int) -> np.ndarray:
+    def activations(self, x: np.ndarray) -> np.ndarray:
+        """x [T, hidden] -> [T, intermediate]: what the down projection multiplies."""
         if self.gate_up is not None:
             gu = self.gate_up.mm(x)
             if self.gate_up_b is not None:
@@ -47,13 +63,29 @@ class _Bound(Kernel):
                 g = g + self.gate_b
             if self.up_b is not None:
                 u = u + self.up_b
-        y = self.down.mm(self.act(g) * u)
+        return self.act(g) * u
+
+    def prefill(self, x: np.ndarray, state, p0: int) -> np.ndarray:
+        y = self.down.mm(self.activations(x))
         if self.down_b is not None:
             y = y + self.down_b
         return y
 
 
-class GatedFfn(Operator):
+class _Ablated(_Bound):
+    """The same FFN with some features' activations set to zero before the down projection."""
+
+    def __init__(self, p: GatedFfnParams, w: dict, features: np.ndarray):
+        super().__init__(p, w)
+        self.features = features
+
+    def activations(self, x: np.ndarray) -> np.ndarray:
+        a = super().activations(x)
+        a[..., self.features] = 0
+        return a
+
+
+class GatedFfn(Operator, FeatureFfn):
     name = "gated_ffn"
     slot = FFN
     selects = "dense"
@@ -84,6 +116,18 @@ class GatedFfn(Operator):
 
     def bind(self, p: GatedFfnParams, operands: dict) -> Kernel:
         return _Bound(p, operands)
+
+    # -- features (FeatureFfn) --
+    def feature_count(self, p: GatedFfnParams) -> int:
+        return p.intermediate_size
+
+    def feature_view(self, p: GatedFfnParams, operands: dict) -> FeatureView:
+        b = _Bound(p, operands)
+        keys = operands["ffn_gate_up"].dense()[: p.intermediate_size] if p.fused_gate_up else operands["ffn_gate"].dense()
+        return FeatureView(keys, operands["ffn_down"].dense(), b.activations)
+
+    def bind_ablated(self, p: GatedFfnParams, operands: dict, features: np.ndarray) -> Kernel:
+        return _Ablated(p, operands, features)
 
 
 register(GatedFfn)
