@@ -15,16 +15,10 @@ from pydantic import BaseModel
 from .errors import AdmissionError
 from .families.base import (
     CONSUMED,
-    DEFAULTED,
-    IGNORED,
-    METADATA,
     STRUCTURE,
-    UNKNOWN,
-    UNSUPPORTED,
     ConfigReader,
     Finding,
     Lowering,
-    _jsonable,
     registered_families,
 )
 from .sources import CheckpointSource, open_source

@@ -154,6 +154,15 @@ class Readout:
         return logits
 
 
+def prepare_ends(plan: OpPlan, W: PreparedOperands) -> tuple[Weight, np.float32, Readout]:
+    """The embedding weight, its multiplier and the readout (final norm and head) of a plan:
+    what every executor with ends holds (one process, or the driver of a sharded model)."""
+    fn, hd = plan.final_norm, plan.head
+    readout = Readout(make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset), F32(fn.params.eps),
+                      W.weight(hd.operands["weight"]), F32(hd.params.multiplier), hd.params.softcap)
+    return W.weight(plan.embedding.operands["weight"]), F32(plan.embedding.params.multiplier), readout
+
+
 def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
     if op.kind == "rms_norm":
         weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
@@ -221,11 +230,7 @@ class Executor:
         self.has_ends = self.slice_plan.has_ends
         self.readout: Readout | None = None
         if self.has_ends:
-            self._emb = W.weight(plan.embedding.operands["weight"])
-            self._emb_mult = F32(plan.embedding.params.multiplier)
-            fn, hd = plan.final_norm, plan.head
-            self.readout = Readout(make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset), F32(fn.params.eps),
-                                   W.weight(hd.operands["weight"]), F32(hd.params.multiplier), hd.params.softcap)
+            self._emb, self._emb_mult, self.readout = prepare_ends(plan, W)
         self._kernels: list[tuple[int, list[OpFn]]] = [
             (i, [(_bind_slot(op, W, ablate.get(i) if op.role == FFN else None) if op.operator is not None
                   else _bind_core(op, W)) for op in plan.layers[i].ops])

@@ -25,8 +25,7 @@ from pydantic import BaseModel
 
 from ..continuation import TRUNCATE
 from ..errors import SliceError, StateError, VindexError
-from ..exec.engine import SMALL_PASS, Executor, PreparedOperands, _small_pass_limit, decode_threads
-from ..exec.ops.norm import make_weight
+from ..exec.engine import SMALL_PASS, Executor, PreparedOperands, _small_pass_limit, decode_threads, prepare_ends
 from ..exec.slice import Draft, Full, LayerRange, plan_slice
 from ..exec.trace import ExecutionTrace
 from . import split
@@ -97,15 +96,7 @@ class Ends:
     def __init__(self, plan, source):
         t0 = time.perf_counter()
         W = PreparedOperands(source)
-        self._emb = W.weight(plan.embedding.operands["weight"])
-        self._emb_mult = F32(plan.embedding.params.multiplier)
-        fn = plan.final_norm
-        self._fn_w = make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset)
-        self._fn_eps = F32(fn.params.eps)
-        hd = plan.head
-        self._head = W.weight(hd.operands["weight"])
-        self._head_mult = F32(hd.params.multiplier)
-        self._softcap = hd.params.softcap
+        self._emb, self._emb_mult, self.readout = prepare_ends(plan, W)
         self.reads, self.bytes = W.reads, W.bytes
         self.prepare_seconds = time.perf_counter() - t0
 
@@ -276,7 +267,10 @@ class ShardedModel:
             self._ends = Ends(self._plan, self.base.tensor_source())
         return self._ends
 
-    def executor(self, slice=None) -> ShardedExecutor:
+    def executor(self, slice=None, intervention=None) -> ShardedExecutor:
+        if intervention is not None:
+            raise ShardError(f"an intervention ({intervention.describe()}) cannot run over shards in this build: "
+                             "the actors run the container's own weights", hint="run it in one process (SET shards = 0)")
         return ShardedExecutor(self, slice or Full())
 
     def placement(self, slice=None, positions: int = 0) -> Placement:
