@@ -63,6 +63,15 @@ class Open(Statement):
     default: bool = False
 
 
+class UseRemote(Statement):
+    """USE REMOTE 'http://host:port' [MODEL 'id']: later statements run on that server."""
+
+    keyword: ClassVar[str] = "USE REMOTE"
+    kind: Literal["use_remote"] = "use_remote"
+    url: str
+    model: str | None = None
+
+
 class Stats(Statement):
     keyword: ClassVar[str] = "STATS"
     kind: Literal["stats"] = "stats"
@@ -200,12 +209,12 @@ class Set(Statement):
 Explain.model_rebuild()
 
 AnyStatement = Annotated[
-    Open | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,
+    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,
     Field(discriminator="kind"),
 ]
 
 STATEMENT_CLASSES: tuple[type[Statement], ...] = (
-    Open, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
+    Open, UseRemote, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
     ShowOperands, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
     ScoreDraft, Verify, Plan, Encode, Help, Set,
 )

@@ -130,6 +130,19 @@ class OpenResult(Result):
     draft_reset: int | None = None  # the session's draft depth that OPEN cleared
 
 
+class RemoteResult(Result):
+    """USE REMOTE: the server and model a session is now bound to."""
+
+    kind: Literal["use_remote"] = "use_remote"
+    url: str
+    model: str
+    name: str
+    layers: int
+    operator_mix: list[MixEntry]
+    digest: str
+    session: str  # the X-Session-Id the server keeps this session's state under
+
+
 class ObjectRow(BaseModel):
     object: str
     representation: str

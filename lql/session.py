@@ -38,6 +38,7 @@ class Session:
         self.catalog: Catalog | None = None
         self.default_model = False
         self.draft_depth: int | None = None
+        self.remote = None  # lql.server.client.Remote after USE REMOTE: statements run there
         self.settings: dict[str, Any] = {s.name: s.default for s in catalog.SETTINGS}
         self.on_token = on_token
         self.on_progress = on_progress
@@ -107,13 +108,20 @@ class Session:
 
     def context(self) -> Context:
         """What the planner may know about this session."""
-        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=dict(self.settings))
+        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=dict(self.settings),
+                       remote=self.remote)
 
     def bind(self, container, *, default_model: bool = False) -> None:
-        """Bind ``container``: a fresh catalog, no executors, no draft depth."""
+        """Bind ``container``: a fresh catalog, no executors, no draft depth, no server."""
         # One assignment, so an interrupt cannot leave old executors bound to the new container.
         self.container, self.catalog, self.default_model, self._executors, self.draft_depth = (
             container, Catalog(container), bool(default_model), {}, None)
+        self.remote = None
+
+    def bind_remote(self, remote) -> None:
+        """Bind a server (USE REMOTE): no local container; statements run there."""
+        self.close()
+        self.remote = remote
 
     def executor(self, depth: int | None) -> tuple[Any, bool]:
         """The executor for a depth (prepared once per session), and whether it was prepared now."""
@@ -128,5 +136,6 @@ class Session:
         """Forget the bound container and every prepared executor."""
         self.container = None
         self.catalog = None
-        self._executors.clear()
+        self._executors = {}
         self.draft_depth = None
+        self.remote = None
