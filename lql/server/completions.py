@@ -134,7 +134,8 @@ def max_tokens_of(req: _Common, limits: Limits, default: int) -> int:
     n = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         n = req.max_completion_tokens
-    n = default if n is None else n
+    if n is None:  # not asked for: the endpoint's default, within the server's limit
+        return min(default, limits.max_tokens)
     if n > limits.max_tokens:
         raise RequestRefusal(f"max_tokens {n} is more than this server allows (--max-tokens is {limits.max_tokens})",
                              hint=f"ask for at most {limits.max_tokens} tokens")
