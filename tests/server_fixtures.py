@@ -17,9 +17,10 @@ import pytest
 
 pytest.importorskip("starlette", reason="SKIPPED LOUDLY: the server extra is not installed (pip install -e '.[dev]')")
 pytest.importorskip("uvicorn", reason="SKIPPED LOUDLY: the server extra is not installed (pip install -e '.[dev]')")
+pytest.importorskip("httpx", reason="SKIPPED LOUDLY: httpx (Starlette's test client) is a dev dependency")
 
-from lql.server.app import create_app  # noqa: E402
-from lql.server.config import Limits, ModelSpec, ServerConfig  # noqa: E402
+from lql.server.app import create_app
+from lql.server.config import Limits, ModelSpec, ServerConfig
 
 # A ChatML template in the subset lql.chat renders (the shape SmolLM2's own template has).
 CHATML = (

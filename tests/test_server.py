@@ -9,14 +9,12 @@ import logging
 import os
 
 import pytest
-
 from server_fixtures import chat_container, config, sse_events
+from starlette.testclient import TestClient
 
-from starlette.testclient import TestClient  # noqa: E402 - server_fixtures skips without the extra
-
-import lql  # noqa: E402
-import lql.cli  # noqa: E402
-from lql.server.app import create_app  # noqa: E402
+import lql
+import lql.cli
+from lql.server.app import create_app
 
 KEY = "test-key-0123"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -125,7 +123,7 @@ def test_sessions_keep_state_for_their_ttl(tiny_llama_container):
     import time
 
     with TestClient(create_app(config(tiny_llama_container, session_ttl=0.5))) as c:
-        q = lambda text, h=None: c.post("/v1/query", json={"lql": text}, headers=h or {}).json()["results"]  # noqa: E731
+        q = lambda text, h=None: c.post("/v1/query", json={"lql": text}, headers=h or {}).json()["results"]
         sid = {"X-Session-Id": "abc-1"}
         q("DRAFT DEPTH 2", sid)
         assert q("INFER 'x' TOP 1", sid)[0]["result"]["depth"] == 2
@@ -184,17 +182,17 @@ def test_unknown_endpoint_and_method_are_json(client):
 def test_read_only_profile_refuses_by_name(tiny_llama_container, tiny_llama_dir, tmp_path):
     cfg = config(tiny_llama_container, profile="read-only", data_dir=tmp_path, read_only_generate=8)
     with TestClient(create_app(cfg)) as c:
-        q = lambda text: c.post("/v1/query", json={"lql": text}).json()["results"][-1]  # noqa: E731
+        q = lambda text: c.post("/v1/query", json={"lql": text}).json()["results"][-1]
         for text, word in (("ENCODE 'ckpt' INTO 'out'", "ENCODE"), ("PLAN 'ckpt'", "PLAN"),
                            ("DUMP LOGITS 'x' INTO 'x.f32'", "DUMP LOGITS"), ("OPEN 'x.vindex3'", "OPEN"),
                            ("OPEN DEFAULT", "OPEN"), ("SCORE DRAFT 'a' AGAINST 'b'", "SCORE DRAFT"),
-                           ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl'", "DRAFT LADDER")):
+                           ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl'", "DRAFT LADDER"), ("VERIFY", "VERIFY")):
             o = q(text)
             assert o["ok"] is False and o["error"]["type"] == "ProfileRefusal", text
             assert f"read-only profile refuses {word}" in o["error"]["message"], o
         assert not list(tmp_path.iterdir())  # nothing was written
         for text in ("STATS", "EXPLAIN", "SHOW LAYERS", "SHOW OPERANDS LAYER 0", "INFER 'x' TOP 2", "TRACE 'x'",
-                     "VERIFY", "DRAFT DEPTH 2", "SET top = 2", "HELP", "INFER 'x' GENERATE 8"):
+                     "DRAFT DEPTH 2", "SET top = 2", "HELP", "INFER 'x' GENERATE 8"):
             assert q(text)["ok"] is True, text
         o = q("INFER 'x' GENERATE 9")
         assert o["error"]["type"] == "LimitRefusal" and "--read-only-generate" in o["error"]["message"]
@@ -214,7 +212,7 @@ def test_paths_stay_inside_the_data_dir(tiny_llama_container, tmp_path):
     outside.mkdir()
     (data / "out-link").symlink_to(outside)
     with TestClient(create_app(config(tiny_llama_container, data_dir=data))) as c:
-        q = lambda text: c.post("/v1/query", json={"lql": text}).json()["results"][-1]  # noqa: E731
+        q = lambda text: c.post("/v1/query", json={"lql": text}).json()["results"][-1]
         o = q("DUMP LOGITS 'Water' INTO 'full.f32'")
         assert o["ok"] is True, o
         assert (data / "full.f32").exists() and (data / "full.meta.json").exists()
@@ -446,3 +444,12 @@ def test_server_environment_key_file_and_bind_refusals(tmp_path, tiny_llama_cont
     c = cfg("--max-concurrent", "3", "--max-queue", "5", "--time-limit", "7", "--profile", "read-only")[0]
     assert (c.limits.max_concurrent, c.limits.max_queue, c.limits.time_limit, c.profile) == (3, 5, 7.0, "read-only")
     assert c.models[0].id == os.path.basename(str(tiny_llama_container)).replace(".vindex3", "")
+
+
+def test_sessions_are_bounded(tiny_llama_container):
+    with TestClient(create_app(config(tiny_llama_container, max_sessions=1))) as c:
+        assert c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "a"}).status_code == 200
+        assert c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "a"}).status_code == 200
+        r = c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "b"})
+        assert r.status_code == 429 and r.json()["error"]["type"] == "TooManySessions"
+        assert c.post("/v1/query", json={"lql": "STATS"}).status_code == 200  # no header: no kept session

@@ -7,13 +7,11 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from server_fixtures import sse_events
+from starlette.testclient import TestClient
 
-from starlette.testclient import TestClient  # noqa: E402 - server_fixtures skips without the extra
-
-from lql.server.app import create_app  # noqa: E402
-from lql.server.cli import arg_parser, config_from_args  # noqa: E402
+from lql.server.app import create_app
+from lql.server.cli import arg_parser, config_from_args
 
 
 @pytest.mark.slow

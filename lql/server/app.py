@@ -35,7 +35,7 @@ from . import completions as C
 from . import policy
 from .config import ServerConfig
 from .models import ModelHost
-from .sessions import SessionRefusal, SessionStore
+from .sessions import SessionStore, TooManySessions
 from .worker import JobContext, Stopped
 
 log = logging.getLogger("lql.server")
@@ -73,15 +73,13 @@ class InternalError(LqlError):
 
 
 _STATUS: dict[type, int] = {
-    Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
+    TooManySessions: 429, Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
     InternalError: 500, C.RequestRefusal: 400, policy.LimitRefusal: 400, policy.ProfileRefusal: 403,
     policy.PathRefusal: 403,
 }
 
 
 def status_of(err: LqlError) -> int:
-    if isinstance(err, SessionRefusal):
-        return 429 if "at most" in err.message else 400
     for cls, code in _STATUS.items():
         if isinstance(err, cls):
             return code

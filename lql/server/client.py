@@ -91,7 +91,7 @@ class Remote:
             headers["Authorization"] = f"Bearer {self.key}"
         req = urllib.request.Request(self.url + path, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:  # noqa: S310 - the URL was checked
+            with urllib.request.urlopen(req, timeout=TIMEOUT) as resp:
                 text = resp.read().decode("utf-8")
                 status = resp.status
         except urllib.error.HTTPError as e:
@@ -173,7 +173,7 @@ def error_from_json(obj: dict) -> LqlError:
     `RemoteError` carrying the server's type."""
     err = obj.get("error") or {}
     stmt = obj.get("statement") or {}
-    kw = dict(hint=err.get("hint"), line=err.get("line"), column=err.get("column"), statement=stmt.get("text"))
+    kw = {"hint": err.get("hint"), "line": err.get("line"), "column": err.get("column"), "statement": stmt.get("text")}
     kind = str(err.get("type") or "RemoteError")
     message = str(err.get("message"))
     cls = getattr(E, kind, None)

@@ -272,7 +272,7 @@ class Generation:
     speculate: Speculation | None = None
 
 
-class _Finished(BaseException):  # noqa: N818 - ends a speculation from its token callback
+class _Finished(BaseException):
     pass
 
 

@@ -57,7 +57,7 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
     ast.ShowProvenance, ast.ShowOperands, ast.ShowSettings, ast.Infer, ast.Trace, ast.DraftDepth,
-    ast.DraftOff, ast.Verify, ast.Help, ast.Set,
+    ast.DraftOff, ast.Help, ast.Set,
 })
 
 #: Why the read-only profile refuses a statement it knows.
@@ -68,6 +68,7 @@ _WHY = {
     ast.DraftLadder: "it reads a prompt bank and writes files on the server",
     ast.ScoreDraft: "it reads dump files on the server",
     ast.Open: "it names a container on the server; this server serves fixed models (the request's model field)",
+    ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
 }
 
 
@@ -91,7 +92,7 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
         if isinstance(stmt, ast.Open) and stmt.default:
             why = "it binds another model; this server serves fixed models (the request's model field)"
         raise ProfileRefusal(f"the read-only profile refuses {kw}: {why}",
-                             hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE, VERIFY, "
+                             hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE, "
                                   "DRAFT DEPTH, SET, HELP")
     _check_numbers(stmt, config)
     updates = {}

@@ -19,7 +19,11 @@ SESSION_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 class SessionRefusal(LqlError):
-    """The X-Session-Id header is malformed, or no new session can be opened."""
+    """The X-Session-Id header is malformed."""
+
+
+class TooManySessions(SessionRefusal):
+    """--max-sessions sessions are live; a new one cannot be opened (429)."""
 
 
 @dataclass
@@ -55,7 +59,7 @@ class SessionStore:
         s = self._sessions.get(key)
         if s is None:
             if len(self._sessions) >= self.max_sessions:
-                raise SessionRefusal(f"this server keeps at most {self.max_sessions} sessions, and all are in use",
+                raise TooManySessions(f"this server keeps at most {self.max_sessions} sessions, and all are in use",
                                      hint="retry later, or send requests without X-Session-Id")
             s = self._sessions[key] = ServerSession(_new_session(host), host.id, session_id)
         s.last_used = time.monotonic()

@@ -28,7 +28,7 @@ from typing import Any
 log = logging.getLogger("lql.server")
 
 
-class Stopped(BaseException):  # noqa: N818 - a control signal, not an error class
+class Stopped(BaseException):
     """Raised inside model work to stop it: the client went away or the time limit passed.
     A BaseException so that no ``except Exception`` in a command or in vindex3 swallows it."""
 
@@ -165,9 +165,9 @@ class ModelWorker:
     def _finish(job: _Gen, exc: BaseException | None) -> None:
         try:
             job.gen.close()  # type: ignore[attr-defined]
-        except BaseException:  # noqa: BLE001 - closing must not take the worker down
+        except BaseException:
             log.exception("closing a generation failed")
         try:
             job.done(exc)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("reporting the end of a generation failed")
