@@ -453,3 +453,26 @@ def test_sessions_are_bounded(tiny_llama_container):
         r = c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "b"})
         assert r.status_code == 429 and r.json()["error"]["type"] == "TooManySessions"
         assert c.post("/v1/query", json={"lql": "STATS"}).status_code == 200  # no header: no kept session
+
+
+def test_dir_serves_every_container_under_its_own_id(tiny_llama_container, containers, tmp_path):
+    from lql.server.cli import arg_parser, config_from_args
+
+    d = tmp_path / "models"
+    d.mkdir()
+    (d / "a.vindex3").symlink_to(tiny_llama_container)
+    (d / "b.vindex3").symlink_to(containers("qwen3"))
+    (d / "notes").mkdir()  # not a container: no index.json
+    cfg = config_from_args(arg_parser().parse_args(["--dir", str(d)]))[0]
+    assert [m.id for m in cfg.models] == ["a", "b"]
+    with TestClient(create_app(cfg)) as c:
+        data = c.get("/v1/models").json()["data"]
+        assert [(m["id"], m["layers"]) for m in data] == [("a", 4), ("b", 4)]
+        assert data[0]["digest"] != data[1]["digest"]
+        r = c.post("/v1/query", json={"lql": "STATS"})
+        assert r.status_code == 404 and "a, b" in r.json()["error"]["hint"]
+        for mid in ("a", "b"):
+            o = c.post("/v1/query", json={"lql": "STATS", "model": mid}).json()["results"][0]
+            assert o["result"]["digest"] == next(m["digest"] for m in data if m["id"] == mid)
+    with pytest.raises(Exception, match="holds no container"):
+        config_from_args(arg_parser().parse_args(["--dir", str(d / "notes")]))

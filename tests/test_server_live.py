@@ -178,6 +178,11 @@ def test_client_disconnecting_mid_stream_stops_its_generation(tiny_llama_contain
             it = r.iter_raw()
             next(it)
             next(it)
+            # the model computes on its worker thread: the event loop still answers at once
+            t0 = time.monotonic()
+            assert httpx.get(url + "/v1/health", timeout=5).status_code == 200
+            assert time.monotonic() - t0 < 1.0
+            assert worker.active_generations == 1
         # the connection is closed: the generation must stop within a few steps
         deadline = time.monotonic() + 5
         while worker.active_generations and time.monotonic() < deadline:

@@ -76,6 +76,7 @@ class ModelWorker:
         self._active: deque[_Gen] = deque()
         self._thread = threading.Thread(target=self._run, name=f"lql-model-{name}", daemon=True)
         self._started = False
+        self._generations = 0  # admitted and not finished (a job being stepped is out of _active)
 
     def start(self) -> None:
         """Start the thread (idempotent; called by the server's lifespan, or on first use)."""
@@ -90,7 +91,8 @@ class ModelWorker:
 
     @property
     def active_generations(self) -> int:
-        return len(self._active)
+        """Generations admitted to the worker and not yet finished."""
+        return self._generations
 
     # ---- submitting work (from any thread) ------------------------------------------------
 
@@ -124,6 +126,7 @@ class ModelWorker:
                 if isinstance(item, _Call):
                     self._run_call(item)
                 else:
+                    self._generations += 1
                     self._active.append(item)
                 try:
                     item = self._q.get_nowait()
@@ -161,8 +164,8 @@ class ModelWorker:
             return False
         return True
 
-    @staticmethod
-    def _finish(job: _Gen, exc: BaseException | None) -> None:
+    def _finish(self, job: _Gen, exc: BaseException | None) -> None:
+        self._generations -= 1
         try:
             job.gen.close()  # type: ignore[attr-defined]
         except BaseException:
