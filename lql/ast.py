@@ -64,6 +64,15 @@ class Open(Statement):
     shards: int | None = None  # SHARDS n: run the layers as n Ray actors (vindex3.shards)
 
 
+class UseRemote(Statement):
+    """USE REMOTE 'http://host:port' [MODEL 'id']: later statements run on that server."""
+
+    keyword: ClassVar[str] = "USE REMOTE"
+    kind: Literal["use_remote"] = "use_remote"
+    url: str
+    model: str | None = None
+
+
 class Stats(Statement):
     keyword: ClassVar[str] = "STATS"
     kind: Literal["stats"] = "stats"
@@ -201,12 +210,12 @@ class Set(Statement):
 Explain.model_rebuild()
 
 AnyStatement = Annotated[
-    Open | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,
+    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,
     Field(discriminator="kind"),
 ]
 
 STATEMENT_CLASSES: tuple[type[Statement], ...] = (
-    Open, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
+    Open, UseRemote, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
     ShowOperands, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
     ScoreDraft, Verify, Plan, Encode, Help, Set,
 )

@@ -22,6 +22,9 @@ STATEMENTS: tuple[StatementDoc, ...] = (
                  "bind a container (OPEN DEFAULT: the built-in default model, encoded on first use; "
                  "SHARDS n: its layers run as n Ray actors)",
                  "OPEN 'model.vindex3';"),
+    StatementDoc("USE REMOTE", "USE REMOTE 'http://host:port' [MODEL 'id']",
+                 "bind the session to an lql server: later statements run there and print here (OPEN comes back)",
+                 "USE REMOTE 'http://127.0.0.1:8088';"),
     StatementDoc("STATS", "STATS [AT n POSITIONS]",
                  "the container's facts: layers, operator mix, objects, continuation state in bytes",
                  "STATS AT 4096 POSITIONS;"),

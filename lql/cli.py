@@ -8,7 +8,9 @@ the first that fails (statements before it have run, as with sqlite3 and psql), 
 ``--keep-going``. Lines that start with a backslash are shell commands (``\\timing off``).
 Exit status: 0 when every statement ran, 1 when a statement failed or the text is not LQL, 2
 for a usage error, 3 for an internal error (a bug; ``--debug`` shows its traceback), 130 when
-interrupted."""
+interrupted.
+
+``lql serve ...`` starts the HTTP server instead (see docs/server.md and ``lql serve --help``)."""
 
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def _arg_parser() -> argparse.ArgumentParser:
         prog="lql",
         description="LQL: query, explain and run language models stored as VINDEX3 containers.",
         epilog="With no script and no -e, statements are read from standard input; "
-               "at a terminal, the interactive shell opens instead.",
+               "at a terminal, the interactive shell opens instead. "
+               "`lql serve --help`: serve models over HTTP.",
     )
     from vindex3 import __version__
 
@@ -66,6 +69,11 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None, stdout: 
          stderr: TextIO | None = None) -> int:
     """Run the command; returns the exit status (the console script exits with it)."""
     stdin, out, err = stdin or sys.stdin, stdout or sys.stdout, stderr or sys.stderr
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # `lql serve ...`: the HTTP server (a script named serve: `lql ./serve`)
+        from .server.cli import main as serve
+
+        return serve(argv[1:], stderr=err)
     args = _arg_parser().parse_args(argv)
 
     if args.repl is not None:

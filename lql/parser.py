@@ -198,6 +198,11 @@ class ToAst(Transformer):
     def open_default(self, meta, c):
         return ast.Open(default=True, shards=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
 
+    def use_remote(self, meta, c):
+        # USE REMOTE STRING [MODEL STRING]
+        model = _unquote(c[4]) if c[4] is not None else None
+        return ast.UseRemote(url=_unquote(c[2]), model=model, **self._pos(meta))
+
     def stats_stmt(self, meta, c):
         return ast.Stats(positions=_int(c[2]) if c[2] is not None else None, **self._pos(meta))
 
@@ -456,6 +461,8 @@ def _found(text: str, err: UnexpectedInput) -> tuple[str, str]:
             return repr(word.group(0)), bare
         return repr(ch), bare
     tok = err.token
+    if tok.type in KEYWORDS and bare[len(tok.value) : len(tok.value) + 1] in tuple("./\\-"):
+        return repr(bare), bare  # a path that begins with a keyword (model.vindex3), not the keyword
     if tok.type in KEYWORDS:
         return f"keyword {tok.value.upper()}", bare
     if tok.type == "STRING":

@@ -31,6 +31,7 @@ class Context:
     catalog: Catalog | None
     draft_depth: int | None = None
     settings: Mapping[str, Any] = field(default_factory=dict)
+    remote: Any = None  # lql.server.client.Remote when the session is bound to a server (USE REMOTE)
 
     @property
     def bound(self) -> bool:
@@ -65,6 +66,33 @@ class Open(Node):
     path: str | None
     default: bool
     shards: int  # 0: one process; n: n layer-range actors
+
+
+@dataclass(frozen=True, eq=False)
+class UseRemote(Node):
+    """USE REMOTE: bind the session to a server (the URL already checked)."""
+
+    url: str
+    model: str | None
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteStatement(Node):
+    """A statement of a remote-bound session: it runs on the server (``remote``)."""
+
+    remote: Any
+
+    def describe(self) -> str:
+        return f"{self.statement.keyword} on {self.remote.url}"
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteSet(Node):
+    """SET in a remote-bound session: sent to the server (whose planner reads top, chat,
+    compare), then applied here too (format, timing, pager are the local console's)."""
+
+    remote: Any
+    local: SetSetting
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,6 +274,10 @@ def plan(stmt: ast.Statement, ctx: Context) -> Node:
     if entry is None:  # a grammar rule without a planner is a bug
         raise _err(stmt, f"{type(stmt).__name__} has no plan")
     fn, needs_container = entry
+    if ctx.remote is not None and not isinstance(stmt, _LOCAL_WHEN_REMOTE):
+        if isinstance(stmt, ast.Set):
+            return RemoteSet(stmt, remote=ctx.remote, local=fn(stmt, ctx))
+        return RemoteStatement(stmt, remote=ctx.remote)
     if needs_container:
         _check(stmt, ctx)  # what needs no model is refused even with nothing bound
         if not ctx.bound:
@@ -255,6 +287,11 @@ def plan(stmt: ast.Statement, ctx: Context) -> Node:
                 line=stmt.line, column=stmt.column, statement=stmt.source,
             )
     return fn(stmt, ctx)
+
+
+# What a remote-bound session still runs here: binding (OPEN leaves the server, USE REMOTE
+# moves to another), the statement catalogue and the local settings table.
+_LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote, ast.Help, ast.ShowSettings)
 
 
 def _check(s: ast.Statement, ctx: Context) -> None:
@@ -340,6 +377,15 @@ def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat:
 def _open(s: ast.Open, ctx: Context) -> Node:
     _positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
     return Open(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings["shards"])
+
+
+@plans(ast.UseRemote)
+def _use_remote(s: ast.UseRemote, ctx: Context) -> Node:
+    from .server.client import check_url
+
+    if s.model is not None and not s.model:
+        raise _err(s, "USE REMOTE ... MODEL '' names no model", hint="leave MODEL out to use the server's only model")
+    return UseRemote(s, url=check_url(s.url), model=s.model)
 
 
 @plans(ast.Stats, needs_container=True)

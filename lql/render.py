@@ -231,6 +231,17 @@ def _placement(p: R.PlacementInfo | None) -> list[str]:
     return out
 
 
+@_layout(R.RemoteResult)
+def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
+    return [f"using {r.url}: statements run there"] + fields([
+        ("model", f"{r.model} ({r.name})" if r.name != r.model else r.model),
+        ("layers", str(r.layers)),
+        ("operators", fmt_mix(r.operator_mix)),
+        ("digest", r.digest),
+        ("session", r.session),
+    ])
+
+
 @_layout(R.StatsResult)
 def _stats(r: R.StatsResult, timing: bool) -> list[str]:
     return _stats_facts(r) + _placement(r.placement)

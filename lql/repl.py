@@ -347,7 +347,17 @@ class Shell(Console):
     def _toolbar(self) -> list[tuple[str, str]]:
         s = self.session
         c = s.container
-        if c is None:
+        remote = getattr(s, "remote", None)
+        if remote is not None:  # USE REMOTE: statements run on that server
+            depth = "off" if remote.draft_depth is None else f"{remote.draft_depth}"
+            frags = [
+                ("class:bottom-toolbar", " remote "),
+                ("class:bottom-toolbar.model", f"{remote.url}"),
+                ("class:bottom-toolbar", " model "),
+                ("class:bottom-toolbar.model", str(remote.model)),
+                ("class:bottom-toolbar", f" | draft depth {depth} "),
+            ]
+        elif c is None:
             frags = [
                 ("class:bottom-toolbar.off", " no container bound: OPEN 'path' or OPEN DEFAULT ")
             ]

@@ -131,6 +131,19 @@ class OpenResult(Result):
     shards: int = 0  # layer-range actors the model runs in (0: this process)
 
 
+class RemoteResult(Result):
+    """USE REMOTE: the server and model a session is now bound to."""
+
+    kind: Literal["use_remote"] = "use_remote"
+    url: str
+    model: str
+    name: str
+    layers: int
+    operator_mix: list[MixEntry]
+    digest: str
+    session: str  # the X-Session-Id the server keeps this session's state under
+
+
 class ObjectRow(BaseModel):
     object: str
     representation: str

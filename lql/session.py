@@ -39,6 +39,7 @@ class Session:
         self.catalog: Catalog | None = None
         self.default_model = False
         self.draft_depth: int | None = None
+        self.remote = None  # lql.server.client.Remote after USE REMOTE: statements run there
         self.settings: dict[str, Any] = {s.name: s.default for s in catalog.SETTINGS}
         self.on_token = on_token
         self.on_progress = on_progress
@@ -108,7 +109,8 @@ class Session:
 
     def context(self) -> Context:
         """What the planner may know about this session."""
-        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=dict(self.settings))
+        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=dict(self.settings),
+                       remote=self.remote)
 
     def bind(self, container, *, default_model: bool = False, shards: int = 0) -> None:
         """Bind ``container``: a fresh catalog, no executors, no draft depth. ``shards`` > 0 runs
@@ -123,6 +125,7 @@ class Session:
         self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth = (
             model, container, Catalog(model), bool(default_model), {}, None)
         self.settings["shards"] = shards
+        self.remote = None
         self._release(old)
 
     def reshard(self, shards: int) -> None:
@@ -136,6 +139,11 @@ class Session:
 
         if isinstance(old, ShardedModel) and old is not self.container:
             old.close()
+
+    def bind_remote(self, remote) -> None:
+        """Bind a server (USE REMOTE): no local container; statements run there."""
+        self.close()
+        self.remote = remote
 
     def executor(self, depth: int | None) -> tuple[Any, bool]:
         """The executor for a depth (prepared once per session), and whether it was prepared now."""
@@ -152,5 +160,6 @@ class Session:
         self.container = self.base_container = None
         self._release(old)
         self.catalog = None
-        self._executors.clear()
+        self._executors = {}
         self.draft_depth = None
+        self.remote = None

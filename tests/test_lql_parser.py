@@ -80,6 +80,8 @@ CASES = [
     ("SET top = 7", {"kind": "set", "name": "top", "value": 7}),
     ("SET x = 0.5", {"kind": "set", "name": "x", "value": 0.5}),
     ("SET x = 'A b'", {"kind": "set", "name": "x", "value": "A b"}),
+    ("USE REMOTE 'http://127.0.0.1:8088'", {"kind": "use_remote", "url": "http://127.0.0.1:8088", "model": None}),
+    ("use remote 'http://h:1' model 'tiny'", {"kind": "use_remote", "url": "http://h:1", "model": "tiny"}),
 ]
 
 

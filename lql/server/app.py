@@ -1,0 +1,653 @@
+"""The ASGI application (Starlette): routes, bearer keys, body and concurrency limits, the one
+error boundary, and the glue between the event loop and the models' worker threads.
+
+Every failure leaves as JSON in LQL's one error shape, ``{"error": {type, message, hint, line,
+column, expected}}`` (built by `lql.render.error_json`); /v1/query answers with one object per
+statement exactly as ``lql --json`` prints them. An unexpected exception is logged here, with
+its traceback, and the client gets ``internal error: ...`` naming the statement, status 500."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from typing import Any
+
+import anyio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .. import ast, loop, render
+from .. import results as R
+from ..errors import LqlError, LqlSyntaxError
+from . import completions as C
+from . import policy
+from .config import ServerConfig
+from .models import ModelHost
+from .sessions import SessionStore, TooManySessions
+from .worker import JobContext, Stopped
+
+log = logging.getLogger("lql.server")
+
+
+# ---- refusals of a request, each with its HTTP status ----------------------------------
+
+
+class Unauthorized(LqlError):
+    """No key, or a wrong one, on a server that has a key."""
+
+
+class BodyTooLarge(LqlError):
+    """The request body is larger than --max-body-bytes."""
+
+
+class ModelNotFound(LqlError):
+    """The request names a model this server does not serve."""
+
+
+class Busy(LqlError):
+    """--max-concurrent requests are running and --max-queue are waiting."""
+
+
+class TimeLimit(LqlError):
+    """The request ran past --time-limit and was stopped."""
+
+
+class NotFound(LqlError):
+    """No such endpoint, or not with this method."""
+
+
+class InternalError(LqlError):
+    """A bug in the server, lql or vindex3 (its traceback is in the server's log)."""
+
+
+_STATUS: dict[type, int] = {
+    TooManySessions: 429, Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
+    InternalError: 500, C.RequestRefusal: 400, policy.LimitRefusal: 400, policy.ProfileRefusal: 403,
+    policy.PathRefusal: 403,
+}
+
+
+def status_of(err: LqlError) -> int:
+    for cls, code in _STATUS.items():
+        if isinstance(err, cls):
+            return code
+    return 400
+
+
+def json_response(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(render.dumps_json(obj, indent=None), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+def error_body(err: LqlError) -> dict:
+    return {"error": render.error_json(err, None)["error"]}
+
+
+def error_response(err: LqlError, headers: dict[str, str] | None = None) -> Response:
+    return json_response(error_body(err), status_of(err), headers)
+
+
+def internal(e: BaseException, what: str) -> InternalError:
+    """A bug as the client sees it: one line naming what failed (the traceback is logged)."""
+    log.error("internal error in %s", what, exc_info=(type(e), e, e.__traceback__))
+    return InternalError(render.internal_error_text(e, debug=True), statement=what)
+
+
+def stopped_error(s: Stopped, limit: float) -> LqlError:
+    if s.reason == "time limit":
+        return TimeLimit(f"stopped: the request ran past this server's time limit of {limit:g} s",
+                         hint="ask for less work (fewer tokens or statements), or start the server with a larger --time-limit")
+    return TimeLimit(f"stopped: {s.reason}")
+
+
+# ---- concurrency ------------------------------------------------------------------------
+
+
+class Gate:
+    """At most ``limit`` requests run model work at once; up to ``queue`` more wait in order;
+    beyond that a request is refused at once (429 with Retry-After)."""
+
+    def __init__(self, limit: int, queue: int, retry_after: int):
+        self.limit, self.queue, self.retry_after = limit, queue, retry_after
+        self.running = 0
+        self._waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    async def acquire(self) -> Callable[[], None]:
+        """Wait for a slot; returns the function that gives it back (safe to call twice)."""
+        if self.running < self.limit and not self._waiters:
+            self.running += 1
+            return self._releaser()
+        if len(self._waiters) >= self.queue:
+            raise Busy(f"the server is busy: {self.running} requests are running and {len(self._waiters)} waiting "
+                       f"(--max-concurrent {self.limit}, --max-queue {self.queue})",
+                       hint=f"retry after {self.retry_after} s")
+        fut = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+            elif fut.done() and not fut.cancelled():
+                self._release()  # the slot was handed over as we were cancelled: pass it on
+            raise
+        return self._releaser()
+
+    def _releaser(self) -> Callable[[], None]:
+        done = [False]
+
+        def release() -> None:
+            if not done[0]:
+                done[0] = True
+                self._release()
+
+        return release
+
+    def _release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot passes to the next waiter; running stays
+                return
+        self.running -= 1
+
+
+# ---- the server state -------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self, config: ServerConfig, hosts: list[ModelHost] | None = None):
+        self.config = config
+        self.limits = config.limits
+        self.hosts = {h.id: h for h in (hosts if hosts is not None else [ModelHost(m) for m in config.models])}
+        self.sessions = SessionStore(config.limits.session_ttl, config.limits.max_sessions)
+        self.gate = Gate(config.limits.max_concurrent, config.limits.max_queue, config.limits.retry_after)
+        self._blas = None
+
+    def host(self, model: Any) -> ModelHost:
+        if model is None:
+            if len(self.hosts) == 1:
+                return next(iter(self.hosts.values()))
+            raise ModelNotFound("this server serves several models; name one with \"model\"",
+                                hint="models: " + ", ".join(sorted(self.hosts)))
+        if not isinstance(model, str) or model not in self.hosts:
+            raise ModelNotFound(f"this server does not serve a model {model!r}",
+                                hint="models: " + ", ".join(sorted(self.hosts)))
+        return self.hosts[model]
+
+    def start(self) -> None:
+        # Hold BLAS at the executor's small-pass thread count for the server's life: each model's
+        # worker enters and leaves the executor's own limit around small passes, and two workers
+        # doing so at once through one process-wide control could otherwise leave BLAS at the
+        # wrong count. Parallelism on a server comes from one worker per model instead.
+        import os
+
+        from threadpoolctl import threadpool_limits
+
+        self._blas = threadpool_limits(limits=int(os.environ.get("VINDEX3_DECODE_THREADS", "1")), user_api="blas")
+        for h in self.hosts.values():
+            h.worker.start()
+
+    def stop(self) -> None:
+        for h in self.hosts.values():
+            h.worker.stop()
+        if self._blas is not None:
+            self._blas.restore_original_limits()
+            self._blas = None
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON, refused past ``limit`` bytes without reading the rest."""
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > limit:
+        raise BodyTooLarge(f"the request body is {int(size)} bytes, more than this server takes (--max-body-bytes is {limit})")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise BodyTooLarge(f"the request body is more than {limit} bytes (--max-body-bytes)")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks) or b"null")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise C.RequestRefusal(f"the request body is not JSON: {e}") from None
+
+
+async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            cancel.set()
+            return
+
+
+@contextlib.asynccontextmanager
+async def watching(request: Request, cancel: threading.Event):
+    """Sets ``cancel`` if the client disconnects while the block runs."""
+    task = asyncio.ensure_future(_watch_disconnect(request, cancel))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+
+# ---- endpoints ----------------------------------------------------------------------------
+
+
+def boundary(fn):
+    """The one error boundary of an endpoint: refusals as JSON with their status, anything else
+    an internal error (logged with its traceback; never sent)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except Busy as e:
+            return error_response(e, {"Retry-After": str(request.app.state.server.limits.retry_after)})
+        except LqlError as e:
+            return error_response(e)
+        except Exception as e:  # noqa: BLE001 - the boundary
+            return error_response(internal(e, f"{request.method} {request.url.path}"))
+
+    endpoint.__name__ = fn.__name__
+    return endpoint
+
+
+def _server(request: Request) -> Server:
+    return request.app.state.server
+
+
+@boundary
+async def health(request: Request) -> Response:
+    return json_response({"status": "ok"})
+
+
+@boundary
+async def models(request: Request) -> Response:
+    srv = _server(request)
+    return json_response({"object": "list", "data": [h.info for h in srv.hosts.values()]})
+
+
+@boundary
+async def model(request: Request) -> Response:
+    return json_response(_server(request).host(request.path_params["model"]).info)
+
+
+@boundary
+async def model_stats(request: Request) -> Response:
+    srv = _server(request)
+    host = srv.host(request.path_params["model"])
+    ss = srv.sessions.get(host, None)
+    stmt = ast.Stats(source="STATS")
+    result = await asyncio.wrap_future(host.worker.call(partial(loop.execute_statement, ss.session, stmt)))
+    return json_response(render.to_json(result))
+
+
+_QUERY_FIELDS = {"lql", "model"}
+
+
+@boundary
+async def query(request: Request) -> Response:
+    srv = _server(request)
+    body = await read_json(request, srv.limits.max_body_bytes)
+    if not isinstance(body, dict):
+        raise C.RequestRefusal('the request body must be a JSON object: {"lql": "...", "model": "..."}')
+    extra = sorted(set(body) - _QUERY_FIELDS)
+    if extra:
+        raise C.RequestRefusal(f"field {extra[0]!r} is not part of a query", hint='a query is {"lql": "...", "model": "..."}')
+    text = body.get("lql")
+    if not isinstance(text, str):
+        raise C.RequestRefusal('"lql" must be a string of LQL statements')
+    host = srv.host(body.get("model"))
+    sid = request.headers.get("x-session-id")
+    ss = srv.sessions.get(host, sid)
+    chunks = await anyio.to_thread.run_sync(lambda: list(loop.chunks(text)))
+    if len(chunks) > srv.limits.max_statements:
+        raise policy.LimitRefusal(f"the request holds {len(chunks)} statements, more than this server runs in one "
+                                  f"request (--max-statements is {srv.limits.max_statements})")
+    release = await srv.gate.acquire()
+    results: list[dict] = []
+    status = 200
+    try:
+        async with ss.lock:
+            ctx = JobContext(deadline=time.monotonic() + srv.limits.time_limit)
+            async with watching(request, ctx.cancel):
+                for ch in chunks:
+                    objs, internal_error = await asyncio.wrap_future(
+                        host.worker.call(partial(_run_chunk, srv, ss.session, text, ch, ctx)))
+                    results += objs
+                    if internal_error:
+                        status = 500
+                    if not all(o["ok"] for o in objs):
+                        break
+            ss.last_used = time.monotonic()
+    finally:
+        release()
+    headers = {"X-Session-Id": sid} if sid else None
+    return json_response({"model": host.id, "session": sid, "results": results}, status, headers)
+
+
+def _run_chunk(srv: Server, session, text: str, ch: loop.Chunk, ctx: JobContext) -> tuple[list[dict], bool]:
+    """Parse one statement chunk and run what it holds, on the model's worker: the JSON object
+    of each statement, stopping at the first failure; and whether a bug was met."""
+    try:
+        stmts = loop.parse_chunk(text, ch)
+    except LqlSyntaxError as e:
+        return [render.error_json(e, R.StatementRef(kind=None, line=ch.line, column=ch.column, text=ch.text))], False
+    out: list[dict] = []
+    for stmt in stmts:
+        obj, bug = _run_statement(srv, session, stmt, ctx)
+        out.append(obj)
+        if bug or not obj["ok"]:
+            return out, bug
+    return out, False
+
+
+def _run_statement(srv: Server, session, stmt: ast.Statement, ctx: JobContext) -> tuple[dict, bool]:
+    from .. import planner
+
+    ref = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
+
+    def check(*_a) -> None:
+        ctx.check()
+
+    try:
+        ctx.check()
+        run = policy.check_statement(stmt, srv.config)
+        try:
+            node = planner.plan(run, session.context())
+        except Exception:  # noqa: BLE001 - the statement's own run below refuses it the same way
+            node = None
+        if node is not None:
+            policy.check_plan(node, srv.limits)
+        session.on_token, session.on_progress = check, check
+        try:
+            result = loop.execute_statement(session, run)
+        finally:
+            session.on_token = session.on_progress = None
+        result.statement = ref
+        return render.to_json(result), False
+    except LqlError as e:
+        e.locate(stmt.line, stmt.column, stmt.source)
+        return render.error_json(e, ref), False
+    except Stopped as s:
+        err = stopped_error(s, srv.limits.time_limit).locate(stmt.line, stmt.column, stmt.source)
+        return render.error_json(err, ref), False
+    except Exception as e:  # noqa: BLE001 - the boundary for a statement
+        err = internal(e, stmt.source).locate(stmt.line, stmt.column, stmt.source)
+        return render.error_json(err, ref), True
+
+
+# ---- OpenAI-compatible completions ------------------------------------------------------
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + render.dumps_json(obj, indent=None).encode("utf-8") + b"\n\n"
+
+
+class EventStream:
+    """A server-sent event stream whose producer is stopped the moment the client disconnects
+    (``on_close`` runs in every case: it cancels the generation and frees the slot)."""
+
+    def __init__(self, events: AsyncIterator[bytes], on_close: Callable[[], None], headers: dict[str, str]):
+        self.events, self.on_close, self.headers = events, on_close, headers
+
+    async def __call__(self, scope, receive, send) -> None:
+        headers = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                   (b"x-accel-buffering", b"no")] + [(k.lower().encode(), v.encode()) for k, v in self.headers.items()]
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    while True:
+                        msg = await receive()
+                        if msg["type"] == "http.disconnect":
+                            self.on_close()
+                            tg.cancel_scope.cancel()
+                            return
+
+                tg.start_soon(watch)
+                try:
+                    await send({"type": "http.response.start", "status": 200, "headers": headers})
+                    async for chunk in self.events:
+                        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                except OSError:  # the client went away while we wrote
+                    pass
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            self.on_close()
+            with contextlib.suppress(Exception):
+                await self.events.aclose()  # type: ignore[attr-defined]
+
+
+async def _completion(request: Request, chat: bool) -> Response:
+    srv = _server(request)
+    body = await read_json(request, srv.limits.max_body_bytes)
+    req = C.parse_request(C.ChatRequest if chat else C.CompletionRequest, body)
+    host = srv.host(req.model)
+    max_tokens = C.max_tokens_of(req, srv.limits, default=srv.limits.max_tokens if chat else 16)
+    release = await srv.gate.acquire()
+    try:
+        g = await asyncio.wrap_future(host.worker.call(partial(_bind_generation, host, req, max_tokens, srv)))
+    except BaseException:
+        release()
+        raise
+    loop_ = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+    ctx = JobContext(deadline=time.monotonic() + srv.limits.time_limit)
+
+    def put(item) -> None:
+        loop_.call_soon_threadsafe(events.put_nowait, item)
+
+    ctx.emit = lambda ev: put(("event", ev))
+    host.worker.generate(C.run(host, g, ctx), ctx, lambda exc: put(("done", exc)))
+    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    created = int(time.time())
+    model_id = host.id
+
+    def close() -> None:
+        ctx.cancel.set()
+        release()
+
+    if req.stream:
+        usage_wanted = bool(req.stream_options and req.stream_options.include_usage)
+        gen = _stream_events(events, srv, chat, rid, created, model_id, usage_wanted)
+        return EventStream(gen, close, {"X-Request-Id": rid})  # type: ignore[return-value]
+    try:
+        async with watching(request, ctx.cancel):
+            text, finish, usage = "", None, None
+            while True:
+                kind, item = await events.get()
+                if kind == "done":
+                    if item is not None:
+                        raise _as_error(item, srv)
+                    break
+                text += item.get("delta", "")
+                if "finish_reason" in item:
+                    finish, usage = item["finish_reason"], item["usage"]
+    finally:
+        close()
+    if chat:
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        obj = {"id": rid, "object": "chat.completion", "created": created, "model": model_id, "choices": [choice],
+               "usage": usage}
+    else:
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        obj = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice],
+               "usage": usage}
+    return json_response(obj)
+
+
+def _as_error(exc: BaseException, srv: Server) -> LqlError:
+    if isinstance(exc, Stopped):
+        return stopped_error(exc, srv.limits.time_limit)
+    if isinstance(exc, LqlError):
+        return exc
+    from ..binding import engine_refusal, is_engine_error
+
+    if isinstance(exc, Exception) and is_engine_error(exc):
+        return engine_refusal(exc)
+    return internal(exc, "completion")
+
+
+async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: str, created: int, model_id: str,
+                         usage_wanted: bool) -> AsyncIterator[bytes]:
+    obj_kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+        if chat:
+            d: dict[str, Any] = {}
+            if first:
+                d["role"] = "assistant"
+            if delta is not None:
+                d["content"] = delta
+            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+        else:
+            choice = {"text": delta or "", "index": 0, "logprobs": None, "finish_reason": finish}
+        return {"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [choice]}
+
+    if chat:
+        yield _sse(chunk("", None, first=True))
+    usage = None
+    while True:
+        kind, item = await events.get()
+        if kind == "done":
+            if item is not None:
+                yield _sse(error_body(_as_error(item, srv)))
+                return
+            break
+        delta = item.get("delta", "")
+        if "finish_reason" in item:
+            usage = item["usage"]
+            if delta:
+                yield _sse(chunk(delta, None))
+            yield _sse(chunk(None if chat else "", item["finish_reason"]))
+        elif delta:
+            yield _sse(chunk(delta, None))
+    if usage_wanted:
+        yield _sse({"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [],
+                    "usage": usage})
+    yield b"data: [DONE]\n\n"
+
+
+def _bind_generation(host: ModelHost, req: C._Common, max_tokens: int, srv: Server) -> C.Generation:
+    """The request bound against its model, on the model's worker: token ids, a depth the
+    model has (vindex3's SliceError otherwise), the end-of-sequence ids."""
+    from ..binding import engine_refusal, is_engine_error
+
+    try:
+        if req.draft_depth is not None:
+            host.catalog.bind_slice(req.draft_depth)
+        if req.speculate is not None:
+            host.catalog.bind_slice(req.speculate.depth)
+        ids = C.prompt_ids(host.catalog, req, srv.limits)
+    except Exception as e:
+        if is_engine_error(e):
+            raise engine_refusal(e) from None
+        raise
+    return C.Generation(ids=ids, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                        stops=C.stops_of(req), stop_ids=tuple(host.catalog.eos_ids()), depth=req.draft_depth,
+                        speculate=req.speculate)
+
+
+@boundary
+async def completions(request: Request) -> Response:
+    return await _completion(request, chat=False)
+
+
+@boundary
+async def chat_completions(request: Request) -> Response:
+    return await _completion(request, chat=True)
+
+
+# ---- the application ------------------------------------------------------------------------
+
+
+class KeyCheck:
+    """Bearer keys: every path but /v1/health needs ``Authorization: Bearer KEY`` when the server
+    has a key; compared in constant time."""
+
+    OPEN_PATHS = ("/v1/health",)
+
+    def __init__(self, app, key: str | None):
+        self.app = app
+        self.key = key.encode("utf-8") if key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or self.key is None or scope.get("path") in self.OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        got = b""
+        for name, value in scope.get("headers", []):
+            if name == b"authorization":
+                got = value
+                break
+        scheme, _, token = got.partition(b" ")
+        if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)):
+            err = Unauthorized("this server needs an API key: send Authorization: Bearer KEY" if not got
+                               else "the API key is not valid for this server",
+                               hint="the key is the one the server was started with (--api-key or --api-key-file)")
+            resp = error_response(err, {"WWW-Authenticate": "Bearer"})
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, HTTPException):
+        what = f"{request.method} {request.url.path}"
+        if exc.status_code == 405:
+            return json_response(error_body(NotFound(f"{what}: this endpoint does not take {request.method}")), 405)
+        return json_response(error_body(NotFound(f"{what}: no such endpoint",
+                                                 hint="endpoints: /v1/health, /v1/models, /v1/models/{id}/stats, "
+                                                      "/v1/query, /v1/completions, /v1/chat/completions")),
+                             exc.status_code)
+    return error_response(internal(exc, f"{request.method} {request.url.path}"))
+
+
+def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> Starlette:
+    """The ASGI app serving ``config``'s models (opened now). Its lifespan starts the models'
+    workers and holds BLAS threads; ``app.state.server`` is the `Server`."""
+    server = Server(config, hosts)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        server.start()
+        try:
+            yield
+        finally:
+            server.stop()
+
+    routes = [
+        Route("/v1/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}/stats", model_stats, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
+        Route("/v1/query", query, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: _http_error, Exception: _http_error})
+    app.state.server = server
+    app.add_middleware(KeyCheck, key=config.api_key)
+    return app

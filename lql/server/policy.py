@@ -1,0 +1,146 @@
+"""What a server lets a statement do, decided before it runs: the profile (``full`` or
+``read-only``), the confinement of every file path to ``--data-dir``, and the limits that a
+statement's own numbers must respect. Every refusal names the statement and the reason.
+
+Which fields of which statement are file paths is a table here (`PATH_FIELDS`). A statement
+the table does not know is refused in every profile, by name, rather than guessed to name no
+path: a new statement is served once it is added here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import ast, planner
+from ..errors import LqlError
+from .config import Limits, ServerConfig
+
+
+class ProfileRefusal(LqlError):
+    """The server's profile does not allow this statement."""
+
+
+class PathRefusal(LqlError):
+    """A statement's file path is not inside the server's data directory."""
+
+
+class LimitRefusal(LqlError):
+    """A statement, a request or a completion asks for more than the server's limits allow."""
+
+
+#: Statement class → the fields that hold a server-side file path (None: no path at all).
+PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
+    ast.Open: ("path",),
+    ast.Stats: (),
+    ast.Explain: (),
+    ast.ShowLayers: (),
+    ast.ShowComponents: (),
+    ast.ShowRepresentations: (),  # the filter is a pattern, not a path
+    ast.ShowProvenance: (),
+    ast.ShowOperands: (),
+    ast.ShowSettings: (),
+    ast.Infer: (),
+    ast.DraftDepth: (),
+    ast.DraftOff: (),
+    ast.DraftLadder: ("prompts", "into", "plot"),
+    ast.Trace: (),
+    ast.DumpLogits: ("into",),
+    ast.ScoreDraft: ("draft", "target"),
+    ast.Verify: (),
+    ast.Plan: ("path",),
+    ast.Encode: ("checkpoint", "into"),
+    ast.Help: (),
+    ast.Set: (),
+}
+
+#: What the read-only profile allows: statements that only read (and the session's own state).
+READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
+    ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
+    ast.ShowProvenance, ast.ShowOperands, ast.ShowSettings, ast.Infer, ast.Trace, ast.DraftDepth,
+    ast.DraftOff, ast.Help, ast.Set,
+})
+
+#: Why the read-only profile refuses a statement it knows.
+_WHY = {
+    ast.Encode: "it writes a container on the server",
+    ast.Plan: "it reads a checkpoint on the server",
+    ast.DumpLogits: "it writes a file on the server",
+    ast.DraftLadder: "it reads a prompt bank and writes files on the server",
+    ast.ScoreDraft: "it reads dump files on the server",
+    ast.Open: "it names a container on the server; this server serves fixed models (the request's model field)",
+    ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
+}
+
+
+def _remote_types() -> tuple[type, ...]:
+    t = getattr(ast, "UseRemote", None)
+    return (t,) if t is not None else ()
+
+
+def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
+    """The statement as it may run on this server (paths resolved inside the data directory),
+    or a refusal naming it."""
+    kw = stmt.keyword
+    if isinstance(stmt, _remote_types()):
+        raise ProfileRefusal(f"{kw} cannot run on a server: a server does not connect to other servers",
+                             hint="run USE REMOTE in your own lql session")
+    if type(stmt) not in PATH_FIELDS:
+        raise ProfileRefusal(f"this server does not serve {kw}: it does not know whether {kw} names a server-side path",
+                             hint="the server's statement table is lql/server/policy.py PATH_FIELDS")
+    if config.profile == "read-only" and type(stmt) not in READ_ONLY:
+        why = _WHY.get(type(stmt), "it is not a statement that only reads")
+        if isinstance(stmt, ast.Open) and stmt.default:
+            why = "it binds another model; this server serves fixed models (the request's model field)"
+        raise ProfileRefusal(f"the read-only profile refuses {kw}: {why}",
+                             hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE, "
+                                  "DRAFT DEPTH, SET, HELP")
+    _check_numbers(stmt, config)
+    updates = {}
+    for name in PATH_FIELDS[type(stmt)]:
+        raw = getattr(stmt, name)
+        if raw is None:
+            continue
+        updates[name] = str(confine(raw, config.data_dir, kw))
+    return stmt.model_copy(update=updates) if updates else stmt
+
+
+def _check_numbers(stmt: ast.Statement, config: ServerConfig) -> None:
+    infer = stmt if isinstance(stmt, ast.Infer) else (stmt.infer if isinstance(stmt, ast.Explain) else None)
+    if infer is None or infer.generate is None:
+        return
+    lim = config.limits
+    limit, what = lim.max_tokens, "--max-tokens"
+    if config.profile == "read-only" and lim.read_only_generate < limit:
+        limit, what = lim.read_only_generate, "the read-only profile's --read-only-generate"
+    if infer.generate > limit:
+        raise LimitRefusal(f"GENERATE {infer.generate} is more than this server allows ({what} is {limit})",
+                           hint=f"GENERATE at most {limit}")
+
+
+def check_plan(node: planner.Node, limits: Limits) -> None:
+    """Limits that need the bound statement: the prompt's token count."""
+    target = node.target if isinstance(node, planner.Explain) else node
+    prompt = getattr(target, "prompt", None)
+    if isinstance(prompt, planner.BoundPrompt) and len(prompt.ids) > limits.max_prompt_tokens:
+        raise LimitRefusal(f"the prompt is {len(prompt.ids)} tokens, more than this server allows "
+                           f"(--max-prompt-tokens is {limits.max_prompt_tokens})")
+
+
+def confine(raw: str, data_dir: Path | None, what: str) -> Path:
+    """``raw`` resolved inside ``data_dir``; refuses a server without a data directory, an empty
+    path, NUL, an absolute path, ``..``, and a path whose symlinks lead out of the directory."""
+    if data_dir is None:
+        raise PathRefusal(f"{what} names the server-side path {raw!r}, and this server has no data directory",
+                          hint="start the server with --data-dir DIR to allow paths inside DIR")
+    if raw in ("", ".") or "\0" in raw:
+        raise PathRefusal(f"{what}: {raw!r} is not a file name")
+    p = Path(raw)
+    if p.is_absolute() or raw.startswith("~"):
+        raise PathRefusal(f"{what}: {raw!r} is an absolute path; paths on this server are relative to its data directory")
+    if ".." in p.parts:
+        raise PathRefusal(f"{what}: {raw!r} climbs out with '..'; paths on this server stay inside its data directory")
+    root = Path(os.path.realpath(data_dir))
+    full = Path(os.path.realpath(root / p))
+    if full != root and root not in full.parents:
+        raise PathRefusal(f"{what}: {raw!r} leads out of the data directory through a symbolic link")
+    return full
