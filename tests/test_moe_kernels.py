@@ -592,6 +592,18 @@ def test_prefill_runs_each_picked_expert_once_over_all_its_positions():
     assert rec.bytes_read == p.always_bytes + sum(_expert_nbytes(fam, e) for e in ran)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_byte_counts_follow_the_geometry(family):
+    """STATS / EXPLAIN count from the geometry alone; the prepared op counts the weight
+    objects. For f32 (4 bytes an element) the two must agree."""
+    fam = make_family(family)
+    g = fam.geometry
+    p = prepare_moe(fam.weights, g)
+    assert p.expert_bytes == (4 * g.expert_param_count(),) * g.num_experts
+    assert p.always_bytes == 4 * g.always_param_count()
+    assert all(_expert_nbytes(fam, e) == p.expert_bytes[e] for e in range(g.num_experts))
+
+
 # --------------------------------------------------------------------------- refusals
 
 

@@ -74,6 +74,35 @@ kimi_linear under ``mlp.``; granitemoehybrid keeps ``block_sparse_moe.`` and its
 becomes ``block_sparse_moe.router.weight``); routers, correction biases and shared experts
 keep their names. gpt_oss is the same in both saves.
 
+Config keys -> geometry (transformers 5.24.0 config attributes; admission grades each)
+-------------------------------------------------------------------------------------
+=================  ==================================================================
+qwen3_moe          softmax_topk; E num_experts, k num_experts_per_tok, I
+                   moe_intermediate_size, renormalize norm_topk_prob (class default False),
+                   act hidden_act; layer i is routed iff i not in mlp_only_layers and
+                   num_experts > 0 and (i + 1) % decoder_sparse_step == 0, else dense
+                   (intermediate_size)
+qwen3_next         as qwen3_moe (norm_topk_prob default True) + shared sigmoid_gated,
+                   S shared_expert_intermediate_size
+olmoe              softmax_topk; E num_experts, I intermediate_size, renormalize
+                   norm_topk_prob (default False); every layer routed
+mixtral            softmax_topk, renormalize always True (no key); E num_local_experts,
+                   I intermediate_size
+granitemoehybrid   topk_softmax; E num_local_experts (0: no routed FFN, the dense
+                   shared_mlp alone), I intermediate_size; shared plain,
+                   S shared_intermediate_size
+gpt_oss            topk_softmax + router_bias; E num_local_experts, I intermediate_size;
+                   swiglu_clamped, limit swiglu_limit, alpha swiglu_alpha; fused_interleaved,
+                   in_out, expert_bias
+deepseek_v3,       sigmoid_group_topk; E n_routed_experts (kimi: num_experts), k
+kimi_linear        num_experts_per_tok (kimi: num_experts_per_token), n_group (kimi:
+                   num_expert_group), topk_group, renormalize norm_topk_prob (kimi:
+                   moe_renormalize), routed_scaling_factor, correction_bias (always a
+                   buffer in the reference), I moe_intermediate_size; shared plain with
+                   S = moe_intermediate_size * n_shared_experts (kimi: num_shared_experts);
+                   layer i routed iff i >= first_k_dense_replace (kimi: mlp_layer_types)
+=================  ==================================================================
+
 So the kernel accepts: gate_up ``separate`` | ``fused_halves`` | ``fused_interleaved``;
 expert layout ``out_in`` ([.., out, in], x @ W.T) | ``in_out`` ([.., in, out], x @ W); each
 expert matrix as one stacked 3-D weight or as a sequence of E 2-D weights.
@@ -244,6 +273,23 @@ class MoeGeometry:
     @property
     def experts_per_group(self) -> int | None:
         return self.num_experts // self.n_group if self.n_group else None
+
+    def expert_param_count(self) -> int:
+        """Elements of one routed expert (its matrices and biases): what a position pays per
+        expert it uses. With an encoding's bits per element this is STATS' bytes per expert,
+        computed without reading a tensor."""
+        H, In = self.hidden_size, self.expert_intermediate
+        n = 3 * H * In
+        return n + (2 * In + H if self.expert_bias else 0)
+
+    def always_param_count(self) -> int:
+        """Elements read for every position whatever the routing: router (+ bias, + correction
+        bias) and the shared expert (+ its gate)."""
+        E, H = self.num_experts, self.hidden_size
+        n = E * H + (E if self.router_bias else 0) + (E if self.correction_bias else 0)
+        if self.shared != "none":
+            n += 3 * H * self.shared_intermediate + (H if self.shared == "sigmoid_gated" else 0)
+        return n
 
 
 # --------------------------------------------------------------------------- weights
