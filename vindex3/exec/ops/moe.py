@@ -22,9 +22,12 @@ Execution
   and on down (gpt-oss).
 * Combine: each picked expert's output is multiplied by its weight and added to a zeroed
   output in ascending expert order, which is the order of transformers' eager experts loop
-  (``index_add_`` per expert); the block's result is bit-for-bit that order of float32 adds.
-  (transformers' ``grouped_mm`` / ``batched_mm`` experts paths, the default inside a full
-  model, instead sum the k slots in router order: identical for k = 2, an ulp apart for k > 2.)
+  (``index_add_`` per expert): the float32 additions happen in exactly that order (the
+  summands themselves differ from torch's by BLAS rounding). transformers' ``grouped_mm`` /
+  ``batched_mm`` experts paths (grouped_mm is the default inside a full model) instead sum the
+  k slots in router order: identical for k = 2, an ulp apart for k > 2. On CPU grouped_mm
+  refuses widths whose rows are not 16-byte multiples (torch._grouped_mm), so an odd-width
+  fixture needs ``experts_implementation="eager"`` (or batched_mm) on the reference side.
 * Shared expert, added after the routed sum: ``plain`` (deepseek_v3 / kimi_linear
   ``shared_experts``, granitemoehybrid's ``shared_mlp`` -- which despite its name is a *gated*
   MLP, input_linear [2S, H] split in halves, gate first) or ``sigmoid_gated`` (qwen3_next /
