@@ -18,12 +18,12 @@ import numpy as np
 from .. import codecs
 from ..codecs import Weight
 from ..errors import SliceError, StateError, UnsupportedOperator
-from ..operators import ARRAY
+from ..operators import ARRAY, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
 from .ops.norm import make_weight, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
 from .state import ContinuationState, LayerState
-from .trace import ExecutionTrace
+from .trace import ExecutionTrace, OpCall
 
 F32 = np.float32
 
@@ -86,34 +86,46 @@ class PreparedOperands:
         return self.weight(ref).dense()
 
 
-# A bound op: (h residual, x current activation, layer state, first position, one position?) -> (h, x)
-OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int, bool], tuple[np.ndarray, np.ndarray]]
+# A bound op: (h residual, x current activation, layer state, first position, one position?, the
+# stream's trace) -> (h, x, operand bytes this call touched)
+OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int, bool, ExecutionTrace], tuple[np.ndarray, np.ndarray, int]]
 
 
 def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
+    nbytes = distinct_bytes(op.operands)
     if op.kind == "rms_norm":
         weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
         eps = F32(op.params.eps)
-        return lambda h, x, ls, p0, one: (h, rms_norm(h, weight, eps))
+        return lambda h, x, ls, p0, one, tr: (h, rms_norm(h, weight, eps), nbytes)
     if op.kind == "residual_add":
         m = F32(op.params.multiplier)
         if m == 1:
-            return lambda h, x, ls, p0, one: (h + x, x)
-        return lambda h, x, ls, p0, one: (h + x * m, x)
+            return lambda h, x, ls, p0, one, tr: (h + x, x, 0)
+        return lambda h, x, ls, p0, one, tr: (h + x * m, x, 0)
     raise UnsupportedOperator(f"core op {op.kind!r} has no executor")
 
 
-def _bind_slot(op: Op, W: PreparedOperands) -> OpFn:
+def _bind_slot(op: Op, W: PreparedOperands, layer: int) -> OpFn:
     kinds = {r.name: r.kind for r in op.operator.roles(op.params)}
     operands = {role: (W.array(ref) if kinds.get(role) == ARRAY else W.weight(ref)) for role, ref in op.operands.items()}
     kernel = op.operator.bind(op.params, operands)
     slot = op.role
     prefill, step = kernel.prefill, kernel.step
+    if not kernel.reports:
+        nbytes = distinct_bytes(op.operands)
 
-    def run(h, x, ls, p0, one):
-        return h, (step if one else prefill)(x, ls.ops.get(slot), p0)
+        def run(h, x, ls, p0, one, tr):
+            return h, (step if one else prefill)(x, ls.ops.get(slot), p0), nbytes
 
-    return run
+        return run
+    name = op.kind
+
+    def run_reporting(h, x, ls, p0, one, tr):
+        y, rec = (step if one else prefill)(x, ls.ops.get(slot), p0)
+        tr.op_calls.append(OpCall(layer, slot, name, p0, x.shape[0], int(rec.bytes_read), rec.detail))
+        return h, y, int(rec.bytes_read)
+
+    return run_reporting
 
 
 def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
@@ -154,8 +166,13 @@ class Executor:
             self._head = W.weight(hd.operands["weight"])
             self._head_mult = F32(hd.params.multiplier)
             self._softcap = hd.params.softcap
+            # what the ends touch per call: final norm and head whole; the embedding's gathered
+            # rows (none extra when the head is the embedding itself, read whole anyway)
+            self._ends_bytes = distinct_bytes({"final_norm": fn.operands["weight"], "head": hd.operands["weight"]})
+            emb_ref = plan.embedding.operands["weight"]
+            self._row_bytes = 0 if emb_ref.label in {r.label for r in hd.operands.values()} else emb_ref.nbytes // emb_ref.shape[0]
         self._kernels: list[tuple[int, list[OpFn]]] = [
-            (i, [(_bind_slot(op, W) if op.operator is not None else _bind_core(op, W)) for op in plan.layers[i].ops])
+            (i, [(_bind_slot(op, W, i) if op.operator is not None else _bind_core(op, W)) for op in plan.layers[i].ops])
             for i in self.layers
         ]
         self.prepared = W
@@ -187,18 +204,20 @@ class Executor:
         return self._last.last_hidden if self._last is not None else None
 
     # -- passes ------------------------------------------------------------------------------
-    def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> np.ndarray:
+    def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> tuple[np.ndarray, int]:
         p0 = state.position
         one = h.shape[0] == 1
         ran = []
         x = h
+        touched = 0
         for i, fns in self._kernels:
             ls = state.layers[i]
             for fn in fns:
-                h, x = fn(h, x, ls, p0, one)
+                h, x, n = fn(h, x, ls, p0, one, trace)
+                touched += n
             ran.append(i)
         trace.executed_layers = ran
-        return h
+        return h, touched
 
     def _embed(self, ids) -> np.ndarray:
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -221,7 +240,8 @@ class Executor:
             logits = np.tanh(logits / c) * c
         return logits
 
-    def _pass(self, h: np.ndarray, stream: _StreamBase, ends: bool, last_only: bool = False) -> np.ndarray:
+    def _pass(self, h: np.ndarray, stream: _StreamBase, ends: bool, last_only: bool = False,
+              ends_bytes: int = 0) -> np.ndarray:
         t0 = time.perf_counter()
         T = h.shape[0]
         if T == 0:
@@ -229,16 +249,17 @@ class Executor:
         out = None
         if T <= SMALL_PASS:
             with _small_pass_limit():
-                h = self._layers(h, stream.state, stream.trace)
+                h, touched = self._layers(h, stream.state, stream.trace)
                 if ends:
                     out = self._logits(h[-1:] if last_only else h)
         else:
-            h = self._layers(h, stream.state, stream.trace)
+            h, touched = self._layers(h, stream.state, stream.trace)
             if ends:
                 out = self._logits(h[-1:] if last_only else h)
         stream.state.position += T
         stream.last_hidden = h
         stream.trace.step_seconds.append(time.perf_counter() - t0)
+        stream.trace.step_bytes.append(touched + ends_bytes)
         stream.trace.positions += T
         self._last = stream
         return h if out is None else out
@@ -286,7 +307,10 @@ class Stream(_StreamBase):
     position), single-token steps, rollback."""
 
     def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
-        return self.ex._pass(self.ex._embed(token_ids), self, True, last_only)
+        ex = self.ex
+        h = ex._embed(token_ids)
+        rows = np.unique(np.asarray(token_ids, dtype=np.int64)).size if ex._row_bytes else 0
+        return ex._pass(h, self, True, last_only, ex._ends_bytes + rows * ex._row_bytes)
 
     def step(self, token_id: int) -> np.ndarray:
         return self.prefill([int(token_id)])[0]

@@ -7,10 +7,13 @@ from .base import (
     MATRIX,
     MIXER,
     Kernel,
+    OpRecord,
     Operator,
     Params,
+    ReadProfile,
     Role,
     all_operators,
+    distinct_bytes,
     get,
     parse_params,
     register,
@@ -20,6 +23,6 @@ from .base import (
 )
 
 __all__ = [
-    "ARRAY", "FFN", "MATRIX", "MIXER", "Kernel", "Operator", "Params", "Role", "all_operators", "get",
-    "parse_params", "register", "registered", "selected", "unregister",
+    "ARRAY", "FFN", "MATRIX", "MIXER", "Kernel", "OpRecord", "Operator", "Params", "ReadProfile", "Role",
+    "all_operators", "distinct_bytes", "get", "parse_params", "register", "registered", "selected", "unregister",
 ]
