@@ -226,6 +226,8 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             "score_scale": score_scale,
             "bias": {k: bias for k in ("q", "k", "v", "o")},
             "qk_norm": None,
+            "qkv_clip": None,
+            "sinks": None,
         }
     if has_mamba:
         surface["operators"]["mamba2"] = m2f.mixer_geometry(
