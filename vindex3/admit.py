@@ -39,7 +39,8 @@ class AdmissionPlan(BaseModel):
     findings: list[Finding]
     layers: int | None = None
     operator_mix: list[tuple[str, int]] = []
-    tensors: int | None = None
+    tensors: int | None = None  # container tensors the encode writes
+    source_tensors: int | None = None  # checkpoint tensors they are made from
     parameters: int | None = None
 
     def blocking(self) -> list[Finding]:
@@ -56,7 +57,8 @@ class AdmissionPlan(BaseModel):
             mix = " / ".join(f"{n} {label}" for label, n in self.operator_mix)
             lines.append(f"layers      {self.layers} ({mix})")
         if self.tensors is not None:
-            lines.append(f"tensors     {self.tensors} ({self.parameters:,} parameters)")
+            made = f", from {self.source_tensors} source tensors" if self.source_tensors not in (None, self.tensors) else ""
+            lines.append(f"tensors     {self.tensors} ({self.parameters:,} parameters{made})")
         groups: dict[str, list[Finding]] = {}
         for f in self.findings:
             groups.setdefault(f.category, []).append(f)
@@ -123,7 +125,9 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         plan.operator_mix = mix
         specs = source.tensor_specs()
         plan.tensors = len(lowering.placements)
-        plan.parameters = sum(math.prod(specs[p.source_name].shape) for p in lowering.placements)
+        plan.source_tensors = sum(len(p.inputs) for p in lowering.placements)
+        # transforms only move elements: the container holds exactly the sources' parameters
+        plan.parameters = sum(math.prod(specs[n].shape) for p in lowering.placements for n in p.inputs)
     return plan, (lowering if plan.admissible else None)
 
 
