@@ -378,6 +378,12 @@ class MoeRecord:
     ran: tuple[int, ...]
     bytes_read: int
 
+    def to_data(self) -> dict:
+        """Plain data: per position the experts and their weights, the experts that ran, the
+        bytes read."""
+        return {"experts": self.experts.tolist(), "weights": [[float(w) for w in row] for row in self.weights],
+                "ran": list(self.ran), "bytes_read": int(self.bytes_read)}
+
 
 # --------------------------------------------------------------------------- prepare
 
