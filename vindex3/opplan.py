@@ -119,18 +119,21 @@ class OpPlan:
         return [self.embedding, self.final_norm, self.head]
 
     def read_profile(self, layers: list[int] | None = None, ends: bool = True) -> ReadProfile:
-        """Operand bytes of ``layers`` (all by default) and the ends, from sizes only: what is
-        always read, what sits in banks a position reads a part of, and what one position reads.
-        The embedding counts whole (mapped), though a position gathers one row of it; a tied head
-        is counted once."""
+        """Operand bytes of ``layers`` (all by default) and the ends, from sizes only: what every
+        position reads, what sits in banks a position reads a part of, and what one position
+        reads. The embedding is a bank of rows (a position gathers one), unless the head is the
+        embedding itself, which reads it whole."""
         idx = range(len(self.layers)) if layers is None else layers
         total = ReadProfile(0, 0, 0)
         for i in idx:
             lo = self.layers[i].reads
             total = total + ReadProfile(lo.always_bytes, lo.bank_bytes, lo.per_position_bytes)
         if ends:
-            refs = {f"{op.role}.{k}": r for op in self.end_ops for k, r in op.operands.items()}
-            total = total + ReadProfile.dense(distinct_bytes(refs))
+            emb = self.embedding.operands["weight"]
+            head = {"final_norm": self.final_norm.operands["weight"], "head": self.head.operands["weight"]}
+            total = total + ReadProfile.dense(distinct_bytes(head))
+            if emb.label not in {r.label for r in head.values()}:
+                total = total + ReadProfile(0, emb.nbytes, emb.nbytes // emb.shape[0])
         return total
 
 

@@ -50,6 +50,7 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
     placements: list[TensorPlacement] = []
     dropped: list[tuple[str, str]] = []
     groups: dict[tuple[int, str], list[tuple[Part, str]]] = {}
+    rejected: set[tuple[int, str]] = set()
     specs = src.tensor_specs()
     L = len(graph["layers"])
     for name in sorted(src.tensor_specs()):
@@ -78,6 +79,7 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
                 if shape != tuple(role.shape):
                     r.refuse(name, f"has shape {list(shape)}; as part of {role.role} ({role.target}) of layer {idx} "
                                    f"it must be {list(role.shape)}", category="structure")
+                    rejected.add((int(idx), role.target))  # the bank is refused already; no second finding
                     continue
                 groups.setdefault((int(idx), role.target), []).append((role, name))
                 continue
@@ -97,6 +99,8 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
                 continue
             placements.append(TensorPlacement(name, obj, rel, "weight", None))
     for (idx, target), parts in sorted(groups.items()):
+        if (idx, target) in rejected:
+            continue
         placed = _assemble(r, graph, idx, target, parts, layer_table, prefixes)
         if placed is not None:
             placements.append(placed)
@@ -130,7 +134,7 @@ def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[t
     if len(by_index) != count:
         _, table = layer_table(idx)
         prefix = f"{obj_prefix}{idx}."
-        missing = [prefix + s for s, e in sorted(table.items(), key=lambda kv: getattr(kv[1], "index", -1))
+        missing = [prefix + s for s, e in sorted(table.items(), key=lambda kv: kv[1].index if isinstance(kv[1], Part) else -1)
                    if isinstance(e, Part) and e.target == target and e.index not in by_index]
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         r.refuse(missing[0] if missing else name0,

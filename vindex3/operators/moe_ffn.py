@@ -46,7 +46,18 @@ import numpy as np
 from pydantic import BaseModel, Field, model_validator
 
 from ..errors import GraphSchemaError
-from .base import ARRAY, FFN, Kernel, Operator, OpRecord, Params, ReadProfile, Role, parse_params, register
+from .base import (
+    ARRAY,
+    FFN,
+    Kernel,
+    Operator,
+    OpRecord,
+    Params,
+    ReadProfile,
+    Role,
+    parse_params,
+    register,
+)
 
 if TYPE_CHECKING:
     from ..exec.trace import ExecutionTrace
@@ -82,8 +93,9 @@ class MoeFfnParams(Params):
     @model_validator(mode="after")
     def _consistent(self) -> MoeFfnParams:
         if (self.shared == "none") != (self.shared_gate_up is None):
-            raise ValueError(f"shared_gate_up is {self.shared_gate_up!r} with shared {self.shared!r}: it is given "
-                             "exactly when there is a shared expert")
+            given = "null" if self.shared_gate_up is None else repr(self.shared_gate_up)
+            raise ValueError(f"shared_gate_up is given exactly when there is a shared expert (shared is {self.shared!r}, "
+                             f"shared_gate_up is {given})")
         self.geometry()  # the kernel's own validation: each fact that applies is given, no other
         return self
 

@@ -67,7 +67,7 @@ class SoftmaxParams(Params):
                 raise ValueError(f"rope scaling {kind} needs a positive finite {k}, found {x!r}")
         for k in flags.get(kind, ()):
             if not isinstance(v.get(k), bool):
-                raise ValueError(f"rope scaling {kind} needs a boolean {k}, found {v.get(k)!r}")
+                raise ValueError(f"rope scaling {kind} needs a boolean {k}, found {v.get(k)!r}")  # noqa: TRY004 (pydantic)
         extra = sorted(set(v) - {"type", *need[kind], *flags.get(kind, ())})
         if extra:
             raise ValueError(f"rope scaling {kind} has unknown keys {', '.join(extra)}")
