@@ -138,7 +138,7 @@ FAMILIES["qwen3_moe"] = dict(
 )
 FAMILIES["olmoe"] = dict(
     MOE_BASE, hidden_size=42, num_attention_heads=3, num_key_value_heads=1, intermediate_size=23, num_experts=9,
-    num_experts_per_tok=2, clip_qkv=6.0, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+    num_experts_per_tok=2, clip_qkv=3.0, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
 )
 FAMILIES["mixtral"] = dict(
     MOE_BASE, hidden_size=45, num_attention_heads=3, num_key_value_heads=1, head_dim=16, intermediate_size=23,

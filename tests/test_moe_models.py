@@ -344,13 +344,32 @@ def test_gpt_oss_banks_are_transposed_and_deinterleaved(checkpoint_dirs, contain
     assert sc["attention_factor"] == pytest.approx(0.1 * math.log(4.0) + 1.0)
 
 
-def test_olmoe_norms_span_the_whole_projection(containers):
+def test_olmoe_norms_span_the_whole_projection_and_the_clamp_binds(checkpoint_dirs, containers, tmp_path):
     c = vindex3.open(containers("olmoe"))
     a = c.graph.surface["attention"]
-    assert a["qk_norm"]["scope"] == "projection" and a["qkv_clip"] == 6.0
+    assert a["qk_norm"]["scope"] == "projection" and a["qkv_clip"] == 3.0
     e = c.segments["decoder_stack"].entries
     assert e["0.self_attn.q_norm.weight"].shape == (42,) and e["0.self_attn.k_norm.weight"].shape == (14,)
     assert c.graph.surface["operators"]["moe_ffn"]["renormalize"] is False
+    # the fixture's clamp is reached (so the parity test covers it): without it the logits move
+    free = vindex3.open(vindex3.encode(_copy(checkpoint_dirs("olmoe"), tmp_path / "ck", clip_qkv=None), tmp_path / "c"))
+    assert free.graph.surface["attention"]["qkv_clip"] is None
+    assert np.abs(free.executor().forward(IDS) - c.executor().forward(IDS)).max() > 1e-2
+
+
+def test_a_dense_model_step_reads_every_operand_once(containers):
+    """The trace's per-call bytes are generic: on a model without banks a decode step touches
+    every tensor but the embedding, plus one embedding row; a tied head reads the embedding whole."""
+    for family in ("llama", "granite"):
+        c = vindex3.open(containers(family))
+        st = c.executor().start()
+        st.prefill(IDS[:4])
+        st.step(IDS[4])
+        stored = sum(e.nbytes for seg in c.segments.values() for e in seg.entries.values())
+        emb = c.segments["embedding"].entries["weight"]
+        want = stored if c.graph.core.head.tied else stored - emb.nbytes + emb.nbytes // emb.shape[0]
+        assert st.trace.step_bytes[-1] == want == c.op_plan().read_profile().per_position_bytes, family
+        assert st.trace.op_calls == []  # nothing here reports per call
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral"])
