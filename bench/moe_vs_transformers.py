@@ -35,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import facts, pin_threads  # noqa: E402
+from machine import facts, pin_threads
 
 CONFIG = {"vocab_size": 2048, "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
           "num_key_value_heads": 4, "head_dim": 64, "num_experts": 16, "num_experts_per_tok": 2,
@@ -148,7 +148,7 @@ def run(threads: int, repeats: int) -> dict:
                     best_p[a] = np.minimum(best_p[a], timed(prefill)[0])
                     s = start()
                     for i in range(DECODE):
-                        best_d[a][i] = np.minimum(best_d[a][i], timed(lambda s=s, i=i: step(s, i))[0])
+                        best_d[a][i] = np.minimum(best_d[a][i], timed(lambda s=s, i=i, step=step: step(s, i))[0])
             st = ours_start()
             for i in range(DECODE):
                 st.step(feed[i])
