@@ -52,7 +52,10 @@ def build_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}))
 
 
-def build_checkpoint(family: str, out: Path, seed: int = 0, tokenizer: bool = True, **overrides) -> Path:
+def build_checkpoint(family: str, out: Path, seed: int = 0, tokenizer: bool = True, runtime_layout: bool = False,
+                     **overrides) -> Path:
+    """``runtime_layout``: save as transformers holds the weights in memory (fused expert banks)
+    instead of the released layout (one tensor per expert, where the family has one)."""
     import torch
     import transformers as T
 
@@ -68,17 +71,17 @@ def build_checkpoint(family: str, out: Path, seed: int = 0, tokenizer: bool = Tr
         REFINE.get(family, lambda m: None)(model)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    model.save_pretrained(out, **({"save_original_format": False} if runtime_layout else {}))
     if tokenizer:
         build_tokenizer(out)
     return out
 
 
-def load_reference(path: Path):
+def load_reference(path: Path, **kwargs):
     import torch
     import transformers as T
 
-    return T.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    return T.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", **kwargs).eval()
 
 
 # ---- state-space and hybrid families ---------------------------------------------------------
@@ -123,7 +126,67 @@ def _rerandomise_ssm(model) -> None:
                 lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
 
 
-REFINE = {"mamba2": _rerandomise_ssm, "granitemoehybrid": _rerandomise_ssm}
+# ---- routed-expert families -------------------------------------------------------------------
+# E >= 8, k >= 2, odd widths wherever the reference allows (rotary needs an even head width;
+# OLMoE's QK norms need heads * head_dim = hidden), a dense layer among the routed ones
+# (qwen3_moe), sliding windows the prompts exceed (mixtral, gpt_oss), yarn rope (gpt_oss).
+
+MOE_BASE = {"vocab_size": VOCAB, "num_hidden_layers": 3, "max_position_embeddings": 256, "rms_norm_eps": 1e-5,
+            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+FAMILIES["qwen3_moe"] = dict(
+    MOE_BASE, hidden_size=45, num_attention_heads=3, num_key_value_heads=1, head_dim=16, intermediate_size=53,
+    moe_intermediate_size=23, num_experts=10, num_experts_per_tok=3, norm_topk_prob=True, mlp_only_layers=[1],
+    rope_parameters={"rope_type": "default", "rope_theta": 1000.0}, tie_word_embeddings=False,
+)
+FAMILIES["olmoe"] = dict(
+    MOE_BASE, hidden_size=42, num_attention_heads=3, num_key_value_heads=1, intermediate_size=23, num_experts=9,
+    num_experts_per_tok=2, clip_qkv=3.0, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+)
+FAMILIES["mixtral"] = dict(
+    MOE_BASE, hidden_size=45, num_attention_heads=3, num_key_value_heads=1, head_dim=16, intermediate_size=23,
+    num_local_experts=8, num_experts_per_tok=2, sliding_window=7, rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
+)
+FAMILIES["gpt_oss"] = dict(
+    MOE_BASE, num_hidden_layers=4, hidden_size=45, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    intermediate_size=23, num_local_experts=8, num_experts_per_tok=3, sliding_window=6,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 500.0, "factor": 4.0, "beta_fast": 16.0, "beta_slow": 1.0,
+                     "truncate": False, "original_max_position_embeddings": 64},
+)
+FAMILIES["granitemoehybrid_moe"] = dict(
+    FAMILIES["granitemoehybrid"], num_local_experts=8, num_experts_per_tok=2, intermediate_size=23,
+    shared_intermediate_size=31, layer_types=["attention", "mamba", "attention"], num_hidden_layers=3, logits_scaling=16.0,
+)
+MODEL_TYPE["granitemoehybrid_moe"] = "granitemoehybrid"
+MOE_FAMILIES = ["qwen3_moe", "olmoe", "mixtral", "granitemoehybrid_moe", "gpt_oss"]
+
+
+def _scale_moe(model) -> None:
+    """Every matrix drawn at unit gain (std c / sqrt(fan_in)), routers sharper, biases and sinks
+    O(0.5): default init gives logits of ~0.5, which makes a 1e-4 tolerance meaningless. Norm
+    weights keep the 1 + 0.3·N(0, 1) of build_checkpoint; SSM parameters are re-randomised too."""
+    import math
+
+    import torch
+
+    gen = torch.Generator().manual_seed(4321)
+    for name, p in sorted(model.named_parameters()):
+        if "norm" in name or "A_log" in name or name.endswith((".D", "dt_bias")):
+            continue
+        if p.dim() == 1 or name.endswith("_bias"):
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+            continue
+        in_out = name.endswith(("experts.gate_up_proj", "experts.down_proj")) and model.config.model_type == "gpt_oss"
+        fan_in = p.shape[-2] if in_out else p.shape[-1]
+        gain = 3.0 if ("router" in name or name.endswith("gate.weight")) else 1.0
+        if "embed_tokens" in name:
+            gain, fan_in = 1.0, 1
+        p.copy_(gain / math.sqrt(fan_in) * torch.randn(p.shape, generator=gen))
+    if any(hasattr(m, "A_log") for m in model.modules()):
+        _rerandomise_ssm(model)
+
+
+REFINE = {"mamba2": _rerandomise_ssm, "granitemoehybrid": _rerandomise_ssm,
+          **{f: _scale_moe for f in MOE_FAMILIES}}
 
 
 # -- running both sides -------------------------------------------------------------------

@@ -73,12 +73,12 @@ def test_unsupported_activation_and_rope_type_are_named(checkpoint_dirs, tmp_pat
     ck = copy_container(checkpoint_dirs("llama"), tmp_path / "ck")
     cfg = json.loads((ck / "config.json").read_text())
     cfg["hidden_act"] = "relu6"
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0}
+    cfg["rope_parameters"] = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}
     (ck / "config.json").write_text(json.dumps(cfg))
     plan = vindex3.admit(ck)
     blocked = {f.key: f.message for f in plan.blocking()}
     assert "relu6" in blocked["hidden_act"]
-    assert "yarn" in blocked["rope_parameters"]
+    assert "'dynamic' is not supported" in blocked["rope_parameters"]
 
 
 def test_absent_rope_base_is_refused_not_defaulted(checkpoint_dirs, tmp_path):

@@ -9,6 +9,7 @@ import copy
 import numpy as np
 import pytest
 from conftest import ALL_FAMILIES
+from fixtures import MOE_FAMILIES
 from fixtures import load_reference
 from internals_oracle import checkpoint_tensors, hf_run
 
@@ -20,7 +21,7 @@ from vindex3.exec.intervention import FeatureAblation
 from vindex3.internals.capture import capture
 
 IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 31, 64]
-DENSE = [f for f in ALL_FAMILIES if f != "mamba2"]
+DENSE = [f for f in ALL_FAMILIES if f != "mamba2" and f not in MOE_FAMILIES]  # every FFN the dense gated one
 
 
 class Log(Observer):
@@ -132,6 +133,15 @@ def test_ablation_equals_the_reference_with_those_features_zeroed(containers, ch
     err = np.max(np.abs(ours - want))
     assert err <= 1e-4
     assert np.max(np.abs(want - clean)) > 100 * max(err, 1e-7)  # the ablation changed far more than the tolerance
+
+
+def test_ablating_a_routed_expert_layer_is_refused_by_name(containers):
+    """moe_ffn does not opt into features (a feature of which expert?): naming its layer is a
+    named refusal before anything runs, never a silent no-op."""
+    c = vindex3.open(containers("qwen3_moe"))
+    routed = [lo.index for lo in c.op_plan().layers if any(op.kind == "moe_ffn" for op in lo.slot_ops())]
+    with pytest.raises(vindex3.errors.VindexError, match=rf"layer {routed[0]}.*moe_ffn"):
+        c.executor(intervention=FeatureAblation.of([(routed[0], 0)]))
 
 
 def test_ablation_equals_a_numpy_ffn_with_those_features_zeroed(containers, checkpoint_dirs):

@@ -739,7 +739,7 @@ def build_tri(r, src):
         "embedding": {"multiplier": 1.0}, "residual": {"multiplier": 1.0},
         "attention": {"heads": SOFTMAX["heads"], "kv_heads": SOFTMAX["kv_heads"], "head_dim": hd,
                       "head_mapping": "repeat_interleave", "query_scale": 1.0, "score_scale": hd ** -0.5,
-                      "bias": {k: False for k in "qkvo"}, "qk_norm": None},
+                      "bias": {k: False for k in "qkvo"}, "qk_norm": None, "qkv_clip": None, "sinks": None},
         "ffn": {"kind": "gated", "activation": "silu", "intermediate_size": r.take("intermediate_size", "FFN"),
                 "bias": False, "fused_gate_up": False},
         "norms": {"kind": "rms", "eps": 1e-5, "weight_offset": 0.0, "placement": "pre_only"},

@@ -35,7 +35,8 @@ class AdmissionPlan(BaseModel):
     findings: list[Finding]
     layers: int | None = None
     operator_mix: list[tuple[str, int]] = []
-    tensors: int | None = None
+    tensors: int | None = None  # container tensors the encode writes
+    source_tensors: int | None = None  # checkpoint tensors they are made from
     parameters: int | None = None
 
     def blocking(self) -> list[Finding]:
@@ -94,7 +95,9 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         plan.operator_mix = mix
         specs = source.tensor_specs()
         plan.tensors = len(lowering.placements)
-        plan.parameters = sum(math.prod(specs[p.source_name].shape) for p in lowering.placements)
+        plan.source_tensors = sum(len(p.inputs) for p in lowering.placements)
+        # transforms only move elements: the container holds exactly the sources' parameters
+        plan.parameters = sum(math.prod(specs[n].shape) for p in lowering.placements for n in p.inputs)
     return plan, (lowering if plan.admissible else None)
 
 

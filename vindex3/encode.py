@@ -17,6 +17,7 @@ from . import __version__, closure, jsonio
 from .admit import lower, require_admissible
 from .container import FORMAT, FORMAT_VERSION, GRAPH, INDEX
 from .errors import ClosureError, EncodeError, VindexError
+from .families.base import TensorPlacement
 from .graph import Graph
 from .segments import Segment, write_segment
 from .sources import CheckpointSource, open_source
@@ -69,9 +70,10 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
     tmp.mkdir()
     (tmp / "segments").mkdir()
     specs = source.tensor_specs()
-    by_object: dict[str, dict[str, str]] = {}
+    shapes = {n: tuple(sp.shape) for n, sp in specs.items()}
+    by_object: dict[str, dict[str, TensorPlacement]] = {}
     for p in lowering.placements:
-        by_object.setdefault(p.object, {})[p.name] = p.source_name
+        by_object.setdefault(p.object, {})[p.name] = p
     total = len(lowering.placements)
     done = 0
 
@@ -85,9 +87,9 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
     segments_list = []
     for obj in sorted(by_object):
         names = by_object[obj]
-        seg_specs = {rel: ("f32", tuple(specs[srcname].shape)) for rel, srcname in names.items()}
+        seg_specs = {rel: ("f32", p.shape(shapes)) for rel, p in names.items()}
         rel_path = f"segments/{obj}.bin"
-        info = write_segment(tmp / rel_path, f"{obj}@f32", seg_specs, lambda rel: source.load(names[rel]), tick)
+        info = write_segment(tmp / rel_path, f"{obj}@f32", seg_specs, lambda rel: names[rel].assemble(source.load), tick)
         key = f"{obj}@f32"
         representations[key] = {
             "object": obj,
@@ -129,6 +131,11 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
             "not_carried": not_carried,
         }
     )
+    # container tensors made from several source tensors, or transformed: what from, and how
+    assembled = [{"tensor": f"{p.object}/{p.name}", "sources": list(p.inputs), "transform": list(p.transform)}
+                 for p in lowering.placements if p.sources or p.transform]
+    if assembled:
+        provenance["assembled_tensors"] = assembled
     index = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

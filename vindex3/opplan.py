@@ -12,7 +12,7 @@ from pydantic import Field
 from . import continuation as cont
 from .graph import Graph
 from .layout import NORMS
-from .operators import FFN, MIXER, Operator, Params
+from .operators import FFN, MIXER, Operator, Params, ReadProfile, distinct_bytes
 from .segments import TensorEntry
 
 
@@ -61,6 +61,14 @@ class Op:
     operator: Operator | None = None  # the registered operator of a slot op
 
     @property
+    def reads(self) -> ReadProfile:
+        """What a position reads of this op's operands (sizes only): its operator's profile,
+        or every operand for a core or described op."""
+        if self.operator is not None:
+            return self.operator.read_profile(self.params, self.operands)
+        return ReadProfile.dense(distinct_bytes(self.operands))
+
+    @property
     def described(self) -> bool:
         """A slot op whose operator this build does not execute."""
         return self.role in (MIXER, FFN) and self.operator is None
@@ -85,6 +93,17 @@ class LayerOps:
     def slot_ops(self) -> list[Op]:
         return [op for op in self.ops if op.role in (MIXER, FFN)]
 
+    @property
+    def reads(self) -> ReadProfile:
+        """The layer's read profile: the sum of its ops' (plain data via ``to_data()``); the
+        operators' own details are keyed by slot."""
+        total = ReadProfile(0, 0, 0)
+        for op in self.ops:
+            r = op.reads
+            total = total + ReadProfile(r.always_bytes, r.bank_bytes, r.per_position_bytes,
+                                        {op.role: r.detail} if r.detail else {})
+        return total
+
 
 @dataclass
 class OpPlan:
@@ -98,6 +117,24 @@ class OpPlan:
     @property
     def end_ops(self) -> list[Op]:
         return [self.embedding, self.final_norm, self.head]
+
+    def read_profile(self, layers: list[int] | None = None, ends: bool = True) -> ReadProfile:
+        """Operand bytes of ``layers`` (all by default) and the ends, from sizes only: what every
+        position reads, what sits in banks a position reads a part of, and what one position
+        reads. The embedding is a bank of rows (a position gathers one), unless the head is the
+        embedding itself, which reads it whole."""
+        idx = range(len(self.layers)) if layers is None else layers
+        total = ReadProfile(0, 0, 0)
+        for i in idx:
+            lo = self.layers[i].reads
+            total = total + ReadProfile(lo.always_bytes, lo.bank_bytes, lo.per_position_bytes)
+        if ends:
+            emb = self.embedding.operands["weight"]
+            head = {"final_norm": self.final_norm.operands["weight"], "head": self.head.operands["weight"]}
+            total = total + ReadProfile.dense(distinct_bytes(head))
+            if emb.label not in {r.label for r in head.values()}:
+                total = total + ReadProfile(0, emb.nbytes, emb.nbytes // emb.shape[0])
+        return total
 
 
 def _ref(tables: dict[str, dict[str, TensorEntry]], obj: str, name: str) -> OperandRef:

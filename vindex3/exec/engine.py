@@ -25,14 +25,14 @@ import numpy as np
 from .. import codecs
 from ..codecs import Weight
 from ..errors import SliceError, StateError, UnsupportedOperator
-from ..operators import ARRAY, FFN, MIXER
+from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
 from .intervention import Intervention
 from .intervention import resolve as resolve_intervention
 from .ops.norm import make_weight, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
 from .state import ContinuationState, LayerState
-from .trace import ExecutionTrace
+from .trace import ExecutionTrace, OpCall
 
 F32 = np.float32
 
@@ -101,8 +101,9 @@ class PreparedOperands:
         return self.weight(ref).dense()
 
 
-# A bound op: (h residual, x current activation, layer state, first position, one position?) -> (h, x)
-OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int, bool], tuple[np.ndarray, np.ndarray]]
+# A bound op: (h residual, x current activation, layer state, first position, one position?, the
+# stream's trace) -> (h, x, operand bytes this call touched)
+OpFn = Callable[[np.ndarray, np.ndarray, LayerState, int, bool, ExecutionTrace], tuple[np.ndarray, np.ndarray, int]]
 
 
 class Observer:
@@ -164,15 +165,16 @@ def prepare_ends(plan: OpPlan, W: PreparedOperands) -> tuple[Weight, np.float32,
 
 
 def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
+    nbytes = distinct_bytes(op.operands)
     if op.kind == "rms_norm":
         weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
         eps = F32(op.params.eps)
-        return lambda h, x, ls, p0, one: (h, rms_norm(h, weight, eps))
+        return lambda h, x, ls, p0, one, tr: (h, rms_norm(h, weight, eps), nbytes)
     if op.kind == "residual_add":
         m = F32(op.params.multiplier)
         if m == 1:
-            return lambda h, x, ls, p0, one: (h + x, x)
-        return lambda h, x, ls, p0, one: (h + x * m, x)
+            return lambda h, x, ls, p0, one, tr: (h + x, x, 0)
+        return lambda h, x, ls, p0, one, tr: (h + x * m, x, 0)
     raise UnsupportedOperator(f"core op {op.kind!r} has no executor")
 
 
@@ -182,7 +184,7 @@ def slot_operands(op: Op, W: PreparedOperands) -> dict[str, Any]:
     return {role: (W.array(ref) if kinds.get(role) == ARRAY else W.weight(ref)) for role, ref in op.operands.items()}
 
 
-def _bind_slot(op: Op, W: PreparedOperands, ablate: np.ndarray | None = None) -> OpFn:
+def _bind_slot(op: Op, W: PreparedOperands, layer: int, ablate: np.ndarray | None = None) -> OpFn:
     operands = slot_operands(op, W)
     if ablate is None:
         kernel = op.operator.bind(op.params, operands)
@@ -190,11 +192,21 @@ def _bind_slot(op: Op, W: PreparedOperands, ablate: np.ndarray | None = None) ->
         kernel = op.operator.bind_ablated(op.params, operands, ablate)
     slot = op.role
     prefill, step = kernel.prefill, kernel.step
+    if not kernel.reports:
+        nbytes = distinct_bytes(op.operands)
 
-    def run(h, x, ls, p0, one):
-        return h, (step if one else prefill)(x, ls.ops.get(slot), p0)
+        def run(h, x, ls, p0, one, tr):
+            return h, (step if one else prefill)(x, ls.ops.get(slot), p0), nbytes
 
-    return run
+        return run
+    name = op.kind
+
+    def run_reporting(h, x, ls, p0, one, tr):
+        y, rec = (step if one else prefill)(x, ls.ops.get(slot), p0)
+        tr.op_calls.append(OpCall(layer, slot, name, p0, x.shape[0], int(rec.bytes_read), rec.detail))
+        return h, y, int(rec.bytes_read)
+
+    return run_reporting
 
 
 def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
@@ -231,8 +243,14 @@ class Executor:
         self.readout: Readout | None = None
         if self.has_ends:
             self._emb, self._emb_mult, self.readout = prepare_ends(plan, W)
+            # what the ends touch per call: final norm and head whole; the embedding's gathered
+            # rows (none extra when the head is the embedding itself, read whole anyway)
+            fn, hd = plan.final_norm, plan.head
+            self._ends_bytes = distinct_bytes({"final_norm": fn.operands["weight"], "head": hd.operands["weight"]})
+            emb_ref = plan.embedding.operands["weight"]
+            self._row_bytes = 0 if emb_ref.label in {r.label for r in hd.operands.values()} else emb_ref.nbytes // emb_ref.shape[0]
         self._kernels: list[tuple[int, list[OpFn]]] = [
-            (i, [(_bind_slot(op, W, ablate.get(i) if op.role == FFN else None) if op.operator is not None
+            (i, [(_bind_slot(op, W, i, ablate.get(i) if op.role == FFN else None) if op.operator is not None
                   else _bind_core(op, W)) for op in plan.layers[i].ops])
             for i in self.layers
         ]
@@ -269,42 +287,48 @@ class Executor:
         return self._last.last_hidden if self._last is not None else None
 
     # -- passes ------------------------------------------------------------------------------
-    def _layers_observed(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace, obs: Observer) -> np.ndarray:
+    def _layers_observed(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace,
+                         obs: Observer) -> tuple[np.ndarray, int]:
         """`_layers` with an observer: the same arithmetic in the same order (so the same bytes),
         with each residual add spelled out so that the write it adds can be shown."""
         p0 = state.position
         one = h.shape[0] == 1
         ran = []
+        touched = 0
         x = h
         obs.begin(p0, h)
         for i, fns in self._kernels:
             ls = state.layers[i]
             for fn, site in zip(fns, self._sites[i]):
                 if site is None:
-                    h, x = fn(h, x, ls, p0, one)
+                    h, x, n = fn(h, x, ls, p0, one, trace)
+                    touched += n
                 elif site[1] is None:
                     obs.slot_input(i, site[0], p0, x)
-                    h, x = fn(h, x, ls, p0, one)
+                    h, x, n = fn(h, x, ls, p0, one, trace)
+                    touched += n
                 else:
                     w = x if site[1] == 1 else x * site[1]
                     h = h + w
                     obs.write(i, site[0], p0, w, h)
             ran.append(i)
         trace.executed_layers = ran
-        return h
+        return h, touched
 
-    def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> np.ndarray:
+    def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> tuple[np.ndarray, int]:
         p0 = state.position
         one = h.shape[0] == 1
         ran = []
+        touched = 0
         x = h
         for i, fns in self._kernels:
             ls = state.layers[i]
             for fn in fns:
-                h, x = fn(h, x, ls, p0, one)
+                h, x, n = fn(h, x, ls, p0, one, trace)
+                touched += n
             ran.append(i)
         trace.executed_layers = ran
-        return h
+        return h, touched
 
     def embed(self, ids) -> np.ndarray:
         """Token ids -> the residual entering layer 0 (embedding rows times its multiplier)."""
@@ -326,7 +350,8 @@ class Executor:
     def _logits(self, h: np.ndarray) -> np.ndarray:
         return self.readout(h)
 
-    def _pass(self, h: np.ndarray, stream: _StreamBase, ends: bool, last_only: bool = False) -> np.ndarray:
+    def _pass(self, h: np.ndarray, stream: _StreamBase, ends: bool, last_only: bool = False,
+              ends_bytes: int = 0) -> np.ndarray:
         t0 = time.perf_counter()
         T = h.shape[0]
         if T == 0:
@@ -335,18 +360,19 @@ class Executor:
         obs = stream.observer
         if T <= SMALL_PASS:
             with _small_pass_limit():
-                h = self._layers(h, stream.state, stream.trace) if obs is None else \
+                h, touched = self._layers(h, stream.state, stream.trace) if obs is None else \
                     self._layers_observed(h, stream.state, stream.trace, obs)
                 if ends:
                     out = self._logits(h[-1:] if last_only else h)
         else:
-            h = self._layers(h, stream.state, stream.trace) if obs is None else \
+            h, touched = self._layers(h, stream.state, stream.trace) if obs is None else \
                 self._layers_observed(h, stream.state, stream.trace, obs)
             if ends:
                 out = self._logits(h[-1:] if last_only else h)
         stream.state.position += T
         stream.last_hidden = h
         stream.trace.step_seconds.append(time.perf_counter() - t0)
+        stream.trace.step_bytes.append(touched + ends_bytes)
         stream.trace.positions += T
         self._last = stream
         return h if out is None else out
@@ -404,7 +430,10 @@ class Stream(_StreamBase):
     position), single-token steps, rollback."""
 
     def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
-        return self.ex._pass(self.ex._embed(token_ids), self, True, last_only)
+        ex = self.ex
+        h = ex._embed(token_ids)
+        rows = np.unique(np.asarray(token_ids, dtype=np.int64)).size if ex._row_bytes else 0
+        return ex._pass(h, self, True, last_only, ex._ends_bytes + rows * ex._row_bytes)
 
     def step(self, token_id: int) -> np.ndarray:
         return self.prefill([int(token_id)])[0]

@@ -6,4 +6,5 @@ from . import (  # noqa: F401
     granitemoehybrid,
     kimi_linear,
     mamba2,
+    moe,
 )

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 from pydantic import BaseModel
 
 from ..sources import CheckpointSource
@@ -130,11 +131,101 @@ class ConfigReader:
 
 @dataclass
 class TensorPlacement:
+    """One container tensor: the source tensor it is (``source_name``), or the ordered
+    ``sources`` it is assembled from by ``transform``, a sequence of named steps in `TRANSFORMS`
+    applied at encode (stack many tensors into one, transpose, de-interleave). The encode
+    records every assembled tensor's sources and steps in the container's provenance."""
+
     source_name: str
     object: str
     name: str  # relative to the object
     role: str
     layer: int | None
+    sources: tuple[str, ...] = ()  # empty: the one tensor ``source_name``
+    transform: tuple[str, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return self.sources or (self.source_name,)
+
+    def shape(self, source_shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
+        """The container tensor's shape, from the sources' shapes (headers only)."""
+        shapes = [tuple(source_shapes[n]) for n in self.inputs]
+        return apply_steps(self.transform, shapes, shape_only=True)
+
+    def assemble(self, load: Callable[[str], Any]) -> Any:
+        """The container tensor: the sources loaded (float32) and transformed."""
+        return apply_steps(self.transform, [load(n) for n in self.inputs])
+
+
+# ---- transforms: named steps that turn source tensors into one container tensor -----------------
+# Each step maps a list of arrays (or of shapes) to a list; "stack" is the only step that takes
+# many and gives one. Every step only moves elements, so a transform never changes the parameter
+# count nor a value.
+
+def _one(xs: list, step: str) -> Any:
+    if len(xs) != 1:
+        raise ValueError(f"transform step {step!r} takes one tensor, got {len(xs)} (stack them first)")
+    return xs[0]
+
+
+def _stack(xs: list, shape_only: bool) -> list:
+    first = tuple(xs[0]) if shape_only else xs[0].shape
+    for x in xs[1:]:
+        if (tuple(x) if shape_only else x.shape) != first:
+            raise ValueError(f"stack: source shapes differ ({list(first)} and {list(x if shape_only else x.shape)})")
+    if shape_only:
+        return [(len(xs), *first)]
+    return [np.stack(xs)]
+
+
+def _merge_pairs(xs: list, shape_only: bool) -> list:
+    """[2E, o, ...] -> [E, 2o, ...]: consecutive tensors (a pair per expert: gate, then up)
+    joined along their first axis."""
+    x = _one(xs, "merge_pairs")
+    shp = tuple(x) if shape_only else x.shape
+    if len(shp) < 2 or shp[0] % 2:
+        raise ValueError(f"merge_pairs needs [2E, out, ...], got {list(shp)}")
+    out = (shp[0] // 2, 2 * shp[1], *shp[2:])
+    return [out] if shape_only else [x.reshape(out)]
+
+
+def _swap_last2(xs: list, shape_only: bool) -> list:
+    """[..., a, b] -> [..., b, a] (an in-out matrix made out-in)."""
+    x = _one(xs, "swap_last2")
+    if shape_only:
+        return [(*x[:-2], x[-1], x[-2])]
+    return [np.ascontiguousarray(np.swapaxes(x, -1, -2))]
+
+
+def _uninterleave_axis1(xs: list, shape_only: bool) -> list:
+    """[E, 2n, ...] with rows (a0, b0, a1, b1, ...) -> [E, 2n, ...] with rows (a0..an-1, b0..bn-1):
+    interleaved gate/up made halves, gate first."""
+    x = _one(xs, "uninterleave_axis1")
+    shp = tuple(x) if shape_only else x.shape
+    if len(shp) < 2 or shp[1] % 2:
+        raise ValueError(f"uninterleave_axis1 needs an even axis 1, got {list(shp)}")
+    if shape_only:
+        return [shp]
+    return [np.ascontiguousarray(np.concatenate([x[:, 0::2], x[:, 1::2]], axis=1))]
+
+
+TRANSFORMS: dict[str, Callable[[list, bool], list]] = {
+    "stack": _stack,
+    "merge_pairs": _merge_pairs,
+    "swap_last2": _swap_last2,
+    "uninterleave_axis1": _uninterleave_axis1,
+}
+
+
+def apply_steps(steps: tuple[str, ...], xs: list, shape_only: bool = False) -> Any:
+    """Apply named transform steps to tensors (or, with ``shape_only``, to their shapes)."""
+    for step in steps:
+        fn = TRANSFORMS.get(step)
+        if fn is None:
+            raise ValueError(f"unknown transform step {step!r} (known: {', '.join(TRANSFORMS)})")
+        xs = fn(xs, shape_only)
+    return _one(xs, "the result")
 
 
 @dataclass

@@ -65,9 +65,13 @@ TRAITS = {
 }
 
 
-def rope_policy(r: ConfigReader, head_dim: int) -> dict | None:
-    """Lower rope_parameters (transformers 5.x) or rope_theta + rope_scaling (older)."""
+def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None = None) -> dict | None:
+    """Lower rope_parameters (transformers 5.x) or rope_theta + rope_scaling (older). ``default``:
+    (parameters, why) where the reference fixes them when a config states none."""
     params = None
+    if default is not None and not any(r.has(k) for k in ("rope_parameters", "rope_theta", "rope_scaling")):
+        params = dict(r.take("rope_parameters", "rotary position encoding parameters", default=default[0],
+                             default_reason=default[1]))
     if r.has("rope_parameters"):
         params = r.take("rope_parameters", "rotary position encoding parameters")
         if not isinstance(params, dict):
@@ -117,14 +121,86 @@ def rope_policy(r: ConfigReader, head_dim: int) -> dict | None:
             r.refuse("rope_parameters", f"llama3 rope scaling lacks {', '.join(missing)}")
             return None
         scaling = {"type": "llama3", **{k: float(params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+    elif rtype == "yarn":
+        known |= {"factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "truncate", "attention_factor",
+                  "mscale", "mscale_all_dim"}
+        scaling = _yarn(r, params)
+        if scaling is None:
+            return None
     else:
-        r.refuse("rope_parameters", f"rope_type {rtype!r} is not supported (supported: default, linear, llama3)")
+        r.refuse("rope_parameters", f"rope_type {rtype!r} is not supported (supported: default, linear, llama3, yarn)")
         return None
     extra = sorted(set(params) - known)
     if extra:
         r.refuse("rope_parameters", f"unknown rotary parameters {', '.join(extra)} for rope_type {rtype!r}")
         return None
     return {"kind": "rope", "theta": float(theta), "rotary_dims": rotary_dims, "scaling": scaling}
+
+
+def _yarn(r: ConfigReader, params: dict) -> dict | None:
+    """Resolve YaRN's parameters as transformers 5.24 does (``standardize_rope_params`` then
+    ``_compute_yarn_parameters``) and record each value the reference fills in as a defaulted
+    finding, so the graph carries every number the kernel uses."""
+    from .base import DEFAULTED, Finding
+
+    def number(key: str, v) -> float | None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            r.refuse("rope_parameters", f"yarn {key} must be a positive finite number, found {v!r}")
+            return None
+        return float(v)
+
+    def filled(key: str, v, why: str) -> None:
+        r.findings.append(Finding(category=DEFAULTED, key=f"rope_parameters.{key}", value=v, message=f"absent; {why}",
+                                  blocks=False))
+
+    if r.has("original_max_position_embeddings"):  # a top-level key takes priority in the reference
+        orig = r.take("original_max_position_embeddings", "yarn's pretraining context (takes priority over rope_parameters')")
+    elif "original_max_position_embeddings" in params:
+        orig = params["original_max_position_embeddings"]
+    else:
+        orig = r.config.get("max_position_embeddings")
+        filled("original_max_position_embeddings", orig, "the reference uses max_position_embeddings")
+    orig = number("original_max_position_embeddings", orig)
+    if orig is None:
+        return None
+    factor = params.get("factor")
+    if factor is None:
+        mpe = number("max_position_embeddings", r.config.get("max_position_embeddings"))
+        if mpe is None:
+            return None
+        factor = mpe / orig
+        filled("factor", factor, "the reference uses max_position_embeddings / original_max_position_embeddings")
+    factor = number("factor", factor)
+    if factor is None:
+        return None
+    # the reference reads ``x or default``: absent, null and 0 all mean the default
+    betas = {}
+    for key, dflt in (("beta_fast", 32.0), ("beta_slow", 1.0)):
+        v = params.get(key)
+        if not v:
+            filled(key, dflt, f"the reference uses {dflt:g} when it is absent or zero")
+            v = dflt
+        betas[key] = number(key, v)
+    truncate = params.get("truncate", ...)
+    if truncate is ...:
+        truncate = True
+        filled("truncate", True, "the reference truncates the correction range unless told not to")
+    if not isinstance(truncate, bool):
+        r.refuse("rope_parameters", f"yarn truncate must be true or false, found {truncate!r}")
+        return None
+    af = params.get("attention_factor")
+    if af is None:
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        ms, msa = params.get("mscale"), params.get("mscale_all_dim")
+        af = float(mscale(factor, ms) / mscale(factor, msa)) if ms and msa else mscale(factor)
+        filled("attention_factor", af, "the reference derives it from factor (and mscale / mscale_all_dim when both are set)")
+    af = number("attention_factor", af)
+    if None in (af, *betas.values()):
+        return None
+    return {"type": "yarn", "factor": factor, "beta_fast": betas["beta_fast"], "beta_slow": betas["beta_slow"],
+            "original_max_position_embeddings": orig, "truncate": truncate, "attention_factor": af}
 
 
 def _build(model_type: str):
@@ -250,7 +326,9 @@ def _build(model_type: str):
                 "query_scale": 1.0,
                 "score_scale": score_scale,
                 "bias": bias,
-                "qk_norm": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0} if t.qk_norm else None,
+                "qk_norm": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "scope": "head"} if t.qk_norm else None,
+                "qkv_clip": None,
+                "sinks": None,
             },
             "ffn": {"kind": "gated", "activation": ACTIVATIONS[act], "intermediate_size": inter, "bias": mlp_bias,
                     "fused_gate_up": False},

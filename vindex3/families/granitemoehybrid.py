@@ -10,7 +10,13 @@ Layout: ``model.embed_tokens``, ``model.layers.N.input_layernorm`` (before the m
 ``lm_head``. Each layer is ``h = x + m·mixer(norm1(x)); h + m·ffn(norm2(h))`` with the Granite
 residual multiplier m; embeddings and logits carry Granite's multipliers too.
 
-Routed experts (``num_local_experts > 0``) are refused by name until an expert bank executes.
+With ``num_local_experts > 0`` every layer's FFN is routed (`moe_ffn`): a router
+(``block_sparse_moe.router.layer.weight`` [E, H], or ``.router.weight`` in transformers' runtime
+save) takes the top k raw logits and softmaxes them; the experts are stored fused,
+``block_sparse_moe.input_linear.weight`` [E, 2I, H] (gate and up in halves, gate first) and
+``output_linear.weight`` [E, H, I] (runtime save: ``block_sparse_moe.experts.gate_up_proj`` /
+``.down_proj``); the shared MLP is the op's ungated ("plain") shared expert, added after the
+routed sum. With 0 the shared MLP alone is a dense FFN.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from . import mamba2 as m2f
 from .decoder import ATTENTION_ROLES, PREFIXES, rope_policy
-from .placement import assemble_graph, place_tensors
+from .moe import moe_facts, positive_int
+from .placement import Part, assemble_graph, place_tensors
 
 COMMON_ROLES = {
     "input_layernorm.weight": "mixer_norm",
@@ -32,6 +39,27 @@ COMMON_ROLES = {
 MAMBA_ROLES = {**COMMON_ROLES, **{f"mamba.{k}": v for k, v in m2f.MIXER_ROLES.items()}}
 # No QK-norm in this family: its attention table is the shared one without q_norm/k_norm.
 SOFTMAX_ROLES = {**COMMON_ROLES, **{k: v for k, v in ATTENTION_ROLES.items() if v not in ("q_norm", "k_norm")}}
+
+# In a routed layer the shared MLP is the moe_ffn op's shared expert.
+ROUTED_COMMON = {
+    "input_layernorm.weight": "mixer_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "shared_mlp.input_linear.weight": "shared_gate_up",
+    "shared_mlp.output_linear.weight": "shared_down",
+    "block_sparse_moe.router.layer.weight": "moe_router",
+    "block_sparse_moe.router.weight": "moe_router",
+}
+
+
+def expert_roles(E: int, H: int, In: int) -> dict:
+    """The fused banks in both spellings, stored as they are ([E, 2I, H] halves, [E, H, I])."""
+    t = {}
+    for gu, dn in (("block_sparse_moe.input_linear.weight", "block_sparse_moe.output_linear.weight"),
+                   ("block_sparse_moe.experts.gate_up_proj", "block_sparse_moe.experts.down_proj")):
+        t[gu] = Part("moe_gate_up", gu, 0, 1, (E, 2 * In, H))
+        t[dn] = Part("moe_down", dn, 0, 1, (E, H, In))
+    return t
+
 
 # transformers 5.24 spellings, and the legacy ones it remaps (configuration_utils).
 LAYER_TYPES = {"linear_attention": "mamba2", "mamba": "mamba2", "full_attention": "softmax", "attention": "softmax"}
@@ -80,19 +108,29 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
                   default_reason="the reference default is untied")
     ok = True
 
-    # -- experts: dense only -------------------------------------------------------------
+    # -- experts ------------------------------------------------------------------------------
     experts = r.take("num_local_experts", "routed experts per layer (0: dense, the shared MLP only)", default=8,
                      default_reason="the reference default is 8 routed experts")
-    if experts != 0:
-        r.refuse("num_local_experts", f"{experts!r} routed experts: mixture-of-experts layers have no executor in this "
-                                      "build (supported: 0, the shared MLP only)")
+    k = e_inter = None
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+        r.refuse("num_local_experts", f"expected a non-negative integer, found {experts!r}")
         ok = False
-    else:
+    elif experts == 0:
         r.meta("num_experts_per_tok", "routing width; no routed experts with num_local_experts = 0")
         r.meta("intermediate_size", "routed-expert width; no routed experts with num_local_experts = 0")
-    inter = r.take("shared_intermediate_size", "width of the shared (dense) MLP", default=1024,
-                   default_reason="the reference default is 1024")
-    act = m2f.conv_activation(r, also=" and of the shared MLP's gate")
+    else:
+        k = r.take("num_experts_per_tok", "experts each position is routed to (top k raw router logits)", default=2,
+                   default_reason="the reference default is 2")
+        e_inter = r.take("intermediate_size", "width of one routed expert", default=11008,
+                         default_reason="the reference default is 11008")
+        ok = positive_int(r, "num_experts_per_tok", k) and positive_int(r, "intermediate_size", e_inter) and ok
+        if ok and k > experts:
+            r.refuse("num_experts_per_tok", f"routes each position to {k} of {experts} experts")
+            ok = False
+    routed = isinstance(experts, int) and not isinstance(experts, bool) and experts > 0
+    inter = r.take("shared_intermediate_size", "width of the shared MLP (the dense FFN, or the routed layers' shared expert)",
+                   default=1024, default_reason="the reference default is 1024")
+    act = m2f.conv_activation(r, also=", of the shared MLP's gate and of the experts")
 
     # -- layers ------------------------------------------------------------------------------
     if not isinstance(L, int) or isinstance(L, bool) or L < 1:
@@ -204,18 +242,24 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             "span": "full" if op == "softmax" else None,
             "window": None,
             "position": position if op == "softmax" else None,
-            "ffn": "dense",
+            "ffn": "routed" if routed else "dense",
             "operands": {},
         })
+    # the activation is silu (or its alias swish): conv_activation refused anything else
+    dense = {"kind": "gated", "activation": "silu", "intermediate_size": inter, "bias": False, "fused_gate_up": True}
     surface = {
         "hidden_size": H,
         "embedding": {"multiplier": emb_mult},
         "residual": {"multiplier": res_mult},
-        "ffn": {"kind": "gated", "activation": "silu", "intermediate_size": inter, "bias": False, "fused_gate_up": True},
+        **({} if routed else {"ffn": dense}),
         "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_mixer"},
         "head": {"vocab": vocab, "tied": bool(tied), "multiplier": 1.0 / logits_scaling, "softcap": None},
         "operators": {},
     }
+    if routed:
+        surface["operators"]["moe_ffn"] = moe_facts(
+            E=experts, k=k, In=e_inter, router="topk_softmax", renormalize=False, act="silu", shared="plain",
+            shared_intermediate=inter, shared_act="silu", shared_gate_up="fused_halves")
     if has_attn:
         surface["attention"] = {
             "heads": nh,
@@ -226,6 +270,8 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             "score_scale": score_scale,
             "bias": {k: bias for k in ("q", "k", "v", "o")},
             "qk_norm": None,
+            "qkv_clip": None,
+            "sinks": None,
         }
     if has_mamba:
         surface["operators"]["mamba2"] = m2f.mixer_geometry(
@@ -233,8 +279,16 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             limit=limit, eps=eps, use_conv_bias=bool(conv_bias), use_bias=bool(proj_bias))
     graph = assemble_graph(src.name, "granitemoehybrid", bool(tied), layers, surface)
 
+    if routed:
+        banks = expert_roles(experts, H, e_inter)
+        mixer_roles = {"mamba2": {f"mamba.{k_}": v for k_, v in m2f.MIXER_ROLES.items()},
+                       "softmax": {k_: v for k_, v in ATTENTION_ROLES.items() if v not in ("q_norm", "k_norm")}}
+        tables = {op: {**ROUTED_COMMON, **roles, **banks} for op, roles in mixer_roles.items()}
+    else:
+        tables = {"mamba2": MAMBA_ROLES, "softmax": SOFTMAX_ROLES}
+
     def table(i: int):
-        return (ops[i], MAMBA_ROLES if ops[i] == "mamba2" else SOFTMAX_ROLES)
+        return (ops[i], tables[ops[i]])
 
     placements, dropped = place_tensors(src, graph, r, bool(tied), PREFIXES, table)
     return Lowering(graph=graph, placements=placements, dropped=dropped)

@@ -1,23 +1,57 @@
 """What every family's lowering shares: the schema-6 graph skeleton (components and objects)
 and the placement of source tensors — each to an object by its longest matching prefix and, in
 the decoder stack, to an operand role by exact suffix under its layer's operator. Anything
-else is a blocking structure finding that names the tensor."""
+else is a blocking structure finding that names the tensor.
+
+A layer table maps an exact suffix to a role (the tensor is placed as it is), to a `Part` (the
+tensor, of an exact shape, is one of several that one container tensor is assembled from, or a
+single tensor that is transformed: experts stored one tensor per expert are stacked into one
+bank [E, out, in]), or to a `Refusal` (a tensor known by name and refused, e.g. a low-bit
+encoding this build does not read)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from .base import ConfigReader, Finding, TensorPlacement
 from ..sources import CheckpointSource
 
 
+@dataclass(frozen=True)
+class Part:
+    """Source tensor ``index`` of ``count`` that make the container tensor ``target`` (a name
+    relative to the layer) under ``role``, assembled by ``transform`` (steps of
+    `vindex3.families.base.TRANSFORMS`; with several sources the first step stacks them). The
+    source must have exactly ``shape``."""
+
+    role: str
+    target: str
+    index: int
+    count: int
+    shape: tuple[int, ...]
+    transform: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A tensor known by name and refused: ``message`` says why and what is accepted."""
+
+    message: str
+    category: str = "unsupported"
+
+
 def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: bool, prefixes,
-                  layer_table: Callable[[int], tuple[str, dict[str, str]]]):
+                  layer_table: Callable[[int], tuple[str, dict]]):
     """Assign every source tensor to an object (longest prefix) and, inside the decoder stack,
-    a role by exact suffix from the table of the layer's operator. Anything else is a blocking
-    structure finding that names the tensor and the operator it fell under."""
+    a role by exact suffix from the table of the layer's operator (or a part of an assembled
+    tensor, or a named refusal). Anything else is a blocking structure finding that names the
+    tensor and the operator it fell under."""
     placements: list[TensorPlacement] = []
     dropped: list[tuple[str, str]] = []
+    groups: dict[tuple[int, str], list[tuple[Part, str]]] = {}
+    rejected: set[tuple[int, str]] = set()
+    specs = src.tensor_specs()
     L = len(graph["layers"])
     for name in sorted(src.tensor_specs()):
         match = max(((p, o) for p, o in prefixes if name.startswith(p)), key=lambda po: len(po[0]), default=None)
@@ -35,7 +69,19 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
             role = table.get(suffix)
             if role is None:
                 r.refuse(name, f"unclassified tensor suffix {suffix!r} under the {operator} operator of layer {idx} "
-                               f"(known: {', '.join(sorted(table))})", category="structure")
+                               f"(known: {_known(table)})", category="structure")
+                continue
+            if isinstance(role, Refusal):
+                r.refuse(name, role.message, category=role.category)
+                continue
+            if isinstance(role, Part):
+                shape = tuple(specs[name].shape)
+                if shape != tuple(role.shape):
+                    r.refuse(name, f"has shape {list(shape)}; as part of {role.role} ({role.target}) of layer {idx} "
+                                   f"it must be {list(role.shape)}", category="structure")
+                    rejected.add((int(idx), role.target))  # the bank is refused already; no second finding
+                    continue
+                groups.setdefault((int(idx), role.target), []).append((role, name))
                 continue
             ops = graph["layers"][int(idx)]["operands"]
             if role in ops:
@@ -52,7 +98,61 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
                 r.findings.append(Finding(category="metadata", key=name, value=None, message="tied head: duplicate lm_head not encoded", blocks=False))
                 continue
             placements.append(TensorPlacement(name, obj, rel, "weight", None))
+    for (idx, target), parts in sorted(groups.items()):
+        if (idx, target) in rejected:
+            continue
+        placed = _assemble(r, graph, idx, target, parts, layer_table, prefixes)
+        if placed is not None:
+            placements.append(placed)
     return placements, dropped
+
+
+def _known(table: dict) -> str:
+    """The suffixes a table accepts, with per-expert runs written once (``experts.{e}.w1.weight``)."""
+    import re
+
+    return ", ".join(sorted({re.sub(r"\.\d+\.", ".{e}.", k) for k, v in table.items() if not isinstance(v, Refusal)}))
+
+
+def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[tuple[Part, str]], layer_table,
+              prefixes) -> TensorPlacement | None:
+    """One container tensor from its parts: every index present exactly once, all parts agreeing
+    on role, count and transform; else a blocking finding naming the missing or extra tensor."""
+    first, name0 = parts[0]
+    count, role, steps = first.count, first.role, first.transform
+    for p, name in parts:
+        if (p.count, p.role, p.transform) != (count, role, steps):
+            r.refuse(name, f"disagrees with {name0} on how {target} of layer {idx} is assembled", category="structure")
+            return None
+    by_index: dict[int, str] = {}
+    for p, name in parts:
+        if p.index in by_index:
+            r.refuse(name, f"is part {p.index} of {target} of layer {idx}, as is {by_index[p.index]}", category="structure")
+            return None
+        by_index[p.index] = name
+    obj_prefix, obj = max(((p, o) for p, o in prefixes if name0.startswith(p)), key=lambda po: len(po[0]))
+    if len(by_index) != count:
+        _, table = layer_table(idx)
+        prefix = f"{obj_prefix}{idx}."
+        missing = [prefix + s for s, e in sorted(table.items(), key=lambda kv: kv[1].index if isinstance(kv[1], Part) else -1)
+                   if isinstance(e, Part) and e.target == target and e.index not in by_index]
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        r.refuse(missing[0] if missing else name0,
+                 f"{target} of layer {idx} ({role}) is assembled from {count} tensors; {count - len(by_index)} missing: "
+                 f"{', '.join(missing[:3])}{more}", category="structure")
+        return None
+    ops = graph["layers"][idx]["operands"]
+    rel = f"{idx}.{target}"
+    if role in ops:
+        r.refuse(name0, f"duplicate operand: role {role} of layer {idx} is already {ops[role]!r} (a checkpoint holds "
+                        "one layout of a bank, not two)", category="structure")
+        return None
+    ops[role] = rel
+    sources = tuple(by_index[i] for i in range(count))
+    if count == 1 and not steps:
+        return TensorPlacement(sources[0], obj, rel, role, idx)
+    return TensorPlacement(sources[0], obj, rel, role, idx, sources=sources if count > 1 else (), transform=steps)
+
 
 
 def assemble_graph(name: str, family: str, tied: bool, layers: list[dict], surface: dict) -> dict:

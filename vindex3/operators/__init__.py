@@ -10,9 +10,12 @@ from .base import (
     FeatureView,
     Kernel,
     Operator,
+    OpRecord,
     Params,
+    ReadProfile,
     Role,
     all_operators,
+    distinct_bytes,
     get,
     parse_params,
     register,
@@ -22,6 +25,7 @@ from .base import (
 )
 
 __all__ = [
-    "ARRAY", "FFN", "MATRIX", "MIXER", "FeatureFfn", "FeatureView", "Kernel", "Operator", "Params", "Role", "all_operators", "get",
-    "parse_params", "register", "registered", "selected", "unregister",
+    "ARRAY", "FFN", "MATRIX", "MIXER", "FeatureFfn", "FeatureView", "Kernel", "OpRecord", "Operator", "Params",
+    "ReadProfile", "Role", "all_operators", "distinct_bytes", "get", "parse_params", "register", "registered", "selected",
+    "unregister",
 ]

@@ -11,7 +11,13 @@ An operator is one module that owns everything about one kind of layer computati
   and whether the kernel multiplies by it (a `vindex3.codecs.Weight`) or reads it whole;
 * its **continuation geometry** (a list of `vindex3.continuation` parts) and its **state** object;
 * its **kernel binding**: ``preflight`` (a named refusal before any operand is read), ``bind``
-  once per executor, then ``prefill(x, state, p0)`` and ``step(x, state, p0)``.
+  once per executor, then ``prefill(x, state, p0)`` and ``step(x, state, p0)``; a kernel that
+  reads only part of its operands per call (a routed FFN reads k of E experts) opts in to
+  reporting what each call touched (`Kernel.reports`, `OpRecord`), and the executor's stream
+  trace carries it;
+* its **read profile** (`ReadProfile`): the operand bytes a position always reads, the bytes
+  held in banks it reads only a part of, and the bytes one position reads: plain data for
+  STATS and EXPLAIN, computed from operand sizes without reading a tensor.
 
 Nothing outside the module names its kind. See docs/operators.md#adding-an-operator.
 """
@@ -19,7 +25,7 @@ Nothing outside the module names its kind. See docs/operators.md#adding-an-opera
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
@@ -82,9 +88,63 @@ def parse_params(cls: type[Params], raw: Mapping[str, Any], where: str) -> Param
         raise GraphSchemaError(f"system_graph.json: {where}: " + "; ".join(problems)) from None
 
 
+@dataclass(frozen=True)
+class OpRecord:
+    """What one call of a reporting kernel did: the operand bytes it actually read, and an
+    operator-defined record for the trace (an object with ``to_data()`` returning plain data,
+    or None)."""
+
+    bytes_read: int
+    detail: Any = None
+
+
+@dataclass(frozen=True)
+class ReadProfile:
+    """Operand bytes of an op (or a sum of ops), at their stored encoding: ``always_bytes``
+    are read for every position whatever it computes; ``bank_bytes`` are held in banks of which
+    one position reads only a part (routed experts); ``per_position_bytes`` is what one position
+    reads (always plus its share of the banks). ``detail`` is the operator's own plain data
+    (e.g. experts, top-k, bytes per expert), keyed by op where profiles were summed."""
+
+    always_bytes: int
+    bank_bytes: int
+    per_position_bytes: int
+    detail: dict = field(default_factory=dict)
+
+    @staticmethod
+    def dense(nbytes: int) -> ReadProfile:
+        """Every byte read by every position."""
+        return ReadProfile(int(nbytes), 0, int(nbytes))
+
+    def __add__(self, other: ReadProfile) -> ReadProfile:
+        return ReadProfile(self.always_bytes + other.always_bytes, self.bank_bytes + other.bank_bytes,
+                           self.per_position_bytes + other.per_position_bytes, {**self.detail, **other.detail})
+
+    @property
+    def total_bytes(self) -> int:
+        return self.always_bytes + self.bank_bytes
+
+    def to_data(self) -> dict:
+        return {"always_bytes": self.always_bytes, "bank_bytes": self.bank_bytes,
+                "per_position_bytes": self.per_position_bytes, "total_bytes": self.total_bytes,
+                "detail": dict(self.detail)}
+
+
+def distinct_bytes(operands: Mapping[str, Any]) -> int:
+    """Stored bytes of distinct tensors among operand references (a tensor read under two
+    roles counts once)."""
+    return sum({r.label: r.nbytes for r in operands.values()}.values())
+
+
 class Kernel:
     """A bound op: ``prefill`` runs any number of positions from ``p0``; ``step`` runs one.
-    ``x`` is [T, hidden] float32 (T = 1 for step); the result is the op's write, [T, hidden]."""
+    ``x`` is [T, hidden] float32 (T = 1 for step); the result is the op's write, [T, hidden].
+
+    A kernel that sets ``reports = True`` returns ``(write, OpRecord)`` instead: the executor
+    counts the record's bytes as what that call read (not all of the op's operands) and appends
+    the record to the stream's trace (`vindex3.exec.trace.OpCall`)."""
+
+    reports: ClassVar[bool] = False
 
     def prefill(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
         raise NotImplementedError
@@ -129,6 +189,11 @@ class Operator:
     def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
         """``operands``: role -> Weight (MATRIX roles) or float32 array (ARRAY roles)."""
         raise NotImplementedError
+
+    def read_profile(self, p: Params, operands: Mapping[str, Any]) -> ReadProfile:
+        """What a position reads of ``operands`` (role -> `vindex3.opplan.OperandRef`, sizes
+        only, no tensor is read). The default: every operand, every position."""
+        return ReadProfile.dense(distinct_bytes(operands))
 
     def __repr__(self) -> str:
         return f"<operator {self.name} ({self.slot})>"

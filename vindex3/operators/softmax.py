@@ -1,8 +1,11 @@
 """The softmax attention operator (graph operator ``softmax``, slot mixer).
 
-GQA with repeat_interleave head mapping, RoPE or NoPE, optional QK-norm and biases, full or
-sliding span (a window of w keys including the query), query scale and score scale kept
-separate. Its state is one `KvRows` per layer: a K and a V row per position. The kernel lives in
+GQA with repeat_interleave head mapping, RoPE (default, linear, llama3 or yarn scaling) or NoPE,
+optional QK-norm (per head, or over the whole q / k projection as OLMoE does) and biases, an
+optional clamp of q, k and v (OLMoE's ``clip_qkv``), optional learned attention sinks (one logit
+per query head that joins every softmax and is then dropped, as gpt-oss), full or sliding span
+(a window of w keys including the query), query scale and score scale kept separate. Its state is
+one `KvRows` per layer: a K and a V row per position. The kernel lives in
 vindex3.exec.ops.softmax."""
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class SoftmaxParams(Params):
     bias: dict[Literal["q", "k", "v", "o"], bool]
     qk_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)
     qk_norm_offset: float | None = Field(allow_inf_nan=False)
+    qk_norm_scope: Literal["head", "projection"] | None  # per head_dim, or over the whole q / k width
+    qkv_clip: float | None = Field(gt=0, allow_inf_nan=False)  # q, k, v clamped to [-c, c] after the norms
+    sinks: Literal["learned"] | None  # one learned logit per query head joins each softmax
 
     @field_validator("rope_scaling")
     @classmethod
@@ -49,7 +55,9 @@ class SoftmaxParams(Params):
         if v is None:
             return v
         need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
-                                                  "original_max_position_embeddings")}
+                                                  "original_max_position_embeddings"),
+                "yarn": ("factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "attention_factor")}
+        flags = {"yarn": ("truncate",)}
         kind = v.get("type")
         if kind not in need:
             raise ValueError(f"rope scaling type {kind!r} is not one of {', '.join(need)}")
@@ -57,6 +65,12 @@ class SoftmaxParams(Params):
             x = v.get(k)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
                 raise ValueError(f"rope scaling {kind} needs a positive finite {k}, found {x!r}")
+        for k in flags.get(kind, ()):
+            if not isinstance(v.get(k), bool):
+                raise ValueError(f"rope scaling {kind} needs a boolean {k}, found {v.get(k)!r}")  # noqa: TRY004 (pydantic)
+        extra = sorted(set(v) - {"type", *need[kind], *flags.get(kind, ())})
+        if extra:
+            raise ValueError(f"rope scaling {kind} has unknown keys {', '.join(extra)}")
         return v
 
     @model_validator(mode="after")
@@ -74,8 +88,8 @@ class SoftmaxParams(Params):
                 raise ValueError(f"partial rotary ({self.rotary_dims} of {self.head_dim} dims) has no executor")
         elif self.rope_theta is not None or self.rotary_dims is not None or self.rope_scaling is not None:
             raise ValueError("a layer without rope carries no rope parameters")
-        if (self.qk_norm_eps is None) != (self.qk_norm_offset is None):
-            raise ValueError("qk_norm_eps and qk_norm_offset come together")
+        if not ((self.qk_norm_eps is None) == (self.qk_norm_offset is None) == (self.qk_norm_scope is None)):
+            raise ValueError("qk_norm_eps, qk_norm_offset and qk_norm_scope come together")
         return self
 
 
@@ -173,9 +187,11 @@ class Softmax(Operator):
         qk = a.get("qk_norm", ...)
         if qk is ...:
             raise GraphSchemaError(f"system_graph.json: {where}: attention has no 'qk_norm' (null when absent)")
-        if qk is not None and (not isinstance(qk, dict) or qk.get("kind") != "rms" or set(qk) != {"kind", "eps", "weight_offset"}):
-            raise GraphSchemaError(f"system_graph.json: {where}: qk_norm must be null or {{kind: rms, eps, weight_offset}}, found {qk!r}")
-        known = {"heads", "kv_heads", "head_dim", "head_mapping", "query_scale", "score_scale", "bias", "qk_norm"}
+        if qk is not None and (not isinstance(qk, dict) or qk.get("kind") != "rms" or set(qk) != {"kind", "eps", "weight_offset", "scope"}):
+            raise GraphSchemaError(f"system_graph.json: {where}: qk_norm must be null or {{kind: rms, eps, weight_offset, scope}}, "
+                                   f"found {qk!r}")
+        known = {"heads", "kv_heads", "head_dim", "head_mapping", "query_scale", "score_scale", "bias", "qk_norm",
+                 "qkv_clip", "sinks"}
         extra = sorted(set(a) - known)
         if extra:
             raise GraphSchemaError(f"system_graph.json: surface.attention has unknown keys {', '.join(extra)}")
@@ -190,12 +206,14 @@ class Softmax(Operator):
             rope_scaling=pos.get("scaling") if rope else None,
             qk_norm_eps=qk["eps"] if qk else None,
             qk_norm_offset=qk["weight_offset"] if qk else None,
+            qk_norm_scope=qk["scope"] if qk else None,
         )
         return parse_params(SoftmaxParams, raw, where)
 
     def roles(self, p: SoftmaxParams) -> list[Role]:
         H, q, kv = p.hidden_size, p.heads * p.head_dim, p.kv_heads * p.head_dim
         b, qk = p.bias, p.qk_norm_eps is not None
+        whole = p.qk_norm_scope == "projection"
         return [
             Role("q_proj", (q, H)),
             Role("k_proj", (kv, H)),
@@ -205,8 +223,9 @@ class Softmax(Operator):
             Role("k_bias", (kv,), b["k"], ARRAY),
             Role("v_bias", (kv,), b["v"], ARRAY),
             Role("o_bias", (H,), b["o"], ARRAY),
-            Role("q_norm", (p.head_dim,), qk, ARRAY),
-            Role("k_norm", (p.head_dim,), qk, ARRAY),
+            Role("q_norm", (q,) if whole else (p.head_dim,), qk, ARRAY),
+            Role("k_norm", (kv,) if whole else (p.head_dim,), qk, ARRAY),
+            Role("sinks", (p.heads,), p.sinks is not None, ARRAY),
         ]
 
     def geometry(self, p: SoftmaxParams) -> Geometry:

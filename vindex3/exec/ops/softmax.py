@@ -1,6 +1,11 @@
 """Softmax attention: GQA with repeat_interleave head mapping, RoPE or NoPE, optional QK-norm
-and biases, sliding window (w keys including the query), query scale and score scale kept
-separate. One code path serves batch prefill, continued prefill and single-token decode."""
+(per head or over the whole projection) and biases, an optional q/k/v clamp, optional learned
+sinks, sliding window (w keys including the query), query scale and score scale kept separate.
+One code path serves batch prefill, continued prefill and single-token decode.
+
+A sink is one learned logit per query head that joins the softmax of every query and is then
+dropped (gpt-oss): p_j = exp(s_j - m) / (sum_i exp(s_i - m) + exp(sink - m)) with m the
+maximum over the scores and the sink, so a head may attend to nothing."""
 
 from __future__ import annotations
 
@@ -23,6 +28,9 @@ def make_attention(p, w: dict):
     qn = make_weight(w["q_norm"], p.qk_norm_offset) if "q_norm" in w else None
     kn = make_weight(w["k_norm"], p.qk_norm_offset) if "k_norm" in w else None
     qk_eps = np.float32(p.qk_norm_eps) if p.qk_norm_eps is not None else None
+    whole = p.qk_norm_scope == "projection"
+    clip = np.float32(p.qkv_clip) if p.qkv_clip is not None else None
+    sinks = w["sinks"].astype(np.float32).reshape(nkv, g, 1, 1) if p.sinks is not None else None
     table = rope_mod.RopeTable(p.rope_theta, p.rotary_dims, p.rope_scaling) if p.position == "rope" else None
     qscale = np.float32(p.query_scale)
     sscale = np.float32(p.score_scale)
@@ -39,10 +47,15 @@ def make_attention(p, w: dict):
             k = k + kb
         if vb is not None:
             v = v + vb
+        if qn is not None and whole:  # over the whole projection, before the split into heads
+            q = rms_norm(q, qn, qk_eps)
+            k = rms_norm(k, kn, qk_eps)
+        if clip is not None:
+            q, k, v = np.clip(q, -clip, clip), np.clip(k, -clip, clip), np.clip(v, -clip, clip)
         q = q.reshape(T, nh, hd)
         k = k.reshape(T, nkv, hd)
         v = v.reshape(T, nkv, hd)
-        if qn is not None:
+        if qn is not None and not whole:
             q = rms_norm(q, qn, qk_eps)
             k = rms_norm(k, kn, qk_eps)
         if table is not None:
@@ -76,9 +89,15 @@ def make_attention(p, w: dict):
                     masked |= (qpos - kpos) >= window
                 if masked.any():
                     s[:, :, masked] = neg
-            s -= s.max(axis=-1, keepdims=True)
-            np.exp(s, out=s)
-            s *= np.float32(1.0) / s.sum(axis=-1, keepdims=True)
+            if sinks is None:
+                s -= s.max(axis=-1, keepdims=True)
+                np.exp(s, out=s)
+                s *= np.float32(1.0) / s.sum(axis=-1, keepdims=True)
+            else:
+                m = np.maximum(s.max(axis=-1, keepdims=True), sinks)
+                s -= m
+                np.exp(s, out=s)
+                s *= np.float32(1.0) / (s.sum(axis=-1, keepdims=True) + np.exp(sinks - m))
             out[:, :, a:b] = np.matmul(s.reshape(nkv, g * n, Sb), Vb).reshape(nkv, g, n, hd)
         out = out.reshape(nh, T, hd).transpose(1, 0, 2).reshape(T, nh * hd)
         y = Wo.mm(out)
