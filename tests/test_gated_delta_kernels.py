@@ -387,15 +387,112 @@ def test_gated_norm_is_per_head_norm_first_plain_weight():
     assert maxdiff(ours, ref.reshape(T, -1)) <= TOL
 
 
-def _disabled_unit_lower_solve():
+def test_chunk_matrices_are_the_ut_transform():
+    """TV, TK and attn against a float64 numpy rendering of their definitions."""
     rng = np.random.default_rng(0)
-    A = rng.standard_normal((3, 9, 9)).astype(np.float32) * np.float32(0.3)
-    rhs = rng.standard_normal((3, 9, 5)).astype(np.float32)
-    x = rhs.copy()
-    gd._unit_lower_solve(A, x)
-    for b in range(3):
-        M = np.eye(9) + np.tril(A[b].astype(np.float64), -1)  # diagonal and upper not read
-        assert np.allclose(M @ x[b], rhs[b], atol=1e-5)
+    nk, r, N, C = 2, 3, 2, 9
+    nv = nk * r
+    KK = rng.standard_normal((nk, N, C, C)).astype(np.float32) * np.float32(0.3)
+    QK = rng.standard_normal((nk, N, C, C)).astype(np.float32)
+    gc = np.cumsum(-rng.uniform(0.0, 0.7, (nv, N, C)), axis=-1).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (nv, N, C)).astype(np.float32)
+    TV, TK, attn = (np.full((nv, N, C, C), np.nan, np.float32) for _ in range(3))
+    gd._chunk_matrices(KK, QK, gc, beta, r, TV, TK, attn)
+    for h in range(nv):
+        for n in range(N):
+            g64, b64 = gc[h, n].astype(np.float64), beta[h, n].astype(np.float64)
+            D = np.tril(np.exp(g64[:, None] - g64[None, :]))
+            L = np.tril(b64[:, None] * KK[h // r, n] * D, -1)
+            X = np.linalg.inv(np.eye(C) + L)
+            assert maxdiff(TV[h, n], X * b64[None, :]) <= 1e-5
+            assert maxdiff(TK[h, n], X * (b64 * np.exp(g64))[None, :]) <= 1e-5
+            assert maxdiff(attn[h, n], QK[h // r, n] * D) <= 1e-5
+            assert not np.triu(TV[h, n], 1).any() and not np.triu(attn[h, n], 1).any()
+
+
+def test_conv_step_continues_the_prefill_conv_bit_for_bit():
+    cfg, m, w, g = setup_gdn("q35_odd_r3")
+    rng = np.random.default_rng(2)
+    T = 11
+    qkv = rng.standard_normal((T, g.conv_dim)).astype(np.float32)
+    stored = rng.standard_normal((g.conv_dim, g.conv_kernel)).astype(np.float32)
+    cw = gd._conv_weight_2d(w)
+    st_all = stored.copy()
+    out_all = gd._run_conv(st_all, qkv, cw)
+    st_one = stored.copy()
+    out_one = np.empty_like(qkv)
+    for t in range(T):
+        gd._conv_step_silu(st_one, qkv[t], cw, out_one[t])
+    assert np.array_equal(out_all, out_one) and np.array_equal(st_all, st_one)
+    # and it is transformers' conv: silu(depthwise conv1d over [stored, new]), new positions
+    seq = torch.from_numpy(np.concatenate([stored.T, qkv]).T.copy())[None]
+    with torch.no_grad():
+        ref = torch.nn.functional.conv1d(seq, m.conv1d.weight, None, groups=g.conv_dim)
+        ref = torch.nn.functional.silu(ref)[0].T.numpy()[-T:]
+    assert maxdiff(out_all, ref) <= TOL
+
+
+def _oracle64(x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry) -> np.ndarray:
+    """The mixer in float64 numpy, position by position, written from the definitions (not
+    from either implementation's arithmetic): an independent witness of what the float32
+    paths approximate."""
+    f64 = (lambda a: np.asarray(a, np.float64))
+    T = x.shape[0]
+    nk, nv, dk, dv, r = (g.num_key_heads, g.num_value_heads, g.key_head_dim,
+                         g.value_head_dim, g.heads_per_key)
+    x = f64(x)
+    if g.projection_layout == LAYOUT_GROUPED:
+        p = (x @ f64(w.in_proj_qkvz.dense()).T).reshape(T, nk, 2 * dk + 2 * r * dv)
+        q, k = p[:, :, :dk], p[:, :, dk : 2 * dk]
+        v = p[:, :, 2 * dk : 2 * dk + r * dv].reshape(T, nv, dv)
+        z = p[:, :, 2 * dk + r * dv :].reshape(T, nv, dv)
+        ba = (x @ f64(w.in_proj_ba.dense()).T).reshape(T, nk, 2 * r)
+        b, a = ba[:, :, :r].reshape(T, nv), ba[:, :, r:].reshape(T, nv)
+        qkv = np.concatenate([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], axis=1)
+    else:
+        qkv = x @ f64(w.in_proj_qkv.dense()).T
+        z = (x @ f64(w.in_proj_z.dense()).T).reshape(T, nv, dv)
+        b, a = x @ f64(w.in_proj_b.dense()).T, x @ f64(w.in_proj_a.dense()).T
+    cw = f64(gd._conv_weight_2d(w))
+    K = cw.shape[1]
+    seq = np.concatenate([np.zeros((K - 1, qkv.shape[1])), qkv])
+    c = np.stack([(seq[t : t + K] * cw.T).sum(0) for t in range(T)])
+    c = c / (1.0 + np.exp(-c))
+    q = c[:, : g.key_dim].reshape(T, nk, dk)
+    k = c[:, g.key_dim : 2 * g.key_dim].reshape(T, nk, dk)
+    v = c[:, 2 * g.key_dim :].reshape(T, nv, dv)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) / math.sqrt(dk)
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    beta = 1.0 / (1.0 + np.exp(-b))
+    decay = np.exp(-np.exp(f64(w.A_log)) * np.logaddexp(0.0, a + f64(w.dt_bias)))
+    S = np.zeros((nv, dk, dv))
+    o = np.empty((T, nv, dv))
+    for t in range(T):
+        for h in range(nv):
+            kh, qh = k[t, h // r], q[t, h // r]
+            S[h] *= decay[t, h]
+            S[h] += np.outer(kh, beta[t, h] * (v[t, h] - S[h].T @ kh))
+            o[t, h] = S[h].T @ qh
+    y = o / np.sqrt((o * o).mean(-1, keepdims=True) + g.norm_eps)
+    y = y * f64(w.norm_weight) * (z / (1.0 + np.exp(-z)))
+    return y.reshape(T, -1) @ f64(w.out_proj.dense()).T
+
+
+@pytest.mark.parametrize("name", sorted(GDN_CONFIGS))
+def test_both_forms_are_near_the_float64_rendering(name):
+    """The bar above (1e-5 against transformers) sits at the float32 noise floor of the
+    reference itself; this says how far each side is from the exact arithmetic."""
+    cfg, m, w, g = setup_gdn(name)
+    x = inputs(cfg.hidden_size, T_LONG, seed=13)
+    exact = _oracle64(x, w, g)
+    pre = gated_delta_prefill(x, w, g, GatedDeltaState.zeros(g))
+    steps, _ = ours_calls(w, g, x, list(range(T_LONG + 1)))
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x)[None]).numpy()[0]
+    msg = f"transformers' chunk path is {maxdiff(ref, exact):.1e} from the float64 rendering"
+    assert maxdiff(pre, exact) <= TOL, msg
+    assert maxdiff(steps, exact) <= TOL, msg
+    assert maxdiff(ref, exact) <= TOL  # the rendering is the reference's function
 
 
 # --------------------------------------------------------------------------- refusals

@@ -433,6 +433,24 @@ def _run_conv(state_conv: np.ndarray, qkv: np.ndarray, cw: np.ndarray) -> np.nda
     return out
 
 
+@numba.njit(cache=True, error_model="numpy")
+def _conv_step_silu(state, x, cw, out):  # pragma: no cover - compiled
+    """One position, in place: each channel's window state[c] [K] (oldest first) moves on by
+    x[c], then out[c] = silu(sum over k ascending of window[k] * cw[c, k]): the arithmetic of
+    the prefill kernel for T = 1, so a step continues a prefill bit for bit."""
+    C, K = state.shape
+    for c in range(C):
+        s = state[c]
+        wc = cw[c]
+        for k in range(K - 1):
+            s[k] = s[k + 1]
+        s[K - 1] = x[c]
+        acc = s[0] * wc[0]
+        for k in range(1, K):
+            acc += s[k] * wc[k]
+        out[c] = _silu_f32(acc)
+
+
 def _beta_and_decay(b: np.ndarray, a: np.ndarray, w: GatedDeltaWeights):
     """β = sigmoid(b) and g = −exp(A_log)·softplus(a + dt_bias), both [T, Hv] float32."""
     beta = F32(1.0) / (F32(1.0) + np.exp(-b))
@@ -723,7 +741,8 @@ def gated_delta_step(
     _check_input(x, 1, g.hidden_size, "gated_delta_step")
     cw = _check(w, g, state)
     qkv, z, b, a = _project(x[None], w, g)
-    mixed = _run_conv(state.conv, qkv, cw)
+    mixed = np.empty(qkv.shape, F32)
+    _conv_step_silu(state.conv, qkv[0], cw, mixed[0])
     beta, gl = _beta_and_decay(b, a, w)
     o = np.empty((g.num_value_heads, 1, g.value_head_dim), F32)
     _recurrent_kernel(
