@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -24,13 +23,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from machine import facts, pin_threads  # noqa: E402
+from machine import facts, pin_threads
 
 # A small but realistic geometry: Qwen3-Next / Qwen3.5 keep d_k = d_v = 128 and twice as many
 # value heads as key heads; hidden 512 keeps the projections in proportion.
-CONFIG = dict(hidden_size=512, linear_num_key_heads=4, linear_num_value_heads=8,
-              linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-              rms_norm_eps=1e-6, hidden_act="silu")
+CONFIG = {"hidden_size": 512, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
+          "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+          "rms_norm_eps": 1e-6, "hidden_act": "silu"}
 PREFILL = 512
 DECODE = 64
 DECODE_AFTER = 16
@@ -67,8 +66,8 @@ def build(layout: str):
     def arr(t):
         return t.detach().numpy().copy()
 
-    kw = dict(conv_weight=arr(m.conv1d.weight), A_log=arr(m.A_log), dt_bias=arr(m.dt_bias),
-              norm_weight=arr(m.norm.weight), out_proj=DenseF32(arr(m.out_proj.weight)))
+    kw = {"conv_weight": arr(m.conv1d.weight), "A_log": arr(m.A_log), "dt_bias": arr(m.dt_bias),
+          "norm_weight": arr(m.norm.weight), "out_proj": DenseF32(arr(m.out_proj.weight))}
     for n in ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
         if hasattr(m, n):
             kw[n] = DenseF32(arr(getattr(m, n).weight))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import itertools
 import json
 import math
 import re
@@ -23,16 +24,16 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache  # noqa: E402
-from transformers.models.qwen3_5 import modeling_qwen3_5 as m35  # noqa: E402
-from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m35moe  # noqa: E402
-from transformers.models.qwen3_next import modeling_qwen3_next as mnext  # noqa: E402
+from transformers import DynamicCache
+from transformers.models.qwen3_5 import modeling_qwen3_5 as m35
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m35moe
+from transformers.models.qwen3_next import modeling_qwen3_next as mnext
 
-from vindex3.codecs.f32 import DenseF32  # noqa: E402
-from vindex3.errors import ClosureError, StateError, UnsupportedOperator  # noqa: E402
-from vindex3.exec.ops import gated_attention as ga  # noqa: E402
-from vindex3.exec.ops import gated_delta as gd  # noqa: E402
-from vindex3.exec.ops.gated_delta import (  # noqa: E402
+from vindex3.codecs.f32 import DenseF32
+from vindex3.errors import ClosureError, StateError, UnsupportedOperator
+from vindex3.exec.ops import gated_attention as ga
+from vindex3.exec.ops import gated_delta as gd
+from vindex3.exec.ops.gated_delta import (
     LAYOUT_GROUPED,
     LAYOUT_SPLIT,
     GatedDeltaGeometry,
@@ -41,7 +42,7 @@ from vindex3.exec.ops.gated_delta import (  # noqa: E402
     gated_delta_prefill,
     gated_delta_step,
 )
-from vindex3.exec.ops.norm import make_weight, rms_norm  # noqa: E402
+from vindex3.exec.ops.norm import make_weight, rms_norm
 
 TOL = 1e-5
 T_LONG = 150  # > 140, crosses the chunk boundaries at 64 and 128, not a multiple of 64
@@ -70,21 +71,21 @@ FAMILIES = {
 
 GDN_CONFIGS = {
     # hidden 45, 2 key heads of 9, 6 value heads of 11 (r = 3), kernel 4
-    "next_odd_r3": ("qwen3_next", dict(
-        hidden_size=45, linear_num_key_heads=2, linear_num_value_heads=6,
-        linear_key_head_dim=9, linear_value_head_dim=11, linear_conv_kernel_dim=4)),
+    "next_odd_r3": ("qwen3_next", {
+        "hidden_size": 45, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+        "linear_key_head_dim": 9, "linear_value_head_dim": 11, "linear_conv_kernel_dim": 4}),
     # r = 2, wider heads
-    "next_r2": ("qwen3_next", dict(
-        hidden_size=64, linear_num_key_heads=2, linear_num_value_heads=4,
-        linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4)),
+    "next_r2": ("qwen3_next", {
+        "hidden_size": 64, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 24, "linear_conv_kernel_dim": 4}),
     # odd widths, kernel 3
-    "q35_odd_r3": ("qwen3_5_text", dict(
-        hidden_size=45, linear_num_key_heads=2, linear_num_value_heads=6,
-        linear_key_head_dim=9, linear_value_head_dim=11, linear_conv_kernel_dim=3)),
+    "q35_odd_r3": ("qwen3_5_text", {
+        "hidden_size": 45, "linear_num_key_heads": 2, "linear_num_value_heads": 6,
+        "linear_key_head_dim": 9, "linear_value_head_dim": 11, "linear_conv_kernel_dim": 3}),
     # one key head for four value heads, d_v odd, kernel 2
-    "q35moe_r4": ("qwen3_5_moe_text", dict(
-        hidden_size=40, linear_num_key_heads=1, linear_num_value_heads=4,
-        linear_key_head_dim=12, linear_value_head_dim=7, linear_conv_kernel_dim=2)),
+    "q35moe_r4": ("qwen3_5_moe_text", {
+        "hidden_size": 40, "linear_num_key_heads": 1, "linear_num_value_heads": 4,
+        "linear_key_head_dim": 12, "linear_value_head_dim": 7, "linear_conv_kernel_dim": 2}),
 }
 
 
@@ -149,13 +150,13 @@ def _ro(t) -> np.ndarray:
 
 
 def weights_of(m) -> GatedDeltaWeights:
-    kw = dict(
-        conv_weight=_ro(m.conv1d.weight),  # transformers layout [conv_dim, 1, K]
-        A_log=_ro(m.A_log),
-        dt_bias=_ro(m.dt_bias),
-        norm_weight=_ro(m.norm.weight),
-        out_proj=DenseF32(_ro(m.out_proj.weight)),
-    )
+    kw = {
+        "conv_weight": _ro(m.conv1d.weight),  # transformers layout [conv_dim, 1, K]
+        "A_log": _ro(m.A_log),
+        "dt_bias": _ro(m.dt_bias),
+        "norm_weight": _ro(m.norm.weight),
+        "out_proj": DenseF32(_ro(m.out_proj.weight)),
+    }
     for n in ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"):
         if hasattr(m, n):
             kw[n] = DenseF32(_ro(getattr(m, n).weight))
@@ -181,7 +182,7 @@ def torch_calls(cfg, m, x: np.ndarray, cuts: list[int]):
     xt = torch.from_numpy(x)[None]
     outs = []
     with torch.no_grad():
-        for a, b in zip(cuts[:-1], cuts[1:]):
+        for a, b in itertools.pairwise(cuts):
             outs.append(m(xt[:, a:b], cache=cache).numpy()[0])
     return np.concatenate(outs), cache
 
@@ -190,7 +191,7 @@ def ours_calls(w, g, x: np.ndarray, cuts: list[int]):
     """Our mixer over the same spans: a span of one position after the first runs the step."""
     st = GatedDeltaState.zeros(g)
     outs = []
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         if b - a == 1 and a > 0:
             outs.append(gated_delta_step(x[a], w, g, st)[None])
         else:
@@ -218,7 +219,7 @@ def test_reference_runs_the_torch_fallback():
 
 @pytest.mark.parametrize("name", sorted(GDN_CONFIGS))
 def test_geometry_matches_the_module(name):
-    cfg, m, w, g = setup_gdn(name)
+    _cfg, m, _w, g = setup_gdn(name)
     assert g.key_dim == m.key_dim and g.value_dim == m.value_dim and g.conv_dim == m.conv_dim
     assert g.heads_per_key == m.num_v_heads // m.num_k_heads > 1
     for n, shape in g.projections().items():
@@ -259,7 +260,7 @@ def test_prefill_matches_the_module(name, T):
 @pytest.mark.parametrize("name", sorted(GDN_CONFIGS))
 def test_state_crosses_chunks(name):
     """The carried state matters: zeroing it at a chunk boundary changes the output."""
-    cfg, m, w, g = setup_gdn(name)
+    cfg, _m, w, g = setup_gdn(name)
     x = inputs(cfg.hidden_size, 100)
     st = GatedDeltaState.zeros(g)
     full = gated_delta_prefill(x, w, g, st)
@@ -303,7 +304,7 @@ def test_prefill_then_decode_matches_the_module_with_its_cache(name, n_prefill):
 
 @pytest.mark.parametrize("name", sorted(GDN_CONFIGS))
 def test_prefill_then_decode_equals_pure_decode_across_a_chunk_boundary(name):
-    cfg, m, w, g = setup_gdn(name)
+    cfg, _m, w, g = setup_gdn(name)
     x = inputs(cfg.hidden_size, T_LONG, seed=9)
     # prefill 70 positions (chunks [0, 64) and [64, 70)), then decode across 128
     mixed, st_m = ours_calls(w, g, x, [0] + list(range(70, T_LONG + 1)))
@@ -328,7 +329,7 @@ def test_prefill_in_several_calls_matches_the_module(name):
 
 
 def test_snapshot_restores_the_continuation():
-    cfg, m, w, g = setup_gdn("next_odd_r3")
+    cfg, _m, w, g = setup_gdn("next_odd_r3")
     x = inputs(cfg.hidden_size, 80, seed=2)
     st = GatedDeltaState.zeros(g)
     gated_delta_prefill(x[:66], w, g, st)
@@ -340,7 +341,7 @@ def test_snapshot_restores_the_continuation():
 
 
 def test_empty_prefill_leaves_state():
-    cfg, m, w, g = setup_gdn("q35_odd_r3")
+    cfg, _m, w, g = setup_gdn("q35_odd_r3")
     st = GatedDeltaState.zeros(g)
     gated_delta_prefill(inputs(cfg.hidden_size, 5), w, g, st)
     before = st.copy()
@@ -373,7 +374,7 @@ def test_grouped_layout_is_the_witness():
 
 
 def test_gated_norm_is_per_head_norm_first_plain_weight():
-    cfg, m, w, g = setup_gdn("q35_odd_r3")
+    _cfg, m, w, g = setup_gdn("q35_odd_r3")
     rng = np.random.default_rng(4)
     T = 5
     o = rng.standard_normal((g.num_value_heads, T, g.value_head_dim)).astype(np.float32)
@@ -411,7 +412,7 @@ def test_chunk_matrices_are_the_ut_transform():
 
 
 def test_conv_step_continues_the_prefill_conv_bit_for_bit():
-    cfg, m, w, g = setup_gdn("q35_odd_r3")
+    _cfg, m, w, g = setup_gdn("q35_odd_r3")
     rng = np.random.default_rng(2)
     T = 11
     qkv = rng.standard_normal((T, g.conv_dim)).astype(np.float32)
@@ -499,7 +500,7 @@ def test_both_forms_are_near_the_float64_rendering(name):
 
 
 def test_refusals_name_the_operand():
-    cfg, m, w, g = setup_gdn("next_odd_r3")
+    cfg, _m, w, g = setup_gdn("next_odd_r3")
     x = inputs(cfg.hidden_size, 3)
     st = GatedDeltaState.zeros(g)
     bad = GatedDeltaWeights(**{**w.__dict__, "in_proj_ba": None})
@@ -540,20 +541,20 @@ def test_refusals_name_the_operand():
 
 ATT_CONFIGS = {
     # 4 heads over 2 kv heads, head_dim 24, a quarter rotary (6 dims), no biases
-    "next_h24_q": ("qwen3_next", dict(
-        hidden_size=45, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25})),
+    "next_h24_q": ("qwen3_next", {
+        "hidden_size": 45, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25}}),
     # 6 heads over 2, head_dim 20, half rotary (10 dims), biases, another theta
-    "q35_h20_half_bias": ("qwen3_5_text", dict(
-        hidden_size=45, num_attention_heads=6, num_key_value_heads=2, head_dim=20,
-        attention_bias=True,
-        rope_parameters={"rope_type": "default", "rope_theta": 500.0,
-                         "partial_rotary_factor": 0.5})),
-    "q35moe_h16_q": ("qwen3_5_moe_text", dict(
-        hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                         "partial_rotary_factor": 0.25})),
+    "q35_h20_half_bias": ("qwen3_5_text", {
+        "hidden_size": 45, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 20,
+        "attention_bias": True,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                            "partial_rotary_factor": 0.5}}),
+    "q35moe_h16_q": ("qwen3_5_moe_text", {
+        "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.25}}),
 }
 
 ROTARY = {
@@ -634,7 +635,7 @@ def ours_attention(w, g, x, cuts):
     kv = _Kv()
     outs = []
     ga.check(w, g)
-    for a, b in zip(cuts[:-1], cuts[1:]):
+    for a, b in itertools.pairwise(cuts):
         q, k, v, gate = ga.project_qkv(x[a:b], w, g, rope, a)
         assert q.dtype == k.dtype == v.dtype == gate.dtype == np.float32
         outs.append(ga.finish(kv.attend(q, k, v, a), gate, w, g))
@@ -646,7 +647,7 @@ def torch_attention(cfg, m, rot, x, cuts):
     xt = torch.from_numpy(x)[None]
     outs = []
     with torch.no_grad():
-        for a, b in zip(cuts[:-1], cuts[1:]):
+        for a, b in itertools.pairwise(cuts):
             n = b - a
             pos = torch.arange(a, b)[None]
             cos_sin = rot(xt, pos)
@@ -708,7 +709,7 @@ def test_split_query_gate_is_per_head():
 
 
 def test_gated_attention_refusals():
-    cfg, m, rot = make_attention("q35_h20_half_bias")
+    cfg, m, _rot = make_attention("q35_h20_half_bias")
     g = att_geometry(cfg)
     w = att_weights(m)
     with pytest.raises(ClosureError) as e:
@@ -728,14 +729,16 @@ def test_gated_attention_refusals():
 
 # =========================================================================== checkpoint facts
 
-TINY = dict(vocab_size=64, hidden_size=48, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=8,
-            linear_value_head_dim=12, linear_num_key_heads=2, linear_num_value_heads=6,
-            max_position_embeddings=256)
-MOE = dict(num_experts=3, num_experts_per_tok=2, moe_intermediate_size=20,
-           shared_expert_intermediate_size=24)
-VISION = dict(depth=1, hidden_size=32, intermediate_size=40, num_heads=2, out_hidden_size=48,
-              num_position_embeddings=16)
+TINY = {
+    "vocab_size": 64, "hidden_size": 48, "num_hidden_layers": 4, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 8, "linear_value_head_dim": 12, "linear_num_key_heads": 2,
+    "linear_num_value_heads": 6, "max_position_embeddings": 256,
+}
+MOE = {"num_experts": 3, "num_experts_per_tok": 2, "moe_intermediate_size": 20,
+       "shared_expert_intermediate_size": 24}
+VISION = {"depth": 1, "hidden_size": 32, "intermediate_size": 40, "num_heads": 2,
+          "out_hidden_size": 48, "num_position_embeddings": 16}
 
 
 def _build(family: str):
@@ -777,15 +780,15 @@ def _doc_table() -> list[tuple[str, str, str]]:
 def _expected_tensors(family: str, cfg) -> dict[str, tuple[int, ...]]:
     vl = family in ("qwen3_5", "qwen3_5_moe")
     prefix = "model.language_model." if vl else "model."
-    sym = dict(
-        hidden=cfg.hidden_size, vocab=cfg.vocab_size, heads=cfg.num_attention_heads,
-        kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, Hk=cfg.linear_num_key_heads,
-        Hv=cfg.linear_num_value_heads, dk=cfg.linear_key_head_dim,
-        dv=cfg.linear_value_head_dim, K=cfg.linear_conv_kernel_dim,
-        I=getattr(cfg, "intermediate_size", 0), E=getattr(cfg, "num_experts", 0),
-        Im=getattr(cfg, "moe_intermediate_size", 0),
-        Is=getattr(cfg, "shared_expert_intermediate_size", 0),
-    )
+    sym = {
+        "hidden": cfg.hidden_size, "vocab": cfg.vocab_size, "heads": cfg.num_attention_heads,
+        "kv_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim, "Hk": cfg.linear_num_key_heads,
+        "Hv": cfg.linear_num_value_heads, "dk": cfg.linear_key_head_dim,
+        "dv": cfg.linear_value_head_dim, "K": cfg.linear_conv_kernel_dim,
+        "I": getattr(cfg, "intermediate_size", 0), "E": getattr(cfg, "num_experts", 0),
+        "Im": getattr(cfg, "moe_intermediate_size", 0),
+        "Is": getattr(cfg, "shared_expert_intermediate_size", 0),
+    }
     grouped = family == "qwen3_next"
 
     def ffn_of(L: int) -> str:
@@ -797,7 +800,7 @@ def _expected_tensors(family: str, cfg) -> dict[str, tuple[int, ...]]:
 
     out: dict[str, tuple[int, ...]] = {}
     for pat, shape, tag in _doc_table():
-        shp = tuple(eval(shape, {"__builtins__": {}}, sym))  # noqa: S307 - our own table
+        shp = tuple(eval(shape, {"__builtins__": {}}, sym))
         layers = range(cfg.num_hidden_layers) if ".L." in pat else [None]
         for L in layers:
             if L is not None:
@@ -832,7 +835,7 @@ def test_saved_tensors_are_the_documented_table(family, tmp_path):
     saved = {}
     for f in sorted(tmp_path.glob("*.safetensors")):
         with safe_open(f, "np") as s:
-            for k in s.keys():
+            for k in s.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                 saved[k] = tuple(s.get_slice(k).get_shape())
     vision = {k for k in saved if k.startswith("model.visual.")}
     assert bool(vision) == (family in ("qwen3_5", "qwen3_5_moe"))
@@ -873,7 +876,7 @@ def test_saved_config_keys_are_the_documented_ones(family, tmp_path):
     assert keys == SHARED_KEYS | EXTRA_KEYS[text_family]
     assert "full_attention_interval" not in saved  # always expanded into layer_types
     assert saved["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0,
-                                        "partial_rotary_factor": 0.25}
+                                           "partial_rotary_factor": 0.25}
 
 
 @pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5_text", "qwen3_5_moe_text"])

@@ -22,6 +22,7 @@ around its core to run these layers; the KV it caches are the normed, rotated k 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,11 +36,11 @@ __all__ = [
     "GatedAttentionGeometry",
     "GatedAttentionWeights",
     "PartialRope",
-    "split_query_gate",
-    "qk_norm",
+    "finish",
     "gate_output",
     "project_qkv",
-    "finish",
+    "qk_norm",
+    "split_query_gate",
 ]
 
 F32 = np.float32
@@ -75,7 +76,7 @@ class GatedAttentionGeometry:
             )
         for name in ("rope_theta", "qk_norm_eps", "qk_norm_offset"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(v):
                 raise ValueError(f"GatedAttentionGeometry.{name} must be a number, got {v!r}")
             object.__setattr__(self, name, float(v))
         if not self.rope_theta > 0.0:
@@ -83,7 +84,7 @@ class GatedAttentionGeometry:
         if not self.qk_norm_eps >= 0.0:
             raise ValueError(f"GatedAttentionGeometry.qk_norm_eps must be >= 0, got {self.qk_norm_eps}")
         if not isinstance(self.attention_bias, bool):
-            raise ValueError(
+            raise TypeError(
                 f"GatedAttentionGeometry.attention_bias must be a bool, got {self.attention_bias!r}"
             )
 
