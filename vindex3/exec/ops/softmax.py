@@ -1,12 +1,17 @@
 """Softmax attention: GQA with repeat_interleave head mapping, RoPE or NoPE, optional QK-norm
 and biases, sliding window (w keys including the query), query scale and score scale kept
-separate. One code path serves batch prefill, continued prefill and single-token decode."""
+separate. One code path serves batch prefill, continued prefill and single-token decode.
+
+With ``output_gate`` (gated attention) q_proj's output holds per head [query | gate]; the
+attention output is multiplied by sigmoid(gate) before o_proj. A rotary width below head_dim
+rotates the first ``rotary_dims`` dims of each head and passes the rest (vindex3.exec.ops.rope)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from . import rope as rope_mod
+from .gated_attention import gate_output
 from .norm import make_weight, rms_norm
 
 QUERY_BLOCK = 128
@@ -16,6 +21,7 @@ def make_attention(p, w: dict):
     """``p``: the softmax operator's params; ``w``: role -> Weight (projections) or float32 array
     (biases, QK-norm weights). Returns ``run(x [T, hidden], kv: KvRows, p0) -> [T, hidden]``."""
     nh, nkv, hd = p.heads, p.kv_heads, p.head_dim
+    gated = p.output_gate
     g = nh // nkv
     window = p.window
     Wq, Wk, Wv, Wo = w["q_proj"], w["k_proj"], w["v_proj"], w["o_proj"]
@@ -35,6 +41,9 @@ def make_attention(p, w: dict):
         v = Wv.mm(x)
         if qb is not None:
             q = q + qb
+        if gated:  # per head [query | gate]: the query half goes on, the gate waits for the output
+            qg = q.reshape(T, nh, 2 * hd)
+            q, gate = qg[:, :, :hd].reshape(T, nh * hd), qg[:, :, hd:].reshape(T, nh * hd)
         if kb is not None:
             k = k + kb
         if vb is not None:
@@ -81,6 +90,8 @@ def make_attention(p, w: dict):
             s *= np.float32(1.0) / s.sum(axis=-1, keepdims=True)
             out[:, :, a:b] = np.matmul(s.reshape(nkv, g * n, Sb), Vb).reshape(nkv, g, n, hd)
         out = out.reshape(nh, T, hd).transpose(1, 0, 2).reshape(T, nh * hd)
+        if gated:
+            out = gate_output(out, gate)
         y = Wo.mm(out)
         if ob is not None:
             y = y + ob
