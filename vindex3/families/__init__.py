@@ -4,4 +4,5 @@ from . import (  # noqa: F401
     decoder,
     granitemoehybrid,
     mamba2,
+    qwen3_next,
 )
