@@ -404,9 +404,10 @@ def _layer_table(v: Variant, kind: str, ffn: str) -> dict[str, str]:
         mixer = {s: role for s, role in LINEAR_ROLES.items() if role in keep}
     else:
         mixer = ATTENTION_ROLES
-    if ffn != "dense":  # routed tables arrive with the moe_ffn operator (ROUTED_SUFFIXES)
-        raise AssertionError("routed layers are refused before tensors are placed")
-    return {**NORM_ROLES, **mixer, **DENSE_ROLES}
+    # Routed layers are refused before tensors are placed; their table (ROUTED_SUFFIXES) arrives
+    # with the moe_ffn operator. Until then a routed layer's FFN tensors would be unclassified.
+    ffn_roles = DENSE_ROLES if ffn == "dense" else {}
+    return {**NORM_ROLES, **mixer, **ffn_roles}
 
 
 class _Without:
