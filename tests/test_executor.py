@@ -191,10 +191,10 @@ def test_preflight_covers_only_the_executed_layers(tiny_llama_container, tmp_pat
     c = tmp_path / "c"
     shutil.copytree(tiny_llama_container, c)
     g = json.loads((c / "system_graph.json").read_text())
-    g["layers"][3]["operator"] = "gated_delta"
+    g["layers"][3]["operator"] = "recurrent"
     (c / "system_graph.json").write_text(json.dumps(g))
     cont = vindex3.open(c)
-    with pytest.raises(UnsupportedOperator, match="layer 3: operator 'gated_delta' has no executor"):
+    with pytest.raises(UnsupportedOperator, match="layer 3: operator 'recurrent' has no executor"):
         cont.executor()
     ex = cont.executor(slice=vindex3.Draft(3))
     assert ex.trace.executed_layers == [] and ex.forward(IDS).shape == (len(IDS), 320)

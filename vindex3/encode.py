@@ -149,6 +149,8 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         "capabilities": capabilities,
         "provenance": provenance,
     }
+    if lowering.not_carried_components:  # components set aside whole, by name (their tensors are in dropped_tensors)
+        index["provenance"]["components_not_carried"] = lowering.not_carried_components
     jsonio.write_atomic(tmp / INDEX, index)  # last: its presence means the container is complete
     total_bytes = sum(r["payload_bytes"] for r in representations.values())
     return EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)

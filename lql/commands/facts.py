@@ -66,6 +66,9 @@ def show_layers(session, node: planner.ShowLayers) -> R.LayersResult:
             pos_text = pos.get("kind")
             if pos_text == "rope" and pos.get("theta") is not None:
                 pos_text = f"rope theta={pos['theta']:g}"
+                hd = (c.graph.surface.get("attention") or {}).get("head_dim")
+                if pos.get("rotary_dims") is not None and hd is not None and pos["rotary_dims"] != hd:
+                    pos_text += f" rotary {pos['rotary_dims']}/{hd}"  # partial rotary: the first dims of each head
         rows.append(R.LayerRow(
             layer=lp.index, operator=lp.operator, span=lp.span, window=lp.window, position=pos_text,
             ffn=lp.ffn, continuation=g.describe(), bytes_per_position=g.bytes_per_position,

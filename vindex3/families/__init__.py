@@ -7,4 +7,5 @@ from . import (  # noqa: F401
     kimi_linear,
     mamba2,
     moe,
+    qwen3_next,
 )

@@ -235,6 +235,9 @@ class Lowering:
     graph: dict
     placements: list[TensorPlacement]
     dropped: list[tuple[str, str]]  # (source tensor, why it is not encoded)
+    # components of the checkpoint set aside whole (a vision tower, a multi-token-prediction
+    # head): {component, role, prefix, tensors, parameters, why}; their tensors are in ``dropped``
+    not_carried_components: list[dict] | None = None
 
 
 FamilyBuilder = Callable[[ConfigReader, CheckpointSource], Lowering | None]

@@ -322,6 +322,7 @@ def _build(model_type: str):
                 "heads": nh,
                 "kv_heads": nkv,
                 "head_dim": hd,
+                "output_gate": False,
                 "head_mapping": "repeat_interleave",
                 "query_scale": 1.0,
                 "score_scale": score_scale,

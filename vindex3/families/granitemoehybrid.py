@@ -265,6 +265,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             "heads": nh,
             "kv_heads": nkv,
             "head_dim": hd,
+            "output_gate": False,
             "head_mapping": "repeat_interleave",
             "query_scale": 1.0,
             "score_scale": score_scale,

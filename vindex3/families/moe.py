@@ -464,6 +464,7 @@ def _build(spec: Spec) -> Callable[[ConfigReader, CheckpointSource], Lowering | 
                 "qk_norm": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "scope": spec.qk_norm} if spec.qk_norm else None,
                 "qkv_clip": float(clip) if clip is not None else None,
                 "sinks": "learned" if spec.sinks else None,
+                "output_gate": False,
             },
             "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_only"},
             "head": {"vocab": vocab, "tied": bool(tied), "multiplier": 1.0, "softcap": None},

@@ -6,7 +6,13 @@ optional clamp of q, k and v (OLMoE's ``clip_qkv``), optional learned attention 
 per query head that joins every softmax and is then dropped, as gpt-oss), full or sliding span
 (a window of w keys including the query), query scale and score scale kept separate. Its state is
 one `KvRows` per layer: a K and a V row per position. The kernel lives in
-vindex3.exec.ops.softmax."""
+vindex3.exec.ops.softmax.
+
+Gated attention (Qwen3-Next, Qwen3.5) is facts of this operator, not another one: with
+``output_gate`` the q projection is doubled and grouped per head (rows [2·h·d, 2·h·d + d) the
+query of head h, the next d rows its gate) and the output is o_proj(attn · sigmoid(gate));
+``rotary_dims`` below head_dim rotates the first rotary_dims dims of each head (rotate-half) and
+passes the rest; zero-centred q/k norms are ``qk_norm.weight_offset = 1.0``."""
 
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ class SoftmaxParams(Params):
     heads: int = Field(gt=0)
     kv_heads: int = Field(gt=0)
     head_dim: int = Field(gt=0)
+    output_gate: bool  # q_proj doubled, per head [query | gate]; output o_proj(attn * sigmoid(gate))
     head_mapping: Literal["repeat_interleave"]
     span: Literal["full", "sliding"]
     window: int | None = Field(gt=0)
@@ -84,8 +91,6 @@ class SoftmaxParams(Params):
                 raise ValueError("rope position needs rope_theta and rotary_dims")
             if self.rotary_dims % 2 or self.rotary_dims > self.head_dim:
                 raise ValueError(f"rotary_dims {self.rotary_dims} must be even and at most head_dim {self.head_dim}")
-            if self.rotary_dims != self.head_dim:
-                raise ValueError(f"partial rotary ({self.rotary_dims} of {self.head_dim} dims) has no executor")
         elif self.rope_theta is not None or self.rotary_dims is not None or self.rope_scaling is not None:
             raise ValueError("a layer without rope carries no rope parameters")
         if not ((self.qk_norm_eps is None) == (self.qk_norm_offset is None) == (self.qk_norm_scope is None)):
@@ -177,6 +182,10 @@ class Softmax(Operator):
         a = surface.get("attention")
         if not isinstance(a, dict):
             raise GraphSchemaError(f"system_graph.json: {where}: the surface has no attention group")
+        gate = a.get("output_gate", ...)
+        if gate is ...:
+            raise GraphSchemaError(f"system_graph.json: {where}: attention has no 'output_gate' (false when absent)")
+        a = {k: v for k, v in a.items() if k != "output_gate"}
         pos = layer.position
         if not isinstance(pos, dict) or "kind" not in pos:
             raise GraphSchemaError(f"system_graph.json: {where}: no position policy (rope or none)")
@@ -197,6 +206,7 @@ class Softmax(Operator):
             raise GraphSchemaError(f"system_graph.json: surface.attention has unknown keys {', '.join(extra)}")
         raw: dict[str, Any] = {k: a[k] for k in known - {"qk_norm"} if k in a}
         raw.update(
+            output_gate=gate,
             hidden_size=surface.get("hidden_size"),
             span=layer.span,
             window=layer.window,
@@ -212,14 +222,15 @@ class Softmax(Operator):
 
     def roles(self, p: SoftmaxParams) -> list[Role]:
         H, q, kv = p.hidden_size, p.heads * p.head_dim, p.kv_heads * p.head_dim
+        qw = 2 * q if p.output_gate else q  # the gate's rows sit inside q_proj, per head
         b, qk = p.bias, p.qk_norm_eps is not None
         whole = p.qk_norm_scope == "projection"
         return [
-            Role("q_proj", (q, H)),
+            Role("q_proj", (qw, H)),
             Role("k_proj", (kv, H)),
             Role("v_proj", (kv, H)),
             Role("o_proj", (H, q)),
-            Role("q_bias", (q,), b["q"], ARRAY),
+            Role("q_bias", (qw,), b["q"], ARRAY),
             Role("k_bias", (kv,), b["k"], ARRAY),
             Role("v_bias", (kv,), b["v"], ARRAY),
             Role("o_bias", (H,), b["o"], ARRAY),

@@ -90,7 +90,14 @@ class RopeTable:
 
 
 def apply(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """x: [T, heads, d]; cos/sin: [T, d]."""
+    """x: [T, heads, d]; cos/sin: [T, r] with r <= d. The first r dims of each head rotate
+    (rotate-half within them); the remaining d - r pass unchanged (partial rotary)."""
+    r = cos.shape[-1]
+    if r < x.shape[-1]:
+        out = np.empty(x.shape, np.float32)
+        out[..., :r] = apply(x[..., :r], cos, sin)
+        out[..., r:] = x[..., r:]
+        return out
     half = x.shape[-1] // 2
     rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos[:, None, :] + rot * sin[:, None, :]

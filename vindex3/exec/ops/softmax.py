@@ -1,17 +1,23 @@
 """Softmax attention: GQA with repeat_interleave head mapping, RoPE or NoPE, optional QK-norm
 (per head or over the whole projection) and biases, an optional q/k/v clamp, optional learned
-sinks, sliding window (w keys including the query), query scale and score scale kept separate.
-One code path serves batch prefill, continued prefill and single-token decode.
+sinks, an optional output gate, sliding window (w keys including the query), query scale and
+score scale kept separate. One code path serves batch prefill, continued prefill and
+single-token decode.
 
 A sink is one learned logit per query head that joins the softmax of every query and is then
 dropped (gpt-oss): p_j = exp(s_j - m) / (sum_i exp(s_i - m) + exp(sink - m)) with m the
-maximum over the scores and the sink, so a head may attend to nothing."""
+maximum over the scores and the sink, so a head may attend to nothing.
+
+With ``output_gate`` (gated attention) q_proj's output holds per head [query | gate]; the
+attention output is multiplied by sigmoid(gate) before o_proj. A rotary width below head_dim
+rotates the first ``rotary_dims`` dims of each head and passes the rest (vindex3.exec.ops.rope)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from . import rope as rope_mod
+from .gated_attention import gate_output
 from .norm import make_weight, rms_norm
 
 QUERY_BLOCK = 128
@@ -21,6 +27,7 @@ def make_attention(p, w: dict):
     """``p``: the softmax operator's params; ``w``: role -> Weight (projections) or float32 array
     (biases, QK-norm weights). Returns ``run(x [T, hidden], kv: KvRows, p0) -> [T, hidden]``."""
     nh, nkv, hd = p.heads, p.kv_heads, p.head_dim
+    gated = p.output_gate
     g = nh // nkv
     window = p.window
     Wq, Wk, Wv, Wo = w["q_proj"], w["k_proj"], w["v_proj"], w["o_proj"]
@@ -43,6 +50,9 @@ def make_attention(p, w: dict):
         v = Wv.mm(x)
         if qb is not None:
             q = q + qb
+        if gated:  # per head [query | gate]: the query half goes on, the gate waits for the output
+            qg = q.reshape(T, nh, 2 * hd)
+            q, gate = qg[:, :, :hd].reshape(T, nh * hd), qg[:, :, hd:].reshape(T, nh * hd)
         if kb is not None:
             k = k + kb
         if vb is not None:
@@ -100,6 +110,8 @@ def make_attention(p, w: dict):
                 s *= np.float32(1.0) / (s.sum(axis=-1, keepdims=True) + np.exp(sinks - m))
             out[:, :, a:b] = np.matmul(s.reshape(nkv, g * n, Sb), Vb).reshape(nkv, g, n, hd)
         out = out.reshape(nh, T, hd).transpose(1, 0, 2).reshape(T, nh * hd)
+        if gated:
+            out = gate_output(out, gate)
         y = Wo.mm(out)
         if ob is not None:
             y = y + ob
