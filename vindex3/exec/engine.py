@@ -133,11 +133,20 @@ def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
 
 
 class Executor:
-    """Prepared once per slice; runs any number of streams."""
+    """Prepared once per slice; runs any number of streams.
 
-    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice):
+    Every stream is limited to ``max_positions`` positions (prompt and generation together): the
+    graph's context length by default, or an explicit override (which may exceed it). A graph
+    that records no context length sets no limit unless one is given. A pass that would go past
+    the limit is refused before any work (`ContextLengthExceeded`); `check_positions` asks the
+    same question up front."""
+
+    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice, *, max_positions: int | None = None):
+        from ..limits import context_limit
+
         self.plan = plan
         self.slice = sl
+        self.max_positions, self.limit_source = context_limit(plan.context_length, max_positions)
         self.slice_plan = plan_slice(plan, sl)
         self.layers = self.slice_plan.executed_layers
         _preflight(plan, self.layers, self.slice_plan.operands)
@@ -186,6 +195,12 @@ class Executor:
     def last_hidden(self) -> np.ndarray | None:
         return self._last.last_hidden if self._last is not None else None
 
+    def check_positions(self, total: int, what: str = "this run") -> None:
+        """Refuse (ContextLengthExceeded) when ``total`` positions exceed the limit."""
+        from ..limits import check_context
+
+        check_context(total, self.max_positions, self.limit_source, what)
+
     # -- passes ------------------------------------------------------------------------------
     def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> np.ndarray:
         p0 = state.position
@@ -226,6 +241,9 @@ class Executor:
         T = h.shape[0]
         if T == 0:
             raise SliceError("no positions to run")
+        if self.max_positions is not None and stream.state.position + T > self.max_positions:
+            held = stream.state.position
+            self.check_positions(held + T, f"a pass of {T} position(s)" + (f" after {held} held" if held else ""))
         out = None
         if T <= SMALL_PASS:
             with _small_pass_limit():

@@ -121,6 +121,12 @@ class Operator:
         """The few parameters SHOW LAYERS and the plan's layer line show."""
         return {}
 
+    def work_bytes(self, p: Params, positions: int, keys: int) -> int | None:
+        """Peak bytes of the temporary arrays one pass of ``positions`` new positions allocates
+        (``keys``: positions held after the pass, the new ones included), state excluded; None
+        when the operator states no estimate (vindex3.limits reports it as unknown)."""
+        return None
+
     def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
         """``operands``: role -> Weight (MATRIX roles) or float32 array (ARRAY roles)."""
         raise NotImplementedError

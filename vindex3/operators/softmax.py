@@ -37,8 +37,8 @@ class SoftmaxParams(Params):
     rope_theta: float | None = Field(gt=0, allow_inf_nan=False)
     rotary_dims: int | None = Field(gt=0)
     rope_scaling: dict | None
-    query_scale: float = Field(allow_inf_nan=False)
-    score_scale: float = Field(allow_inf_nan=False)
+    query_scale: float = Field(gt=0, allow_inf_nan=False)
+    score_scale: float = Field(gt=0, allow_inf_nan=False)
     bias: dict[Literal["q", "k", "v", "o"], bool]
     qk_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)
     qk_norm_offset: float | None = Field(allow_inf_nan=False)
@@ -53,6 +53,9 @@ class SoftmaxParams(Params):
         kind = v.get("type")
         if kind not in need:
             raise ValueError(f"rope scaling type {kind!r} is not one of {', '.join(need)}")
+        extra = sorted(set(v) - {"type", *need[kind]})
+        if extra:
+            raise ValueError(f"rope scaling {kind} has unknown keys {', '.join(extra)}")
         for k in need[kind]:
             x = v.get(k)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x <= 0:
@@ -217,6 +220,18 @@ class Softmax(Operator):
 
     def summary(self, p: SoftmaxParams) -> dict:
         return {k: p[k] for k in ("heads", "kv_heads", "head_dim", "span", "window", "position", "rope_theta")}
+
+    def work_bytes(self, p: SoftmaxParams, positions: int, keys: int) -> int:
+        from ..exec.ops.softmax import QUERY_BLOCK
+
+        T, nh, nkv, hd = positions, p.heads, p.kv_heads, p.head_dim
+        # q, k, v projections and their biased / rotated copies; the grouped query copy and the
+        # output with its transposed copy; the output projection
+        rows = 2 * T * (nh + 2 * nkv) * hd + 3 * T * nh * hd + T * p.hidden_size
+        # one causal block of scores at a time: [heads, block, keys in reach] and its mask
+        n = min(T, QUERY_BLOCK)
+        reach = keys if p.window is None else min(keys, p.window + n)
+        return 4 * rows + 4 * nh * n * reach + 2 * n * reach
 
     def bind(self, p: SoftmaxParams, operands: dict) -> Kernel:
         from ..exec.ops.softmax import make_attention
