@@ -39,9 +39,10 @@ def resolve_slice(container: Any, slice: Any) -> tuple[Any, int | None]:
     )
 
 
-def make_executor(container: Any, slice_obj: Any) -> tuple[Any, float]:
-    """Prepare an executor for a slice; return it with the seconds preparation took."""
-    ex = container.executor(slice=slice_obj)
+def make_executor(container: Any, slice_obj: Any, max_positions: int | None = None) -> tuple[Any, float]:
+    """Prepare an executor for a slice (positions limited to the model's context length, or to
+    an explicit ``max_positions``); return it with the seconds preparation took."""
+    ex = container.executor(slice=slice_obj, max_positions=max_positions)
     return ex, float(ex.prepare_seconds)
 
 
