@@ -20,6 +20,7 @@ from .families.base import (
     METADATA,
     STRUCTURE,
     UNKNOWN,
+    UNREAD,
     UNSUPPORTED,
     ConfigReader,
     Finding,
@@ -60,7 +61,7 @@ class AdmissionPlan(BaseModel):
         groups: dict[str, list[Finding]] = {}
         for f in self.findings:
             groups.setdefault(f.category, []).append(f)
-        for cat in (UNKNOWN, UNSUPPORTED, STRUCTURE, DEFAULTED, CONSUMED, METADATA, IGNORED):
+        for cat in (UNKNOWN, UNSUPPORTED, STRUCTURE, DEFAULTED, CONSUMED, METADATA, IGNORED, UNREAD):
             fs = groups.get(cat)
             if not fs:
                 continue
@@ -99,7 +100,7 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         family, builder = families[model_type]
         reader._grade("model_type", CONSUMED, f"selects the {family} lowering")
         lowering = builder(reader, source)
-        reader.finish()
+        reader.finish(stopped=lowering is None and any(f.blocks for f in reader.findings))
         if lowering is not None:
             from .errors import GraphSchemaError
             from .graph import Graph

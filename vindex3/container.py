@@ -80,8 +80,8 @@ def read_index(path: Path) -> dict:
         raise ContainerNotFound(f"{path} cannot be opened ({e.strerror or e})") from None
     if not stat.S_ISDIR(st.st_mode):
         raise ContainerNotFound(f"{path} is not a directory (a VINDEX3 container is a directory)")
-    ip = path / INDEX
     try:
+        ip = confined(path, INDEX, f"{path.name}/{INDEX}")
         data = read_regular(ip, f"{path.name}/{INDEX}", max_bytes=MAX_INDEX_BYTES)
     except PathRefused as e:
         if e.reason == "missing":
@@ -172,6 +172,10 @@ class Container:
                     hint="keep one representation per object in a container (vindex3 represent writes a new container)",
                 )
             chosen[obj] = key
+        recorded = {(r.header_sha256 is not None, r.tensor_sha256 is not None) for r in m.representations.values()}
+        if len(recorded) > 1 or recorded in ({(True, False)}, {(False, True)}):
+            raise IntegrityError(f"{INDEX}: some representations record header_sha256 or tensor_sha256 and others do not; "
+                                 "an encode records both for every segment or (an older build) neither", hint=REENCODE)
         for key, rep in sorted(m.representations.items()):
             obj = rep.object
             if obj not in self.graph.objects:
@@ -493,6 +497,10 @@ def verify(path: str | Path) -> VerifyReport:
             continue
         if payload != rep.payload_sha256:
             problems_.append(f"{rep.segment}: payload sha256 differs from the index ({key})")
+        for hkey in ("header_sha256", "tensor_sha256"):
+            if getattr(rep, hkey) is None:
+                problems_.append(f"{INDEX}: {key} records no {hkey}, so its {'header' if hkey[0] == 'h' else 'tensors'} "
+                                 "cannot be verified on their own (an older encode: re-encode the container)")
         if rep.header_sha256 is not None and seg.header_sha256 != rep.header_sha256:
             problems_.append(f"{rep.segment}: header sha256 differs from the index ({key})")
         if seg.representation != key:

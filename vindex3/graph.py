@@ -33,7 +33,8 @@ GRAPH_KEYS = ("schema", "model", "components", "objects", "layers", "surface")
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a number spelled as a string ("1e-5") or a bool where an integer belongs is refused
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
 def _not_zero(v: float, what: str) -> float:
@@ -83,7 +84,7 @@ class HeadSpec(_Spec):
 
 
 class CoreSurface(_Spec):
-    model_config = ConfigDict(frozen=True, extra="ignore")  # operator groups are checked apart
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)  # operator groups are checked apart
     hidden_size: int = Field(gt=0, strict=True)
     embedding: EmbeddingSpec
     residual: ResidualSpec
@@ -115,7 +116,7 @@ class ComponentEntry(_Spec):
 
 
 class ObjectEntry(_Spec):
-    model_config = ConfigDict(frozen=True, extra="allow")  # perception objects may carry more
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)  # perception objects may carry more
     kind: str = Field(strict=True)
     operands: dict[str, str] | None = None
     layers: int | None = Field(default=None, ge=1, strict=True)

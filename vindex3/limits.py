@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from .errors import ContextLengthExceeded, InputError, LimitExceeded
 
+OVERHEAD = 64 << 10  # array headers, index arrays, masks of a one-position pass
 GRAPH_FACT = "the model's context length (surface.context_length, recorded at admission)"
 OVERRIDE = "the explicit position limit"
 NO_LIMIT = "no recorded context length"
@@ -94,7 +95,10 @@ def estimate_prefill(plan, positions: int, sl=None, *, start: int = 0, last_only
       over for rows (row buffers grow by doubling), plus one layer's copy while it grows;
     * residual: the residual stream, the current activation and a norm's output, [T, hidden];
     * layer work: the largest temporary arrays any one op allocates (ops run one at a time);
-    * logits: the head's output [T or 1, vocab] and the final norm's rows.
+    * logits: the head's output [T or 1, vocab] and the final norm's rows;
+    * overhead: a fixed 64 KiB for what a short pass allocates besides its arrays.
+
+    The weights are memory-mapped, not allocated, and are not counted.
 
     An estimate of what numpy allocates, not a measurement; it is meant to be compared with a
     limit before a statement runs (tests/test_limits.py checks it against traced allocations)."""
@@ -128,7 +132,7 @@ def estimate_prefill(plan, positions: int, sl=None, *, start: int = 0, last_only
                 unknown.append(f"layer {i} {op.kind}")
             else:
                 work = max(work, int(w))
-    parts = {"state": state + grow, "residual": 3 * T * H * 4, "layer work": work}
+    parts = {"state": state + grow, "residual": 3 * T * H * 4, "layer work": work, "overhead": OVERHEAD}
     if ends:
         rows = 1 if last_only else T
         scaled = plan.head.params.get("multiplier") != 1 or bool(plan.head.params.get("softcap"))

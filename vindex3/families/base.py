@@ -23,6 +23,7 @@ DEFAULTED = "reference_default"  # absent, and the reference implementation fixe
 UNKNOWN = "unknown"  # blocks
 UNSUPPORTED = "unsupported"  # a known key with a value we cannot execute; blocks
 STRUCTURE = "structure"  # a defect in the tensors or the layout; blocks
+UNREAD = "unread"  # not reached: the lowering stopped at a refusal (which blocks)
 
 
 def _jsonable(v: Any) -> Any:
@@ -176,7 +177,10 @@ class ConfigReader:
                           default=None, default_reason="absent: the checkpoint states no context length; none is enforced")
         return (v is not None or key not in self.config), v
 
-    def finish(self) -> None:
+    def finish(self, stopped: bool = False) -> None:
+        """Grade every key nothing read. ``stopped``: the lowering ended at a refusal, so a key it
+        did not reach is reported as unread (not as unknown: it may be a key the lowering reads
+        once the refusal is fixed)."""
         for key in self.config:
             if key in self.graded:
                 continue
@@ -184,6 +188,8 @@ class ConfigReader:
                 self._grade(key, METADATA, "recorded as a fact about the model")
             elif key in self.GENERIC_IGNORED:
                 self._grade(key, IGNORED, self.GENERIC_IGNORED[key])
+            elif stopped:
+                self._grade(key, UNREAD, "not read: admission stopped at an earlier refusal")
             else:
                 self._grade(key, UNKNOWN, "not understood by this build; refusing rather than guessing", blocks=True)
 

@@ -49,7 +49,8 @@ class Params(BaseModel):
     like a read-only mapping for display (``items()``); fields listed in ``HIDDEN`` (facts every
     op carries, such as the hidden size) are not shown."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a number spelled as a string or a bool where an integer belongs is refused
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     HIDDEN: ClassVar[frozenset[str]] = frozenset({"hidden_size"})
 
     def items(self) -> list[tuple[str, Any]]:

@@ -41,7 +41,7 @@ class Mamba2Params(Params):
     intermediate_size: int = Field(gt=0)
     conv_dim: int = Field(gt=0)
     in_proj_dim: int = Field(gt=0)
-    time_step_limit: tuple[float, float]
+    time_step_limit: tuple[float, float] = Field(strict=False)  # a JSON list; its numbers stay strict
     activation: Literal["silu"]
     norm_eps: float = Field(ge=0, allow_inf_nan=False)
     norm_before_gate: Literal[False]

@@ -1,0 +1,88 @@
+"""The vindex3 command line has one error boundary: a named refusal prints its message (exit 2),
+an unexpected exception prints ``internal error`` naming the command (exit 3), and a traceback
+appears only with --debug."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import vindex3
+from vindex3 import cli
+
+COMMANDS = ["plan", "encode", "inspect", "verify", "ops", "exec", "default", "label"]
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_an_unexpected_exception_is_an_internal_error_naming_the_command(cmd, monkeypatch, capsys, tmp_path):
+    def boom(a):
+        raise RuntimeError("something we did not foresee")
+
+    monkeypatch.setattr(cli, f"cmd_{cmd}", boom)
+    argv = {"plan": ["plan", "x"], "encode": ["encode", "x", "y"], "inspect": ["inspect", "x"],
+            "verify": ["verify", "x"], "ops": ["ops", "x"], "exec": ["exec", "x"], "default": ["default"],
+            "label": ["label", "x", "--name", "n"]}[cmd]
+    code, out, err = run(capsys, *argv)
+    assert code == 3
+    assert f"vindex3 {cmd}: internal error: RuntimeError: something we did not foresee" in err
+    assert "Traceback" not in err and "--debug" in err
+    with pytest.raises(RuntimeError):
+        cli.main(["--debug", *argv])
+
+
+def test_memory_exhaustion_is_named(monkeypatch, capsys):
+    def oom(a):
+        raise MemoryError()
+
+    monkeypatch.setattr(cli, "cmd_inspect", oom)
+    code, _, err = run(capsys, "inspect", "x")
+    assert code == 3 and "internal error: out of memory" in err
+
+
+@pytest.mark.parametrize("target", ["nope", "/dev/null", ".", "fifo", "file"])
+def test_every_command_refuses_a_non_container_by_name(target, tmp_path, capsys):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x")
+    path = str(tmp_path / target) if target in ("nope", "fifo", "file", ".") else target
+    for argv in (["inspect", path], ["verify", path], ["ops", path], ["exec", path, "--tokens", "1"],
+                 ["label", path, "--name", "n"], ["plan", path], ["encode", path, str(tmp_path / "out")]):
+        code, _, err = run(capsys, *argv)
+        assert code == 2, (argv, err)
+        assert f"vindex3 {argv[0]}: error:" in err and "Traceback" not in err
+
+
+def test_exec_refusals_are_named(tiny_llama_container, tmp_path, capsys):
+    c = str(tiny_llama_container)
+    code, _, err = run(capsys, "exec", c, "--prompt", "caf\udce9")  # a non-UTF-8 byte in argv
+    assert code == 2 and "lone surrogate" in err
+    code, _, err = run(capsys, "exec", c, "--tokens", "1,2", "--top", "0")
+    assert code == 2 and "--top" in err
+    code, _, err = run(capsys, "exec", c, "--tokens", "1,999999")
+    assert code == 2 and "outside the vocabulary" in err
+    code, _, err = run(capsys, "exec", c, "--tokens", ",".join(["1"] * 300))
+    assert code == 2 and "context length" in err
+    dump = tmp_path / "d.f32"
+    dump.write_bytes(b"mine")
+    code, _, err = run(capsys, "exec", c, "--tokens", "1,2", "--logit-dump", str(dump))
+    assert code == 2 and "already exists" in err and dump.read_bytes() == b"mine"
+    code, _, err = run(capsys, "exec", c, "--tokens", "1,2", "--logit-dump", str(dump), "--overwrite")
+    assert code == 0 and dump.stat().st_size == 2 * 320 * 4
+    code, _, err = run(capsys, "exec", c, "--tokens", "1,2", "--logit-dump", str(Path(c) / "x.f32"), "--overwrite")
+    assert code == 2 and "inside the open container" in err
+
+
+def test_the_installed_command_prints_no_traceback(tmp_path):
+    """Through a real process: stderr carries the one-line refusal, nothing else."""
+    r = subprocess.run([sys.executable, "-m", "vindex3", "inspect", str(tmp_path / "missing")], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(vindex3.__file__).parents[1])})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "does not exist" in r.stderr
