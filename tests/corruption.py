@@ -144,7 +144,9 @@ def reseal(container: Path, *, tensors: bool = True) -> None:
     idx = json.loads((container / "index.json").read_text())
     for k, r in idx["representations"].items():
         r["tensor_sha256"] = keep[k]
-    (container / "index.json").write_text(json.dumps(idx, indent=2))
+    from vindex3.manifest import seal
+
+    (container / "index.json").write_text(json.dumps(seal(idx), indent=2))
 
 
 def _json(path: Path):
@@ -315,7 +317,7 @@ def matrix(pristine: Path, outside: Path) -> list[Case]:
 
     # -- index.json: types, keys, paths -------------------------------------------------------
     I = "index.json"
-    first = sorted(reps)[0]
+    first = min(reps)
     add(f"{I}: not an object", edit_json(I, lambda o: [o]))
     add(f"{I}: nested too deeply", edit_bytes(I, lambda b: b[:-2] + b', "x": ' + DEEP.encode() + b"}"))
     for key in ("format", "version", "generation", "model", "authority", "profiles", "graph", "representations",
@@ -372,6 +374,8 @@ def matrix(pristine: Path, outside: Path) -> list[Case]:
         ("layer 0 rotary dims odd", setter(("layers", 0, "position", "rotary_dims"), 15)),
         ("layer 0 rotary dims past head_dim", setter(("layers", 0, "position", "rotary_dims"), 64)),
         ("layer 0 window renamed", renamer(("layers", 0, "window"), "windw")),
+        ("layer 0 rope scaling deleted", deleter(("layers", 0, "position", "scaling"))),
+        ("bias k deleted", deleter(("surface", "attention", "bias", "k"))),
         ("layer 0 index changed", setter(("layers", 0, "index"), 3)),
         ("layer 0 unknown key", lambda o: o["layers"][0].update(extra=1)),
         ("score scale NaN", setter(("surface", "attention", "score_scale"), {"__float__": "NaN"})),
@@ -466,6 +470,12 @@ def matrix(pristine: Path, outside: Path) -> list[Case]:
     add("tokenizer_config.json: not an object (resealed)", edit_json("tokenizer_config.json", lambda o: [o], seal=True))
     add("tokenizer_config.json: add_bos_token a string (resealed)", edit_json("tokenizer_config.json", lambda o: o.update(add_bos_token="yes"), seal=True))
     add("tokenizer.json: not a tokenizer (resealed)", edit_json("tokenizer.json", lambda o: {"model": 5}, seal=True))
+    add("tokenizer_config.json: bos_token not a token (resealed)",
+        edit_json("tokenizer_config.json", lambda o: o.update(bos_token="silu", add_bos_token=True), seal=True))
+    add("tokenizer_config.json: add_bos_token without a bos_token (resealed)",
+        edit_json("tokenizer_config.json", lambda o: (o.pop("bos_token", None), o.update(add_bos_token=True)) and None, seal=True))
+    add("tokenizer_config.json: eos_token not a token (resealed)",
+        edit_json("tokenizer_config.json", lambda o: o.update(eos_token="<nope>"), seal=True))
     add("tokenizer.json: a merge removed", edit_json("tokenizer.json", lambda o: o["model"]["merges"].pop(0)))
     return cases
 
@@ -542,13 +552,13 @@ def _bump(o: dict, key: str, field_: str, by: int) -> None:
 
 def _zero_tensor_hash(o: dict, key: str) -> None:
     th = o["representations"][key]["tensor_sha256"]
-    name = sorted(th)[0]
+    name = min(th)
     th[name] = "0" * 64
 
 
 def _drop_tensor_hash(o: dict, key: str) -> None:
     th = o["representations"][key]["tensor_sha256"]
-    del th[sorted(th)[0]]
+    del th[min(th)]
 
 
 def _swap_operands(o: dict) -> None:

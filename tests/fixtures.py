@@ -177,16 +177,22 @@ def reseal(container: Path) -> None:
     for rep in idx["representations"].values():
         raw = (container / rep["segment"]).read_bytes()
         hlen = struct.unpack("<Q", raw[:8])[0]
-        header = json.loads(raw[8:8 + hlen])
         start = 8 + hlen
         rep.update(segment_sha256=hashlib.sha256(raw).hexdigest(), segment_bytes=len(raw),
                    payload_sha256=hashlib.sha256(raw[start:]).hexdigest(), payload_bytes=len(raw) - start,
-                   header_sha256=hashlib.sha256(raw[:start]).hexdigest(), tensors=len(header["tensors"]),
-                   tensor_sha256={t["name"]: hashlib.sha256(raw[start + t["offset"]:start + t["offset"] + t["len"]]).hexdigest()
-                                  for t in header["tensors"]})
+                   header_sha256=hashlib.sha256(raw[:start]).hexdigest())
+        try:  # best effort: a header too damaged to read keeps the hashes it had
+            tensors = json.loads(raw[8:start])["tensors"]
+            rep.update(tensors=len(tensors),
+                       tensor_sha256={t["name"]: hashlib.sha256(raw[start + t["offset"]:start + t["offset"] + t["len"]]).hexdigest()
+                                      for t in tensors})
+        except (ValueError, KeyError, TypeError, IndexError):
+            pass
     idx["segments"] = [{"path": r["segment"], "bytes": r["segment_bytes"], "sha256": r["segment_sha256"]}
                        for r in idx["representations"].values()]
     for name, cap in idx["capabilities"].items():
         data = (container / name).read_bytes()
         cap.update(sha256=hashlib.sha256(data).hexdigest(), bytes=len(data))
-    (container / "index.json").write_text(json.dumps(idx, indent=2))
+    from vindex3.manifest import seal
+
+    (container / "index.json").write_text(json.dumps(seal(idx), indent=2))

@@ -32,7 +32,7 @@ def test_an_unexpected_exception_is_an_internal_error_naming_the_command(cmd, mo
     argv = {"plan": ["plan", "x"], "encode": ["encode", "x", "y"], "inspect": ["inspect", "x"],
             "verify": ["verify", "x"], "ops": ["ops", "x"], "exec": ["exec", "x"], "default": ["default"],
             "label": ["label", "x", "--name", "n"]}[cmd]
-    code, out, err = run(capsys, *argv)
+    code, _out, err = run(capsys, *argv)
     assert code == 3
     assert f"vindex3 {cmd}: internal error: RuntimeError: something we did not foresee" in err
     assert "Traceback" not in err and "--debug" in err
@@ -83,6 +83,6 @@ def test_exec_refusals_are_named(tiny_llama_container, tmp_path, capsys):
 
 def test_the_installed_command_prints_no_traceback(tmp_path):
     """Through a real process: stderr carries the one-line refusal, nothing else."""
-    r = subprocess.run([sys.executable, "-m", "vindex3", "inspect", str(tmp_path / "missing")], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "vindex3", "inspect", str(tmp_path / "missing")], check=False, capture_output=True,
                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(vindex3.__file__).parents[1])})
     assert r.returncode == 2 and "Traceback" not in r.stderr and "does not exist" in r.stderr

@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as e:  # noqa: BLE001 - the boundary: whatever escaped is a defect, named as one
+    except Exception as e:
         if a.debug:
             raise
         what = "out of memory" if isinstance(e, MemoryError) else f"{type(e).__name__}: {e}"

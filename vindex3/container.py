@@ -32,7 +32,17 @@ from .errors import (
     VindexError,
 )
 from .graph import Graph
-from .manifest import CapabilityRef, GraphRef, IndexFile, Representation, parse_index, problems
+from .manifest import (
+    INDEX_HASH,
+    CapabilityRef,
+    GraphRef,
+    IndexFile,
+    Representation,
+    index_digest,
+    parse_index,
+    problems,
+    seal,
+)
 from .paths import check_text, confined, existing_file, read_regular
 from .segments import Segment, sha256_file_and_tail
 
@@ -119,20 +129,23 @@ class Container:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.index = read_index(self.path)
-        self.manifest: IndexFile = parse_index(self.index, f"{self.path.name}/{INDEX}")
-        m = self.manifest
         altered: list[str] = []  # files whose bytes differ from what the index records
+        recorded = self.index.get(INDEX_HASH)
+        if isinstance(recorded, str) and index_digest(self.index) != recorded:
+            altered.append(f"{INDEX}: its content no longer has the sha256 it records ({recorded[:16]}…)")
         try:
-            gp = confined(self.path, GRAPH, "the graph")
-            gbytes = read_regular(gp, f"{self.path.name}/{GRAPH}", max_bytes=MAX_GRAPH_BYTES)
-        except PathRefused as e:
-            if e.reason == "missing":
-                raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container") from None
-            raise IntegrityError(e.message, hint=REENCODE) from None
-        got = hashlib.sha256(gbytes).hexdigest()
-        if got != m.graph.sha256:
-            altered.append(f"{GRAPH}: sha256 {got[:16]}… differs from the index's {m.graph.sha256[:16]}…")
-        try:
+            self.manifest: IndexFile = parse_index(self.index, f"{self.path.name}/{INDEX}")
+            m = self.manifest
+            try:
+                gp = confined(self.path, GRAPH, "the graph")
+                gbytes = read_regular(gp, f"{self.path.name}/{GRAPH}", max_bytes=MAX_GRAPH_BYTES)
+            except PathRefused as e:
+                if e.reason == "missing":
+                    raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container") from None
+                raise IntegrityError(e.message, hint=REENCODE) from None
+            got = hashlib.sha256(gbytes).hexdigest()
+            if got != m.graph.sha256:
+                altered.append(f"{GRAPH}: sha256 {got[:16]}… differs from the index's {m.graph.sha256[:16]}…")
             self._open(gbytes, altered)
         except VindexError as e:
             if altered and e.hint is None:
@@ -172,10 +185,6 @@ class Container:
                     hint="keep one representation per object in a container (vindex3 represent writes a new container)",
                 )
             chosen[obj] = key
-        recorded = {(r.header_sha256 is not None, r.tensor_sha256 is not None) for r in m.representations.values()}
-        if len(recorded) > 1 or recorded in ({(True, False)}, {(False, True)}):
-            raise IntegrityError(f"{INDEX}: some representations record header_sha256 or tensor_sha256 and others do not; "
-                                 "an encode records both for every segment or (an older build) neither", hint=REENCODE)
         for key, rep in sorted(m.representations.items()):
             obj = rep.object
             if obj not in self.graph.objects:
@@ -258,7 +267,8 @@ class Container:
 
     @property
     def representations_by_key(self) -> dict[str, dict]:
-        return {k: r.model_dump(exclude_none=True) for k, r in self.manifest.representations.items()}
+        # per-tensor hashes stay in self.manifest: hundreds of lines nobody reads in a listing
+        return {k: r.model_dump(exclude_none=True, exclude={"tensor_sha256"}) for k, r in self.manifest.representations.items()}
 
     @property
     def representations(self) -> list[dict]:
@@ -328,6 +338,11 @@ class Container:
             )
         text = jsonio.decode_text(self.capability_bytes("tokenizer.json"), "tokenizer.json")
         cfg: dict = {}
+        if "tokenizer_config.json" not in self.manifest.capabilities and (
+                (self.path / "tokenizer_config.json").exists() or (self.path / "tokenizer_config.json").is_symlink()):
+            raise IntegrityError(f"{self.path.name}: tokenizer_config.json is present but the index does not record it; "
+                                 "an unrecorded file is never used (it would change how text is tokenized)",
+                                 hint=REENCODE)
         if "tokenizer_config.json" in self.manifest.capabilities:
             data = self.capability_bytes("tokenizer_config.json")
             try:
@@ -408,6 +423,8 @@ def rewrite_index(path: Path, **updates) -> None:
     parse_index(index, f"{Path(path).name}/{INDEX}")  # never rewrite an index that does not validate
     index.update(updates)
     index["generation"] = int(index.get("generation", 1)) + 1
+    if INDEX_HASH in index:  # an index from this build keeps its own hash true (a legacy one has none)
+        index = seal(index)
     parse_index(index, f"{Path(path).name}/{INDEX} (as rewritten)")
     jsonio.write_atomic(Path(path) / INDEX, index)
 
@@ -453,7 +470,13 @@ def verify(path: str | Path) -> VerifyReport:
     path = Path(path)
     index = read_index(path)
     graph, reps, caps, problems_ = _index_parts(index)
-    checked = 0
+    recorded = index.get(INDEX_HASH)
+    if recorded is None:
+        problems_.append(f"{INDEX} records no {INDEX_HASH}, so the index itself cannot be verified "
+                         "(an older encode: re-encode the container)")
+    elif not isinstance(recorded, str) or index_digest(index) != recorded:
+        problems_.append(f"{INDEX}: its content no longer has the sha256 it records (altered after encoding)")
+    checked = 1
 
     def file_ok(rel: str, what: str, size: int | None) -> Path | None:
         nonlocal checked

@@ -23,6 +23,7 @@ from .admit import lower, require_admissible
 from .container import FORMAT, FORMAT_VERSION, GRAPH, INDEX
 from .errors import ClosureError, EncodeError, PathRefused, VindexError
 from .graph import Graph
+from .manifest import seal
 from .paths import output_dir
 from .segments import Segment, write_segment
 from .sources import CheckpointSource, open_source
@@ -214,6 +215,6 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         "capabilities": capabilities,
         "provenance": provenance,
     }
-    jsonio.write_atomic(tmp / INDEX, index)  # last: its presence means the container is complete
+    jsonio.write_atomic(tmp / INDEX, seal(index))  # last: its presence means the container is complete
     total_bytes = sum(r["payload_bytes"] for r in representations.values())
     return EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)

@@ -80,6 +80,13 @@ def _tag(obj: Any) -> Any:
     return obj
 
 
+def canonical(obj: Any) -> bytes:
+    """One byte spelling of a JSON value whatever its formatting: sorted keys, no whitespace,
+    tagged non-finite floats, UTF-8 (what a self-hash is computed over)."""
+    return json.dumps(_tag(obj), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode(
+        "utf-8", "surrogatepass")
+
+
 def dumps(obj: Any, *, indent: int | None = 2) -> str:
     """Strict JSON: non-finite floats use the tagged spelling."""
     return json.dumps(_tag(obj), indent=indent, allow_nan=False, ensure_ascii=False)

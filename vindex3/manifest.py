@@ -6,14 +6,17 @@ an ``AttributeError`` three modules later. Unknown top-level keys are allowed an
 rewrites (the raw dict is kept beside the model); inside a representation every key is known, so
 a renamed hash key is a missing hash, not an ignored one.
 
-Two keys are newer than format version 3's first writer and may be absent from a representation:
-``header_sha256`` (the segment's length prefix and JSON header) and ``tensor_sha256`` (each
-tensor's stored bytes). Their absence is a recorded fact: such a segment is checked whole against
-``segment_sha256`` on first use instead (see docs/container.md#integrity).
+Three keys are newer than format version 3's first writer: ``index_sha256`` (the index's own
+hash, over its canonical JSON without that key) and, per representation, ``header_sha256`` (the
+segment's length prefix and JSON header) and ``tensor_sha256`` (each tensor's stored bytes). An
+index written by this build has all three; one written before has none, and its absence is a
+recorded fact: such a segment is checked whole against ``segment_sha256`` on first use instead
+(see docs/container.md#integrity). Some without the others is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -22,6 +25,21 @@ from .errors import IntegrityError
 
 Sha256 = str  # 64 lowercase hex digits, checked by _hex
 GRAPH_FILE = "system_graph.json"
+INDEX_HASH = "index_sha256"
+
+
+def index_digest(raw: dict) -> str:
+    """The index's own hash: SHA-256 of its canonical JSON without the ``index_sha256`` key."""
+    from .jsonio import canonical
+
+    return hashlib.sha256(canonical({k: v for k, v in raw.items() if k != INDEX_HASH})).hexdigest()
+
+
+def seal(raw: dict) -> dict:
+    """``raw`` with its ``index_sha256`` recorded (every writer of index.json calls this last)."""
+    out = {k: v for k, v in raw.items() if k != INDEX_HASH}
+    out[INDEX_HASH] = index_digest(out)
+    return out
 
 
 def _hex(v: Any, key: str) -> str:
@@ -114,6 +132,18 @@ class IndexFile(BaseModel):
     segments: list[SegmentRef]
     capabilities: dict[str, CapabilityRef]
     provenance: dict[str, Any]
+    index_sha256: str | None = None  # absent in indexes written before it was recorded
+
+    @field_validator("index_sha256")
+    @classmethod
+    def _self_sha(cls, v: str | None) -> str | None:
+        return v if v is None else _hex(v, "index_sha256")
+
+    @property
+    def legacy(self) -> bool:
+        """Written before the index, header and tensor hashes were recorded (it has none)."""
+        return self.index_sha256 is None and all(
+            r.header_sha256 is None and r.tensor_sha256 is None for r in self.representations.values())
 
     @model_validator(mode="after")
     def _consistent(self) -> IndexFile:
@@ -133,6 +163,11 @@ class IndexFile(BaseModel):
         extra = sorted(set(listed) - used)
         if extra:
             raise ValueError(f"segments lists {extra[0]!r}, which no representation uses")
+        kinds = {(self.index_sha256 is not None, r.header_sha256 is not None, r.tensor_sha256 is not None)
+                 for r in self.representations.values()}
+        if kinds not in ({(True, True, True)}, {(False, False, False)}):
+            raise ValueError("index_sha256, header_sha256 and tensor_sha256 are recorded together (this build) or "
+                             "not at all (an older encode); this index has some without the others")
         return self
 
 

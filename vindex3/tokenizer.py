@@ -45,7 +45,16 @@ class Tokenizer:
         add_bos = config.get("add_bos_token")
         if add_bos is not None and not isinstance(add_bos, bool):
             raise IntegrityError(f"{source}: tokenizer_config.json add_bos_token must be true, false or absent, found {add_bos!r}")
-        return cls(tok, config)
+        t = cls(tok, config)
+        # A special token the config names must exist: silently dropping the BOS (or never
+        # seeing the EOS) would change every run without a word.
+        for key, text, tid in (("bos_token", t.bos_token, t.bos_id), ("eos_token", t.eos_token, t.eos_id)):
+            if config.get(key) is not None and (not text or tid is None):
+                raise IntegrityError(f"{source}: tokenizer_config.json {key} {config.get(key)!r} is not a token of "
+                                     "the vocabulary")
+        if add_bos and t.bos_id is None:
+            raise IntegrityError(f"{source}: tokenizer_config.json asks for a BOS token (add_bos_token) but names none")
+        return t
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; text that is not valid Unicode (a lone surrogate, as a broken

@@ -43,6 +43,13 @@ class SoftmaxParams(Params):
     qk_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)
     qk_norm_offset: float | None = Field(allow_inf_nan=False)
 
+    @field_validator("bias")
+    @classmethod
+    def _bias(cls, v: dict) -> dict:
+        if set(v) != {"q", "k", "v", "o"}:
+            raise ValueError(f"bias states q, k, v and o, found {sorted(v)}")
+        return v
+
     @field_validator("rope_scaling")
     @classmethod
     def _scaling(cls, v: dict | None) -> dict | None:
@@ -170,9 +177,14 @@ class Softmax(Operator):
         if not isinstance(pos, dict) or "kind" not in pos:
             raise GraphSchemaError(f"system_graph.json: {where}: no position policy (rope or none)")
         rope = pos["kind"] == "rope"
-        unknown = sorted(set(pos) - ({"kind", "theta", "rotary_dims", "scaling"} if rope else {"kind"}))
+        keys = {"kind", "theta", "rotary_dims", "scaling"} if rope else {"kind"}
+        unknown = sorted(set(pos) - keys)
         if unknown:
             raise GraphSchemaError(f"system_graph.json: {where}: position has unknown keys {', '.join(unknown)}")
+        missing = sorted(keys - set(pos))
+        if missing:
+            raise GraphSchemaError(f"system_graph.json: {where}: position has no {', '.join(missing)} "
+                                   "(absence is not a default; scaling is null when there is none)")
         qk = a.get("qk_norm", ...)
         if qk is ...:
             raise GraphSchemaError(f"system_graph.json: {where}: attention has no 'qk_norm' (null when absent)")
