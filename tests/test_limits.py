@@ -145,3 +145,24 @@ def test_an_operator_without_an_estimate_is_reported_not_guessed(tiny_llama_cont
                                      (5 << 60, "5.0 EiB"), (10**30, "1.000e+30 B")])
 def test_format_bytes_takes_any_size(n, text):
     assert limits.format_bytes(n) == text
+
+
+def test_the_limit_is_checked_before_the_embedding_gather(tiny_llama_container, monkeypatch):
+    from vindex3.exec import engine
+
+    ex = vindex3.open(tiny_llama_container).executor()
+
+    def no_gather(self, ids):
+        raise AssertionError("embedded before the limit was checked")
+
+    monkeypatch.setattr(engine.Executor, "_embed", no_gather)
+    with pytest.raises(ContextLengthExceeded):
+        ex.start().prefill(np.ones(10**6, dtype=np.int64))
+
+
+@pytest.mark.parametrize("bad", [[10**30], [1, -(10**25)], ["x"], [1.5e30], [1.5], [True], [2**64 - 1]])
+def test_an_id_no_integer_can_hold_is_refused_by_name(tiny_llama_container, bad):
+    from vindex3.errors import SliceError
+
+    with pytest.raises(SliceError, match="is not an id of the vocabulary"):
+        vindex3.open(tiny_llama_container).executor().forward(bad)

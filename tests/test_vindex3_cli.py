@@ -86,3 +86,16 @@ def test_the_installed_command_prints_no_traceback(tmp_path):
     r = subprocess.run([sys.executable, "-m", "vindex3", "inspect", str(tmp_path / "missing")], check=False, capture_output=True,
                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(Path(vindex3.__file__).parents[1])})
     assert r.returncode == 2 and "Traceback" not in r.stderr and "does not exist" in r.stderr
+
+
+def test_label_with_text_that_is_not_unicode_is_refused(tiny_llama_container, tmp_path, capsys):
+    import shutil
+
+    c = tmp_path / "c"
+    shutil.copytree(tiny_llama_container, c)
+    before = (c / "index.json").read_bytes()
+    code, _, err = run(capsys, "label", str(c), "--name", "caf\udce9")
+    assert code == 2 and "not valid Unicode" in err
+    assert (c / "index.json").read_bytes() == before and not [p for p in c.iterdir() if p.name.startswith(".")]
+    code, _, _ = run(capsys, "label", str(c), "--name", "café")
+    assert code == 0 and vindex3.open(c).name == "café"

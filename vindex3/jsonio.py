@@ -96,9 +96,14 @@ def write_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON to a sibling temporary file, fsync, then rename over the target."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    data = dumps(obj) + "\n"
+    text = dumps(obj) + "\n"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"{p.name} cannot be written: a value holds text that is not valid Unicode "
+                          f"(a lone surrogate: {text[max(0, e.start - 20):e.end + 20]!r})") from None
+    try:
+        with open(tmp, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())

@@ -216,7 +216,7 @@ class Executor:
         return h
 
     def _embed(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = _token_ids(ids, self._emb.shape[0])
         V = self._emb.shape[0]
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             bad = int(ids[(ids < 0) | (ids >= V)][0])
@@ -276,6 +276,21 @@ class Executor:
         return Stream(self)
 
 
+def _token_ids(token_ids, vocab: int) -> np.ndarray:
+    """Token ids as int64 [n]. Anything but integers (a float, a bool, a string, an integer no
+    int64 holds) is refused by name, never truncated or overflowed."""
+    try:
+        arr = np.asarray(token_ids)
+    except (OverflowError, ValueError, TypeError):
+        arr = np.asarray(list(token_ids), dtype=object)
+    if arr.size and (arr.dtype.kind not in "iu" or (arr.dtype.kind == "u" and int(arr.max()) >= 2**63)):
+        flat = arr.reshape(-1)
+        bad = next((t for t in flat if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))
+                    or not -(2**63) <= int(t) < 2**63), flat[0])
+        raise SliceError(f"token id {str(bad)[:40]!s} is not an id of the vocabulary [0, {vocab})")
+    return arr.astype(np.int64).reshape(-1)
+
+
 class _StreamBase:
     def __init__(self, ex: Executor):
         self.ex = ex
@@ -304,7 +319,11 @@ class Stream(_StreamBase):
     position), single-token steps, rollback."""
 
     def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
-        return self.ex._pass(self.ex._embed(token_ids), self, True, last_only)
+        ids = _token_ids(token_ids, self.ex.plan.vocab)
+        ex, held = self.ex, self.state.position
+        if ex.max_positions is not None and held + ids.size > ex.max_positions:  # before the embedding gather
+            ex.check_positions(held + ids.size, f"a pass of {ids.size} position(s)" + (f" after {held} held" if held else ""))
+        return ex._pass(ex._embed(ids), self, True, last_only)
 
     def step(self, token_id: int) -> np.ndarray:
         return self.prefill([int(token_id)])[0]
