@@ -99,3 +99,42 @@ def test_label_with_text_that_is_not_unicode_is_refused(tiny_llama_container, tm
     assert (c / "index.json").read_bytes() == before and not [p for p in c.iterdir() if p.name.startswith(".")]
     code, _, _ = run(capsys, "label", str(c), "--name", "café")
     assert code == 0 and vindex3.open(c).name == "café"
+
+
+def test_random_command_lines_never_end_in_an_internal_error(tiny_llama_container, tiny_llama_dir, tmp_path, capsys):
+    """Random subcommands over hostile paths and values: every run exits 0, 1 or 2 (or argparse's
+    usage error), never 3, never with a traceback."""
+    import random
+    import shutil
+
+    box = tmp_path / "c.vindex3"  # a copy: label rewrites it
+    shutil.copytree(tiny_llama_container, box)
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "file").write_text("x")
+    rng = random.Random(0)
+    paths = [str(box), str(tiny_llama_dir), str(tmp_path / "fifo"), str(tmp_path / "file"),
+             str(tmp_path), "/dev/null", "/", "", "x" * 300, "caf\udce9", str(tmp_path / "nope"),
+             str(box / "index.json")]
+    values = ["1", "-1", "0", "9" * 30, "1,2,3", "", ",", "1,,2", "abc", "1.5", "\udce9", "x" * 10000, "3" * 5000]
+    for i in range(150):
+        cmd = rng.choice(["plan", "encode", "inspect", "verify", "ops", "exec", "label"])
+        argv = [cmd, rng.choice(paths)]
+        if cmd == "encode":
+            argv.append(rng.choice([str(tmp_path / f"o{i}"), str(box), "/dev/null", "",
+                                    str(tmp_path / "nope" / "x")]))
+        if cmd == "exec":
+            argv += rng.choice([["--tokens", rng.choice(values)], ["--prompt", rng.choice(values)], []])
+            for flag in ("--draft-depth", "--top"):
+                if rng.random() < 0.3:
+                    argv += [flag, rng.choice(values)]
+            if rng.random() < 0.3:
+                argv += ["--logit-dump", rng.choice([*paths, str(tmp_path / f"d{i}.f32")])]
+        if cmd == "label":
+            argv += ["--name", rng.choice(values)]
+        try:
+            code = cli.main(argv)
+        except SystemExit as e:  # argparse's own usage errors
+            code = e.code
+        _, err = capsys.readouterr()
+        assert code in (0, 1, 2) and "Traceback" not in err and "internal error" not in err, (argv[:5], err[-300:])
+    assert vindex3.verify(box).ok  # nothing but labels was written to it
