@@ -92,7 +92,7 @@ def test_writing_removes_a_stale_sidecar_first(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dumps.jsonio, "write_atomic", boom)
     with pytest.raises(OSError):
-        write_dump(p, logits(2), meta())
+        write_dump(p, logits(2), meta(), overwrite=True)
     assert p.exists() and not sidecar_path(p).exists()
     with pytest.raises(IntegrityError, match="no sidecar x.meta.json"):
         read_dump(p)

@@ -25,7 +25,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="SKIPPED LOUDLY: the numerical oracle (torch 2.13.0) is not installed")
 transformers = pytest.importorskip("transformers", reason="SKIPPED LOUDLY: the oracle (transformers 5.24.0) is not installed")
 
-from fixtures import VOCAB, build_tokenizer, our_greedy, token_by_token
+from fixtures import VOCAB, build_tokenizer, our_greedy, reseal, token_by_token
 from torch import nn
 
 import lql
@@ -399,6 +399,7 @@ def _edit_graph(src: Path, dst: Path, edit) -> Path:
     g = json.loads((dst / "system_graph.json").read_text())
     edit(g)
     (dst / "system_graph.json").write_text(json.dumps(g))
+    reseal(dst)  # a hand-edited graph, its hash recorded as a tool writing one would
     return dst
 
 

@@ -21,6 +21,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 import lql
+from fixtures import reseal
 from lql import cli, render, repl
 
 ENTER = "\r"
@@ -307,6 +308,7 @@ def test_generate_stops_at_end_of_sequence_unless_exactly(copy):
     ids = s.execute_one("INFER 'Once upon a time' GENERATE 8 EXACTLY").generated_ids
     eos = ids[3]
     (copy / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, 99999]}))
+    reseal(copy)  # a hand-edited container records its new hashes, as a tool writing one would
     s = lql.connect(copy)
     r = s.execute_one("INFER 'Once upon a time' GENERATE 8")
     stop = ids.index(eos)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures import VOCAB, build_tokenizer
+from fixtures import VOCAB, build_tokenizer, reseal
 from pydantic import Field
 
 import lql
@@ -299,6 +299,7 @@ def test_an_unknown_encoding_is_carried_and_refused_only_at_preparation(tiny_lla
     assert len(text) <= hlen
     seg.write_bytes(raw[:8] + text + b" " * (hlen - len(text)) + raw[8 + hlen:])
     assert Segment(seg).entries["3.mlp.down_proj.weight"].dtype == "nvfp4"
+    reseal(c)  # a hand-written segment: the index records its hashes
     opened = vindex3.open(c)
     assert "nvfp4" in {r.dtype for lo in opened.op_plan().layers for r in lo.operands()}
     with pytest.raises(UnsupportedEncoding, match=r"decoder_stack/3.mlp.down_proj.weight has encoding 'nvfp4'"):

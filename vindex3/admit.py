@@ -71,7 +71,7 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         family, builder = families[model_type]
         reader._grade("model_type", CONSUMED, f"selects the {family} lowering")
         lowering = builder(reader, source)
-        reader.finish()
+        reader.finish(stopped=lowering is None and any(f.blocks for f in reader.findings))
         if lowering is not None:
             from .errors import GraphSchemaError
             from .graph import Graph

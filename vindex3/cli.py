@@ -39,13 +39,16 @@ def cmd_encode(a) -> int:
     secs = time.perf_counter() - t0
     if a.json:
         _print_json({"path": str(r.path), "tensors": r.tensors, "bytes": r.bytes, "seconds": round(secs, 3),
-                     "dropped": [{"tensor": n, "why": w} for n, w in r.dropped], "not_carried": r.not_carried})
+                     "dropped": [{"tensor": n, "why": w} for n, w in r.dropped], "not_carried": r.not_carried,
+                     "cleaned": r.cleaned})
     else:
         print(f"encoded {a.src} -> {r.path}: {r.tensors} tensors, {r.bytes:,} bytes in {secs:.1f}s")
         for n, w in r.dropped:
             print(f"  dropped {n}: {w}")
         if r.not_carried:
             print(f"  not carried from the source directory: {', '.join(r.not_carried)}")
+        for name in r.cleaned:
+            print(f"  removed {name}, left behind by an encode that was killed")
     return 0
 
 
@@ -161,11 +164,13 @@ def cmd_exec(a) -> int:
         ids = c.tokenizer.encode(a.prompt)
     else:
         raise VindexError("exec needs --tokens 1,2,3 or --prompt TEXT")
+    if a.top < 1:
+        raise VindexError(f"--top takes a positive number of tokens, got {a.top}")
     sl = Draft(a.draft_depth) if a.draft_depth is not None else Full()
     if a.logit_dump:
         from .draft import dump_logits
 
-        meta = dump_logits(c, ids, sl, a.logit_dump)
+        meta = dump_logits(c, ids, sl, a.logit_dump, overwrite=a.overwrite)
         if a.json:
             _print_json(meta)
         else:
@@ -217,9 +222,15 @@ def cmd_default(a) -> int:
     from . import default_model
     from .progress import terminal_progress
 
+    def notice(text: str) -> None:
+        print(f"vindex3 default: {text}", file=sys.stderr)
+
     with terminal_progress(f"encoding {default_model.NAME} (first use)", enabled=not a.json) as cb:
-        p = default_model.ensure(progress=cb)
-    print(p)
+        r = default_model.ensure_detailed(progress=cb, notice=notice, rebuild=a.rebuild)
+    if a.json:
+        _print_json({"path": str(r.path), "encoded": r.encoded, "rebuilt_because": r.rebuilt_because})
+    else:
+        print(r.path)
     return 0
 
 
@@ -288,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--draft-depth", type=int)
     s.add_argument("--top", type=int, default=5)
     s.add_argument("--logit-dump", metavar="FILE")
+    s.add_argument("--overwrite", action="store_true", help="replace an existing --logit-dump file")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_exec)
 
@@ -300,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_shard)
 
     s = sub.add_parser("default", help="encode the built-in default model once and print its container path")
+    s.add_argument("--rebuild", action="store_true", help="re-encode the cached default model even if it opens")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_default)
 
@@ -318,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand behind one error boundary: a named refusal prints its message (exit 2;
+    a failed verify exits 1), an unexpected exception prints ``internal error`` naming the
+    command (exit 3), Ctrl-C exits 130; a traceback is shown only with --debug."""
     a = build_parser().parse_args(argv)
     try:
         return a.fn(a)
@@ -332,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except Exception as e:
+        if a.debug:
+            raise
+        what = "out of memory" if isinstance(e, MemoryError) else f"{type(e).__name__}: {e}"
+        print(f"vindex3 {a.cmd}: internal error: {what}"[:2000], file=sys.stderr)
+        print("  this is a defect in vindex3, not in your input; run again with --debug for the traceback",
+              file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

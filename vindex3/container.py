@@ -1,11 +1,19 @@
-"""Opening a VINDEX3 container: index first (format version before anything else), then the
-graph (schema 6), then segment headers (memory-mapped lazily), then operand closure.
-Opening reads no tensor data."""
+"""Opening a VINDEX3 container: index first (format version before anything else, then every key
+typed), then the graph (schema 6, typed, its hash checked against the index), then segment
+headers (paths confined to the container, regular files only, headers validated and their hashes
+checked), then operand closure. Opening reads no tensor data.
+
+Tensor data is checked on first use: the first time an executor reads a tensor, its bytes are
+hashed against the index (``tensor_sha256``; a container without it has its whole segment
+hashed against ``segment_sha256`` instead) and scanned for NaN and infinity. ``verify`` checks
+everything at once. See docs/container.md#integrity."""
 
 from __future__ import annotations
 
 import hashlib
 import math
+import os
+import stat
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,10 +28,24 @@ from .errors import (
     FormatVersionError,
     GraphSchemaError,
     IntegrityError,
+    PathRefused,
     SliceError,
+    VindexError,
 )
 from .graph import Graph
-from .segments import Segment, sha256_file
+from .manifest import (
+    INDEX_HASH,
+    CapabilityRef,
+    GraphRef,
+    IndexFile,
+    Representation,
+    index_digest,
+    parse_index,
+    problems,
+    seal,
+)
+from .paths import check_text, confined, existing_file, read_regular
+from .segments import Segment, sha256_file_and_tail
 
 if TYPE_CHECKING:
     from .exec.engine import Executor
@@ -62,31 +84,59 @@ class DerivedRow(BaseModel):
     summary: str | None
 
 
+MAX_INDEX_BYTES = 64 << 20
+MAX_GRAPH_BYTES = 64 << 20
+MAX_CAPABILITY_BYTES = 512 << 20
+REENCODE = "re-encode the container from its checkpoint with `vindex3 encode SRC OUT`"
+
+
 def read_index(path: Path) -> dict:
-    """Read index.json and refuse an unknown format or version before anything else is read."""
-    if not path.exists():
-        raise ContainerNotFound(f"{path} does not exist")
-    if not path.is_dir():
-        raise ContainerNotFound(f"{path} is not a directory (a VINDEX3 container is a directory)")
-    ip = path / INDEX
-    if not ip.exists():
-        raise ContainerNotFound(f"{path} has no {INDEX}; it is not a VINDEX3 container (or its encode did not finish)")
+    """Read index.json and refuse an unknown format or version before anything else is read.
+    Returns the raw dict (unknown keys kept); `parse_index` types it."""
+    path = Path(path)
     try:
-        index = jsonio.load(ip)
+        check_text(path, "container path")
+    except PathRefused as e:
+        raise ContainerNotFound(e.message) from None
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise ContainerNotFound(f"{path} does not exist") from None
+    except OSError as e:
+        raise ContainerNotFound(f"{path} cannot be opened ({e.strerror or e})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ContainerNotFound(f"{path} is not a directory (a VINDEX3 container is a directory)")
+    try:
+        ip = confined(path, INDEX, f"{path.name}/{INDEX}")
+        data = read_regular(ip, f"{path.name}/{INDEX}", max_bytes=MAX_INDEX_BYTES)
+    except PathRefused as e:
+        if e.reason == "missing":
+            raise ContainerNotFound(f"{path} has no {INDEX}; it is not a VINDEX3 container (or its encode did not finish)") from None
+        raise IntegrityError(e.message, hint=REENCODE) from None
+    try:
+        index = jsonio.loads(jsonio.decode_text(data, f"{path.name}/{INDEX}"), source=f"{path.name}/{INDEX}")
     except ConfigError as e:
         raise FormatVersionError(f"{path.name}/{INDEX} is unreadable: {e.message}") from None
     if not isinstance(index, dict):
         raise FormatVersionError(f"{path.name}/{INDEX} is not a JSON object")
     fmt, ver = index.get("format"), index.get("version")
-    if fmt != FORMAT or ver != FORMAT_VERSION:
+    if fmt != FORMAT or ver != FORMAT_VERSION or isinstance(ver, bool):
         found = f"{fmt} version {ver}" if fmt else f"no format tag (version {ver!r})"
         if fmt in ("VINDEX2", "VINDEX") or ver == 2:
             found = f"VINDEX2 (format {fmt!r}, version {ver!r})"
         raise FormatVersionError(
             f"{path.name}: unsupported container format: found {found}, supported {FORMAT} version {FORMAT_VERSION}",
-            hint="re-encode the model from its checkpoint with `vindex3 encode SRC OUT`",
+            hint=REENCODE,
         )
     return index
+
+
+def _confined_file(root: Path, rel: str, what: str) -> Path:
+    """A file named by the index: inside the container, a regular file (nothing is opened)."""
+    try:
+        return existing_file(rel, what, within=root)
+    except PathRefused as e:
+        raise IntegrityError(f"{INDEX} names {e.message}", hint=REENCODE) from None
 
 
 class Container:
@@ -101,23 +151,55 @@ class Container:
             raise ShardError(f"{self.path.name} is a member of a shard set (it holds part of "
                              f"{self.index['shard'].get('parent_name', 'a model')}); it is not a whole container",
                              hint="open the shard set's directory with vindex3.shards.open_set")
-        gp = self.path / GRAPH
-        if not gp.exists():
-            raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container")
+        altered: list[str] = []  # files whose bytes differ from what the index records
+        recorded = self.index.get(INDEX_HASH)
+        if isinstance(recorded, str) and index_digest(self.index) != recorded:
+            altered.append(f"{INDEX}: its content no longer has the sha256 it records ({recorded[:16]}…)")
         try:
-            raw = jsonio.load(gp)
+            self.manifest: IndexFile = parse_index(self.index, f"{self.path.name}/{INDEX}")
+            m = self.manifest
+            try:
+                gp = confined(self.path, GRAPH, "the graph")
+                gbytes = read_regular(gp, f"{self.path.name}/{GRAPH}", max_bytes=MAX_GRAPH_BYTES)
+            except PathRefused as e:
+                if e.reason == "missing":
+                    raise GraphSchemaError(f"{self.path.name} has no {GRAPH}", hint="re-encode the container") from None
+                raise IntegrityError(e.message, hint=REENCODE) from None
+            got = hashlib.sha256(gbytes).hexdigest()
+            if got != m.graph.sha256:
+                altered.append(f"{GRAPH}: sha256 {got[:16]}… differs from the index's {m.graph.sha256[:16]}…")
+            self._open(gbytes, altered)
+        except VindexError as e:
+            if altered and e.hint is None:
+                e.hint = f"{altered[0]}: the file was altered after encoding"
+            raise
+        if altered:
+            raise IntegrityError(
+                f"{self.path.name}: " + "; ".join(altered) + " (altered after encoding, or damaged)",
+                hint="run `vindex3 verify` to list every difference; " + REENCODE,
+            )
+        # first-use checks: (object, tensor) already hashed and scanned; objects whose whole
+        # segment was hashed (containers without per-tensor hashes)
+        self._checked: set[tuple[str, str]] = set()
+        self._segment_checked: set[str] = set()
+
+    def _open(self, gbytes: bytes, altered: list[str]) -> None:
+        m = self.manifest
+        try:
+            raw = jsonio.loads(jsonio.decode_text(gbytes, GRAPH), source=GRAPH)
         except ConfigError as e:
             raise GraphSchemaError(f"{GRAPH} is unreadable: {e.message}") from None
         self.graph = Graph(raw)
         _ = self.graph.component  # exactly one primary_text, or a named refusal
+        if m.graph.schema_ != self.graph.raw["schema"]:
+            raise IntegrityError(f"{INDEX}: graph.schema {m.graph.schema_} differs from the graph's own {self.graph.raw['schema']}")
         # object -> its one representation. A second representation of an object is refused by
         # name: it must never silently win over the first.
         self.segments: dict[str, Segment] = {}
+        self._reps: dict[str, Representation] = {}
         chosen: dict[str, str] = {}
-        for key, rep in sorted(self.representations_by_key.items()):
-            if not isinstance(rep, dict) or not isinstance(rep.get("object"), str) or not isinstance(rep.get("segment"), str):
-                raise IntegrityError(f"{INDEX}: representation {key!r} must name its object and segment")
-            obj = rep["object"]
+        for key, rep in sorted(m.representations.items()):
+            obj = rep.object
             if obj in chosen:
                 raise IntegrityError(
                     f"{INDEX}: object {obj!r} has two representations, {chosen[obj]!r} and {key!r}; this build executes "
@@ -125,24 +207,90 @@ class Container:
                     hint="keep one representation per object in a container (vindex3 represent writes a new container)",
                 )
             chosen[obj] = key
-            self.segments[obj] = Segment(self.path / rep["segment"])
+        for key, rep in sorted(m.representations.items()):
+            obj = rep.object
+            if obj not in self.graph.objects:
+                raise IntegrityError(f"{INDEX}: representation {key!r} is of object {obj!r}, which the graph does not declare")
+            seg = Segment(_confined_file(self.path, rep.segment, f"segment {rep.segment!r} of {key}"),
+                          what=f"segment {rep.segment} ({key})")
+            self._check_header(key, rep, seg, altered)
+            self.segments[obj] = seg
+            self._reps[obj] = rep
+        for name, cap in sorted(m.capabilities.items()):
+            if "/" in name or name in (".", ".."):
+                raise IntegrityError(f"{INDEX}: capability {name!r} is not a file name in the container")
+            fp = _confined_file(self.path, name, f"capability file {name!r}")
+            size = fp.stat().st_size
+            if size != cap.bytes:
+                raise IntegrityError(f"{name}: {size} bytes, the index records {cap.bytes} (truncated, extended or replaced)",
+                                     hint=REENCODE)
         tables = {o: {n: (e.dtype, e.shape) for n, e in s.entries.items()} for o, s in self.segments.items()}
         defects = closure.check(self.graph, tables)
         if defects:
             raise ClosureError(f"{self.path.name}: operands do not close over the graph ({len(defects)} defect(s))", defects)
 
+    def _check_header(self, key: str, rep: Representation, seg: Segment, altered: list[str]) -> None:
+        """What the index records about a segment against its header and size (no payload read)."""
+        what = seg.what
+        if rep.header_sha256 is not None and seg.header_sha256 != rep.header_sha256:
+            altered.append(f"{what}: header sha256 {seg.header_sha256[:16]}… differs from the index's {rep.header_sha256[:16]}…")
+        if seg.representation != key:
+            raise IntegrityError(f"{what}: its header says it holds {seg.representation!r}, the index says {key!r} "
+                                 "(segments swapped or renamed)", hint=REENCODE)
+        if seg.size != rep.segment_bytes:
+            raise IntegrityError(f"{what}: {seg.size} bytes, the index records {rep.segment_bytes} (truncated or extended)",
+                                 hint=REENCODE)
+        if seg.payload_start + rep.payload_bytes != seg.size:
+            raise IntegrityError(f"{what}: header ({seg.payload_start} bytes) and payload ({rep.payload_bytes} bytes, "
+                                 f"as the index records) do not add up to the file's {seg.size} bytes "
+                                 "(the header length was changed)", hint=REENCODE)
+        if len(seg.entries) != rep.tensors:
+            raise IntegrityError(f"{what}: {len(seg.entries)} tensors in its header, the index records {rep.tensors}",
+                                 hint=REENCODE)
+        if rep.tensor_sha256 is not None and set(rep.tensor_sha256) != set(seg.entries):
+            odd = sorted(set(rep.tensor_sha256) ^ set(seg.entries))
+            raise IntegrityError(f"{what}: tensor {odd[0]!r} is in {'the header' if odd[0] in seg.entries else 'the index'} "
+                                 "but not in the other (tensor names changed)", hint=REENCODE)
+
+    # -- first use ---------------------------------------------------------------------------
+    def check_tensor(self, obj: str, name: str) -> None:
+        """On a tensor's first use: its stored bytes against the index's hash, and its values for
+        NaN and infinity. Later uses cost nothing. Refuses with IntegrityError naming the tensor."""
+        if (obj, name) in self._checked:
+            return
+        rep, seg = self._reps[obj], self.segments[obj]
+        fix = "run `vindex3 verify` to list every difference; " + REENCODE
+        if rep.tensor_sha256 is not None:
+            want = rep.tensor_sha256[name]
+            got = seg.tensor_sha256(name)
+            if got != want:
+                raise IntegrityError(f"{seg.what}: tensor {name}: its bytes hash to {got[:16]}…, the index records "
+                                     f"{want[:16]}… (altered or damaged since encoding)", hint=fix)
+        elif obj not in self._segment_checked:
+            whole, _ = sha256_file_and_tail(seg.path, 0, seg.what)
+            if whole != rep.segment_sha256:
+                raise IntegrityError(f"{seg.what}: sha256 {whole[:16]}… differs from the index's "
+                                     f"{rep.segment_sha256[:16]}… (altered or damaged since encoding)", hint=fix)
+            self._segment_checked.add(obj)
+        bad = seg.weight(name).nonfinite()
+        if bad:
+            raise IntegrityError(f"{seg.what}: tensor {name} holds {bad} NaN or infinite value(s); "
+                                 "refusing to compute with it", hint=fix)
+        self._checked.add((obj, name))
+
     # -- facts from the index ---------------------------------------------------------------
     @property
     def name(self) -> str:
-        return self.index.get("model", {}).get("name", self.path.name)
+        return self.manifest.model.name
 
     @property
     def generation(self) -> int:
-        return int(self.index.get("generation", 1))
+        return self.manifest.generation
 
     @property
     def representations_by_key(self) -> dict[str, dict]:
-        return self.index.get("representations", {})
+        # per-tensor hashes stay in self.manifest: hundreds of lines nobody reads in a listing
+        return {k: r.model_dump(exclude_none=True, exclude={"tensor_sha256"}) for k, r in self.manifest.representations.items()}
 
     @property
     def representations(self) -> list[dict]:
@@ -150,27 +298,28 @@ class Container:
 
     @property
     def provenance(self) -> dict:
-        return dict(self.index.get("provenance", {}))
+        return dict(self.manifest.provenance)
 
     @property
     def authority(self) -> str:
-        return self.index.get("authority", "canonical")
+        return self.manifest.authority
 
     @cached_property
     def digest(self) -> str:
         """Identity of the container's content: the graph and every payload hash."""
         h = hashlib.sha256()
-        h.update(self.index.get("graph", {}).get("sha256", "").encode())
-        for key, rep in sorted(self.representations_by_key.items()):
-            h.update(f"{key}:{rep['payload_sha256']};".encode())
+        h.update(self.manifest.graph.sha256.encode())
+        for key, rep in sorted(self.manifest.representations.items()):
+            h.update(f"{key}:{rep.payload_sha256};".encode())
         return h.hexdigest()
 
     def objects(self) -> list[dict]:
         out = []
-        for key, rep in sorted(self.representations_by_key.items()):
-            seg = self.segments[rep["object"]]
+        for key, rep in sorted(self.manifest.representations.items()):
+            seg = self.segments[rep.object]
             params = sum(math.prod(e.shape) for e in seg.entries.values())
-            out.append({"object": rep["object"], "representation": key, "tensors": len(seg.entries), "parameters": params, "bytes": rep["payload_bytes"]})
+            out.append({"object": rep.object, "representation": key, "tensors": len(seg.entries), "parameters": params,
+                        "bytes": rep.payload_bytes})
         return out
 
     @property
@@ -192,18 +341,54 @@ class Container:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(r["payload_bytes"] for r in self.representations_by_key.values())
+        return sum(r.payload_bytes for r in self.manifest.representations.values())
 
     # -- capabilities --------------------------------------------------------------------------
     @property
     def has_tokenizer(self) -> bool:
-        return (self.path / "tokenizer.json").exists()
+        """Whether the index records a tokenizer (an unrecorded tokenizer.json is never used)."""
+        return "tokenizer.json" in self.manifest.capabilities
+
+    def capability_bytes(self, name: str) -> bytes:
+        """A capability file's bytes, checked against the size and hash the index records."""
+        cap = self.manifest.capabilities.get(name)
+        if cap is None:
+            raise IntegrityError(f"{self.path.name}: the index records no capability file {name!r}")
+        try:
+            data = read_regular(confined(self.path, name, f"capability file {name!r}"), f"{self.path.name}/{name}",
+                                max_bytes=MAX_CAPABILITY_BYTES)
+        except PathRefused as e:
+            raise IntegrityError(f"{INDEX} names {e.message}", hint=REENCODE) from None
+        got = hashlib.sha256(data).hexdigest()
+        if len(data) != cap.bytes or got != cap.sha256:
+            raise IntegrityError(f"{name}: {len(data)} bytes with sha256 {got[:16]}…, the index records {cap.bytes} bytes "
+                                 f"with {cap.sha256[:16]}… (altered or damaged since encoding)", hint=REENCODE)
+        return data
 
     @cached_property
     def tokenizer(self):
+        from .errors import TokenizerMissing
         from .tokenizer import Tokenizer
 
-        return Tokenizer.from_container(self.path)
+        if not self.has_tokenizer:
+            raise TokenizerMissing(
+                f"container {self.path.name} carries no tokenizer (no tokenizer.json in its snapshot)",
+                hint="pass token ids instead, e.g. INFER TOKENS (1, 2, 3)",
+            )
+        text = jsonio.decode_text(self.capability_bytes("tokenizer.json"), "tokenizer.json")
+        cfg: dict = {}
+        if "tokenizer_config.json" not in self.manifest.capabilities and (
+                (self.path / "tokenizer_config.json").exists() or (self.path / "tokenizer_config.json").is_symlink()):
+            raise IntegrityError(f"{self.path.name}: tokenizer_config.json is present but the index does not record it; "
+                                 "an unrecorded file is never used (it would change how text is tokenized)",
+                                 hint=REENCODE)
+        if "tokenizer_config.json" in self.manifest.capabilities:
+            data = self.capability_bytes("tokenizer_config.json")
+            try:
+                cfg = jsonio.loads(jsonio.decode_text(data, "tokenizer_config.json"), source="tokenizer_config.json")
+            except ConfigError as e:
+                raise IntegrityError(f"{self.path.name}: {e.message}") from None
+        return Tokenizer.from_json(text, cfg, source=f"{self.path.name}/tokenizer.json")
 
     # -- plans -------------------------------------------------------------------------------
     @cached_property
@@ -225,14 +410,17 @@ class Container:
         return plan_slice(self._op_plan, sl or Full())
 
     def tensor_source(self) -> SegmentSource:
-        """Where an executor reads this container's operands: its mapped segments."""
-        return SegmentSource(self.segments)
+        """Where an executor reads this container's operands: its mapped segments, each tensor
+        checked on first use (`check_tensor`)."""
+        return SegmentSource(self.segments, self.check_tensor)
 
     def executor(self, slice: ExecutionSlice | None = None, intervention: Intervention | None = None, *,
-                 shards=None) -> Executor:
-        """An executor for ``slice`` (default Full()) over this container's segments;
+                 shards=None, max_positions: int | None = None) -> Executor:
+        """An executor for ``slice`` (default Full()) over this container's segments.
         ``intervention`` (e.g. a `vindex3.exec.intervention.FeatureAblation`) changes what every
-        pass computes. With ``shards`` (a count, a ranges string "0-14,15-29" or a list of
+        pass computes. Positions are limited to the graph's context length, or to
+        ``max_positions`` when given (an explicit override, which may exceed the context length;
+        see vindex3.limits). With ``shards`` (a count, a ranges string "0-14,15-29" or a list of
         LayerRanges) the layers run as Ray actors and the ends here: a
         `vindex3.shards.ShardedExecutor`, byte-identical to one process (docs/distributed.md)."""
         from .exec.engine import Executor
@@ -245,7 +433,16 @@ class Container:
             from .shards import sharded
 
             return sharded(self, shards).executor(slice or Full())
-        return Executor(self._op_plan, self.tensor_source(), slice or Full(), intervention)
+        return Executor(self._op_plan, self.tensor_source(), slice or Full(), intervention, max_positions=max_positions)
+
+    def estimate_prefill(self, positions: int, slice: ExecutionSlice | None = None, *, start: int = 0,
+                         last_only: bool = False):
+        """Bytes of the arrays a prefill of ``positions`` positions (after ``start`` already held)
+        needs: see vindex3.limits.estimate_prefill."""
+        from .exec.slice import Full
+        from .limits import estimate_prefill
+
+        return estimate_prefill(self._op_plan, positions, slice or Full(), start=start, last_only=last_only)
 
     # -- integrity -------------------------------------------------------------------------
     def verify(self) -> VerifyReport:
@@ -255,67 +452,189 @@ class Container:
         """Rewrite index.json with ``updates`` applied; unknown keys survive; generation + 1."""
         rewrite_index(self.path, **updates)
         self.index = read_index(self.path)
+        self.manifest = parse_index(self.index, f"{self.path.name}/{INDEX}")
 
 
 class SegmentSource:
-    """Operands as weight objects over memory-mapped segments, keyed by object."""
+    """Operands as weight objects over memory-mapped segments, keyed by object; ``check(object,
+    tensor)`` runs before a tensor is first handed out."""
 
-    def __init__(self, segments: dict[str, Segment]):
+    def __init__(self, segments: dict[str, Segment], check=None):
         self._segments = segments
+        self._check = check
 
     def weight(self, ref):
+        if self._check is not None:
+            self._check(ref.object, ref.tensor)
         return self._segments[ref.object].weight(ref.tensor)
 
 
 def rewrite_index(path: Path, **updates) -> None:
     index = read_index(Path(path))
+    parse_index(index, f"{Path(path).name}/{INDEX}")  # never rewrite an index that does not validate
     index.update(updates)
     index["generation"] = int(index.get("generation", 1)) + 1
+    if INDEX_HASH in index:  # an index from this build keeps its own hash true (a legacy one has none)
+        index = seal(index)
+    parse_index(index, f"{Path(path).name}/{INDEX} (as rewritten)")
     jsonio.write_atomic(Path(path) / INDEX, index)
 
 
+def _index_parts(index: dict) -> tuple[GraphRef | None, dict[str, Representation], dict[str, CapabilityRef], list[str]]:
+    """The parts of an index that validate on their own, and a named problem for every other:
+    one broken representation does not stop the others from being verified."""
+    from pydantic import ValidationError
+
+    out: list[str] = []
+    try:
+        parse_index(index)
+    except IntegrityError as e:
+        out.append(e.message)
+    graph = None
+    try:
+        graph = GraphRef.model_validate(index.get("graph"))
+    except ValidationError:
+        out.append(f"{INDEX}: records no graph hash, so {GRAPH} cannot be verified")
+    reps: dict[str, Representation] = {}
+    raw_reps = index.get("representations")
+    if isinstance(raw_reps, dict):
+        for key, raw in raw_reps.items():
+            try:
+                reps[key] = Representation.model_validate(raw)
+            except ValidationError:
+                pass
+    caps: dict[str, CapabilityRef] = {}
+    raw_caps = index.get("capabilities")
+    if isinstance(raw_caps, dict):
+        for name, raw in raw_caps.items():
+            try:
+                caps[name] = CapabilityRef.model_validate(raw)
+            except ValidationError as e:
+                out.append(f"{INDEX}: capabilities.{name}: " + "; ".join(problems(e)))
+    return graph, reps, caps, out
+
+
 def verify(path: str | Path) -> VerifyReport:
-    """Re-hash every segment, the graph and every capability file against the index."""
+    """Check everything: the index typed, the graph and every capability file against their
+    hashes, every segment whole, payload, header and tensor by tensor, every tensor's values for
+    NaN and infinity, and that the container opens. A missing hash is a problem, never a skip."""
     path = Path(path)
     index = read_index(path)
-    problems: list[str] = []
-    checked = 0
+    graph, reps, caps, problems_ = _index_parts(index)
+    recorded = index.get(INDEX_HASH)
+    if recorded is None:
+        problems_.append(f"{INDEX} records no {INDEX_HASH}, so the index itself cannot be verified "
+                         "(an older encode: re-encode the container)")
+    elif not isinstance(recorded, str) or index_digest(index) != recorded:
+        problems_.append(f"{INDEX}: its content no longer has the sha256 it records (altered after encoding)")
+    checked = 0  # files the index names (the index itself is checked above, and not counted)
 
-    def check_file(rel: str, want: str | None, want_bytes: int | None = None, what: str = "") -> None:
+    def file_ok(rel: str, what: str, size: int | None) -> Path | None:
         nonlocal checked
-        fp = path / rel
-        if not fp.exists():
-            problems.append(f"{rel}: missing ({what} named by index.json)")
-            return
+        try:
+            fp = existing_file(rel, what, within=path)
+        except PathRefused as e:
+            problems_.append(f"{rel}: missing ({what} named by {INDEX})" if e.reason == "missing"
+                             else f"{INDEX} names {e.message}")
+            return None
         checked += 1
-        if want_bytes is not None and fp.stat().st_size != want_bytes:
-            problems.append(f"{rel}: size {fp.stat().st_size} bytes, index records {want_bytes} (truncated or extended)")
-        got = sha256_file(fp)
-        if want is not None and got != want:
-            problems.append(f"{rel}: sha256 {got[:16]}… differs from the index's {want[:16]}…")
+        got = fp.stat().st_size
+        if size is not None and got != size:
+            problems_.append(f"{rel}: size {got} bytes, index records {size} (truncated or extended)")
+        return fp
 
-    g = index.get("graph")
-    if not isinstance(g, dict) or not g.get("sha256"):
-        problems.append(f"{INDEX}: records no graph hash, so {GRAPH} cannot be verified")
-        g = {}
-    check_file(g.get("path", GRAPH), g.get("sha256"), None, "the graph")
-    for key, rep in sorted(index.get("representations", {}).items()):
-        before = len(problems)
-        check_file(rep["segment"], rep.get("segment_sha256"), rep.get("segment_bytes"), f"segment of {key}")
-        if len(problems) == before and (path / rep["segment"]).exists():
+    if graph is not None and file_ok(graph.path, "the graph", None) is not None:
+        try:
+            data = read_regular(path / graph.path, graph.path, max_bytes=MAX_GRAPH_BYTES)
+            got = hashlib.sha256(data).hexdigest()
+            if got != graph.sha256:
+                problems_.append(f"{graph.path}: sha256 {got[:16]}… differs from the index's {graph.sha256[:16]}…")
+        except PathRefused as e:
+            problems_.append(e.message)
+    for key, rep in sorted(reps.items()):
+        fp = file_ok(rep.segment, f"segment of {key}", rep.segment_bytes)
+        if fp is None:
+            continue
+        try:
+            seg = Segment(fp, what=f"segment {rep.segment} ({key})")
+        except VindexError as e:
+            problems_.append(str(e))
+            seg = None
+        try:
+            whole, payload = sha256_file_and_tail(fp, seg.payload_start if seg is not None else 0, rep.segment)
+        except PathRefused as e:
+            problems_.append(e.message)
+            continue
+        if whole != rep.segment_sha256:
+            problems_.append(f"{rep.segment}: sha256 {whole[:16]}… differs from the index's {rep.segment_sha256[:16]}…")
+        if seg is None:
+            continue
+        if payload != rep.payload_sha256:
+            problems_.append(f"{rep.segment}: payload sha256 differs from the index ({key})")
+        for hkey in ("header_sha256", "tensor_sha256"):
+            if getattr(rep, hkey) is None:
+                problems_.append(f"{INDEX}: {key} records no {hkey}, so its {'header' if hkey[0] == 'h' else 'tensors'} "
+                                 "cannot be verified on their own (an older encode: re-encode the container)")
+        if rep.header_sha256 is not None and seg.header_sha256 != rep.header_sha256:
+            problems_.append(f"{rep.segment}: header sha256 differs from the index ({key})")
+        if seg.representation != key:
+            problems_.append(f"{rep.segment}: its header says it holds {seg.representation!r}, the index says {key!r}")
+        for name in sorted(seg.entries):
+            want = (rep.tensor_sha256 or {}).get(name)
+            if rep.tensor_sha256 is not None and want is None:
+                problems_.append(f"{rep.segment}: tensor {name} has no hash in the index")
+            elif want is not None and seg.tensor_sha256(name) != want:
+                problems_.append(f"{rep.segment}: tensor {name}: bytes differ from the index's hash")
             try:
-                seg = Segment(path / rep["segment"])
-                ph = sha256_file(path / rep["segment"], skip=seg.payload_start)
-                if ph != rep.get("payload_sha256"):
-                    problems.append(f"{rep['segment']}: payload sha256 differs from the index ({key})")
-            except IntegrityError as e:
-                problems.append(str(e))
-    for name, cap in sorted(index.get("capabilities", {}).items()):
-        check_file(name, cap.get("sha256"), cap.get("bytes"), "a capability sidecar")
-    for key, e in sorted((index.get("derived") or {}).items()):
-        for rel, f in sorted(((e or {}).get("files") or {}).items()):
-            check_file(rel, f.get("sha256"), f.get("bytes"), f"a file of the derived representation {key!r}")
-    return VerifyReport(path=str(path), ok=not problems, checked=checked, problems=problems)
+                from . import codecs
+
+                if codecs.is_known(seg.entries[name].dtype):
+                    bad = seg.weight(name).nonfinite()
+                    if bad:
+                        problems_.append(f"{rep.segment}: tensor {name} holds {bad} NaN or infinite value(s)")
+            except VindexError as e:
+                problems_.append(str(e))
+        for name in sorted(set(rep.tensor_sha256 or {}) - set(seg.entries)):
+            problems_.append(f"{rep.segment}: the index hashes tensor {name}, which the header does not list")
+    for name, cap in sorted(caps.items()):
+        if "/" in name or name in (".", ".."):
+            problems_.append(f"{INDEX}: capability {name!r} is not a file name in the container")
+            continue
+        fp = file_ok(name, "a capability sidecar", cap.bytes)
+        if fp is None:
+            continue
+        try:
+            got = hashlib.sha256(read_regular(fp, name, max_bytes=MAX_CAPABILITY_BYTES)).hexdigest()
+        except PathRefused as e:
+            problems_.append(e.message)
+            continue
+        if got != cap.sha256:
+            problems_.append(f"{name}: sha256 {got[:16]}… differs from the index's {cap.sha256[:16]}…")
+    derived = index.get("derived")
+    for key, e in sorted((derived if isinstance(derived, dict) else {}).items()):
+        files = e.get("files") if isinstance(e, dict) else None
+        for rel, f in sorted((files if isinstance(files, dict) else {}).items()):
+            fp = file_ok(rel, f"a file of the derived representation {key!r}", f.get("bytes") if isinstance(f, dict) else None)
+            if fp is None:
+                continue
+            try:
+                got = hashlib.sha256(read_regular(fp, rel, max_bytes=MAX_CAPABILITY_BYTES)).hexdigest()
+            except PathRefused as err:
+                problems_.append(err.message)
+                continue
+            if not isinstance(f, dict) or got != f.get("sha256"):
+                problems_.append(f"{rel}: sha256 {got[:16]}… differs from the index's record (derived {key!r})")
+    if not problems_:
+        try:
+            if isinstance(index.get("shard"), dict):  # a member of a shard set opens as one
+                from .shards.store import ShardContainer
+
+                ShardContainer(path)
+            else:
+                Container(path)
+        except VindexError as e:
+            problems_.append(f"the container does not open: {e}")
+    return VerifyReport(path=str(path), ok=not problems_, checked=checked, problems=problems_)
 
 
 def open(path: str | Path) -> Container:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ContainerNotFound, VindexError
@@ -41,22 +43,47 @@ def container_path() -> Path:
     return cache_dir() / CONTAINER_NAME
 
 
-def ensure(progress=None) -> Path:
-    """Path of the default container, encoding it on first use."""
+@dataclass(frozen=True)
+class Ensured:
+    """What `ensure_detailed` did: the container's path, whether it encoded one, and why a
+    cached container was rebuilt (None when it was not)."""
+
+    path: Path
+    encoded: bool
+    rebuilt_because: str | None
+
+
+def ensure(progress=None, notice: Callable[[str], None] | None = None, *, rebuild: bool = False) -> Path:
+    """Path of the default container, encoding it on first use. A cached container that no
+    longer opens is rebuilt, and ``notice`` is told so (one line, naming why) before anything
+    is removed; ``rebuild=True`` rebuilds it whatever its state."""
+    return ensure_detailed(progress, notice, rebuild=rebuild).path
+
+
+def ensure_detailed(progress=None, notice: Callable[[str], None] | None = None, *, rebuild: bool = False) -> Ensured:
     from .container import Container
     from .encode import encode
 
     out = container_path()
-    if out.exists():
-        try:
-            Container(out)
-            return out
-        except VindexError:
-            # A container from an older build or a damaged one: re-encode beside it, then swap.
-            stale = out.with_name(out.name + ".stale")
-            shutil.rmtree(stale, ignore_errors=True)
+    why = None
+    if out.exists() or out.is_symlink():
+        if rebuild:
+            why = "a rebuild was asked for"
+        else:
+            try:
+                Container(out)
+                return Ensured(out, False, None)
+            except VindexError as e:
+                why = f"it does not open ({e.message})"
+        if notice is not None:
+            notice(f"the cached default model at {out} is being rebuilt: {why}; re-encoding it from {GGUF_FILE}")
+        # Moved aside first, so a reader never sees a half-removed container, then removed.
+        stale = out.with_name(out.name + f".stale-{os.getpid()}")
+        if out.is_dir() and not out.is_symlink():
             out.rename(stale)
             shutil.rmtree(stale, ignore_errors=True)
+        else:
+            out.unlink()
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
         encode(gguf_path(), out, progress=progress)
@@ -64,4 +91,4 @@ def ensure(progress=None) -> Path:
         if not out.exists():
             raise
         Container(out)  # another process won the race and renamed first: use its container
-    return out
+    return Ensured(out, True, why)

@@ -2,7 +2,9 @@
 
 Atomic: everything is written into a temporary sibling directory; closure is run on what was
 written; index.json is written last; the directory is renamed into place. Any failure removes
-the temporary directory, so a failed encode leaves no output behind."""
+the temporary directory, so a failed encode leaves no output behind; an encode that was killed
+outright leaves it, and the next encode into the same directory removes it (`TMP_INFIX`,
+`MARKER`). Weights holding NaN or infinity are refused by name."""
 
 from __future__ import annotations
 
@@ -10,15 +12,20 @@ import datetime as _dt
 import hashlib
 import os
 import shutil
+import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+
+import numpy as np
 
 from . import __version__, closure, jsonio
 from .admit import lower, require_admissible
 from .container import FORMAT, FORMAT_VERSION, GRAPH, INDEX
-from .errors import ClosureError, EncodeError, VindexError
+from .errors import ClosureError, EncodeError, PathRefused, VindexError
 from .families.base import TensorPlacement
 from .graph import Graph
+from .manifest import seal
+from .paths import output_dir
 from .segments import Segment, write_segment
 from .sources import CheckpointSource, open_source
 
@@ -26,12 +33,55 @@ Progress = Callable[[int, int, str], None]
 
 
 class EncodeResult:
-    def __init__(self, path: Path, tensors: int, bytes_: int, dropped: list[tuple[str, str]], not_carried: list[str]):
+    def __init__(self, path: Path, tensors: int, bytes_: int, dropped: list[tuple[str, str]], not_carried: list[str],
+                 cleaned: list[str] | None = None):
         self.path = path
         self.tensors = tensors
         self.bytes = bytes_
         self.dropped = dropped
         self.not_carried = not_carried
+        self.cleaned = list(cleaned or [])  # temporary directories of killed encodes, removed first
+
+
+# An encode writes into ``.<out name>.encoding-<pid>`` beside its output, with this marker file
+# inside saying who writes it. A later encode into the same directory removes every such
+# directory whose writer is no longer running on this host (a killed encode leaves one behind).
+TMP_INFIX = ".encoding-"
+MARKER = ".vindex3-encoding.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temporaries(parent: Path) -> list[str]:
+    """Remove the temporary directories of encodes into ``parent`` that are no longer running
+    (their marker names a process of this host that does not exist). Returns their names."""
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for e in entries:
+        if not (e.name.startswith(".") and TMP_INFIX in e.name) or not e.is_dir(follow_symlinks=False):
+            continue
+        try:
+            marker = jsonio.load(Path(e.path) / MARKER)
+            pid, host = marker["pid"], marker["host"]
+        except (VindexError, KeyError, TypeError):
+            continue  # not ours, or not readable: leave it alone
+        if host != socket.gethostname() or not isinstance(pid, int) or _alive(pid):
+            continue
+        shutil.rmtree(e.path, ignore_errors=True)
+        if not os.path.exists(e.path):
+            removed.append(e.name)
+    return removed
 
 
 def encode(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None) -> Path:
@@ -39,22 +89,30 @@ def encode(src: str | Path | CheckpointSource, out: str | Path, progress: Progre
 
 
 def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None) -> EncodeResult:
+    try:
+        out = output_dir(out, "encode output")
+    except PathRefused as e:
+        if e.reason == "exists":
+            raise EncodeError(f"output {out} already exists; refusing to overwrite it (remove it or choose another path)") from None
+        if e.reason == "parent_missing":
+            raise EncodeError(f"output directory's parent {Path(out).parent} does not exist") from None
+        raise EncodeError(e.message) from None
     source = src if isinstance(src, CheckpointSource) else open_source(src)
     plan, lowering = lower(source)
     require_admissible(plan)
     assert lowering is not None
-    out = Path(out)
-    if out.exists():
-        raise EncodeError(f"output {out} already exists; refusing to overwrite it (remove it or choose another path)")
-    if not out.parent.exists():
-        raise EncodeError(f"output directory's parent {out.parent} does not exist")
-    tmp = out.parent / f".{out.name}.encoding-{os.getpid()}"
+    cleaned = clean_stale_temporaries(out.parent)
+    tmp = out.parent / f".{out.name}{TMP_INFIX}{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
         result = _write(source, lowering, tmp, progress)
+        if out.exists():  # another process won the race while we wrote
+            raise EncodeError(f"output {out} appeared while encoding; refusing to overwrite it")
+        (tmp / MARKER).unlink()
         os.replace(tmp, out)
         result.path = out
+        result.cleaned = cleaned
         return result
     except BaseException as e:  # includes KeyboardInterrupt: never leave a half-written container
         shutil.rmtree(tmp, ignore_errors=True)
@@ -65,9 +123,28 @@ def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progres
         raise EncodeError(f"encode of {source.name} failed ({type(e).__name__}: {e}); no output was written") from e
 
 
+def _source_label(p: TensorPlacement) -> str:
+    """The source tensor(s) a container tensor is made from, as a refusal names them."""
+    if not p.sources:
+        return p.source_name
+    return f"{p.name} (assembled from {p.sources[0]} … {len(p.sources)} source tensors)"
+
+
+def _finite(name: str, arr: np.ndarray) -> np.ndarray:
+    """A tensor about to be written: refused by name when it holds NaN or infinity."""
+    if arr.dtype.kind == "f":
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        if bad:
+            first = int(np.flatnonzero(~np.isfinite(arr.reshape(-1)))[0])
+            raise EncodeError(f"tensor {name} holds {bad} NaN or infinite value(s) (first at flat index {first}: "
+                              f"{arr.reshape(-1)[first]}); refusing to encode weights that compute NaN")
+    return arr
+
+
 def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | None) -> EncodeResult:
     Graph(lowering.graph)  # validate what we are about to write
     tmp.mkdir()
+    jsonio.write_atomic(tmp / MARKER, {"pid": os.getpid(), "host": socket.gethostname()})
     (tmp / "segments").mkdir()
     specs = source.tensor_specs()
     shapes = {n: tuple(sp.shape) for n, sp in specs.items()}
@@ -89,7 +166,8 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         names = by_object[obj]
         seg_specs = {rel: ("f32", p.shape(shapes)) for rel, p in names.items()}
         rel_path = f"segments/{obj}.bin"
-        info = write_segment(tmp / rel_path, f"{obj}@f32", seg_specs, lambda rel: names[rel].assemble(source.load), tick)
+        info = write_segment(tmp / rel_path, f"{obj}@f32", seg_specs,
+                             lambda rel, names=names: _finite(_source_label(names[rel]), names[rel].assemble(source.load)), tick)
         key = f"{obj}@f32"
         representations[key] = {
             "object": obj,
@@ -100,6 +178,8 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
             "payload_sha256": info.payload_sha256,
             "segment_sha256": info.segment_sha256,
             "segment_bytes": info.segment_bytes,
+            "header_sha256": info.header_sha256,
+            "tensor_sha256": info.tensor_sha256,
         }
         segments_list.append({"path": rel_path, "bytes": info.segment_bytes, "sha256": info.segment_sha256})
 
@@ -126,7 +206,7 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
     provenance.update(
         {
             "encoder": f"vindex3 {__version__}",
-            "encoded_at": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "encoded_at": _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat(),
             "dropped_tensors": [{"tensor": n, "why": w} for n, w in lowering.dropped],
             "not_carried": not_carried,
         }
@@ -151,6 +231,6 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
     }
     if lowering.not_carried_components:  # components set aside whole, by name (their tensors are in dropped_tensors)
         index["provenance"]["components_not_carried"] = lowering.not_carried_components
-    jsonio.write_atomic(tmp / INDEX, index)  # last: its presence means the container is complete
+    jsonio.write_atomic(tmp / INDEX, seal(index))  # last: its presence means the container is complete
     total_bytes = sum(r["payload_bytes"] for r in representations.values())
     return EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)

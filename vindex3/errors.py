@@ -101,3 +101,27 @@ class OutputRefused(VindexError):
 
 class RecordError(VindexError):
     """An execution record cannot be written or read as one."""
+
+
+class PathRefused(VindexError):
+    """A path an operation cannot use as given (empty, NUL, not encodable, a name over 255 bytes,
+    missing or already there, a directory where a file is needed, a FIFO or device, a symlink
+    that leaves the directory it must stay in, inside an open container...). ``reason`` is a
+    short stable code (see vindex3.paths)."""
+
+    def __init__(self, message: str, *, reason: str, path: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.reason = reason
+        self.path = path
+
+
+class InputError(VindexError):
+    """Input text or numbers that cannot be used as given (a lone surrogate in a prompt...)."""
+
+
+class LimitExceeded(VindexError):
+    """A named limit would be exceeded (the context length, a memory limit...)."""
+
+
+class ContextLengthExceeded(LimitExceeded):
+    """More positions than the model's context length (or an explicit override) allows."""

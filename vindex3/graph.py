@@ -28,20 +28,38 @@ SCHEMA_FFNS: dict[str, str | None] = {"dense": "ffn", "routed": "ffn"}
 ROLES = ("primary_text", "perception", "drafter")
 PLACEMENTS = ("pre_only", "pre_post", "post_only", "pre_mixer")
 OBJECT_KINDS = ("embedding", "decoder_stack", "final_norm", "output_head", "expert_bank")
-CORE_SURFACE = ("hidden_size", "embedding", "residual", "norms", "head", "operators")
+CORE_SURFACE = ("hidden_size", "embedding", "residual", "norms", "head", "operators", "context_length")
+GRAPH_KEYS = ("schema", "model", "components", "objects", "layers", "surface")
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a number spelled as a string ("1e-5") or a bool where an integer belongs is refused
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+def _not_zero(v: float, what: str) -> float:
+    if v == 0:
+        raise ValueError(f"a{what} multiplier of 0 erases what it scales")
+    return v
 
 
 class EmbeddingSpec(_Spec):
     multiplier: float = Field(allow_inf_nan=False)
 
+    @field_validator("multiplier")
+    @classmethod
+    def _nonzero(cls, v: float) -> float:
+        return _not_zero(v, "n embedding")
+
 
 class ResidualSpec(_Spec):
     multiplier: float = Field(allow_inf_nan=False)
     fp32: bool | None = None  # a statement about the reference's residual dtype; this executor is float32 throughout
+
+    @field_validator("multiplier")
+    @classmethod
+    def _nonzero(cls, v: float) -> float:
+        return _not_zero(v, " residual")
 
 
 class NormsSpec(_Spec):
@@ -66,13 +84,69 @@ class HeadSpec(_Spec):
 
 
 class CoreSurface(_Spec):
-    model_config = ConfigDict(frozen=True, extra="ignore")  # operator groups are checked apart
-    hidden_size: int = Field(gt=0)
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)  # operator groups are checked apart
+    hidden_size: int = Field(gt=0, strict=True)
     embedding: EmbeddingSpec
     residual: ResidualSpec
     norms: NormsSpec
     head: HeadSpec
     operators: dict[str, Any]
+    # Positions the model was trained for (max_position_embeddings, a GGUF context_length), as
+    # admission recorded it. null: the checkpoint states none (a pure recurrence, say). Graphs
+    # written before this fact was recorded lack the key; see Graph.context_length.
+    context_length: int | None = Field(default=None, gt=0, strict=True)
+
+
+class LayerEntry(_Spec):
+    """One entry of ``layers``: every key is known, so a renamed key is a missing key."""
+
+    index: int = Field(strict=True)
+    operator: str = Field(strict=True)
+    span: Literal["full", "sliding"] | None
+    window: int | None = Field(gt=0, strict=True)
+    position: dict[str, Any] | None
+    ffn: str | None = Field(strict=True)
+    operands: dict[str, str]
+
+
+class ComponentEntry(_Spec):
+    name: str = Field(min_length=1, strict=True)
+    role: str = Field(strict=True)
+    objects: list[str]
+
+
+class ObjectEntry(_Spec):
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)  # perception objects may carry more
+    kind: str = Field(strict=True)
+    operands: dict[str, str] | None = None
+    layers: int | None = Field(default=None, ge=1, strict=True)
+
+
+class GraphFile(_Spec):
+    """The top level of system_graph.json, typed (the surface is typed by CoreSurface and the
+    operators; the layers by LayerEntry)."""
+
+    schema_: int = Field(alias="schema", strict=True)
+    model: dict[str, Any]
+    components: list[ComponentEntry]
+    objects: dict[str, ObjectEntry]
+    layers: list[Any]
+    surface: dict[str, Any]
+
+
+def _graph_problems(e: ValidationError, prefix: str) -> str:
+    out = []
+    for err in e.errors():
+        key = prefix + ".".join(str(x) for x in err["loc"])
+        if err["type"] == "missing":
+            out.append(f"{key} is missing (absence is not a default)")
+        elif err["type"] == "extra_forbidden":
+            out.append(f"{key} is not a known key")
+        else:
+            found = err.get("input")
+            shown = repr(found) if not isinstance(found, (dict, list)) else type(found).__name__
+            out.append(f"{key}: {err['msg'].lower()} (found {shown[:80]})")
+    return "; ".join(out[:8]) + (f" (and {len(out) - 8} more)" if len(out) > 8 else "")
 
 
 def _problems(e: ValidationError) -> str:
@@ -111,14 +185,6 @@ class LayerPolicy:
         return self.operator
 
 
-def _req(d: dict, key: str, where: str) -> Any:
-    if not isinstance(d, dict):
-        raise GraphSchemaError(f"system_graph.json: {where} is not an object")
-    if key not in d:
-        raise GraphSchemaError(f"system_graph.json: {where} has no '{key}'")
-    return d[key]
-
-
 class Graph:
     """A validated schema-6 graph.
 
@@ -136,36 +202,34 @@ class Graph:
                 hint="re-encode the container from its checkpoint with `vindex3 encode SRC OUT`",
             )
         self.raw = raw
-        model = raw.get("model", {})
-        self.model: dict = model if isinstance(model, dict) else {}
-        comps = _req(raw, "components", "the graph")
-        if not isinstance(comps, list):
-            raise GraphSchemaError("system_graph.json: components is not a list")
-        self.components = []
-        for c in comps:
-            objs = c.get("objects", ()) if isinstance(c, dict) else ()
-            name, role = _req(c, "name", "a component"), _req(c, "role", "a component")
-            if not isinstance(name, str) or not isinstance(objs, list) or not all(isinstance(o, str) for o in objs):
-                raise GraphSchemaError(f"system_graph.json: component {name!r} needs a string name and a list of object names")
-            self.components.append(Component(name, role, tuple(objs)))
+        try:
+            top = GraphFile.model_validate(raw)
+        except ValidationError as e:
+            raise GraphSchemaError(f"system_graph.json: {_graph_problems(e, '')}") from None
+        self.model: dict = top.model
+        self.components = [Component(c.name, c.role, tuple(c.objects)) for c in top.components]
         for c in self.components:
             if c.role not in ROLES:
                 raise GraphSchemaError(f"component {c.name!r} has unknown role {c.role!r} (known: {', '.join(ROLES)})")
-        self.objects: dict[str, dict] = _req(raw, "objects", "the graph")
-        if not isinstance(self.objects, dict):
-            raise GraphSchemaError("system_graph.json: objects is not an object")
-        for name, obj in self.objects.items():
-            if not isinstance(obj, dict) or obj.get("kind") not in OBJECT_KINDS:
-                kind = obj.get("kind") if isinstance(obj, dict) else obj
-                raise GraphSchemaError(f"object {name!r} has unknown kind {kind!r} (known: {', '.join(OBJECT_KINDS)})")
-        self.surface: dict = _req(raw, "surface", "the graph")
+            missing = [o for o in c.objects if o not in raw["objects"]]
+            if missing:
+                raise GraphSchemaError(f"system_graph.json: component {c.name!r} names object {missing[0]!r}, which objects does not declare")
+        self.objects: dict[str, dict] = raw["objects"]
+        for name, obj in top.objects.items():
+            if obj.kind not in OBJECT_KINDS:
+                raise GraphSchemaError(f"object {name!r} has unknown kind {obj.kind!r} (known: {', '.join(OBJECT_KINDS)})")
+        self.surface: dict = raw["surface"]
         try:
             self.core = CoreSurface.model_validate(self.surface)
         except ValidationError as e:
             raise GraphSchemaError(f"system_graph.json: {_problems(e)}") from None
-        layers = _req(raw, "layers", "the graph")
-        if not isinstance(layers, list) or not layers:
+        layers = raw["layers"]
+        if not layers:
             raise GraphSchemaError("system_graph.json: layers must be a non-empty list")
+        stack = top.objects.get("decoder_stack")
+        if stack is not None and stack.layers is not None and stack.layers != len(layers):
+            raise GraphSchemaError(f"system_graph.json: objects.decoder_stack declares {stack.layers} layers, "
+                                   f"but layers lists {len(layers)}")
         self.layers: list[LayerPolicy] = [self._layer(i, entry) for i, entry in enumerate(layers)]
         self._operators: list[dict[str, Any]] = []
         self.layer_params: list[dict[str, Any]] = []
@@ -188,6 +252,10 @@ class Graph:
         op = entry.get("operator")
         if op is None:
             raise GraphSchemaError(f"layer {i} has no explicit operator (absence is not softmax)")
+        try:
+            LayerEntry.model_validate(entry)
+        except ValidationError as e:
+            raise GraphSchemaError(f"system_graph.json: {_graph_problems(e, f'layers[{i}].')}") from None
         known = set(SCHEMA_OPERATORS) | {o.selects for o in ops_registry.all_operators() if o.slot == ops_registry.MIXER}
         if op not in known:
             raise GraphSchemaError(f"layer {i} has unknown operator {op!r} (known: {', '.join(sorted(known))})")
@@ -278,6 +346,17 @@ class Graph:
     @property
     def hidden_size(self) -> int:
         return self.core.hidden_size
+
+    @property
+    def context_length(self) -> int | None:
+        """Positions the model was trained for, as admission recorded it; None when the
+        checkpoint states none or the graph predates the fact (`context_length_recorded`)."""
+        return self.core.context_length
+
+    @property
+    def context_length_recorded(self) -> bool:
+        """Whether the graph carries the fact at all (graphs encoded before it was recorded do not)."""
+        return "context_length" in self.surface
 
     @property
     def vocab_size(self) -> int:

@@ -38,19 +38,36 @@ def loads(text: str, *, source: str = "<json>") -> Any:
         return json.loads(text, object_hook=_hook)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: JSON nested too deeply to read") from None
     except ValueError as e:
         raise ConfigError(f"{source}: {e}") from None
 
 
-def load(path: str | os.PathLike) -> Any:
+MAX_JSON_BYTES = 64 << 20  # a config, index, graph or sidecar is far smaller
+
+
+def decode_text(data: bytes, source: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{source}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def load(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Read a JSON file: a regular file (a FIFO or device is refused, never read) of at most
+    ``max_bytes`` bytes, UTF-8, parsed as `loads` does."""
+    from .errors import PathRefused
+    from .paths import read_regular
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p.name}: no such file at {p}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{p.name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    return loads(text, source=p.name)
+        data = read_regular(p, p.name, max_bytes=max_bytes)
+    except PathRefused as e:
+        if e.reason == "missing":
+            raise ConfigError(f"{p.name}: no such file at {p}") from None
+        raise ConfigError(e.message) from None
+    return loads(decode_text(data, p.name), source=p.name)
 
 
 def _tag(obj: Any) -> Any:
@@ -63,6 +80,13 @@ def _tag(obj: Any) -> Any:
     return obj
 
 
+def canonical(obj: Any) -> bytes:
+    """One byte spelling of a JSON value whatever its formatting: sorted keys, no whitespace,
+    tagged non-finite floats, UTF-8 (what a self-hash is computed over)."""
+    return json.dumps(_tag(obj), sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode(
+        "utf-8", "surrogatepass")
+
+
 def dumps(obj: Any, *, indent: int | None = 2) -> str:
     """Strict JSON: non-finite floats use the tagged spelling."""
     return json.dumps(_tag(obj), indent=indent, allow_nan=False, ensure_ascii=False)
@@ -72,9 +96,18 @@ def write_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON to a sibling temporary file, fsync, then rename over the target."""
     p = Path(path)
     tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    data = dumps(obj) + "\n"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
+    text = dumps(obj) + "\n"
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ConfigError(f"{p.name} cannot be written: a value holds text that is not valid Unicode "
+                          f"(a lone surrogate: {text[max(0, e.start - 20):e.end + 20]!r})") from None
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave the temporary file behind
+        raise

@@ -113,6 +113,7 @@ class OpPlan:
     head: Op
     hidden_size: int
     vocab: int
+    context_length: int | None = None  # the graph's fact (None: the checkpoint states none, or an older graph)
 
     @property
     def end_ops(self) -> list[Op]:
@@ -186,4 +187,4 @@ def build_op_plan(graph: Graph, tables: dict[str, dict[str, TensorEntry]]) -> Op
     h = core.head
     head_ref = emb_ref if h.tied else _ref(tables, "output_head", objs["output_head"]["operands"]["weight"])
     head = Op("head", HeadParams(tied=h.tied, multiplier=h.multiplier, softcap=h.softcap), {"weight": head_ref}, "head")
-    return OpPlan(embedding, layers, final_norm, head, graph.hidden_size, graph.vocab_size)
+    return OpPlan(embedding, layers, final_norm, head, graph.hidden_size, graph.vocab_size, graph.context_length)

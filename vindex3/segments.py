@@ -13,17 +13,20 @@ its stored length. An entry whose encoding this build has no codec for is kept a
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
+import mmap
 import os
 import struct
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
 from . import codecs
 from .errors import IntegrityError
+from .paths import open_regular
 
 SEGMENT_SCHEMA = 1
 ALIGN = 16
@@ -48,6 +51,8 @@ class SegmentInfo:
     payload_sha256: str
     segment_sha256: str
     segment_bytes: int
+    header_sha256: str  # the length prefix and the JSON header
+    tensor_sha256: dict[str, str]  # name -> SHA-256 of its stored bytes (padding excluded)
 
 
 def _pad(n: int, align: int = ALIGN) -> int:
@@ -79,6 +84,7 @@ def write_segment(
     payload_hash = hashlib.sha256()
     file_hash = hashlib.sha256()
     prefix = struct.pack("<Q", len(hbytes)) + hbytes
+    tensor_sha: dict[str, str] = {}
     with open(path, "wb") as f:
         f.write(prefix)
         file_hash.update(prefix)
@@ -90,6 +96,7 @@ def write_segment(
             if data.nbytes != e["len"]:
                 raise IntegrityError(f"tensor {name}: the {e['dtype']} codec wrote {data.nbytes} bytes, expected {e['len']}")
             buf = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
+            tensor_sha[name] = hashlib.sha256(buf).hexdigest()
             pad = b"\0" * _pad(e["len"])
             for chunk in (buf, pad):
                 f.write(chunk)
@@ -107,57 +114,109 @@ def write_segment(
         payload_sha256=payload_hash.hexdigest(),
         segment_sha256=file_hash.hexdigest(),
         segment_bytes=size,
+        header_sha256=hashlib.sha256(prefix).hexdigest(),
+        tensor_sha256=tensor_sha,
     )
 
 
-class Segment:
-    """A memory-mapped segment. Opening reads the header only; tensor bytes are touched
-    when a caller asks for a tensor."""
+MAX_HEADER = 64 << 20  # bytes: a header is a few kilobytes per hundred tensors
+MAX_DEPTH = 8  # JSON nesting a segment header may have (it needs 4)
 
-    def __init__(self, path: Path):
+
+def _depth(obj, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, stopping once past ``limit``."""
+    stack, worst = [(obj, 1)], 0
+    while stack:
+        o, d = stack.pop()
+        worst = max(worst, d)
+        if worst > limit:
+            return worst
+        if isinstance(o, dict):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, list):
+            stack.extend((v, d + 1) for v in o)
+    return worst
+
+
+class Segment:
+    """A memory-mapped segment. Opening reads and checks the header only (it never blocks on a
+    FIFO and never maps anything that is not a regular file); tensor bytes are touched when a
+    caller asks for a tensor.
+
+    Header checks: the length prefix fits the file and is at most MAX_HEADER; the header is a
+    JSON object (schema 1, a representation name, a list of tensors) nested at most MAX_DEPTH
+    deep; every entry is typed; a known encoding's ``len`` is what the codec takes for the shape;
+    every tensor starts 4-byte aligned, lies inside the file and overlaps no other."""
+
+    def __init__(self, path: Path, what: str | None = None):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                raw = f.read(8)
-                if len(raw) < 8:
-                    raise IntegrityError(f"segment {self.path.name}: truncated before its header length")
-                (hlen,) = struct.unpack("<Q", raw)
-                size = os.fstat(f.fileno()).st_size
-                if hlen > size - 8:
-                    raise IntegrityError(f"segment {self.path.name}: header length {hlen} exceeds file size {size}")
-                hraw = f.read(hlen)
-        except FileNotFoundError:
-            raise IntegrityError(f"segment {self.path.name} is missing (expected at {self.path})") from None
+        name = what or f"segment {self.path.name}"
+        self.what = name
+        with open_regular(self.path, name) as f:
+            size = os.fstat(f.fileno()).st_size
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise IntegrityError(f"{name}: truncated before its header length ({size} bytes)")
+            (hlen,) = struct.unpack("<Q", raw)
+            if hlen > size - 8:
+                raise IntegrityError(f"{name}: header length {hlen} exceeds the file size {size}")
+            if hlen > MAX_HEADER:
+                raise IntegrityError(f"{name}: header length {hlen:,} exceeds the {MAX_HEADER:,} bytes a header may take")
+            hraw = f.read(hlen)
+        if len(hraw) != hlen:
+            raise IntegrityError(f"{name}: the file ended inside its header")
+        self.header_sha256 = hashlib.sha256(raw + hraw).hexdigest()
         try:
             header = json.loads(hraw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise IntegrityError(f"segment {self.path.name}: header is not valid JSON ({e})") from None
+            raise IntegrityError(f"{name}: header is not valid JSON ({e})") from None
+        except RecursionError:
+            raise IntegrityError(f"{name}: header JSON is nested too deeply") from None
+        if _depth(header, MAX_DEPTH) > MAX_DEPTH:
+            raise IntegrityError(f"{name}: header JSON is nested deeper than {MAX_DEPTH} levels")
         self.payload_start = 8 + hlen
         if self.payload_start % 4:
-            raise IntegrityError(f"segment {self.path.name}: payload starts at {self.payload_start}, not 4-byte aligned")
-        if not isinstance(header, dict) or not isinstance(header.get("tensors", []), list):
-            raise IntegrityError(f"segment {self.path.name}: header is not an object with a list of tensors")
+            raise IntegrityError(f"{name}: payload starts at {self.payload_start}, not 4-byte aligned")
+        if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
+            raise IntegrityError(f"{name}: header is not an object with a list of tensors")
+        schema = header.get("schema")
+        if schema != SEGMENT_SCHEMA or isinstance(schema, bool):
+            raise IntegrityError(f"{name}: header schema {schema!r}; this build reads segment schema {SEGMENT_SCHEMA}")
         self.representation = header.get("representation")
+        if not isinstance(self.representation, str):
+            raise IntegrityError(f"{name}: header names no representation (found {self.representation!r})")
         self.entries: dict[str, TensorEntry] = {}
-        for t in header.get("tensors", []):
-            e = _entry(self.path.name, t)
+        for t in header["tensors"]:
+            e = _entry(name, t)
             if e.name in self.entries:
-                raise IntegrityError(f"segment {self.path.name}: tensor {e.name} is listed twice")
-            if self.payload_start + e.offset + e.nbytes > size:
+                raise IntegrityError(f"{name}: tensor {e.name} is listed twice")
+            start = self.payload_start + e.offset
+            if start + e.nbytes > size:
                 raise IntegrityError(
-                    f"segment {self.path.name}: tensor {e.name} runs past the end of the file "
-                    f"({self.payload_start + e.offset + e.nbytes} > {size} bytes); the segment is truncated"
+                    f"{name}: tensor {e.name} runs past the end of the file "
+                    f"({start + e.nbytes} > {size} bytes); the segment is truncated or its offsets are wrong"
                 )
+            if start % 4:
+                raise IntegrityError(f"{name}: tensor {e.name} starts at byte {start}, not 4-byte aligned")
             self.entries[e.name] = e
+        spans = sorted((e.offset, e.offset + e.nbytes, e.name) for e in self.entries.values() if e.nbytes)
+        for (a0, a1, an), (b0, _, bn) in itertools.pairwise(spans):
+            if b0 < a1:
+                raise IntegrityError(f"{name}: tensors {an} and {bn} overlap (bytes {b0}..{a1} of the payload)")
         self.size = size
-        self._mm: np.memmap | None = None
+        self._mm: np.ndarray | None = None
 
     def names(self) -> Iterable[str]:
         return self.entries.keys()
 
-    def _map(self) -> np.memmap:
+    def _map(self) -> np.ndarray:
         if self._mm is None:
-            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+            with open_regular(self.path, self.what) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size != self.size:
+                    raise IntegrityError(f"{self.what} changed size since it was opened ({self.size} -> {size} bytes)")
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._mm = np.frombuffer(mm, dtype=np.uint8)
         return self._mm
 
     def raw(self, name: str) -> np.ndarray:
@@ -165,6 +224,10 @@ class Segment:
         e = self.entries[name]
         start = self.payload_start + e.offset
         return self._map()[start : start + e.nbytes]
+
+    def tensor_sha256(self, name: str) -> str:
+        """SHA-256 of the tensor's stored bytes."""
+        return hashlib.sha256(memoryview(self.raw(name))).hexdigest()
 
     def weight(self, name: str):
         """The tensor as a weight object of its encoding's codec (refused by name without one)."""
@@ -179,23 +242,34 @@ class Segment:
 
 def _entry(seg: str, t) -> TensorEntry:
     """One header entry, checked for types and, where a codec knows the encoding, its length."""
-    ok = (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("dtype"), str)
-          and isinstance(t.get("shape"), list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])
+    ok = (isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"] != "" and isinstance(t.get("dtype"), str)
+          and isinstance(t.get("shape"), list) and len(t["shape"]) <= 8
+          and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in t["shape"])
           and all(isinstance(t.get(k), int) and not isinstance(t.get(k), bool) and t[k] >= 0 for k in ("offset", "len")))
     if not ok:
-        raise IntegrityError(f"segment {seg}: a tensor entry is malformed (name, dtype, shape, offset, len): {str(t)[:200]}")
+        raise IntegrityError(f"{seg}: a tensor entry is malformed (name, dtype, shape of at most 8 dims, offset, len): "
+                             f"{str(t)[:200]}")
     e = TensorEntry(t["name"], t["dtype"], tuple(t["shape"]), t["offset"], t["len"])
     if codecs.is_known(e.dtype):
         want = codecs.get(e.dtype).nbytes(e.shape)
         if want != e.nbytes:
-            raise IntegrityError(f"segment {seg}: tensor {e.name} ({e.dtype} {list(e.shape)}) records {e.nbytes} bytes, its encoding takes {want}")
+            raise IntegrityError(f"{seg}: tensor {e.name} ({e.dtype} {list(e.shape)}) records {e.nbytes} bytes, its encoding takes {want}")
     return e
 
 
-def sha256_file(path: Path, skip: int = 0) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        f.seek(skip)
+def sha256_file(path: Path, skip: int = 0, what: str = "file") -> str:
+    """SHA-256 of a regular file from byte ``skip`` on (a FIFO or device is refused, never read)."""
+    return sha256_file_and_tail(path, skip, what)[1]
+
+
+def sha256_file_and_tail(path: Path, skip: int, what: str = "file") -> tuple[str, str]:
+    """(SHA-256 of the whole file, SHA-256 of its bytes from ``skip`` on) in one read."""
+    whole, tail = hashlib.sha256(), hashlib.sha256()
+    pos = 0
+    with open_regular(path, what) as f:
         while chunk := f.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
+            whole.update(chunk)
+            if pos + len(chunk) > skip:
+                tail.update(memoryview(chunk)[max(0, skip - pos):])
+            pos += len(chunk)
+    return whole.hexdigest(), tail.hexdigest()

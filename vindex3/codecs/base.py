@@ -51,6 +51,11 @@ class Weight:
         """The whole tensor as float32 (a view when the encoding is float32)."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} cannot be decoded to float32 in this build")
 
+    def nonfinite(self) -> int | None:
+        """How many stored values are NaN or infinite (None: this encoding cannot say without
+        decoding, which it does not do here)."""
+        return None
+
     def expert(self, e: int) -> "Weight":
         """Of a stacked expert bank [E, out, in]: expert ``e`` as a 2-D weight [out, in]."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} has no expert view in this build")

@@ -27,6 +27,15 @@ class DenseF32(Weight):
     def dense(self) -> np.ndarray:
         return self.a
 
+    def nonfinite(self) -> int:
+        flat = self.a.reshape(-1)
+        bad = 0
+        step = 1 << 22  # bounded temporaries, whatever the tensor's size
+        for i in range(0, flat.size, step):
+            part = flat[i : i + step]
+            bad += int(part.size - np.count_nonzero(np.isfinite(part)))
+        return bad
+
     def expert(self, e: int) -> "DenseF32":
         return DenseF32(self.a[e])
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .. import jsonio
-from ..errors import ConfigError
+from ..errors import ConfigError, PathRefused
+from ..paths import existing_file, read_regular
 
 BANK_NAME = "prompts-v1.jsonl"
 
@@ -50,18 +51,33 @@ def default_bank(repo_root: str | os.PathLike | None = None) -> Path:
     raise ConfigError(f"prompt bank {BANK_NAME} not found; looked in " + ", ".join(str(c) for c in cands))
 
 
-def load_prompts(path: str | os.PathLike) -> list[Prompt]:
-    """Read a JSONL prompt bank: one ``{"id", "category", "text" | "token_ids"}`` object a line;
-    blank lines are skipped; ids must be unique."""
-    p = Path(path)
+MAX_BANK_BYTES = 256 << 20
+
+
+def _read_bank(path: str | os.PathLike) -> bytes:
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise ConfigError(f"{p.name}: no such prompt bank at {p}") from None
+        return read_regular(existing_file(path, "prompt bank"), "prompt bank", max_bytes=MAX_BANK_BYTES)
+    except PathRefused as e:
+        p = Path(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+        if e.reason == "missing" and p is not None:
+            raise ConfigError(f"{p.name}: no such prompt bank at {p}") from None
+        raise ConfigError(e.message) from None
+
+
+def load_prompts(path: str | os.PathLike, *, max_prompts: int | None = None) -> list[Prompt]:
+    """Read a JSONL prompt bank: one ``{"id", "category", "text" | "token_ids"}`` object a line;
+    blank lines are skipped; ids must be unique. With ``max_prompts``, a bank holding more
+    prompts is refused by name before anything is tokenized."""
+    data = _read_bank(path)
+    p = Path(os.fspath(path))
+    lines = jsonio.decode_text(data, p.name).splitlines()
     prompts: list[Prompt] = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
+        if max_prompts is not None and len(prompts) >= max_prompts:
+            raise ConfigError(f"{p.name}: the prompt bank holds more than {max_prompts} prompts (the limit)",
+                              hint="use a smaller bank, or raise the prompt-bank limit explicitly")
         obj = jsonio.loads(line, source=f"{p.name} line {n}")
         try:
             prompts.append(Prompt.model_validate(obj))
@@ -80,4 +96,4 @@ def load_prompts(path: str | os.PathLike) -> list[Prompt]:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return hashlib.sha256(_read_bank(path)).hexdigest()

@@ -4,7 +4,9 @@ A dump is two files: ``name.f32`` — raw little-endian float32, row-major ``[po
 row i predicting token i+1 — and its sidecar ``name.meta.json`` (``Path(path).with_suffix(
 ".meta.json")``) saying where the numbers came from. The sidecar is written last, through a
 temporary file and a rename, so its presence means the dump is complete; any stale sidecar is
-removed before the data is touched.
+removed before the data is touched. An existing dump is replaced only when the caller says
+``overwrite=True``; a sidecar of another dump, or a file that is not a sidecar, is never replaced
+or removed; nothing is written inside the open container.
 
 The sidecar names the intervention the run carried (``intervention``: null for a clean run, else
 what ``ABLATE FEATURES`` zeroed). A sidecar written before interventions existed has no such key
@@ -23,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from .. import jsonio
-from ..errors import ConfigError, IntegrityError, VindexError
+from ..errors import ConfigError, IntegrityError, PathRefused, VindexError
+from ..paths import check_text, existing_file, output_file, read_regular
 from .machine import blas_identity, library_version
 from .slices import container_facts, decode_thread_count, make_executor, resolve_slice
 
@@ -43,8 +46,13 @@ REQUIRED_KEYS = (
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
-    """``file.f32`` → ``file.meta.json``."""
-    return Path(path).with_suffix(".meta.json")
+    """``file.f32`` → ``file.meta.json`` (the path is checked first: an empty name is refused by
+    name, not by ``with_suffix``'s ValueError)."""
+    p = check_text(path, "logit dump")
+    if p.name in ("", ".", ".."):
+        raise PathRefused(f"logit dump {str(path)!r}: names a directory, not a file", reason="not_a_file_name",
+                          path=str(path))
+    return p.with_suffix(".meta.json")
 
 
 def decode_logits(st: Any, token_ids: Sequence[int]) -> np.ndarray:
@@ -60,19 +68,53 @@ def decode_logits(st: Any, token_ids: Sequence[int]) -> np.ndarray:
 
 def _write_bytes_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave the temporary file behind
+        raise
 
 
-def write_dump(path: str | os.PathLike, logits: np.ndarray, meta: dict[str, Any]) -> dict[str, Any]:
-    """Write the data, then the sidecar (last, atomically). Returns the sidecar as written."""
-    p = Path(path)
+def check_target(path: str | os.PathLike, *, overwrite: bool = False,
+                 forbid_inside: Sequence[str | os.PathLike] = ()) -> tuple[Path, Path]:
+    """Where a dump may be written, checked before any work: the data file and its sidecar are
+    file names under an existing directory, outside every directory in ``forbid_inside`` (the
+    open container), regular files if they exist, and replaced only with ``overwrite``. A sidecar
+    that belongs to another dump (two data files can share one: ``a.f32`` and ``a.bin`` both
+    have ``a.meta.json``) or is not a dump sidecar at all is never replaced. Returns (data, sidecar)."""
+    p = output_file(path, "logit dump", overwrite=overwrite, forbid_inside=forbid_inside)
     side = sidecar_path(p)
-    side.unlink(missing_ok=True)  # a stale sidecar must never vouch for new data
+    if side.exists() or side.is_symlink():
+        owner = None
+        try:
+            meta = jsonio.load(side)
+            if isinstance(meta, dict) and meta.get("format") == FORMAT:
+                owner = meta.get("data_file")
+        except ConfigError:
+            pass
+        if owner is None:
+            raise PathRefused(f"the dump's sidecar {side} exists and is not a logit-dump sidecar; refusing to replace "
+                              "an unrelated file", reason="exists", path=str(side), hint="choose another dump name")
+        if owner != p.name:
+            raise PathRefused(f"the dump's sidecar {side} belongs to another dump ({owner}); refusing to replace it",
+                              reason="exists", path=str(side), hint="choose a dump name with another stem")
+    output_file(side, "logit dump sidecar", overwrite=overwrite, forbid_inside=forbid_inside)
+    return p, side
+
+
+def write_dump(path: str | os.PathLike, logits: np.ndarray, meta: dict[str, Any], *, overwrite: bool = False,
+               forbid_inside: Sequence[str | os.PathLike] = ()) -> dict[str, Any]:
+    """Write the data, then the sidecar (last, atomically). Returns the sidecar as written.
+    The target is checked first (`check_target`): an existing dump is replaced only with
+    ``overwrite``, and its old sidecar is removed only then, so a stale sidecar never vouches
+    for new data."""
+    p, side = check_target(path, overwrite=overwrite, forbid_inside=forbid_inside)
     data = np.ascontiguousarray(logits, dtype="<f4").tobytes()
+    side.unlink(missing_ok=True)
     _write_bytes_atomic(p, data)
     meta = dict(meta)
     meta["data_file"] = p.name
@@ -83,11 +125,15 @@ def write_dump(path: str | os.PathLike, logits: np.ndarray, meta: dict[str, Any]
 
 
 def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.PathLike, *,
-              prepare_seconds: float, draft_depth: int | None) -> dict[str, Any]:
-    """Dump through an already prepared executor (the ladder reuses one per depth)."""
+              prepare_seconds: float, draft_depth: int | None, overwrite: bool = False) -> dict[str, Any]:
+    """Dump through an already prepared executor (the ladder reuses one per depth). Nothing is
+    written inside ``container``."""
+    forbid = [container.path] if getattr(container, "path", None) is not None else []
     ids = [int(t) for t in token_ids]
     if not ids:
         raise VindexError("nothing to dump: the token id list is empty")
+    check_target(path, overwrite=overwrite, forbid_inside=forbid)
+    ex.check_positions(len(ids), f"a dump of {len(ids)} tokens")
     st = ex.start()
     t0 = time.perf_counter()
     logits = decode_logits(st, ids)
@@ -116,27 +162,33 @@ def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.
         "thread_count": decode_thread_count(),  # threads the decode passes ran with
         "intervention": ex.intervention.record() if ex.intervention is not None else None,
     }
-    return write_dump(path, logits, meta)
+    return write_dump(path, logits, meta, overwrite=overwrite, forbid_inside=forbid)
 
 
 def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike,
-                intervention: Any = None) -> dict:
+                intervention: Any = None, *, overwrite: bool = False, max_positions: int | None = None) -> dict:
     """Dump the logits of ``token_ids`` under ``slice`` (``vindex3.Full()``, ``vindex3.Draft(n)``,
     or None for full) into ``path`` and its ``.meta.json`` sidecar; return the sidecar dict.
     ``intervention`` (a `vindex3.exec.intervention.FeatureAblation`) changes the run and is
     named in the sidecar.
 
     The rows are computed through the incremental decode path (one-token prefill, then a step
-    per token), which is what a drafter actually runs.
+    per token), which is what a drafter actually runs. The target is checked before anything
+    runs: an existing file is replaced only with ``overwrite``, and nothing is written inside
+    the container. Positions are limited to the model's context length unless ``max_positions``
+    says otherwise.
     """
+    forbid = [container.path] if getattr(container, "path", None) is not None else []
+    check_target(path, overwrite=overwrite, forbid_inside=forbid)
     slice_obj, depth = resolve_slice(container, slice)
-    ex, prepare_seconds = make_executor(container, slice_obj, intervention)
-    return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth)
+    ex, prepare_seconds = make_executor(container, slice_obj, intervention, max_positions)
+    return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth,
+                     overwrite=overwrite)
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:
     """Read and check the sidecar of the dump at ``path``; refuse when it is absent or partial."""
-    p = Path(path)
+    p = check_text(path, "logit dump")
     side = sidecar_path(p)
     if not side.is_file():
         raise IntegrityError(
@@ -165,15 +217,25 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
 def read_dump(path: str | os.PathLike, *, meta: dict[str, Any] | None = None) -> tuple[dict, np.ndarray]:
     """Read a dump and its sidecar; the data must have exactly the size and SHA-256 the sidecar
     records. Returns ``(meta, logits [positions, vocab] float32)``."""
-    p = Path(path)
+    p = check_text(path, "logit dump")
     meta = read_meta(p) if meta is None else meta
-    if not p.is_file():
-        raise IntegrityError(f"{p.name}: the data file named by {sidecar_path(p).name} is missing")
-    data = p.read_bytes()
-    rows, vocab = int(meta["positions"]), int(meta["vocab"])
-    if len(data) != rows * vocab * 4:
+    try:
+        existing_file(p, "logit dump")
+    except PathRefused as e:
+        if e.reason == "missing":
+            raise IntegrityError(f"{p.name}: the data file named by {sidecar_path(p).name} is missing") from None
+        raise
+    rows, vocab = meta["positions"], meta["vocab"]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (rows, vocab)):
+        raise IntegrityError(f"{sidecar_path(p).name}: positions and vocab must be non-negative integers, "
+                             f"found {rows!r} and {vocab!r}")
+    size = p.stat().st_size
+    if size == rows * vocab * 4:
+        data = read_regular(p, "logit dump", max_bytes=rows * vocab * 4)
+        size = len(data)
+    if size != rows * vocab * 4:
         raise IntegrityError(
-            f"{p.name}: {len(data)} bytes, but the sidecar declares {rows} positions × {vocab} vocab "
+            f"{p.name}: {size} bytes, but the sidecar declares {rows} positions × {vocab} vocab "
             f"× 4 = {rows * vocab * 4}"
         )
     digest = hashlib.sha256(data).hexdigest()

@@ -16,6 +16,8 @@ from pydantic import BaseModel
 
 from .. import jsonio
 from ..errors import SliceError, TokenizerMissing, VindexError
+from ..limits import check_context, context_limit
+from ..paths import file_component, output_dir, output_file
 from .bank import Prompt, file_sha256, load_prompts
 from .dumps import dump_with
 from .machine import machine_facts
@@ -108,7 +110,8 @@ def _tokenize(container: Any, prompts: list[Prompt]) -> dict[str, list[int]]:
 def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.PathLike,
                out_path: str | os.PathLike | None = None, progress: Progress | None = None,
                work_dir: str | os.PathLike | None = None,
-               on_row: Callable[[LadderRow], None] | None = None) -> LadderReport:
+               on_row: Callable[[LadderRow], None] | None = None, *, overwrite: bool = False,
+               max_prompts: int | None = None, max_positions: int | None = None) -> LadderReport:
     """Score draft depths against the full model over a prompt bank.
 
     For every prompt the full model's logits are dumped once, then each depth's; each depth is
@@ -116,14 +119,31 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
     pooled summary, per-category summaries and per-prompt detail; with ``out_path`` the whole
     report is also written there as JSON. ``progress(done, total, label)`` is called after every
     dump. Dumps go to ``work_dir`` (kept) or to a temporary directory (removed).
+
+    Every path is checked before any work: ``out_path`` and ``work_dir`` must lie outside the
+    container, an existing report or dump is replaced only with ``overwrite``, a bank of more
+    than ``max_prompts`` prompts is refused, a prompt longer than the model's context length (or
+    ``max_positions``, an explicit override) is refused before the first dump, and dump files are
+    named after a file-name-safe rendering of each prompt id (an id holding '/' cannot leave the
+    work directory).
     """
     t_start = time.perf_counter()
     c = open_container(container)
     facts = container_facts(c)
     layers = facts["num_layers"]
     depths = _check_depths(list(depths), layers)
-    prompts = load_prompts(prompts_path)
+    forbid = [c.path]
+    if out_path is not None:
+        output_file(out_path, "DRAFT LADDER report", overwrite=overwrite, forbid_inside=forbid)
+    if work_dir is not None:
+        output_dir(work_dir, "DRAFT LADDER work directory", exist_ok=True, forbid_inside=forbid)
+    prompts = load_prompts(prompts_path, max_prompts=max_prompts)
+    bank_sha = file_sha256(prompts_path)
     ids = _tokenize(c, prompts)
+    limit, source = context_limit(c.graph.context_length, max_positions)
+    for p in prompts:
+        check_context(len(ids[p.id]), limit, source, f"DRAFT LADDER prompt {p.id!r} ({len(ids[p.id])} tokens)")
+    names = {p.id: file_component(p.id) for p in prompts}
 
     tmp = None
     if work_dir is None:
@@ -131,7 +151,7 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
         wd = Path(tmp.name)
     else:
         wd = Path(work_dir)
-        wd.mkdir(parents=True, exist_ok=True)
+        wd.mkdir(exist_ok=True)
 
     total = len(prompts) * (1 + len(depths))
     done = 0
@@ -144,11 +164,11 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
 
     try:
         full_slice, _ = resolve_slice(c, None)
-        ex, prep = make_executor(c, full_slice)
+        ex, prep = make_executor(c, full_slice, max_positions=max_positions)
         t_step = 0.0
         for p in prompts:
-            meta = dump_with(ex, c, ids[p.id], wd / f"target-{p.id}.f32", prepare_seconds=prep,
-                             draft_depth=None)
+            meta = dump_with(ex, c, ids[p.id], wd / f"target-{names[p.id]}.f32", prepare_seconds=prep,
+                             draft_depth=None, overwrite=overwrite)
             t_step += meta["step_seconds"]
             tick(f"full: {p.id}")
         del ex
@@ -159,16 +179,16 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
         rows = []
         for d in depths:
             slice_obj, _ = resolve_slice(c, d)
-            ex, prep = make_executor(c, slice_obj)
+            ex, prep = make_executor(c, slice_obj, max_positions=max_positions)
             step = 0.0
             per_prompt: list[PromptScore] = []
             executed = None
             for p in prompts:
-                path = wd / f"d{d}-{p.id}.f32"
-                meta = dump_with(ex, c, ids[p.id], path, prepare_seconds=prep, draft_depth=d)
+                path = wd / f"d{d}-{names[p.id]}.f32"
+                meta = dump_with(ex, c, ids[p.id], path, prepare_seconds=prep, draft_depth=d, overwrite=overwrite)
                 step += meta["step_seconds"]
                 executed = len(meta["executed_layers"])
-                rep = score_files(path, wd / f"target-{p.id}.f32")
+                rep = score_files(path, wd / f"target-{names[p.id]}.f32")
                 per_prompt.append(PromptScore(id=p.id, category=p.category, token_ids=ids[p.id],
                                               summary=rep.summary, detail=rep.positions))
                 tick(f"depth {d}: {p.id}")
@@ -190,10 +210,11 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
 
     report = LadderReport(
         container_digest=facts["digest"], component=facts["component"], model_layers=layers,
-        prompts_file=Path(prompts_path).name, prompts_sha256=file_sha256(prompts_path),
+        prompts_file=Path(prompts_path).name, prompts_sha256=bank_sha,
         prompts=len(prompts), categories=sorted({p.category for p in prompts}), depths=depths,
         target=target, rows=rows, seconds=time.perf_counter() - t_start, machine=machine_facts(),
     )
     if out_path is not None:
+        output_file(out_path, "DRAFT LADDER report", overwrite=overwrite, forbid_inside=forbid)
         jsonio.write_atomic(out_path, report.model_dump())
     return report

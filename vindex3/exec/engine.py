@@ -227,11 +227,21 @@ def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
 
 
 class Executor:
-    """Prepared once per slice (and intervention, if any); runs any number of streams."""
+    """Prepared once per slice (and intervention, if any); runs any number of streams.
 
-    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice, intervention: Intervention | None = None):
+    Every stream is limited to ``max_positions`` positions (prompt and generation together): the
+    graph's context length by default, or an explicit override (which may exceed it). A graph
+    that records no context length sets no limit unless one is given. A pass that would go past
+    the limit is refused before any work (`ContextLengthExceeded`); `check_positions` asks the
+    same question up front."""
+
+    def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice, intervention: Intervention | None = None,
+                 *, max_positions: int | None = None):
+        from ..limits import context_limit
+
         self.plan = plan
         self.slice = sl
+        self.max_positions, self.limit_source = context_limit(plan.context_length, max_positions)
         self.slice_plan = plan_slice(plan, sl)
         self.layers = self.slice_plan.executed_layers
         _preflight(plan, self.layers, self.slice_plan.operands)
@@ -286,6 +296,12 @@ class Executor:
     def last_hidden(self) -> np.ndarray | None:
         return self._last.last_hidden if self._last is not None else None
 
+    def check_positions(self, total: int, what: str = "this run") -> None:
+        """Refuse (ContextLengthExceeded) when ``total`` positions exceed the limit."""
+        from ..limits import check_context
+
+        check_context(total, self.max_positions, self.limit_source, what)
+
     # -- passes ------------------------------------------------------------------------------
     def _layers_observed(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace,
                          obs: Observer) -> tuple[np.ndarray, int]:
@@ -337,7 +353,7 @@ class Executor:
         return self._embed(ids)
 
     def _embed(self, ids) -> np.ndarray:
-        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        ids = _token_ids(ids, self._emb.shape[0])
         V = self._emb.shape[0]
         if ids.size and (ids.min() < 0 or ids.max() >= V):
             bad = int(ids[(ids < 0) | (ids >= V)][0])
@@ -356,6 +372,9 @@ class Executor:
         T = h.shape[0]
         if T == 0:
             raise SliceError("no positions to run")
+        if self.max_positions is not None and stream.state.position + T > self.max_positions:
+            held = stream.state.position
+            self.check_positions(held + T, f"a pass of {T} position(s)" + (f" after {held} held" if held else ""))
         out = None
         obs = stream.observer
         if T <= SMALL_PASS:
@@ -401,6 +420,21 @@ def _site(op: Op) -> tuple[str, np.float32 | None] | None:
     return None
 
 
+def _token_ids(token_ids, vocab: int) -> np.ndarray:
+    """Token ids as int64 [n]. Anything but integers (a float, a bool, a string, an integer no
+    int64 holds) is refused by name, never truncated or overflowed."""
+    try:
+        arr = np.asarray(token_ids)
+    except (OverflowError, ValueError, TypeError):
+        arr = np.asarray(list(token_ids), dtype=object)
+    if arr.size and (arr.dtype.kind not in "iu" or (arr.dtype.kind == "u" and int(arr.max()) >= 2**63)):
+        flat = arr.reshape(-1)
+        bad = next((t for t in flat if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, np.integer))
+                    or not -(2**63) <= int(t) < 2**63), flat[0])
+        raise SliceError(f"token id {str(bad)[:40]!s} is not an id of the vocabulary [0, {vocab})")
+    return arr.astype(np.int64).reshape(-1)
+
+
 class _StreamBase:
     def __init__(self, ex: Executor, observer: Observer | None = None):
         self.ex = ex
@@ -430,10 +464,12 @@ class Stream(_StreamBase):
     position), single-token steps, rollback."""
 
     def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
-        ex = self.ex
-        h = ex._embed(token_ids)
-        rows = np.unique(np.asarray(token_ids, dtype=np.int64)).size if ex._row_bytes else 0
-        return ex._pass(h, self, True, last_only, ex._ends_bytes + rows * ex._row_bytes)
+        ids = _token_ids(token_ids, self.ex.plan.vocab)
+        ex, held = self.ex, self.state.position
+        if ex.max_positions is not None and held + ids.size > ex.max_positions:  # before the embedding gather
+            ex.check_positions(held + ids.size, f"a pass of {ids.size} position(s)" + (f" after {held} held" if held else ""))
+        rows = np.unique(ids).size if ex._row_bytes else 0
+        return ex._pass(ex._embed(ids), self, True, last_only, ex._ends_bytes + rows * ex._row_bytes)
 
     def step(self, token_id: int) -> np.ndarray:
         return self.prefill([int(token_id)])[0]

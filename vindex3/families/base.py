@@ -24,6 +24,7 @@ DEFAULTED = "reference_default"  # absent, and the reference implementation fixe
 UNKNOWN = "unknown"  # blocks
 UNSUPPORTED = "unsupported"  # a known key with a value we cannot execute; blocks
 STRUCTURE = "structure"  # a defect in the tensors or the layout; blocks
+UNREAD = "unread"  # not reached: the lowering stopped at a refusal (which blocks)
 
 
 def _jsonable(v: Any) -> Any:
@@ -114,10 +115,73 @@ class ConfigReader:
             self._grade(key, IGNORED, message)
 
     def refuse(self, key: str, message: str, *, category: str = UNSUPPORTED) -> None:
+        # A key refused after it was taken keeps one finding: the refusal replaces the grade.
+        if key in self.graded:
+            self.findings = [f for f in self.findings if f.key != key or f.blocks]
         self.graded.add(key)
         self.findings.append(Finding(category=category, key=key, value=_jsonable(self.config.get(key)), message=message, blocks=True))
 
-    def finish(self) -> None:
+    # -- typed takes: a value of the wrong type or out of range is refused by name -----------
+    # Each returns the value, or None when the key is refused (or absent with a None default,
+    # or null where ``nullable``); a refusal blocks admission, so a None never reaches a graph.
+
+    def take_int(self, key: str, message: str, *, minimum: int = 1, nullable: bool = False, default: Any = ...,
+                 default_reason: str = "") -> int | None:
+        present = key in self.config
+        v = self.take(key, message, default=default, default_reason=default_reason)
+        if not present or (v is None and nullable):
+            return v
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            self.refuse(key, f"expected an integer >= {minimum}{' or null' if nullable else ''}, found {v!r}")
+            return None
+        return v
+
+    def take_number(self, key: str, message: str, *, minimum: float | None = None, nonzero: bool = False,
+                    default: Any = ..., default_reason: str = "") -> float | None:
+        present = key in self.config
+        v = self.take(key, message, default=default, default_reason=default_reason)
+        if not present:
+            return None if v is None else float(v)
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ok = ok and (minimum is None or v >= minimum) and not (nonzero and v == 0)
+        if not ok:
+            want = "a finite number" + (f" >= {minimum:g}" if minimum is not None else "") + (", not 0" if nonzero else "")
+            self.refuse(key, f"expected {want}, found {v!r}")
+            return None
+        return float(v)
+
+    def take_bool(self, key: str, message: str, *, default: Any = ..., default_reason: str = "") -> bool | None:
+        present = key in self.config
+        v = self.take(key, message, default=default, default_reason=default_reason)
+        if present and not isinstance(v, bool):
+            self.refuse(key, f"expected true or false, found {v!r}")
+            return None
+        return v
+
+    def take_str(self, key: str, message: str, *, default: Any = ..., default_reason: str = "") -> str | None:
+        present = key in self.config
+        v = self.take(key, message, default=default, default_reason=default_reason)
+        if present and not isinstance(v, str):
+            self.refuse(key, f"expected a string, found {v!r}")
+            return None
+        return v
+
+    def context_length(self) -> tuple[bool, int | None]:
+        """``max_position_embeddings``: the positions the model was trained for, recorded in the
+        graph as surface.context_length and enforced by the executor. Absent: the checkpoint
+        states none (recorded as null; nothing is enforced). Returns (ok, value)."""
+        key = "max_position_embeddings"
+        if key in self.config and self.config[key] is None:
+            self.take(key, "null: the checkpoint states no context length; none is enforced")
+            return True, None
+        v = self.take_int(key, "the context length: positions the executor allows",
+                          default=None, default_reason="absent: the checkpoint states no context length; none is enforced")
+        return (v is not None or key not in self.config), v
+
+    def finish(self, stopped: bool = False) -> None:
+        """Grade every key nothing read. ``stopped``: the lowering ended at a refusal, so a key it
+        did not reach is reported as unread (not as unknown: it may be a key the lowering reads
+        once the refusal is fixed)."""
         for key in self.config:
             if key in self.graded:
                 continue
@@ -125,6 +189,8 @@ class ConfigReader:
                 self._grade(key, METADATA, "recorded as a fact about the model")
             elif key in self.GENERIC_IGNORED:
                 self._grade(key, IGNORED, self.GENERIC_IGNORED[key])
+            elif stopped:
+                self._grade(key, UNREAD, "not read: admission stopped at an earlier refusal")
             else:
                 self._grade(key, UNKNOWN, "not understood by this build; refusing rather than guessing", blocks=True)
 

@@ -65,6 +65,10 @@ TRAITS = {
 }
 
 
+def _positive_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
 def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None = None) -> dict | None:
     """Lower rope_parameters (transformers 5.x) or rope_theta + rope_scaling (older). ``default``:
     (parameters, why) where the reference fixes them when a config states none."""
@@ -98,12 +102,15 @@ def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None
         r.refuse("rope_parameters", "no rotary base declared (neither rope_parameters nor rope_theta); refusing to assume one", category="structure")
         return None
     theta = params.get("rope_theta")
-    if not isinstance(theta, (int, float)) or not math.isfinite(theta) or theta <= 0:
+    if not _positive_number(theta):
         r.refuse("rope_parameters", f"rope_theta must be a positive finite number, found {theta!r}")
         return None
     rtype = params.get("rope_type", "default")
     known = {"rope_theta", "rope_type", "partial_rotary_factor"}
     partial = params.get("partial_rotary_factor", 1.0)
+    if not _positive_number(partial) or partial > 1:
+        r.refuse("rope_parameters", f"partial_rotary_factor must be a number in (0, 1], found {partial!r}")
+        return None
     rotary_dims = int(head_dim * partial)
     if rotary_dims != head_dim:
         r.refuse("rope_parameters", f"partial rotary (factor {partial}) is not supported by this build")
@@ -111,16 +118,19 @@ def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None
     scaling = None
     if rtype == "default":
         pass
-    elif rtype == "linear":
-        known |= {"factor"}
-        scaling = {"type": "linear", "factor": float(params["factor"])}
-    elif rtype == "llama3":
-        known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-        missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings") if k not in params]
+    elif rtype in ("linear", "llama3"):
+        need = ("factor",) if rtype == "linear" else (
+            "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        known |= set(need)
+        missing = [k for k in need if k not in params]
         if missing:
-            r.refuse("rope_parameters", f"llama3 rope scaling lacks {', '.join(missing)}")
+            r.refuse("rope_parameters", f"{rtype} rope scaling lacks {', '.join(missing)}")
             return None
-        scaling = {"type": "llama3", **{k: float(params[k]) for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}}
+        bad = [k for k in need if not _positive_number(params[k])]
+        if bad:
+            r.refuse("rope_parameters", f"{rtype} rope scaling needs a positive finite {bad[0]}, found {params[bad[0]]!r}")
+            return None
+        scaling = {"type": rtype, **{k: float(params[k]) for k in need}}
     elif rtype == "yarn":
         known |= {"factor", "beta_fast", "beta_slow", "original_max_position_embeddings", "truncate", "attention_factor",
                   "mscale", "mscale_all_dim"}
@@ -207,19 +217,22 @@ def _build(model_type: str):
     t = TRAITS[model_type]
 
     def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
-        H = r.take("hidden_size", "residual width")
-        L = r.take("num_hidden_layers", "number of decoder layers")
-        nh = r.take("num_attention_heads", "query heads")
-        nkv = r.take("num_key_value_heads", "key/value heads (GQA)", default=nh, default_reason="the reference uses num_attention_heads (MHA)")
-        inter = r.take("intermediate_size", "FFN width")
-        vocab = r.take("vocab_size", "vocabulary size")
-        eps = r.take("rms_norm_eps", "RMSNorm epsilon")
-        act = r.take("hidden_act", "FFN activation", default="silu", default_reason="the reference default is silu")
-        tied = r.take("tie_word_embeddings", "output head shares the embedding", default=False, default_reason="the reference default is untied")
-        if None in (H, L, nh, inter, vocab, eps):
+        H = r.take_int("hidden_size", "residual width")
+        L = r.take_int("num_hidden_layers", "number of decoder layers")
+        nh = r.take_int("num_attention_heads", "query heads")
+        nkv = r.take_int("num_key_value_heads", "key/value heads (GQA)", default=nh, default_reason="the reference uses num_attention_heads (MHA)")
+        inter = r.take_int("intermediate_size", "FFN width")
+        vocab = r.take_int("vocab_size", "vocabulary size")
+        eps = r.take_number("rms_norm_eps", "RMSNorm epsilon", minimum=0)
+        act = r.take_str("hidden_act", "FFN activation", default="silu", default_reason="the reference default is silu")
+        tied = r.take_bool("tie_word_embeddings", "output head shares the embedding", default=False, default_reason="the reference default is untied")
+        ctx_ok, ctx = r.context_length()
+        if None in (H, L, nh, nkv, inter, vocab, eps, act, tied) or not ctx_ok:
             return None
         if r.has("head_dim") and r.config["head_dim"] is not None:
-            hd = r.take("head_dim", "per-head width")
+            hd = r.take_int("head_dim", "per-head width")
+            if hd is None:
+                return None
         else:
             if r.has("head_dim"):
                 r.take("head_dim", "null: per-head width is hidden_size / heads")
@@ -240,25 +253,32 @@ def _build(model_type: str):
 
         bias = {"q": False, "k": False, "v": False, "o": False}
         if t.qkv_bias == "config":
-            b = bool(r.take("attention_bias", "bias on q/k/v/o projections", default=False, default_reason="the reference default has no bias"))
+            b = r.take_bool("attention_bias", "bias on q/k/v/o projections", default=False, default_reason="the reference default has no bias")
+            if b is None:
+                return None
             bias = {k: b for k in bias}
         elif t.qkv_bias == "fixed_qkv":
             bias = {"q": True, "k": True, "v": True, "o": False}
-        mlp_bias = bool(r.take("mlp_bias", "bias on FFN projections", default=False,
-                               default_reason="the reference has no FFN bias unless the config declares one"))
+        mlp_bias = r.take_bool("mlp_bias", "bias on FFN projections", default=False,
+                               default_reason="the reference has no FFN bias unless the config declares one")
+        if mlp_bias is None:
+            return None
 
         # sliding windows
         spans = ["full"] * L
         window = None
         if t.sliding == "global":
-            sw = r.take("sliding_window", "attention window (keys including the query)", default=None, default_reason="no window declared: full attention")
+            sw = r.take_int("sliding_window", "attention window (keys including the query)", nullable=True, default=None, default_reason="no window declared: full attention")
+            if sw is None and r.config.get("sliding_window") is not None:
+                return None
             if sw is not None:
                 window = int(sw)
                 spans = ["sliding"] * L
         elif t.sliding == "layer_types":
-            sw = r.take("sliding_window", "attention window for sliding layers", default=None, default_reason="no window declared")
-            use = r.take("use_sliding_window", "whether sliding layers exist", default=False, default_reason="the reference default is off") if (r.has("use_sliding_window") or not r.has("layer_types")) else None
-            mwl = r.config.get("max_window_layers")
+            sw = r.take_int("sliding_window", "attention window for sliding layers", nullable=True, default=None, default_reason="no window declared")
+            use = r.take_bool("use_sliding_window", "whether sliding layers exist", default=False, default_reason="the reference default is off") if (r.has("use_sliding_window") or not r.has("layer_types")) else None
+            if (sw is None and r.config.get("sliding_window") is not None) or (use is None and r.has("use_sliding_window")):
+                return None
             if r.has("layer_types"):
                 lt = r.take("layer_types", "per-layer attention span")
                 if r.has("max_window_layers"):
@@ -279,7 +299,9 @@ def _build(model_type: str):
                         return None
                 window = int(sw) if "sliding" in spans else None
             else:
-                mwl = r.take("max_window_layers", "layers below this index use full attention", default=L, default_reason="absent: all layers full")
+                mwl = r.take_int("max_window_layers", "layers below this index use full attention", minimum=0, default=L, default_reason="absent: all layers full")
+                if mwl is None:
+                    return None
                 if use and sw is not None:
                     for i in range(L):
                         if i >= mwl:
@@ -295,10 +317,12 @@ def _build(model_type: str):
         score_scale = float(hd) ** -0.5
         head_mult = 1.0
         if t.multipliers:
-            emb_mult = float(r.take("embedding_multiplier", "embeddings are scaled by this", default=1.0))
-            res_mult = float(r.take("residual_multiplier", "each sublayer output is scaled before the residual add", default=1.0))
-            score_scale = float(r.take("attention_multiplier", "attention score scale (replaces head_dim^-0.5)", default=1.0))
-            logits_scaling = float(r.take("logits_scaling", "logits are divided by this", default=1.0))
+            emb_mult = r.take_number("embedding_multiplier", "embeddings are scaled by this", nonzero=True, default=1.0)
+            res_mult = r.take_number("residual_multiplier", "each sublayer output is scaled before the residual add", nonzero=True, default=1.0)
+            score_scale = r.take_number("attention_multiplier", "attention score scale (replaces head_dim^-0.5)", minimum=0, nonzero=True, default=1.0)
+            logits_scaling = r.take_number("logits_scaling", "logits are divided by this", nonzero=True, default=1.0)
+            if None in (emb_mult, res_mult, score_scale, logits_scaling):
+                return None
             head_mult = 1.0 / logits_scaling
 
         graph_layers = []
@@ -336,6 +360,7 @@ def _build(model_type: str):
             "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_only"},
             "head": {"vocab": vocab, "tied": bool(tied), "multiplier": head_mult, "softcap": None},
             "operators": {},
+            "context_length": ctx,
         }
         graph = assemble_graph(src.name, model_type, bool(tied), graph_layers, surface)
         placements, dropped = place_tensors(src, graph, r, tied, PREFIXES, lambda i: ("softmax", LAYER_ROLES))

@@ -89,24 +89,23 @@ def _layer_types(r: ConfigReader, L: int) -> list[str] | None:
     return seen[0]
 
 
-def _number(r: ConfigReader, key: str, message: str) -> float | None:
-    """A Granite multiplier: a finite number; absent means the reference default 1.0."""
-    v = r.take(key, message, default=1.0, default_reason="the reference default is 1.0")
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        r.refuse(key, f"expected a finite number, found {v!r}")
-        return None
-    return float(v)
+def _number(r: ConfigReader, key: str, message: str, positive: bool = False) -> float | None:
+    """A Granite multiplier: a finite non-zero number (positive where ``positive``); absent
+    means the reference default 1.0."""
+    return r.take_number(key, message, minimum=0 if positive else None, nonzero=True, default=1.0,
+                         default_reason="the reference default is 1.0")
 
 
 def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     H = r.take("hidden_size", "residual width")
     L = r.take("num_hidden_layers", "number of decoder layers")
     vocab = r.take("vocab_size", "vocabulary size")
-    eps = r.take("rms_norm_eps", "epsilon of every RMSNorm, the Mamba2 gated norm included", default=1e-6,
-                 default_reason="the reference default is 1e-6")
-    tied = r.take("tie_word_embeddings", "output head shares the embedding", default=False,
-                  default_reason="the reference default is untied")
-    ok = True
+    eps = r.take_number("rms_norm_eps", "epsilon of every RMSNorm, the Mamba2 gated norm included", minimum=0, default=1e-6,
+                        default_reason="the reference default is 1e-6")
+    tied = r.take_bool("tie_word_embeddings", "output head shares the embedding", default=False,
+                       default_reason="the reference default is untied")
+    ctx_ok, ctx = r.context_length()
+    ok = ctx_ok and tied is not None
 
     # -- experts ------------------------------------------------------------------------------
     experts = r.take("num_local_experts", "routed experts per layer (0: dense, the shared MLP only)", default=8,
@@ -147,8 +146,9 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     # -- attention ---------------------------------------------------------------------------
     nh = r.take("num_attention_heads", "query heads")
     nkv = r.take("num_key_value_heads", "key/value heads (GQA)", default=nh, default_reason="the reference uses num_attention_heads")
-    bias = bool(r.take("attention_bias", "bias on q/k/v/o projections", default=False, default_reason="the reference default has none"))
-    score_scale = _number(r, "attention_multiplier", "attention score scale (replaces head_dim^-0.5)")
+    bias = r.take_bool("attention_bias", "bias on q/k/v/o projections", default=False, default_reason="the reference default has none")
+    ok = ok and bias is not None
+    score_scale = _number(r, "attention_multiplier", "attention score scale (replaces head_dim^-0.5)", positive=True)
     pe = r.take("position_embedding_type", "null or 'nope': NoPE attention; 'rope': rotary", default=None,
                 default_reason="the reference default is null (no position encoding)")
     if r.has("normalization_function"):
@@ -199,12 +199,17 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     mexp = r.take("mamba_expand", "mixer intermediate = mamba_expand * hidden_size", default=2, default_reason="the reference default is 2")
     chunk = r.take("mamba_chunk_size", "the reference's SSD chunk length: a tiling of one exact recurrence, carried, not needed",
                    default=256, default_reason="the reference default is 256")
-    conv_bias = r.take("mamba_conv_bias", "bias on the causal conv", default=True, default_reason="the reference default has one")
-    proj_bias = r.take("mamba_proj_bias", "bias on in_proj and out_proj", default=False, default_reason="the reference default has none")
+    conv_bias = r.take_bool("mamba_conv_bias", "bias on the causal conv", default=True, default_reason="the reference default has one")
+    proj_bias = r.take_bool("mamba_proj_bias", "bias on in_proj and out_proj", default=False, default_reason="the reference default has none")
+    ok = ok and None not in (conv_bias, proj_bias)
     mhd = r.take("mamba_d_head", "channels per SSM head ('auto': intermediate / heads)", default="auto",
                  default_reason="the reference default is auto")
     limit = m2f.time_step_limit(r)
-    if mhd == "auto" and isinstance(mexp, (int, float)) and isinstance(H, int) and isinstance(mnh, int) and mnh > 0:
+    if not (isinstance(mexp, (int, float)) and not isinstance(mexp, bool) and math.isfinite(mexp) and mexp > 0):
+        r.refuse("mamba_expand", f"expected a positive finite number, found {mexp!r}")
+        ok = False
+    elif (mhd == "auto" and isinstance(H, int) and not isinstance(H, bool) and isinstance(mnh, int)
+          and not isinstance(mnh, bool) and mnh > 0):
         mhd = int(mexp * H) // mnh
 
     # -- granite multipliers -------------------------------------------------------------------
@@ -255,6 +260,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_mixer"},
         "head": {"vocab": vocab, "tied": bool(tied), "multiplier": 1.0 / logits_scaling, "softcap": None},
         "operators": {},
+        "context_length": ctx,
     }
     if routed:
         surface["operators"]["moe_ffn"] = moe_facts(

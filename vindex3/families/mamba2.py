@@ -101,7 +101,8 @@ def check_mixer_widths(r: ConfigReader, hidden: int, num_heads: int, head_dim: i
                        keys: dict[str, str]) -> bool:
     """expand * hidden must be heads * head_dim, and heads a multiple of n_groups."""
     ok = True
-    if not (isinstance(expand, (int, float)) and not isinstance(expand, bool)) or int(expand * hidden) != num_heads * head_dim:
+    if (not (isinstance(expand, (int, float)) and not isinstance(expand, bool)) or not math.isfinite(expand)
+            or int(expand * hidden) != num_heads * head_dim):
         r.refuse(keys["expand"], f"{keys['expand']} * hidden_size = {expand!r} * {hidden} does not equal "
                                  f"{keys['num_heads']} * {keys['head_dim']} = {num_heads} * {head_dim}")
         ok = False
@@ -114,7 +115,7 @@ def check_mixer_widths(r: ConfigReader, hidden: int, num_heads: int, head_dim: i
 def conv_activation(r: ConfigReader, key: str = "hidden_act", *, also: str = "") -> str | None:
     act = r.take(key, f"activation after the mixer's causal conv{also}", default="silu",
                  default_reason="the reference default is silu")
-    if act not in ("silu", "swish"):
+    if not isinstance(act, str) or act not in ("silu", "swish"):
         r.refuse(key, f"mamba2 conv activation {act!r} has no executor (supported: silu)")
         return None
     return act
@@ -135,12 +136,13 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
                    default=256, default_reason="the reference default is 256")
     eps = r.take("layer_norm_epsilon", "epsilon of the pre-mixer, gated and final RMSNorms", default=1e-5,
                  default_reason="the reference default is 1e-5")
-    use_bias = r.take("use_bias", "bias on in_proj and out_proj", default=False, default_reason="the reference default has none")
-    use_conv_bias = r.take("use_conv_bias", "bias on the causal conv", default=True, default_reason="the reference default has one")
-    fp32 = r.take("residual_in_fp32", "the residual stream is kept in float32 (this executor is float32 end to end)",
-                  default=True, default_reason="the reference default is true")
-    tied = r.take("tie_word_embeddings", "output head shares the embedding", default=False,
-                  default_reason="the reference default is untied")
+    use_bias = r.take_bool("use_bias", "bias on in_proj and out_proj", default=False, default_reason="the reference default has none")
+    use_conv_bias = r.take_bool("use_conv_bias", "bias on the causal conv", default=True, default_reason="the reference default has one")
+    fp32 = r.take_bool("residual_in_fp32", "the residual stream is kept in float32 (this executor is float32 end to end)",
+                       default=True, default_reason="the reference default is true")
+    tied = r.take_bool("tie_word_embeddings", "output head shares the embedding", default=False,
+                       default_reason="the reference default is untied")
+    ctx_ok, ctx = r.context_length()
     act = conv_activation(r)
     limit = time_step_limit(r)
     for key, why in (("time_step_min", "initialisation range of dt_bias; trained weights carry the result"),
@@ -148,7 +150,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
                      ("time_step_floor", "initialisation floor of dt_bias; trained weights carry the result"),
                      ("time_step_rank", "Mamba2 has no time-step projection; transformers 5.24's mixer never reads it")):
         r.ignore(key, why)
-    ok = act is not None and limit is not None
+    ok = act is not None and limit is not None and ctx_ok and None not in (use_bias, use_conv_bias, fp32, tied)
     if r.has("rms_norm"):
         if r.config["rms_norm"] is True:
             r.take("rms_norm", "the norms are RMSNorm, as the reference runs them")
@@ -180,7 +182,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         return None
     if not check_mixer_widths(r, H, nh, hd, g, expand, {"expand": "expand", "num_heads": "num_heads", "head_dim": "head_dim", "n_groups": "n_groups"}):
         return None
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+    if not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and math.isfinite(eps) and eps >= 0):
         r.refuse("layer_norm_epsilon", f"expected a finite non-negative number, found {eps!r}")
         return None
 
@@ -195,6 +197,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         "operators": {"mamba2": mixer_geometry(hidden=H, num_heads=nh, head_dim=hd, state_size=ns, n_groups=g,
                                                conv_kernel=k, chunk_size=chunk, limit=limit, eps=eps,
                                                use_conv_bias=bool(use_conv_bias), use_bias=bool(use_bias))},
+        "context_length": ctx,
     }
     graph = assemble_graph(src.name, "mamba2", bool(tied), layers, surface)
     placements, dropped = place_tensors(src, graph, r, bool(tied), PREFIXES, lambda i: ("mamba2", LAYER_ROLES))

@@ -55,7 +55,8 @@ class Params(BaseModel):
     like a read-only mapping for display (``items()``); fields listed in ``HIDDEN`` (facts every
     op carries, such as the hidden size) are not shown."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # strict: a number spelled as a string or a bool where an integer belongs is refused
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
     HIDDEN: ClassVar[frozenset[str]] = frozenset({"hidden_size"})
 
     def items(self) -> list[tuple[str, Any]]:
@@ -185,6 +186,12 @@ class Operator:
         """Refuse by name, before the executor reads a single operand of any layer, parameters
         that load (the graph may carry a fact as unjudged, null) but cannot be executed.
         ``where`` names the op for the message ("layer 3 (mla)")."""
+
+    def work_bytes(self, p: Params, positions: int, keys: int) -> int | None:
+        """Peak bytes of the temporary arrays one pass of ``positions`` new positions allocates
+        (``keys``: positions held after the pass, the new ones included), state excluded; None
+        when the operator states no estimate (vindex3.limits reports it as unknown)."""
+        return None
 
     def bind(self, p: Params, operands: dict[str, Any]) -> Kernel:
         """``operands``: role -> Weight (MATRIX roles) or float32 array (ARRAY roles)."""

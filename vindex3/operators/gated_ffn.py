@@ -114,6 +114,10 @@ class GatedFfn(Operator, FeatureFfn):
     def summary(self, p: GatedFfnParams) -> dict:
         return {"activation": p.activation, "intermediate_size": p.intermediate_size}
 
+    def work_bytes(self, p: GatedFfnParams, positions: int, keys: int) -> int:
+        # gate and up (or the fused pair), the activation, the product, the down projection
+        return 4 * positions * (4 * p.intermediate_size + p.hidden_size)
+
     def bind(self, p: GatedFfnParams, operands: dict) -> Kernel:
         return _Bound(p, operands)
 

@@ -41,7 +41,7 @@ class Mamba2Params(Params):
     intermediate_size: int = Field(gt=0)
     conv_dim: int = Field(gt=0)
     in_proj_dim: int = Field(gt=0)
-    time_step_limit: tuple[float, float]
+    time_step_limit: tuple[float, float] = Field(strict=False)  # a JSON list; its numbers stay strict
     activation: Literal["silu"]
     norm_eps: float = Field(ge=0, allow_inf_nan=False)
     norm_before_gate: Literal[False]
@@ -157,6 +157,13 @@ class Mamba2(Operator):
 
     def summary(self, p: Mamba2Params) -> dict:
         return {k: p[k] for k in ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel")}
+
+    def work_bytes(self, p: Mamba2Params, positions: int, keys: int) -> int:
+        T, gn = positions, p.n_groups * p.state_size
+        # the projection, the conv input window and output, B and C, x·dt, y and its D skip, the
+        # gated norm's output, the output projection
+        return 4 * (T * p.in_proj_dim + (2 * T + p.conv_kernel) * p.conv_dim + 2 * T * gn
+                    + 4 * T * p.intermediate_size + T * p.hidden_size + 4 * T * p.num_heads)
 
     def bind(self, p: Mamba2Params, operands: dict) -> Kernel:
         return _Bound(p, operands)

@@ -47,14 +47,21 @@ class SoftmaxParams(Params):
     rope_theta: float | None = Field(gt=0, allow_inf_nan=False)
     rotary_dims: int | None = Field(gt=0)
     rope_scaling: dict | None
-    query_scale: float = Field(allow_inf_nan=False)
-    score_scale: float = Field(allow_inf_nan=False)
+    query_scale: float = Field(gt=0, allow_inf_nan=False)
+    score_scale: float = Field(gt=0, allow_inf_nan=False)
     bias: dict[Literal["q", "k", "v", "o"], bool]
     qk_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)
     qk_norm_offset: float | None = Field(allow_inf_nan=False)
     qk_norm_scope: Literal["head", "projection"] | None  # per head_dim, or over the whole q / k width
     qkv_clip: float | None = Field(gt=0, allow_inf_nan=False)  # q, k, v clamped to [-c, c] after the norms
     sinks: Literal["learned"] | None  # one learned logit per query head joins each softmax
+
+    @field_validator("bias")
+    @classmethod
+    def _bias(cls, v: dict) -> dict:
+        if set(v) != {"q", "k", "v", "o"}:
+            raise ValueError(f"bias states q, k, v and o, found {sorted(v)}")
+        return v
 
     @field_validator("rope_scaling")
     @classmethod
@@ -190,9 +197,14 @@ class Softmax(Operator):
         if not isinstance(pos, dict) or "kind" not in pos:
             raise GraphSchemaError(f"system_graph.json: {where}: no position policy (rope or none)")
         rope = pos["kind"] == "rope"
-        unknown = sorted(set(pos) - ({"kind", "theta", "rotary_dims", "scaling"} if rope else {"kind"}))
+        keys = {"kind", "theta", "rotary_dims", "scaling"} if rope else {"kind"}
+        unknown = sorted(set(pos) - keys)
         if unknown:
             raise GraphSchemaError(f"system_graph.json: {where}: position has unknown keys {', '.join(unknown)}")
+        missing = sorted(keys - set(pos))
+        if missing:
+            raise GraphSchemaError(f"system_graph.json: {where}: position has no {', '.join(missing)} "
+                                   "(absence is not a default; scaling is null when there is none)")
         qk = a.get("qk_norm", ...)
         if qk is ...:
             raise GraphSchemaError(f"system_graph.json: {where}: attention has no 'qk_norm' (null when absent)")
@@ -247,6 +259,18 @@ class Softmax(Operator):
 
     def summary(self, p: SoftmaxParams) -> dict:
         return {k: p[k] for k in ("heads", "kv_heads", "head_dim", "span", "window", "position", "rope_theta")}
+
+    def work_bytes(self, p: SoftmaxParams, positions: int, keys: int) -> int:
+        from ..exec.ops.softmax import QUERY_BLOCK
+
+        T, nh, nkv, hd = positions, p.heads, p.kv_heads, p.head_dim
+        # q, k, v projections and their biased / rotated copies; the grouped query copy and the
+        # output with its transposed copy; the output projection
+        rows = 2 * T * (nh + 2 * nkv) * hd + 3 * T * nh * hd + T * p.hidden_size
+        # one causal block of scores at a time: [heads, block, keys in reach] and its mask
+        n = min(T, QUERY_BLOCK)
+        reach = keys if p.window is None else min(keys, p.window + n)
+        return 4 * rows + 4 * nh * n * reach + 2 * n * reach
 
     def bind(self, p: SoftmaxParams, operands: dict) -> Kernel:
         from ..exec.ops.softmax import make_attention

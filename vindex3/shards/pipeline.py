@@ -267,7 +267,10 @@ class ShardedModel:
             self._ends = Ends(self._plan, self.base.tensor_source())
         return self._ends
 
-    def executor(self, slice=None, intervention=None) -> ShardedExecutor:
+    def executor(self, slice=None, intervention=None, max_positions=None) -> ShardedExecutor:
+        if max_positions is not None:
+            raise ShardError("an explicit position limit (max_positions) cannot run over shards in this build: each "
+                             "actor holds the container's own context length", hint="run it in one process (SET shards = 0)")
         if intervention is not None:
             raise ShardError(f"an intervention ({intervention.describe()}) cannot run over shards in this build: "
                              "the actors run the container's own weights", hint="run it in one process (SET shards = 0)")

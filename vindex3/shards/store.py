@@ -35,6 +35,7 @@ from ..errors import (
 )
 from ..exec.slice import LayerRange
 from ..graph import Graph
+from ..manifest import seal
 from ..segments import Segment, TensorEntry, sha256_file, write_segment
 from . import split
 from .errors import ShardError
@@ -44,7 +45,7 @@ SET_FORMAT = "VINDEX3-SHARDS"
 SET_VERSION = 1
 ENDS = "ends"
 KNOWN_INDEX_KEYS = {"format", "version", "generation", "model", "authority", "profiles", "graph", "representations",
-                    "segments", "capabilities", "provenance"}
+                    "segments", "capabilities", "provenance", "index_sha256", "derived"}  # derived data stays with the parent
 
 
 def member_name(k: int) -> str:
@@ -262,7 +263,8 @@ def _write(c: Container, plan, ranges: list[LayerRange], tmp: Path) -> None:
     tmp.mkdir()
     graph_bytes = (c.path / GRAPH).read_bytes()
     parent_tables = {o: {n: [e.dtype, list(e.shape), e.nbytes] for n, e in s.entries.items()} for o, s in c.segments.items()}
-    reps_by_obj = {rep["object"]: (key, rep) for key, rep in c.representations_by_key.items()}
+    # the index's own records (per-tensor hashes included), not the listing view of them
+    reps_by_obj = {rep["object"]: (key, rep) for key, rep in c.index["representations"].items()}
     layer_objs = {r.object for lo in plan.layers for r in lo.operands()}
     now = _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
     base = {"parent_digest": c.digest, "parent_name": c.name, "parent_tables": parent_tables}
@@ -295,7 +297,7 @@ def _write(c: Container, plan, ranges: list[LayerRange], tmp: Path) -> None:
         shutil.copyfile(c.path / name, d / name)
         caps[name] = dict(cap)
     unknown = {k: v for k, v in c.index.items() if k not in KNOWN_INDEX_KEYS}
-    jsonio.write_atomic(d / INDEX, index_for(ENDS, "ends", None, reps, segs, caps, unknown))
+    jsonio.write_atomic(d / INDEX, seal(index_for(ENDS, "ends", None, reps, segs, caps, unknown)))
     entries.append(("ends", None, ENDS, d))
 
     for k, r in enumerate(ranges):
@@ -320,9 +322,10 @@ def _write(c: Container, plan, ranges: list[LayerRange], tmp: Path) -> None:
                     raise IntegrityError(f"{name}: {obj}/{n} did not copy byte for byte (encoding {seg.entries[n].dtype})")
             reps[key] = {"object": obj, "encoding": prep.get("encoding"), "segment": rel, "tensors": info.tensors,
                          "payload_bytes": info.payload_bytes, "payload_sha256": info.payload_sha256,
-                         "segment_sha256": info.segment_sha256, "segment_bytes": info.segment_bytes}
+                         "segment_sha256": info.segment_sha256, "segment_bytes": info.segment_bytes,
+                         "header_sha256": info.header_sha256, "tensor_sha256": info.tensor_sha256}
             segs.append({"path": rel, "bytes": info.segment_bytes, "sha256": info.segment_sha256})
-        jsonio.write_atomic(d / INDEX, index_for(name, "layers", [r.start, r.end], reps, segs, {}, {}))
+        jsonio.write_atomic(d / INDEX, seal(index_for(name, "layers", [r.start, r.end], reps, segs, {}, {})))
         entries.append((name, [r.start, r.end], name, d))
 
     for name, layers, rel, d in entries:

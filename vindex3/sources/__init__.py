@@ -14,14 +14,31 @@ __all__ = ["CAPABILITY_FILES", "CheckpointSource", "HfCheckpoint", "TensorSpec",
 
 
 def open_source(path: str | Path) -> CheckpointSource:
-    """A checkpoint directory or a .gguf file."""
-    p = Path(path)
-    if p.suffix.lower() == ".gguf":
-        if not p.is_file():
-            raise ContainerNotFound(f"GGUF file {p} does not exist")
-        from .gguf import GgufCheckpoint  # imports the gguf package: only when a GGUF is opened
+    """A checkpoint directory or a .gguf file (checked as a path first: a name too long, a FIFO
+    or a device is refused by name)."""
+    from ..errors import PathRefused
+    from ..paths import check_text, existing_dir, existing_file
 
-        return GgufCheckpoint(p)
-    if not p.exists():
-        raise ContainerNotFound(f"checkpoint {p} does not exist")
+    try:
+        p = check_text(path, "checkpoint")
+        if p.suffix.lower() == ".gguf":
+            try:
+                existing_file(p, "GGUF file")
+            except PathRefused as e:
+                if e.reason == "missing":
+                    raise ContainerNotFound(f"GGUF file {p} does not exist") from None
+                raise
+            from .gguf import GgufCheckpoint  # imports the gguf package: only when a GGUF is opened
+
+            return GgufCheckpoint(p)
+        try:
+            existing_dir(p, "checkpoint")
+        except PathRefused as e:
+            if e.reason == "missing":
+                raise ContainerNotFound(f"checkpoint {p} does not exist") from None
+            if e.reason == "not_a_directory":
+                raise ContainerNotFound(f"checkpoint {p} is not a directory") from None
+            raise
+    except PathRefused as e:
+        raise ContainerNotFound(e.message) from None
     return HfCheckpoint(p)
