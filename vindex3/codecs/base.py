@@ -23,7 +23,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import UnsupportedEncoding
+from ..errors import UnsupportedEncoding, VindexError
+
+
+class WeightShapeError(VindexError):
+    """A weight verb was called with an operand it cannot take (shape, dtype, row id, expert)."""
 
 
 class Weight:
@@ -51,7 +55,7 @@ class Weight:
         """The whole tensor as float32 (a view when the encoding is float32)."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} cannot be decoded to float32 in this build")
 
-    def expert(self, e: int) -> "Weight":
+    def expert(self, e: int) -> Weight:
         """Of a stacked expert bank [E, out, in]: expert ``e`` as a 2-D weight [out, in]."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} has no expert view in this build")
 
@@ -69,7 +73,12 @@ class Codec:
     bits_per_weight: ClassVar[float]
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
-        return int(math.ceil(math.prod(shape) * self.bits_per_weight / 8))
+        return math.ceil(math.prod(shape) * self.bits_per_weight / 8)
+
+    def accepts(self, shape: tuple[int, ...]) -> str | None:
+        """None if a tensor of ``shape`` can be written in this encoding, else why not (so an
+        encoder can keep that tensor in another encoding and record the reason)."""
+        return None
 
     def weight(self, raw: np.ndarray, shape: tuple[int, ...]) -> Weight:
         """``raw``: the tensor's bytes as a read-only uint8 array (a view of the mapped segment)."""
