@@ -38,7 +38,7 @@ class DenseF32(Weight):
             from . import kernels as K
 
             y = np.empty((x.shape[0], self.a.shape[0]), F32)
-            K.rows_plain(self.a, np.ascontiguousarray(x), y, K.LANES, K.ROWS_PER_TASK)
+            K.rows_plain(self.a, np.ascontiguousarray(x), y, K.ROWS_PER_TASK)
             return y
         return x @ self.aT
 

@@ -34,7 +34,7 @@ class BF16Weight(Half):
     def _rows(self, x, y):
         from . import kernels as K
 
-        K.rows_bf16(self.h, x, y, K.LANES, K.ROWS_PER_TASK)
+        K.rows_bf16(self.h, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):
         from . import kernels as K
@@ -48,7 +48,7 @@ class F16Weight(Half):
     def _rows(self, x, y):
         from . import kernels as K
 
-        K.rows_f16(self.h, x, y, K.LANES, K.ROWS_PER_TASK)
+        K.rows_f16(self.h, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):
         from . import kernels as K

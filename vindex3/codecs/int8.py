@@ -36,7 +36,7 @@ class Int8Rows(RowWeight):
     def _rows(self, x, y):
         from . import kernels as K
 
-        K.rows_i8_row_scale(self.q, self.s, x, y, K.LANES, K.ROWS_PER_TASK)
+        K.rows_i8_row_scale(self.q, self.s, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):
         from . import kernels as K

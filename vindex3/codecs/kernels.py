@@ -9,19 +9,25 @@ Two paths per encoding:
 * **tiles** (prefill, large T): rows of W are decoded into an f32 tile of about
   ``TILE_BYTES`` and BLAS multiplies the tile; no f32 copy of the whole matrix ever exists.
 
-Summation order, and why results do not depend on the thread count
--------------------------------------------------------------------
-fastmath is off everywhere. A dot product is accumulated in ``lanes`` partial sums: lane
-``l`` adds the products of elements ``l, l + lanes, l + 2*lanes, ...`` in that order, then
-the lanes are added in order 0, 1, ..., lanes-1, then the tail (``n % lanes`` elements) in
-order. That order is written in the source, so LLVM may not change it; it vectorizes the
-lane loop because lanes are independent (no reassociation needed). ``lanes`` is passed at
-run time on purpose: a compile-time trip count of 16 gets fully unrolled into scalar code
-before the loop vectorizer runs (numba keeps LLVM's SLP vectorizer off). Every output
-element is computed by exactly one thread, start to end, so the bytes of ``Y`` do not
-depend on the thread count or on how rows are split into tasks. The order differs from
-BLAS's, so a rows-path result differs from ``x @ W.T`` in the last bits; two runs of the
-same kernel on the same inputs are bit-identical.
+Arithmetic, and what the results depend on
+------------------------------------------
+The rows kernels are compiled with ``fastmath={"reassoc"}`` and nothing else: LLVM may
+reorder the additions of one dot product (that is what lets it keep several vector
+accumulators in registers; with fastmath fully off the reduction stays one scalar chain, or,
+written as explicit lanes in an array, a store-to-load chain, and int8/q4 ran 3x slower).
+No FMA contraction (no "contract"), no approximate reciprocals or functions, NaN and
+infinity semantics kept. The order LLVM picks is fixed in the compiled code, so:
+
+* results are a function of the inputs and the compiled kernel only: every output element is
+  computed by exactly one thread from start to end, so the bytes of ``Y`` do not depend on the
+  number of threads or on how rows are split into tasks (tests/test_codecs.py asserts this);
+* two runs of the same kernel on the same inputs are bit-identical, so Full and Draft, which
+  run the same kernels, stay bit-identical;
+* the order differs from BLAS's (results differ from ``x @ W.T`` in the last bits) and may
+  differ between CPUs with different vector widths (numba compiles for the host CPU).
+
+The decoders (take, dense, prefill tiles) do no reductions; their values are exact functions
+of the bytes (the dequantization each codec documents), identical on every machine.
 """
 
 from __future__ import annotations
@@ -30,90 +36,63 @@ import numpy as np
 from numba import njit, prange
 
 F32 = np.float32
-LANES = 16  # float32 lanes of one dot product (an AVX-512 register; two AVX2 registers)
 ROWS_PER_TASK = 16  # output rows per parallel task
 TILE_BYTES = 1 << 20  # f32 bytes of one decoded prefill tile (fits the L2 cache)
+_FM = {"reassoc"}
 
 # f16 bit patterns -> float32 values, exact (65536 entries, 256 KiB). Used for block scales.
 F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 # --------------------------------------------------------------------------------------------
-# one dot product in a fixed order
-@njit(inline="always")
-def _dot(w, x, acc, lanes):
-    n = x.shape[0]
-    nb = n // lanes
-    for l in range(lanes):
-        acc[l] = F32(0.0)
-    for b in range(nb):
-        base = b * lanes
-        for l in range(lanes):
-            acc[l] += F32(w[base + l]) * x[base + l]
-    s = acc[0]
-    for l in range(1, lanes):
-        s += acc[l]
-    for j in range(nb * lanes, n):
-        s += F32(w[j]) * x[j]
-    return s
-
-
-# --------------------------------------------------------------------------------------------
 # rows path: f32 and int8 weights (the element converts to f32 exactly)
-@njit(parallel=True, cache=True)
-def rows_plain(W, X, Y, lanes, rpt):
+@njit(parallel=True, fastmath=_FM, cache=True)
+def rows_plain(W, X, Y, rpt):
     """Y[t, o] = W[o] . X[t]; W [O, I] float32 or int8."""
-    O = W.shape[0]
+    O, I = W.shape
     T = X.shape[0]
     ntask = (O + rpt - 1) // rpt
     for k in prange(ntask):
-        acc = np.empty(lanes, F32)
         for o in range(k * rpt, min(O, (k + 1) * rpt)):
-            w = W[o]
             for t in range(T):
-                Y[t, o] = _dot(w, X[t], acc, lanes)
+                s = F32(0.0)
+                for j in range(I):
+                    s += F32(W[o, j]) * X[t, j]
+                Y[t, o] = s
 
 
-@njit(parallel=True, cache=True)
-def rows_i8_row_scale(Q, S, X, Y, lanes, rpt):
+@njit(parallel=True, fastmath=_FM, cache=True)
+def rows_i8_row_scale(Q, S, X, Y, rpt):
     """Y[t, o] = S[o] * (Q[o] . X[t]); Q [O, I] int8, S [O] float32."""
-    O = Q.shape[0]
+    O, I = Q.shape
     T = X.shape[0]
     ntask = (O + rpt - 1) // rpt
     for k in prange(ntask):
-        acc = np.empty(lanes, F32)
         for o in range(k * rpt, min(O, (k + 1) * rpt)):
-            w = Q[o]
-            d = S[o]
             for t in range(T):
-                Y[t, o] = d * _dot(w, X[t], acc, lanes)
+                s = F32(0.0)
+                for j in range(I):
+                    s += F32(Q[o, j]) * X[t, j]
+                Y[t, o] = S[o] * s
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, fastmath=_FM, cache=True)
 def rows_i8_block_scale(Q, S, X, Y, block, rpt):
-    """Y[t, o] = sum_b S[o, b] * (Q[o, b-block] . X[t, b-block]); lanes = block (a run-time 32)."""
+    """Y[t, o] = sum_b S[o, b] * (Q[o, block b] . X[t, block b])."""
     O = Q.shape[0]
     T = X.shape[0]
     nb = S.shape[1]
     ntask = (O + rpt - 1) // rpt
     for k in prange(ntask):
-        acc = np.empty(block, F32)
         for o in range(k * rpt, min(O, (k + 1) * rpt)):
-            q = Q[o]
-            s = S[o]
             for t in range(T):
-                x = X[t]
-                for l in range(block):
-                    acc[l] = F32(0.0)
+                s = F32(0.0)
                 for b in range(nb):
-                    d = s[b]
-                    base = b * block
-                    for l in range(block):
-                        acc[l] += d * (F32(q[base + l]) * x[base + l])
-                r = acc[0]
-                for l in range(1, block):
-                    r += acc[l]
-                Y[t, o] = r
+                    p = F32(0.0)
+                    for j in range(b * block, (b + 1) * block):
+                        p += F32(Q[o, j]) * X[t, j]
+                    s += S[o, b] * p
+                Y[t, o] = s
 
 
 # --------------------------------------------------------------------------------------------
@@ -148,74 +127,68 @@ def _widen_f16(h, out_u, out_f):
             out_f[j] = -m if (v & np.uint32(0x8000)) else m
 
 
-@njit(parallel=True, cache=True)
-def rows_bf16(H, X, Y, lanes, rpt):
+@njit(parallel=True, fastmath=_FM, cache=True)
+def rows_bf16(H, X, Y, rpt):
     """Y[t, o] = widen(H[o]) . X[t]; H [O, I] uint16 bf16 bit patterns."""
     O, I = H.shape
     T = X.shape[0]
     ntask = (O + rpt - 1) // rpt
     for k in prange(ntask):
-        acc = np.empty(lanes, F32)
         bu = np.empty(I, np.uint32)
         bf = bu.view(F32)
         for o in range(k * rpt, min(O, (k + 1) * rpt)):
             _widen_bf16(H[o], bu)
             for t in range(T):
-                Y[t, o] = _dot(bf, X[t], acc, lanes)
+                s = F32(0.0)
+                for j in range(I):
+                    s += bf[j] * X[t, j]
+                Y[t, o] = s
 
 
-@njit(parallel=True, cache=True)
-def rows_f16(H, X, Y, lanes, rpt):
+@njit(parallel=True, fastmath=_FM, cache=True)
+def rows_f16(H, X, Y, rpt):
     """Y[t, o] = widen(H[o]) . X[t]; H [O, I] uint16 IEEE half bit patterns."""
     O, I = H.shape
     T = X.shape[0]
     ntask = (O + rpt - 1) // rpt
     for k in prange(ntask):
-        acc = np.empty(lanes, F32)
         bu = np.empty(I, np.uint32)
         bf = bu.view(F32)
         for o in range(k * rpt, min(O, (k + 1) * rpt)):
             _widen_f16(H[o], bu, bf)
             for t in range(T):
-                Y[t, o] = _dot(bf, X[t], acc, lanes)
+                s = F32(0.0)
+                for j in range(I):
+                    s += bf[j] * X[t, j]
+                Y[t, o] = s
 
 
 # --------------------------------------------------------------------------------------------
 # 4-bit blocks: 32 weights share an f16 scale d and an f16 offset m; w = d * q + m, q in 0..15.
 # Byte l of a block's 16 bytes holds element l (low nibble) and element l + 16 (high nibble).
-@njit(parallel=True, cache=True)
+@njit(parallel=True, fastmath=_FM, cache=True)
 def rows_q4(QS, D, M, table, X, XS, Y, half, rpt):
-    """Y[t, o] = sum_b d_b * (q_b . x_b) + m_b * sum(x_b); ``half`` is a run-time 16, XS [T, nb]
-    the block sums of X (computed once per call, shared by every row)."""
+    """Y[t, o] = sum_b d_b * (q_b . x_b) + m_b * sum(x_b); XS [T, nb] holds the block sums of
+    X (computed once per call, shared by every row). ``half`` is 16, passed at run time: a
+    constant trip count gets the byte loop fully unrolled and LLVM then vectorizes across
+    blocks with gathers."""
     O = QS.shape[0]
     nb = D.shape[1]
     T = X.shape[0]
     ntask = (O + rpt - 1) // rpt
     for k in prange(ntask):
-        acc = np.empty(2 * half, F32)
         for o in range(k * rpt, min(O, (k + 1) * rpt)):
-            qs = QS[o]
-            dd = D[o]
-            mm = M[o]
             for t in range(T):
-                x = X[t]
-                xs = XS[t]
-                for l in range(2 * half):
-                    acc[l] = F32(0.0)
-                macc = F32(0.0)
+                s = F32(0.0)
                 for b in range(nb):
-                    d = table[dd[b]]
+                    p = F32(0.0)
                     qb = b * half
-                    xb = 2 * qb
+                    xb = qb + qb
                     for l in range(half):
-                        v = qs[qb + l]
-                        acc[l] += d * (F32(v & np.uint8(15)) * x[xb + l])
-                        acc[half + l] += d * (F32(v >> np.uint8(4)) * x[xb + half + l])
-                    macc += table[mm[b]] * xs[b]
-                r = acc[0]
-                for l in range(1, 2 * half):
-                    r += acc[l]
-                Y[t, o] = r + macc
+                        v = QS[o, qb + l]
+                        p += F32(v & np.uint8(15)) * X[t, xb + l] + F32(v >> np.uint8(4)) * X[t, xb + half + l]
+                    s += table[D[o, b]] * p + table[M[o, b]] * XS[t, b]
+                Y[t, o] = s
 
 
 @njit(cache=True)
@@ -235,33 +208,35 @@ def block_sums(X, block):
 
 # --------------------------------------------------------------------------------------------
 # decoders: rows ``rows`` of W into float32 ``out`` [len(rows), I] (take, dense, prefill tiles).
-# Each writes exactly the value dense() promises, the documented dequantization.
-@njit(parallel=True, cache=True)
+# Each writes exactly the value dense() promises, the documented dequantization. They run on
+# one thread: a prefill tile is decoded between two BLAS calls, and numba workers waking while
+# BLAS's threads still spin would fight them for the cores; a row gather is a handful of rows.
+@njit(cache=True)
 def decode_bf16(H, rows, out_u):
-    for r in prange(rows.shape[0]):
+    for r in range(rows.shape[0]):
         _widen_bf16(H[rows[r]], out_u[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def decode_f16(H, rows, out_u, out_f):
-    for r in prange(rows.shape[0]):
+    for r in range(rows.shape[0]):
         _widen_f16(H[rows[r]], out_u[r], out_f[r])
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def decode_i8_row_scale(Q, S, rows, out):
     I = Q.shape[1]
-    for r in prange(rows.shape[0]):
+    for r in range(rows.shape[0]):
         o = rows[r]
         d = S[o]
         for j in range(I):
             out[r, j] = F32(Q[o, j]) * d
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def decode_i8_block_scale(Q, S, rows, out, block):
     nb = S.shape[1]
-    for r in prange(rows.shape[0]):
+    for r in range(rows.shape[0]):
         o = rows[r]
         for b in range(nb):
             d = S[o, b]
@@ -269,17 +244,15 @@ def decode_i8_block_scale(Q, S, rows, out, block):
                 out[r, j] = F32(Q[o, j]) * d
 
 
-@njit(parallel=True, cache=True)
-def decode_q4(QS, D, M, table, rows, out, half):
+@njit(cache=True)
+def decode_q4(QS, D, M, table, rows, out):
     nb = D.shape[1]
-    for r in prange(rows.shape[0]):
+    for r in range(rows.shape[0]):
         o = rows[r]
         for b in range(nb):
             d = table[D[o, b]]
             m = table[M[o, b]]
-            qb = b * half
-            xb = 2 * qb
-            for l in range(half):
-                v = QS[o, qb + l]
-                out[r, xb + l] = d * F32(v & np.uint8(15)) + m
-                out[r, xb + half + l] = d * F32(v >> np.uint8(4)) + m
+            for l in range(16):
+                v = QS[o, b * 16 + l]
+                out[r, b * 32 + l] = d * F32(v & np.uint8(15)) + m
+                out[r, b * 32 + 16 + l] = d * F32(v >> np.uint8(4)) + m

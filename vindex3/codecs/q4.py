@@ -42,7 +42,7 @@ class Q4Weight(RowWeight):
     def _decode(self, rows, out):
         from . import kernels as K
 
-        K.decode_q4(self.qs, self.d, self.m, K.F16_TABLE, rows, out, HALF)
+        K.decode_q4(self.qs, self.d, self.m, K.F16_TABLE, rows, out)
 
     def _sub(self, r0, r1, shape):
         return Q4Weight(self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], shape)
