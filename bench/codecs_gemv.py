@@ -5,7 +5,7 @@ decode step for that encoding and bytes / time is the bandwidth the kernel strea
 
 Arms, at 1 and 2 threads (BLAS threads for numpy, numba threads for the kernels):
   f32-numpy (x @ W.T, BLAS GEMV), f32-numba (kernels.rows_plain, what DenseF32.mm runs for
-  small T), bf16, f16, int8, int8_block32 (the per-block alternative), q4.
+  small T), bf16, f16, int8 (per-block scales), int8_row (the per-row alternative), q4.
 Also, per encoding, mm at T in SMALL_TS (rows kernel vs BLAS or decoded tiles) on the FFN
 matrices, which is how the small-T thresholds were chosen.
 
@@ -96,7 +96,7 @@ def main() -> None:
     from vindex3 import codecs
     from vindex3.codecs import f32 as f32mod
     from vindex3.codecs import kernels as K
-    from vindex3.codecs.int8 import Int8Block32Codec
+    from vindex3.codecs.int8 import Int8RowCodec
 
     mats = load_matrices()
     rng = np.random.default_rng(0)
@@ -109,8 +109,8 @@ def main() -> None:
     for name in ("bf16", "f16", "int8", "q4"):
         c = codecs.get(name)
         encs[name] = [c.weight(c.encode(w), w.shape) for _, w in mats]
-    cb = Int8Block32Codec()
-    encs["int8_block32"] = [cb.weight(cb.encode(w), w.shape) for _, w in mats]
+    cb = Int8RowCodec()
+    encs["int8_row"] = [cb.weight(cb.encode(w), w.shape) for _, w in mats]
     encode_s = time.perf_counter() - t0
     f32w = [codecs.get("f32").weight(w.reshape(-1).view(np.uint8), w.shape) for _, w in mats]
 

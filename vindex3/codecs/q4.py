@@ -36,8 +36,8 @@ class Q4Weight(RowWeight):
     def _rows(self, x, y):
         from . import kernels as K
 
-        xs = K.block_sums(x, BLOCK)
-        K.rows_q4(self.qs, self.d, self.m, K.F16_TABLE, x, xs, y, HALF, K.ROWS_PER_TASK)
+        xl, xh, xs = K.q4_split_x(x)
+        K.rows_q4(self.qs, self.d, self.m, K.F16_TABLE, xl, xh, xs, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):
         from . import kernels as K
