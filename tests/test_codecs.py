@@ -344,3 +344,34 @@ def test_f32_small_t_kernel_agrees_with_blas_and_stays_float32():
         y = wt.mm(x)
         assert y.dtype == F32
         np.testing.assert_allclose(y, x @ w.T, rtol=1e-5, atol=1e-6)
+
+
+# -- the shipped model -----------------------------------------------------------------------
+def _shipped_tensor(name):
+    from vindex3.default_model import gguf_path
+    from vindex3.errors import ContainerNotFound
+
+    try:
+        path = gguf_path()
+    except ContainerNotFound as e:
+        pytest.skip(f"the shipped SmolLM2 GGUF is not installed: {e}")
+    import gguf
+    from gguf.quants import dequantize
+
+    r = gguf.GGUFReader(path, "r")
+    t = next(t for t in r.tensors if t.name == name)
+    return t.tensor_type.name, np.ascontiguousarray(dequantize(t.data, t.tensor_type), dtype=F32)
+
+
+def test_q4_holds_the_shipped_q4_1_matrices_without_loss():
+    qtype, w = _shipped_tensor("blk.0.ffn_down.weight")
+    assert qtype == "Q4_1"
+    f = codecs.measure("q4", w)
+    assert f.exact, f
+
+
+def test_int8_holds_the_shipped_q8_0_embedding_without_loss():
+    qtype, w = _shipped_tensor("token_embd.weight")
+    assert qtype == "Q8_0"
+    f = codecs.measure("int8", w)
+    assert f.exact, f
