@@ -192,6 +192,28 @@ def main() -> None:
                     acc.append(statistics.median(ts) * 1e3)
             small_t[a] = {"T": list(SMALL_TS), "rows_kernel_ms": rows_t, "large_t_path_ms": big_t}
 
+    # prefill-sized: T=512 through every matrix of layer 0 (BLAS for f32, decoded tiles + BLAS
+    # for the others), 2 BLAS threads: what a prefill pays per layer for its weights' encoding
+    prefill: dict = {}
+    l0 = [i for i, (n, _) in enumerate(mats) if n.startswith("blk.0.")]
+    xp = {i: rng.standard_normal((512, mats[i][1].shape[1])).astype(np.float32) for i in l0}
+    with threadpool_limits(limits=2, user_api="blas"):
+        for a in ("f32", *encs):
+            def run(a=a):
+                for i in l0:
+                    if a == "f32":
+                        xp[i] @ f32w[i].aT
+                    else:
+                        encs[a][i].mm(xp[i])
+
+            run()
+            ts = []
+            for _ in range(args.rounds):
+                t = time.perf_counter()
+                run()
+                ts.append(time.perf_counter() - t)
+            prefill[a] = {"best_ms": min(ts) * 1e3, "median_ms": statistics.median(ts) * 1e3}
+
     doc = {
         "what": "T=1 sweep over every SmolLM2-135M matrix a decode step reads; GB/s = encoded bytes / sweep time",
         "machine": facts(threads=None) | {"numba": numba.__version__, "numba_threading_layer": numba.threading_layer()},
@@ -201,6 +223,7 @@ def main() -> None:
         "rounds": args.rounds,
         "arms": results,
         "small_t_ffn_layer0_ms": small_t,
+        "prefill_512_layer0_ms": prefill,
         "thresholds_in_code": {"f32.SMALL_T": f32mod.SMALL_T, "RowWeight.small_t": {k: encs[k][0].small_t for k in encs}},
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
@@ -213,6 +236,8 @@ def main() -> None:
               f"{r1['gb_per_cpu_s_best']:>8.1f}  {r2['sweep_ms_best']:>10.2f} {r2['gb_s_best']:>6.1f}")
     for a, s in small_t.items():
         print(a, "rows", [f"{v:.2f}" for v in s["rows_kernel_ms"]], "large", [f"{v:.2f}" for v in s["large_t_path_ms"]])
+    for a, r in prefill.items():
+        print(f"prefill T=512 layer 0 {a}: best {r['best_ms']:.2f} ms, median {r['median_ms']:.2f} ms")
     print("wrote", args.out, "loadavg", os.getloadavg())
 
 
