@@ -24,7 +24,9 @@ infinity semantics kept. The order LLVM picks is fixed in the compiled code, so:
 * two runs of the same kernel on the same inputs are bit-identical, so Full and Draft, which
   run the same kernels, stay bit-identical;
 * the order differs from BLAS's (results differ from ``x @ W.T`` in the last bits) and may
-  differ between CPUs with different vector widths (numba compiles for the host CPU).
+  differ between CPUs with different vector widths (numba compiles for the host CPU), and
+  between numba specializations of one kernel (read-only vs writable, contiguous vs strided
+  arguments compile separately); Full and Draft both hand it read-only mapped bytes.
 
 The decoders (take, dense, prefill tiles) do no reductions; their values are exact functions
 of the bytes (the dequantization each codec documents), identical on every machine.
