@@ -2,8 +2,8 @@
 dimension (9 bits per weight). `Int8RowCodec` (one float32 scale per row, 8 + 32/in bits; not
 registered) is kept for the measurement in bench/codecs_fidelity.py and bench/codecs_gemv.py
 that chose per-block: on SmolLM2 per-row scales cost 4x the KL (p50) and top-1 agreement of
-0.969 instead of 1.000, while the per-block kernel streams within a few percent of the per-row
-one (docs/representations-notes.md).
+0.969 instead of 1.000; per-block costs 12% more bytes and 1.4-1.6x the per-row kernel's CPU
+time (docs/representations-notes.md).
 
 Quantization of a group g (a block, or a row): d = max|w_g| / 127 (float32), q = round(w / d)
 to nearest, ties to even, clipped to [-127, 127]; a group of zeros has d = 0 and q = 0.
