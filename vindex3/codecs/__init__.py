@@ -1,9 +1,11 @@
 """Weight encodings, one module per encoding, registered by name (see base.py).
 
 Adding an encoding is one module here (a `Codec` and its `Weight` with its kernels) plus its
-import below; nothing in the operators or the executor changes."""
+import below; nothing in the operators or the executor changes. The numba kernels
+(kernels.py) are imported only when a weight is first multiplied or decoded."""
 
-from . import f32  # noqa: F401  (registers on import)
-from .base import Codec, Weight, get, is_known, known, register
+from . import f32, half, int8, q4  # noqa: F401  (register on import)
+from .base import Codec, Weight, WeightShapeError, get, is_known, known, register
+from .fidelity import Fidelity, measure
 
-__all__ = ["Codec", "Weight", "get", "is_known", "known", "register"]
+__all__ = ["Codec", "Fidelity", "Weight", "WeightShapeError", "get", "is_known", "known", "measure", "register"]

@@ -23,7 +23,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import UnsupportedEncoding
+from ..errors import UnsupportedEncoding, VindexError
+
+
+class WeightShapeError(VindexError):
+    """A weight verb was called with an operand it cannot take (shape, dtype, row id, expert)."""
 
 
 class Weight:
@@ -56,7 +60,7 @@ class Weight:
         decoding, which it does not do here)."""
         return None
 
-    def expert(self, e: int) -> "Weight":
+    def expert(self, e: int) -> Weight:
         """Of a stacked expert bank [E, out, in]: expert ``e`` as a 2-D weight [out, in]."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} has no expert view in this build")
 
@@ -74,7 +78,12 @@ class Codec:
     bits_per_weight: ClassVar[float]
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
-        return int(math.ceil(math.prod(shape) * self.bits_per_weight / 8))
+        return math.ceil(math.prod(shape) * self.bits_per_weight / 8)
+
+    def accepts(self, shape: tuple[int, ...]) -> str | None:
+        """None if a tensor of ``shape`` can be written in this encoding, else why not (so an
+        encoder can keep that tensor in another encoding and record the reason)."""
+        return None
 
     def weight(self, raw: np.ndarray, shape: tuple[int, ...]) -> Weight:
         """``raw``: the tensor's bytes as a read-only uint8 array (a view of the mapped segment)."""

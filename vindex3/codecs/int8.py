@@ -1,0 +1,142 @@
+"""int8: symmetric 8-bit codes with one float32 scale per block of 32 codes along the last
+dimension (9 bits per weight). `Int8RowCodec` (one float32 scale per row, 8 + 32/in bits; not
+registered) is kept for the measurement in bench/codecs_fidelity.py and bench/codecs_gemv.py
+that chose per-block: on SmolLM2 per-row scales cost 4x the KL (p50) and top-1 agreement of
+0.969 instead of 1.000; per-block costs 12% more bytes and 1.4-1.6x the per-row kernel's CPU
+time (docs/representations-notes.md).
+
+Quantization of a group g (a block, or a row): d = max|w_g| / 127 (float32), q = round(w / d)
+to nearest, ties to even, clipped to [-127, 127]; a group of zeros has d = 0 and q = 0.
+Dequantization: w' = float32(q) * d. Non-finite weights are refused by name, and so is a last
+dimension that is not a multiple of 32 (per-block only).
+
+Bytes (sections 16-byte aligned from the tensor's start, see rowwise.py):
+  int8       codes int8 [rows, in] | pad | scales <f4 [rows, in / 32]
+  int8_row   codes int8 [rows, in] | pad | scales <f4 [rows]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import UnsupportedEncoding
+from .base import Codec, register
+from .rowwise import F32, RowWeight, join_sections, rows_cols, sections_nbytes, split_sections
+
+BLOCK = 32  # the kernel indexes scales with j >> 5
+
+
+class Int8Blocks(RowWeight):
+    encoding = "int8"
+
+    def __init__(self, q: np.ndarray, s: np.ndarray, shape):
+        super().__init__(shape, sections_nbytes([q.nbytes, s.nbytes]))
+        self.q = q  # [rows, in] int8
+        self.s = s  # [rows, in / 32] float32
+
+    def _rows(self, x, y):
+        from . import kernels as K
+
+        K.rows_i8_block_scale(self.q, self.s, x, y, K.ROWS_PER_TASK)
+
+    def _decode(self, rows, out):
+        from . import kernels as K
+
+        K.decode_i8_block_scale(self.q, self.s, rows, out, BLOCK)
+
+    def _sub(self, r0, r1, shape):
+        return Int8Blocks(self.q[r0:r1], self.s[r0:r1], shape)
+
+
+class Int8Rows(RowWeight):
+    encoding = "int8_row"
+
+    def __init__(self, q: np.ndarray, s: np.ndarray, shape):
+        super().__init__(shape, sections_nbytes([q.nbytes, s.nbytes]))
+        self.q = q  # [rows, in] int8
+        self.s = s  # [rows] float32
+
+    def _rows(self, x, y):
+        from . import kernels as K
+
+        K.rows_i8_row_scale(self.q, self.s, x, y, K.ROWS_PER_TASK)
+
+    def _decode(self, rows, out):
+        from . import kernels as K
+
+        K.decode_i8_row_scale(self.q, self.s, rows, out)
+
+    def _sub(self, r0, r1, shape):
+        return Int8Rows(self.q[r0:r1], self.s[r0:r1], shape)
+
+
+def _quantize(groups: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """groups [..., g] float32 -> codes int8 [..., g], scales float32 [...]."""
+    if not np.isfinite(groups).all():
+        raise UnsupportedEncoding(f"{what}: the tensor holds a non-finite value, which int8 cannot encode")
+    amax = np.abs(groups).max(axis=-1) if groups.shape[-1] else np.zeros(groups.shape[:-1], F32)
+    d = (amax / F32(127)).astype(F32)
+    safe = np.where(d > 0, d, F32(1))
+    q = np.clip(np.rint(groups / safe[..., None]), -127, 127).astype(np.int8)
+    q[d == 0] = 0
+    return q, d
+
+
+class Int8Codec(Codec):
+    name = "int8"
+    bits_per_weight = 9.0
+
+    def accepts(self, shape):
+        c = int(shape[-1]) if len(shape) else 0
+        if c % BLOCK:
+            return f"its last dimension {c} is not a multiple of {BLOCK}"
+        return None
+
+    def _check(self, shape):
+        why = self.accepts(shape)
+        if why:
+            raise UnsupportedEncoding(f"encoding {self.name!r} cannot hold a tensor of shape {list(shape)}: {why}")
+
+    def nbytes(self, shape):
+        shape = tuple(int(s) for s in shape)
+        self._check(shape)
+        r, c = rows_cols(shape, self.name)
+        return sections_nbytes([r * c, 4 * r * (c // BLOCK)])
+
+    def weight(self, raw, shape):
+        shape = tuple(int(s) for s in shape)
+        self._check(shape)
+        r, c = rows_cols(shape, self.name)
+        qb, sb = split_sections(raw, [r * c, 4 * r * (c // BLOCK)], f"int8 tensor of shape {list(shape)}")
+        return Int8Blocks(qb.view(np.int8).reshape(r, c), sb.view("<f4").reshape(r, c // BLOCK), shape)
+
+    def encode(self, arr):
+        a = np.ascontiguousarray(arr, dtype=F32)
+        self._check(a.shape)
+        r, c = rows_cols(a.shape, self.name)
+        q, d = _quantize(a.reshape(r, c // BLOCK, BLOCK), self.name)
+        return join_sections([q.reshape(r, c), d.astype("<f4")])
+
+
+class Int8RowCodec(Codec):
+    name = "int8_row"
+    bits_per_weight = 8.0  # plus 32 bits of scale per row: nbytes() is exact
+
+    def nbytes(self, shape):
+        r, c = rows_cols(tuple(shape), self.name)
+        return sections_nbytes([r * c, 4 * r])
+
+    def weight(self, raw, shape):
+        shape = tuple(int(s) for s in shape)
+        r, c = rows_cols(shape, self.name)
+        qb, sb = split_sections(raw, [r * c, 4 * r], f"int8_row tensor of shape {list(shape)}")
+        return Int8Rows(qb.view(np.int8).reshape(r, c), sb.view("<f4"), shape)
+
+    def encode(self, arr):
+        a = np.ascontiguousarray(arr, dtype=F32)
+        r, c = rows_cols(a.shape, self.name)
+        q, d = _quantize(a.reshape(r, c), self.name)
+        return join_sections([q, d.astype("<f4")])
+
+
+register(Int8Codec())
