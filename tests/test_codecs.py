@@ -375,3 +375,119 @@ def test_int8_holds_the_shipped_q8_0_embedding_without_loss():
     assert qtype == "Q8_0"
     f = codecs.measure("int8", w)
     assert f.exact, f
+
+
+# -- non-finite counts (the container's first-use scan) ---------------------------------------
+def _poison(name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Bytes of ``name`` with a few stored fields set to values that decode to NaN or infinity,
+    written straight into the documented sections (an encoder never writes them)."""
+    raw = raw.copy()
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    if name == "f32":
+        v = raw.view("<f4")
+        v[3], v[70], v[71] = np.nan, np.inf, -np.inf
+    elif name in ("bf16", "f16"):
+        v = raw.view("<u2")
+        inf = 0x7F80 if name == "bf16" else 0x7C00
+        v[3], v[70], v[71] = inf, inf | 0x8000, inf | 1  # +inf, -inf, NaN
+    elif name == "int8":
+        s = raw[pad16(rows * cols):].view("<f4")
+        s[1] = np.nan  # a whole block of 32
+        s[4] = np.float32(3e38)  # large: only the codes whose product overflows
+        q = raw[: rows * cols].view(np.int8)
+        q[4 * 32 : 5 * 32] = 0
+        q[4 * 32 + 2], q[4 * 32 + 9] = 127, -1  # 127 * 3e38 overflows; -1 * 3e38 does not
+    elif name == "q4":
+        nb = cols // 32
+        o1 = pad16(rows * cols // 2)
+        o2 = o1 + pad16(2 * rows * nb)
+        d = raw[o1 : o1 + 2 * rows * nb].view("<u2")
+        m = raw[o2 : o2 + 2 * rows * nb].view("<u2")
+        m[0] = 0x7C00  # +inf offset: the whole block
+        d[2] = 0x7C00  # +inf scale: inf for codes > 0, NaN for code 0: the whole block
+    return raw
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_nonfinite_counts_exactly_the_elements_that_decode_to_nan_or_infinity(name):
+    shape = (6, 96)
+    c = codec(name)
+    raw = _poison(name, c.encode(weights(shape)), shape)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = int(np.count_nonzero(~np.isfinite(oracle_dense(name, raw, shape))))
+    assert want > 0
+    assert c.weight(readonly(raw), shape).nonfinite() == want
+    clean = c.encode(weights(shape))
+    assert c.weight(readonly(clean), shape).nonfinite() == 0
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_mm_t_and_sub_rows_read_the_same_bytes(name):
+    c = codec(name)
+    shape = (48, 64)
+    wt = c.weight(readonly(c.encode(weights(shape))), shape)
+    dense = np.array(wt.dense())
+    x = rng.standard_normal((3, 48)).astype(F32)
+    np.testing.assert_allclose(wt.mm_t(x), x @ dense, rtol=1e-5, atol=1e-5)
+    part = wt.sub_rows(16, 40)
+    assert part.shape == (24, 64)
+    assert np.array_equal(part.dense(), dense[16:40])
+    with pytest.raises(WeightShapeError):
+        wt.sub_rows(40, 16)
+
+
+def test_the_decode_thread_count_is_one_setting_and_results_ignore_it():
+    from vindex3.codecs import threads
+    from vindex3.errors import ConfigError
+
+    shape = (64, 96)
+    x = rng.standard_normal((2, 96)).astype(F32)
+    for name in ALL:
+        c = codec(name)
+        wt = c.weight(readonly(c.encode(weights(shape))), shape)
+        outs = []
+        try:
+            for n in (1, 2):
+                threads.set_count(n)
+                assert threads.count() == n
+                outs.append(wt.mm(x))
+        finally:
+            threads.set_count(None)
+        assert np.array_equal(outs[0].view(np.uint32), outs[1].view(np.uint32)), name
+    with pytest.raises(ConfigError, match="positive"):
+        threads.set_count(0)
+
+
+def test_two_python_threads_may_multiply_at_once():
+    """numba's workqueue pool aborts the process when two threads enter it together (the omp
+    layer oversubscribes the cores instead): every launch is serialised by
+    vindex3.codecs.threads.launch, with the thread count set on the launching thread."""
+    import threading
+
+    c = codec("int8")
+    shape = (256, 512)
+    wt = c.weight(readonly(c.encode(weights(shape))), shape)
+    x = rng.standard_normal((1, 512)).astype(F32)
+    want = wt.mm(x)
+    errors: list = []
+
+    def work():
+        try:
+            for _ in range(200):
+                if not np.array_equal(wt.mm(x), want):
+                    errors.append("differs")
+        except Exception as e:  # noqa: BLE001 - any failure in a worker thread is the finding
+            errors.append(e)
+
+    from vindex3.codecs import threads
+
+    threads.set_count(2)
+    try:
+        ts = [threading.Thread(target=work) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    finally:
+        threads.set_count(None)
+    assert errors == []

@@ -42,7 +42,6 @@ from .manifest import (
     index_digest,
     parse_index,
     problems,
-    seal,
 )
 from .paths import check_text, confined, existing_file, read_regular
 from .segments import Segment, sha256_file_and_tail
@@ -272,7 +271,11 @@ class Container:
                 raise IntegrityError(f"{seg.what}: sha256 {whole[:16]}… differs from the index's "
                                      f"{rep.segment_sha256[:16]}… (altered or damaged since encoding)", hint=fix)
             self._segment_checked.add(obj)
-        bad = seg.weight(name).nonfinite()
+        from . import codecs
+
+        # an encoding without a codec cannot be scanned (nor executed: preparing a slice that
+        # reads it is refused by name); its bytes were still checked above, for tools that copy it
+        bad = seg.weight(name).nonfinite() if codecs.is_known(seg.entries[name].dtype) else None
         if bad:
             raise IntegrityError(f"{seg.what}: tensor {name} holds {bad} NaN or infinite value(s); "
                                  "refusing to compute with it", hint=fix)
@@ -448,9 +451,10 @@ class Container:
     def verify(self) -> VerifyReport:
         return verify(self.path)
 
-    def rewrite_index(self, **updates) -> None:
-        """Rewrite index.json with ``updates`` applied; unknown keys survive; generation + 1."""
-        rewrite_index(self.path, **updates)
+    def rewrite_index(self, *, provenance: dict | None = None, **updates) -> None:
+        """Rewrite index.json with ``updates`` applied (and ``provenance`` entries merged); unknown
+        keys survive; generation + 1."""
+        rewrite_index(self.path, provenance=provenance, **updates)
         self.index = read_index(self.path)
         self.manifest = parse_index(self.index, f"{self.path.name}/{INDEX}")
 
@@ -468,14 +472,20 @@ class SegmentSource:
             self._check(ref.object, ref.tensor)
         return self._segments[ref.object].weight(ref.tensor)
 
+    def representation_key(self, obj: str) -> str:
+        """The representation (``object@encoding``) the object's operands are read from."""
+        return self._segments[obj].representation
 
-def rewrite_index(path: Path, **updates) -> None:
+
+def rewrite_index(path: Path, *, provenance: dict | None = None, **updates) -> None:
+    """index.json of the container at ``path`` rewritten in place (`vindex3.rewrite.rewritten`):
+    top-level ``updates`` set, ``provenance`` entries merged, unknown keys kept at every depth,
+    generation + 1, sealed as before (a legacy index without hashes stays without)."""
+    from .rewrite import rewritten
+
     index = read_index(Path(path))
     parse_index(index, f"{Path(path).name}/{INDEX}")  # never rewrite an index that does not validate
-    index.update(updates)
-    index["generation"] = int(index.get("generation", 1)) + 1
-    if INDEX_HASH in index:  # an index from this build keeps its own hash true (a legacy one has none)
-        index = seal(index)
+    index = rewritten(index, replace=updates, provenance=provenance)
     parse_index(index, f"{Path(path).name}/{INDEX} (as rewritten)")
     jsonio.write_atomic(Path(path) / INDEX, index)
 

@@ -59,23 +59,40 @@ def _pad(n: int, align: int = ALIGN) -> int:
     return (-n) % align
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """A tensor's stored bytes, already in its spec's encoding (uint8, C order): written as they
+    are. How a rewrite carries a tensor it does not re-encode, an encoding this build cannot
+    decode included."""
+
+    data: np.ndarray
+
+
 def write_segment(
     path: Path,
     representation: str,
-    specs: dict[str, tuple[str, tuple[int, ...]]],
-    load: Callable[[str], np.ndarray],
+    specs: dict[str, tuple[str, tuple[int, ...]] | tuple[str, tuple[int, ...], int]],
+    load: Callable[[str], np.ndarray | Encoded],
     on_tensor: Callable[[str], None] | None = None,
 ) -> SegmentInfo:
     """Write tensors packed in name order. ``specs`` maps name -> (encoding, shape) so the
-    header can be written first; ``load(name)`` yields each float32 array when its turn comes (so
-    a large object never has to sit in memory whole), and the encoding's codec writes its bytes.
-    Returns the hashes the index records."""
+    header can be written first (or (encoding, shape, stored bytes) for an encoding this build
+    has no codec for); ``load(name)`` yields each tensor when its turn comes (so a large object
+    never has to sit in memory whole): a float32 array, which the encoding's codec writes, or
+    `Encoded` bytes, written as they are. Returns the hashes the index records."""
     names = sorted(specs)
     entries = []
     offset = 0
     for name in names:
-        dtype, shape = specs[name]
-        nbytes = codecs.get(dtype, what=f"tensor {name}").nbytes(tuple(shape))
+        dtype, shape, *given = specs[name]
+        if codecs.is_known(dtype):
+            nbytes = codecs.get(dtype).nbytes(tuple(shape))
+            if given and given[0] != nbytes:
+                raise IntegrityError(f"tensor {name}: {given[0]} bytes given, its {dtype} encoding takes {nbytes}")
+        elif given:
+            nbytes = int(given[0])
+        else:
+            nbytes = codecs.get(dtype, what=f"tensor {name}").nbytes(tuple(shape))  # refuses by name
         entries.append({"name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "len": nbytes})
         offset += nbytes + _pad(nbytes)
     header = {"schema": SEGMENT_SCHEMA, "representation": representation, "tensors": entries}
@@ -90,11 +107,16 @@ def write_segment(
         file_hash.update(prefix)
         for name, e in zip(names, entries):
             arr = load(name)
-            if tuple(arr.shape) != tuple(e["shape"]):
-                raise IntegrityError(f"tensor {name}: loaded shape {list(arr.shape)} differs from its spec {e['shape']}")
-            data = codecs.get(e["dtype"]).encode(arr)
+            if isinstance(arr, Encoded):
+                data = arr.data
+                if data.dtype != np.uint8:
+                    raise IntegrityError(f"tensor {name}: encoded bytes must be uint8, got {data.dtype}")
+            else:
+                if tuple(arr.shape) != tuple(e["shape"]):
+                    raise IntegrityError(f"tensor {name}: loaded shape {list(arr.shape)} differs from its spec {e['shape']}")
+                data = codecs.get(e["dtype"]).encode(arr)
             if data.nbytes != e["len"]:
-                raise IntegrityError(f"tensor {name}: the {e['dtype']} codec wrote {data.nbytes} bytes, expected {e['len']}")
+                raise IntegrityError(f"tensor {name}: {data.nbytes} bytes of {e['dtype']} to write, its entry records {e['len']}")
             buf = memoryview(np.ascontiguousarray(data).reshape(-1)).cast("B")
             tensor_sha[name] = hashlib.sha256(buf).hexdigest()
             pad = b"\0" * _pad(e["len"])
@@ -232,8 +254,9 @@ class Segment:
     def weight(self, name: str):
         """The tensor as a weight object of its encoding's codec (refused by name without one)."""
         e = self.entries[name]
-        codec = codecs.get(e.dtype, what=f"tensor {self.path.name}:{name}")
-        return codec.weight(self.raw(name), e.shape)
+        if not codecs.is_known(e.dtype):
+            raise codecs.cannot_execute(e.dtype, self.representation, self.representation.split("@")[0], name)
+        return codecs.get(e.dtype).weight(self.raw(name), e.shape)
 
     def tensor(self, name: str) -> np.ndarray:
         """The whole tensor as float32 (a view of the mapped file when it is stored as f32)."""

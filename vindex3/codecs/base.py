@@ -4,11 +4,13 @@ A *codec* turns the bytes a segment stores for one tensor into a *weight object*
 use without knowing how it is stored. The logical tensor (its name, its shape, the role it plays)
 never changes with the encoding; only the bytes and the arithmetic that reads them do.
 
-Kernels speak to weights through three verbs:
+Kernels speak to weights through these verbs:
 
-* ``mm(x)``     x [T, in] float32 -> x @ W.T [T, out] float32   (W is [out, in], a linear map)
-* ``take(ids)`` rows of W as float32 [n, in]                     (an embedding gather)
-* ``dense()``   the whole tensor as float32                      (norms, biases, small operands)
+* ``mm(x)``       x [T, in] float32 -> x @ W.T [T, out] float32   (W is [out, in], a linear map)
+* ``mm_t(x)``     x [T, out] float32 -> x @ W [T, in] float32     (the transposed product)
+* ``take(ids)``   rows of W as float32 [n, in]                     (an embedding gather)
+* ``sub_rows(a, b)`` rows a..b-1 of W as a weight over the same bytes (one head's block, ...)
+* ``dense()``     the whole tensor as float32                      (norms, biases, small operands)
 
 and a stacked expert bank [E, out, in] hands out one expert at a time with ``expert(e)``.
 
@@ -46,6 +48,15 @@ class Weight:
     def mm(self, x: np.ndarray) -> np.ndarray:
         """x [T, in] float32 -> x @ W.T, [T, out] float32."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} has no matrix product in this build")
+
+    def mm_t(self, x: np.ndarray) -> np.ndarray:
+        """x [T, out] float32 -> x @ W, [T, in] float32 (the transposed product, for a kernel that
+        contracts over W's rows, e.g. MLA's absorbed keys)."""
+        raise UnsupportedEncoding(f"encoding {self.encoding!r} has no transposed product in this build")
+
+    def sub_rows(self, r0: int, r1: int) -> Weight:
+        """Of a 2-D weight [out, in]: rows r0 .. r1-1 as a weight [r1-r0, in] over the same bytes."""
+        raise UnsupportedEncoding(f"encoding {self.encoding!r} has no row view in this build")
 
     def take(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` of W as float32 [len(ids), in]."""
@@ -111,6 +122,18 @@ def known() -> list[str]:
 
 def is_known(name: str) -> bool:
     return name in _CODECS
+
+
+def cannot_execute(encoding: str, representation: str, obj: str, tensor: str | None = None) -> UnsupportedEncoding:
+    """The refusal for a tensor stored in an encoding this build has no codec for: raised by
+    whatever must decode it (preparing a slice that reads it), never by opening, describing or
+    copying the container."""
+    which = f"; its tensor {tensor} is stored that way" if tensor else ""
+    return UnsupportedEncoding(
+        f"representation {representation} of object {obj} has encoding {encoding!r}, which this build cannot execute "
+        f"(executable: {', '.join(known())}){which}",
+        hint="a build with that codec can run it; this one can still open, describe, verify and copy the container",
+    )
 
 
 def get(name: str, *, what: str = "") -> Codec:

@@ -36,11 +36,23 @@ class DenseF32(Weight):
             and x.shape[1] == self.a.shape[1]
         ):
             from . import kernels as K
+            from .threads import launch
 
             y = np.empty((x.shape[0], self.a.shape[0]), F32)
-            K.rows_plain(self.a, np.ascontiguousarray(x), y, K.ROWS_PER_TASK)
+            with launch():
+                K.rows_plain(self.a, np.ascontiguousarray(x), y, K.ROWS_PER_TASK)
             return y
         return x @ self.aT
+
+    def mm_t(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.a
+
+    def sub_rows(self, r0: int, r1: int) -> DenseF32:
+        if self.a.ndim != 2 or not (0 <= r0 <= r1 <= self.a.shape[0]):
+            from .base import WeightShapeError
+
+            raise WeightShapeError(f"{self!r}: sub_rows({r0}, {r1}) is not a row range of a 2-D weight")
+        return DenseF32(self.a[r0:r1])
 
     def take(self, ids: np.ndarray) -> np.ndarray:
         return self.a[ids]

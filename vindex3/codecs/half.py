@@ -24,12 +24,24 @@ class Half(RowWeight):
         super().__init__(shape, h.nbytes)
         self.h = h  # [rows, in] uint16
 
+    _special: int  # the exponent bits that mark infinity and NaN
+
     def _sub(self, r0, r1, shape):
         return type(self)(self.h[r0:r1], shape)
+
+    def nonfinite(self) -> int:
+        """Elements whose exponent bits are all ones (infinity or NaN), counted in bounded chunks."""
+        flat = self.h.reshape(-1)
+        mask = np.uint16(self._special)
+        bad = 0
+        for i in range(0, flat.size, 1 << 22):
+            bad += int(np.count_nonzero((flat[i : i + (1 << 22)] & mask) == mask))
+        return bad
 
 
 class BF16Weight(Half):
     encoding = "bf16"
+    _special = 0x7F80
 
     def _rows(self, x, y):
         from . import kernels as K
@@ -44,6 +56,7 @@ class BF16Weight(Half):
 
 class F16Weight(Half):
     encoding = "f16"
+    _special = 0x7C00
 
     def _rows(self, x, y):
         from . import kernels as K

@@ -47,6 +47,11 @@ class Int8Blocks(RowWeight):
     def _sub(self, r0, r1, shape):
         return Int8Blocks(self.q[r0:r1], self.s[r0:r1], shape)
 
+    def nonfinite(self) -> int:
+        from . import kernels as K
+
+        return int(K.nonfinite_i8_block_scale(self.q, self.s, BLOCK)) if self.rows else 0
+
 
 class Int8Rows(RowWeight):
     encoding = "int8_row"
@@ -68,6 +73,13 @@ class Int8Rows(RowWeight):
 
     def _sub(self, r0, r1, shape):
         return Int8Rows(self.q[r0:r1], self.s[r0:r1], shape)
+
+    def nonfinite(self) -> int:
+        bad = 0  # only a row whose scale is non-finite or huge can hold a non-finite value
+        with np.errstate(over="ignore", invalid="ignore"):
+            for r in np.flatnonzero(~np.isfinite(self.s) | (np.abs(self.s) > F32(3.4e38 / 128))):
+                bad += int(np.count_nonzero(~np.isfinite(self.q[r].astype(F32) * self.s[r])))
+        return bad
 
 
 def _quantize(groups: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:

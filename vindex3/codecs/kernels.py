@@ -270,3 +270,42 @@ def decode_q4(QS, D, M, table, rows, out):
                 v = QS[o, b * 16 + l]
                 out[r, b * 32 + l] = d * F32(np.uint8(v & np.uint8(15))) + m
                 out[r, b * 32 + 16 + l] = d * F32(np.uint8(v >> np.uint8(4))) + m
+
+
+# --------------------------------------------------------------------------------------------
+# non-finite counts, from the encoded bytes, for the container's first-use scan: exactly the
+# elements whose documented value (the dequantization above, in float32) is NaN or infinite.
+@njit(cache=True)
+def nonfinite_i8_block_scale(Q, S, block):
+    bad = 0
+    nb = S.shape[1]
+    for o in range(Q.shape[0]):
+        for b in range(nb):
+            d = S[o, b]
+            if np.isfinite(d) and abs(d) * F32(128.0) <= F32(3.4028234663852886e38):
+                continue  # every code (|q| <= 128) times d is finite
+            base = b * block
+            for l in range(block):
+                v = F32(Q[o, base + l]) * d
+                if not np.isfinite(v):
+                    bad += 1
+    return bad
+
+
+@njit(cache=True)
+def nonfinite_q4(QS, D, M, table):
+    bad = 0
+    nb = D.shape[1]
+    for o in range(QS.shape[0]):
+        for b in range(nb):
+            d = table[D[o, b]]
+            m = table[M[o, b]]
+            if np.isfinite(d) and np.isfinite(m):
+                continue  # |d*15 + m| <= 16 * 65504: finite in float32
+            for l in range(16):
+                v = QS[o, b * 16 + l]
+                if not np.isfinite(d * F32(np.uint8(v & np.uint8(15))) + m):
+                    bad += 1
+                if not np.isfinite(d * F32(np.uint8(v >> np.uint8(4))) + m):
+                    bad += 1
+    return bad

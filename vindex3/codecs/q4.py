@@ -47,6 +47,11 @@ class Q4Weight(RowWeight):
     def _sub(self, r0, r1, shape):
         return Q4Weight(self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], shape)
 
+    def nonfinite(self) -> int:
+        from . import kernels as K
+
+        return int(K.nonfinite_q4(self.qs, self.d, self.m, K.F16_TABLE)) if self.rows else 0
+
 
 def quantize_blocks(blocks: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """blocks [n, 32] float32 -> q uint8 [n, 32] (0..15), d and m float16 [n]."""

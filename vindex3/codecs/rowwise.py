@@ -99,7 +99,10 @@ class RowWeight(Weight):
         if T == 0 or self.rows == 0:
             pass
         elif T <= self.small_t:
-            self._rows(x2, y)
+            from .threads import launch
+
+            with launch():
+                self._rows(x2, y)
         else:
             self._tiles(x2, y)
         return y[0] if one else y
@@ -114,6 +117,32 @@ class RowWeight(Weight):
             t = tile[: r1 - r0]
             self._decode(np.arange(r0, r1, dtype=np.int64), t)
             np.matmul(x, t.T, out=y[:, r0:r1])
+
+    def mm_t(self, x: np.ndarray) -> np.ndarray:
+        """x [T, out] float32 -> x @ W [T, in]: tiles of rows decoded to float32 (never the whole
+        matrix) and accumulated tile by tile with BLAS, in row order."""
+        if self.ndim != 2:
+            raise WeightShapeError(f"{self!r}: mm_t needs a 2-D weight [out, in]")
+        if not isinstance(x, np.ndarray) or x.dtype != F32 or x.ndim != 2 or x.shape[1] != self.rows:
+            got = f"{getattr(x, 'dtype', type(x).__name__)} {list(getattr(x, 'shape', []))}"
+            raise WeightShapeError(f"{self!r}: mm_t takes float32 x [T, {self.rows}], got {got}")
+        from .kernels import TILE_BYTES
+
+        y = np.zeros((x.shape[0], self.cols), F32)
+        n = max(16, (TILE_BYTES // (4 * max(1, self.cols))) // 16 * 16)
+        tile = np.empty((min(n, self.rows), self.cols), F32)
+        for r0 in range(0, self.rows, n):
+            r1 = min(self.rows, r0 + n)
+            t = tile[: r1 - r0]
+            self._decode(np.arange(r0, r1, dtype=np.int64), t)
+            y += x[:, r0:r1] @ t
+        return y
+
+    def sub_rows(self, r0: int, r1: int) -> RowWeight:
+        """Rows r0 .. r1-1 of a 2-D weight, as a weight over the same bytes."""
+        if self.ndim != 2 or not (0 <= r0 <= r1 <= self.rows):
+            raise WeightShapeError(f"{self!r}: sub_rows({r0}, {r1}) is not a row range of a 2-D weight")
+        return self._sub(r0, r1, (r1 - r0, self.cols))
 
     def take(self, ids: np.ndarray) -> np.ndarray:
         """Rows ``ids`` of a 2-D weight as float32 [len(ids), in], decoded exactly as dense()."""

@@ -44,15 +44,15 @@ _threads: dict = {}
 
 
 def _small_pass_limit():
-    """A context that holds BLAS at VINDEX3_DECODE_THREADS (default 1) threads."""
-    if "ctl" not in _threads:
-        import os
+    """A context that holds BLAS at the decode thread count (``VINDEX3_DECODE_THREADS``, default
+    1; `vindex3.codecs.threads`), the count the rows kernels of decode-sized products use too."""
+    from ..codecs import threads
 
+    if "ctl" not in _threads:
         from threadpoolctl import ThreadpoolController
 
         _threads["ctl"] = ThreadpoolController()
-        _threads["n"] = int(os.environ.get("VINDEX3_DECODE_THREADS", "1"))
-    return _threads["ctl"].limit(limits=_threads["n"], user_api="blas")
+    return _threads["ctl"].limit(limits=threads.count(), user_api="blas")
 
 
 def small_pass_threads():
@@ -65,7 +65,9 @@ def decode_threads() -> int:
     """BLAS threads that decode-sized passes (≤ SMALL_PASS positions) run with."""
     with _small_pass_limit():
         counts = [i["num_threads"] for i in _threads["ctl"].info() if i.get("user_api") == "blas"]
-    return max(counts) if counts else _threads["n"]
+    from ..codecs import threads
+
+    return max(counts) if counts else threads.count()
 
 
 class TensorSource(Protocol):
@@ -209,8 +211,10 @@ def _bind_slot(op: Op, W: PreparedOperands, layer: int, ablate: np.ndarray | Non
     return run_reporting
 
 
-def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
-    """Refuse by name, before reading anything, what this slice cannot execute."""
+def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef], source: TensorSource | None = None) -> None:
+    """Refuse by name, before reading anything, what this slice cannot execute: an operator
+    without an executor, and an operand stored in an encoding without a codec (named with its
+    representation and object)."""
     for i in layers:
         for op in plan.layers[i].slot_ops():
             if op.operator is None:
@@ -223,7 +227,10 @@ def _preflight(plan: OpPlan, layers: list[int], refs: list[OperandRef]) -> None:
                 )
             op.operator.preflight(op.params, f"layer {i} ({op.kind})")
     for ref in refs:
-        codecs.get(ref.dtype, what=f"operand {ref.label}")
+        if not codecs.is_known(ref.dtype):
+            key = getattr(source, "representation_key", None)
+            rep = key(ref.object) if key is not None else f"{ref.object}@{ref.dtype}"
+            raise codecs.cannot_execute(ref.dtype, rep, ref.object, ref.tensor)
 
 
 class Executor:
@@ -244,7 +251,7 @@ class Executor:
         self.max_positions, self.limit_source = context_limit(plan.context_length, max_positions)
         self.slice_plan = plan_slice(plan, sl)
         self.layers = self.slice_plan.executed_layers
-        _preflight(plan, self.layers, self.slice_plan.operands)
+        _preflight(plan, self.layers, self.slice_plan.operands, source)
         ablate = resolve_intervention(intervention, plan, self.layers, sl.describe())
         self.intervention = intervention
         t0 = time.perf_counter()

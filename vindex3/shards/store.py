@@ -65,6 +65,10 @@ class HeldSource:
                              hint="run each layer on the shard that holds it")
         return seg.weight(ref.tensor)
 
+    def representation_key(self, obj: str) -> str:
+        seg = self._m.segments.get(obj)
+        return seg.representation if seg is not None else obj
+
 
 class ShardContainer:
     """One member of a shard set, opened: headers only, like `Container`."""

@@ -40,6 +40,9 @@ class ShardWorker:
         # the executor's decode limit, larger ones at the driver's default count (a Ray worker
         # starts with OMP_NUM_THREADS=1). Same kernels, same threads: same bytes.
         os.environ["VINDEX3_DECODE_THREADS"] = str(spec["decode_threads"])
+        from ..codecs import threads
+
+        threads.set_count(None)  # read again: the rows kernels use the driver's count too
         from threadpoolctl import ThreadpoolController
 
         self._limit = ThreadpoolController().limit(limits=int(spec["blas_threads"]), user_api="blas")

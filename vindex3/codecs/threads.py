@@ -1,0 +1,74 @@
+"""Threads of the rows kernels (decode-sized products), and the lock around numba's pool.
+
+* **How many.** Every rows-kernel launch runs with `count()` numba threads:
+  ``VINDEX3_DECODE_THREADS`` (default 1), the same number the executor holds BLAS at for
+  decode-sized passes (vindex3.exec.engine), so one setting governs a decode step whatever runs
+  it. One thread is the default because on a busy machine a static two-way split waits for its
+  descheduled half (measured many times slower, docs/representations-notes.md); set 2 on a
+  quiet two-core machine. The result does not depend on the count: each output element is
+  computed by one thread from start to end (tests/test_codecs.py asserts it), so a Full run, a
+  Draft and shard actors give the same bytes whatever their thread settings.
+* **One entry at a time.** numba's default threading layer (workqueue) aborts the process when
+  two Python threads launch parallel kernels at once, and numba's thread count is a per-thread
+  setting. Every launch therefore goes through `launch()`: a process-wide lock, and the count
+  applied to the launching thread when it differs from what that thread last set. Two streams
+  decoding in two threads (the server's model workers, an embedding application) take turns
+  kernel by kernel; on two cores they could not run faster side by side anyway.
+
+This module never imports numba itself: `launch()` is entered by code that is about to call a
+kernel, which has imported numba already.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+
+_LOCK = threading.Lock()
+_local = threading.local()
+_count: int | None = None
+
+
+def _from_env() -> int:
+    raw = os.environ.get("VINDEX3_DECODE_THREADS", "1")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"VINDEX3_DECODE_THREADS={raw!r} is not a positive whole number of threads")
+    return n
+
+
+def count() -> int:
+    """Threads a decode-sized pass uses (rows kernels and BLAS alike)."""
+    global _count
+    if _count is None:
+        _count = _from_env()
+    return _count
+
+
+def set_count(n: int | None) -> None:
+    """Set the count for this process (None: read ``VINDEX3_DECODE_THREADS`` again)."""
+    global _count
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"decode threads must be a positive whole number, got {n!r}")
+    _count = n
+
+
+@contextmanager
+def launch():
+    """Hold the pool for one kernel launch, with `count()` threads (capped at numba's pool)."""
+    with _LOCK:
+        want = count()
+        if getattr(_local, "n", None) != want:
+            import numba
+
+            numba.set_num_threads(min(want, numba.config.NUMBA_NUM_THREADS))
+            _local.n = want
+        yield
