@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
+import math
 import os
 import shutil
 import socket
@@ -84,11 +85,22 @@ def clean_stale_temporaries(parent: Path) -> list[str]:
     return removed
 
 
-def encode(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None) -> Path:
-    return encode_detailed(src, out, progress).path
+def encode(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None, *,
+           keep_dtype: bool = False) -> Path:
+    return encode_detailed(src, out, progress, keep_dtype=keep_dtype).path
 
 
-def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None) -> EncodeResult:
+# --keep-dtype: a matrix operand whose every source tensor is stored in one of these keeps that
+# encoding (exactly: a 16-bit value widened to float32 and written back is the same value).
+KEEP_DTYPES = {"BF16": "bf16", "F16": "f16"}
+
+
+def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None, *,
+                    keep_dtype: bool = False) -> EncodeResult:
+    """Encode ``src`` into ``out``. Every tensor is written float32, except with ``keep_dtype``:
+    a matrix operand (read by products or row gathers; see `vindex3.opplan.operand_uses`) whose
+    source tensors are all bf16 (or all f16) stays bf16 (f16), exactly; norms, biases and other
+    arrays are widened to float32 as always. The choice per tensor is recorded in provenance."""
     try:
         out = output_dir(out, "encode output")
     except PathRefused as e:
@@ -106,7 +118,7 @@ def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progres
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        result = _write(source, lowering, tmp, progress)
+        result = _write(source, lowering, tmp, progress, keep_dtype)
         if out.exists():  # another process won the race while we wrote
             raise EncodeError(f"output {out} appeared while encoding; refusing to overwrite it")
         (tmp / MARKER).unlink()
@@ -141,7 +153,26 @@ def _finite(name: str, arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | None) -> EncodeResult:
+def _kept_encodings(lowering, specs, shapes) -> dict[tuple[str, str], str]:
+    """(object, tensor) -> the 16-bit encoding it keeps under --keep-dtype (absent: f32)."""
+    from .opplan import build_op_plan, operand_uses
+    from .segments import TensorEntry
+
+    tables: dict[str, dict[str, TensorEntry]] = {}
+    for p in lowering.placements:
+        shape = tuple(p.shape(shapes))
+        tables.setdefault(p.object, {})[p.name] = TensorEntry(p.name, "f32", shape, 0, 4 * math.prod(shape))
+    uses = operand_uses(build_op_plan(Graph(lowering.graph), tables))
+    kept = {}
+    for p in lowering.placements:
+        src = {specs[n].dtype for n in p.inputs}
+        use = uses.get(f"{p.object}/{p.name}")
+        if len(src) == 1 and (enc := KEEP_DTYPES.get(next(iter(src)))) and use is not None and use.kind == "matrix":
+            kept[(p.object, p.name)] = enc
+    return kept
+
+
+def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | None, keep_dtype: bool = False) -> EncodeResult:
     Graph(lowering.graph)  # validate what we are about to write
     tmp.mkdir()
     jsonio.write_atomic(tmp / MARKER, {"pid": os.getpid(), "host": socket.gethostname()})
@@ -160,18 +191,23 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         if progress is not None:
             progress(done, total, name)
 
+    kept = _kept_encodings(lowering, specs, shapes) if keep_dtype else {}
     representations = {}
     segments_list = []
     for obj in sorted(by_object):
         names = by_object[obj]
-        seg_specs = {rel: ("f32", p.shape(shapes)) for rel, p in names.items()}
+        seg_specs = {rel: (kept.get((obj, rel), "f32"), p.shape(shapes)) for rel, p in names.items()}
+        counts: dict[str, int] = {}
+        for enc, shape in seg_specs.values():
+            counts[enc] = counts.get(enc, 0) + math.prod(shape)
+        encoding = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0] if counts else "f32"  # most elements
         rel_path = f"segments/{obj}.bin"
-        info = write_segment(tmp / rel_path, f"{obj}@f32", seg_specs,
+        key = f"{obj}@{encoding}"
+        info = write_segment(tmp / rel_path, key, seg_specs,
                              lambda rel, names=names: _finite(_source_label(names[rel]), names[rel].assemble(source.load)), tick)
-        key = f"{obj}@f32"
         representations[key] = {
             "object": obj,
-            "encoding": "f32",
+            "encoding": encoding,
             "segment": rel_path,
             "tensors": info.tensors,
             "payload_bytes": info.payload_bytes,
@@ -216,6 +252,12 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
                  for p in lowering.placements if p.sources or p.transform]
     if assembled:
         provenance["assembled_tensors"] = assembled
+    if keep_dtype:  # what --keep-dtype kept, by encoding (everything else was widened to float32)
+        by_enc: dict[str, list[str]] = {}
+        for (obj, name), enc in sorted(kept.items()):
+            by_enc.setdefault(enc, []).append(f"{obj}/{name}")
+        provenance["keep_dtype"] = {"kept": by_enc, "rule": "matrix operands whose source tensors are all bf16 (or "
+                                    "all f16) keep that encoding exactly; everything else is widened to f32"}
     index = {
         "format": FORMAT,
         "version": FORMAT_VERSION,

@@ -188,3 +188,47 @@ def build_op_plan(graph: Graph, tables: dict[str, dict[str, TensorEntry]]) -> Op
     head_ref = emb_ref if h.tied else _ref(tables, "output_head", objs["output_head"]["operands"]["weight"])
     head = Op("head", HeadParams(tied=h.tied, multiplier=h.multiplier, softcap=h.softcap), {"weight": head_ref}, "head")
     return OpPlan(embedding, layers, final_norm, head, graph.hidden_size, graph.vocab_size, graph.context_length)
+
+
+@dataclass(frozen=True)
+class OperandUse:
+    """How the executor reads one tensor: ``kind`` is "matrix" (a weight object: products,
+    row gathers, expert views — any encoding with a codec runs), "array" (the whole tensor as
+    float32: norms, biases, convolution taps, ...) or "unknown" (read by an op this build has no
+    executor for); ``roles`` names every op role that reads it."""
+
+    kind: str
+    roles: tuple[str, ...]
+
+
+def operand_uses(plan: OpPlan) -> dict[str, OperandUse]:
+    """label -> how the plan reads that tensor. A tensor read both ways counts as an array (it
+    must then stay float32-decodable as a whole), one read by an op without an executor as
+    unknown."""
+    from .operators import MATRIX
+
+    seen: dict[str, tuple[set[str], list[str]]] = {}
+
+    def add(ref: OperandRef, kind: str, role: str) -> None:
+        kinds, roles = seen.setdefault(ref.label, (set(), []))
+        kinds.add(kind)
+        if role not in roles:
+            roles.append(role)
+
+    add(plan.embedding.operands["weight"], "matrix", "embedding")
+    add(plan.head.operands["weight"], "matrix", "head")
+    add(plan.final_norm.operands["weight"], "array", "final_norm")
+    for lo in plan.layers:
+        for op in lo.ops:
+            if op.operator is not None:
+                kinds = {r.name: r.kind for r in op.operator.roles(op.params)}
+                for role, ref in op.operands.items():
+                    add(ref, "matrix" if kinds.get(role, MATRIX) == MATRIX else "array", role)
+            else:
+                for role, ref in op.operands.items():
+                    add(ref, "array" if op.kind == "rms_norm" else "unknown", role)
+    out = {}
+    for label, (kinds, roles) in seen.items():
+        kind = "unknown" if "unknown" in kinds else ("array" if "array" in kinds else "matrix")
+        out[label] = OperandUse(kind, tuple(roles))
+    return out

@@ -374,14 +374,22 @@ class MlaWeights:
     o_bias: np.ndarray | None  # [hidden]                (attention_bias)
     _absorbed: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
-    def absorbed_factors(self, g: MlaGeometry) -> tuple[np.ndarray, np.ndarray]:
-        """kv_b split per head for the absorbed form: W_k [H, dn, r] and W_v [H, dv, r] (views
-        of the dense float32 kv_b; computed once per weights object)."""
+    def absorbed_factors(self, g: MlaGeometry) -> tuple:
+        """kv_b split per head for the absorbed form, computed once per weights object. Stored
+        as float32: W_k [H, dn, r] and W_v [H, dv, r], views of the mapped kv_b (no copy). In any
+        other encoding: per head, weight objects over kv_b's own rows (``sub_rows``), so no float32
+        copy of kv_b is ever made; the kernel then multiplies head by head (``mm_t`` for W_k, a
+        few tiles decoded per call; ``mm`` for W_v)."""
         if self._absorbed is None:
-            kvb = np.asarray(self.kv_b_proj.dense(), dtype=F32).reshape(
-                g.num_heads, g.qk_nope_head_dim + g.v_head_dim, g.kv_lora_rank
-            )
-            self._absorbed = (kvb[:, : g.qk_nope_head_dim], kvb[:, g.qk_nope_head_dim :])
+            H, dn, dv, r = g.num_heads, g.qk_nope_head_dim, g.v_head_dim, g.kv_lora_rank
+            kvb = self.kv_b_proj
+            if isinstance(kvb, np.ndarray) or getattr(kvb, "encoding", None) == "f32":
+                full = np.asarray(kvb if isinstance(kvb, np.ndarray) else kvb.dense(), dtype=F32).reshape(H, dn + dv, r)
+                self._absorbed = (full[:, :dn], full[:, dn:])
+            else:
+                step = dn + dv
+                self._absorbed = ([kvb.sub_rows(h * step, h * step + dn) for h in range(H)],
+                                  [kvb.sub_rows(h * step + dn, (h + 1) * step) for h in range(H)])
         return self._absorbed
 
 
@@ -731,10 +739,17 @@ def _mla(x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, mode: s
     else:
         Wk, Wv = w.absorbed_factors(g)
         qk = np.empty((H, T, r + dr), F32)
-        qk[:, :, :r] = np.matmul(q_nope.transpose(1, 0, 2), Wk)  # [H, T, r]
+        if isinstance(Wk, np.ndarray):
+            qk[:, :, :r] = np.matmul(q_nope.transpose(1, 0, 2), Wk)  # [H, T, r]
+        else:
+            for h in range(H):
+                qk[h, :, :r] = Wk[h].mm_t(np.ascontiguousarray(q_nope[:, h]))
         qk[:, :, r:] = q_rope.transpose(1, 0, 2)
         ctx = _attend(qk, L[None], L[None, :, :r], p0, scale)  # [H, T, r]
-        o = np.matmul(ctx, Wv.transpose(0, 2, 1))  # [H, T, dv]
+        if isinstance(Wv, np.ndarray):
+            o = np.matmul(ctx, Wv.transpose(0, 2, 1))  # [H, T, dv]
+        else:
+            o = np.stack([Wv[h].mm(np.ascontiguousarray(ctx[h])) for h in range(H)])
 
     y = w.o_proj.mm(np.ascontiguousarray(o.transpose(1, 0, 2)).reshape(T, H * dv))
     if w.o_bias is not None:

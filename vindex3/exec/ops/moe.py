@@ -566,9 +566,10 @@ def route(x: np.ndarray, p: PreparedMoe) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _mm(w: Weight, x: np.ndarray, in_out: bool) -> np.ndarray:
-    # An in-out matrix [in, out] multiplies as x @ W; the weight object's mm is x @ W.T, so
-    # the in-out case reads the float32 view (free for f32; a codec without one refuses).
-    return x @ w.dense() if in_out else w.mm(x)
+    # An in-out matrix [in, out] multiplies as x @ W: the weight's transposed product, which
+    # reads the encoded bytes tile by tile (the container always stores banks out-in, [E, out,
+    # in]: the operator sets expert_layout "out_in"; in-out is the kernel's own test layout).
+    return w.mm_t(x) if in_out else w.mm(x)
 
 
 def _expert(x: np.ndarray, ex: _Expert, g: MoeGeometry) -> np.ndarray:
