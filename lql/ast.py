@@ -194,6 +194,43 @@ class Encode(Statement):
     into: str
 
 
+class Represent(Statement):
+    """REPRESENT INTO 'out' ENCODING 'int8': the bound container in another weight encoding."""
+
+    keyword: ClassVar[str] = "REPRESENT"
+    kind: Literal["represent"] = "represent"
+    into: str
+    encoding: str
+
+
+class Compact(Statement):
+    """COMPACT INTO 'out': the bound container's referenced files only."""
+
+    keyword: ClassVar[str] = "COMPACT"
+    kind: Literal["compact"] = "compact"
+    into: str
+
+
+class Diff(Statement):
+    """DIFF 'a' 'b' (or DIFF 'b': the bound container against b)."""
+
+    keyword: ClassVar[str] = "DIFF"
+    kind: Literal["diff"] = "diff"
+    a: str
+    b: str | None = None
+
+
+class ScoreRepresentation(Statement):
+    """SCORE REPRESENTATION 'cand' AGAINST 'ref' ON 'prompts.jsonl' [GREEDY n]."""
+
+    keyword: ClassVar[str] = "SCORE REPRESENTATION"
+    kind: Literal["score_representation"] = "score_representation"
+    candidate: str
+    reference: str
+    prompts: str
+    greedy: int | None = None
+
+
 class Help(Statement):
     keyword: ClassVar[str] = "HELP"
     kind: Literal["help"] = "help"
@@ -210,12 +247,12 @@ class Set(Statement):
 Explain.model_rebuild()
 
 AnyStatement = Annotated[
-    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set,
+    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Represent | Compact | Diff | ScoreRepresentation | Help | Set,
     Field(discriminator="kind"),
 ]
 
 STATEMENT_CLASSES: tuple[type[Statement], ...] = (
     Open, UseRemote, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
     ShowOperands, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
-    ScoreDraft, Verify, Plan, Encode, Help, Set,
+    ScoreDraft, Verify, Plan, Encode, Represent, Compact, Diff, ScoreRepresentation, Help, Set,
 )

@@ -83,10 +83,30 @@ def slice_label(depth: int | None) -> str:
     return "full model" if depth is None else f"draft depth {depth}"
 
 
+def encoding_shares(refs) -> list[R.EncodingShare]:
+    """Distinct tensors of ``refs`` (OperandRefs or segment entries with object/tensor labels)
+    per encoding: count, parameters, stored bytes and bits per weight; most bytes first."""
+    import math
+
+    seen: dict[str, Any] = {}
+    for r in refs:
+        seen.setdefault(r.label, r)
+    acc: dict[str, list[int]] = {}
+    for r in seen.values():
+        a = acc.setdefault(r.dtype, [0, 0, 0])
+        a[0] += 1
+        a[1] += math.prod(r.shape)
+        a[2] += r.nbytes
+    rows = [R.EncodingShare(encoding=e, tensors=n, parameters=p, bytes=b, bits_per_weight=round(8 * b / p, 3) if p else 0.0)
+            for e, (n, p, b) in acc.items()]
+    return sorted(rows, key=lambda x: (-x.bytes, x.encoding))
+
+
 def read_cost(sp) -> R.ReadCost:
-    """A slice plan's operand reads, split into the ends and the layers."""
+    """A slice plan's operand reads, split into the ends and the layers, and per encoding."""
     return R.ReadCost(ends_reads=sp.ends_reads, ends_bytes=sp.ends_bytes, layer_reads=sp.layer_reads,
-                      layer_bytes=sp.layer_bytes, total_reads=sp.total_reads, total_bytes=sp.total_bytes)
+                      layer_bytes=sp.layer_bytes, total_reads=sp.total_reads, total_bytes=sp.total_bytes,
+                      by_encoding=encoding_shares(sp.operands))
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,6 +142,10 @@ class Catalog:
     @property
     def name(self) -> str:
         return self.container.name
+
+    @property
+    def path(self) -> str:
+        return str(self.container.path)
 
     @property
     def num_layers(self) -> int:

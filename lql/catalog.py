@@ -65,6 +65,21 @@ STATEMENTS: tuple[StatementDoc, ...] = (
                  "PLAN 'path/to/hf-checkpoint';"),
     StatementDoc("ENCODE", "ENCODE 'checkpoint' INTO 'dir'", "encode an HF directory or .gguf into a container",
                  "ENCODE 'path/to/hf-checkpoint' INTO 'model.vindex3';"),
+    StatementDoc("REPRESENT", "REPRESENT INTO 'dir' ENCODING 'bf16' | 'f16' | 'int8' | 'q4' | 'f32'",
+                 "write the bound container in another weight encoding: same graph and objects, new segments, "
+                 "fidelity per tensor in provenance",
+                 "REPRESENT INTO 'model-int8.vindex3' ENCODING 'int8';"),
+    StatementDoc("SCORE REPRESENTATION", "SCORE REPRESENTATION 'candidate' AGAINST 'reference' ON 'prompts.jsonl' [GREEDY n]",
+                 "a representation's behaviour against the same model: KL p50/p95, top-1, greedy-n agreement; "
+                 "stored in the candidate's provenance",
+                 "SCORE REPRESENTATION 'model-int8.vindex3' AGAINST 'model.vindex3' ON 'prompts.jsonl';"),
+    StatementDoc("COMPACT", "COMPACT INTO 'dir'",
+                 "copy the bound container's referenced files byte for byte; list every file left behind",
+                 "COMPACT INTO 'clean.vindex3';"),
+    StatementDoc("DIFF", "DIFF 'a' 'b' | DIFF 'b'",
+                 "how two containers differ: logically (graph, objects, operators), physically (encodings, "
+                 "segments), in metadata; DIFF 'b' compares the bound container with b",
+                 "DIFF 'model.vindex3' 'model-int8.vindex3';"),
     StatementDoc("SET", "SET name = value", "change a setting (see SHOW SETTINGS)", "SET timing = off;"),
     StatementDoc("HELP", "HELP [statement]", "this help, or one statement's", "HELP INFER;"),
 )

@@ -301,6 +301,22 @@ class ToAst(Transformer):
     def encode_stmt(self, meta, c):
         return ast.Encode(checkpoint=_unquote(c[1]), into=_unquote(c[3]), **self._pos(meta))
 
+    def represent_stmt(self, meta, c):
+        # REPRESENT INTO STRING ENCODING STRING
+        return ast.Represent(into=_unquote(c[2]), encoding=_unquote(c[4]), **self._pos(meta))
+
+    def compact_stmt(self, meta, c):
+        return ast.Compact(into=_unquote(c[2]), **self._pos(meta))
+
+    def diff_stmt(self, meta, c):
+        return ast.Diff(a=_unquote(c[1]), b=_unquote(c[2]) if c[2] is not None else None, **self._pos(meta))
+
+    def score_representation_stmt(self, meta, c):
+        # SCORE REPRESENTATION STRING AGAINST STRING ON STRING [GREEDY INT]
+        greedy = _int(c[8]) if c[8] is not None else None
+        return ast.ScoreRepresentation(candidate=_unquote(c[2]), reference=_unquote(c[4]), prompts=_unquote(c[6]),
+                                       greedy=greedy, **self._pos(meta))
+
     def help_stmt(self, meta, c):
         words = [t.value.upper() for t in c[1:]]
         return ast.Help(topic=" ".join(words) if words else None, **self._pos(meta))

@@ -231,6 +231,35 @@ class Encode(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class Represent(Node):
+    """REPRESENT: write the bound container (``source``) into ``into`` in ``encoding``."""
+
+    source: str
+    into: str
+    encoding: str
+
+
+@dataclass(frozen=True, eq=False)
+class Compact(Node):
+    source: str
+    into: str
+
+
+@dataclass(frozen=True, eq=False)
+class Diff(Node):
+    a: str
+    b: str
+
+
+@dataclass(frozen=True, eq=False)
+class ScoreRepresentation(Node):
+    candidate: str
+    reference: str
+    prompts: str
+    greedy: int
+
+
+@dataclass(frozen=True, eq=False)
 class Help(Node):
     topic: str | None
     text: str
@@ -504,6 +533,43 @@ def _admit(s: ast.Plan, ctx: Context) -> Node:
 @plans(ast.Encode)
 def _encode(s: ast.Encode, ctx: Context) -> Node:
     return Encode(s, checkpoint=s.checkpoint, into=s.into)
+
+
+# ---- representations and maintenance (issue 20) -----------------------------------------
+
+
+@plans(ast.Represent, needs_container=True)
+def _represent(s: ast.Represent, ctx: Context) -> Node:
+    from vindex3.represent import TARGETS
+
+    if s.encoding not in TARGETS:
+        raise _err(s, f"REPRESENT cannot write encoding {s.encoding!r}", hint=f"REPRESENT writes: {', '.join(TARGETS)}")
+    return Represent(s, source=ctx.catalog.path, into=s.into, encoding=s.encoding)
+
+
+@plans(ast.Compact, needs_container=True)
+def _compact(s: ast.Compact, ctx: Context) -> Node:
+    return Compact(s, source=ctx.catalog.path, into=s.into)
+
+
+@plans(ast.Diff)
+def _diff(s: ast.Diff, ctx: Context) -> Node:
+    if s.b is not None:
+        return Diff(s, a=s.a, b=s.b)
+    if not ctx.bound:
+        raise NoContainer("DIFF 'b' compares the open container with b, and none is open",
+                          hint="DIFF 'a' 'b' compares two containers; or OPEN one first",
+                          line=s.line, column=s.column, statement=s.source)
+    return Diff(s, a=ctx.catalog.path, b=s.a)
+
+
+@plans(ast.ScoreRepresentation)
+def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
+    from vindex3.evidence import GREEDY
+
+    _positive(s, s.greedy, "GREEDY", "GREEDY 32")
+    return ScoreRepresentation(s, candidate=s.candidate, reference=s.reference, prompts=s.prompts,
+                               greedy=s.greedy if s.greedy is not None else GREEDY)
 
 
 @plans(ast.Help)

@@ -72,6 +72,17 @@ def fmt_value(v: Any) -> str:
     return str(v)
 
 
+def fmt_bpw(bits: float | None) -> str:
+    return "-" if bits is None else f"{bits:.2f}"
+
+
+def fmt_mixed(encodings: dict[str, int]) -> str:
+    """`` (int8 210, f32 61)`` when an object's tensors are stored in several encodings."""
+    if len(encodings) < 2:
+        return ""
+    return " (" + ", ".join(f"{e} {n}" for e, n in encodings.items()) + ")"
+
+
 def fmt_shape(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
@@ -263,9 +274,10 @@ def _stats_facts(r: R.StatsResult) -> list[str]:
         ("tokenizer", "yes" if r.tokenizer else "no"),
     ])
     out += [""] + table(
-        ["object", "representation", "tensors", "parameters", "bytes"],
-        [[o.object, o.representation, fmt_int(o.tensors), fmt_int(o.parameters), fmt_int(o.bytes)] for o in r.objects],
-        right=(2, 3, 4),
+        ["object", "representation", "tensors", "parameters", "bytes", "bits/weight"],
+        [[o.object, o.representation + fmt_mixed(o.encodings), fmt_int(o.tensors), fmt_int(o.parameters),
+          fmt_int(o.bytes), fmt_bpw(o.bits_per_weight)] for o in r.objects],
+        right=(2, 3, 4, 5),
     )
     if not c.kv_layers and not c.latent_layers and c.recurrent_layers:
         # Nothing grows with the sequence: say so, and print no KV line at all.
@@ -353,7 +365,8 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
         ("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}"),
         ("  ends", f"{c.ends_reads} operands, {fmt_bytes(c.ends_bytes)} (embedding, final norm, head)"),
         ("  layers", f"{c.layer_reads} operands, {fmt_bytes(c.layer_bytes)}"),
-    ])
+    ] + [(f"  {e.encoding}", f"{e.tensors} tensors, {fmt_bytes(e.bytes)}, {fmt_bpw(e.bits_per_weight)} bits/weight")
+         for e in c.by_encoding])
     return out
 
 
@@ -401,12 +414,23 @@ def _components(r: R.ComponentsResult, timing: bool) -> list[str]:
 def _reps(r: R.RepresentationsResult, timing: bool) -> list[str]:
     if not r.representations:
         return [f"no representation matches {r.filter!r}" if r.filter else "no representations"]
-    return table(
-        ["representation", "object", "encoding", "segment", "tensors", "payload bytes", "payload sha256"],
-        [[x.key, x.object, x.encoding or "-", x.segment, fmt_int(x.tensors), fmt_int(x.payload_bytes),
-          (x.payload_sha256 or "-")[:16]] for x in r.representations],
-        right=(4, 5),
+    out = table(
+        ["representation", "object", "encoding", "segment", "tensors", "payload bytes", "bits/weight", "payload sha256"],
+        [[x.key, x.object, (x.encoding or "-") + fmt_mixed(x.encodings), x.segment, fmt_int(x.tensors),
+          fmt_int(x.payload_bytes), fmt_bpw(x.bits_per_weight), (x.payload_sha256 or "-")[:16]] for x in r.representations],
+        right=(4, 5, 6),
     )
+    for x in r.representations:
+        if not x.executable:
+            bad = ", ".join(e for e in x.encodings if e not in _known_encodings())
+            out.append(f"{x.key}: encoding {bad} has no codec in this build (carried; INFER refuses it at preparation)")
+    return out
+
+
+def _known_encodings() -> set[str]:
+    from vindex3 import codecs
+
+    return set(codecs.known())
 
 
 def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
@@ -590,6 +614,82 @@ def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
     ])
     if timing and r.seconds is not None:
         out += fields([("encode time", fmt_seconds(r.seconds))])
+    return out
+
+
+# ---- representations and maintenance -----------------------------------------------------
+
+
+def _shares(rows: Sequence[R.EncodingShare]) -> list[str]:
+    return table(["encoding", "tensors", "parameters", "bytes", "bits/weight"],
+                 [[e.encoding, fmt_int(e.tensors), fmt_int(e.parameters), fmt_int(e.bytes), fmt_bpw(e.bits_per_weight)]
+                  for e in rows], right=(1, 2, 3, 4))
+
+
+@_layout(R.RepresentResult)
+def _represent(r: R.RepresentResult, timing: bool) -> list[str]:
+    ratio = f" ({100 * r.bytes / r.source_bytes:.1f}% of {fmt_int(r.source_bytes)})" if r.source_bytes else ""
+    out = [f"represented {r.source} as {r.encoding} into {r.path}"] + fields([
+        ("weights", f"{fmt_int(r.bytes)} bytes{ratio}"),
+        ("exact", "yes: every tensor holds its source's values" if r.exact else "no (fidelity per tensor in provenance)"),
+    ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
+    out += [""] + _shares(r.encodings)
+    if r.kept:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for k in r.kept:
+            groups.setdefault((k.encoding, k.reason), []).append(k.tensor)
+        out += ["", f"not {r.encoding} ({len(r.kept)} tensors):"]
+        for (enc, why), names in groups.items():
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            out.append(f"  {enc}: {names[0]}{more}: {why}")
+    if r.worst:
+        out += ["", "largest relative RMS error:"] + table(
+            ["tensor", "encoding", "rel rms", "max abs", "bits/weight"],
+            [[w["tensor"], w["encoding"], f"{w['rel_rms_error']:.2e}", f"{w['max_abs_error']:.2e}",
+              fmt_bpw(w["bits_per_weight"])] for w in r.worst], right=(2, 3, 4))
+    if r.not_carried:
+        out += ["", "not carried (derived from the source's weights): " + ", ".join(r.not_carried)]
+    return out
+
+
+@_layout(R.CompactResult)
+def _compact(r: R.CompactResult, timing: bool) -> list[str]:
+    out = [f"compacted {r.source} into {r.path} (generation {r.generation})"] + fields([
+        ("copied", f"{r.copied} files, {fmt_bytes(r.copied_bytes)}, byte for byte"),
+        ("left behind", f"{len(r.left_behind)} entries, {fmt_bytes(sum(f.bytes for f in r.left_behind))}"
+         if r.left_behind else "nothing (every file is referenced by the index)"),
+    ])
+    if r.left_behind:
+        out += table(["path", "kind", "bytes"], [[f.path, f.kind, fmt_int(f.bytes)] for f in r.left_behind], right=(2,))
+    return out
+
+
+@_layout(R.DiffResult)
+def _diff(r: R.DiffResult, timing: bool) -> list[str]:
+    out = fields([("a", r.a), ("b", r.b), ("verdict", r.verdict)] + ([("relation", r.relation)] if r.relation else []))
+    if r.differences:
+        out += [""] + table(["kind", "area", "what", "a", "b"],
+                            [[d.kind, d.area, d.what, _cell(d.a), _cell(d.b)] for d in r.differences])
+    return out
+
+
+def _cell(v: Any) -> str:
+    return fmt_int(v) if isinstance(v, int) and not isinstance(v, bool) else fmt_value(v)
+
+
+@_layout(R.RepresentationScoreResult)
+def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
+    out = [f"{r.candidate} against {r.reference} on {r.bank}: {r.prompts} prompts, {r.positions} positions"] + fields([
+        ("KL p50 / p95", f"{r.kl_p50:.3g} / {r.kl_p95:.3g} nats"),
+        ("KL mean / max", f"{r.kl_mean:.3g} / {r.kl_max:.3g} nats"),
+        ("top-1 agreement", f"{r.top1:.4f}"),
+        (f"greedy-{r.greedy} agreement", (f"{r.greedy_agreement:.4f} (all {r.greedy} tokens on "
+                                          f"{round(r.greedy_exact * r.prompts)} of {r.prompts} prompts)")),
+        ("stored", f"in {r.candidate}'s provenance (evidence)" if r.stored else "no"),
+    ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
+    out += [""] + table(["prompt", "category", "positions", "KL mean", "top-1", f"greedy-{r.greedy}"],
+                        [[p["id"], p["category"], fmt_int(p["positions"]), f"{p['kl_mean']:.3g}", f"{p['top1']:.3f}",
+                          f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt], right=(2, 3, 4, 5))
     return out
 
 
@@ -859,6 +959,21 @@ def _rec_operands(r: R.OperandsResult) -> list[dict[str, Any]]:
 @_records_of(R.SettingsResult)
 def _rec_settings(r: R.SettingsResult) -> list[dict[str, Any]]:
     return [_dump(x) for x in r.settings]
+
+
+@_records_of(R.DiffResult)
+def _rec_diff(r: R.DiffResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.differences]
+
+
+@_records_of(R.RepresentationScoreResult)
+def _rec_score_rep(r: R.RepresentationScoreResult) -> list[dict[str, Any]]:
+    return [dict(p) for p in r.per_prompt]
+
+
+@_records_of(R.CompactResult)
+def _rec_compact(r: R.CompactResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.left_behind]
 
 
 @_records_of(R.StatsResult)

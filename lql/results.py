@@ -74,6 +74,16 @@ class Result(BaseModel):
 # ---- shared pieces --------------------------------------------------------------------
 
 
+class EncodingShare(BaseModel):
+    """Tensors of one encoding within a container, an object or a slice's reads."""
+
+    encoding: str
+    tensors: int
+    parameters: int
+    bytes: int
+    bits_per_weight: float
+
+
 class MixEntry(BaseModel):
     label: str
     count: int
@@ -150,6 +160,8 @@ class ObjectRow(BaseModel):
     tensors: int
     parameters: int
     bytes: int
+    encodings: dict[str, int] = {}  # encoding -> tensors stored in it (several when mixed)
+    bits_per_weight: float | None = None  # 8 x stored tensor bytes / parameters
 
 
 class ContinuationSummary(BaseModel):
@@ -230,6 +242,7 @@ class ReadCost(BaseModel):
     layer_bytes: int
     total_reads: int
     total_bytes: int
+    by_encoding: list[EncodingShare] = []  # the distinct operands read, per encoding
 
 
 class ExplainResult(Result):
@@ -286,6 +299,9 @@ class RepresentationRow(BaseModel):
     payload_bytes: int | None
     payload_sha256: str | None
     segment_sha256: str | None
+    encodings: dict[str, int] = {}  # encoding -> tensors stored in it
+    bits_per_weight: float | None = None
+    executable: bool = True  # every tensor's encoding has a codec in this build
 
 
 class RepresentationsResult(Result):
@@ -515,3 +531,84 @@ class LadderResult(Result):
         if path is not None:
             save_figure(fig, path)
         return fig
+
+
+# ---- representations and maintenance (vindex3.represent, .compact, .diff, .evidence) ----
+
+
+class KeptTensor(BaseModel):
+    tensor: str
+    encoding: str
+    reason: str
+
+
+class RepresentResult(Result):
+    kind: Literal["represent"] = "represent"
+    source: str
+    path: str
+    encoding: str
+    tensors: int
+    bytes: int
+    source_bytes: int
+    encodings: list[EncodingShare]
+    kept: list[KeptTensor]  # tensors not in the requested encoding, and why
+    not_carried: list[str]  # derived representations left with the source
+    exact: bool
+    worst: list[dict[str, Any]]  # the tensors with the largest relative RMS error
+    seconds: float | None = None
+
+
+class LeftBehind(BaseModel):
+    path: str
+    kind: str
+    bytes: int
+
+
+class CompactResult(Result):
+    kind: Literal["compact"] = "compact"
+    source: str
+    path: str
+    generation: int
+    copied: int
+    copied_bytes: int
+    left_behind: list[LeftBehind]
+
+
+class DiffRow(BaseModel):
+    kind: Literal["logical", "physical", "metadata"]
+    area: str
+    what: str
+    a: Any = None
+    b: Any = None
+
+
+class DiffResult(Result):
+    kind: Literal["diff"] = "diff"
+    a: str
+    b: str
+    verdict: str
+    logically_identical: bool
+    physically_identical: bool
+    relation: str | None
+    differences: list[DiffRow]
+
+
+class RepresentationScoreResult(Result):
+    kind: Literal["score_representation"] = "score_representation"
+    candidate: str
+    reference: str
+    bank: str
+    prompts: int
+    positions: int
+    greedy: int
+    kl_mean: float
+    kl_p50: float
+    kl_p95: float
+    kl_max: float
+    top1: float
+    greedy_agreement: float
+    greedy_exact: float
+    candidate_encodings: dict[str, str]
+    stored: bool
+    per_prompt: list[dict[str, Any]]
+    seconds: float | None = None

@@ -73,6 +73,15 @@ CASES = [
     ("VERIFY", {"kind": "verify"}),
     ("PLAN 'ckpt'", {"kind": "plan", "path": "ckpt"}),
     ("ENCODE 'ckpt' INTO 'out'", {"kind": "encode", "checkpoint": "ckpt", "into": "out"}),
+    ("REPRESENT INTO 'o' ENCODING 'int8'", {"kind": "represent", "into": "o", "encoding": "int8"}),
+    ("represent into 'o' encoding 'q4'", {"kind": "represent", "into": "o", "encoding": "q4"}),
+    ("COMPACT INTO 'c'", {"kind": "compact", "into": "c"}),
+    ("DIFF 'a' 'b'", {"kind": "diff", "a": "a", "b": "b"}),
+    ("DIFF 'b'", {"kind": "diff", "a": "b", "b": None}),
+    ("SCORE REPRESENTATION 'c' AGAINST 'r' ON 'p.jsonl'",
+     {"kind": "score_representation", "candidate": "c", "reference": "r", "prompts": "p.jsonl", "greedy": None}),
+    ("SCORE REPRESENTATION 'c' AGAINST 'r' ON 'p.jsonl' GREEDY 8",
+     {"kind": "score_representation", "candidate": "c", "reference": "r", "prompts": "p.jsonl", "greedy": 8}),
     ("HELP", {"kind": "help", "topic": None}),
     ("help show layers", {"kind": "help", "topic": "SHOW LAYERS"}),
     ("SET format = json", {"kind": "set", "name": "format", "value": "json"}),
@@ -160,8 +169,8 @@ ERRORS = [
      "                       ^\n"
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
     ("STAST",
-     "syntax error at line 1, column 1: expected a statement (DRAFT, DUMP, ENCODE, EXPLAIN, HELP, INFER, OPEN, "
-     "PLAN, SCORE, SET, SHOW, STATS, TRACE, USE, VERIFY) or ';', found 'STAST'\n"
+     "syntax error at line 1, column 1: expected a statement (COMPACT, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, HELP, "
+     "INFER, OPEN, PLAN, REPRESENT, SCORE, SET, SHOW, STATS, TRACE, USE, VERIFY) or ';', found 'STAST'\n"
      "  STAST\n"
      "  ^\n"
      "  hint: did you mean STATS?"),

@@ -1,4 +1,5 @@
-"""`vindex3` command line: plan, encode, inspect, verify, ops, exec, shard, default, label, record verify."""
+"""`vindex3` command line: plan, encode, represent, compact, diff, score-representation, inspect, verify, ops,
+exec, shard, default, label, record verify."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def cmd_encode(a) -> int:
 
     t0 = time.perf_counter()
     with terminal_progress(f"encoding {Path(a.src).name}", enabled=not a.json) as cb:
-        r = encode_detailed(a.src, a.out, progress=cb)
+        r = encode_detailed(a.src, a.out, progress=cb, keep_dtype=a.keep_dtype)
     secs = time.perf_counter() - t0
     if a.json:
         _print_json({"path": str(r.path), "tensors": r.tensors, "bytes": r.bytes, "seconds": round(secs, 3),
@@ -88,7 +89,9 @@ def cmd_inspect(a) -> int:
     print(f"weights     {d['weight_bytes']:,} bytes")
     print("objects:")
     for o in d["objects"]:
-        print(f"  {o['representation']:<24} {o['tensors']:>5} tensors {o['parameters']:>14,} params {o['bytes']:>14,} bytes")
+        mixed = ", ".join(f"{e} {n}" for e, n in o["encodings"].items()) if len(o["encodings"]) > 1 else ""
+        print(f"  {o['representation']:<24} {o['tensors']:>5} tensors {o['parameters']:>14,} params {o['bytes']:>14,} bytes"
+              f" {o['bits_per_weight']:>6.2f} bits/weight" + (f"  ({mixed})" if mixed else ""))
     print("layers:")
     for l in d["layers"]:
         extra = f" window={l['window']}" if l["window"] else ""
@@ -245,6 +248,57 @@ def cmd_label(a) -> int:
     return 0
 
 
+def _print_result(res, as_json: bool) -> None:
+    """A result of lql.results, printed by the one renderer (text) or as its JSON body."""
+    if as_json:
+        _print_json(res.model_dump(mode="json", exclude={"statement", "kind"}))
+    else:
+        print(res.to_text(timing=True))
+
+
+def cmd_represent(a) -> int:
+    from lql.commands.representations import represent_result
+
+    from .progress import terminal_progress
+    from .represent import represent
+
+    with terminal_progress(f"representing {Path(a.src).name} as {a.encoding}", enabled=not a.json) as cb:
+        r = represent(a.src, a.out, a.encoding, progress=cb)
+    _print_result(represent_result(r), a.json)
+    return 0
+
+
+def cmd_compact(a) -> int:
+    from lql.commands.representations import compact_result
+
+    from .compact import compact
+
+    _print_result(compact_result(compact(a.src, a.out)), a.json)
+    return 0
+
+
+def cmd_diff(a) -> int:
+    from lql.commands.representations import diff_result
+
+    from .diff import diff
+
+    d = diff(a.a, a.b)
+    _print_result(diff_result(d), a.json)
+    return 0 if not d.logical else 1
+
+
+def cmd_score_representation(a) -> int:
+    from lql.commands.representations import score_result
+
+    from .evidence import score_representation
+    from .progress import terminal_progress
+
+    with terminal_progress(f"scoring {Path(a.candidate).name}", enabled=not a.json) as cb:
+        s = score_representation(a.candidate, a.against, a.prompts, greedy=a.greedy, store=not a.no_store, progress=cb)
+    _print_result(score_result(s), a.json)
+    return 0
+
+
 def cmd_record_verify(a) -> int:
     """Exit 0: intact and complete; 3: intact record of an interrupted run; 1: truncated,
     edited or not a record."""
@@ -274,8 +328,39 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("encode", help="encode an HF checkpoint dir or a .gguf file into a container")
     s.add_argument("src")
     s.add_argument("out")
+    s.add_argument("--keep-dtype", action="store_true",
+                   help="keep bf16/f16 matrices 16-bit (exactly) instead of widening them to f32")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_encode)
+
+    s = sub.add_parser("represent", help="write a container in another weight encoding (same graph and objects)")
+    s.add_argument("src")
+    s.add_argument("out")
+    s.add_argument("--encoding", required=True, choices=["f32", "bf16", "f16", "int8", "q4"])
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_represent)
+
+    s = sub.add_parser("compact", help="copy only the files the index refers to; list every file left behind")
+    s.add_argument("src")
+    s.add_argument("out")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_compact)
+
+    s = sub.add_parser("diff", help="logical vs physical differences of two containers (exit 1: logically different)")
+    s.add_argument("a")
+    s.add_argument("b")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_diff)
+
+    s = sub.add_parser("score-representation",
+                       help="KL, top-1 and greedy agreement of a representation against the same model on a prompt bank")
+    s.add_argument("candidate")
+    s.add_argument("--against", required=True, help="the reference container (e.g. the source it was represented from)")
+    s.add_argument("--prompts", required=True, help="a JSONL prompt bank (tests/data/prompts-v1.jsonl)")
+    s.add_argument("--greedy", type=int, default=32, help="greedy tokens compared per prompt (default 32)")
+    s.add_argument("--no-store", action="store_true", help="do not record the result in the candidate's provenance")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_score_representation)
 
     s = sub.add_parser("inspect", help="describe a container (reads no tensor data)")
     s.add_argument("path")

@@ -321,8 +321,14 @@ class Container:
         for key, rep in sorted(self.manifest.representations.items()):
             seg = self.segments[rep.object]
             params = sum(math.prod(e.shape) for e in seg.entries.values())
-            out.append({"object": rep.object, "representation": key, "tensors": len(seg.entries), "parameters": params,
-                        "bytes": rep.payload_bytes})
+            stored = sum(e.nbytes for e in seg.entries.values())
+            encodings: dict[str, int] = {}
+            for e in seg.entries.values():
+                encodings[e.dtype] = encodings.get(e.dtype, 0) + 1
+            out.append({"object": rep.object, "representation": key, "encoding": rep.encoding,
+                        "tensors": len(seg.entries), "parameters": params, "bytes": rep.payload_bytes,
+                        "encodings": dict(sorted(encodings.items(), key=lambda kv: (-kv[1], kv[0]))),
+                        "bits_per_weight": round(8 * stored / params, 3) if params else 0.0})
         return out
 
     @property

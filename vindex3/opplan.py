@@ -226,7 +226,7 @@ def operand_uses(plan: OpPlan) -> dict[str, OperandUse]:
                     add(ref, "matrix" if kinds.get(role, MATRIX) == MATRIX else "array", role)
             else:
                 for role, ref in op.operands.items():
-                    add(ref, "array" if op.kind == "rms_norm" else "unknown", role)
+                    add(ref, "array" if op.kind == "rms_norm" else "unknown", op.role if op.kind == "rms_norm" else role)
     out = {}
     for label, (kinds, roles) in seen.items():
         kind = "unknown" if "unknown" in kinds else ("array" if "array" in kinds else "matrix")

@@ -18,7 +18,8 @@ def stats(session, node: planner.Stats) -> R.StatsResult:
     comp = c.graph.component
     op_plan = c.op_plan()
     objects = [R.ObjectRow(object=o["object"], representation=o.get("representation", "-"),
-                           tensors=o.get("tensors", 0), parameters=o["parameters"], bytes=o["bytes"])
+                           tensors=o.get("tensors", 0), parameters=o["parameters"], bytes=o["bytes"],
+                           encodings=o.get("encodings", {}), bits_per_weight=o.get("bits_per_weight"))
                for o in c.objects()]
     geoms = c.continuation()
     positions = node.positions
@@ -88,8 +89,11 @@ def show_components(session, node: planner.ShowComponents) -> R.ComponentsResult
 
 @command(planner.ShowRepresentations)
 def show_representations(session, node: planner.ShowRepresentations) -> R.RepresentationsResult:
+    from vindex3 import codecs
+
     flt = node.filter
     rows = []
+    per_object = {o["object"]: o for o in session.container.objects()}
     for r in session.container.representations:
         key = r["key"]
         if flt is not None:
@@ -100,10 +104,14 @@ def show_representations(session, node: planner.ShowRepresentations) -> R.Repres
                     continue
             elif pat not in hay:
                 continue
+        o = per_object.get(r.get("object"), {})
+        encs = o.get("encodings", {})
         rows.append(R.RepresentationRow(
             key=key, object=r.get("object", "-"), encoding=r.get("encoding"), segment=r.get("segment", "-"),
             tensors=r.get("tensors"), payload_bytes=r.get("payload_bytes"),
             payload_sha256=r.get("payload_sha256"), segment_sha256=r.get("segment_sha256"),
+            encodings=encs, bits_per_weight=o.get("bits_per_weight"),
+            executable=all(codecs.is_known(e) for e in encs),
         ))
     return R.RepresentationsResult(filter=flt, representations=rows)
 

@@ -49,6 +49,10 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Verify: (),
     ast.Plan: ("path",),
     ast.Encode: ("checkpoint", "into"),
+    ast.Represent: ("into",),  # the source is the bound model
+    ast.Compact: ("into",),
+    ast.Diff: ("a", "b"),
+    ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
     ast.Help: (),
     ast.Set: (),
 }
@@ -69,6 +73,10 @@ _WHY = {
     ast.ScoreDraft: "it reads dump files on the server",
     ast.Open: "it names a container on the server; this server serves fixed models (the request's model field)",
     ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
+    ast.Represent: "it writes a container on the server",
+    ast.Compact: "it writes a container on the server",
+    ast.Diff: "it opens containers on the server by path",
+    ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
 }
 
 
