@@ -288,10 +288,29 @@ class RepresentationRow(BaseModel):
     segment_sha256: str | None
 
 
+class DerivedRepresentationRow(BaseModel):
+    """Derived data recorded in index.json (feature metadata...): what it is, what it was
+    derived from, and whether it still fits this container (``fresh``; ``stale`` says why not)."""
+
+    key: str
+    kind: str
+    version: int | None
+    authority: str
+    method: str | None
+    params: dict[str, Any]
+    source_digest: str | None
+    fresh: bool
+    stale: str | None = None  # why it no longer fits (None when fresh)
+    files: int
+    bytes: int
+    summary: str | None
+
+
 class RepresentationsResult(Result):
     kind: Literal["show_representations"] = "show_representations"
     filter: str | None
     representations: list[RepresentationRow]
+    derived: list[DerivedRepresentationRow] = []
 
 
 class ProvenanceResult(Result):
@@ -353,6 +372,7 @@ class InferResult(Result):
     interrupted: bool = False  # Ctrl-C stopped the generation: the tokens so far
     prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
     prepared_bytes: int | None = None  # distinct bytes it prepared
+    intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
     timing: Timing | None = None
     _logits: Any = PrivateAttr(default=None)
 
@@ -401,6 +421,7 @@ class TraceResult(Result):
     model_layers: int
     prompt: PromptInfo
     rows: list[TraceRow]
+    intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
 
 
 class DraftResult(Result):
@@ -492,6 +513,8 @@ class ScoreResult(Result):
     summary: dict[str, Any]
     positions: list[dict[str, Any]]  # with target_token / draft_token text when a tokenizer matched
     tokens: bool = False  # whether token text is shown beside ids
+    draft_intervention: dict[str, Any] | None = None  # what each dump's run changed (ABLATE FEATURES), from its sidecar
+    target_intervention: dict[str, Any] | None = None
 
 
 class LadderResult(Result):
@@ -515,3 +538,296 @@ class LadderResult(Result):
         if path is not None:
             save_figure(fig, path)
         return fig
+
+
+# ---- looking inside (issue 15) ------------------------------------------------------------
+#
+# These mirror vindex3.internals' result models field for field (built from them with
+# ``model_validate(x.model_dump())``, every nested model forbidding extra fields, so a field
+# added there and not here fails loudly in the tests), so that JSON carries every column and a
+# remote session rebuilds them, without importing vindex3 when lql is imported.
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenLogit(_Data):
+    id: int
+    text: str | None
+    logit: float
+
+
+class SkippedLayer(_Data):
+    """A layer a statement did not look at, and why (a mixer-only layer has no FFN features)."""
+
+    layer: int
+    operator: str
+    reason: str
+
+
+class InternalsPrompt(_Data):
+    text: str | None
+    ids: list[int]
+    tokens: list[str | None]
+
+
+class MetadataNote(_Data):
+    """What a statement's use of feature metadata involved: read, built now, or rebuilt (why)."""
+
+    kind: Literal["feature_tokens"] = "feature_tokens"
+    k: int
+    source_digest: str
+    layers: list[int]
+    built_layers: list[int]
+    build_seconds: float
+    rebuilt: str | None = None
+    cached: bool = True
+    note: str | None = None
+
+
+class FeatureHit(_Data):
+    layer: int
+    feature: int
+    score: float
+    tokens: list[TokenLogit]
+
+
+class WalkLayer(_Data):
+    layer: int
+    mixer: str
+    ffn: str
+    features: list[FeatureHit]
+
+
+class WalkResult(Result):
+    kind: Literal["walk"] = "walk"
+    prompt: InternalsPrompt
+    query_id: int
+    query_token: str | None
+    query: str
+    top: int
+    layers: list[WalkLayer]
+    skipped: list[SkippedLayer]
+    metadata: MetadataNote
+    seconds: float
+
+
+class DescribeEdge(_Data):
+    source: str
+    target: str | None
+    target_id: int
+    best_score: float
+    best_layer: int
+    best_feature: int
+    first_layer: int
+    last_layer: int
+    count: int
+    features: list[tuple[int, int]]
+    also: list[str | None]
+    also_ids: list[int]
+
+
+class DescribeResult(Result):
+    kind: Literal["describe"] = "describe"
+    entity: str
+    prompt: InternalsPrompt
+    query: str
+    threshold: float
+    top: int
+    layers: list[int]
+    skipped: list[SkippedLayer]
+    passing: int
+    excluded: int
+    excluded_tokens: list[str | None]
+    total_edges: int
+    edges: list[DescribeEdge]
+    metadata: MetadataNote
+    seconds: float
+
+
+class FeatureCondition(_Data):
+    column: str
+    op: str
+    value: str | int | float
+
+
+class FeatureQuery(_Data):
+    columns: list[str]
+    layers: list[int] | None = None
+    nearest_to: str | list[int] | None = None
+    where: list[FeatureCondition] = []
+    order_by: str | None = None
+    descending: bool = True
+    limit: int | None = None
+
+
+class FeatureRow(_Data):
+    layer: int
+    feature: int
+    token: str | None
+    token_id: int
+    score: float
+
+
+class SelectFeaturesResult(Result):
+    kind: Literal["select_features"] = "select_features"
+    query: FeatureQuery
+    columns: list[str]
+    score: str
+    layers: list[int]
+    skipped: list[SkippedLayer]
+    total: int
+    rows: list[FeatureRow]
+    metadata: MetadataNote
+    seconds: float
+
+
+class FeatureTokensRow(_Data):
+    feature: int
+    tokens: list[TokenLogit]
+
+
+class ShowFeaturesResult(Result):
+    kind: Literal["show_features"] = "show_features"
+    layer: int
+    mixer: str
+    ffn: str
+    features: int
+    rows: list[FeatureTokensRow]
+    metadata: MetadataNote
+
+
+class ActiveFeature(_Data):
+    layer: int
+    feature: int
+    activation: float
+    gate: float
+    ablated: bool
+    tokens: list[TokenLogit]
+
+
+class ActivityLayer(_Data):
+    layer: int
+    mixer: str
+    ffn: str
+    features: list[ActiveFeature]
+
+
+class FeatureActivityResult(Result):
+    """EXPLAIN INFER ... FEATURES."""
+
+    kind: Literal["explain_features"] = "explain_features"
+    prompt: InternalsPrompt
+    position: int
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    next_id: int
+    next_token: str | None
+    top: int
+    layers: list[ActivityLayer]
+    skipped: list[SkippedLayer]
+    metadata: MetadataNote
+    seconds: float
+
+
+class LensRow(_Data):
+    layer: int | None  # None: the embedding, before the first layer
+    operator: str
+    position: int
+    rank: int
+    prob: float
+    logit: float
+    top_id: int
+    top_token: str | None
+    top_prob: float
+
+
+class Part(_Data):
+    name: str
+    layer: int | None
+    site: Literal["embedding", "mixer", "ffn"]
+    operator: str | None
+    logit: float
+    share: float | None
+
+
+class Decomposition(_Data):
+    token_id: int
+    token: str | None
+    position: int
+    final_logit: float
+    logit_before_softcap: float | None
+    sum_of_parts: float
+    unexplained: float
+    scale: float
+    parts: list[Part]
+    notes: list[str]
+    method: str
+
+
+class SavedFile(_Data):
+    path: str
+    arrays: list[str]
+    bytes: int
+
+
+class TraceForResult(Result):
+    """TRACE ... FOR: the logit lens, and with DECOMPOSE the exact attribution."""
+
+    kind: Literal["trace_for"] = "trace_for"
+    prompt: InternalsPrompt
+    target_id: int
+    target: str | None
+    positions: Literal["last", "all"]
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    rows: list[LensRow]
+    final: LensRow
+    decomposition: Decomposition | None
+    saved: SavedFile | None
+    seconds: float
+
+
+class ObserveResult(Result):
+    kind: Literal["observe"] = "observe"
+    path: str
+    run_id: str
+    prompt: InternalsPrompt
+    generated_ids: list[int]
+    generated_text: str | None
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    lens_tokens: list[int]
+    events: int
+    write_events: int
+    token_events: int
+    sha256: str
+    status: Literal["complete", "interrupted"]
+    seconds: float
+
+
+class BuiltLayer(_Data):
+    layer: int
+    mixer: str
+    ffn: str
+    features: int
+    built: bool  # built by this statement (False: read from the container, already fresh)
+    seconds: float | None  # the build time the index records for the layer
+
+
+class BuildFeaturesResult(Result):
+    """BUILD FEATURES: the feature metadata of the chosen FFN layers, and where it lives."""
+
+    kind: Literal["build_features"] = "build_features"
+    metadata: MetadataNote
+    layers: list[BuiltLayer]
+    skipped: list[SkippedLayer]
+    directory: str  # inside the container
+    files: int  # in the derived representation, every layer built so far
+    bytes: int
+    summary: str | None
+    ffn_layers: int  # layers of the model that have FFN features

@@ -105,7 +105,9 @@ def show_representations(session, node: planner.ShowRepresentations) -> R.Repres
             tensors=r.get("tensors"), payload_bytes=r.get("payload_bytes"),
             payload_sha256=r.get("payload_sha256"), segment_sha256=r.get("segment_sha256"),
         ))
-    return R.RepresentationsResult(filter=flt, representations=rows)
+    from .internals import derived_rows
+
+    return R.RepresentationsResult(filter=flt, representations=rows, derived=derived_rows(session, flt))
 
 
 @command(planner.ShowProvenance)

@@ -20,7 +20,7 @@ from .explain import prompt_info
 def infer(session, node: planner.Run) -> R.InferResult:
     cat = session.catalog
     prompt = prompt_info(node.prompt)
-    ex, fresh = session.executor(node.slice.depth)
+    ex, fresh = session.executor(node.slice.depth, node.intervention)
     st = ex.start()
     t0 = time.perf_counter()
     last = np.asarray(st.prefill(list(node.prompt.ids))[-1])
@@ -60,6 +60,7 @@ def infer(session, node: planner.Run) -> R.InferResult:
                            prompt=prompt, top=top, generated_ids=gen_ids, generated_text=gen_text,
                            stopped_at=stopped, interrupted=interrupted,
                            prepared_reads=int(ex.trace.operand_reads), prepared_bytes=int(ex.trace.bytes_read),
+                           intervention=node.intervention.record() if node.intervention is not None else None,
                            timing=timing)
     result._logits = last
     return result

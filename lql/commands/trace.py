@@ -16,7 +16,7 @@ def trace(session, node: planner.Trace) -> R.TraceResult:
     c = session.container
     cat = session.catalog
     prompt = prompt_info(node.prompt)
-    ex, _ = session.executor(node.slice.depth)
+    ex, _ = session.executor(node.slice.depth, node.intervention)
     labels = [lp.label() for lp in c.graph.layers]
     st = ex.start()
     rows = []
@@ -27,4 +27,5 @@ def trace(session, node: planner.Trace) -> R.TraceResult:
         rows.append(R.TraceRow(position=pos, token_id=tok, token=cat.token_text(tok), layers=ran,
                                operators=[labels[i] for i in ran], next_id=nxt, next_token=cat.token_text(nxt)))
     return R.TraceResult(slice=node.slice.label, depth=node.slice.depth, model_layers=c.graph.num_layers,
-                         prompt=prompt, rows=rows)
+                         prompt=prompt, rows=rows,
+                         intervention=node.intervention.record() if node.intervention is not None else None)
