@@ -722,6 +722,11 @@ def _intervention(rec: dict[str, Any] | None) -> str | None:
     return str(rec.get("text") or rec.get("kind") or rec)
 
 
+def _time(seconds: float, timing: bool) -> tuple[str, str | None]:
+    """The statement's own time, shown only with timing on (machine-dependent)."""
+    return ("time", fmt_seconds(seconds) if timing else None)
+
+
 def _token(text: str | None, token_id: int) -> str:
     return fmt_text(text) if text is not None else f"#{token_id}"
 
@@ -768,9 +773,7 @@ def _walk(r: R.WalkResult, timing: bool) -> list[str]:
             rows.append([str(lay.layer), str(h.feature), f"{h.score:.2f}", _token_list(h.tokens)])
             first.append(j == 0)
     out += table(["layer", "feature", "gate score", "writes"], _layer_groups(rows, first), right=(0, 1, 2))
-    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing)])
-    if timing:
-        tail += fields([("time", fmt_seconds(r.seconds))])
+    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
 
 
@@ -798,9 +801,7 @@ def _describe(r: R.DescribeResult, timing: bool) -> list[str]:
               ", ".join(_token(t, i) for t, i in zip(e.also, e.also_ids)) or "-"] for e in r.edges],
             right=(1, 4),
         )
-    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing)])
-    if timing:
-        tail += fields([("time", fmt_seconds(r.seconds))])
+    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
 
 
@@ -824,9 +825,7 @@ def _select(r: R.SelectFeaturesResult, timing: bool) -> list[str]:
     count = (f"{len(r.rows):,} of {r.total:,} matching features (LIMIT {limit})" if limit is not None and r.total > len(r.rows)
              else f"{r.total:,} matching feature{'' if r.total == 1 else 's'}")
     tail = fields([("rows", f"{count} in {layers_phrase(r.layers)}"), ("score", r.score) if "score" in cols else ("", None),
-                   *_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing)])
-    if timing:
-        tail += fields([("time", fmt_seconds(r.seconds))])
+                   *_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
 
 
@@ -863,9 +862,7 @@ def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
             rows.append(row)
             first.append(j == 0)
     out += table(headers, _layer_groups(rows, first), right=(0, 1, 2, 3))
-    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing)])
-    if timing:
-        tail += fields([("time", fmt_seconds(r.seconds))])
+    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
 
 
@@ -903,10 +900,9 @@ def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
             ("sum of parts", f"{d.sum_of_parts:.6f} ({len(d.parts)} parts; unexplained {d.unexplained:.1e}, float32 rounding)"),
             *[("note" if i == 0 else "", n) for i, n in enumerate(d.notes)],
         ])
-    if r.saved is not None:
-        out += fields([("saved", f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})")])
-    if timing:
-        out += fields([("time", fmt_seconds(r.seconds))])
+    out += fields([("saved", None if r.saved is None else
+                    f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})"),
+                   _time(r.seconds, timing)])
     return out
 
 
@@ -923,9 +919,8 @@ def _observe(r: R.ObserveResult, timing: bool) -> list[str]:
         ("events", f"{r.events:,} ({r.write_events:,} writes, {r.token_events:,} tokens)"),
         ("receipt", f"sha256 {r.sha256}, run {r.run_id}"),
         ("check", f"vindex3 record verify {r.path}"),
+        _time(r.seconds, timing),
     ])
-    if timing:
-        out += fields([("time", fmt_seconds(r.seconds))])
     return out
 
 

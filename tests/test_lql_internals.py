@@ -613,3 +613,23 @@ def test_results_are_the_registered_kinds():
              "trace_for": R.TraceForResult, "observe": R.ObserveResult, "build_features": R.BuildFeaturesResult}
     for kind, cls in kinds.items():
         assert cls.model_fields["kind"].default == kind
+
+
+def test_the_shell_draws_a_progress_bar_while_features_are_built(containers, tmp_path):
+    import io
+
+    from prompt_toolkit.output import DummyOutput
+
+    from lql import repl
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, err = io.StringIO(), Tty()
+    sh = repl.Shell(output=DummyOutput(), history_path=tmp_path / "history", stdout=out, stderr=err)
+    path = own_copy(containers, "llama", tmp_path)
+    sh.run_text(f"OPEN '{path}'; BUILD FEATURES;")
+    drawn = err.getvalue()
+    assert "build features [" + "#" * 30 + "] 4/4 layer 3" in drawn and drawn.endswith("\r")
+    assert "built now  layers 0-3" in out.getvalue()
