@@ -4,6 +4,10 @@ and the vision-language ``qwen3_5`` checkpoint, text component) against transfor
 fallback paths, fp32, eager attention): admission, graph, parity over 150 positions (three
 prefill chunks of 64, the last partial), continuation state, drafts, speculation, refusals.
 
+Routed experts (the moe_ffn operator): ``qwen3_next_moe`` (layers 0, 2, 3 routed, 1 dense),
+``qwen3_5_moe_text`` and the VL ``qwen3_5_moe`` (every layer routed), with parity, routing equal
+to the reference routers' position by position, both expert layouts, reads and refusals.
+
 Fixtures are tiny random models built here from configs: key heads != value heads (2 and 6),
 odd widths where the reference allows (hidden 45, key heads of 9, value heads of 11, FFN 70),
 partial rotary (12 of 24 dims; 4 of 16), GQA in the full layers. Matrices are drawn at
@@ -475,6 +479,7 @@ def test_released_config_keys_are_read(models, tmp_path):
     ("qwen3_next_moe", False, {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size",
      "expected a positive integer"),
     ("qwen3_next_moe", False, {"moe_intermediate_size": ...}, "moe_intermediate_size", "required key is absent"),
+    ("qwen3_next_moe", False, {"num_experts_per_tok": None}, "num_experts_per_tok", "is null"),
     ("qwen3_5_moe", True, {"norm_topk_prob": False}, "text_config.norm_topk_prob", "always renormalises"),
     ("qwen3_next", False, {"layer_types": [LIN, "sliding_attention", LIN, FULL]}, "layer_types",
      "layer 1 has type 'sliding_attention'"),

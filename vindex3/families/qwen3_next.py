@@ -298,7 +298,11 @@ def _routed(r: ConfigReader, v: Variant, L: int) -> tuple[list[str], RoutedFacts
                                            "the top-k weights; a config that turns it off describes a model the "
                                            "reference does not run")
                 return None
-    if None in (k, im, ish):  # absent: refused by take already
+    if None in (k, im, ish):  # absent: refused by take already; null: refused here
+        for key, val in (("num_experts_per_tok", k), ("moe_intermediate_size", im),
+                         ("shared_expert_intermediate_size", ish)):
+            if val is None and r.has(key):
+                r.refuse(key, "is null; the routed layers need it")
         return None
     ok = all([_pos_int(r, "num_experts_per_tok", k), _pos_int(r, "moe_intermediate_size", im),
               _pos_int(r, "shared_expert_intermediate_size", ish)])
