@@ -40,13 +40,18 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("SHOW PROVENANCE", "SHOW PROVENANCE", "where the container came from", "SHOW PROVENANCE;"),
     StatementDoc("SHOW OPERANDS", "SHOW OPERANDS [LAYER n]", "the tensors each op reads, with dtype, shape and bytes",
                  "SHOW OPERANDS LAYER 0;"),
+    StatementDoc("SHOW EXPERTS", "SHOW EXPERTS [AT LAYER n]",
+                 "each routed layer's expert bank: experts, top k, router, bytes per expert, always-read bytes",
+                 "SHOW EXPERTS AT LAYER 0;"),
     StatementDoc("SHOW SETTINGS", "SHOW SETTINGS", "the session's settings", "SHOW SETTINGS;"),
     StatementDoc("INFER", "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] "
                  "[SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT]",
                  "next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding",
                  "INFER 'The capital of France is' TOP 3;"),
-    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n]",
-                 "which layers ran at each position, and the next token there", "TRACE 'Water boils';"),
+    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]]",
+                 "which layers ran at each position, and the next token there; with EXPERTS, each routed "
+                 "layer's experts and their weights",
+                 "TRACE 'Water boils';"),
     StatementDoc("DRAFT DEPTH", "DRAFT DEPTH n | DRAFT OFF",
                  "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
                  "DRAFT DEPTH 2;"),
@@ -71,7 +76,7 @@ STATEMENTS: tuple[StatementDoc, ...] = (
 
 _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "SHOW": None,
             "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT",
-            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER"}
+            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER", "EXPERTS": "SHOW EXPERTS"}
 
 
 def find_statement(topic: str) -> StatementDoc | None:

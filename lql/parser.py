@@ -237,6 +237,10 @@ class ToAst(Transformer):
     def show_operands(self, meta, c):
         return ast.ShowOperands(layer=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
 
+    def show_experts(self, meta, c):
+        # SHOW EXPERTS [AT LAYER INT]
+        return ast.ShowExperts(layer=_int(c[4]) if c[4] is not None else None, **self._pos(meta))
+
     def show_settings(self, meta, c):
         return ast.ShowSettings(**self._pos(meta))
 
@@ -270,8 +274,12 @@ class ToAst(Transformer):
             fields["generate"], fields["exactly"] = fields["generate"]
         return ast.Infer(prompt=c[1], **fields, **self._pos(meta))
 
+    def experts_clause(self, meta, c):
+        # EXPERTS [AT LAYER INT]
+        return ast.ExpertsClause(layer=_int(c[3]) if c[3] is not None else None)
+
     def trace_stmt(self, meta, c):
-        return ast.Trace(prompt=c[1], depth=c[2], **self._pos(meta))
+        return ast.Trace(prompt=c[1], depth=c[2], experts=c[3], **self._pos(meta))
 
     def draft_depth(self, meta, c):
         return ast.DraftDepth(depth=c[0], **self._pos(meta))
@@ -428,7 +436,7 @@ _NUMBER_AFTER = {
     "GENERATE": "how many tokens to generate, e.g. GENERATE 20",
     "LOOKAHEAD": "how many tokens the draft proposes per step, e.g. LOOKAHEAD 4",
     "AT": "a context length, e.g. STATS AT 4096 POSITIONS",
-    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3",
+    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3 or SHOW EXPERTS AT LAYER 3",
     "RANGE": "a layer or an inclusive range of layers, e.g. RANGE 0-7",
     "_MINUS": "the last layer of the range, e.g. RANGE 0-7",
 }

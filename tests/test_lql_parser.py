@@ -64,7 +64,13 @@ CASES = [
      {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' PLOT INTO 'l.svg'",
      {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg"}),
-    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1}),
+    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1, "experts": None}),
+    ("TRACE 'x' EXPERTS", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None,
+                           "experts": {"layer": None}}),
+    ("trace tokens (1, 2) draft depth 2 experts at layer 1",
+     {"kind": "trace", "prompt": {"kind": "tokens", "ids": [1, 2]}, "depth": 2, "experts": {"layer": 1}}),
+    ("SHOW EXPERTS", {"kind": "show_experts", "layer": None}),
+    ("show experts at layer 3", {"kind": "show_experts", "layer": 3}),
     ("DUMP LOGITS 'x' INTO 'f.f32'",
      {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32"}),
     ("DUMP LOGITS TOKENS (5) DRAFT DEPTH 2 INTO 'f.f32'",
@@ -171,8 +177,8 @@ ERRORS = [
      "            ^\n"
      "  hint: did you mean TOP?"),
     ("SHOW LAYER",
-     "syntax error at line 1, column 6: expected COMPONENTS, LAYERS, OPERANDS, PROVENANCE, REPRESENTATIONS or "
-     "SETTINGS, found keyword LAYER\n"
+     "syntax error at line 1, column 6: expected COMPONENTS, EXPERTS, LAYERS, OPERANDS, PROVENANCE, "
+     "REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"
      "  hint: did you mean LAYERS?"),
