@@ -122,6 +122,15 @@ class ShowOperands(Statement):
     layer: int | None = None
 
 
+class ShowExperts(Statement):
+    """SHOW EXPERTS [AT LAYER n]: the expert bank of each routed layer (or of layer n), from the
+    plan: E, k, the router, widths, bytes per expert, bank and always-read bytes."""
+
+    keyword: ClassVar[str] = "SHOW EXPERTS"
+    kind: Literal["show_experts"] = "show_experts"
+    layer: int | None = None
+
+
 class ShowSettings(Statement):
     keyword: ClassVar[str] = "SHOW SETTINGS"
     kind: Literal["show_settings"] = "show_settings"
@@ -161,12 +170,20 @@ class DraftLadder(Statement):
     plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
 
 
+class ExpertsClause(Node):
+    """TRACE ... EXPERTS [AT LAYER n]: show each position's routing (of every routed layer the
+    slice runs, or of layer n)."""
+
+    layer: int | None = None
+
+
 class Trace(Statement):
     keyword: ClassVar[str] = "TRACE"
     kind: Literal["trace"] = "trace"
     prompt: Prompt
     depth: int | None = None
     ablate: Ablation | None = None
+    experts: ExpertsClause | None = None
 
 
 class DumpLogits(Statement):
@@ -334,14 +351,14 @@ class BuildFeatures(Statement):
 Explain.model_rebuild()
 
 AnyStatement = Annotated[
-    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set
+    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowExperts | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Help | Set
     | Walk | Describe | SelectFeatures | ShowFeatures | ExplainFeatures | TraceFor | Observe | BuildFeatures,
     Field(discriminator="kind"),
 ]
 
 STATEMENT_CLASSES: tuple[type[Statement], ...] = (
     Open, UseRemote, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
-    ShowOperands, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
+    ShowOperands, ShowExperts, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
     ScoreDraft, Verify, Plan, Encode, Help, Set,
     Walk, Describe, SelectFeatures, ShowFeatures, ExplainFeatures, TraceFor, Observe, BuildFeatures,
 )

@@ -89,6 +89,36 @@ def read_cost(sp) -> R.ReadCost:
                       layer_bytes=sp.layer_bytes, total_reads=sp.total_reads, total_bytes=sp.total_bytes)
 
 
+def expert_ops(layer_ops) -> list:
+    """The ops of a layer that read a routed-expert bank: their read profile holds banks and
+    names its experts and top-k (vindex3's `ReadProfile.detail`)."""
+    out = []
+    for op in layer_ops.ops:
+        r = op.reads
+        if r.bank_bytes and "experts" in r.detail and "top_k" in r.detail:
+            out.append(op)
+    return out
+
+
+def expert_layers(op_plan, layers=None) -> list[int]:
+    """Layers (of ``layers``, default all) with a routed-expert FFN."""
+    idx = range(len(op_plan.layers)) if layers is None else layers
+    return [int(i) for i in idx if expert_ops(op_plan.layers[i])]
+
+
+def reads_info(op_plan, layers=None) -> R.ReadsInfo:
+    """What one position reads of ``layers`` (default: all) and the ends, from sizes only: the
+    expert banks apart from the always-read bytes, and the embedding row."""
+    idx = list(range(len(op_plan.layers)) if layers is None else layers)
+    whole = op_plan.read_profile(idx, ends=True)
+    routed = expert_layers(op_plan, idx)
+    bank = sum(op.reads.bank_bytes for i in routed for op in expert_ops(op_plan.layers[i]))
+    in_layers = op_plan.read_profile(idx, ends=False).bank_bytes
+    return R.ReadsInfo(always_bytes=whole.always_bytes, expert_bank_bytes=bank, expert_layers=routed,
+                       embedding_bytes=whole.bank_bytes - in_layers, per_position_bytes=whole.per_position_bytes,
+                       total_bytes=whole.total_bytes)
+
+
 @dataclass(frozen=True, eq=False)
 class SliceBinding:
     """A slice bound against the container: the depth asked for and vindex3's plan of it (which
@@ -154,6 +184,10 @@ class Catalog:
     def bind_slice(self, depth: int | None) -> SliceBinding:
         """Plan a slice; vindex3 refuses a depth of 0 or deeper than the model (`SliceError`)."""
         return SliceBinding(depth, self.container.plan_slice(slice_of(depth)))
+
+    def expert_layers(self) -> list[int]:
+        """Layers whose FFN routes to experts (reads a bank of which a position uses k of E)."""
+        return expert_layers(self.op_plan)
 
     def check_layer(self, layer: int, what: str = "layer") -> None:
         n = self.num_layers

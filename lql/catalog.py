@@ -42,15 +42,20 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("SHOW PROVENANCE", "SHOW PROVENANCE", "where the container came from", "SHOW PROVENANCE;"),
     StatementDoc("SHOW OPERANDS", "SHOW OPERANDS [LAYER n]", "the tensors each op reads, with dtype, shape and bytes",
                  "SHOW OPERANDS LAYER 0;"),
+    StatementDoc("SHOW EXPERTS", "SHOW EXPERTS [AT LAYER n]",
+                 "each routed layer's expert bank: experts, top k, router, bytes per expert, always-read bytes",
+                 "SHOW EXPERTS AT LAYER 0;"),
     StatementDoc("SHOW SETTINGS", "SHOW SETTINGS", "the session's settings", "SHOW SETTINGS;"),
     StatementDoc("INFER", "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] "
                  "[SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
                  "next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding",
                  "INFER 'The capital of France is' TOP 3;"),
-    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] | "
+    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] "
+                 "[ABLATE FEATURES (L:f, ...)] | "
                  "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'trace.npz'] "
                  "[DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
-                 "which layers ran at each position; FOR 'token': the token's rank per layer (logit lens), "
+                 "which layers ran at each position, and the next token there; with EXPERTS, each routed "
+                 "layer's experts and their weights; FOR 'token': the token's rank per layer (logit lens), "
                  "DECOMPOSE: its logit split exactly over every write",
                  "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;"),
     StatementDoc("DRAFT DEPTH", "DRAFT DEPTH n | DRAFT OFF",
@@ -99,6 +104,7 @@ STATEMENTS: tuple[StatementDoc, ...] = (
 _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "SHOW": None,
             "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT",
             "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER", "ABLATE": "INFER",
+            "EXPERTS": "SHOW EXPERTS",
             "ABLATE FEATURES": "INFER", "BUILD": "BUILD FEATURES", "FEATURES": "SHOW FEATURES",
             "SELECT FROM FEATURES": "SELECT", "DECOMPOSE": "TRACE", "TRACE FOR": "TRACE"}
 

@@ -245,6 +245,10 @@ class ToAst(Transformer):
     def show_operands(self, meta, c):
         return ast.ShowOperands(layer=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
 
+    def show_experts(self, meta, c):
+        # SHOW EXPERTS [AT LAYER INT]
+        return ast.ShowExperts(layer=_int(c[4]) if c[4] is not None else None, **self._pos(meta))
+
     def show_settings(self, meta, c):
         return ast.ShowSettings(**self._pos(meta))
 
@@ -282,6 +286,10 @@ class ToAst(Transformer):
         if "generate" in fields:
             fields["generate"], fields["exactly"] = fields["generate"]
         return ast.Infer(prompt=c[1], **fields, **self._pos(meta))
+
+    def experts_clause(self, meta, c):
+        # EXPERTS [AT LAYER INT]
+        return ("experts", ast.ExpertsClause(layer=_int(c[3]) if c[3] is not None else None), c[0])
 
     def trace_stmt(self, meta, c):
         return ast.Trace(prompt=c[1], **self._options(c[2:], "TRACE", c[0]), **self._pos(meta))
@@ -573,7 +581,7 @@ _NUMBER_AFTER = {
     "GENERATE": "how many tokens to generate, e.g. GENERATE 20",
     "LOOKAHEAD": "how many tokens the draft proposes per step, e.g. LOOKAHEAD 4",
     "AT": "a context length, e.g. STATS AT 4096 POSITIONS",
-    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3",
+    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3 or SHOW EXPERTS AT LAYER 3",
     "LAYERS": "a layer or an inclusive range of layers, e.g. LAYERS 0-7",
     "LIMIT": "how many rows to show, e.g. LIMIT 10",
     "_COLON": "a feature index after layer:, e.g. ABLATE FEATURES (3:17)",

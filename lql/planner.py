@@ -127,6 +127,14 @@ class ShowOperands(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class ShowExperts(Node):
+    """SHOW EXPERTS: the expert banks of ``layers`` (routed layers, in order)."""
+
+    layers: tuple[int, ...]
+    layer: int | None  # AT LAYER n, as asked
+
+
+@dataclass(frozen=True, eq=False)
 class ShowSettings(Node):
     pass
 
@@ -187,6 +195,7 @@ class Trace(Node):
     slice: SliceBinding
     prompt: BoundPrompt
     intervention: Any = None
+    experts: tuple[int, ...] | None = None  # TRACE ... EXPERTS: the routed layers whose routing is shown
 
 
 @dataclass(frozen=True, eq=False)
@@ -610,6 +619,38 @@ def _show_operands(s: ast.ShowOperands, ctx: Context) -> Node:
     return ShowOperands(s, layer=s.layer)
 
 
+def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: str) -> list[int]:
+    """The model's routed-expert layers; refuses a model without any, and a ``layer`` that is
+    not one of them, by name."""
+    cat = ctx.catalog
+    if layer is not None:
+        cat.check_layer(layer)
+    routed = cat.expert_layers()
+    if not routed:
+        raise _err(s, f"{what} needs routed-expert layers, and model {cat.name} has none (every FFN is dense or absent)",
+                   hint="SHOW LAYERS shows each layer's ffn")
+    if layer is not None and layer not in routed:
+        raise _err(s, f"layer {layer} has no routed experts; the routed layers are {_runs(routed)}",
+                   hint=f"e.g. {what} AT LAYER {routed[0]}")
+    return routed
+
+
+def _runs(xs: list[int]) -> str:
+    out: list[list[int]] = []
+    for x in xs:
+        if out and x == out[-1][1] + 1:
+            out[-1][1] = x
+        else:
+            out.append([x, x])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
+
+
+@plans(ast.ShowExperts, needs_container=True)
+def _show_experts(s: ast.ShowExperts, ctx: Context) -> Node:
+    routed = _routed_or_refuse(s, ctx, s.layer, "SHOW EXPERTS")
+    return ShowExperts(s, layers=(s.layer,) if s.layer is not None else tuple(routed), layer=s.layer)
+
+
 @plans(ast.ShowSettings)
 def _show_settings(s: ast.ShowSettings, ctx: Context) -> Node:
     return ShowSettings(s)
@@ -638,7 +679,19 @@ def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
 @plans(ast.Trace, needs_container=True)
 def _trace(s: ast.Trace, ctx: Context) -> Node:
     sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
-    return Trace(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), intervention=ctx.catalog.ablation(s.ablate, sl))
+    experts = None
+    if s.experts is not None:
+        layer = s.experts.layer
+        routed = _routed_or_refuse(s, ctx, layer, "TRACE ... EXPERTS")
+        ran = sl.executed_layers
+        shown = [i for i in ((layer,) if layer is not None else routed) if i in ran]
+        if not shown:
+            which = f"layer {layer}" if layer is not None else f"a routed layer (routed: {_runs(routed)})"
+            raise _err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {_runs(ran)}, not {which}",
+                       hint="a deeper DRAFT DEPTH, or DRAFT OFF, runs it")
+        experts = tuple(shown)
+    return Trace(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), experts=experts,
+                 intervention=ctx.catalog.ablation(s.ablate, sl))
 
 
 @plans(ast.DraftDepth, needs_container=True)

@@ -244,7 +244,28 @@ def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
 
 @_layout(R.StatsResult)
 def _stats(r: R.StatsResult, timing: bool) -> list[str]:
-    return _stats_facts(r) + _placement(r.placement)
+    return _stats_facts(r) + _reads(r.reads, "reads per position") + _placement(r.placement)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _reads(x: R.ReadsInfo | None, title: str) -> list[str]:
+    """What a position reads, when it reads part of an expert bank (a model without routed
+    experts reads every operand at every position: nothing to split, no section)."""
+    if x is None or not x.expert_bank_bytes:
+        return []
+    rows = [
+        ("  always read", f"{fmt_bytes(x.always_bytes)} (every operand outside the expert banks and the embedding)"),
+        ("  expert banks", (f"{fmt_bytes(x.expert_bank_bytes)} over {len(x.expert_layers)} routed layer(s) "
+                            f"({fmt_layers(x.expert_layers)}); a position reads its k of E experts of each")),
+    ]
+    if x.embedding_bytes:
+        rows.append(("  embedding", f"{fmt_bytes(x.embedding_bytes)}; a position reads one row"))
+    rows.append(("  per position", (f"{fmt_bytes(x.per_position_bytes)} of {fmt_bytes(x.total_bytes)} "
+                                    f"({_pct(x.per_position_bytes, x.total_bytes)})")))
+    return ["", title] + fields(rows)
 
 
 def _stats_facts(r: R.StatsResult) -> list[str]:
@@ -343,6 +364,9 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
             rows.append([f"[{title}; state {state}]"] + [""] * 7)
             if params:
                 rows.append([f"[  {fmt_params(params)}]"] + [""] * 7)
+            for role, d in ((st.reads or {}).get("detail") or {}).items():
+                if isinstance(d, dict) and "experts" in d and "top_k" in d:
+                    rows.append([f"[  {role} {d.get('operator', '')}: {_expert_reads(d)}]"] + [""] * 7)
             rows += _operand_rows(st.ops, with_params=True, skip_params_of="mixer")
         else:
             rows.append([f"[{st.stage.replace('_', ' ')}]"] + [""] * 7)
@@ -354,7 +378,15 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
         ("  ends", f"{c.ends_reads} operands, {fmt_bytes(c.ends_bytes)} (embedding, final norm, head)"),
         ("  layers", f"{c.layer_reads} operands, {fmt_bytes(c.layer_bytes)}"),
     ])
-    return out
+    return out + _reads(r.per_position, "per position (a token reads)")
+
+
+def _expert_reads(d: dict) -> str:
+    """A routed FFN's read detail: 'top 3 of 10 experts (softmax_topk); a token reads 40,380
+    bytes = 1,800 always + 3 x 12,860 per expert, of a 128,600-byte bank'."""
+    return (f"top {d['top_k']} of {d['experts']} experts ({d.get('router', '?')}); a token reads "
+            f"{fmt_int(d.get('bytes_per_position'))} bytes = {fmt_int(d.get('always_bytes'))} always + {d['top_k']} x "
+            f"{fmt_int(d.get('bytes_per_expert'))} per expert, of a {fmt_int(d.get('expert_bank_bytes'))}-byte bank")
 
 
 def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right: Iterable[int] = ()) -> list[str]:
@@ -432,7 +464,33 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 def _provenance(r: R.ProvenanceResult, timing: bool) -> list[str]:
     if not r.provenance:
         return ["no provenance recorded"]
-    return fields((k, fmt_value(v)) for k, v in _flatten(r.provenance))
+    return fields((k, _provenance_value(k, v)) for k, v in _flatten(r.provenance))
+
+
+_LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON keeps every entry)
+
+
+def _provenance_value(key: str, v: Any) -> str:
+    """Provenance as text: the (long) lists of assembled and dropped tensors summarised by how
+    and why, every other value as it is."""
+    if key == "assembled_tensors" and isinstance(v, list) and v and all(isinstance(a, dict) for a in v):
+        sources = sum(len(a.get("sources") or []) for a in v)
+        how: dict[str, int] = {}
+        for a in v:
+            steps = " + ".join(a.get("transform") or []) or "as stored"
+            how[steps] = how.get(steps, 0) + 1
+        return (f"{len(v)} tensors from {sources} source tensors ("
+                + ", ".join(f"{steps}: {n}" for steps, n in how.items()) + "; JSON lists each)")
+    if key == "dropped_tensors" and isinstance(v, list) and len(v) > _LONG_LIST and all(isinstance(a, dict) for a in v):
+        why: dict[str, int] = {}
+        for a in v:
+            w = str(a.get("why", "?"))
+            why[w] = why.get(w, 0) + 1
+        top = sorted(why.items(), key=lambda kv: -kv[1])
+        more = f"; {len(top) - 3} more reasons" if len(top) > 3 else ""
+        return (f"{len(v)} tensors (" + "; ".join(f"{n}: {_short(w, 80)}" for w, n in top[:3]) + more
+                + "; JSON lists each)")
+    return fmt_value(v)
 
 
 @_layout(R.OperandsResult)
@@ -445,6 +503,37 @@ def _operands(r: R.OperandsResult, timing: bool) -> list[str]:
         right=(6,),
     )
     return out + [f"{len(r.operands)} operands, {fmt_bytes(r.total_bytes)}"]
+
+
+def router_phrase(router: str, facts: dict[str, Any]) -> str:
+    """'softmax_topk, renormalised', 'sigmoid_group_topk, 2 of 4 groups, correction bias,
+    renormalised, x2.5'."""
+    parts = [router]
+    if facts.get("router_bias"):
+        parts.append("bias")
+    if facts.get("n_group") is not None:
+        parts.append(f"{facts.get('topk_group')} of {facts['n_group']} groups")
+    if facts.get("correction_bias"):
+        parts.append("correction bias")
+    if facts.get("renormalize"):
+        parts.append("renormalised")
+    if facts.get("routed_scaling_factor") is not None:
+        parts.append(f"x{fmt_value(facts['routed_scaling_factor'])}")
+    return ", ".join(parts)
+
+
+@_layout(R.ExpertsResult)
+def _experts(r: R.ExpertsResult, timing: bool) -> list[str]:
+    out = table(
+        ["layer", "experts", "top k", "router", "expert width", "shared", "bytes/expert", "bank bytes", "always bytes",
+         "bytes/position"],
+        [[str(b.layer), str(b.experts), str(b.top_k), router_phrase(b.router, b.router_facts),
+          f"{b.expert_width} {b.expert_act}", b.shared if b.shared_width is None else f"{b.shared} {b.shared_width}",
+          fmt_int(b.bytes_per_expert), fmt_int(b.expert_bank_bytes), fmt_int(b.always_bytes),
+          fmt_int(b.bytes_per_position)] for b in r.banks],
+        right=(0, 1, 2, 6, 7, 8, 9),
+    )
+    return out + _reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
 
 
 @_layout(R.SettingsResult)
@@ -474,6 +563,14 @@ def _infer(r: R.InferResult, timing: bool) -> list[str]:
             ("generated", _generated(len(r.generated_ids), r.interrupted, r.stopped_at)),
             ("ids", fmt_value(r.generated_ids)),
             ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
+        ])
+    if r.expert_layers and r.prefill_bytes is not None:
+        # reads depend on the routing: what the prefill and the decode steps touched
+        dec = r.decode_bytes or []
+        out += [""] + fields([
+            ("bytes read", f"prefill {fmt_bytes(r.prefill_bytes)}"),
+            ("  per decode step", f"{fmt_int(round(sum(dec) / len(dec)))} bytes (mean of {len(dec)}; min "
+                                  f"{fmt_int(min(dec))}, max {fmt_int(max(dec))})" if dec else None),
         ])
     if timing and r.timing is not None:
         out += [""] + _timing_fields(r.timing)
@@ -530,6 +627,8 @@ def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
 
 @_layout(R.TraceResult)
 def _trace(r: R.TraceResult, timing: bool) -> list[str]:
+    if r.expert_layers is not None:
+        return _trace_experts(r)
     out = [f"trace: {r.slice}, {r.model_layers}-layer model"]
     if r.intervention is not None:
         out.append(f"with {_intervention(r.intervention)}")
@@ -538,6 +637,24 @@ def _trace(r: R.TraceResult, timing: bool) -> list[str]:
         ran = _layers_with_operators(x.layers, x.operators)
         rows.append([str(x.position), str(x.token_id), fmt_text(x.token), ran, str(x.next_id), fmt_text(x.next_token)])
     return out + table(["pos", "id", "token", "layers run", "next id", "next token"], rows, right=(0, 1, 4))
+
+
+def _trace_experts(r: R.TraceResult) -> list[str]:
+    """TRACE ... EXPERTS: per position, each shown layer's experts with their weights
+    ('expert:weight', in the router's order), the bytes the step read, and the next token."""
+    shown = r.expert_layers or []
+    out = [f"trace: {r.slice}, {r.model_layers}-layer model; experts of "
+           + "; ".join(f"layer {x.layer} (top {x.top_k} of {x.experts}, {x.router})" for x in shown)]
+    rows = []
+    for x in r.rows:
+        picks = {p.layer: p for p in x.experts or []}
+        cells = [" ".join(f"{e}:{w:.3f}" for e, w in zip(picks[s.layer].experts, picks[s.layer].weights))
+                 if s.layer in picks else "-" for s in shown]
+        rows.append([str(x.position), str(x.token_id), fmt_text(x.token), *cells, fmt_int(x.bytes_read),
+                     str(x.next_id), fmt_text(x.next_token)])
+    headers = ["pos", "id", "token", *[f"layer {s.layer} experts" for s in shown], "bytes read", "next id", "next token"]
+    n = len(shown)
+    return out + table(headers, rows, right=(0, 1, 3 + n, 4 + n))
 
 
 def _layers_with_operators(layers: Sequence[int], operators: Sequence[str]) -> str:
@@ -1110,6 +1227,11 @@ def _rec_provenance(r: R.ProvenanceResult) -> list[dict[str, Any]]:
 @_records_of(R.OperandsResult)
 def _rec_operands(r: R.OperandsResult) -> list[dict[str, Any]]:
     return [_dump(x) for x in r.operands]
+
+
+@_records_of(R.ExpertsResult)
+def _rec_experts(r: R.ExpertsResult) -> list[dict[str, Any]]:
+    return [_flat(_dump(b)) for b in r.banks]
 
 
 @_records_of(R.SettingsResult)

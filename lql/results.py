@@ -164,6 +164,20 @@ class ContinuationSummary(BaseModel):
     stateless_layers: int
 
 
+class ReadsInfo(BaseModel):
+    """Operand bytes a position reads, from sizes only (no tensor data): ``always_bytes`` by
+    every position, ``expert_bank_bytes`` held in routed-expert banks of which a position reads
+    k of E experts per layer, ``embedding_bytes`` the embedding (one row per position, unless the
+    head reads it whole), and ``per_position_bytes`` what one position reads in all."""
+
+    always_bytes: int
+    expert_bank_bytes: int
+    expert_layers: list[int]  # layers whose FFN reads an expert bank
+    embedding_bytes: int
+    per_position_bytes: int
+    total_bytes: int
+
+
 class ShardRow(BaseModel):
     name: str
     layers: list[int]  # [first, last] held
@@ -210,6 +224,7 @@ class StatsResult(Result):
     positions: int | None = None
     state_bytes_at_positions: int | None = None
     placement: PlacementInfo | None = None  # when the model runs as shards
+    reads: ReadsInfo | None = None  # what a position reads (expert banks apart from always-read bytes)
 
 
 class ExplainStep(BaseModel):
@@ -221,6 +236,10 @@ class ExplainStep(BaseModel):
     bytes_per_position: int | None = None
     fixed_bytes: int | None = None
     ops: list[OpInfo]
+    # the layer's read profile (vindex3 LayerOps.reads.to_data()): always_bytes, bank_bytes,
+    # per_position_bytes, total_bytes and each op's detail (a routed FFN's experts, top_k, router,
+    # bytes_per_expert...), keyed by the op's role
+    reads: dict[str, Any] | None = None
 
 
 class ReadCost(BaseModel):
@@ -245,6 +264,7 @@ class ExplainResult(Result):
     steps: list[ExplainStep]
     reads: ReadCost
     placement: PlacementInfo | None = None  # when the model runs as shards
+    per_position: ReadsInfo | None = None  # what one position of this slice reads
 
 
 class LayerRow(BaseModel):
@@ -338,6 +358,36 @@ class OperandsResult(Result):
     total_bytes: int
 
 
+class ExpertBankRow(BaseModel):
+    """One routed layer's expert bank, from the plan (no tensor data read)."""
+
+    layer: int
+    op: str  # the FFN operator (moe_ffn)
+    experts: int  # E
+    top_k: int  # k: experts a position reads
+    router: str  # the router kind (softmax_topk, topk_softmax, sigmoid_group_topk)
+    router_facts: dict[str, Any]  # renormalize, router_bias, correction_bias, n_group, topk_group, routed_scaling_factor
+    expert_width: int  # one expert's intermediate width
+    expert_act: str
+    shared: str  # none | plain | sigmoid_gated
+    shared_width: int | None
+    bytes_per_expert: int  # one expert's matrices (and biases), stored bytes
+    expert_bank_bytes: int  # all E experts
+    always_bytes: int  # read for every position: router (+ biases), shared expert (+ its gate)
+    bytes_per_position: int  # always + k x bytes per expert
+
+
+class ExpertsResult(Result):
+    """SHOW EXPERTS: the expert banks of the routed layers (or of one), and what a position reads
+    of the whole model."""
+
+    kind: Literal["show_experts"] = "show_experts"
+    model_layers: int
+    layer: int | None  # AT LAYER n
+    banks: list[ExpertBankRow]
+    reads: ReadsInfo
+
+
 class SettingRow(BaseModel):
     name: str
     value: Any
@@ -373,6 +423,11 @@ class InferResult(Result):
     prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
     prepared_bytes: int | None = None  # distinct bytes it prepared
     intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
+    # operand bytes each call touched (vindex3's trace.step_bytes): the prefill, then each decode
+    # step; a routed layer counts only the experts its positions used. None when not recorded.
+    prefill_bytes: int | None = None
+    decode_bytes: list[int] | None = None
+    expert_layers: list[int] = []  # routed layers the slice ran (their reads depend on the routing)
     timing: Timing | None = None
     _logits: Any = PrivateAttr(default=None)
 
@@ -404,6 +459,15 @@ class SpeculateResult(Result):
     plain_tokens_per_second: float | None = None
 
 
+class ExpertPick(BaseModel):
+    """One routed layer at one position: the experts the router chose (in its order) and their
+    weights."""
+
+    layer: int
+    experts: list[int]
+    weights: list[float]
+
+
 class TraceRow(BaseModel):
     position: int
     token_id: int
@@ -412,6 +476,15 @@ class TraceRow(BaseModel):
     operators: list[str]
     next_id: int
     next_token: str | None
+    bytes_read: int | None = None  # operand bytes this position's step touched (None: not recorded)
+    experts: list[ExpertPick] | None = None  # with EXPERTS: the routing, per routed layer shown
+
+
+class ExpertLayerInfo(BaseModel):
+    layer: int
+    experts: int  # E
+    top_k: int
+    router: str
 
 
 class TraceResult(Result):
@@ -422,6 +495,7 @@ class TraceResult(Result):
     prompt: PromptInfo
     rows: list[TraceRow]
     intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
+    expert_layers: list[ExpertLayerInfo] | None = None  # with EXPERTS: the routed layers shown
 
 
 class DraftResult(Result):

@@ -40,9 +40,10 @@ def _run(session: lql.Session, text: str) -> str:
 
 
 @pytest.fixture
-def docs_dir(tmp_path, monkeypatch, tiny_llama_container, tiny_llama_dir):
+def docs_dir(tmp_path, monkeypatch, tiny_llama_container, tiny_llama_dir, containers):
     # a copy: the examples build feature metadata, derived data kept inside the container
     shutil.copytree(tiny_llama_container, tmp_path / "tiny.vindex3")
+    (tmp_path / "moe.vindex3").symlink_to(containers("qwen3_moe"))  # routed experts, for SHOW EXPERTS
     (tmp_path / "tiny-checkpoint").symlink_to(tiny_llama_dir)
     prompts = [{"id": "fact-01", "category": "fact", "text": "The capital of France is"},
                {"id": "code-01", "category": "code", "text": "def add(a, b):"},

@@ -64,7 +64,14 @@ CASES = [
      {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' PLOT INTO 'l.svg'",
      {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg"}),
-    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1, "ablate": None}),
+    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1, "ablate": None,
+                                 "experts": None}),
+    ("TRACE 'x' EXPERTS", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None,
+                           "experts": {"layer": None}}),
+    ("trace tokens (1, 2) draft depth 2 experts at layer 1",
+     {"kind": "trace", "prompt": {"kind": "tokens", "ids": [1, 2]}, "depth": 2, "ablate": None, "experts": {"layer": 1}}),
+    ("SHOW EXPERTS", {"kind": "show_experts", "layer": None}),
+    ("show experts at layer 3", {"kind": "show_experts", "layer": 3}),
     ("DUMP LOGITS 'x' INTO 'f.f32'",
      {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None, "into": "f.f32"}),
     ("DUMP LOGITS TOKENS (5) DRAFT DEPTH 2 INTO 'f.f32'",
@@ -73,7 +80,7 @@ CASES = [
      {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": 2, "ablate": ((3, 17), (0, 2)),
       "into": "f.f32"}),
     ("TRACE 'x' ABLATE FEATURES (1:2)", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None,
-                                        "ablate": ((1, 2),)}),
+                                        "ablate": ((1, 2),), "experts": None}),
     # looking inside (issue 15)
     ("WALK 'The capital' TOP 3 LAYERS 2-5",
      {"kind": "walk", "prompt": {"kind": "text", "text": "The capital"}, "top": 3, "layers": (2, 5)}),
@@ -216,8 +223,8 @@ ERRORS = [
      "            ^\n"
      "  hint: did you mean TOP?"),
     ("SHOW LAYER",
-     "syntax error at line 1, column 6: expected COMPONENTS, FEATURES, LAYERS, OPERANDS, PROVENANCE, REPRESENTATIONS or "
-     "SETTINGS, found keyword LAYER\n"
+     "syntax error at line 1, column 6: expected COMPONENTS, EXPERTS, FEATURES, LAYERS, OPERANDS, PROVENANCE, "
+     "REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"
      "  hint: did you mean LAYERS?"),

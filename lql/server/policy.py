@@ -38,6 +38,7 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.ShowRepresentations: (),  # the filter is a pattern, not a path
     ast.ShowProvenance: (),
     ast.ShowOperands: (),
+    ast.ShowExperts: (),
     ast.ShowSettings: (),
     ast.Infer: (),
     ast.DraftDepth: (),
@@ -64,9 +65,9 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
-    ast.ShowProvenance, ast.ShowOperands, ast.ShowSettings, ast.Infer, ast.Trace, ast.DraftDepth,
-    ast.DraftOff, ast.Help, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures, ast.ShowFeatures,
-    ast.ExplainFeatures,
+    ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.ShowSettings, ast.Infer, ast.Trace,
+    ast.DraftDepth, ast.DraftOff, ast.Help, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures,
+    ast.ShowFeatures, ast.ExplainFeatures,
 })
 
 #: Statements that only read unless a path field is given: (statement class, that field).
