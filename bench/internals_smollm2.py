@@ -7,7 +7,9 @@ DESCRIBE and TRACE answer once it exists.
   ``W_head @ (γ ⊙ down)`` and an ``argpartition`` top-k, so the ratio says how close the build
   is to the bare GEMM it is made of.
 * DESCRIBE 'France', WALK 'The capital of France is' and TRACE ... FOR ' Paris' DECOMPOSE: cold
-  (a fresh handle that reads and checks the metadata files) and warm (best of repeats).
+  (a fresh handle that reads and checks the metadata files) and warm (best of repeats); then the
+  same three as LQL statements in one session (parse, plan, the call, the result; and DESCRIBE
+  with its text rendering).
 
 Writes bench/results/internals_smollm2.json with machine facts.
 
@@ -17,6 +19,7 @@ Writes bench/results/internals_smollm2.json with machine facts.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -34,7 +37,9 @@ from vindex3.internals import Internals
 
 
 def private_copy(src: Path, dst: Path) -> Path:
-    """The container's files, with its segments symlinked (metadata is written into the copy)."""
+    """The container's files, its segments hard-linked when the file system allows (a container
+    refuses segments that are symlinks out of it), copied otherwise; metadata is written into
+    the copy, never into the source."""
     dst.mkdir()
     for f in src.iterdir():
         if f.name == "derived":
@@ -42,12 +47,17 @@ def private_copy(src: Path, dst: Path) -> Path:
         if f.is_dir():
             (dst / f.name).mkdir()
             for g in f.iterdir():
-                (dst / f.name / g.name).symlink_to(g.resolve())
+                try:
+                    os.link(g, dst / f.name / g.name)
+                except OSError:
+                    shutil.copy2(g, dst / f.name / g.name)
         else:
             shutil.copy2(f, dst / f.name)
     index = jsonio.load(dst / "index.json")
-    if index.pop("derived", None) is not None:  # the copy starts without derived data
-        jsonio.write_atomic(dst / "index.json", index)
+    if index.pop("derived", None) is not None:  # the copy starts without derived data (the index resealed)
+        from vindex3.manifest import seal
+
+        jsonio.write_atomic(dst / "index.json", seal(index) if "index_sha256" in index else index)
     return dst
 
 
@@ -85,7 +95,7 @@ def main() -> int:
         from vindex3 import default_model
 
         src = Path(default_model.ensure())
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=src.parent) as tmp:  # beside the source: hard links work
         path = private_copy(src, Path(tmp) / src.name)
         ix = Internals(path)
         n_ffn = len(ix.view.ffn_layers(None, "bench")[0])
@@ -109,6 +119,18 @@ def main() -> int:
         walk_warm, w = best(lambda: cold2.walk("The capital of France is"), a.repeats)
         trace_warm, tr = best(lambda: cold.trace("The capital of France is", " Paris", decompose=True), a.repeats)
         dec = tr.decomposition
+        # the same questions as LQL statements (parse, plan, the API call, the result), in one session
+        import lql
+
+        t0 = time.perf_counter()
+        session = lql.connect(path)
+        session.execute_one("DESCRIBE 'France'")
+        lql_describe_cold = time.perf_counter() - t0
+        lql_describe, _ = best(lambda: session.execute_one("DESCRIBE 'France'"), a.repeats)
+        lql_walk, _ = best(lambda: session.execute_one("WALK 'The capital of France is'"), a.repeats)
+        lql_trace, _ = best(lambda: session.execute_one("TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE"),
+                            a.repeats)
+        lql_text, _ = best(lambda: session.execute_one("DESCRIBE 'France'").to_text(), a.repeats)
         top_parts = sorted(dec.parts, key=lambda p: -abs(p.logit))[:5]
         result = {
             "container": src.name,
@@ -128,6 +150,11 @@ def main() -> int:
             "walk_capital_cold_seconds": walk_cold,
             "walk_capital_warm_seconds": walk_warm,
             "trace_paris_decompose_warm_seconds": trace_warm,
+            "lql_describe_france_first_in_session_seconds": lql_describe_cold,
+            "lql_describe_france_warm_seconds": lql_describe,
+            "lql_walk_capital_warm_seconds": lql_walk,
+            "lql_trace_paris_decompose_warm_seconds": lql_trace,
+            "lql_describe_france_with_text_warm_seconds": lql_text,
             "example": {
                 "describe_france": [f"{e.source} -> {e.target!r} (best gate {e.best_score:.2f} at L{e.best_layer}:"
                                     f"{e.best_feature}, layers {e.first_layer}-{e.last_layer}, {e.count} feature(s))"

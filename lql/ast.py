@@ -37,6 +37,12 @@ class TokenPrompt(Node):
 
 Prompt = Annotated[TextPrompt | TokenPrompt, Field(discriminator="kind")]
 
+#: ABLATE FEATURES (layer:feature, ...) as written: (layer, feature) pairs in the order given.
+Ablation = tuple[tuple[int, int], ...]
+
+#: A layer range as written (LAYERS a-b, inclusive; LAYERS a is (a, a)).
+LayerSpan = tuple[int, int]
+
 
 # ---- statements -----------------------------------------------------------------------
 
@@ -116,6 +122,15 @@ class ShowOperands(Statement):
     layer: int | None = None
 
 
+class ShowExperts(Statement):
+    """SHOW EXPERTS [AT LAYER n]: the expert bank of each routed layer (or of layer n), from the
+    plan: E, k, the router, widths, bytes per expert, bank and always-read bytes."""
+
+    keyword: ClassVar[str] = "SHOW EXPERTS"
+    kind: Literal["show_experts"] = "show_experts"
+    layer: int | None = None
+
+
 class ShowSettings(Statement):
     keyword: ClassVar[str] = "SHOW SETTINGS"
     kind: Literal["show_settings"] = "show_settings"
@@ -132,6 +147,7 @@ class Infer(Statement):
     lookahead: int | None = None
     exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
     chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
+    ablate: Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
 
 
 class DraftDepth(Statement):
@@ -154,11 +170,20 @@ class DraftLadder(Statement):
     plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
 
 
+class ExpertsClause(Node):
+    """TRACE ... EXPERTS [AT LAYER n]: show each position's routing (of every routed layer the
+    slice runs, or of layer n)."""
+
+    layer: int | None = None
+
+
 class Trace(Statement):
     keyword: ClassVar[str] = "TRACE"
     kind: Literal["trace"] = "trace"
     prompt: Prompt
     depth: int | None = None
+    ablate: Ablation | None = None
+    experts: ExpertsClause | None = None
 
 
 class DumpLogits(Statement):
@@ -166,6 +191,7 @@ class DumpLogits(Statement):
     kind: Literal["dump_logits"] = "dump_logits"
     prompt: Prompt
     depth: int | None = None
+    ablate: Ablation | None = None
     into: str
 
 
@@ -244,15 +270,132 @@ class Set(Statement):
     value: str | int | float
 
 
+# ---- looking inside (issue 15) ------------------------------------------------------------
+
+
+class Walk(Statement):
+    """WALK 'text' [TOP n] [LAYERS a-b]: per FFN layer, the features whose gate rows answer
+    the text's last token most strongly."""
+
+    keyword: ClassVar[str] = "WALK"
+    kind: Literal["walk"] = "walk"
+    prompt: Prompt
+    top: int | None = None
+    layers: LayerSpan | None = None
+
+
+class Describe(Statement):
+    """DESCRIBE 'entity' [LAYERS a-b] [TOP n]: edges entity -> token through the features the
+    entity's embedding opens."""
+
+    keyword: ClassVar[str] = "DESCRIBE"
+    kind: Literal["describe"] = "describe"
+    entity: str
+    top: int | None = None
+    layers: LayerSpan | None = None
+
+
+class Column(Node):
+    """A column named in SELECT, WHERE or ORDER BY, where it was written."""
+
+    name: str  # lower-cased
+    line: int = 1
+    column: int = 1
+
+
+class Condition(Node):
+    """``column op value`` in WHERE: op is =, !=, <, <=, >, >= or LIKE (``<>`` is read as !=)."""
+
+    column: Column
+    op: str
+    value: str | int | float
+
+
+class SelectFeatures(Statement):
+    """SELECT columns FROM FEATURES [AT LAYER n | LAYERS a-b] [NEAREST TO 'text'] [WHERE ...]
+    [ORDER BY column [ASC | DESC]] [LIMIT n]."""
+
+    keyword: ClassVar[str] = "SELECT"
+    kind: Literal["select_features"] = "select_features"
+    columns: list[Column] | None = None  # None: SELECT *
+    layers: LayerSpan | None = None  # AT LAYER n is (n, n)
+    at_layer: bool = False  # the scope was written AT LAYER n
+    nearest: str | None = None
+    where: list[Condition] = []
+    order_by: Column | None = None
+    descending: bool | None = None  # None: not written
+    limit: int | None = None
+
+
+class ShowFeatures(Statement):
+    keyword: ClassVar[str] = "SHOW FEATURES"
+    kind: Literal["show_features"] = "show_features"
+    layer: int
+    limit: int | None = None
+
+
+class ExplainFeatures(Statement):
+    """EXPLAIN INFER ... FEATURES [TOP n] [LAYERS a-b]: the features most active at the last
+    position of the run the INFER describes."""
+
+    keyword: ClassVar[str] = "EXPLAIN"
+    kind: Literal["explain_features"] = "explain_features"
+    infer: Infer
+    top: int | None = None
+    layers: LayerSpan | None = None
+
+
+class TraceFor(Statement):
+    """TRACE 'text' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'f.npz']
+    [DRAFT DEPTH n] [ABLATE FEATURES (...)]."""
+
+    keyword: ClassVar[str] = "TRACE"
+    kind: Literal["trace_for"] = "trace_for"
+    prompt: Prompt
+    token: str | int  # text that is one token, or a token id
+    layers: LayerSpan | None = None
+    positions: Literal["last", "all"] | None = None
+    decompose: bool = False
+    save: str | None = None
+    depth: int | None = None
+    ablate: Ablation | None = None
+    overwrite: bool = False  # replace an existing SAVE INTO file
+
+
+class Observe(Statement):
+    """OBSERVE 'text' [GENERATE n] [LENS ('tok', ...)] [DRAFT DEPTH n] [ABLATE FEATURES (...)]
+    RECORD INTO 'run.jsonl'."""
+
+    keyword: ClassVar[str] = "OBSERVE"
+    kind: Literal["observe"] = "observe"
+    prompt: Prompt
+    generate: int | None = None
+    lens: list[str | int] = []
+    depth: int | None = None
+    ablate: Ablation | None = None
+    into: str
+    overwrite: bool = False  # replace an existing record
+
+
+class BuildFeatures(Statement):
+    """BUILD FEATURES [LAYERS a-b]: build (or check) the feature metadata now."""
+
+    keyword: ClassVar[str] = "BUILD FEATURES"
+    kind: Literal["build_features"] = "build_features"
+    layers: LayerSpan | None = None
+
+
 Explain.model_rebuild()
 
 AnyStatement = Annotated[
-    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Represent | Compact | Diff | ScoreRepresentation | Help | Set,
+    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowExperts | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Represent | Compact | Diff | ScoreRepresentation | Help | Set
+    | Walk | Describe | SelectFeatures | ShowFeatures | ExplainFeatures | TraceFor | Observe | BuildFeatures,
     Field(discriminator="kind"),
 ]
 
 STATEMENT_CLASSES: tuple[type[Statement], ...] = (
     Open, UseRemote, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
-    ShowOperands, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
+    ShowOperands, ShowExperts, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
     ScoreDraft, Verify, Plan, Encode, Represent, Compact, Diff, ScoreRepresentation, Help, Set,
+    Walk, Describe, SelectFeatures, ShowFeatures, ExplainFeatures, TraceFor, Observe, BuildFeatures,
 )

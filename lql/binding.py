@@ -109,6 +109,36 @@ def read_cost(sp) -> R.ReadCost:
                       by_encoding=encoding_shares(sp.operands))
 
 
+def expert_ops(layer_ops) -> list:
+    """The ops of a layer that read a routed-expert bank: their read profile holds banks and
+    names its experts and top-k (vindex3's `ReadProfile.detail`)."""
+    out = []
+    for op in layer_ops.ops:
+        r = op.reads
+        if r.bank_bytes and "experts" in r.detail and "top_k" in r.detail:
+            out.append(op)
+    return out
+
+
+def expert_layers(op_plan, layers=None) -> list[int]:
+    """Layers (of ``layers``, default all) with a routed-expert FFN."""
+    idx = range(len(op_plan.layers)) if layers is None else layers
+    return [int(i) for i in idx if expert_ops(op_plan.layers[i])]
+
+
+def reads_info(op_plan, layers=None) -> R.ReadsInfo:
+    """What one position reads of ``layers`` (default: all) and the ends, from sizes only: the
+    expert banks apart from the always-read bytes, and the embedding row."""
+    idx = list(range(len(op_plan.layers)) if layers is None else layers)
+    whole = op_plan.read_profile(idx, ends=True)
+    routed = expert_layers(op_plan, idx)
+    bank = sum(op.reads.bank_bytes for i in routed for op in expert_ops(op_plan.layers[i]))
+    in_layers = op_plan.read_profile(idx, ends=False).bank_bytes
+    return R.ReadsInfo(always_bytes=whole.always_bytes, expert_bank_bytes=bank, expert_layers=routed,
+                       embedding_bytes=whole.bank_bytes - in_layers, per_position_bytes=whole.per_position_bytes,
+                       total_bytes=whole.total_bytes)
+
+
 @dataclass(frozen=True, eq=False)
 class SliceBinding:
     """A slice bound against the container: the depth asked for and vindex3's plan of it (which
@@ -129,6 +159,22 @@ class SliceBinding:
     @property
     def reads(self) -> R.ReadCost:
         return read_cost(self.plan)
+
+
+@dataclass(frozen=True)
+class FeatureLayer:
+    """A layer as the feature statements see it: its mixer, its FFN operator (None: no FFN),
+    its feature count (None: no features), and why it has none."""
+
+    layer: int
+    mixer: str
+    ffn: str | None
+    features: int | None
+    reason: str | None
+
+    @property
+    def has_features(self) -> bool:
+        return self.features is not None
 
 
 class Catalog:
@@ -163,10 +209,88 @@ class Catalog:
         """Plan a slice; vindex3 refuses a depth of 0 or deeper than the model (`SliceError`)."""
         return SliceBinding(depth, self.container.plan_slice(slice_of(depth)))
 
+    def expert_layers(self) -> list[int]:
+        """Layers whose FFN routes to experts (reads a bank of which a position uses k of E)."""
+        return expert_layers(self.op_plan)
+
     def check_layer(self, layer: int, what: str = "layer") -> None:
         n = self.num_layers
         if not 0 <= layer < n:
             raise StatementError(f"{what} {layer} does not exist: the model has {n} layers (0..{n - 1})")
+
+    # ---- FFN features (the internals statements) ----------------------------------------
+
+    @cached_property
+    def feature_layers(self) -> list[FeatureLayer]:
+        """Per layer, its FFN's features or why it has none, from the op plan alone (the same
+        rule as vindex3.internals: an FFN operator that opts into `FeatureFfn` has features)."""
+        from vindex3.operators import FFN, FeatureFfn, no_features_reason
+
+        out = []
+        for lo in self.op_plan.layers:
+            ffn = next((op for op in lo.slot_ops() if op.role == FFN), None)
+            if ffn is None:
+                out.append(FeatureLayer(lo.index, lo.operator, None, None,
+                                        f"{lo.operator} layer with no FFN (mixer only): it has no features"))
+            elif ffn.operator is None:
+                out.append(FeatureLayer(lo.index, lo.operator, ffn.kind, None,
+                                        f"FFN kind {ffn.kind!r} has no executor in this build"))
+            elif not isinstance(ffn.operator, FeatureFfn):
+                out.append(FeatureLayer(lo.index, lo.operator, ffn.kind, None, no_features_reason(ffn.kind, ffn.operator)))
+            else:
+                out.append(FeatureLayer(lo.index, lo.operator, ffn.kind, int(ffn.operator.feature_count(ffn.params)), None))
+        return out
+
+    def layer_span(self, span: tuple[int, int] | None, clause: str) -> tuple[int, ...] | None:
+        """The layers of ``LAYERS a-b`` (None stays None: every layer); refuses a range that runs
+        backwards or names a layer the model does not have."""
+        if span is None:
+            return None
+        a, b = span
+        if b < a:
+            raise StatementError(f"{clause} {a}-{b} runs backwards", hint=f"write {clause} {b}-{a}")
+        n = self.num_layers
+        for i in (a, b):
+            if not 0 <= i < n:
+                raise StatementError(f"{clause} names layer {i}, which does not exist: the model has {n} layers (0..{n - 1})")
+        return tuple(range(a, b + 1))
+
+    def ablation(self, pairs, sl: SliceBinding):
+        """ABLATE FEATURES (...) bound against a slice: a `vindex3.exec.intervention.FeatureAblation`,
+        or None. Refused by name (vindex3's own check, which reads no tensor data): a layer the
+        model or the slice does not have, a layer without an FFN, an FFN operator that does not
+        expose features, a feature index outside its layer."""
+        if pairs is None:
+            return None
+        from vindex3.exec.intervention import FeatureAblation, resolve
+
+        ab = FeatureAblation.of(pairs)
+        resolve(ab, self.op_plan, sl.executed_layers, sl.label)
+        return ab
+
+    def single_token(self, token: str | int, what: str) -> int:
+        """A vocabulary entry: a token id, or a text that is exactly one token of this
+        vocabulary (no BOS added)."""
+        v = self.vocab
+        if isinstance(token, int):
+            if not 0 <= token < v:
+                raise StatementError(f"{what}: token id {token} is outside the vocabulary [0, {v})")
+            return token
+        if not self.has_tokenizer:
+            raise StatementError(f"{what}: the container carries no tokenizer, so {token!r} cannot be looked up",
+                                 hint="give a token id instead, e.g. FOR 42")
+        tok = self.container.tokenizer
+        ids = [int(i) for i in tok.pieces(token)]
+        if len(ids) == 1:
+            return ids[0]
+        pieces = ", ".join(repr(self.token_text(i)) for i in ids) or "nothing"
+        hint = None
+        if not token.startswith(" "):
+            alt = tok.pieces(" " + token)
+            if len(alt) == 1:
+                hint = f"{' ' + token!r} (with its leading space) is one token, id {int(alt[0])}"
+        raise StatementError(f"{what}: {token!r} is not one token of this vocabulary (it is {len(ids)}: {pieces})",
+                             hint=hint)
 
     # ---- the tokenizer -------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ the REPL's completion all read the same source and cannot drift from each other.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +29,9 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("STATS", "STATS [AT n POSITIONS]",
                  "the container's facts: layers, operator mix, objects, continuation state in bytes",
                  "STATS AT 4096 POSITIONS;"),
-    StatementDoc("EXPLAIN", "EXPLAIN [DRAFT DEPTH n] | EXPLAIN INFER ...",
-                 "the plan without running a token (of the very INFER given): ops, operands, state, bytes read",
+    StatementDoc("EXPLAIN", "EXPLAIN [DRAFT DEPTH n] | EXPLAIN INFER ... | EXPLAIN INFER ... FEATURES [TOP n] [LAYERS a-b]",
+                 "the plan without running a token (of the very INFER given): ops, operands, state, bytes read; "
+                 "... FEATURES: the FFN features most active in the run",
                  "EXPLAIN DRAFT DEPTH 2;"),
     StatementDoc("SHOW LAYERS", "SHOW LAYERS [RANGE a-b]", "the per-layer policy and continuation geometry",
                  "SHOW LAYERS RANGE 0-1;"),
@@ -40,13 +42,22 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("SHOW PROVENANCE", "SHOW PROVENANCE", "where the container came from", "SHOW PROVENANCE;"),
     StatementDoc("SHOW OPERANDS", "SHOW OPERANDS [LAYER n]", "the tensors each op reads, with dtype, shape and bytes",
                  "SHOW OPERANDS LAYER 0;"),
+    StatementDoc("SHOW EXPERTS", "SHOW EXPERTS [AT LAYER n]",
+                 "each routed layer's expert bank: experts, top k, router, bytes per expert, always-read bytes",
+                 "SHOW EXPERTS AT LAYER 0;"),
     StatementDoc("SHOW SETTINGS", "SHOW SETTINGS", "the session's settings", "SHOW SETTINGS;"),
     StatementDoc("INFER", "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] "
-                 "[SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT]",
+                 "[SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
                  "next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding",
                  "INFER 'The capital of France is' TOP 3;"),
-    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n]",
-                 "which layers ran at each position, and the next token there", "TRACE 'Water boils';"),
+    StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] "
+                 "[ABLATE FEATURES (L:f, ...)] | "
+                 "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'trace.npz'] "
+                 "[DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
+                 "which layers ran at each position, and the next token there; with EXPERTS, each routed "
+                 "layer's experts and their weights; FOR 'token': the token's rank per layer (logit lens), "
+                 "DECOMPOSE: its logit split exactly over every write",
+                 "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;"),
     StatementDoc("DRAFT DEPTH", "DRAFT DEPTH n | DRAFT OFF",
                  "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
                  "DRAFT DEPTH 2;"),
@@ -54,12 +65,33 @@ STATEMENTS: tuple[StatementDoc, ...] = (
                  "[PLOT INTO 'ladder.png']",
                  "score each draft depth against the full model over a prompt bank",
                  "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';"),
-    StatementDoc("DUMP LOGITS", "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] INTO 'file.f32'",
+    StatementDoc("DUMP LOGITS", "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] "
+                 "INTO 'file.f32'",
                  "write raw float32 logits [positions, vocab] and a provenance sidecar",
                  "DUMP LOGITS 'Hello' DRAFT DEPTH 2 INTO 'draft.f32';"),
     StatementDoc("SCORE DRAFT", "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
                  "compare a draft's logit dump with the full model's: KL, top-1, ranks",
                  "SCORE DRAFT 'draft.f32' AGAINST 'full.f32';"),
+    StatementDoc("WALK", "WALK 'text' | TOKENS (ids) [TOP n] [LAYERS a-b]",
+                 "per FFN layer, the features whose gates answer the last token's embedding, and what they write",
+                 "WALK 'The capital of France is' TOP 3;"),
+    StatementDoc("DESCRIBE", "DESCRIBE 'entity' [LAYERS a-b] [TOP n]",
+                 "edges entity -> token through the features the entity's embedding opens (SET threshold)",
+                 "DESCRIBE 'France';"),
+    StatementDoc("SELECT", "SELECT layer, feature, token, score | * FROM FEATURES [AT LAYER n | LAYERS a-b] "
+                 "[NEAREST TO 'text'] [WHERE column op value [AND ...]] [ORDER BY column [ASC | DESC]] [LIMIT n]",
+                 "query the FFN features as a table (op: =, !=, <, <=, >, >=, and LIKE for token)",
+                 "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;"),
+    StatementDoc("SHOW FEATURES", "SHOW FEATURES AT LAYER n [LIMIT n]",
+                 "a layer's features in order, each with the top tokens its down column writes",
+                 "SHOW FEATURES AT LAYER 0 LIMIT 5;"),
+    StatementDoc("BUILD FEATURES", "BUILD FEATURES [LAYERS a-b]",
+                 "build (or check) the feature metadata now: the tokens each FFN feature writes, kept as derived data",
+                 "BUILD FEATURES;"),
+    StatementDoc("OBSERVE", "OBSERVE 'prompt' | TOKENS (ids) [GENERATE n] [LENS ('token', ...)] [DRAFT DEPTH n] "
+                 "[ABLATE FEATURES (L:f, ...)] RECORD INTO 'run.jsonl'",
+                 "a JSON-lines record of every write and token of a run, with a receipt (vindex3 record verify)",
+                 "OBSERVE 'Hello' GENERATE 4 RECORD INTO 'run.jsonl';"),
     StatementDoc("VERIFY", "VERIFY", "re-hash every file of the bound container against its index", "VERIFY;"),
     StatementDoc("PLAN", "PLAN 'checkpoint'", "admission: would this checkpoint encode, and what was judged",
                  "PLAN 'path/to/hf-checkpoint';"),
@@ -86,7 +118,10 @@ STATEMENTS: tuple[StatementDoc, ...] = (
 
 _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "SHOW": None,
             "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT",
-            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER"}
+            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER", "ABLATE": "INFER",
+            "EXPERTS": "SHOW EXPERTS",
+            "ABLATE FEATURES": "INFER", "BUILD": "BUILD FEATURES", "FEATURES": "SHOW FEATURES",
+            "SELECT FROM FEATURES": "SELECT", "DECOMPOSE": "TRACE", "TRACE FOR": "TRACE"}
 
 
 def find_statement(topic: str) -> StatementDoc | None:
@@ -153,6 +188,12 @@ def _count(v: Any) -> int:
     raise ValueError("takes a whole number of at least 1")
 
 
+def _number(v: Any) -> float:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return float(v)
+    raise ValueError("takes a finite number, e.g. 3.0")
+
+
 def _count0(v: Any) -> int:
     if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
         return v
@@ -172,7 +213,31 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("expanded", "off", "tables one field per line: on, off, or auto (when too wide)",
                _choice("on", "off", "auto")),
     SettingDoc("pager", True, "in the shell, page output longer than the screen ($PAGER, else less -SRXF)", _switch),
+    SettingDoc("threshold", 3.0, "DESCRIBE keeps features whose gate score exceeds this (3: a SiLU gate 95% open)",
+               _number),
+    SettingDoc("stale", "rebuild", "feature metadata built from another state of the container: rebuild it, or refuse",
+               _choice("rebuild", "refuse")),
 )
+
+
+# ---- the FEATURES relation (SELECT ... FROM FEATURES) -------------------------------------
+
+#: Column -> its type, as SELECT ... FROM FEATURES reads it (vindex3.internals.select.COLUMNS).
+FEATURE_COLUMNS: dict[str, type] = {"layer": int, "feature": int, "token": str, "score": float}
+
+#: What each column means, for HELP, the docs and the REPL's completion.
+FEATURE_COLUMN_MEANINGS: dict[str, str] = {
+    "layer": "the FFN layer",
+    "feature": "the feature's index in its layer",
+    "token": "the token its down column writes most",
+    "score": "gate score against NEAREST TO, else the logit of that token",
+}
+
+#: The comparisons each column takes.
+FEATURE_COLUMN_OPS: dict[str, tuple[str, ...]] = {
+    "layer": ("=", "!=", "<", "<=", ">", ">="), "feature": ("=", "!=", "<", "<=", ">", ">="),
+    "score": ("=", "!=", "<", "<=", ">", ">="), "token": ("=", "!=", "LIKE"),
+}
 
 
 def setting(name: str) -> SettingDoc | None:

@@ -67,6 +67,9 @@ _WORDS = {
     "_COMMA": "','",
     "_EQ": "'='",
     "_MINUS": "'-'",
+    "_COLON": "':'",
+    "STAR": "'*'",
+    "CMP": "a comparison (!=, <, <=, >, >=)",
     "$END": "end of input",
 }
 
@@ -164,6 +167,11 @@ def _int(tok: Token) -> int:
     return int(tok.value)
 
 
+#: A clause as a user writes it, for "given twice" refusals.
+_CLAUSE_WORDS = {"depth": "DRAFT DEPTH", "speculate": "SPECULATE DEPTH", "ablate": "ABLATE FEATURES",
+                 "save": "SAVE INTO", "lens": "LENS"}
+
+
 @v_args(meta=True)
 class ToAst(Transformer):
     """The one place a parse tree becomes typed statements."""
@@ -237,6 +245,10 @@ class ToAst(Transformer):
     def show_operands(self, meta, c):
         return ast.ShowOperands(layer=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
 
+    def show_experts(self, meta, c):
+        # SHOW EXPERTS [AT LAYER INT]
+        return ast.ShowExperts(layer=_int(c[4]) if c[4] is not None else None, **self._pos(meta))
+
     def show_settings(self, meta, c):
         return ast.ShowSettings(**self._pos(meta))
 
@@ -255,23 +267,151 @@ class ToAst(Transformer):
     def lookahead_clause(self, meta, c):
         return ("lookahead", _int(c[1]), c[0])
 
-    def infer_stmt(self, meta, c):
+    def _options(self, opts, statement: str, first: Token) -> dict:
+        """Clauses that may come in any order, each at most once: name -> value."""
         fields: dict = {}
-        for opt in c[2:]:
+        for opt in opts:
             if isinstance(opt, int):  # a bare draft_clause
                 opt = ("depth", opt, None)
             name, value, tok = opt
             if name in fields:
-                word = {"depth": "DRAFT DEPTH", "speculate": "SPECULATE DEPTH"}.get(name, name.upper())
-                raise _BuildError(f"{word} is given twice in one INFER", tok or c[0],
+                word = _CLAUSE_WORDS.get(name, name.upper())
+                raise _BuildError(f"{word} is given twice in one {statement}", tok or first,
                                   hint=f"keep one {word} clause")
             fields[name] = value
+        return fields
+
+    def infer_stmt(self, meta, c):
+        fields = self._options(c[2:], "INFER", c[0])
         if "generate" in fields:
             fields["generate"], fields["exactly"] = fields["generate"]
         return ast.Infer(prompt=c[1], **fields, **self._pos(meta))
 
+    def experts_clause(self, meta, c):
+        # EXPERTS [AT LAYER INT]
+        return ("experts", ast.ExpertsClause(layer=_int(c[3]) if c[3] is not None else None), c[0])
+
     def trace_stmt(self, meta, c):
-        return ast.Trace(prompt=c[1], depth=c[2], **self._pos(meta))
+        return ast.Trace(prompt=c[1], **self._options(c[2:], "TRACE", c[0]), **self._pos(meta))
+
+    # looking inside
+    def layers_clause(self, meta, c):
+        return ("layers", c[1], c[0])
+
+    def feature_ref(self, meta, c):
+        return (_int(c[0]), _int(c[1]))
+
+    def ablate_clause(self, meta, c):
+        return ("ablate", tuple(c[2:]), c[0])
+
+    def walk_stmt(self, meta, c):
+        return ast.Walk(prompt=c[1], **self._options(c[2:], "WALK", c[0]), **self._pos(meta))
+
+    def describe_stmt(self, meta, c):
+        return ast.Describe(entity=_unquote(c[1]), **self._options(c[2:], "DESCRIBE", c[0]), **self._pos(meta))
+
+    def select_all(self, meta, c):
+        return None
+
+    def select_columns(self, meta, c):
+        return list(c)
+
+    def column(self, meta, c):
+        tok = c[0]
+        return ast.Column(name=tok.value.lower(), line=tok.line, column=tok.column)
+
+    def at_layer(self, meta, c):
+        n = _int(c[2])
+        return ("at_layer", (n, n), c[0])
+
+    def nearest_clause(self, meta, c):
+        return _unquote(c[2])
+
+    def where_clause(self, meta, c):
+        return [x for x in c if isinstance(x, ast.Condition)]
+
+    def condition(self, meta, c):
+        return ast.Condition(column=c[0], op=c[1], value=c[2])
+
+    def op_eq(self, meta, c):
+        return "="
+
+    def op_cmp(self, meta, c):
+        return "!=" if c[0].value == "<>" else c[0].value
+
+    def op_like(self, meta, c):
+        return "LIKE"
+
+    def string_literal(self, meta, c):
+        return _unquote(c[0])
+
+    def int_literal(self, meta, c):
+        return _int(c[0])
+
+    def negative_int_literal(self, meta, c):
+        return -_int(c[0])
+
+    def float_literal(self, meta, c):
+        return float(c[0].value)
+
+    def negative_float_literal(self, meta, c):
+        return -float(c[0].value)
+
+    def order_clause(self, meta, c):
+        direction = c[3]
+        return (c[2], None if direction is None else direction.type == "DESC")
+
+    def limit_clause(self, meta, c):
+        return _int(c[1])
+
+    def select_stmt(self, meta, c):
+        # SELECT list FROM FEATURES [scope] [nearest] [where] [order] [limit]
+        scope, nearest, where, order, limit = c[4:9]
+        fields: dict = {"columns": c[1], "nearest": nearest, "where": where or [], "limit": limit}
+        if scope is not None:
+            fields["layers"], fields["at_layer"] = scope[1], scope[0] == "at_layer"
+        if order is not None:
+            fields["order_by"], fields["descending"] = order
+        return ast.SelectFeatures(**fields, **self._pos(meta))
+
+    def show_features_stmt(self, meta, c):
+        return ast.ShowFeatures(layer=_int(c[4]), limit=c[5], **self._pos(meta))
+
+    def explain_features_stmt(self, meta, c):
+        fields = self._options(c[3:], "EXPLAIN INFER ... FEATURES", c[2])
+        return ast.ExplainFeatures(infer=c[1], **fields, **self._pos(meta))
+
+    def token_text(self, meta, c):
+        return _unquote(c[0])
+
+    def token_id(self, meta, c):
+        return _int(c[0])
+
+    def positions_clause(self, meta, c):
+        return ("positions", c[1].type.lower(), c[0])
+
+    def decompose_clause(self, meta, c):
+        return ("decompose", True, c[0])
+
+    def save_clause(self, meta, c):
+        return ("save", _unquote(c[2]), c[0])
+
+    def trace_for_stmt(self, meta, c):
+        fields = self._options(c[4:], "TRACE ... FOR", c[0])
+        return ast.TraceFor(prompt=c[1], token=c[3], **fields, **self._pos(meta))
+
+    def lens_clause(self, meta, c):
+        return ("lens", list(c[1:]), c[0])
+
+    def observe_stmt(self, meta, c):
+        fields = self._options(c[2:-3], "OBSERVE", c[0])
+        if "generate" in fields:
+            fields["generate"] = fields["generate"][0]  # OBSERVE always generates n tokens; EXACTLY says so
+        return ast.Observe(prompt=c[1], into=_unquote(c[-1]), **fields, **self._pos(meta))
+
+    def build_features_stmt(self, meta, c):
+        layers = c[2][1] if c[2] is not None else None
+        return ast.BuildFeatures(layers=layers, **self._pos(meta))
 
     def draft_depth(self, meta, c):
         return ast.DraftDepth(depth=c[0], **self._pos(meta))
@@ -286,8 +426,9 @@ class ToAst(Transformer):
         return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, plot=plot, **self._pos(meta))
 
     def dump_stmt(self, meta, c):
-        # DUMP LOGITS prompt [draft_clause] INTO STRING
-        return ast.DumpLogits(prompt=c[2], depth=c[3], into=_unquote(c[5]), **self._pos(meta))
+        # DUMP LOGITS prompt dump_option* INTO STRING
+        fields = self._options(c[3:-2], "DUMP LOGITS", c[0])
+        return ast.DumpLogits(prompt=c[2], into=_unquote(c[-1]), **fields, **self._pos(meta))
 
     def score_stmt(self, meta, c):
         return ast.ScoreDraft(draft=_unquote(c[2]), target=_unquote(c[4]), **self._pos(meta))
@@ -396,6 +537,16 @@ _HINT_EXAMPLES: dict[str, list[str]] = {
         "SCORE DRAFT 'a' AGAINST /b", "DRAFT LADDER DEPTHS (1) ON prompts.jsonl",
         "DRAFT LADDER DEPTHS (1) ON /p", "DRAFT LADDER DEPTHS (1) ON 'p' INTO out",
         "DRAFT LADDER DEPTHS (1) ON 'p' INTO /o", "SHOW REPRESENTATIONS embedding",
+        "TRACE 'x' FOR 'y' SAVE INTO t.npz", "TRACE 'x' FOR 'y' SAVE INTO /t", "OBSERVE 'x' RECORD INTO run.jsonl",
+        "OBSERVE 'x' RECORD INTO /r",
+    ],
+    "quote_value": [
+        "SELECT * FROM FEATURES WHERE token = Paris", "SELECT * FROM FEATURES WHERE token LIKE P",
+        "SELECT * FROM FEATURES NEAREST TO Paris", "TRACE 'x' FOR Paris", "DESCRIBE France", "WALK hello",
+    ],
+    "feature_pairs": [
+        "INFER 'x' ABLATE FEATURES 3:17", "INFER 'x' ABLATE FEATURES (3)", "INFER 'x' ABLATE FEATURES (3,",
+        "TRACE 'x' ABLATE FEATURES 3:17", "INFER 'x' ABLATE (3:17)",
     ],
     "quote_prompt": [
         "INFER hello", "TRACE hello", "EXPLAIN INFER hello", "DUMP LOGITS hello INTO 'x'",
@@ -425,6 +576,8 @@ _HINTS = {
     "depth_word": "write DRAFT DEPTH n (or SPECULATE DEPTH n), e.g. DRAFT DEPTH 2",
     "tokens_parens": "put the ids in parentheses, e.g. TOKENS (1, 2, 3)",
     "set_equals": "SET takes name = value, e.g. SET format = json",
+    "quote_value": "text is a quoted string, e.g. 'Paris'",
+    "feature_pairs": "name features as layer:feature pairs in parentheses, e.g. ABLATE FEATURES (3:17, 5:2)",
     "positions": "write STATS AT n POSITIONS",
 }
 
@@ -444,7 +597,10 @@ _NUMBER_AFTER = {
     "GENERATE": "how many tokens to generate, e.g. GENERATE 20",
     "LOOKAHEAD": "how many tokens the draft proposes per step, e.g. LOOKAHEAD 4",
     "AT": "a context length, e.g. STATS AT 4096 POSITIONS",
-    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3",
+    "LAYER": "a layer index, e.g. SHOW OPERANDS LAYER 3 or SHOW EXPERTS AT LAYER 3",
+    "LAYERS": "a layer or an inclusive range of layers, e.g. LAYERS 0-7",
+    "LIMIT": "how many rows to show, e.g. LIMIT 10",
+    "_COLON": "a feature index after layer:, e.g. ABLATE FEATURES (3:17)",
     "RANGE": "a layer or an inclusive range of layers, e.g. RANGE 0-7",
     "_MINUS": "the last layer of the range, e.g. RANGE 0-7",
 }

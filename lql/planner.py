@@ -14,6 +14,7 @@ node, a result class (lql/results.py) with its layout in lql/render.py."""
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -126,6 +127,14 @@ class ShowOperands(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class ShowExperts(Node):
+    """SHOW EXPERTS: the expert banks of ``layers`` (routed layers, in order)."""
+
+    layers: tuple[int, ...]
+    layer: int | None  # AT LAYER n, as asked
+
+
+@dataclass(frozen=True, eq=False)
 class ShowSettings(Node):
     pass
 
@@ -141,6 +150,7 @@ class Run(Node):
     generate: int | None
     exactly: bool = False
     stop_ids: tuple[int, ...] = ()
+    intervention: Any = None  # vindex3.exec.intervention.FeatureAblation (ABLATE FEATURES) or None
 
     def describe(self) -> str:
         parts = []
@@ -151,7 +161,8 @@ class Run(Node):
                     f", stopping at end-of-sequence ({', '.join(map(str, self.stop_ids))})")
             parts.append(f"{self.generate} greedy tokens{' exactly' if self.exactly else ''}{stop}")
         head = f"INFER: prefill {len(self.prompt.ids)} tokens"
-        return head + (", then " + " and ".join(parts) if parts else "")
+        tail = f", with {self.intervention.describe()}" if self.intervention is not None else ""
+        return head + (", then " + " and ".join(parts) if parts else "") + tail
 
 
 @dataclass(frozen=True, eq=False)
@@ -183,6 +194,8 @@ class Explain(Node):
 class Trace(Node):
     slice: SliceBinding
     prompt: BoundPrompt
+    intervention: Any = None
+    experts: tuple[int, ...] | None = None  # TRACE ... EXPERTS: the routed layers whose routing is shown
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,6 +219,7 @@ class Dump(Node):
     slice: SliceBinding
     prompt: BoundPrompt
     into: str
+    intervention: Any = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -269,6 +283,100 @@ class Help(Node):
 class SetSetting(Node):
     name: str
     value: Any  # parsed by the setting's own parser
+
+
+# ---- looking inside (issue 15): plan nodes -----------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Walk(Node):
+    """WALK: the query is the last token's scaled embedding (``prompt`` tokenised without BOS)."""
+
+    prompt: BoundPrompt
+    top: int
+    layers: tuple[int, ...] | None  # None: every layer
+
+
+@dataclass(frozen=True, eq=False)
+class Describe(Node):
+    """DESCRIBE: the query is the mean of the entity's scaled token embeddings."""
+
+    entity: str
+    prompt: BoundPrompt  # the entity's tokens (no BOS)
+    top: int
+    layers: tuple[int, ...] | None
+    threshold: float
+
+
+@dataclass(frozen=True)
+class Where:
+    """A typed WHERE condition: a known column, an operator it takes, a value of its type."""
+
+    column: str
+    op: str
+    value: str | int | float
+
+
+@dataclass(frozen=True, eq=False)
+class SelectFeatures(Node):
+    columns: tuple[str, ...]  # in order, * expanded
+    layers: tuple[int, ...] | None
+    nearest: BoundPrompt | None  # NEAREST TO: its tokens (no BOS)
+    where: tuple[Where, ...]
+    order_by: str | None
+    descending: bool
+    limit: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class ShowFeatures(Node):
+    layer: int
+    limit: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class ExplainFeatures(Node):
+    """EXPLAIN INFER ... FEATURES: prefill the prompt on the slice (with the intervention),
+    then the most active features at the last position."""
+
+    slice: SliceBinding
+    prompt: BoundPrompt
+    intervention: Any
+    top: int
+    layers: tuple[int, ...] | None
+
+    def describe(self) -> str:
+        tail = f", with {self.intervention.describe()}" if self.intervention is not None else ""
+        return f"EXPLAIN INFER ... FEATURES: prefill {len(self.prompt.ids)} tokens, then the top {self.top} features{tail}"
+
+
+@dataclass(frozen=True, eq=False)
+class TraceFor(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    target: int  # the token id traced
+    layers: tuple[int, ...] | None
+    positions: str  # "last" | "all"
+    decompose: bool
+    save: str | None
+    overwrite: bool
+    intervention: Any
+
+
+@dataclass(frozen=True, eq=False)
+class Observe(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    generate: int
+    lens: tuple[int, ...]
+    into: str
+    overwrite: bool
+    intervention: Any
+
+
+@dataclass(frozen=True, eq=False)
+class BuildFeatures(Node):
+    layers: tuple[int, ...] | None
 
 
 # ---- planning -------------------------------------------------------------------------
@@ -335,12 +443,86 @@ def _check(s: ast.Statement, ctx: Context) -> None:
             _check_infer(s)
         case ast.Explain() if s.infer is not None:
             _check_infer(s.infer)
+        case ast.Walk() | ast.Describe():
+            _positive(s, s.top, "TOP", "TOP 5")
+            _span(s, s.layers)
+        case ast.SelectFeatures():
+            _check_select(s)
+        case ast.ShowFeatures():
+            pass
+        case ast.ExplainFeatures():
+            _check_infer(s.infer)
+            _positive(s, s.top, "FEATURES TOP", "FEATURES TOP 5")
+            _span(s, s.layers)
+            for word, given in (("GENERATE", s.infer.generate), ("SPECULATE", s.infer.speculate),
+                                ("TOP", s.infer.top)):
+                if given is not None:
+                    hint = ("the number of features goes after FEATURES: EXPLAIN INFER 'text' FEATURES TOP n"
+                            if word == "TOP" else "EXPLAIN INFER ... FEATURES reads the prefill of the prompt")
+                    raise _err(s, f"EXPLAIN INFER ... FEATURES looks at one run of the prompt; {word} does not apply",
+                               hint=hint)
+        case ast.TraceFor():
+            _span(s, s.layers)
+        case ast.Observe():
+            if s.generate is not None and s.generate < 0:  # the grammar takes whole numbers; kept for clarity
+                raise _err(s, f"GENERATE must be at least 0, got {s.generate}")
+        case ast.BuildFeatures():
+            _span(s, s.layers)
         case ast.DraftLadder():
             seen: set[int] = set()
             for d in s.depths:
                 if d in seen:
                     raise _err(s, f"DRAFT LADDER lists depth {d} twice")
                 seen.add(d)
+
+
+def _span(s: ast.Statement, span: tuple[int, int] | None, clause: str = "LAYERS") -> None:
+    if span is not None and span[1] < span[0]:
+        raise _err(s, f"{clause} {span[0]}-{span[1]} runs backwards", hint=f"write {clause} {span[1]}-{span[0]}")
+
+
+def _column_error(s: ast.Statement, col: ast.Column, message: str, hint: str | None = None) -> StatementError:
+    """A refusal that points at the column as written."""
+    return StatementError(message, hint=hint, line=col.line, column=col.column, statement=s.source)
+
+
+def _known_column(s: ast.Statement, col: ast.Column, where: str) -> str:
+    if col.name not in catalog.FEATURE_COLUMNS:
+        close = difflib.get_close_matches(col.name, list(catalog.FEATURE_COLUMNS), n=1)
+        raise _column_error(s, col, f"FEATURES has no column {col.name!r} ({where})",
+                            hint=(f"did you mean {close[0]}? " if close else "")
+                            + "columns: " + ", ".join(catalog.FEATURE_COLUMNS))
+    return col.name
+
+
+def _check_select(s: ast.SelectFeatures) -> None:
+    """Columns known, each condition's operator and value of its column's type: all judged
+    from the statement alone."""
+    seen: set[str] = set()
+    for col in s.columns or []:
+        name = _known_column(s, col, "the column list")
+        if name in seen:
+            raise _column_error(s, col, f"column {name!r} is listed twice")
+        seen.add(name)
+    if s.at_layer is False:
+        _span(s, s.layers)
+    for cond in s.where:
+        name = _known_column(s, cond.column, "WHERE")
+        ops = catalog.FEATURE_COLUMN_OPS[name]
+        if cond.op not in ops:
+            raise _column_error(s, cond.column, f"column {name!r} does not take {cond.op}",
+                                hint=f"{name} takes {', '.join(ops)}")
+        want = catalog.FEATURE_COLUMNS[name]
+        v = cond.value
+        if want is str and not isinstance(v, str):
+            raise _column_error(s, cond.column, f"{name} {cond.op} needs text, got the number {v!r}",
+                                hint=f"quote it: {name} {cond.op} '{v}'")
+        if want is not str and isinstance(v, str):
+            raise _column_error(s, cond.column, f"{name} {cond.op} needs a number, got the text {v!r}")
+        if want is int and isinstance(v, float):
+            raise _column_error(s, cond.column, f"{name} {cond.op} needs a whole number, got {v!r}")
+    if s.order_by is not None:
+        _known_column(s, s.order_by, "ORDER BY")
 
 
 def _check_infer(s: ast.Infer) -> None:
@@ -361,6 +543,9 @@ def _check_infer(s: ast.Infer) -> None:
                        hint="the draft that proposes tokens is SPECULATE DEPTH d")
         if s.top is not None:
             raise _err(s, "TOP cannot be combined with SPECULATE", hint="run INFER 'text' TOP n on its own")
+        if s.ablate is not None:
+            raise _err(s, "ABLATE FEATURES cannot be combined with SPECULATE: speculation checks itself against the "
+                       "unchanged model", hint="run INFER 'text' GENERATE n ABLATE FEATURES (...) without SPECULATE")
 
 
 def _depth(ctx: Context, depth: int | None) -> int | None:
@@ -463,6 +648,38 @@ def _show_operands(s: ast.ShowOperands, ctx: Context) -> Node:
     return ShowOperands(s, layer=s.layer)
 
 
+def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: str) -> list[int]:
+    """The model's routed-expert layers; refuses a model without any, and a ``layer`` that is
+    not one of them, by name."""
+    cat = ctx.catalog
+    if layer is not None:
+        cat.check_layer(layer)
+    routed = cat.expert_layers()
+    if not routed:
+        raise _err(s, f"{what} needs routed-expert layers, and model {cat.name} has none (every FFN is dense or absent)",
+                   hint="SHOW LAYERS shows each layer's ffn")
+    if layer is not None and layer not in routed:
+        raise _err(s, f"layer {layer} has no routed experts; the routed layers are {_runs(routed)}",
+                   hint=f"e.g. {what} AT LAYER {routed[0]}")
+    return routed
+
+
+def _runs(xs: list[int]) -> str:
+    out: list[list[int]] = []
+    for x in xs:
+        if out and x == out[-1][1] + 1:
+            out[-1][1] = x
+        else:
+            out.append([x, x])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
+
+
+@plans(ast.ShowExperts, needs_container=True)
+def _show_experts(s: ast.ShowExperts, ctx: Context) -> Node:
+    routed = _routed_or_refuse(s, ctx, s.layer, "SHOW EXPERTS")
+    return ShowExperts(s, layers=(s.layer,) if s.layer is not None else tuple(routed), layer=s.layer)
+
+
 @plans(ast.ShowSettings)
 def _show_settings(s: ast.ShowSettings, ctx: Context) -> Node:
     return ShowSettings(s)
@@ -480,16 +697,30 @@ def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
         return Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
                          lookahead=s.lookahead if s.lookahead is not None else ctx.settings["lookahead"], compare=bool(ctx.settings.get("compare", True)))
     sl = cat.bind_slice(_depth(ctx, s.depth))  # a bad depth is refused before tokenising anything
+    ablation = cat.ablation(s.ablate, sl)
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
     top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))
     stop = () if s.exactly or s.generate is None else cat.eos_ids()
-    return Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop)
+    return Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop,
+               intervention=ablation)
 
 
 @plans(ast.Trace, needs_container=True)
 def _trace(s: ast.Trace, ctx: Context) -> Node:
     sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
-    return Trace(s, slice=sl, prompt=bind_prompt(ctx, s.prompt))
+    experts = None
+    if s.experts is not None:
+        layer = s.experts.layer
+        routed = _routed_or_refuse(s, ctx, layer, "TRACE ... EXPERTS")
+        ran = sl.executed_layers
+        shown = [i for i in ((layer,) if layer is not None else routed) if i in ran]
+        if not shown:
+            which = f"layer {layer}" if layer is not None else f"a routed layer (routed: {_runs(routed)})"
+            raise _err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {_runs(ran)}, not {which}",
+                       hint="a deeper DRAFT DEPTH, or DRAFT OFF, runs it")
+        experts = tuple(shown)
+    return Trace(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), experts=experts,
+                 intervention=ctx.catalog.ablation(s.ablate, sl))
 
 
 @plans(ast.DraftDepth, needs_container=True)
@@ -512,7 +743,8 @@ def _ladder(s: ast.DraftLadder, ctx: Context) -> Node:
 @plans(ast.DumpLogits, needs_container=True)
 def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
     sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
-    return Dump(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), into=s.into)
+    return Dump(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), into=s.into,
+                intervention=ctx.catalog.ablation(s.ablate, sl))
 
 
 @plans(ast.ScoreDraft)
@@ -596,3 +828,159 @@ def _set(s: ast.Set, ctx: Context) -> Node:
         raise SettingError(f"setting {s.name} {e}; got {s.value!r}") from None
     return SetSetting(s, name=s.name, value=value)
 
+
+# ---- looking inside (issue 15): planning ----------------------------------------------------
+
+
+def bind_pieces(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, what: str) -> BoundPrompt:
+    """Token ids of a query text as the feature statements read it: the text alone, without
+    BOS (a query is the text's own tokens), or TOKENS checked against the vocabulary."""
+    cat = ctx.catalog
+    if isinstance(prompt, ast.TextPrompt):
+        if not cat.has_tokenizer:
+            raise StatementError(f"{what}: the container carries no tokenizer, so {prompt.text!r} cannot be tokenised",
+                                 hint="give token ids instead: TOKENS (1, 2, 3)")
+        ids = tuple(cat.tokenize(prompt.text, special=False))
+        if not ids:
+            raise StatementError(f"{what}: {prompt.text!r} tokenises to no tokens")
+        return BoundPrompt(prompt.text, ids)
+    return bind_prompt(ctx, prompt)
+
+
+def _feature_layers(s: ast.Statement, ctx: Context, layers: tuple[int, ...] | None, what: str) -> None:
+    """Refuse a choice of layers in which no layer has features; a choice in which some do is
+    answered for those, the others listed as skipped with the reason."""
+    infos = ctx.catalog.feature_layers
+    chosen = [infos[i] for i in (layers if layers is not None else range(len(infos)))]
+    if any(x.has_features for x in chosen):
+        return
+    reasons: dict[str, list[int]] = {}
+    for x in chosen:
+        reasons.setdefault(x.reason or "no features", []).append(x.layer)
+    why = "; ".join(f"{_layers_word(ls)}: {r}" for r, ls in reasons.items())
+    scope = "no layer of this model" if layers is None else f"no layer of {_layers_word(list(layers))}"
+    have = [x.layer for x in infos if x.has_features]
+    hint = f"layers with FFN features: {_span_text(have)}" if have else None
+    raise StatementError(f"{what}: {scope} has FFN features ({why})", hint=hint)
+
+
+def _span_text(layers) -> str:
+    out, xs, i = [], list(layers), 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _layers_word(layers) -> str:
+    return ("layer " if len(layers) == 1 else "layers ") + _span_text(layers)
+
+
+def _executed_layers(s: ast.Statement, sl: SliceBinding, layers: tuple[int, ...] | None, what: str) -> None:
+    if layers is None:
+        return
+    ran = set(sl.executed_layers)
+    missing = [i for i in layers if i not in ran]
+    if missing:
+        raise StatementError(f"{what}: layer {missing[0]} is not run by the {sl.label} "
+                             f"({_layers_word(sl.executed_layers)})", hint="choose layers the slice runs, or leave DRAFT DEPTH out")
+
+
+@plans(ast.Walk, needs_container=True)
+def _walk(s: ast.Walk, ctx: Context) -> Node:
+    layers = ctx.catalog.layer_span(s.layers, "LAYERS")
+    _feature_layers(s, ctx, layers, "WALK")
+    return Walk(s, prompt=bind_pieces(ctx, s.prompt, "WALK"), top=s.top if s.top is not None else 5, layers=layers)
+
+
+@plans(ast.Describe, needs_container=True)
+def _describe(s: ast.Describe, ctx: Context) -> Node:
+    if not s.entity.strip():
+        raise _err(s, "DESCRIBE needs an entity: the text is empty", hint="e.g. DESCRIBE 'France'")
+    layers = ctx.catalog.layer_span(s.layers, "LAYERS")
+    _feature_layers(s, ctx, layers, "DESCRIBE")
+    prompt = bind_pieces(ctx, ast.TextPrompt(text=s.entity), "DESCRIBE")
+    return Describe(s, entity=s.entity, prompt=prompt, top=s.top if s.top is not None else 10, layers=layers,
+                    threshold=float(ctx.settings.get("threshold", 3.0)))
+
+
+@plans(ast.SelectFeatures, needs_container=True)
+def _select(s: ast.SelectFeatures, ctx: Context) -> Node:
+    cat = ctx.catalog
+    if s.at_layer:
+        layer = s.layers[0]
+        cat.check_layer(layer)
+        layers: tuple[int, ...] | None = (layer,)
+    else:
+        layers = cat.layer_span(s.layers, "LAYERS")
+    _feature_layers(s, ctx, layers, "SELECT ... FROM FEATURES")
+    if s.where and any(c.column.name == "token" for c in s.where) and not cat.has_tokenizer:
+        raise _err(s, "WHERE token ... compares token text, and the container carries no tokenizer")
+    nearest = bind_pieces(ctx, ast.TextPrompt(text=s.nearest), "NEAREST TO") if s.nearest is not None else None
+    columns = tuple(c.name for c in s.columns) if s.columns is not None else tuple(catalog.FEATURE_COLUMNS)
+    where = tuple(Where(c.column.name, c.op, float(c.value) if c.column.name == "score" else c.value) for c in s.where)
+    descending = s.descending if s.descending is not None else True
+    return SelectFeatures(s, columns=columns, layers=layers, nearest=nearest, where=where,
+                          order_by=s.order_by.name if s.order_by is not None else None, descending=descending,
+                          limit=s.limit)
+
+
+@plans(ast.ShowFeatures, needs_container=True)
+def _show_features(s: ast.ShowFeatures, ctx: Context) -> Node:
+    cat = ctx.catalog
+    cat.check_layer(s.layer)
+    info = cat.feature_layers[s.layer]
+    if not info.has_features:
+        have = [x.layer for x in cat.feature_layers if x.has_features]
+        raise _err(s, f"SHOW FEATURES AT LAYER {s.layer}: {info.reason}",
+                   hint=f"layers with FFN features: {_span_text(have)}" if have else None)
+    return ShowFeatures(s, layer=s.layer, limit=s.limit)
+
+
+@plans(ast.ExplainFeatures, needs_container=True)
+def _explain_features(s: ast.ExplainFeatures, ctx: Context) -> Node:
+    inf = s.infer
+    cat = ctx.catalog
+    chat = inf.chat if inf.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(inf.prompt, ast.TextPrompt))
+    sl = cat.bind_slice(_depth(ctx, inf.depth))
+    layers = cat.layer_span(s.layers, "LAYERS")
+    _executed_layers(s, sl, layers, "EXPLAIN INFER ... FEATURES LAYERS")
+    ran = tuple(sl.executed_layers)
+    _feature_layers(s, ctx, layers if layers is not None else (None if len(ran) == cat.num_layers else ran),
+                    "EXPLAIN INFER ... FEATURES")
+    ablation = cat.ablation(inf.ablate, sl)
+    return ExplainFeatures(s, slice=sl, prompt=bind_prompt(ctx, inf.prompt, chat=chat), intervention=ablation,
+                           top=s.top if s.top is not None else 5, layers=layers)
+
+
+@plans(ast.TraceFor, needs_container=True)
+def _trace_for(s: ast.TraceFor, ctx: Context) -> Node:
+    cat = ctx.catalog
+    sl = cat.bind_slice(_depth(ctx, s.depth))
+    layers = cat.layer_span(s.layers, "LAYERS")
+    _executed_layers(s, sl, layers, "TRACE ... LAYERS")
+    ablation = cat.ablation(s.ablate, sl)
+    target = cat.single_token(s.token, "TRACE ... FOR")
+    return TraceFor(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), target=target, layers=layers,
+                    positions=s.positions or "last", decompose=s.decompose, save=s.save,
+                    overwrite=bool(s.overwrite or ctx.settings.get("overwrite", False)), intervention=ablation)
+
+
+@plans(ast.Observe, needs_container=True)
+def _observe(s: ast.Observe, ctx: Context) -> Node:
+    cat = ctx.catalog
+    sl = cat.bind_slice(_depth(ctx, s.depth))
+    ablation = cat.ablation(s.ablate, sl)
+    lens = tuple(cat.single_token(t, "OBSERVE ... LENS") for t in s.lens)
+    return Observe(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), generate=s.generate or 0, lens=lens, into=s.into,
+                   overwrite=bool(s.overwrite or ctx.settings.get("overwrite", False)), intervention=ablation)
+
+
+@plans(ast.BuildFeatures, needs_container=True)
+def _build_features(s: ast.BuildFeatures, ctx: Context) -> Node:
+    layers = ctx.catalog.layer_span(s.layers, "LAYERS")
+    _feature_layers(s, ctx, layers, "BUILD FEATURES")
+    return BuildFeatures(s, layers=layers)

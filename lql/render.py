@@ -255,7 +255,28 @@ def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
 
 @_layout(R.StatsResult)
 def _stats(r: R.StatsResult, timing: bool) -> list[str]:
-    return _stats_facts(r) + _placement(r.placement)
+    return _stats_facts(r) + _reads(r.reads, "reads per position") + _placement(r.placement)
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100.0 * part / whole:.1f}%" if whole else "-"
+
+
+def _reads(x: R.ReadsInfo | None, title: str) -> list[str]:
+    """What a position reads, when it reads part of an expert bank (a model without routed
+    experts reads every operand at every position: nothing to split, no section)."""
+    if x is None or not x.expert_bank_bytes:
+        return []
+    rows = [
+        ("  always read", f"{fmt_bytes(x.always_bytes)} (every operand outside the expert banks and the embedding)"),
+        ("  expert banks", (f"{fmt_bytes(x.expert_bank_bytes)} over {len(x.expert_layers)} routed layer(s) "
+                            f"({fmt_layers(x.expert_layers)}); a position reads its k of E experts of each")),
+    ]
+    if x.embedding_bytes:
+        rows.append(("  embedding", f"{fmt_bytes(x.embedding_bytes)}; a position reads one row"))
+    rows.append(("  per position", (f"{fmt_bytes(x.per_position_bytes)} of {fmt_bytes(x.total_bytes)} "
+                                    f"({_pct(x.per_position_bytes, x.total_bytes)})")))
+    return ["", title] + fields(rows)
 
 
 def _stats_facts(r: R.StatsResult) -> list[str]:
@@ -355,6 +376,9 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
             rows.append([f"[{title}; state {state}]"] + [""] * 7)
             if params:
                 rows.append([f"[  {fmt_params(params)}]"] + [""] * 7)
+            for role, d in ((st.reads or {}).get("detail") or {}).items():
+                if isinstance(d, dict) and "experts" in d and "top_k" in d:
+                    rows.append([f"[  {role} {d.get('operator', '')}: {_expert_reads(d)}]"] + [""] * 7)
             rows += _operand_rows(st.ops, with_params=True, skip_params_of="mixer")
         else:
             rows.append([f"[{st.stage.replace('_', ' ')}]"] + [""] * 7)
@@ -367,7 +391,15 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
         ("  layers", f"{c.layer_reads} operands, {fmt_bytes(c.layer_bytes)}"),
     ] + [(f"  {e.encoding}", f"{e.tensors} tensors, {fmt_bytes(e.bytes)}, {fmt_bpw(e.bits_per_weight)} bits/weight")
          for e in c.by_encoding])
-    return out
+    return out + _reads(r.per_position, "per position (a token reads)")
+
+
+def _expert_reads(d: dict) -> str:
+    """A routed FFN's read detail: 'top 3 of 10 experts (softmax_topk); a token reads 40,380
+    bytes = 1,800 always + 3 x 12,860 per expert, of a 128,600-byte bank'."""
+    return (f"top {d['top_k']} of {d['experts']} experts ({d.get('router', '?')}); a token reads "
+            f"{fmt_int(d.get('bytes_per_position'))} bytes = {fmt_int(d.get('always_bytes'))} always + {d['top_k']} x "
+            f"{fmt_int(d.get('bytes_per_expert'))} per expert, of a {fmt_int(d.get('expert_bank_bytes'))}-byte bank")
 
 
 def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right: Iterable[int] = ()) -> list[str]:
@@ -412,18 +444,27 @@ def _components(r: R.ComponentsResult, timing: bool) -> list[str]:
 
 @_layout(R.RepresentationsResult)
 def _reps(r: R.RepresentationsResult, timing: bool) -> list[str]:
-    if not r.representations:
+    if not r.representations and not r.derived:
         return [f"no representation matches {r.filter!r}" if r.filter else "no representations"]
-    out = table(
-        ["representation", "object", "encoding", "segment", "tensors", "payload bytes", "bits/weight", "payload sha256"],
-        [[x.key, x.object, (x.encoding or "-") + fmt_mixed(x.encodings), x.segment, fmt_int(x.tensors),
-          fmt_int(x.payload_bytes), fmt_bpw(x.bits_per_weight), (x.payload_sha256 or "-")[:16]] for x in r.representations],
-        right=(4, 5, 6),
-    )
+    out: list[str] = []
+    if r.representations:
+        out += table(
+            ["representation", "object", "encoding", "segment", "tensors", "payload bytes", "bits/weight", "payload sha256"],
+            [[x.key, x.object, (x.encoding or "-") + fmt_mixed(x.encodings), x.segment, fmt_int(x.tensors),
+              fmt_int(x.payload_bytes), fmt_bpw(x.bits_per_weight), (x.payload_sha256 or "-")[:16]] for x in r.representations],
+            right=(4, 5, 6),
+        )
     for x in r.representations:
         if not x.executable:
             bad = ", ".join(e for e in x.encodings if e not in _known_encodings())
             out.append(f"{x.key}: encoding {bad} has no codec in this build (carried; INFER refuses it at preparation)")
+    if r.derived:
+        out += ([""] if out else []) + table(
+            ["derived", "kind", "summary", "files", "bytes", "fresh"],
+            [[d.key, d.kind, d.summary or "-", fmt_int(d.files), fmt_int(d.bytes),
+              "yes" if d.fresh else f"no: {d.stale or 'built from another state of the container'}"] for d in r.derived],
+            right=(3, 4),
+        )
     return out
 
 
@@ -446,7 +487,33 @@ def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
 def _provenance(r: R.ProvenanceResult, timing: bool) -> list[str]:
     if not r.provenance:
         return ["no provenance recorded"]
-    return fields((k, fmt_value(v)) for k, v in _flatten(r.provenance))
+    return fields((k, _provenance_value(k, v)) for k, v in _flatten(r.provenance))
+
+
+_LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON keeps every entry)
+
+
+def _provenance_value(key: str, v: Any) -> str:
+    """Provenance as text: the (long) lists of assembled and dropped tensors summarised by how
+    and why, every other value as it is."""
+    if key == "assembled_tensors" and isinstance(v, list) and v and all(isinstance(a, dict) for a in v):
+        sources = sum(len(a.get("sources") or []) for a in v)
+        how: dict[str, int] = {}
+        for a in v:
+            steps = " + ".join(a.get("transform") or []) or "as stored"
+            how[steps] = how.get(steps, 0) + 1
+        return (f"{len(v)} tensors from {sources} source tensors ("
+                + ", ".join(f"{steps}: {n}" for steps, n in how.items()) + "; JSON lists each)")
+    if key == "dropped_tensors" and isinstance(v, list) and len(v) > _LONG_LIST and all(isinstance(a, dict) for a in v):
+        why: dict[str, int] = {}
+        for a in v:
+            w = str(a.get("why", "?"))
+            why[w] = why.get(w, 0) + 1
+        top = sorted(why.items(), key=lambda kv: -kv[1])
+        more = f"; {len(top) - 3} more reasons" if len(top) > 3 else ""
+        return (f"{len(v)} tensors (" + "; ".join(f"{n}: {_short(w, 80)}" for w, n in top[:3]) + more
+                + "; JSON lists each)")
+    return fmt_value(v)
 
 
 @_layout(R.OperandsResult)
@@ -459,6 +526,37 @@ def _operands(r: R.OperandsResult, timing: bool) -> list[str]:
         right=(6,),
     )
     return out + [f"{len(r.operands)} operands, {fmt_bytes(r.total_bytes)}"]
+
+
+def router_phrase(router: str, facts: dict[str, Any]) -> str:
+    """'softmax_topk, renormalised', 'sigmoid_group_topk, 2 of 4 groups, correction bias,
+    renormalised, x2.5'."""
+    parts = [router]
+    if facts.get("router_bias"):
+        parts.append("bias")
+    if facts.get("n_group") is not None:
+        parts.append(f"{facts.get('topk_group')} of {facts['n_group']} groups")
+    if facts.get("correction_bias"):
+        parts.append("correction bias")
+    if facts.get("renormalize"):
+        parts.append("renormalised")
+    if facts.get("routed_scaling_factor") is not None:
+        parts.append(f"x{fmt_value(facts['routed_scaling_factor'])}")
+    return ", ".join(parts)
+
+
+@_layout(R.ExpertsResult)
+def _experts(r: R.ExpertsResult, timing: bool) -> list[str]:
+    out = table(
+        ["layer", "experts", "top k", "router", "expert width", "shared", "bytes/expert", "bank bytes", "always bytes",
+         "bytes/position"],
+        [[str(b.layer), str(b.experts), str(b.top_k), router_phrase(b.router, b.router_facts),
+          f"{b.expert_width} {b.expert_act}", b.shared if b.shared_width is None else f"{b.shared} {b.shared_width}",
+          fmt_int(b.bytes_per_expert), fmt_int(b.expert_bank_bytes), fmt_int(b.always_bytes),
+          fmt_int(b.bytes_per_position)] for b in r.banks],
+        right=(0, 1, 2, 6, 7, 8, 9),
+    )
+    return out + _reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
 
 
 @_layout(R.SettingsResult)
@@ -475,7 +573,8 @@ def _prompt_fields(p: R.PromptInfo) -> list[tuple[str, Any]]:
 
 @_layout(R.InferResult)
 def _infer(r: R.InferResult, timing: bool) -> list[str]:
-    out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *_prompt_fields(r.prompt)])
+    out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *_prompt_fields(r.prompt),
+                  ("ablated", _intervention(r.intervention))])
     if r.top is not None:
         out += [""] + table(
             ["rank", "token", "id", "probability"],
@@ -487,6 +586,14 @@ def _infer(r: R.InferResult, timing: bool) -> list[str]:
             ("generated", _generated(len(r.generated_ids), r.interrupted, r.stopped_at)),
             ("ids", fmt_value(r.generated_ids)),
             ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
+        ])
+    if r.expert_layers and r.prefill_bytes is not None:
+        # reads depend on the routing: what the prefill and the decode steps touched
+        dec = r.decode_bytes or []
+        out += [""] + fields([
+            ("bytes read", f"prefill {fmt_bytes(r.prefill_bytes)}"),
+            ("  per decode step", f"{fmt_int(round(sum(dec) / len(dec)))} bytes (mean of {len(dec)}; min "
+                                  f"{fmt_int(min(dec))}, max {fmt_int(max(dec))})" if dec else None),
         ])
     if timing and r.timing is not None:
         out += [""] + _timing_fields(r.timing)
@@ -543,12 +650,34 @@ def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
 
 @_layout(R.TraceResult)
 def _trace(r: R.TraceResult, timing: bool) -> list[str]:
+    if r.expert_layers is not None:
+        return _trace_experts(r)
     out = [f"trace: {r.slice}, {r.model_layers}-layer model"]
+    if r.intervention is not None:
+        out.append(f"with {_intervention(r.intervention)}")
     rows = []
     for x in r.rows:
         ran = _layers_with_operators(x.layers, x.operators)
         rows.append([str(x.position), str(x.token_id), fmt_text(x.token), ran, str(x.next_id), fmt_text(x.next_token)])
     return out + table(["pos", "id", "token", "layers run", "next id", "next token"], rows, right=(0, 1, 4))
+
+
+def _trace_experts(r: R.TraceResult) -> list[str]:
+    """TRACE ... EXPERTS: per position, each shown layer's experts with their weights
+    ('expert:weight', in the router's order), the bytes the step read, and the next token."""
+    shown = r.expert_layers or []
+    out = [f"trace: {r.slice}, {r.model_layers}-layer model; experts of "
+           + "; ".join(f"layer {x.layer} (top {x.top_k} of {x.experts}, {x.router})" for x in shown)]
+    rows = []
+    for x in r.rows:
+        picks = {p.layer: p for p in x.experts or []}
+        cells = [" ".join(f"{e}:{w:.3f}" for e, w in zip(picks[s.layer].experts, picks[s.layer].weights))
+                 if s.layer in picks else "-" for s in shown]
+        rows.append([str(x.position), str(x.token_id), fmt_text(x.token), *cells, fmt_int(x.bytes_read),
+                     str(x.next_id), fmt_text(x.next_token)])
+    headers = ["pos", "id", "token", *[f"layer {s.layer} experts" for s in shown], "bytes read", "next id", "next token"]
+    n = len(shown)
+    return out + table(headers, rows, right=(0, 1, 3 + n, 4 + n))
 
 
 def _layers_with_operators(layers: Sequence[int], operators: Sequence[str]) -> str:
@@ -711,6 +840,7 @@ def _dump(r: R.DumpResult, timing: bool) -> list[str]:
         ("sidecar", r.sidecar),
         ("layers run", fmt_layers(r.executed_layers)),
         ("container", str(r.meta.get("container_digest", "-"))[:16]),
+        ("ablated", _intervention(r.meta.get("intervention"))),
     ])
     if timing:
         out += fields([
@@ -741,8 +871,12 @@ def _summary_fields(s: dict[str, Any]) -> list[tuple[str, Any]]:
 
 @_layout(R.ScoreResult)
 def _score(r: R.ScoreResult, timing: bool) -> list[str]:
-    slice_ = "?" if r.depth is None else f"depth {r.depth}"
-    out = [f"draft {r.draft} ({slice_} of {r.model_layers}) against {r.target} (full model)"]
+    slice_ = f"full model, {r.model_layers} layers" if r.depth is None else f"depth {r.depth} of {r.model_layers}"
+    out = [f"draft {r.draft} ({slice_}) against {r.target} (full model)"]
+    if r.draft_intervention is not None or r.target_intervention is not None:
+        # an ablated run against a clean one (or two ablations) is a different comparison: say so
+        out += fields([("draft run", _intervention(r.draft_intervention) or "clean (no intervention)"),
+                       ("target run", _intervention(r.target_intervention) or "clean (no intervention)")])
     out += fields(_summary_fields(r.summary))
     if r.positions:
         if r.tokens:
@@ -792,6 +926,243 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
     if r.plot_path:
         out.append(f"chart written to {r.plot_path}")
     return out
+
+
+# ---- looking inside (issue 15) --------------------------------------------------------
+
+
+def _intervention(rec: dict[str, Any] | None) -> str | None:
+    """An intervention as the run recorded it: 'ABLATE FEATURES (1:3, 2:7)'."""
+    if rec is None:
+        return None
+    return str(rec.get("text") or rec.get("kind") or rec)
+
+
+def _time(seconds: float, timing: bool) -> tuple[str, str | None]:
+    """The statement's own time, shown only with timing on (machine-dependent)."""
+    return ("time", fmt_seconds(seconds) if timing else None)
+
+
+def _token(text: str | None, token_id: int) -> str:
+    return fmt_text(text) if text is not None else f"#{token_id}"
+
+
+def _token_list(tokens: Sequence[R.TokenLogit], logits: bool = False) -> str:
+    return ", ".join(_token(t.text, t.id) + (f" {t.logit:.2f}" if logits else "") for t in tokens)
+
+
+def _skipped_fields(skipped: Sequence[R.SkippedLayer]) -> list[tuple[str, Any]]:
+    """Skipped layers grouped by reason: ('skipped', 'layers 1-2: mamba2 layer with no FFN ...')."""
+    groups: dict[str, list[int]] = {}
+    for x in skipped:
+        groups.setdefault(x.reason, []).append(x.layer)
+    return [("skipped" if i == 0 else "", f"{layers_phrase(ls)}: {reason}") for i, (reason, ls) in enumerate(groups.items())]
+
+
+def _metadata_fields(m: R.MetadataNote, timing: bool) -> list[tuple[str, Any]]:
+    """What using the feature metadata involved; nothing when it was read as it was."""
+    out: list[tuple[str, Any]] = []
+    if m.built_layers:
+        built = f"built now for {layers_phrase(m.built_layers)}"
+        if timing:
+            built += f" in {fmt_seconds(m.build_seconds)}"
+        out.append(("metadata", built))
+    if m.rebuilt:
+        out.append(("rebuilt", m.rebuilt))
+    if not m.cached:
+        out.append(("not stored", f"kept in memory only: {m.note}"))
+    return out
+
+
+def _layer_groups(rows: list[list[str]], first: list[bool]) -> list[list[str]]:
+    """Blank the layer cell of every row but the first of its layer."""
+    return [r if f else [""] + r[1:] for r, f in zip(rows, first)]
+
+
+@_layout(R.WalkResult)
+def _walk(r: R.WalkResult, timing: bool) -> list[str]:
+    out = [(f"walk {_prompt_text(r.prompt)}: the query is the embedding of its last token "
+           f"{_token(r.query_token, r.query_id)} (id {r.query_id}); the top {r.top} features per layer by |gate score|")]
+    rows, first = [], []
+    for lay in r.layers:
+        for j, h in enumerate(lay.features):
+            rows.append([str(lay.layer), str(h.feature), f"{h.score:.2f}", _token_list(h.tokens)])
+            first.append(j == 0)
+    out += table(["layer", "feature", "gate score", "writes"], _layer_groups(rows, first), right=(0, 1, 2))
+    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    return out + tail
+
+
+def _prompt_text(p: R.InternalsPrompt) -> str:
+    return fmt_text(p.text) if p.text is not None else "TOKENS (" + ", ".join(str(i) for i in p.ids) + ")"
+
+
+@_layout(R.DescribeResult)
+def _describe(r: R.DescribeResult, timing: bool) -> list[str]:
+    own = ", ".join(_token(t, i) for t, i in zip(r.prompt.tokens, r.prompt.ids))
+    out = [(f"describe {fmt_text(r.entity)} (tokens {own}): {r.passing:,} feature(s) with gate score > {r.threshold:g} "
+           f"in {layers_phrase(r.layers)}")]
+    if r.excluded:
+        out.append(f"{r.excluded:,} of them write the entity's own tokens ({', '.join(fmt_text(t) for t in r.excluded_tokens)}) "
+                   "and are left out")
+    if not r.edges:
+        out.append("no edges: no feature passes the threshold (SET threshold = n to lower it)")
+    else:
+        shown = f"the top {len(r.edges)}" if len(r.edges) < r.total_edges else "all"
+        out.append(f"{r.total_edges:,} edge(s), {shown} by best gate score:")
+        out += table(
+            ["edge", "best gate", "at", "layers", "features", "also writes"],
+            [[f"{e.source} -> {_token(e.target, e.target_id)}", f"{e.best_score:.2f}", f"L{e.best_layer}:{e.best_feature}",
+              f"{e.first_layer}-{e.last_layer}" if e.first_layer != e.last_layer else str(e.first_layer), str(e.count),
+              ", ".join(_token(t, i) for t, i in zip(e.also, e.also_ids)) or "-"] for e in r.edges],
+            right=(1, 4),
+        )
+    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    return out + tail
+
+
+def _feature_cell(col: str, x: R.FeatureRow) -> str:
+    if col == "token":
+        return _token(x.token, x.token_id)
+    if col == "score":
+        return f"{x.score:.4f}"
+    return str(getattr(x, col))
+
+
+@_layout(R.SelectFeaturesResult)
+def _select(r: R.SelectFeaturesResult, timing: bool) -> list[str]:
+    cols = r.columns
+    if r.rows:
+        out = table(cols, [[_feature_cell(c, x) for c in cols] for x in r.rows],
+                    right=[i for i, c in enumerate(cols) if c != "token"])
+    else:
+        out = ["no feature matches"]
+    limit = r.query.limit
+    count = (f"{len(r.rows):,} of {r.total:,} matching features (LIMIT {limit})" if limit is not None and r.total > len(r.rows)
+             else f"{r.total:,} matching feature{'' if r.total == 1 else 's'}")
+    tail = fields([("rows", f"{count} in {layers_phrase(r.layers)}"), ("score", r.score) if "score" in cols else ("", None),
+                   *_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    return out + tail
+
+
+@_layout(R.ShowFeaturesResult)
+def _show_features(r: R.ShowFeaturesResult, timing: bool) -> list[str]:
+    k = len(r.rows[0].tokens) if r.rows else 0
+    out = [(f"layer {r.layer}: {r.features:,} features ({r.ffn} after {r.mixer}); the top {k} tokens each down column "
+           "writes, with their logits")]
+    out += table(["feature", "writes"], [[str(x.feature), _token_list(x.tokens, logits=True)] for x in r.rows], right=(0,))
+    if len(r.rows) < r.features:
+        out.append(f"{len(r.rows):,} of {r.features:,} features shown")
+    return out + fields(_metadata_fields(r.metadata, timing))
+
+
+@_layout(R.FeatureActivityResult)
+def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
+    pos_tok = r.prompt.tokens[r.position] if r.position < len(r.prompt.tokens) else None
+    out = [(f"features most active at position {r.position} ({_token(pos_tok, r.prompt.ids[r.position])}, the last) "
+           f"of {_prompt_text(r.prompt)}: {r.slice}, {layers_phrase(r.executed_layers)}")]
+    out += fields([("ablated", _intervention(r.intervention)),
+                   ("next token", f"{_token(r.next_token, r.next_id)} (id {r.next_id})"),
+                   ("activation", ("the coefficient the feature's down column is written with (ranked by size); "
+                                  "gate: its gate pre-activation"))])
+    headers = ["layer", "feature", "activation", "gate", "writes"]
+    ablation = r.intervention is not None
+    if ablation:
+        headers.insert(4, "ablated")
+    rows, first = [], []
+    for lay in r.layers:
+        for j, f in enumerate(lay.features):
+            row = [str(lay.layer), str(f.feature), f"{f.activation:.4f}", f"{f.gate:.2f}", _token_list(f.tokens)]
+            if ablation:
+                row.insert(4, "yes (zeroed)" if f.ablated else "")
+            rows.append(row)
+            first.append(j == 0)
+    out += table(headers, _layer_groups(rows, first), right=(0, 1, 2, 3))
+    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    return out + tail
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else f"{x * 100:.1f}%"
+
+
+@_layout(R.TraceForResult)
+def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
+    where = "the last position" if r.positions == "last" else "every position"
+    out = [(f"trace {_prompt_text(r.prompt)} for {_token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
+           f"{layers_phrase(r.executed_layers)}, {where}")]
+    if r.intervention is not None:
+        out.append(f"with {_intervention(r.intervention)}")
+    out.append("logit lens: the model's own final norm and head read the residual after each layer")
+    out += table(
+        ["layer", "operator", "pos", "rank", "probability", "logit", "top-1", "top-1 prob"],
+        [["embedding" if x.layer is None else str(x.layer), x.operator, str(x.position), str(x.rank), fmt_prob(x.prob),
+          f"{x.logit:.4f}", _token(x.top_token, x.top_id), fmt_prob(x.top_prob)] for x in r.rows],
+        right=(2, 3, 4, 5, 7),
+    )
+    f = r.final
+    out += fields([("output", (f"rank {f.rank}, probability {fmt_prob(f.prob)}, logit {f.logit:.4f}; top-1 "
+                              f"{_token(f.top_token, f.top_id)} ({fmt_prob(f.top_prob)})"))])
+    d = r.decomposition
+    if d is not None:
+        base = f"logit before the softcap {d.logit_before_softcap:.4f}" if d.logit_before_softcap is not None else None
+        out += ["", (f"decomposition of the logit of {_token(d.token, d.token_id)} at position {d.position}: each part is "
+                    "a write read through the head with the final norm's scale frozen")]
+        out += table(["part", "site", "logit", "share"],
+                     [[x.name, x.site, f"{x.logit:.4f}", _share(x.share)] for x in d.parts], right=(2, 3))
+        out += fields([
+            ("final logit", f"{d.final_logit:.6f}"),
+            ("before softcap", base),
+            ("sum of parts", f"{d.sum_of_parts:.6f} ({len(d.parts)} parts; unexplained {d.unexplained:.1e}, float32 rounding)"),
+            *[("note" if i == 0 else "", n) for i, n in enumerate(d.notes)],
+        ])
+    out += fields([("saved", None if r.saved is None else
+                    f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})"),
+                   _time(r.seconds, timing)])
+    return out
+
+
+@_layout(R.ObserveResult)
+def _observe(r: R.ObserveResult, timing: bool) -> list[str]:
+    out = [f"recorded {_prompt_text(r.prompt)} into {r.path}: {r.status}"]
+    n = len(r.generated_ids)
+    out += fields([
+        ("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"),
+        ("ablated", _intervention(r.intervention)),
+        ("generated", None if not n else f"{n} token{'' if n == 1 else 's'} {fmt_value(r.generated_ids)} "
+                                         f"{fmt_text(r.generated_text) if r.generated_text is not None else ''}".rstrip()),
+        ("lens", None if not r.lens_tokens else fmt_value(r.lens_tokens)),
+        ("events", f"{r.events:,} ({r.write_events:,} writes, {r.token_events:,} tokens)"),
+        ("receipt", f"sha256 {r.sha256}, run {r.run_id}"),
+        ("check", f"vindex3 record verify {r.path}"),
+        _time(r.seconds, timing),
+    ])
+    return out
+
+
+@_layout(R.BuildFeaturesResult)
+def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
+    m = r.metadata
+    built = [x.layer for x in r.layers if x.built]
+    read = [x.layer for x in r.layers if not x.built]
+    out = [(f"feature metadata: the top {m.k} tokens each feature's down column writes, "
+           f"{layers_phrase([x.layer for x in r.layers])} ({len(r.layers)} of {r.ffn_layers} FFN layers)")]
+    out += fields([
+        ("built now", (layers_phrase(built) + (f" in {fmt_seconds(m.build_seconds)}" if timing else "")) if built else "none"),
+        ("already fresh", layers_phrase(read) if read else None),
+        ("rebuilt", m.rebuilt),
+        ("stored", f"{r.directory} in the container: {r.files} file(s), {fmt_bytes(r.bytes)}" if m.cached
+         else f"kept in memory only: {m.note}"),
+        *_skipped_fields(r.skipped),
+    ])
+    headers = ["layer", "mixer", "ffn", "features", "status"] + (["build time"] if timing else [])
+    rows = []
+    for x in r.layers:
+        row = [str(x.layer), x.mixer, x.ffn, fmt_int(x.features), "built now" if x.built else "fresh"]
+        if timing:
+            row.append(fmt_seconds(x.seconds))
+        rows.append(row)
+    return out + [""] + table(headers, rows, right=(0, 3))
 
 
 # ---- entry points ---------------------------------------------------------------------
@@ -943,7 +1314,8 @@ def _rec_components(r: R.ComponentsResult) -> list[dict[str, Any]]:
 
 @_records_of(R.RepresentationsResult)
 def _rec_reps(r: R.RepresentationsResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.representations]
+    """Representations, then derived data (whose rows carry ``authority: derived``)."""
+    return [_dump(x) for x in r.representations] + [_dump(d) for d in r.derived]
 
 
 @_records_of(R.ProvenanceResult)
@@ -954,6 +1326,11 @@ def _rec_provenance(r: R.ProvenanceResult) -> list[dict[str, Any]]:
 @_records_of(R.OperandsResult)
 def _rec_operands(r: R.OperandsResult) -> list[dict[str, Any]]:
     return [_dump(x) for x in r.operands]
+
+
+@_records_of(R.ExpertsResult)
+def _rec_experts(r: R.ExpertsResult) -> list[dict[str, Any]]:
+    return [_flat(_dump(b)) for b in r.banks]
 
 
 @_records_of(R.SettingsResult)
@@ -1031,6 +1408,51 @@ def _rec_verify(r: R.VerifyResult) -> list[dict[str, Any]]:
     if r.ok:
         return [{"path": r.path, "ok": True, "checked": r.checked, "problem": None}]
     return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
+
+
+@_records_of(R.WalkResult)
+def _rec_walk(r: R.WalkResult) -> list[dict[str, Any]]:
+    return [{"layer": lay.layer, "mixer": lay.mixer, "ffn": lay.ffn, "feature": h.feature, "score": h.score,
+             "tokens": [t.text for t in h.tokens], "token_ids": [t.id for t in h.tokens],
+             "token_logits": [t.logit for t in h.tokens]} for lay in r.layers for h in lay.features]
+
+
+@_records_of(R.DescribeResult)
+def _rec_describe(r: R.DescribeResult) -> list[dict[str, Any]]:
+    return [_dump(e) for e in r.edges]
+
+
+@_records_of(R.SelectFeaturesResult)
+def _rec_select(r: R.SelectFeaturesResult) -> list[dict[str, Any]]:
+    cols = list(r.columns) + (["token_id"] if "token" in r.columns else [])
+    return [{c: getattr(x, c) for c in cols} for x in r.rows]
+
+
+@_records_of(R.ShowFeaturesResult)
+def _rec_show_features(r: R.ShowFeaturesResult) -> list[dict[str, Any]]:
+    return [{"layer": r.layer, "feature": x.feature, "tokens": [t.text for t in x.tokens],
+             "token_ids": [t.id for t in x.tokens], "token_logits": [t.logit for t in x.tokens]} for x in r.rows]
+
+
+@_records_of(R.FeatureActivityResult)
+def _rec_activity(r: R.FeatureActivityResult) -> list[dict[str, Any]]:
+    return [{"layer": lay.layer, "mixer": lay.mixer, "ffn": lay.ffn, "feature": f.feature, "activation": f.activation,
+             "gate": f.gate, "ablated": f.ablated, "tokens": [t.text for t in f.tokens],
+             "token_ids": [t.id for t in f.tokens]} for lay in r.layers for f in lay.features]
+
+
+@_records_of(R.TraceForResult)
+def _rec_trace_for(r: R.TraceForResult) -> list[dict[str, Any]]:
+    """The lens rows (``row: lens``), then with DECOMPOSE the parts (``row: part``)."""
+    out = [{"row": "lens", **_dump(x)} for x in r.rows]
+    if r.decomposition is not None:
+        out += [{"row": "part", **_dump(p)} for p in r.decomposition.parts]
+    return out
+
+
+@_records_of(R.BuildFeaturesResult)
+def _rec_build_features(r: R.BuildFeaturesResult) -> list[dict[str, Any]]:
+    return [_dump(x) for x in r.layers]
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:

@@ -10,9 +10,14 @@ string of OPEN, USE, PLAN, ENCODE ... INTO and the other statements that take a 
 closes the quote; SCORE DRAFT skips ``.meta.json`` sidecars), setting names after SET,
 statement names after HELP, and meta commands after a backslash.
 
+In SELECT ... FROM FEATURES the column names (and ``*`` after SELECT) are offered where the
+grammar takes a column: the select list, WHERE and ORDER BY; layer numbers after LAYERS, AT
+LAYER and inside ABLATE FEATURES (...).
+
 Two keyword rules the grammar does not state: LOOKAHEAD is offered only once SPECULATE is in
-the INFER, and an INFER clause already given (TOP, GENERATE, DRAFT, SPECULATE, LOOKAHEAD, CHAT)
-is not offered again (the parser would refuse it twice)."""
+the INFER, and a clause a statement already has (INFER's TOP, GENERATE, DRAFT, SPECULATE,
+LOOKAHEAD, CHAT, ABLATE; WALK's TOP, LAYERS; ...) is not offered again (the parser would refuse
+it twice)."""
 
 from __future__ import annotations
 
@@ -35,7 +40,18 @@ _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*$")
 _NUMBER = re.compile(r"[0-9]+$")
 
 #: INFER's clauses: each may be given once.
-INFER_CLAUSES = frozenset({"TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT"})
+INFER_CLAUSES = frozenset({"TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "ABLATE"})
+
+#: Statements whose clauses come in any order, each once: the statement's first keyword -> the
+#: keyword that begins each clause.
+CLAUSES: dict[str, frozenset[str]] = {
+    "INFER": INFER_CLAUSES,
+    "WALK": frozenset({"TOP", "LAYERS"}),
+    "DESCRIBE": frozenset({"TOP", "LAYERS"}),
+    "TRACE": frozenset({"DRAFT", "ABLATE", "LAYERS", "POSITIONS", "DECOMPOSE", "SAVE"}),
+    "OBSERVE": frozenset({"GENERATE", "LENS", "DRAFT", "ABLATE"}),
+    "DUMP": frozenset({"DRAFT", "ABLATE"}),
+}
 
 #: Usual values where the grammar takes a count (not a layer or a depth).
 USUAL_NUMBERS: dict[str, tuple[int, ...]] = {
@@ -43,6 +59,7 @@ USUAL_NUMBERS: dict[str, tuple[int, ...]] = {
     "GENERATE": (10, 20, 50, 100),
     "LOOKAHEAD": (2, 3, 4, 6, 8),
     "AT": (512, 1024, 2048, 4096, 8192, 32768),
+    "LIMIT": (5, 10, 20, 50, 100),
 }
 
 
@@ -59,8 +76,8 @@ class SettingInfo:
 @dataclass
 class Context:
     """What fits at the cursor. ``kind`` is one of ``keyword``, ``integer``, ``path``,
-    ``setting``, ``setting_value``, ``help``, ``meta``, ``meta_path`` or ``none``; ``word`` is
-    the text being completed (the part a candidate replaces)."""
+    ``setting``, ``setting_value``, ``column``, ``help``, ``meta``, ``meta_path`` or ``none``;
+    ``word`` is the text being completed (the part a candidate replaces)."""
 
     kind: str
     word: str = ""
@@ -68,7 +85,7 @@ class Context:
     number: str | None = None  # for "integer": what the number is (LAYER, DEPTH, TOP, ...)
     statement: str | None = None  # for "path": the statement's first keyword (SCORE, OPEN...)
     taken: tuple[int, ...] = ()  # for "integer" in DEPTHS (...): depths already listed
-    help_words: tuple[str, ...] = ()  # for "help": the topic words already typed
+    help_words: tuple[str, ...] = ()  # for "help": the topic words already typed; "column": columns listed
     setting: str | None = None  # for "setting_value"
     accepts: frozenset[str] = field(default_factory=frozenset)
 
@@ -164,21 +181,46 @@ def context_at(text_before_cursor: str) -> Context:
         num = _integer_context(head, "")
         if num is not None and num.number is not None:
             return num
+    if "NAME" in acc and prev_kinds and prev_kinds[0] == "SELECT":
+        # a column of FEATURES: the select list, WHERE, ORDER BY
+        # the columns listed so far (the highlighting lexer reads `layer` as a keyword: take the words)
+        listed = () if "FROM" in prev_kinds else tuple(t.value.lower() for t in prev[1:] if t.type != "_COMMA")
+        return Context("column", word=word, accepts=acc, keywords=("*",) if "STAR" in acc else (),
+                       help_words=listed)
     kws = tuple(sorted(parser.KEYWORDS[n] for n in acc if n in parser.KEYWORDS))
     return Context("keyword", word=word, keywords=keyword_rules(kws, prev_kinds), accepts=acc)
 
 
+def _clause_list(prev_kinds: Sequence[str]) -> tuple[frozenset[str], list[str]] | None:
+    """The clause keywords of the statement being typed and the tokens of its clause list so
+    far (EXPLAIN INFER ... FEATURES has its own list after FEATURES)."""
+    if not prev_kinds:
+        return None
+    kinds = list(prev_kinds)
+    for i in range(len(kinds) - 1, 0, -1):
+        if kinds[i] == "FEATURES" and kinds[i - 1] != "ABLATE" and kinds[0] == "EXPLAIN":
+            return frozenset({"TOP", "LAYERS"}), kinds[i + 1:]
+    if kinds[0] == "EXPLAIN" and "INFER" in kinds:
+        return CLAUSES["INFER"], kinds[kinds.index("INFER") + 1:]
+    clauses = CLAUSES.get(kinds[0])
+    if clauses is None:
+        return None
+    return clauses, kinds[1:]
+
+
 def keyword_rules(keywords: Sequence[str], prev_kinds: Sequence[str]) -> tuple[str, ...]:
     """The grammar's candidates, less what it allows but would be refused or meaningless:
-    LOOKAHEAD before SPECULATE, an INFER clause given already."""
-    if "INFER" not in prev_kinds:
+    LOOKAHEAD before SPECULATE, a clause given already."""
+    found = _clause_list(prev_kinds)
+    if found is None:
         return tuple(keywords)
-    used = set(prev_kinds[prev_kinds.index("INFER") + 1:])
+    clauses, body = found
+    used = set(body)
     out = []
     for kw in keywords:
         if kw == "LOOKAHEAD" and "SPECULATE" not in used:
             continue
-        if kw in INFER_CLAUSES and kw in used:
+        if kw in clauses and kw in used:
             continue
         out.append(kw)
     return tuple(out)
@@ -196,7 +238,10 @@ def _integer_context(head: str, word: str) -> Context | None:
     last = kinds[-1]
     if last == "DEPTH":
         return Context("integer", word=word, number="DEPTH", accepts=acc)
-    if last in ("LAYER", "RANGE"):
+    if last in ("LAYER", "RANGE", "LAYERS"):
+        return Context("integer", word=word, number="LAYER", accepts=acc)
+    if last in ("_LPAR", "_COMMA") and len(kinds) >= 2 and "ABLATE" in kinds and kinds[-2:] != ["ABLATE", "FEATURES"] \
+            and _in_ablate(kinds):
         return Context("integer", word=word, number="LAYER", accepts=acc)
     if last == "_MINUS" and len(prev) >= 2 and prev[-2].type == "INT":
         return Context("integer", word=word, number="LAYER_END", accepts=acc, taken=(int(prev[-2].value),))
@@ -206,6 +251,16 @@ def _integer_context(head: str, word: str) -> Context | None:
     if last in USUAL_NUMBERS:
         return Context("integer", word=word, number=last, accepts=acc)
     return Context("integer", word=word, number=None, accepts=acc)
+
+
+def _in_ablate(kinds: Sequence[str]) -> bool:
+    """The cursor is inside the parentheses of ABLATE FEATURES (...)."""
+    for i in range(len(kinds) - 1, -1, -1):
+        if kinds[i] == "_RPAR":
+            return False
+        if kinds[i] == "ABLATE":
+            return True
+    return False
 
 
 def integer_candidates(ctx: Context, layers: int | None) -> list[tuple[int, str]]:
@@ -341,6 +396,11 @@ class LqlCompleter(Completer):
             yield from path_completions(word, quote=quote, skip_suffixes=skip, close=True)
         elif ctx.kind == "meta_path":
             yield from path_completions(word)
+        elif ctx.kind == "column":
+            for name in [*ctx.keywords, *catalog.FEATURE_COLUMNS]:
+                if name.startswith(word.lower()) and name not in ctx.help_words:  # a column listed already
+                    yield Completion(name, start_position=-len(word),
+                                     display_meta=catalog.FEATURE_COLUMN_MEANINGS.get(name, "every column"))
         elif ctx.kind == "setting":
             for s in self._settings():
                 if s.name.lower().startswith(word.lower()):

@@ -176,6 +176,20 @@ class ContinuationSummary(BaseModel):
     stateless_layers: int
 
 
+class ReadsInfo(BaseModel):
+    """Operand bytes a position reads, from sizes only (no tensor data): ``always_bytes`` by
+    every position, ``expert_bank_bytes`` held in routed-expert banks of which a position reads
+    k of E experts per layer, ``embedding_bytes`` the embedding (one row per position, unless the
+    head reads it whole), and ``per_position_bytes`` what one position reads in all."""
+
+    always_bytes: int
+    expert_bank_bytes: int
+    expert_layers: list[int]  # layers whose FFN reads an expert bank
+    embedding_bytes: int
+    per_position_bytes: int
+    total_bytes: int
+
+
 class ShardRow(BaseModel):
     name: str
     layers: list[int]  # [first, last] held
@@ -222,6 +236,7 @@ class StatsResult(Result):
     positions: int | None = None
     state_bytes_at_positions: int | None = None
     placement: PlacementInfo | None = None  # when the model runs as shards
+    reads: ReadsInfo | None = None  # what a position reads (expert banks apart from always-read bytes)
 
 
 class ExplainStep(BaseModel):
@@ -233,6 +248,10 @@ class ExplainStep(BaseModel):
     bytes_per_position: int | None = None
     fixed_bytes: int | None = None
     ops: list[OpInfo]
+    # the layer's read profile (vindex3 LayerOps.reads.to_data()): always_bytes, bank_bytes,
+    # per_position_bytes, total_bytes and each op's detail (a routed FFN's experts, top_k, router,
+    # bytes_per_expert...), keyed by the op's role
+    reads: dict[str, Any] | None = None
 
 
 class ReadCost(BaseModel):
@@ -258,6 +277,7 @@ class ExplainResult(Result):
     steps: list[ExplainStep]
     reads: ReadCost
     placement: PlacementInfo | None = None  # when the model runs as shards
+    per_position: ReadsInfo | None = None  # what one position of this slice reads
 
 
 class LayerRow(BaseModel):
@@ -304,10 +324,29 @@ class RepresentationRow(BaseModel):
     executable: bool = True  # every tensor's encoding has a codec in this build
 
 
+class DerivedRepresentationRow(BaseModel):
+    """Derived data recorded in index.json (feature metadata...): what it is, what it was
+    derived from, and whether it still fits this container (``fresh``; ``stale`` says why not)."""
+
+    key: str
+    kind: str
+    version: int | None
+    authority: str
+    method: str | None
+    params: dict[str, Any]
+    source_digest: str | None
+    fresh: bool
+    stale: str | None = None  # why it no longer fits (None when fresh)
+    files: int
+    bytes: int
+    summary: str | None
+
+
 class RepresentationsResult(Result):
     kind: Literal["show_representations"] = "show_representations"
     filter: str | None
     representations: list[RepresentationRow]
+    derived: list[DerivedRepresentationRow] = []
 
 
 class ProvenanceResult(Result):
@@ -333,6 +372,36 @@ class OperandsResult(Result):
     layer: int | None
     operands: list[OperandRow]
     total_bytes: int
+
+
+class ExpertBankRow(BaseModel):
+    """One routed layer's expert bank, from the plan (no tensor data read)."""
+
+    layer: int
+    op: str  # the FFN operator (moe_ffn)
+    experts: int  # E
+    top_k: int  # k: experts a position reads
+    router: str  # the router kind (softmax_topk, topk_softmax, sigmoid_group_topk)
+    router_facts: dict[str, Any]  # renormalize, router_bias, correction_bias, n_group, topk_group, routed_scaling_factor
+    expert_width: int  # one expert's intermediate width
+    expert_act: str
+    shared: str  # none | plain | sigmoid_gated
+    shared_width: int | None
+    bytes_per_expert: int  # one expert's matrices (and biases), stored bytes
+    expert_bank_bytes: int  # all E experts
+    always_bytes: int  # read for every position: router (+ biases), shared expert (+ its gate)
+    bytes_per_position: int  # always + k x bytes per expert
+
+
+class ExpertsResult(Result):
+    """SHOW EXPERTS: the expert banks of the routed layers (or of one), and what a position reads
+    of the whole model."""
+
+    kind: Literal["show_experts"] = "show_experts"
+    model_layers: int
+    layer: int | None  # AT LAYER n
+    banks: list[ExpertBankRow]
+    reads: ReadsInfo
 
 
 class SettingRow(BaseModel):
@@ -369,6 +438,12 @@ class InferResult(Result):
     interrupted: bool = False  # Ctrl-C stopped the generation: the tokens so far
     prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
     prepared_bytes: int | None = None  # distinct bytes it prepared
+    intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
+    # operand bytes each call touched (vindex3's trace.step_bytes): the prefill, then each decode
+    # step; a routed layer counts only the experts its positions used. None when not recorded.
+    prefill_bytes: int | None = None
+    decode_bytes: list[int] | None = None
+    expert_layers: list[int] = []  # routed layers the slice ran (their reads depend on the routing)
     timing: Timing | None = None
     _logits: Any = PrivateAttr(default=None)
 
@@ -400,6 +475,15 @@ class SpeculateResult(Result):
     plain_tokens_per_second: float | None = None
 
 
+class ExpertPick(BaseModel):
+    """One routed layer at one position: the experts the router chose (in its order) and their
+    weights."""
+
+    layer: int
+    experts: list[int]
+    weights: list[float]
+
+
 class TraceRow(BaseModel):
     position: int
     token_id: int
@@ -408,6 +492,15 @@ class TraceRow(BaseModel):
     operators: list[str]
     next_id: int
     next_token: str | None
+    bytes_read: int | None = None  # operand bytes this position's step touched (None: not recorded)
+    experts: list[ExpertPick] | None = None  # with EXPERTS: the routing, per routed layer shown
+
+
+class ExpertLayerInfo(BaseModel):
+    layer: int
+    experts: int  # E
+    top_k: int
+    router: str
 
 
 class TraceResult(Result):
@@ -417,6 +510,8 @@ class TraceResult(Result):
     model_layers: int
     prompt: PromptInfo
     rows: list[TraceRow]
+    intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
+    expert_layers: list[ExpertLayerInfo] | None = None  # with EXPERTS: the routed layers shown
 
 
 class DraftResult(Result):
@@ -508,6 +603,8 @@ class ScoreResult(Result):
     summary: dict[str, Any]
     positions: list[dict[str, Any]]  # with target_token / draft_token text when a tokenizer matched
     tokens: bool = False  # whether token text is shown beside ids
+    draft_intervention: dict[str, Any] | None = None  # what each dump's run changed (ABLATE FEATURES), from its sidecar
+    target_intervention: dict[str, Any] | None = None
 
 
 class LadderResult(Result):
@@ -612,3 +709,296 @@ class RepresentationScoreResult(Result):
     stored: bool
     per_prompt: list[dict[str, Any]]
     seconds: float | None = None
+
+
+# ---- looking inside (issue 15) ------------------------------------------------------------
+#
+# These mirror vindex3.internals' result models field for field (built from them with
+# ``model_validate(x.model_dump())``, every nested model forbidding extra fields, so a field
+# added there and not here fails loudly in the tests), so that JSON carries every column and a
+# remote session rebuilds them, without importing vindex3 when lql is imported.
+
+
+class _Data(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TokenLogit(_Data):
+    id: int
+    text: str | None
+    logit: float
+
+
+class SkippedLayer(_Data):
+    """A layer a statement did not look at, and why (a mixer-only layer has no FFN features)."""
+
+    layer: int
+    operator: str
+    reason: str
+
+
+class InternalsPrompt(_Data):
+    text: str | None
+    ids: list[int]
+    tokens: list[str | None]
+
+
+class MetadataNote(_Data):
+    """What a statement's use of feature metadata involved: read, built now, or rebuilt (why)."""
+
+    kind: Literal["feature_tokens"] = "feature_tokens"
+    k: int
+    source_digest: str
+    layers: list[int]
+    built_layers: list[int]
+    build_seconds: float
+    rebuilt: str | None = None
+    cached: bool = True
+    note: str | None = None
+
+
+class FeatureHit(_Data):
+    layer: int
+    feature: int
+    score: float
+    tokens: list[TokenLogit]
+
+
+class WalkLayer(_Data):
+    layer: int
+    mixer: str
+    ffn: str
+    features: list[FeatureHit]
+
+
+class WalkResult(Result):
+    kind: Literal["walk"] = "walk"
+    prompt: InternalsPrompt
+    query_id: int
+    query_token: str | None
+    query: str
+    top: int
+    layers: list[WalkLayer]
+    skipped: list[SkippedLayer]
+    metadata: MetadataNote
+    seconds: float
+
+
+class DescribeEdge(_Data):
+    source: str
+    target: str | None
+    target_id: int
+    best_score: float
+    best_layer: int
+    best_feature: int
+    first_layer: int
+    last_layer: int
+    count: int
+    features: list[tuple[int, int]]
+    also: list[str | None]
+    also_ids: list[int]
+
+
+class DescribeResult(Result):
+    kind: Literal["describe"] = "describe"
+    entity: str
+    prompt: InternalsPrompt
+    query: str
+    threshold: float
+    top: int
+    layers: list[int]
+    skipped: list[SkippedLayer]
+    passing: int
+    excluded: int
+    excluded_tokens: list[str | None]
+    total_edges: int
+    edges: list[DescribeEdge]
+    metadata: MetadataNote
+    seconds: float
+
+
+class FeatureCondition(_Data):
+    column: str
+    op: str
+    value: str | int | float
+
+
+class FeatureQuery(_Data):
+    columns: list[str]
+    layers: list[int] | None = None
+    nearest_to: str | list[int] | None = None
+    where: list[FeatureCondition] = []
+    order_by: str | None = None
+    descending: bool = True
+    limit: int | None = None
+
+
+class FeatureRow(_Data):
+    layer: int
+    feature: int
+    token: str | None
+    token_id: int
+    score: float
+
+
+class SelectFeaturesResult(Result):
+    kind: Literal["select_features"] = "select_features"
+    query: FeatureQuery
+    columns: list[str]
+    score: str
+    layers: list[int]
+    skipped: list[SkippedLayer]
+    total: int
+    rows: list[FeatureRow]
+    metadata: MetadataNote
+    seconds: float
+
+
+class FeatureTokensRow(_Data):
+    feature: int
+    tokens: list[TokenLogit]
+
+
+class ShowFeaturesResult(Result):
+    kind: Literal["show_features"] = "show_features"
+    layer: int
+    mixer: str
+    ffn: str
+    features: int
+    rows: list[FeatureTokensRow]
+    metadata: MetadataNote
+
+
+class ActiveFeature(_Data):
+    layer: int
+    feature: int
+    activation: float
+    gate: float
+    ablated: bool
+    tokens: list[TokenLogit]
+
+
+class ActivityLayer(_Data):
+    layer: int
+    mixer: str
+    ffn: str
+    features: list[ActiveFeature]
+
+
+class FeatureActivityResult(Result):
+    """EXPLAIN INFER ... FEATURES."""
+
+    kind: Literal["explain_features"] = "explain_features"
+    prompt: InternalsPrompt
+    position: int
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    next_id: int
+    next_token: str | None
+    top: int
+    layers: list[ActivityLayer]
+    skipped: list[SkippedLayer]
+    metadata: MetadataNote
+    seconds: float
+
+
+class LensRow(_Data):
+    layer: int | None  # None: the embedding, before the first layer
+    operator: str
+    position: int
+    rank: int
+    prob: float
+    logit: float
+    top_id: int
+    top_token: str | None
+    top_prob: float
+
+
+class Part(_Data):
+    name: str
+    layer: int | None
+    site: Literal["embedding", "mixer", "ffn"]
+    operator: str | None
+    logit: float
+    share: float | None
+
+
+class Decomposition(_Data):
+    token_id: int
+    token: str | None
+    position: int
+    final_logit: float
+    logit_before_softcap: float | None
+    sum_of_parts: float
+    unexplained: float
+    scale: float
+    parts: list[Part]
+    notes: list[str]
+    method: str
+
+
+class SavedFile(_Data):
+    path: str
+    arrays: list[str]
+    bytes: int
+
+
+class TraceForResult(Result):
+    """TRACE ... FOR: the logit lens, and with DECOMPOSE the exact attribution."""
+
+    kind: Literal["trace_for"] = "trace_for"
+    prompt: InternalsPrompt
+    target_id: int
+    target: str | None
+    positions: Literal["last", "all"]
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    rows: list[LensRow]
+    final: LensRow
+    decomposition: Decomposition | None
+    saved: SavedFile | None
+    seconds: float
+
+
+class ObserveResult(Result):
+    kind: Literal["observe"] = "observe"
+    path: str
+    run_id: str
+    prompt: InternalsPrompt
+    generated_ids: list[int]
+    generated_text: str | None
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    lens_tokens: list[int]
+    events: int
+    write_events: int
+    token_events: int
+    sha256: str
+    status: Literal["complete", "interrupted"]
+    seconds: float
+
+
+class BuiltLayer(_Data):
+    layer: int
+    mixer: str
+    ffn: str
+    features: int
+    built: bool  # built by this statement (False: read from the container, already fresh)
+    seconds: float | None  # the build time the index records for the layer
+
+
+class BuildFeaturesResult(Result):
+    """BUILD FEATURES: the feature metadata of the chosen FFN layers, and where it lives."""
+
+    kind: Literal["build_features"] = "build_features"
+    metadata: MetadataNote
+    layers: list[BuiltLayer]
+    skipped: list[SkippedLayer]
+    directory: str  # inside the container
+    files: int  # in the derived representation, every layer built so far
+    bytes: int
+    summary: str | None
+    ffn_layers: int  # layers of the model that have FFN features

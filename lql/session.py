@@ -43,7 +43,9 @@ class Session:
         self.settings: dict[str, Any] = {s.name: s.default for s in catalog.SETTINGS}
         self.on_token = on_token
         self.on_progress = on_progress
-        self._executors: dict[int | None, Any] = {}
+        self._executors: dict[Any, Any] = {}
+        self._internals = None  # vindex3.internals.Internals of the bound container, made on first use
+        self.writes_derived = True  # feature metadata built here is kept in the container (False: in memory only)
         if path is not None:
             self.execute_statement(ast.Open(path=str(path), source=f"OPEN {str(path)!r}"))
 
@@ -122,8 +124,8 @@ class Session:
             model = vshards.sharded(container, shards)
         old = self.container
         # One assignment, so an interrupt cannot leave old executors bound to the new container.
-        self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth = (
-            model, container, Catalog(model), bool(default_model), {}, None)
+        self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth, \
+            self._internals = (model, container, Catalog(model), bool(default_model), {}, None, None)
         self.settings["shards"] = shards
         self.remote = None
         self._release(old)
@@ -145,14 +147,35 @@ class Session:
         self.close()
         self.remote = remote
 
-    def executor(self, depth: int | None) -> tuple[Any, bool]:
-        """The executor for a depth (prepared once per session), and whether it was prepared now."""
-        ex = self._executors.get(depth)
+    def executor(self, depth: int | None, intervention: Any = None) -> tuple[Any, bool]:
+        """The executor for a depth and an intervention (ABLATE FEATURES; prepared once per
+        session), and whether it was prepared now."""
+        # keyed by depth alone without an intervention: a server shares this table with its
+        # completions endpoint (lql.server.models.ModelHost.executors)
+        key = depth if intervention is None else (depth, intervention)
+        ex = self._executors.get(key)
         if ex is not None:
             return ex, False
-        ex = self.container.executor(slice=slice_of(depth))
-        self._executors[depth] = ex
+        if intervention is None:
+            ex = self.container.executor(slice=slice_of(depth))
+        else:
+            ex = self.container.executor(slice=slice_of(depth), intervention=intervention)
+        self._executors[key] = ex
         return ex, True
+
+    def internals(self):
+        """The bound container's `vindex3.internals.Internals` (made once per binding): feature
+        metadata, the lens, records. Builds report progress through ``on_progress``. A model
+        run as shards is looked inside here, in this process, on the same weights."""
+        if self._internals is None:
+            from vindex3.internals import Internals
+
+            def progress(done: int, total: int, label: str) -> None:
+                if self.on_progress is not None:
+                    self.on_progress(done, total, label)
+
+            self._internals = Internals(self.base_container, progress=progress)
+        return self._internals
 
     def close(self) -> None:
         """Forget the bound container and every prepared executor."""
@@ -161,5 +184,6 @@ class Session:
         self._release(old)
         self.catalog = None
         self._executors = {}
+        self._internals = None
         self.draft_depth = None
         self.remote = None

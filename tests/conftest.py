@@ -112,3 +112,14 @@ def ray_cluster():
     finally:
         with bounded(60, "stopping the local Ray cluster"):
             ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def smollm2_features(smollm2_container):
+    """The default model's container with its feature metadata built: once per test run, and a
+    run that finds it already in the container (derived data, checked against its hashes) only
+    reads it."""
+    from vindex3.internals import Internals
+
+    Internals(smollm2_container).build_metadata()
+    return smollm2_container

@@ -4,6 +4,10 @@ and the vision-language ``qwen3_5`` checkpoint, text component) against transfor
 fallback paths, fp32, eager attention): admission, graph, parity over 150 positions (three
 prefill chunks of 64, the last partial), continuation state, drafts, speculation, refusals.
 
+Routed experts (the moe_ffn operator): ``qwen3_next_moe`` (layers 0, 2, 3 routed, 1 dense),
+``qwen3_5_moe_text`` and the VL ``qwen3_5_moe`` (every layer routed), with parity, routing equal
+to the reference routers' position by position, both expert layouts, reads and refusals.
+
 Fixtures are tiny random models built here from configs: key heads != value heads (2 and 6),
 odd widths where the reference allows (hidden 45, key heads of 9, value heads of 11, FFN 70),
 partial rotary (12 of 24 dims; 4 of 16), GQA in the full layers. Matrices are drawn at
@@ -31,6 +35,7 @@ from vindex3.continuation import KV, RECURRENT
 from vindex3.draft import greedy_generate, speculative_generate
 from vindex3.errors import AdmissionError, GraphSchemaError, StateError
 from vindex3.operators.gated_delta import GatedDeltaState
+from vindex3.operators.moe_ffn import expert_routing
 from vindex3.operators.softmax import KvRows
 
 torch = pytest.importorskip("torch")
@@ -64,6 +69,22 @@ MODELS = {
                                                                  "mrope_interleaved": True}),
                             "vision_config": VISION}),
 }
+# Routed experts (the moe_ffn operator): E >= 8, k >= 2, odd expert and shared widths, a sigmoid-gated
+# shared expert, routers drawn hotter than the other matrices (logits of order 1-10). qwen3_next_moe
+# routes layers 0, 2, 3 (a linear and the full layer among them) and keeps layer 1 dense by
+# mlp_only_layers; the Qwen3.5 MoE models route every layer.
+MOE = {"num_experts_per_tok": 3, "moe_intermediate_size": 23, "shared_expert_intermediate_size": 31}
+MOE_TEXT = {k: v for k, v in TEXT.items() if k != "intermediate_size"}  # qwen3_5_moe_text has no dense FFN
+MODELS.update({
+    "qwen3_next_moe": ("qwen3_next", dict(TEXT, **MOE, layer_types=[LIN, LIN, LIN, FULL], num_experts=10,
+                                          mlp_only_layers=[1])),
+    "qwen3_5_moe_text": ("qwen3_5_moe_text", {**MOE_TEXT, **MOE, "layer_types": [FULL, LIN, LIN, FULL],
+                                                  "num_experts": 9, "num_experts_per_tok": 2}),
+    "qwen3_5_moe": ("qwen3_5_moe", {"text_config": dict(MOE_TEXT, **MOE, layer_types=[LIN, FULL, LIN, FULL],
+                                                        num_experts=8),
+                                    "vision_config": VISION}),
+})
+MOE_MODELS = ["qwen3_next_moe", "qwen3_5_moe_text", "qwen3_5_moe"]
 MTP = {"mtp.fc.weight": (45, 90), "mtp.layers.0.input_layernorm.weight": (45,)}  # as released checkpoints carry
 
 
@@ -84,7 +105,7 @@ def _rerandomise(model, seed: int = 7) -> None:
             elif "conv1d" in name:
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
             else:
-                gain = 3.0 if name.startswith("lm_head") else 0.7
+                gain = 3.0 if name.startswith("lm_head") or name.endswith("mlp.gate.weight") else 0.7
                 p.copy_(torch.randn(p.shape, generator=gen) * (gain / math.sqrt(p.shape[-1])))
 
 
@@ -98,7 +119,7 @@ def _build(name: str, out):
     model.eval()
     model.save_pretrained(out)
     build_tokenizer(out)
-    if name == "qwen3_5":  # a multi-token-prediction head beside the model, as released
+    if name in ("qwen3_5", "qwen3_5_moe"):  # a multi-token-prediction head beside the model, as released
         from safetensors.numpy import load_file, save_file
 
         t = load_file(out / "model.safetensors")
@@ -118,7 +139,9 @@ class Model:
         if self._ref is None:
             auto = (transformers.AutoModelForImageTextToText if "vision_config" in MODELS[self.name][1]
                     else transformers.AutoModelForCausalLM)
-            self._ref = auto.from_pretrained(self.ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+            # eager experts: the reference's default grouped_mm refuses odd widths on CPU
+            self._ref = auto.from_pretrained(self.ckpt, dtype=torch.float32, attn_implementation="eager",
+                                             experts_implementation="eager").eval()
         return self._ref
 
     def executor(self, **kw):
@@ -199,7 +222,7 @@ def test_parity_prefill_decode_and_greedy(models, name):
     assert our_greedy(ex, IDS[:8], 16) == hf_greedy(m.ref, IDS[:8], 16)
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "qwen3_next_moe"])
 def test_prefill_then_decode_and_continued_prefill(models, name):
     """A prefill crossing a chunk boundary then single steps, and a prompt prefilled in three
     pieces (chunks counted from each piece's first position, state carried), equal the
@@ -232,7 +255,7 @@ def test_draft_at_full_depth_is_bit_identical(models, name):
     assert np.array_equal(token_by_token(full, IDS[:40]), token_by_token(draft, IDS[:40]))
 
 
-@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text", "qwen3_next_moe", "qwen3_5_moe_text"])
 def test_lql_speculate_equals_plain_greedy(models, name):
     s = lql.Session()
     s.execute(f"OPEN '{models(name).container}'")
@@ -452,10 +475,12 @@ def test_released_config_keys_are_read(models, tmp_path):
     ("qwen3_next", False, {"layer_types": ...}, "layer_types",
      "no layer kinds declared (neither layer_types nor full_attention_interval)"),
     ("qwen3_next", False, {"full_attention_interval": 2}, "full_attention_interval", "disagrees with layer_types at layer 1"),
-    ("qwen3_next", False, {"mlp_only_layers": [0, 1]}, "num_experts",
-     "layer 2 is a routed-expert (MoE) layer; the moe_ffn operator is not in this build (routed layers: [2, 3])"),
-    ("qwen3_next", False, {"mlp_only_layers": ..., "decoder_sparse_step": 2}, "num_experts",
-     "layer 1 is a routed-expert (MoE) layer; the moe_ffn operator is not in this build"),
+    ("qwen3_next_moe", False, {"num_experts_per_tok": 11}, "num_experts_per_tok", "routes each position to 11 of 10"),
+    ("qwen3_next_moe", False, {"shared_expert_intermediate_size": 0}, "shared_expert_intermediate_size",
+     "expected a positive integer"),
+    ("qwen3_next_moe", False, {"moe_intermediate_size": ...}, "moe_intermediate_size", "required key is absent"),
+    ("qwen3_next_moe", False, {"num_experts_per_tok": None}, "num_experts_per_tok", "is null"),
+    ("qwen3_5_moe", True, {"norm_topk_prob": False}, "text_config.norm_topk_prob", "always renormalises"),
     ("qwen3_next", False, {"layer_types": [LIN, "sliding_attention", LIN, FULL]}, "layer_types",
      "layer 1 has type 'sliding_attention'"),
     ("qwen3_next", False, {"hidden_act": "gelu"}, "hidden_act", "conv runs SiLU only"),
@@ -483,15 +508,6 @@ def test_refusals_name_the_key(models, tmp_path, name, text, changes, key, needl
     assert not (tmp_path / "out").exists()
 
 
-def test_qwen3_5_moe_text_is_refused_by_layer(models, tmp_path):
-    """Every qwen3_5_moe_text layer runs the sparse block: refused by name until moe_ffn lands."""
-    ck = _copy_with_config(models("qwen3_5_text").ckpt, tmp_path / "ck", model_type="qwen3_5_moe_text",
-                           intermediate_size=..., num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                           shared_expert_intermediate_size=16)
-    plan = vindex3.admit(ck)
-    assert "layer 0 is a routed-expert (MoE) layer; the moe_ffn operator is not in this build" in _blocking(plan)["num_experts"]
-
-
 @pytest.mark.parametrize("name, extra, operator", [
     # the other layout's projection is not a role of this layer's op
     ("qwen3_5_text", "model.layers.1.linear_attn.in_proj_qkvz.weight", "gated_delta"),
@@ -499,6 +515,10 @@ def test_qwen3_5_moe_text_is_refused_by_layer(models, tmp_path):
     ("qwen3_next", "model.layers.0.linear_attn.conv1d.bias", "gated_delta"),
     ("qwen3_next", "model.layers.3.linear_attn.A_log", "softmax"),
     ("qwen3_next", "model.layers.1.self_attn.q_norm.weight", "gated_delta"),
+    # a dense layer has no router, a routed layer no dense FFN
+    ("qwen3_next_moe", "model.layers.1.mlp.gate.weight", "gated_delta"),
+    ("qwen3_next_moe", "model.layers.0.mlp.gate_proj.weight", "gated_delta + moe_ffn"),
+    ("qwen3_5_moe_text", "model.layers.1.mlp.shared_experts.gate_proj.weight", "gated_delta + moe_ffn"),
 ])
 def test_unclassified_tensor_is_refused(models, tmp_path, name, extra, operator):
     from safetensors.numpy import load_file, save_file
@@ -510,3 +530,145 @@ def test_unclassified_tensor_is_refused(models, tmp_path, name, extra, operator)
     save_file(t, ck / "model.safetensors", metadata={"format": "pt"})
     msg = _blocking(vindex3.admit(ck)).get(extra, "")
     assert "unclassified tensor suffix" in msg and f"under the {operator} operator" in msg
+
+
+# -- routed experts (moe_ffn) ----------------------------------------------------------------------
+
+def _routed(c) -> list[int]:
+    return [lp.index for lp in c.graph.layers if lp.ffn == "routed"]
+
+
+def _decoder_layers(m):
+    inner = m.ref.model
+    return (inner.language_model if hasattr(inner, "language_model") else inner).layers
+
+
+@pytest.mark.parametrize("name", MOE_MODELS)
+def test_routing_matches_the_reference_routers(models, name):
+    """Which experts each of the 150 positions used, per routed layer, in the reference's order:
+    the reference's own routers (hooked) on the hidden states its own layers produced."""
+    m = models(name)
+    c = vindex3.open(m.container)
+    routed = _routed(c)
+    assert routed == ([0, 2, 3] if name == "qwen3_next_moe" else [0, 1, 2, 3])
+    seen, hooks = {}, []
+    layers = _decoder_layers(m)
+    for i in routed:
+        hooks.append(layers[i].mlp.gate.register_forward_hook(
+            lambda mod, a, out, i=i: seen.__setitem__(i, (out[1].numpy().copy(), out[2].numpy().copy()))))
+    try:
+        hf_logits(m.ref, IDS)
+    finally:
+        for h in hooks:
+            h.remove()
+    routing = expert_routing(c, IDS)
+    assert [lr.layer for lr in routing.layers] == routed
+    for lr in routing.layers:
+        assert len(lr.positions) == len(IDS)
+        w, e = seen[lr.layer]
+        assert np.array_equal(np.array([p.experts for p in lr.positions]), e), lr.layer
+        assert np.abs(np.array([p.weights for p in lr.positions]) - w).max() <= 1e-5
+        assert np.allclose(w.sum(axis=1), 1.0, atol=1e-6)  # renormalised (norm_topk_prob / always)
+
+
+def test_moe_graph_facts(models):
+    c = vindex3.open(models("qwen3_next_moe").container)
+    assert [lp.ffn for lp in c.graph.layers] == ["routed", "dense", "routed", "routed"]
+    moe = c.graph.surface["operators"]["moe_ffn"]
+    assert {k: moe[k] for k in ("num_experts", "top_k", "expert_intermediate", "router", "renormalize", "router_bias",
+                                "correction_bias", "n_group", "topk_group", "routed_scaling_factor", "expert_act",
+                                "gate_up", "expert_bias", "shared", "shared_intermediate", "shared_act",
+                                "shared_gate_up")} == {
+        "num_experts": 10, "top_k": 3, "expert_intermediate": 23, "router": "softmax_topk", "renormalize": True,
+        "router_bias": False, "correction_bias": False, "n_group": None, "topk_group": None,
+        "routed_scaling_factor": None, "expert_act": "silu", "gate_up": "fused_halves", "expert_bias": False,
+        "shared": "sigmoid_gated", "shared_intermediate": 31, "shared_act": "silu", "shared_gate_up": "separate"}
+    assert c.graph.surface["ffn"]["intermediate_size"] == 70  # layer 1 stays dense
+    ops = {op.role: op for op in c.op_plan().layers[0].ops}
+    assert ops["ffn"].kind == "moe_ffn"
+    shapes = {role: ref.shape for role, ref in ops["ffn"].operands.items()}
+    assert shapes == {"moe_router": (10, 45), "moe_gate_up": (10, 46, 45), "moe_down": (10, 45, 23),
+                      "shared_gate": (31, 45), "shared_up": (31, 45), "shared_down": (45, 31),
+                      "shared_expert_gate": (1, 45)}
+    assert c.op_plan().layers[1].ops[4].kind == "gated_ffn"
+    prov = c.provenance["assembled_tensors"]
+    bank = next(a for a in prov if a["tensor"] == "decoder_stack/0.mlp.experts.gate_up_proj")
+    assert bank["transform"] == ["stack", "merge_pairs"] and len(bank["sources"]) == 20
+    # every layer of a Qwen3.5 MoE text model is routed, and it has no dense FFN group at all
+    g = vindex3.open(models("qwen3_5_moe").container).graph
+    assert [lp.ffn for lp in g.layers] == ["routed"] * 4 and "ffn" not in g.surface
+    assert g.surface["operators"]["moe_ffn"]["num_experts"] == 8
+
+
+@pytest.mark.parametrize("name", ["qwen3_next_moe", "qwen3_5_moe"])
+def test_the_runtime_layout_encodes_to_the_same_banks(models, tmp_path, name):
+    """transformers' runtime save (save_original_format=False: fused mlp.experts.gate_up_proj
+    [E, 2I, H] and down_proj [E, H, I]) and the released per-expert layout give the same
+    container tensors and logits."""
+    m = models(name)
+    ck = tmp_path / "runtime"
+    m.ref.save_pretrained(ck, save_original_format=False)
+    build_tokenizer(ck)
+    from safetensors import safe_open
+
+    with safe_open(ck / "model.safetensors", "np") as f:
+        names = list(f.keys())
+    assert any(n.endswith("layers.0.mlp.experts.gate_up_proj") for n in names)
+    assert not any(".mlp.experts.0." in n for n in names)
+    if name == "qwen3_5_moe":  # the released VL checkpoint carries an MTP head; this save does not
+        assert not any(n.startswith("mtp.") for n in names)
+    a, b = vindex3.open(m.container), vindex3.open(vindex3.encode(ck, tmp_path / "c"))
+    assert a.graph.raw["layers"] == b.graph.raw["layers"] and a.graph.surface == b.graph.surface
+    src_a, src_b = a.tensor_source(), b.tensor_source()
+    for lo in a.op_plan().layers:
+        op = next(o for o in lo.ops if o.role == "ffn")
+        for role, ref in op.operands.items():
+            assert np.array_equal(src_a.weight(ref).dense(), src_b.weight(b.op_plan().layers[lo.index].ops[4]
+                                                                        .operands[role]).dense()), (lo.index, role)
+    assert np.array_equal(a.executor().forward(IDS[:30]), b.executor().forward(IDS[:30]))
+
+
+def test_a_decode_step_reads_only_the_routed_experts(models):
+    c = vindex3.open(models("qwen3_next_moe").container)
+    plan = c.op_plan()
+    st = c.executor().start()
+    st.prefill(IDS[:20])
+    n = len(st.trace.op_calls)
+    st.step(IDS[20])
+    calls = st.trace.op_calls[n:]
+    assert [x.layer for x in calls] == [0, 2, 3]
+    for call in calls:
+        op = next(o for o in plan.layers[call.layer].ops if o.kind == "moe_ffn")
+        banks = [r for role, r in op.operands.items() if role in ("moe_gate_up", "moe_down")]
+        always = sum(r.nbytes for role, r in op.operands.items() if role not in ("moe_gate_up", "moe_down"))
+        assert len(call.detail.ran) == 3 and call.bytes_read == always + 3 * sum(r.nbytes // 10 for r in banks)
+    assert st.trace.step_bytes[-1] == plan.read_profile().per_position_bytes < plan.read_profile().total_bytes
+
+
+@pytest.mark.parametrize("name, extra, needle", [
+    ("qwen3_next_moe", "model.layers.0.mlp.experts.10.up_proj.weight", "unclassified tensor suffix"),
+    ("qwen3_next_moe", "model.layers.0.mlp.experts.gate_up_proj", "on how mlp.experts.gate_up_proj of layer 0 is assembled"),
+])
+def test_expert_tensors_are_classified_by_exact_name(models, tmp_path, name, extra, needle):
+    """An expert index past E is not a role; both layouts of one bank are refused, never merged."""
+    from safetensors.numpy import load_file, save_file
+
+    ck = tmp_path / "ck"
+    shutil.copytree(models(name).ckpt, ck)
+    t = load_file(ck / "model.safetensors")
+    t[extra] = np.ones((23, 45) if ".10." in extra else (10, 46, 45), np.float32)
+    save_file(t, ck / "model.safetensors", metadata={"format": "pt"})
+    msgs = "\n".join(f.message for f in vindex3.admit(ck).blocking())
+    assert needle in msgs
+
+
+def test_a_missing_expert_is_refused_by_name(models, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    ck = tmp_path / "ck"
+    shutil.copytree(models("qwen3_5_moe_text").ckpt, ck)
+    t = load_file(ck / "model.safetensors")
+    del t["model.layers.2.mlp.experts.4.down_proj.weight"]
+    save_file(t, ck / "model.safetensors", metadata={"format": "pt"})
+    b = _blocking(vindex3.admit(ck))
+    assert "1 missing: model.layers.2.mlp.experts.4.down_proj.weight" in b["model.layers.2.mlp.experts.4.down_proj.weight"]

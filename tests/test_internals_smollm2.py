@@ -18,8 +18,8 @@ from vindex3.internals import Internals
 
 
 @pytest.fixture(scope="module")
-def smol_ix(smollm2_container):
-    ix = Internals(smollm2_container)
+def smol_ix(smollm2_features):
+    ix = Internals(smollm2_features)
     note = ix.build_metadata()
     print(note.describe() or "feature metadata read from the container")
     return ix

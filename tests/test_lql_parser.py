@@ -36,11 +36,11 @@ CASES = [
     ("EXPLAIN INFER 'hi' DRAFT DEPTH 3",
      {"kind": "explain", "prompt": {"kind": "text", "text": "hi"}, "depth": 3,
       "infer": {"kind": "infer", "prompt": {"kind": "text", "text": "hi"}, "top": None, "generate": None, "depth": 3,
-                "speculate": None, "lookahead": None, "exactly": False, "chat": None}}),
+                "speculate": None, "lookahead": None, "exactly": False, "chat": None, "ablate": None}}),
     ("EXPLAIN INFER 'hi' GENERATE 5 EXACTLY CHAT",
      {"kind": "explain", "prompt": {"kind": "text", "text": "hi"}, "depth": None,
       "infer": {"kind": "infer", "prompt": {"kind": "text", "text": "hi"}, "top": None, "generate": 5, "depth": None,
-                "speculate": None, "lookahead": None, "exactly": True, "chat": True}}),
+                "speculate": None, "lookahead": None, "exactly": True, "chat": True, "ablate": None}}),
     ("SHOW LAYERS", {"kind": "show_layers", "start": None, "end": None}),
     ("SHOW LAYERS RANGE 0-7", {"kind": "show_layers", "start": 0, "end": 7}),
     ("SHOW LAYERS RANGE 3", {"kind": "show_layers", "start": 3, "end": 3}),
@@ -52,10 +52,10 @@ CASES = [
     ("SHOW SETTINGS", {"kind": "show_settings"}),
     ("INFER 'x' TOP 3 GENERATE 4 DRAFT DEPTH 2",
      {"kind": "infer", "prompt": {"kind": "text", "text": "x"}, "top": 3, "generate": 4, "depth": 2,
-      "speculate": None, "lookahead": None, "exactly": False, "chat": None}),
+      "speculate": None, "lookahead": None, "exactly": False, "chat": None, "ablate": None}),
     ("INFER TOKENS (1, 2, 3) GENERATE 20 SPECULATE DEPTH 2 LOOKAHEAD 4",
      {"kind": "infer", "prompt": {"kind": "tokens", "ids": [1, 2, 3]}, "top": None, "generate": 20,
-      "depth": None, "speculate": 2, "lookahead": 4, "exactly": False, "chat": None}),
+      "depth": None, "speculate": 2, "lookahead": 4, "exactly": False, "chat": None, "ablate": None}),
     ("DRAFT DEPTH 2", {"kind": "draft_depth", "depth": 2}),
     ("DRAFT OFF", {"kind": "draft_off"}),
     ("DRAFT LADDER DEPTHS (1, 2, 4) ON 'p.jsonl'",
@@ -64,11 +64,63 @@ CASES = [
      {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' PLOT INTO 'l.svg'",
      {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg"}),
-    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1}),
+    ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1, "ablate": None,
+                                 "experts": None}),
+    ("TRACE 'x' EXPERTS", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None,
+                           "experts": {"layer": None}}),
+    ("trace tokens (1, 2) draft depth 2 experts at layer 1",
+     {"kind": "trace", "prompt": {"kind": "tokens", "ids": [1, 2]}, "depth": 2, "ablate": None, "experts": {"layer": 1}}),
+    ("SHOW EXPERTS", {"kind": "show_experts", "layer": None}),
+    ("show experts at layer 3", {"kind": "show_experts", "layer": 3}),
     ("DUMP LOGITS 'x' INTO 'f.f32'",
-     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32"}),
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None, "into": "f.f32"}),
     ("DUMP LOGITS TOKENS (5) DRAFT DEPTH 2 INTO 'f.f32'",
-     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "into": "f.f32"}),
+     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "ablate": None, "into": "f.f32"}),
+    ("DUMP LOGITS 'x' ABLATE FEATURES (3:17, 0:2) DRAFT DEPTH 2 INTO 'f.f32'",
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": 2, "ablate": ((3, 17), (0, 2)),
+      "into": "f.f32"}),
+    ("TRACE 'x' ABLATE FEATURES (1:2)", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None,
+                                        "ablate": ((1, 2),), "experts": None}),
+    # looking inside (issue 15)
+    ("WALK 'The capital' TOP 3 LAYERS 2-5",
+     {"kind": "walk", "prompt": {"kind": "text", "text": "The capital"}, "top": 3, "layers": (2, 5)}),
+    ("walk tokens (4, 5) layers 7", {"kind": "walk", "prompt": {"kind": "tokens", "ids": [4, 5]}, "top": None,
+                                     "layers": (7, 7)}),
+    ("DESCRIBE 'France' LAYERS 0-3 TOP 4", {"kind": "describe", "entity": "France", "top": 4, "layers": (0, 3)}),
+    ("SELECT * FROM FEATURES",
+     {"kind": "select_features", "columns": None, "layers": None, "at_layer": False, "nearest": None, "where": [],
+      "order_by": None, "descending": None, "limit": None}),
+    (("SELECT Layer, token FROM FEATURES AT LAYER 3 NEAREST TO 'Paris' WHERE token LIKE 'P%' AND score >= -1.5 "
+      "AND feature <> 2 ORDER BY score ASC LIMIT 10"),
+     {"kind": "select_features",
+      "columns": [{"name": "layer", "line": 1, "column": 8}, {"name": "token", "line": 1, "column": 15}],
+      "layers": (3, 3), "at_layer": True, "nearest": "Paris",
+      "where": [{"column": {"name": "token", "line": 1, "column": 71}, "op": "LIKE", "value": "P%"},
+                {"column": {"name": "score", "line": 1, "column": 91}, "op": ">=", "value": -1.5},
+                {"column": {"name": "feature", "line": 1, "column": 109}, "op": "!=", "value": 2}],
+      "order_by": {"name": "score", "line": 1, "column": 131}, "descending": False, "limit": 10}),
+    ("SELECT feature FROM FEATURES LAYERS 1-2 WHERE layer = 1 ORDER BY feature",
+     {"kind": "select_features", "columns": [{"name": "feature", "line": 1, "column": 8}], "layers": (1, 2),
+      "at_layer": False, "nearest": None, "where": [{"column": {"name": "layer", "line": 1, "column": 47}, "op": "=",
+                                                     "value": 1}],
+      "order_by": {"name": "feature", "line": 1, "column": 66}, "descending": None, "limit": None}),
+    ("SHOW FEATURES AT LAYER 2 LIMIT 5", {"kind": "show_features", "layer": 2, "limit": 5}),
+    ("EXPLAIN INFER 'x' DRAFT DEPTH 2 ABLATE FEATURES (1:1) FEATURES TOP 3 LAYERS 0-1",
+     {"kind": "explain_features",
+      "infer": {"kind": "infer", "prompt": {"kind": "text", "text": "x"}, "top": None, "generate": None, "depth": 2,
+                "speculate": None, "lookahead": None, "exactly": False, "chat": None, "ablate": ((1, 1),)},
+      "top": 3, "layers": (0, 1)}),
+    ("TRACE 'x' FOR ' Paris' LAYERS 1-2 POSITIONS ALL DECOMPOSE SAVE INTO 't.npz' DRAFT DEPTH 3 ABLATE FEATURES (0:1)",
+     {"kind": "trace_for", "prompt": {"kind": "text", "text": "x"}, "token": " Paris", "layers": (1, 2),
+      "positions": "all", "decompose": True, "save": "t.npz", "depth": 3, "ablate": ((0, 1),), "overwrite": False}),
+    ("TRACE TOKENS (1, 2) FOR 42",
+     {"kind": "trace_for", "prompt": {"kind": "tokens", "ids": [1, 2]}, "token": 42, "layers": None,
+      "positions": None, "decompose": False, "save": None, "depth": None, "ablate": None, "overwrite": False}),
+    ("OBSERVE 'x' GENERATE 4 LENS (' Paris', 7) ABLATE FEATURES (2:3) RECORD INTO 'run.jsonl'",
+     {"kind": "observe", "prompt": {"kind": "text", "text": "x"}, "generate": 4, "lens": [" Paris", 7], "depth": None,
+      "ablate": ((2, 3),), "into": "run.jsonl", "overwrite": False}),
+    ("BUILD FEATURES", {"kind": "build_features", "layers": None}),
+    ("BUILD FEATURES LAYERS 0-2", {"kind": "build_features", "layers": (0, 2)}),
     ("SCORE DRAFT 'a.f32' AGAINST 'b.f32'", {"kind": "score_draft", "draft": "a.f32", "target": "b.f32"}),
     ("VERIFY", {"kind": "verify"}),
     ("PLAN 'ckpt'", {"kind": "plan", "path": "ckpt"}),
@@ -169,19 +221,20 @@ ERRORS = [
      "                       ^\n"
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
     ("STAST",
-     "syntax error at line 1, column 1: expected a statement (COMPACT, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, HELP, "
-     "INFER, OPEN, PLAN, REPRESENT, SCORE, SET, SHOW, STATS, TRACE, USE, VERIFY) or ';', found 'STAST'\n"
+     "syntax error at line 1, column 1: expected a statement (BUILD, COMPACT, DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, "
+     "EXPLAIN, HELP, INFER, OBSERVE, OPEN, PLAN, REPRESENT, SCORE, SELECT, SET, SHOW, STATS, TRACE, USE, VERIFY, WALK) "
+     "or ';', found 'STAST'\n"
      "  STAST\n"
      "  ^\n"
      "  hint: did you mean STATS?"),
     ("INFER 'x' TOPP 3",
-     "syntax error at line 1, column 11: expected ';', CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found 'TOPP'\n"
+     "syntax error at line 1, column 11: expected ';', ABLATE, CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found 'TOPP'\n"
      "  INFER 'x' TOPP 3\n"
      "            ^\n"
      "  hint: did you mean TOP?"),
     ("SHOW LAYER",
-     "syntax error at line 1, column 6: expected COMPONENTS, LAYERS, OPERANDS, PROVENANCE, REPRESENTATIONS or "
-     "SETTINGS, found keyword LAYER\n"
+     "syntax error at line 1, column 6: expected COMPONENTS, EXPERTS, FEATURES, LAYERS, OPERANDS, PROVENANCE, "
+     "REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"
      "  hint: did you mean LAYERS?"),
@@ -216,7 +269,7 @@ ERRORS = [
      "             ^\n"
      "  hint: SET takes name = value, e.g. SET format = json"),
     ("INFER 'x' DRAFT DEPTH 1.5",
-     "syntax error at line 1, column 24: expected ';', CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found '.'\n"
+     "syntax error at line 1, column 24: expected ';', ABLATE, CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found '.'\n"
      "  INFER 'x' DRAFT DEPTH 1.5\n"
      "                         ^\n"
      "  hint: only a whole number fits here, not 1.5"),
@@ -256,7 +309,7 @@ def test_syntax_error_carries_position_and_expectations():
 
 def test_interactive_parser_tells_what_may_come_next():
     assert set(P.interactive("INFER 'x' ").accepts()) == {
-        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "_SEMI", "$END"}
+        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "ABLATE", "_SEMI", "$END"}
     assert set(P.interactive("").accepts()) >= set(P.STATEMENT_KEYWORDS)
     assert "OPEN" in P.STATEMENT_KEYWORDS and "DEPTH" not in P.STATEMENT_KEYWORDS
     assert P.describe_terminal("STRING") == "a quoted string"

@@ -243,6 +243,8 @@ def test_statement_names_after_help(completer):
     assert "LAYERS" not in got  # a statement's name, not any keyword
     assert texts(completer, "HELP SHOW ") == [
         "COMPONENTS",
+        "EXPERTS",
+        "FEATURES",
         "LAYERS",
         "OPERANDS",
         "PROVENANCE",

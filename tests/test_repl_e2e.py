@@ -109,7 +109,7 @@ def test_the_lql_binary_runs_an_interactive_session(screen, tiny_llama_container
     screen.prompt()
 
     # a long GENERATE streams, Ctrl-C stops it, and the session is still bound
-    child.send("INFER 'hello' GENERATE 100000;\r")
+    child.send("INFER 'hello' GENERATE 100000 EXACTLY;\r")
     screen.expect(r"generating: ")
     screen.expect(r"\S")  # at least one token reached the screen
     child.sendintr()

@@ -36,7 +36,8 @@ def dump(session, node: planner.Dump) -> R.DumpResult:
     path = Path(node.into)
     _writable(path)
     try:
-        meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path)
+        meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path,
+                                 intervention=node.intervention)
     except OSError as e:
         raise FileRefusal(f"cannot write {path}: {e.strerror or e}") from None
     sidecar = draft.sidecar_path(path) if hasattr(draft, "sidecar_path") else Path(f"{path}.meta.json")
@@ -63,6 +64,7 @@ def score(session, node: planner.Score) -> R.ScoreResult:
     return R.ScoreResult(
         draft=node.draft, target=node.target, depth=rep.draft_depth, model_layers=rep.model_layers,
         summary=rep.summary.model_dump(mode="json"), positions=positions, tokens=tokens,
+        draft_intervention=rep.draft_intervention, target_intervention=rep.target_intervention,
     )
 
 

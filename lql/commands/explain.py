@@ -8,7 +8,7 @@ from typing import Any
 
 from .. import planner
 from .. import results as R
-from ..binding import placement_info, slice_of
+from ..binding import placement_info, reads_info, slice_of
 from . import command
 
 
@@ -47,7 +47,7 @@ def explain(session, node: planner.Explain) -> R.ExplainResult:
         steps.append(R.ExplainStep(
             stage="layer", layer=lo.index, operator=c.graph.layers[i].label(), params=dict(lo.params),
             geometry=g.describe(), bytes_per_position=g.bytes_per_position, fixed_bytes=g.fixed_bytes,
-            ops=[op_info(op) for op in lo.ops],
+            ops=[op_info(op) for op in lo.ops], reads=jsonable(lo.reads.to_data()),
         ))
     steps.append(R.ExplainStep(stage="final_norm", ops=[op_info(op_plan.final_norm)]))
     steps.append(R.ExplainStep(stage="head", ops=[op_info(op_plan.head)]))
@@ -63,4 +63,5 @@ def explain(session, node: planner.Explain) -> R.ExplainResult:
         prompt=prompt, state_bytes_after_prompt=state,
         operation=target.describe() if target is not None else None, steps=steps, reads=sl.reads,
         placement=placement_info(c, slice_of(sl.depth), len(prompt.ids) if prompt is not None else 0),
+        per_position=reads_info(op_plan, executed),
     )

@@ -7,7 +7,7 @@ import fnmatch
 
 from .. import planner
 from .. import results as R
-from ..binding import placement_info, slice_of
+from ..binding import placement_info, reads_info, slice_of
 from . import command
 from .open import mix
 
@@ -30,7 +30,7 @@ def stats(session, node: planner.Stats) -> R.StatsResult:
         vocab=op_plan.vocab, head_tied=bool(op_plan.head.params.get("tied")), tokenizer=c.has_tokenizer,
         continuation=continuation_summary(geoms), positions=positions,
         state_bytes_at_positions=None if positions is None else sum(g.bytes_at(positions) for g in geoms),
-        placement=placement_info(c, slice_of(None), positions or 0),
+        placement=placement_info(c, slice_of(None), positions or 0), reads=reads_info(op_plan),
     )
 
 
@@ -113,7 +113,9 @@ def show_representations(session, node: planner.ShowRepresentations) -> R.Repres
             encodings=encs, bits_per_weight=o.get("bits_per_weight"),
             executable=all(codecs.is_known(e) for e in encs),
         ))
-    return R.RepresentationsResult(filter=flt, representations=rows)
+    from .internals import derived_rows
+
+    return R.RepresentationsResult(filter=flt, representations=rows, derived=derived_rows(session, flt))
 
 
 @command(planner.ShowProvenance)

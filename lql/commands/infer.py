@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import planner
 from .. import results as R
-from ..binding import draft_module
+from ..binding import draft_module, expert_layers
 from . import command
 from .explain import prompt_info
 
@@ -20,7 +20,7 @@ from .explain import prompt_info
 def infer(session, node: planner.Run) -> R.InferResult:
     cat = session.catalog
     prompt = prompt_info(node.prompt)
-    ex, fresh = session.executor(node.slice.depth)
+    ex, fresh = session.executor(node.slice.depth, node.intervention)
     st = ex.start()
     t0 = time.perf_counter()
     last = np.asarray(st.prefill(list(node.prompt.ids))[-1])
@@ -56,11 +56,14 @@ def infer(session, node: planner.Run) -> R.InferResult:
         timing.decode_seconds = decode_s
         timing.ms_per_token = decode_s * 1000.0 / n if n else None
         timing.tokens_per_second = n / decode_s if decode_s > 0 and n else None
+    steps = [int(n) for n in (getattr(st.trace, "step_bytes", None) or [])]
     result = R.InferResult(slice=node.slice.label, depth=node.slice.depth, executed_layers=executed,
                            prompt=prompt, top=top, generated_ids=gen_ids, generated_text=gen_text,
                            stopped_at=stopped, interrupted=interrupted,
                            prepared_reads=int(ex.trace.operand_reads), prepared_bytes=int(ex.trace.bytes_read),
-                           timing=timing)
+                           intervention=node.intervention.record() if node.intervention is not None else None,
+                           prefill_bytes=steps[0] if steps else None, decode_bytes=steps[1:] if steps else None,
+                           expert_layers=expert_layers(session.catalog.op_plan, executed), timing=timing)
     result._logits = last
     return result
 

@@ -378,6 +378,7 @@ def _run_statement(srv: Server, session, stmt: ast.Statement, ctx: JobContext) -
         if node is not None:
             policy.check_plan(node, srv.limits)
         session.on_token, session.on_progress = check, check
+        session.writes_derived = srv.config.profile != "read-only"  # a read-only server writes nothing, derived data included
         try:
             result = loop.execute_statement(session, run)
         finally:

@@ -38,6 +38,7 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.ShowRepresentations: (),  # the filter is a pattern, not a path
     ast.ShowProvenance: (),
     ast.ShowOperands: (),
+    ast.ShowExperts: (),
     ast.ShowSettings: (),
     ast.Infer: (),
     ast.DraftDepth: (),
@@ -55,14 +56,26 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
     ast.Help: (),
     ast.Set: (),
+    ast.Walk: (),
+    ast.Describe: (),
+    ast.SelectFeatures: (),  # NEAREST TO and WHERE take text, not paths
+    ast.ShowFeatures: (),
+    ast.ExplainFeatures: (),
+    ast.TraceFor: ("save",),
+    ast.Observe: ("into",),
+    ast.BuildFeatures: (),
 }
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
-    ast.ShowProvenance, ast.ShowOperands, ast.ShowSettings, ast.Infer, ast.Trace, ast.DraftDepth,
-    ast.DraftOff, ast.Help, ast.Set,
+    ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.ShowSettings, ast.Infer, ast.Trace,
+    ast.DraftDepth, ast.DraftOff, ast.Help, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures,
+    ast.ShowFeatures, ast.ExplainFeatures,
 })
+
+#: Statements that only read unless a path field is given: (statement class, that field).
+READ_ONLY_WITHOUT: dict[type[ast.Statement], str] = {ast.TraceFor: "save"}
 
 #: Why the read-only profile refuses a statement it knows.
 _WHY = {
@@ -77,7 +90,19 @@ _WHY = {
     ast.Compact: "it writes a container on the server",
     ast.Diff: "it opens containers on the server by path",
     ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
+    ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
+    ast.Observe: "it writes a record file on the server",
+    ast.BuildFeatures: "it builds derived data into the served container, long work",
 }
+
+
+def read_only(stmt: ast.Statement) -> bool:
+    """Whether the read-only profile allows ``stmt``: a reading statement, or one whose
+    writing clause is absent (TRACE ... FOR without SAVE INTO)."""
+    field = READ_ONLY_WITHOUT.get(type(stmt))
+    if field is not None:
+        return getattr(stmt, field) is None
+    return type(stmt) in READ_ONLY
 
 
 def _remote_types() -> tuple[type, ...]:
@@ -95,13 +120,13 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
     if type(stmt) not in PATH_FIELDS:
         raise ProfileRefusal(f"this server does not serve {kw}: it does not know whether {kw} names a server-side path",
                              hint="the server's statement table is lql/server/policy.py PATH_FIELDS")
-    if config.profile == "read-only" and type(stmt) not in READ_ONLY:
+    if config.profile == "read-only" and not read_only(stmt):
         why = _WHY.get(type(stmt), "it is not a statement that only reads")
         if isinstance(stmt, ast.Open) and stmt.default:
             why = "it binds another model; this server serves fixed models (the request's model field)"
         raise ProfileRefusal(f"the read-only profile refuses {kw}: {why}",
-                             hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE, "
-                                  "DRAFT DEPTH, SET, HELP")
+                             hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE (without "
+                                  "SAVE INTO), WALK, DESCRIBE, SELECT, DRAFT DEPTH, SET, HELP")
     _check_numbers(stmt, config)
     updates = {}
     for name in PATH_FIELDS[type(stmt)]:
@@ -113,15 +138,19 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
 
 
 def _check_numbers(stmt: ast.Statement, config: ServerConfig) -> None:
-    infer = stmt if isinstance(stmt, ast.Infer) else (stmt.infer if isinstance(stmt, ast.Explain) else None)
-    if infer is None or infer.generate is None:
+    if isinstance(stmt, ast.Observe):  # OBSERVE GENERATE n generates n tokens too
+        generate = stmt.generate
+    else:
+        infer = stmt if isinstance(stmt, ast.Infer) else (stmt.infer if isinstance(stmt, (ast.Explain, ast.ExplainFeatures)) else None)
+        generate = infer.generate if infer is not None else None
+    if generate is None:
         return
     lim = config.limits
     limit, what = lim.max_tokens, "--max-tokens"
     if config.profile == "read-only" and lim.read_only_generate < limit:
         limit, what = lim.read_only_generate, "the read-only profile's --read-only-generate"
-    if infer.generate > limit:
-        raise LimitRefusal(f"GENERATE {infer.generate} is more than this server allows ({what} is {limit})",
+    if generate > limit:
+        raise LimitRefusal(f"GENERATE {generate} is more than this server allows ({what} is {limit})",
                            hint=f"GENERATE at most {limit}")
 
 

@@ -5,12 +5,13 @@ it touches is graded, and produces graph facts for the ``mla`` operator
 (vindex3/operators/mla.py) or findings.
 
 Routed-expert layers. Both families route the FFN of every layer past the dense ones
-(``first_k_dense_replace``, or Kimi's ``mlp_layer_types``) through sigmoid-scored, group-limited
-top-k experts with a score-correction bias and shared experts. This build has no routed-FFN
-operator yet: the router facts are read and graded (`read_router`), and a model with any
-routed layer is refused by name at admission (`refuse_routed_layers`). Turning routed layers
-on is: map `RouterFacts` to the routed operator's parameters, classify the expert tensors
-(`ROUTED_TENSORS` below names them per family), and give those layers ``ffn: "routed"``.
+(``first_k_dense_replace``, or Kimi's ``mlp_layer_types``) through the ``moe_ffn`` operator's
+``sigmoid_group_topk`` router: sigmoid scores, the score-correction bias for the selection only,
+top-k among the best ``topk_group`` of ``n_group`` groups (each scored by its two best),
+renormalised (ε 1e-20) when asked, times ``routed_scaling_factor``; plus a plain shared MLP of
+``moe_intermediate_size`` × the number of shared experts. `read_router` grades the keys under
+every spelling, `router_surface` turns them into the op's facts (refusing by key what the
+reference cannot run), `routed_roles` classifies the expert tensors by exact name.
 """
 
 from __future__ import annotations
@@ -57,15 +58,24 @@ def dense_ffn_roles(*modules: str) -> dict[str, str]:
     return {f"{m}.{p}_proj.weight": f"ffn_{p}" for m in modules for p in ("gate", "up", "down")}
 
 
-# The expert tensors a routed layer carries (per family module spelling), for the day routed
-# layers execute: today they are never classified, because such a model is refused first.
-ROUTED_TENSORS = {
-    "deepseek_v3": ("mlp.gate.weight", "mlp.gate.e_score_correction_bias", "mlp.experts.{e}.{gate,up,down}_proj.weight",
-                    "mlp.shared_experts.{gate,up,down}_proj.weight"),
-    "kimi_linear": ("block_sparse_moe.gate.weight", "block_sparse_moe.gate.e_score_correction_bias",
-                    "block_sparse_moe.experts.{e}.w1|w2|w3.weight (gate|down|up)",
-                    "block_sparse_moe.shared_experts.{gate,up,down}_proj.weight"),
-}
+def routed_roles(E: int, H: int, In: int, *, released: str, runtime: str, names: tuple[str, str, str]) -> dict:
+    """A routed layer's FFN tensors (exact suffix -> role or `Part`), in the released layout
+    (module ``released``: router ``gate.weight`` [E, H], ``gate.e_score_correction_bias`` [E], one
+    tensor per expert ``experts.{e}.<gate|up|down>`` named by ``names``, stacked into [E, out, in]
+    banks, ``shared_experts.{gate,up,down}_proj.weight``) and transformers' runtime save (module
+    ``runtime``: the same router, bias and shared experts, the experts fused as
+    ``experts.gate_up_proj`` [E, 2I, H] and ``experts.down_proj`` [E, H, I]). A checkpoint that
+    holds both layouts of a bank or of a role is refused (one role, one tensor)."""
+    from .moe import experts_fused, experts_per_tensor
+
+    gate, up, down = names
+    out: dict = {**experts_per_tensor(E, H, In, released, gate, up, down), **experts_fused(E, H, In, runtime)}
+    for m in dict.fromkeys((released, runtime)):
+        out[f"{m}.gate.weight"] = "moe_router"
+        out[f"{m}.gate.e_score_correction_bias"] = "moe_correction_bias"
+        out.update({f"{m}.shared_experts.{p}_proj.weight": f"shared_{p}" for p in ("gate", "up", "down")})
+    return out
+
 
 ACTIVATIONS = {"silu": "silu", "swish": "silu"}  # what the dense FFN (and KDA's convs) run
 
@@ -306,16 +316,50 @@ def read_router(r: ConfigReader, spellings: dict[str, tuple[str, ...]], routed: 
     return RouterFacts(**vals)
 
 
-def refuse_routed_layers(r: ConfigReader, key: str, kinds: list[str]) -> bool:
-    """A model with any routed FFN layer cannot run in this build: one finding that names the
-    first such layer (and lists them all). Returns True when nothing routes."""
-    routed = [i for i, k in enumerate(kinds) if k == "routed"]
-    if not routed:
-        return True
-    dense = [i for i, k in enumerate(kinds) if k == "dense"]
-    r.refuse(key, f"layer {routed[0]} is a routed-expert (MoE) layer; the moe_ffn operator is not in this build "
-                  f"(routed layers: {_runs(routed)}; dense layers: {_runs(dense) or 'none'})")
-    return False
+def router_surface(r: ConfigReader, facts: RouterFacts, spellings: dict[str, tuple[str, ...]], act: str) -> dict | None:
+    """``surface.operators.moe_ffn`` from the graded router keys: the sigmoid_group_topk router
+    with its correction bias, groups, renormalisation and scaling factor, experts of
+    ``expert_width`` and a plain shared MLP of ``expert_width`` × ``shared_experts``, both with
+    ``act``. A value the reference cannot run is refused by the key the config spells it with."""
+
+    def key(name: str) -> str:
+        return next((k for k in spellings[name] if r.has(k)), spellings[name][0])
+
+    f = facts
+    missing = [n for n in spellings if getattr(f, n) is None]
+    for n in missing:  # absent or disagreeing spellings are refused already; a null is refused here
+        if not any(x.blocks and x.key in spellings[n] for x in r.findings):
+            r.refuse(key(n), f"is null; the routed layers need it ({n.replace('_', ' ')})")
+    if missing:
+        return None
+    ok = all([positive_int(r, key(n), getattr(f, n)) for n in ("experts", "top_k", "shared_experts", "n_group",  # noqa: C419 (refuse each)
+                                                                "topk_group", "expert_width")])
+    if not isinstance(f.renormalize, bool):
+        r.refuse(key("renormalize"), f"expected true or false, found {f.renormalize!r}")
+        ok = False
+    if not number(f.routed_scaling_factor):
+        r.refuse(key("routed_scaling_factor"), f"expected a finite number, found {f.routed_scaling_factor!r}")
+        ok = False
+    if not ok:
+        return None
+    E, k, G, TG = f.experts, f.top_k, f.n_group, f.topk_group
+    if E % G:
+        r.refuse(key("n_group"), f"{E} experts do not split into {G} groups")
+    elif E // G < 2:
+        r.refuse(key("n_group"), f"{G} groups of {E // G} expert: the reference scores a group by its two best experts")
+    elif TG > G:
+        r.refuse(key("topk_group"), f"keeps {TG} of {G} groups")
+    elif k > TG * (E // G):
+        r.refuse(key("top_k"), f"routes each token to {k} experts, but the {TG} group(s) kept hold only {TG * (E // G)}")
+    else:
+        from .moe import moe_facts
+
+        g = moe_facts(E=E, k=k, In=f.expert_width, router="sigmoid_group_topk", renormalize=f.renormalize, act=act,
+                      shared="plain", shared_intermediate=f.expert_width * f.shared_experts, shared_act=act,
+                      shared_gate_up="separate")
+        g.update(correction_bias=True, n_group=G, topk_group=TG, routed_scaling_factor=float(f.routed_scaling_factor))
+        return g
+    return None
 
 
 def _runs(xs: list[int]) -> str:
@@ -328,17 +372,22 @@ def _runs(xs: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
 
 
-def dense_ffn_surface(r: ConfigReader) -> dict | None:
-    width = r.take("intermediate_size", "width of the dense FFN layers")
-    act = r.take("hidden_act", "activation of the FFN gate (and of KDA's convs)", default="silu",
-                 default_reason="the reference default is silu")
-    if not positive_int(r, "intermediate_size", width):
-        return None
+def dense_ffn_surface(r: ConfigReader, dense: bool = True) -> tuple[bool, dict | None, str | None]:
+    """The FFN activation (``hidden_act``: the dense layers', the experts' and KDA's convs') and,
+    when some layer is ``dense``, the dense FFN surface. Returns (ok, surface or None, act)."""
+    act = r.take("hidden_act", "activation of the FFN gates (dense layers, experts, shared experts) and of KDA's "
+                               "convs", default="silu", default_reason="the reference default is silu")
     if act not in ACTIVATIONS:
         r.refuse("hidden_act", f"activation {act!r} has no executor here (supported: {', '.join(ACTIVATIONS)})")
-        return None
-    return {"kind": "gated", "activation": ACTIVATIONS[act], "intermediate_size": width, "bias": False,
-            "fused_gate_up": False}
+        return False, None, None
+    if not dense:
+        r.meta("intermediate_size", "width of the dense FFN layers; no layer of this model is dense")
+        return True, None, ACTIVATIONS[act]
+    width = r.take("intermediate_size", "width of the dense FFN layers")
+    if width is None or not positive_int(r, "intermediate_size", width):
+        return False, None, ACTIVATIONS[act]
+    return True, {"kind": "gated", "activation": ACTIVATIONS[act], "intermediate_size": width, "bias": False,
+                  "fused_gate_up": False}, ACTIVATIONS[act]
 
 
 # ---- encodings this build cannot execute, tensors set aside ----------------------------------

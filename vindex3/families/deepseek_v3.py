@@ -16,8 +16,10 @@ decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward 
 neither does this build: they are set aside by name and recorded in the container's provenance
 as dropped tensors, never classified as decoder layers and never dropped silently. The released
 weights are FP8 with a ``weight_scale_inv`` per linear and a ``quantization_config``: refused
-by name, an encoding this build cannot execute. Routed-expert layers are refused by name until
-the routed-expert operator lands (vindex3.families.deepseek_common).
+by name, an encoding this build cannot execute. Routed layers run the ``moe_ffn`` operator
+(router ``sigmoid_group_topk``; facts and tensors in vindex3.families.deepseek_common):
+``mlp.gate.weight``, ``mlp.gate.e_score_correction_bias``, ``mlp.experts.{e}.{gate,up,down}_proj.weight``
+(or the fused ``mlp.experts.gate_up_proj`` / ``down_proj``) and ``mlp.shared_experts.*``.
 """
 
 from __future__ import annotations
@@ -66,8 +68,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
 
     widths = ds.mla_widths(r, q_lora_default=1536)
     rope = ds.mla_rope(r, widths["qk_rope_head_dim"] if widths else 0)
-    ffn = ds.dense_ffn_surface(r)
-    ok = ok and widths is not None and rope is not False and ffn is not None
+    ok = ok and widths is not None and rope is not False
 
     k = r.take("first_k_dense_replace", "the first k layers have a dense FFN, the rest routed experts", default=3,
                default_reason="the reference default is 3")
@@ -77,9 +78,12 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         ok = False
     elif ok:
         kinds = ["dense" if i < k else "routed" for i in range(L)]
-    ds.read_router(r, ROUTER_SPELLINGS, bool(kinds) and "routed" in kinds)
-    if kinds is not None:
-        ok = ds.refuse_routed_layers(r, "first_k_dense_replace", kinds) and ok
+    ffn_ok, ffn, act = ds.dense_ffn_surface(r, dense=kinds is None or "dense" in kinds)
+    ok = ok and ffn_ok
+    routed = bool(kinds) and "routed" in kinds
+    facts = ds.read_router(r, ROUTER_SPELLINGS, routed)
+    moe = ds.router_surface(r, facts, ROUTER_SPELLINGS, act) if routed and ok else None
+    ok = ok and (moe is not None or not routed)
 
     mtp = ds.aliased(r, ("num_nextn_predict_layers", "num_mtp_layers"),
                      "multi-token-prediction layers stored after the decoder (set aside, never executed)",
@@ -103,20 +107,27 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         return None
 
     aside, dropped = ds.set_aside_layers(r, src, L, mtp, "multi-token-prediction (MTP)", "num_nextn_predict_layers")
-    layers = [{"index": i, "operator": "mla", "span": None, "window": None, "position": None, "ffn": "dense", "operands": {}}
-              for i in range(L)]
+    layers = [{"index": i, "operator": "mla", "span": None, "window": None, "position": None, "ffn": kinds[i],
+               "operands": {}} for i in range(L)]
     surface = {
         "hidden_size": H,
         "embedding": {"multiplier": 1.0},
         "residual": {"multiplier": 1.0},
-        "ffn": ffn,
         "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_only"},
         "head": {"vocab": vocab, "tied": bool(tied), "multiplier": 1.0, "softcap": None},
         "operators": {"mla": ds.mla_surface(widths, rope, "deepseek_v3")},
     }
+    if ffn is not None:
+        surface["ffn"] = ffn
+    tables = {"dense": ("mla", TABLE)}
+    if moe is not None:
+        surface["operators"]["moe_ffn"] = moe
+        tables["routed"] = ("mla + moe_ffn", {**ds.NORM_ROLES, **ds.MLA_ROLES, **ds.routed_roles(
+            moe["num_experts"], H, moe["expert_intermediate"], released="mlp", runtime="mlp",
+            names=("gate_proj", "up_proj", "down_proj"))})
     graph = assemble_graph(src.name, "deepseek_v3", bool(tied), layers, surface)
     placements, more = place_tensors(ds.WithoutTensors(src, aside), graph, r, bool(tied), ds.PREFIXES,
-                                     lambda i: ("mla", TABLE))
+                                     lambda i: tables[kinds[i]])
     return Lowering(graph=graph, placements=placements, dropped=dropped + more)
 
 

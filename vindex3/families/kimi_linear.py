@@ -14,7 +14,12 @@ else ``linear_attn_config.kda_layers`` / ``full_attn_layers`` (1-indexed, as the
 them); when both are present they must agree. Absent both, transformers would make every
 fourth layer full: a default no checkpoint states, refused. Which FFNs are dense:
 ``mlp_layer_types`` (dense | sparse), else ``first_k_dense_replace`` (absent: transformers uses
-1). A routed (sparse) layer is refused by name until the routed-expert operator lands.
+1). A routed (sparse) layer runs the ``moe_ffn`` operator (router ``sigmoid_group_topk``; facts in
+vindex3.families.deepseek_common): ``block_sparse_moe.gate.weight``,
+``block_sparse_moe.gate.e_score_correction_bias``, ``block_sparse_moe.experts.{e}.w1`` (gate) /
+``w3`` (up) / ``w2`` (down), ``block_sparse_moe.shared_experts.{gate,up,down}_proj.weight``; or
+transformers' runtime save under ``mlp.`` with the experts fused (``mlp.experts.gate_up_proj``,
+``mlp.experts.down_proj``).
 
 Every config key is graded, under every spelling transformers reads (its attribute_map:
 ``num_experts``/``num_local_experts``, ``num_experts_per_token``/``num_experts_per_tok``,
@@ -49,9 +54,9 @@ KDA_ROLES = {
     "self_attn.o_proj.weight": "o_proj",
 }
 FFN_ROLES = ds.dense_ffn_roles("block_sparse_moe", "mlp")
-TABLES = {
-    "kda": {**ds.NORM_ROLES, **KDA_ROLES, **FFN_ROLES},
-    "mla": {**ds.NORM_ROLES, **ds.MLA_ROLES, **FFN_ROLES},
+TABLES = {  # per mixer, without the FFN (dense: FFN_ROLES; routed: deepseek_common.routed_roles)
+    "kda": {**ds.NORM_ROLES, **KDA_ROLES},
+    "mla": {**ds.NORM_ROLES, **ds.MLA_ROLES},
 }
 
 LAYER_TYPES = {"linear_attention": "kda", "full_attention": "mla"}
@@ -203,7 +208,6 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     mixers, lac = _mixers(r, L) if L else (None, {})
     ok = ok and mixers is not None
     kda_layers = [i for i, m in enumerate(mixers or []) if m == "kda"]
-    ffn = ds.dense_ffn_surface(r)
     act = r.config.get("hidden_act", "silu")
 
     # -- MLA (no rope in this family) ----------------------------------------------------------
@@ -212,7 +216,7 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         r.ignore(key, "Kimi-Linear's MLA runs no rope: these parameters are unused")
     ds.aliased(r, ("model_max_length", "max_position_embeddings"), "context length (description only: no rope)",
                grade="meta")
-    ok = ok and widths is not None and ffn is not None
+    ok = ok and widths is not None
 
     # -- KDA -----------------------------------------------------------------------------------------
     D = _kda_width(r, lac, "head_dim", "linear_head_dim", 128, "KDA head width (keys and values)")
@@ -264,11 +268,12 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             ok = False
         else:
             kinds = ["dense" if i < k else "routed" for i in range(L)]
+    ffn_ok, ffn, ffn_act = ds.dense_ffn_surface(r, dense=kinds is None or "dense" in kinds)
+    ok = ok and ffn_ok
     routed = bool(kinds) and "routed" in kinds
-    ds.read_router(r, ROUTER_SPELLINGS, routed)
-    if kinds is not None:
-        ok = ds.refuse_routed_layers(r, "mlp_layer_types" if r.has("mlp_layer_types") else "first_k_dense_replace",
-                                     kinds) and ok
+    facts = ds.read_router(r, ROUTER_SPELLINGS, routed)
+    moe = ds.router_surface(r, facts, ROUTER_SPELLINGS, ffn_act) if routed and ffn_ok else None
+    ok = ok and (moe is not None or not routed)
 
     # -- hub keys transformers carries unread ------------------------------------------------------
     for key, (want, why) in HUB_FIXED.items():
@@ -283,23 +288,31 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     if not ok:
         return None
 
-    layers = [{"index": i, "operator": m, "span": None, "window": None, "position": None, "ffn": "dense", "operands": {}}
+    layers = [{"index": i, "operator": m, "span": None, "window": None, "position": None, "ffn": kinds[i], "operands": {}}
               for i, m in enumerate(mixers)]
     surface = {
         "hidden_size": H,
         "embedding": {"multiplier": 1.0},
         "residual": {"multiplier": 1.0},
-        "ffn": ffn,
         "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_only"},
         "head": {"vocab": vocab, "tied": bool(tied), "multiplier": 1.0, "softcap": None},
         "operators": {},
     }
+    if ffn is not None:
+        surface["ffn"] = ffn
     if kda is not None:
         surface["operators"]["kda"] = kda
     if "mla" in mixers:
         surface["operators"]["mla"] = ds.mla_surface(widths, None, "kimi_linear")
+    experts = {}
+    if moe is not None:
+        surface["operators"]["moe_ffn"] = moe
+        experts = ds.routed_roles(moe["num_experts"], H, moe["expert_intermediate"], released="block_sparse_moe",
+                                  runtime="mlp", names=("w1", "w3", "w2"))
+    tables = {(m, f): ((m, {**TABLES[m], **FFN_ROLES}) if f == "dense" else
+                       (f"{m} + moe_ffn", {**TABLES[m], **experts})) for m, f in set(zip(mixers, kinds))}
     graph = assemble_graph(src.name, "kimi_linear", bool(tied), layers, surface)
-    placements, dropped = place_tensors(src, graph, r, bool(tied), ds.PREFIXES, lambda i: (mixers[i], TABLES[mixers[i]]))
+    placements, dropped = place_tensors(src, graph, r, bool(tied), ds.PREFIXES, lambda i: tables[(mixers[i], kinds[i])])
     return Lowering(graph=graph, placements=placements, dropped=dropped)
 
 

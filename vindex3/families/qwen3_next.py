@@ -16,14 +16,19 @@ an output gate, partial rotary and (1 + w) q/k norms), or ``full_attention_inter
 how a config declares them (layer L attends iff (L + 1) % interval == 0); a config that declares
 neither is refused by name (transformers would fall back to an interval of 4).
 
-FFNs: dense (``mlp.{gate,up,down}_proj``) or routed experts. Layers that need the routed-expert
-FFN are refused by name at admission until the ``moe_ffn`` operator is in the build. The routing
-facts are already graded into `RoutedFacts`; enabling routed layers is (1) writing
-``surface.operators.moe_ffn`` from them (router ``softmax_topk``, ``renormalize`` =
-norm_topk_prob (always true for qwen3_5_moe_text), no router bias, no correction bias, expert act
-silu, ``shared: sigmoid_gated`` with the shared expert's width and silu) and setting the layer's
-``ffn`` to ``routed``, and (2) classifying the expert tensors (`ROUTED_SUFFIXES`) in
-`_layer_table`.
+FFNs: dense (``mlp.{gate,up,down}_proj``) or routed experts, the ``moe_ffn`` operator: router
+``softmax_topk`` over ``num_experts`` with top ``num_experts_per_tok``, renormalised when
+``norm_topk_prob`` (qwen3_next; always for the Qwen3.5 MoE models, whose reference has no such key),
+no router bias, no correction bias, no groups, no scaling factor; experts of
+``moe_intermediate_size`` with ``hidden_act`` (SiLU); a shared expert of
+``shared_expert_intermediate_size`` gated by ``sigmoid(x @ shared_expert_gate.T)``. A qwen3_next
+layer is routed iff it is not in ``mlp_only_layers``, ``num_experts > 0`` and
+(L + 1) % ``decoder_sparse_step`` == 0; every qwen3_5_moe_text layer is routed. Expert tensors
+(`ROUTED_SUFFIXES`): the released layout ``mlp.experts.{e}.{gate,up,down}_proj.weight`` is
+stacked into one bank per projection (gate and up merged in halves, gate first), the runtime
+save's ``mlp.experts.gate_up_proj`` [E, 2I, H] / ``mlp.experts.down_proj`` [E, H, I] is stored as
+it is; the router ``mlp.gate.weight`` [E, H], ``mlp.shared_expert.{gate,up,down}_proj.weight``
+and ``mlp.shared_expert_gate.weight`` [1, H].
 
 Set aside by name, never silently: the VL checkpoints' vision tower (``model.visual.*``, a
 perception component this build does not execute) and the released checkpoints' multi-token
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 from ..operators.gated_delta import LAYOUT_GROUPED, LAYOUT_SPLIT
 from .base import CONSUMED, METADATA, ConfigReader, Finding, Lowering, register_family
 from .decoder import ACTIVATIONS
+from .moe import experts_fused, experts_per_tensor, moe_facts
 from .placement import assemble_graph, place_tensors
 
 LINEAR_ROLES = {
@@ -73,15 +79,27 @@ ATTENTION_ROLES = {
 }
 NORM_ROLES = {"input_layernorm.weight": "mixer_norm", "post_attention_layernorm.weight": "ffn_norm"}
 DENSE_ROLES = {"mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down"}
-# What a routed layer's tensors are (for the moe_ffn operator once it is in the build): the router
-# [E, hidden], per-expert matrices (stacked into [E, out, in] banks), the shared expert and its
-# sigmoid gate [1, hidden]. Fused checkpoints spell the banks mlp.experts.gate_up_proj [E, 2I, H]
-# (gate rows first) and mlp.experts.down_proj [E, H, I].
+SHARED_ROLES = {
+    "mlp.shared_expert.gate_proj.weight": "shared_gate",
+    "mlp.shared_expert.up_proj.weight": "shared_up",
+    "mlp.shared_expert.down_proj.weight": "shared_down",
+    "mlp.shared_expert_gate.weight": "shared_expert_gate",
+}
+
+
+def routed_roles(E: int, H: int, In: int) -> dict:
+    """A routed layer's FFN tensors (exact suffix -> role or `Part`): the router [E, hidden], the
+    experts in either layout (one tensor per expert, stacked into [E, out, in] banks with gate and
+    up merged in halves; or the runtime save's fused banks, stored as they are), the shared expert
+    and its sigmoid gate [1, hidden]. A checkpoint holding both layouts of a bank is refused."""
+    return {"mlp.gate.weight": "moe_router", **experts_per_tensor(E, H, In, "mlp", "gate_proj", "up_proj", "down_proj"),
+            **experts_fused(E, H, In, "mlp"), **SHARED_ROLES}
+
+
+# The spellings a routed layer accepts, for readers ({e}: every expert 0..E-1).
 ROUTED_SUFFIXES = (
-    "mlp.gate.weight", "mlp.experts.<e>.gate_proj.weight", "mlp.experts.<e>.up_proj.weight",
-    "mlp.experts.<e>.down_proj.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj",
-    "mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
-    "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight",
+    "mlp.gate.weight", "mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight",
+    "mlp.experts.{e}.down_proj.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj", *SHARED_ROLES,
 )
 
 LAYER_KINDS = {"linear_attention": "gated_delta", "full_attention": "softmax"}
@@ -111,8 +129,8 @@ MTP_PREFIX = "mtp."
 
 @dataclass
 class RoutedFacts:
-    """The routing facts of a routed layer, graded from the config (the moe_ffn operator's
-    parameters once it is in the build)."""
+    """The routing facts of the routed layers, graded from the config; `lower_text` writes them
+    into ``surface.operators.moe_ffn``."""
 
     num_experts: int
     top_k: int
@@ -265,10 +283,38 @@ def _routed(r: ConfigReader, v: Variant, L: int) -> tuple[list[str], RoutedFacts
         return kinds, None
     k = r.take("num_experts_per_tok", "experts per position (top k)")
     im = r.take("moe_intermediate_size", "each expert's FFN width")
-    ish = r.take("shared_expert_intermediate_size", "the shared expert's FFN width")
-    renorm = (r.take("norm_topk_prob", "the top-k weights are renormalised to sum to 1", default=True,
-                     default_reason="the reference default is true") if v.ffn == "per_layer" else True)
-    return kinds, RoutedFacts(E, k, im, ish, bool(renorm), routed)
+    ish = r.take("shared_expert_intermediate_size", "the shared expert's FFN width (its output is gated by "
+                                                    "sigmoid(x @ shared_expert_gate.T))")
+    if v.ffn == "per_layer":
+        renorm = r.take("norm_topk_prob", "the top-k weights are renormalised to sum to 1", default=True,
+                        default_reason="the reference default is true")
+    else:  # the Qwen3.5 MoE router always renormalises; a config may still say so
+        renorm = True
+        if r.has("norm_topk_prob"):
+            if r.config["norm_topk_prob"] is True:
+                r.meta("norm_topk_prob", "true: the reference's router always renormalises the top-k weights")
+            else:
+                r.refuse("norm_topk_prob", f"{r.config['norm_topk_prob']!r}: the reference's router always renormalises "
+                                           "the top-k weights; a config that turns it off describes a model the "
+                                           "reference does not run")
+                return None
+    if None in (k, im, ish):  # absent: refused by take already; null: refused here
+        for key, val in (("num_experts_per_tok", k), ("moe_intermediate_size", im),
+                         ("shared_expert_intermediate_size", ish)):
+            if val is None and r.has(key):
+                r.refuse(key, "is null; the routed layers need it")
+        return None
+    ok = all([_pos_int(r, "num_experts_per_tok", k), _pos_int(r, "moe_intermediate_size", im),
+              _pos_int(r, "shared_expert_intermediate_size", ish)])
+    if not isinstance(renorm, bool):
+        r.refuse("norm_topk_prob", f"expected true or false, found {renorm!r}")
+        ok = False
+    if ok and k > E:
+        r.refuse("num_experts_per_tok", f"routes each position to {k} of {E} experts")
+        ok = False
+    if not ok:
+        return None
+    return kinds, RoutedFacts(E, k, im, ish, renorm, routed)
 
 
 @dataclass
@@ -277,6 +323,7 @@ class TextLowering:
     surface: dict
     kinds: list[str]  # per layer: gated_delta | softmax
     ffns: list[str]  # per layer: dense | routed
+    routed: RoutedFacts | None  # the routing facts, when some layer is routed
 
 
 def lower_text(r: ConfigReader, v: Variant, tied: bool) -> TextLowering | None:
@@ -349,11 +396,6 @@ def lower_text(r: ConfigReader, v: Variant, tied: bool) -> TextLowering | None:
             return None
     elif r.has("intermediate_size"):
         r.meta("intermediate_size", "the dense FFN width; no layer of this model is dense")
-    if routed is not None:
-        first = routed.layers[0]
-        more = f" (routed layers: {routed.layers})" if len(routed.layers) > 1 else ""
-        r.refuse("num_experts", f"layer {first} is a routed-expert (MoE) layer; the moe_ffn operator is not in this build{more}")
-        return None
 
     layers = []
     for i, (op, ffn) in enumerate(zip(kinds, ffn_kinds)):
@@ -385,6 +427,11 @@ def lower_text(r: ConfigReader, v: Variant, tied: bool) -> TextLowering | None:
     if "dense" in ffn_kinds:
         surface["ffn"] = {"kind": "gated", "activation": "silu", "intermediate_size": inter, "bias": False,
                           "fused_gate_up": False}
+    if routed is not None:
+        surface["operators"]["moe_ffn"] = moe_facts(
+            E=routed.num_experts, k=routed.top_k, In=routed.expert_intermediate, router="softmax_topk",
+            renormalize=routed.renormalize, act="silu", shared="sigmoid_gated",
+            shared_intermediate=routed.shared_intermediate, shared_act="silu", shared_gate_up="separate")
     if "gated_delta" in kinds:
         surface["operators"]["gated_delta"] = {
             "num_key_heads": nk, "num_value_heads": nv, "key_head_dim": dk, "value_head_dim": dv,
@@ -393,22 +440,25 @@ def lower_text(r: ConfigReader, v: Variant, tied: bool) -> TextLowering | None:
             "projection_layout": v.layout, "head_mapping": "repeat_interleave", "qk_l2norm_eps": QK_L2NORM_EPS,
             "norm_eps": float(eps), "norm_weight_offset": 0.0, "norm_before_gate": True,
         }
-    return TextLowering(layers, surface, kinds, ffn_kinds)
+    return TextLowering(layers, surface, kinds, ffn_kinds, routed)
 
 
 # ---- tensors -------------------------------------------------------------------------------------
 
 
-def _layer_table(v: Variant, kind: str, ffn: str) -> dict[str, str]:
-    """Exact tensor suffix -> operand role for one layer (only this layer's mixer and FFN)."""
+def _layer_table(v: Variant, kind: str, ffn: str, hidden: int, routed: RoutedFacts | None) -> dict:
+    """Exact tensor suffix -> operand role (or `Part` of a stacked expert bank) for one layer:
+    only this layer's mixer and FFN."""
     if kind == "gated_delta":
         keep = LAYOUT_ROLES[v.layout] | {"conv_weight", "A_log", "dt_bias", "gated_norm", "out_proj"}
         mixer = {s: role for s, role in LINEAR_ROLES.items() if role in keep}
     else:
         mixer = ATTENTION_ROLES
-    # Routed layers are refused before tensors are placed; their table (ROUTED_SUFFIXES) arrives
-    # with the moe_ffn operator. Until then a routed layer's FFN tensors would be unclassified.
-    ffn_roles = DENSE_ROLES if ffn == "dense" else {}
+    if ffn == "dense":
+        ffn_roles = DENSE_ROLES
+    else:
+        assert routed is not None  # a routed layer exists only with its facts
+        ffn_roles = routed_roles(routed.num_experts, hidden, routed.expert_intermediate)
     return {**NORM_ROLES, **mixer, **ffn_roles}
 
 
@@ -497,8 +547,12 @@ def _place(r: ConfigReader, src, t: TextLowering, v: Variant, P: str, tied: bool
     graph = assemble_graph(src.name, family, tied, t.layers, t.surface)
     aside = [MTP_PREFIX] + ([VISION_PREFIX] if vision else [])
 
+    H = t.surface["hidden_size"]
+    tables = {(k, f): _layer_table(v, k, f, H, t.routed) for k, f in set(zip(t.kinds, t.ffns))}
+
     def table(i: int):
-        return (t.kinds[i], _layer_table(v, t.kinds[i], t.ffns[i]))
+        label = t.kinds[i] + (" + moe_ffn" if t.ffns[i] == "routed" else "")
+        return (label, tables[(t.kinds[i], t.ffns[i])])
 
     placements, dropped = place_tensors(_Without(src, aside), graph, r, tied, prefixes, table)
     low = Lowering(graph=graph, placements=placements, dropped=dropped, not_carried_components=[])

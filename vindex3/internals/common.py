@@ -84,8 +84,11 @@ def inside_container(path: Path) -> Path | None:
 def output_path(path: str | os.PathLike, *, suffix: str, what: str, overwrite: bool) -> Path:
     """Check where an output file may go: the named suffix, not an existing file unless
     ``overwrite``, an existing directory, and never inside a container (whose files are its
-    index's to name)."""
-    p = Path(path)
+    index's to name); then vindex3's path helper (`vindex3.paths.output_file`: a file name, a
+    regular file if anything is there, never a FIFO or a device)."""
+    from ..paths import check_text, output_file
+
+    p = check_text(path, what)
     if p.suffix != suffix:
         raise OutputRefused(f"{what}: {p.name} must end in {suffix}")
     if p.is_dir():
@@ -98,4 +101,4 @@ def output_path(path: str | os.PathLike, *, suffix: str, what: str, overwrite: b
     if c is not None:
         raise OutputRefused(f"{what}: {p.name} would be written inside the container {c.name}; a container holds only "
                             "what its index.json names", hint="write it outside the container directory")
-    return p
+    return output_file(p, what, overwrite=overwrite)

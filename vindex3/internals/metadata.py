@@ -132,6 +132,7 @@ class FeatureTokens:
         self.k = k
         self.on_stale = on_stale
         self.progress = progress  # called (done, total, "layer i") as layers are built
+        self.persist = True  # False: never write into the container (a read-only server), keep in memory
         self._mem: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> (ids, logits) at >= k
         self._cached = True
         self._note: str | None = None
@@ -213,7 +214,10 @@ class FeatureTokens:
                 if self.progress is not None:
                     self.progress(n, len(missing), f"layer {i}")
             seconds = time.perf_counter() - t0
-            self._write(built, keep=e, k=build_k)
+            if self.persist:
+                self._write(built, keep=e, k=build_k)
+            else:
+                self._cached, self._note = False, "this session does not write into the container (read-only)"
         return MetadataNote(k=self.k, source_digest=self.container.digest, layers=list(layers), built_layers=missing,
                             build_seconds=seconds, rebuilt=rebuilt, cached=self._cached, note=self._note)
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import QueryRefused, TokenizerMissing
 from ..exec.engine import PreparedOperands, Readout, slot_operands
 from ..exec.ops.norm import make_weight, rms_norm
-from ..operators import FFN, FeatureFfn, FeatureView
+from ..operators import FFN, FeatureFfn, FeatureView, no_features_reason
 from .common import Prompt, SkippedLayer, layer_list
 
 F32 = np.float32
@@ -100,8 +100,7 @@ class ModelView:
         if ffn.operator is None:
             return SkippedLayer(layer=i, operator=lo.operator, reason=f"FFN kind {ffn.kind!r} has no executor in this build")
         if not isinstance(ffn.operator, FeatureFfn):
-            return SkippedLayer(layer=i, operator=lo.operator,
-                                reason=f"FFN operator {ffn.kind!r} does not expose features (vindex3.operators.FeatureFfn)")
+            return SkippedLayer(layer=i, operator=lo.operator, reason=no_features_reason(ffn.kind, ffn.operator))
         view = ffn.operator.feature_view(ffn.params, slot_operands(ffn, self._W))
         k = lo.ops.index(ffn)
         norms = []

@@ -17,6 +17,7 @@ from .base import (
     all_operators,
     distinct_bytes,
     get,
+    no_features_reason,
     parse_params,
     register,
     registered,
@@ -26,6 +27,6 @@ from .base import (
 
 __all__ = [
     "ARRAY", "FFN", "MATRIX", "MIXER", "FeatureFfn", "FeatureView", "Kernel", "OpRecord", "Operator", "Params",
-    "ReadProfile", "Role", "all_operators", "distinct_bytes", "get", "parse_params", "register", "registered", "selected",
+    "ReadProfile", "Role", "all_operators", "distinct_bytes", "get", "no_features_reason", "parse_params", "register", "registered", "selected",
     "unregister",
 ]

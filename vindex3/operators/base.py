@@ -162,6 +162,9 @@ class Operator:
     selects: ClassVar[str]  # the graph value that selects it (layer.operator, or layer.ffn)
     surface_group: ClassVar[str | None] = None  # the top-level surface group it reads, if any
     operator_group: ClassVar[str | None] = None  # its key under surface.operators, if any
+    # An FFN operator that is not a `FeatureFfn` may say why it has no features; the feature
+    # statements (WALK, DESCRIBE, ...) give this reason when they skip its layers.
+    no_features: ClassVar[str | None] = None
     Params: ClassVar[type[Params]]
 
     def params(self, surface: Mapping[str, Any], layer: Any) -> Params:
@@ -252,6 +255,14 @@ class FeatureFfn:
         """A kernel that computes the FFN with ``features`` (sorted int64 indices, each within
         ``feature_count``) contributing nothing, as if their activations were zero."""
         raise NotImplementedError
+
+
+def no_features_reason(kind: str, operator: Any) -> str:
+    """Why an FFN op of ``kind`` (its operator not a `FeatureFfn`) has no features, in words."""
+    why = getattr(operator, "no_features", None)
+    if why:
+        return f"FFN operator {kind!r} has no fixed features: {why}"
+    return f"FFN operator {kind!r} does not expose features (vindex3.operators.FeatureFfn)"
 
 
 # ---- registry ---------------------------------------------------------------------------------

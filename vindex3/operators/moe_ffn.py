@@ -136,6 +136,8 @@ class MoeFfn(Operator):
     selects = "routed"
     operator_group = NAME
     Params = MoeFfnParams
+    no_features = ("a router picks k of its experts per token, so the layer's write is not one fixed set of "
+                   "features; the feature statements read dense FFN layers")
 
     def params(self, surface, layer) -> MoeFfnParams:
         where = f"layer {layer.index} ({NAME})"
