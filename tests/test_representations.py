@@ -249,7 +249,14 @@ def test_an_unknown_encoding_is_carried_by_every_tool_and_refused_only_to_run(ti
     seg = Container(src).segments["decoder_stack"]
     payload = bytes(seg.raw("3.mlp.down_proj.weight"))
     assert vx(["verify", str(src)]) == 0
+    assert vx(["inspect", str(src)]) == 0
     assert vx(["label", str(src), "--name", "still-nvfp4"]) == 0
+    import lql
+
+    s = lql.Session()
+    s.execute(f"OPEN '{src}'")
+    shown = s.execute_one("SHOW REPRESENTATIONS").to_text()
+    assert "encoding nvfp4 has no codec in this build" in shown
     outs = {"compact": compact(src, tmp_path / "c.vindex3").path,
             "represent": represent(src, tmp_path / "r.vindex3", "int8").path}
     for how, out in outs.items():
