@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Codec, Weight, register
+from .threads import kernels, launch
 
 F32 = np.dtype("<f4")
 SMALL_T = 8  # largest T the rows kernel takes (bench/codecs_gemv.py: at T=8 it still beat BLAS 1.5x)
@@ -35,9 +36,7 @@ class DenseF32(Weight):
             and self.a.flags.c_contiguous
             and x.shape[1] == self.a.shape[1]
         ):
-            from . import kernels as K
-            from .threads import launch
-
+            K = kernels()
             y = np.empty((x.shape[0], self.a.shape[0]), F32)
             with launch():
                 K.rows_plain(self.a, np.ascontiguousarray(x), y, K.ROWS_PER_TASK)

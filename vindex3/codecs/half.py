@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import UnsupportedEncoding
 from .base import Codec, WeightShapeError, register
 from .rowwise import F32, RowWeight, rows_cols
+from .threads import kernels
 
 U16 = np.dtype("<u2")
 
@@ -44,8 +45,7 @@ class BF16Weight(Half):
     _special = 0x7F80
 
     def _rows(self, x, y):
-        from . import kernels as K
-
+        K = kernels()
         K.rows_bf16(self.h, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):
@@ -59,8 +59,7 @@ class F16Weight(Half):
     _special = 0x7C00
 
     def _rows(self, x, y):
-        from . import kernels as K
-
+        K = kernels()
         K.rows_f16(self.h, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):

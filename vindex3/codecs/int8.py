@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import UnsupportedEncoding
 from .base import Codec, register
 from .rowwise import F32, RowWeight, join_sections, rows_cols, sections_nbytes, split_sections
+from .threads import kernels
 
 BLOCK = 32  # the kernel indexes scales with j >> 5
 
@@ -35,8 +36,7 @@ class Int8Blocks(RowWeight):
         self.s = s  # [rows, in / 32] float32
 
     def _rows(self, x, y):
-        from . import kernels as K
-
+        K = kernels()
         K.rows_i8_block_scale(self.q, self.s, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):
@@ -62,8 +62,7 @@ class Int8Rows(RowWeight):
         self.s = s  # [rows] float32
 
     def _rows(self, x, y):
-        from . import kernels as K
-
+        K = kernels()
         K.rows_i8_row_scale(self.q, self.s, x, y, K.ROWS_PER_TASK)
 
     def _decode(self, rows, out):

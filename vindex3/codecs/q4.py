@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import UnsupportedEncoding
 from .base import Codec, register
 from .rowwise import F32, RowWeight, join_sections, rows_cols, sections_nbytes, split_sections
+from .threads import kernels
 
 BLOCK = 32
 HALF = BLOCK // 2
@@ -34,8 +35,7 @@ class Q4Weight(RowWeight):
         self.m = m  # [rows, in / 32] uint16 (f16 bits)
 
     def _rows(self, x, y):
-        from . import kernels as K
-
+        K = kernels()
         xl, xh, xs = K.q4_split_x(x)
         K.rows_q4(self.qs, self.d, self.m, K.F16_TABLE, xl, xh, xs, y, K.ROWS_PER_TASK)
 

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from .base import Weight, WeightShapeError
+from .threads import launch
 
 F32 = np.float32
 SECTION_ALIGN = 16
@@ -99,8 +100,6 @@ class RowWeight(Weight):
         if T == 0 or self.rows == 0:
             pass
         elif T <= self.small_t:
-            from .threads import launch
-
             with launch():
                 self._rows(x2, y)
         else:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import threading
-from contextlib import contextmanager
 
 _LOCK = threading.Lock()
 _local = threading.local()
@@ -61,14 +60,48 @@ def set_count(n: int | None) -> None:
     _count = n
 
 
-@contextmanager
-def launch():
-    """Hold the pool for one kernel launch, with `count()` threads (capped at numba's pool)."""
-    with _LOCK:
-        want = count()
-        if getattr(_local, "n", None) != want:
-            import numba
+class _Launch:
+    """The context `launch()` returns: a plain class, not a generator context manager, because
+    a decode step enters it about 200 times (a generator-based one cost ~3 us per entry)."""
 
-            numba.set_num_threads(min(want, numba.config.NUMBA_NUM_THREADS))
-            _local.n = want
-        yield
+    __slots__ = ()
+
+    def __enter__(self):
+        _LOCK.acquire()
+        try:
+            want = count()
+            if getattr(_local, "n", None) != want:
+                import numba
+
+                numba.set_num_threads(min(want, numba.config.NUMBA_NUM_THREADS))
+                _local.n = want
+        except BaseException:
+            _LOCK.release()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _LOCK.release()
+        return False
+
+
+_LAUNCH = _Launch()
+
+
+def launch() -> _Launch:
+    """Hold the pool for one kernel launch, with `count()` threads (capped at numba's pool)."""
+    return _LAUNCH
+
+
+_kernels: list = []
+
+
+def kernels():
+    """vindex3.codecs.kernels, imported on first use (numba costs resident memory a model that
+    never runs a rows kernel should not pay) and then returned without the import machinery,
+    which a decode step would otherwise enter a few hundred times."""
+    if not _kernels:
+        from . import kernels as k
+
+        _kernels.append(k)
+    return _kernels[0]
