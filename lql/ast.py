@@ -509,7 +509,7 @@ class KnowledgeEdit(Statement):
 
 class InsertEdges(KnowledgeEdit):
     keyword: ClassVar[str] = "INSERT"
-    verb: ClassVar[str] = "edits knowledge"
+    verb: ClassVar[str] = "edits knowledge through a patch overlay"
     kind: Literal["insert_edges"] = "insert_edges"
     columns: list[Column]
     values: list[str | int | float]
@@ -521,14 +521,14 @@ class InsertEdges(KnowledgeEdit):
 
 class DeleteEdges(KnowledgeEdit):
     keyword: ClassVar[str] = "DELETE"
-    verb: ClassVar[str] = "edits knowledge"
+    verb: ClassVar[str] = "edits knowledge through a patch overlay"
     kind: Literal["delete_edges"] = "delete_edges"
     where: list[Condition] = []
 
 
 class UpdateEdges(KnowledgeEdit):
     keyword: ClassVar[str] = "UPDATE"
-    verb: ClassVar[str] = "edits knowledge"
+    verb: ClassVar[str] = "edits knowledge through a patch overlay"
     kind: Literal["update_edges"] = "update_edges"
     assignments: list[tuple[Column, str | int | float]]
     where: list[Condition] = []
@@ -536,7 +536,7 @@ class UpdateEdges(KnowledgeEdit):
 
 class Merge(KnowledgeEdit):
     keyword: ClassVar[str] = "MERGE"
-    verb: ClassVar[str] = "merges knowledge"
+    verb: ClassVar[str] = "merges another set of edits through a patch overlay"
     kind: Literal["merge"] = "merge"
     src: str
     into: str | None = None
@@ -545,27 +545,27 @@ class Merge(KnowledgeEdit):
 
 class BeginPatch(KnowledgeEdit):
     keyword: ClassVar[str] = "BEGIN PATCH"
-    verb: ClassVar[str] = "opens"
+    verb: ClassVar[str] = "opens a patch overlay"
     kind: Literal["begin_patch"] = "begin_patch"
     path: str
 
 
 class SavePatch(KnowledgeEdit):
     keyword: ClassVar[str] = "SAVE PATCH"
-    verb: ClassVar[str] = "writes"
+    verb: ClassVar[str] = "writes the open patch overlay to its file"
     kind: Literal["save_patch"] = "save_patch"
 
 
 class ApplyPatch(KnowledgeEdit):
     keyword: ClassVar[str] = "APPLY PATCH"
-    verb: ClassVar[str] = "applies"
+    verb: ClassVar[str] = "applies a patch overlay"
     kind: Literal["apply_patch"] = "apply_patch"
     path: str
 
 
 class RemovePatch(KnowledgeEdit):
     keyword: ClassVar[str] = "REMOVE PATCH"
-    verb: ClassVar[str] = "removes"
+    verb: ClassVar[str] = "removes an applied patch overlay"
     kind: Literal["remove_patch"] = "remove_patch"
     path: str
 
@@ -579,14 +579,14 @@ class LooseOption(Node):
 
 class Rebalance(KnowledgeEdit):
     keyword: ClassVar[str] = "REBALANCE"
-    verb: ClassVar[str] = "rebalances the knowledge held in"
+    verb: ClassVar[str] = "rebalances the edits held in a patch overlay"
     kind: Literal["rebalance"] = "rebalance"
     options: list[LooseOption] = []
 
 
 class CompactLevel(KnowledgeEdit):
     keyword: ClassVar[str] = "COMPACT"
-    verb: ClassVar[str] = "folds into the base model"
+    verb: ClassVar[str] = "folds a patch overlay's edits into the base model"
     kind: Literal["compact_level"] = "compact_level"
     level: Literal["minor", "major"]
     options: list[LooseOption] = []
