@@ -947,7 +947,7 @@ def _hint(text: str, err: UnexpectedInput, names: set[str], found: str, bare: st
     if label is not None:
         quoted = "'" + bare.replace("\\", "\\\\").replace("'", "\\'") + "'" if bare else "'...'"
         return _HINTS[label].format(bare_quoted=quoted)
-    if names == {"INT"} and prev is not None and prev.type in _NUMBER_AFTER:
+    if names - {"ALL"} == {"INT"} and prev is not None and prev.type in _NUMBER_AFTER:  # LAYERS ALL: the reference's
         word = prev.value.upper() if prev.type in KEYWORDS else "-"
         return f"{word} takes {_NUMBER_AFTER[prev.type]}"
     return None
