@@ -73,14 +73,15 @@ def arm_llama(path: str, threads: int, repeats: int) -> dict:
     return out
 
 
-def arm_ours(threads: int, repeats: int) -> dict:
-    """The vindex3 executor as wired today (f32 operands, BLAS), same prompt and step count."""
+def arm_ours(threads: int, repeats: int, path: str = "") -> dict:
+    """The vindex3 executor on the default container (f32) or on one of its representations
+    (bf16, int8, q4; see `our_containers`), same prompt and step count."""
     import numpy as np
 
     import vindex3
     from vindex3 import default_model
 
-    c = vindex3.open(default_model.ensure())
+    c = vindex3.open(path or default_model.ensure())
     ex = c.executor()
     ids = c.tokenizer.encode(TEXT)
     assert len(ids) >= 512
@@ -110,6 +111,26 @@ def arm_ours(threads: int, repeats: int) -> dict:
     return out
 
 
+def our_containers(encodings: list[str], where: Path) -> dict[str, str]:
+    """The default container and its representations in `encodings` (made once, beside the
+    peer GGUFs, by vindex3.represent from the same shipped weights)."""
+    from vindex3 import default_model
+    from vindex3.represent import represent
+
+    src = default_model.ensure()
+    out = {}
+    for enc in encodings:
+        if enc == "f32":
+            out[enc] = str(src)
+            continue
+        p = where / f"smollm2-135m-instruct.{enc}.vindex3"
+        if not (p / "index.json").exists():
+            print(f"representing the default container as {enc} -> {p}", flush=True)
+            represent(src, p, enc)
+        out[enc] = str(p)
+    return out
+
+
 def run_arm(kind: str, threads: int, repeats: int, path: str = "") -> dict:
     cmd = [sys.executable, __file__, "--arm", kind, "--arm-threads", str(threads), "--repeats", str(repeats)]
     if path:
@@ -128,6 +149,8 @@ def main() -> int:
     ap.add_argument("--types", nargs="+", default=["F32", "Q8_0", "Q4_0", "Q4_1"])
     ap.add_argument("--dir", help="peer GGUF directory (default: <vindex3 cache>/peer-ggufs)")
     ap.add_argument("--no-ours", action="store_true")
+    ap.add_argument("--ours", nargs="+", default=["f32", "bf16", "int8", "q4"],
+                    help="encodings of our arms (default f32 bf16 int8 q4)")
     ap.add_argument("--out", default=str(HERE / "results" / "llamacpp_peer.json"))
     ap.add_argument("--arm", choices=["llama", "ours"], help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
@@ -135,7 +158,8 @@ def main() -> int:
     a = ap.parse_args()
     if a.arm:
         pin_threads(a.arm_threads)
-        r = arm_llama(a.path, a.arm_threads, a.repeats) if a.arm == "llama" else arm_ours(a.arm_threads, a.repeats)
+        r = (arm_llama(a.path, a.arm_threads, a.repeats) if a.arm == "llama"
+             else arm_ours(a.arm_threads, a.repeats, a.path or ""))
         print(json.dumps(r))
         return 0
 
@@ -148,7 +172,8 @@ def main() -> int:
         return 2
     arms = [(f"llama.cpp {t}", "llama", str(files[t])) for t in a.types]
     if not a.no_ours:
-        arms.append(("vindex3 f32 (executor today)", "ours", ""))
+        for enc, path in our_containers(a.ours, peer_dir(a.dir)).items():
+            arms.append((f"vindex3 {enc}", "ours", path))
     runs: dict = {}
     for r in range(a.rounds):
         for th in a.threads:
@@ -159,6 +184,7 @@ def main() -> int:
                 print(f"round {r} t={th} {name}: decode {res['decode_tok_s']:.1f} tok/s, "
                       f"prefill-512 {res['prefill_512_tok_s']:.1f} tok/s", flush=True)
     summary: dict = {}
+    ratios: dict = {}
     for name, by_t in runs.items():
         for tk, lst in by_t.items():
             s = {}
@@ -168,6 +194,17 @@ def main() -> int:
                 s[k + "_median"] = statistics.median(vals)
             s["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in lst)
             summary.setdefault(name, {})[tk] = s
+    # the issue's pairs at equal bits, median over rounds (arms interleaved, so each round's
+    # machine load is shared); bf16 is compared with our own f32
+    pairs = [("vindex3 f32", "llama.cpp F32"), ("vindex3 int8", "llama.cpp Q8_0"), ("vindex3 q4", "llama.cpp Q4_1"),
+             ("vindex3 q4", "llama.cpp Q4_0"), ("vindex3 bf16", "vindex3 f32"), ("vindex3 f32", "llama.cpp Q4_1")]
+    for ours, peer in pairs:
+        if ours in summary and peer in summary:
+            for tk in summary[ours]:
+                if tk in summary[peer]:
+                    ratios.setdefault(f"{ours} / {peer}", {})[tk] = {
+                        k: summary[ours][tk][k + "_median"] / summary[peer][tk][k + "_median"]
+                        for k in ("decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s")}
     sizes = {t: files[t].stat().st_size for t in a.types}
     doc = {
         "benchmark": "llamacpp_peer",
@@ -179,6 +216,7 @@ def main() -> int:
         "file_bytes": sizes,
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
         "summary": summary,
+        "ratios": ratios,
         "runs": runs,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
@@ -188,6 +226,10 @@ def main() -> int:
         for tk, s in by_t.items():
             print(f"{name:<30}{tk[-1]:>4}{s['decode_tok_s_median']:>12.1f}{s['decode_tok_s_best']:>8.1f}"
                   f"{s['decode_tok_per_cpu_s_best']:>10.1f}{s['prefill_512_tok_s_median']:>16.1f}{s['prefill_512_tok_s_best']:>8.1f}")
+    for pair, by_t in ratios.items():
+        for tk, r in by_t.items():
+            print(f"{pair:<36} t={tk[-1]}  decode {r['decode_tok_s']:.2f}x  per cpu-s {r['decode_tok_per_cpu_s']:.2f}x  "
+                  f"prefill-512 {r['prefill_512_tok_s']:.2f}x")
     print("wrote", a.out)
     return 0
 

@@ -230,16 +230,19 @@ def test_prefill_then_decode_and_continued_prefill(models, name):
     after four layers that rounding is of order 1e-5: the reference's own prefill-then-decode
     and token-by-token runs of the qwen3_next fixture disagree by 1.0e-5, and ours by 1.1e-5
     (qwen3_next) and 2.1e-5 (qwen3_5_text), measured; the bar is half the parity bar. The
-    mixer alone meets 1e-5 (tests/test_gated_delta_kernels.py)."""
+    mixer alone meets 1e-5 (tests/test_gated_delta_kernels.py). With routed experts the steps
+    (T = 1) go through the encoded-rows GEMV while the prefill goes through BLAS, each expert a
+    different summation order: 5.4e-5 measured on qwen3_next_moe, so its bar is the parity bar."""
+    bar = TOL if name.endswith("_moe") else TOL / 2
     ex = models(name).executor()
     st = ex.start()
     head = st.prefill(IDS[:70])
     tail = np.stack([st.step(t) for t in IDS[70:]])
     both = np.concatenate([head, tail])
-    assert np.abs(both - token_by_token(ex, IDS)).max() <= TOL / 2
+    assert np.abs(both - token_by_token(ex, IDS)).max() <= bar
     st2 = ex.start()
     parts = np.concatenate([st2.prefill(IDS[:5]), st2.prefill(IDS[5:100]), st2.prefill(IDS[100:])])
-    assert np.abs(parts - ex.forward(IDS)).max() <= TOL / 2
+    assert np.abs(parts - ex.forward(IDS)).max() <= bar
 
 
 # -- drafts and speculation ------------------------------------------------------------------------

@@ -261,8 +261,10 @@ def test_prefill_then_decode_equals_token_by_token(built, name):
     ref = token_by_token(ex, IDS)
     # Rounding only: the op-level bar (1e-5) is in test_kda_mla_kernels.py; through four layers
     # and logits up to ~9 over 150 positions it is held relative to the largest logit (about
-    # 17 float32 ulps of it; measured 1.2e-6 relative on kimi).
-    bar = 2e-6 * np.abs(ref).max()
+    # 17 float32 ulps of it; measured 1.2e-6 relative on kimi). Routed fixtures run their
+    # experts through the encoded-rows GEMV at a step and BLAS in a prefill (another summation
+    # order per expert): 2.2e-6 relative measured on kimi_moe, so their bar is twice that.
+    bar = (4e-6 if "moe" in name else 2e-6) * np.abs(ref).max()
     assert np.abs(np.concatenate([head, tail]) - ref).max() <= bar
     st2 = ex.start()  # a prompt fed in pieces (pieces cross KDA's 64-position chunks)
     parts = np.concatenate([st2.prefill(IDS[:5]), st2.prefill(IDS[5:90]), st2.prefill(IDS[90:])])

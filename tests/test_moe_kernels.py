@@ -519,6 +519,13 @@ class Counting(Weight):
         self.log.append(self.tag)
         return self.inner.mm(x)
 
+    def mm_t(self, x):
+        self.log.append(self.tag)
+        return self.inner.mm_t(x)
+
+    def sub_rows(self, r0, r1):
+        return Counting(self.inner.sub_rows(r0, r1), self.tag, self.log)
+
     def dense(self):
         self.log.append(self.tag)
         return self.inner.dense()
