@@ -8,6 +8,12 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+def dialect(default):
+    """A field added for the reference dialect (issue 19) to a statement that had none: marked so
+    that tests comparing whole nodes can leave it out while it holds its default."""
+    return Field(default, json_schema_extra={"dialect": True})
+
+
 class Node(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -42,6 +48,10 @@ Ablation = tuple[tuple[int, int], ...]
 
 #: A layer range as written (LAYERS a-b, inclusive; LAYERS a is (a, a)).
 LayerSpan = tuple[int, int]
+
+#: The reference dialect's output detail and layer bands.
+Detail = Literal["verbose", "brief", "raw"]
+Band = Literal["all", "syntax", "knowledge", "output"]
 
 
 # ---- statements -----------------------------------------------------------------------
@@ -83,6 +93,7 @@ class Stats(Statement):
     keyword: ClassVar[str] = "STATS"
     kind: Literal["stats"] = "stats"
     positions: int | None = None
+    path: str | None = dialect(None)  # STATS 'path' (the reference dialect): another container's facts
 
 
 class Explain(Statement):
@@ -148,6 +159,7 @@ class Infer(Statement):
     exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
     chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
     ablate: Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
+    compare: bool = dialect(False)  # COMPARE (the reference dialect): refused at planning
 
 
 class DraftDepth(Statement):
@@ -238,12 +250,18 @@ class Compact(Statement):
 
 
 class Diff(Statement):
-    """DIFF 'a' 'b' (or DIFF 'b': the bound container against b)."""
+    """DIFF 'a' 'b' (or DIFF 'b': the bound container against b) [LAYER n] [LIMIT n] [PHYSICAL]
+    [INTO PATCH 'p' (refused)]; b may be CURRENT, the bound container."""
 
     keyword: ClassVar[str] = "DIFF"
     kind: Literal["diff"] = "diff"
     a: str
     b: str | None = None
+    b_current: bool = dialect(False)  # DIFF 'a' CURRENT
+    layer: int | None = dialect(None)
+    limit: int | None = dialect(None)
+    physical: bool = dialect(False)
+    into_patch: str | None = dialect(None)
 
 
 class ScoreRepresentation(Statement):
@@ -282,6 +300,10 @@ class Walk(Statement):
     prompt: Prompt
     top: int | None = None
     layers: LayerSpan | None = None
+    mode: str | None = dialect(None)  # MODE hybrid | pure | dense (the reference dialect), lower-cased
+    compare: bool = dialect(False)  # COMPARE (the reference dialect)
+    detail: Detail | None = dialect(None)  # VERBOSE | BRIEF | RAW
+    explain: bool = dialect(False)  # written EXPLAIN WALK
 
 
 class Describe(Statement):
@@ -293,6 +315,10 @@ class Describe(Statement):
     entity: str
     top: int | None = None
     layers: LayerSpan | None = None
+    band: Band | None = dialect(None)  # ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT (the reference dialect)
+    at_layer: int | None = dialect(None)  # AT LAYER n
+    relations_only: bool = dialect(False)  # RELATIONS ONLY: refused (no relation labels in this build)
+    detail: Detail | None = dialect(None)  # VERBOSE | BRIEF | RAW
 
 
 class Column(Node):
@@ -307,8 +333,8 @@ class Condition(Node):
     """``column op value`` in WHERE: op is =, !=, <, <=, >, >= or LIKE (``<>`` is read as !=)."""
 
     column: Column
-    op: str
-    value: str | int | float
+    op: str  # also IN, whose value is a list
+    value: str | int | float | list[str | int | float]
 
 
 class SelectFeatures(Statement):
@@ -321,6 +347,7 @@ class SelectFeatures(Statement):
     layers: LayerSpan | None = None  # AT LAYER n is (n, n)
     at_layer: bool = False  # the scope was written AT LAYER n
     nearest: str | None = None
+    nearest_layer: int | None = dialect(None)  # NEAREST TO 'e' AT LAYER n (the reference's order)
     where: list[Condition] = []
     order_by: Column | None = None
     descending: bool | None = None  # None: not written
@@ -343,6 +370,11 @@ class ExplainFeatures(Statement):
     infer: Infer
     top: int | None = None
     layers: LayerSpan | None = None
+    band: Band | None = dialect(None)  # KNOWLEDGE | SYNTAX | OUTPUT (the reference's EXPLAIN INFER options)
+    verbose: bool = dialect(False)
+    relations_only: bool = dialect(False)  # refused: no relation labels in this build
+    attention: bool = dialect(False)  # WITH ATTENTION: refused
+    reference: bool = dialect(False)  # written in the reference dialect (without FEATURES)
 
 
 class TraceFor(Statement):
@@ -352,7 +384,7 @@ class TraceFor(Statement):
     keyword: ClassVar[str] = "TRACE"
     kind: Literal["trace_for"] = "trace_for"
     prompt: Prompt
-    token: str | int  # text that is one token, or a token id
+    token: str | int | None  # text that is one token, or a token id (None: TRACE without FOR, refused)
     layers: LayerSpan | None = None
     positions: Literal["last", "all"] | None = None
     decompose: bool = False
@@ -360,6 +392,7 @@ class TraceFor(Statement):
     depth: int | None = None
     ablate: Ablation | None = None
     overwrite: bool = False  # replace an existing SAVE INTO file
+    save_file: bool = dialect(False)  # written SAVE 'f' (the reference's spelling, which needs POSITIONS ALL)
 
 
 class Observe(Statement):
@@ -385,11 +418,188 @@ class BuildFeatures(Statement):
     layers: LayerSpan | None = None
 
 
+# ---- the reference dialect (issue 19) -----------------------------------------------------
+
+
+class UseModel(Statement):
+    """USE MODEL 'dir' [AUTO_EXTRACT]: encode a local checkpoint directory (once) and bind it."""
+
+    keyword: ClassVar[str] = "USE MODEL"
+    kind: Literal["use_model"] = "use_model"
+    model: str
+    auto_extract: bool = False
+
+
+class ShowModels(Statement):
+    keyword: ClassVar[str] = "SHOW MODELS"
+    kind: Literal["show_models"] = "show_models"
+
+
+class ShowPatches(Statement):
+    keyword: ClassVar[str] = "SHOW PATCHES"
+    kind: Literal["show_patches"] = "show_patches"
+
+
+class ShowCompactStatus(Statement):
+    keyword: ClassVar[str] = "SHOW COMPACT STATUS"
+    kind: Literal["show_compact_status"] = "show_compact_status"
+
+
+class ShowEntities(Statement):
+    keyword: ClassVar[str] = "SHOW ENTITIES"
+    kind: Literal["show_entities"] = "show_entities"
+    layer: int | None = None
+    limit: int | None = None
+
+
+class ShowRelations(Statement):
+    keyword: ClassVar[str] = "SHOW RELATIONS"
+    kind: Literal["show_relations"] = "show_relations"
+    layer: int | None = None
+    examples: bool = False
+    detail: Detail | None = None
+
+
+class SelectGraph(Statement):
+    """SELECT ... FROM EDGES | ENTITIES: the reference's knowledge-graph tables."""
+
+    keyword: ClassVar[str] = "SELECT"
+    kind: Literal["select_graph"] = "select_graph"
+    table: Literal["edges", "entities"]
+    columns: list[Column] | None = None
+    nearest: str | None = None
+    nearest_layer: int | None = None
+    where: list[Condition] = []
+    order_by: Column | None = None
+    descending: bool | None = None
+    limit: int | None = None
+
+
+class Extract(Statement):
+    """EXTRACT MODEL 'm' INTO 'o' [COMPONENTS ...] [LAYERS a-b] [WITH INFERENCE | ALL | WEIGHTS]
+    [FORMAT VINDEX3]: ENCODE by the reference's name."""
+
+    keyword: ClassVar[str] = "EXTRACT"
+    kind: Literal["extract"] = "extract"
+    checkpoint: str
+    into: str
+    components: list[str] | None = None
+    layers: LayerSpan | None = None
+    level: Literal["inference", "all", "weights"] | None = None
+    format: str | None = None
+
+
+class Compile(Statement):
+    """COMPILE CURRENT | 'p' INTO VINDEX 'o' | INTO MODEL 'o' [ON CONFLICT name]."""
+
+    keyword: ClassVar[str] = "COMPILE"
+    kind: Literal["compile"] = "compile"
+    path: str | None  # None: CURRENT, the bound container
+    into: str
+    target: Literal["vindex", "model"]
+    on_conflict: str | None = None
+
+
+class KnowledgeEdit(Statement):
+    """A knowledge edit of the reference dialect. Each parses into its own class and is refused
+    at planning: this build has no patch overlay."""
+
+    verb: ClassVar[str] = ""  # what it does, for the refusal
+
+
+class InsertEdges(KnowledgeEdit):
+    keyword: ClassVar[str] = "INSERT"
+    verb: ClassVar[str] = "edits knowledge through a patch overlay"
+    kind: Literal["insert_edges"] = "insert_edges"
+    columns: list[Column]
+    values: list[str | int | float]
+    layer: int | None = None
+    confidence: float | None = None
+    alpha: float | None = None
+    mode: str | None = None
+
+
+class DeleteEdges(KnowledgeEdit):
+    keyword: ClassVar[str] = "DELETE"
+    verb: ClassVar[str] = "edits knowledge through a patch overlay"
+    kind: Literal["delete_edges"] = "delete_edges"
+    where: list[Condition] = []
+
+
+class UpdateEdges(KnowledgeEdit):
+    keyword: ClassVar[str] = "UPDATE"
+    verb: ClassVar[str] = "edits knowledge through a patch overlay"
+    kind: Literal["update_edges"] = "update_edges"
+    assignments: list[tuple[Column, str | int | float]]
+    where: list[Condition] = []
+
+
+class Merge(KnowledgeEdit):
+    keyword: ClassVar[str] = "MERGE"
+    verb: ClassVar[str] = "merges another set of edits through a patch overlay"
+    kind: Literal["merge"] = "merge"
+    src: str
+    into: str | None = None
+    on_conflict: str | None = None
+
+
+class BeginPatch(KnowledgeEdit):
+    keyword: ClassVar[str] = "BEGIN PATCH"
+    verb: ClassVar[str] = "opens a patch overlay"
+    kind: Literal["begin_patch"] = "begin_patch"
+    path: str
+
+
+class SavePatch(KnowledgeEdit):
+    keyword: ClassVar[str] = "SAVE PATCH"
+    verb: ClassVar[str] = "writes the open patch overlay to its file"
+    kind: Literal["save_patch"] = "save_patch"
+
+
+class ApplyPatch(KnowledgeEdit):
+    keyword: ClassVar[str] = "APPLY PATCH"
+    verb: ClassVar[str] = "applies a patch overlay"
+    kind: Literal["apply_patch"] = "apply_patch"
+    path: str
+
+
+class RemovePatch(KnowledgeEdit):
+    keyword: ClassVar[str] = "REMOVE PATCH"
+    verb: ClassVar[str] = "removes an applied patch overlay"
+    kind: Literal["remove_patch"] = "remove_patch"
+    path: str
+
+
+class LooseOption(Node):
+    """An option of REBALANCE or COMPACT MINOR | MAJOR as written (name and value)."""
+
+    name: str
+    value: str | int | float | None = None
+
+
+class Rebalance(KnowledgeEdit):
+    keyword: ClassVar[str] = "REBALANCE"
+    verb: ClassVar[str] = "rebalances the edits held in a patch overlay"
+    kind: Literal["rebalance"] = "rebalance"
+    options: list[LooseOption] = []
+
+
+class CompactLevel(KnowledgeEdit):
+    keyword: ClassVar[str] = "COMPACT"
+    verb: ClassVar[str] = "folds a patch overlay's edits into the base model"
+    kind: Literal["compact_level"] = "compact_level"
+    level: Literal["minor", "major"]
+    options: list[LooseOption] = []
+
+
 Explain.model_rebuild()
 
 AnyStatement = Annotated[
     Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowExperts | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Represent | Compact | Diff | ScoreRepresentation | Help | Set
-    | Walk | Describe | SelectFeatures | ShowFeatures | ExplainFeatures | TraceFor | Observe | BuildFeatures,
+    | Walk | Describe | SelectFeatures | ShowFeatures | ExplainFeatures | TraceFor | Observe | BuildFeatures
+    | UseModel | ShowModels | ShowPatches | ShowCompactStatus | ShowEntities | ShowRelations | SelectGraph | Extract
+    | Compile | InsertEdges | DeleteEdges | UpdateEdges | Merge | BeginPatch | SavePatch | ApplyPatch | RemovePatch
+    | Rebalance | CompactLevel,
     Field(discriminator="kind"),
 ]
 
@@ -398,4 +608,13 @@ STATEMENT_CLASSES: tuple[type[Statement], ...] = (
     ShowOperands, ShowExperts, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
     ScoreDraft, Verify, Plan, Encode, Represent, Compact, Diff, ScoreRepresentation, Help, Set,
     Walk, Describe, SelectFeatures, ShowFeatures, ExplainFeatures, TraceFor, Observe, BuildFeatures,
+    UseModel, ShowModels, ShowPatches, ShowCompactStatus, ShowEntities, ShowRelations, SelectGraph, Extract,
+    Compile, InsertEdges, DeleteEdges, UpdateEdges, Merge, BeginPatch, SavePatch, ApplyPatch, RemovePatch,
+    Rebalance, CompactLevel,
+)
+
+#: The knowledge edits (refused at planning in this build).
+KNOWLEDGE_EDITS: tuple[type[KnowledgeEdit], ...] = (
+    InsertEdges, DeleteEdges, UpdateEdges, Merge, BeginPatch, SavePatch, ApplyPatch, RemovePatch, Rebalance,
+    CompactLevel,
 )

@@ -112,6 +112,50 @@ STATEMENTS: tuple[StatementDoc, ...] = (
                  "how two containers differ: logically (graph, objects, operators), physically (encodings, "
                  "segments), in metadata; DIFF 'b' compares the bound container with b",
                  "DIFF 'model.vindex3' 'model-int8.vindex3';"),
+    # the reference dialect (issue 19): its own spellings, and the knowledge edits refused by name
+    StatementDoc("USE MODEL", "USE MODEL 'checkpoint dir' [AUTO_EXTRACT]",
+                 "encode a local checkpoint into a container beside it (once) and bind it; a model hub id is "
+                 "refused by name: nothing is downloaded",
+                 "USE MODEL 'path/to/hf-checkpoint';"),
+    StatementDoc("EXTRACT", "EXTRACT MODEL 'checkpoint' INTO 'dir' [WITH INFERENCE | ALL | WEIGHTS] [FORMAT vindex3]",
+                 "ENCODE by the reference dialect's name; COMPONENTS and LAYERS, which narrow what is carried, are "
+                 "refused by name",
+                 "EXTRACT MODEL 'path/to/hf-checkpoint' INTO 'model.vindex3';"),
+    StatementDoc("COMPILE", "COMPILE CURRENT | 'path' INTO VINDEX 'dir' [ON CONFLICT name]",
+                 "write the container again with its patch overlay folded in; with no patch overlay in this build, "
+                 "a verified copy that keeps every index field; COMPILE ... INTO MODEL is refused by name",
+                 "COMPILE CURRENT INTO VINDEX 'copy.vindex3';"),
+    StatementDoc("SHOW MODELS", "SHOW MODELS", "the containers in the current directory", "SHOW MODELS;"),
+    StatementDoc("SHOW PATCHES", "SHOW PATCHES",
+                 "the patch overlay's patches: none, this build has no patch overlay", "SHOW PATCHES;"),
+    StatementDoc("SHOW COMPACT STATUS", "SHOW COMPACT STATUS",
+                 "edits waiting to be compacted: none, this build has no patch overlay", "SHOW COMPACT STATUS;"),
+    StatementDoc("SHOW ENTITIES", "SHOW ENTITIES [n | AT LAYER n] [LIMIT n]",
+                 "refused: the reference system's knowledge-graph entities; this build keeps FFN features "
+                 "(SHOW FEATURES n, DESCRIBE)", "SHOW FEATURES 0 LIMIT 5;"),
+    StatementDoc("SHOW RELATIONS", "SHOW RELATIONS [AT LAYER n] [WITH EXAMPLES] [VERBOSE | BRIEF | RAW]",
+                 "refused: this build's feature metadata carries no relation labels", "DESCRIBE 'France';"),
+    StatementDoc("INSERT", "INSERT INTO EDGES (columns) VALUES (values) [AT LAYER n] [CONFIDENCE x] [ALPHA x] "
+                 "[MODE KNN | COMPOSE]",
+                 "refused: INSERT edits knowledge through a patch overlay, which this build does not have yet",
+                 "SHOW PATCHES;"),
+    StatementDoc("DELETE", "DELETE FROM EDGES WHERE ...",
+                 "refused: DELETE edits knowledge through a patch overlay, which this build does not have yet",
+                 "SHOW PATCHES;"),
+    StatementDoc("UPDATE", "UPDATE EDGES SET column = value, ... WHERE ...",
+                 "refused: UPDATE edits knowledge through a patch overlay, which this build does not have yet",
+                 "SHOW PATCHES;"),
+    StatementDoc("MERGE", "MERGE 'source' [INTO 'target'] [ON CONFLICT name]",
+                 "refused: MERGE merges another set of edits through a patch overlay, which this build does not "
+                 "have yet", "SHOW PATCHES;"),
+    StatementDoc("BEGIN PATCH", "BEGIN PATCH 'file' | SAVE PATCH | APPLY PATCH 'file' | REMOVE PATCH 'file'",
+                 "refused: patches are a patch overlay, which this build does not have yet", "SHOW PATCHES;"),
+    StatementDoc("REBALANCE", "REBALANCE [options]",
+                 "refused: REBALANCE rebalances the edits held in a patch overlay, which this build does not have yet",
+                 "SHOW PATCHES;"),
+    StatementDoc("COMPACT MINOR", "COMPACT MINOR | MAJOR [options]",
+                 "refused: COMPACT MINOR | MAJOR fold a patch overlay's edits into the base model, which this build "
+                 "does not have yet (COMPACT INTO 'dir' is this build's COMPACT)", "SHOW COMPACT STATUS;"),
     StatementDoc("SET", "SET name = value", "change a setting (see SHOW SETTINGS)", "SET timing = off;"),
     StatementDoc("HELP", "HELP [statement]", "this help, or one statement's", "HELP INFER;"),
 )
@@ -121,7 +165,10 @@ _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "
             "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER", "ABLATE": "INFER",
             "EXPERTS": "SHOW EXPERTS",
             "ABLATE FEATURES": "INFER", "BUILD": "BUILD FEATURES", "FEATURES": "SHOW FEATURES",
-            "SELECT FROM FEATURES": "SELECT", "DECOMPOSE": "TRACE", "TRACE FOR": "TRACE"}
+            "SELECT FROM FEATURES": "SELECT", "DECOMPOSE": "TRACE", "TRACE FOR": "TRACE",
+            "SAVE PATCH": "BEGIN PATCH", "APPLY PATCH": "BEGIN PATCH", "REMOVE PATCH": "BEGIN PATCH",
+            "PATCH": "BEGIN PATCH", "COMPACT MAJOR": "COMPACT MINOR", "SELECT FROM EDGES": "SELECT",
+            "SELECT FROM ENTITIES": "SELECT", "EXPLAIN WALK": "WALK", "MODELS": "SHOW MODELS"}
 
 
 def find_statement(topic: str) -> StatementDoc | None:
@@ -235,8 +282,8 @@ FEATURE_COLUMN_MEANINGS: dict[str, str] = {
 
 #: The comparisons each column takes.
 FEATURE_COLUMN_OPS: dict[str, tuple[str, ...]] = {
-    "layer": ("=", "!=", "<", "<=", ">", ">="), "feature": ("=", "!=", "<", "<=", ">", ">="),
-    "score": ("=", "!=", "<", "<=", ">", ">="), "token": ("=", "!=", "LIKE"),
+    "layer": ("=", "!=", "<", "<=", ">", ">=", "IN"), "feature": ("=", "!=", "<", "<=", ">", ">=", "IN"),
+    "score": ("=", "!=", "<", "<=", ">", ">=", "IN"), "token": ("=", "!=", "LIKE", "IN"),
 }
 
 

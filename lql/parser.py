@@ -62,6 +62,7 @@ _WORDS = {
     "FLOAT": "a number",
     "NAME": "a name",
     "_SEMI": "';'",
+    "_PIPE": "'|>'",
     "_LPAR": "'('",
     "_RPAR": "')'",
     "_COMMA": "','",
@@ -325,7 +326,8 @@ class ToAst(Transformer):
         return ("at_layer", (n, n), c[0])
 
     def nearest_clause(self, meta, c):
-        return _unquote(c[2])
+        # NEAREST TO 'text' [AT LAYER n]: the text, or (text, n) in the reference's order
+        return _unquote(c[2]) if c[5] is None else (_unquote(c[2]), _int(c[5]))
 
     def where_clause(self, meta, c):
         return [x for x in c if isinstance(x, ast.Condition)]
@@ -367,6 +369,12 @@ class ToAst(Transformer):
     def select_stmt(self, meta, c):
         # SELECT list FROM FEATURES [scope] [nearest] [where] [order] [limit]
         scope, nearest, where, order, limit = c[4:9]
+        if isinstance(nearest, tuple):
+            nearest, layer = nearest
+            if scope is not None:
+                raise _BuildError("NEAREST TO ... AT LAYER n and a layer scope before it are both given", c[3],
+                                  hint="keep one: SELECT ... FROM FEATURES NEAREST TO 'text' AT LAYER n")
+            scope = ("at_layer", (layer, layer), None)
         fields: dict = {"columns": c[1], "nearest": nearest, "where": where or [], "limit": limit}
         if scope is not None:
             fields["layers"], fields["at_layer"] = scope[1], scope[0] == "at_layer"
@@ -397,7 +405,7 @@ class ToAst(Transformer):
         return ("save", _unquote(c[2]), c[0])
 
     def trace_for_stmt(self, meta, c):
-        fields = self._options(c[4:], "TRACE ... FOR", c[0])
+        fields = self._trace_fields(c[4:], "TRACE ... FOR", c[0])
         return ast.TraceFor(prompt=c[1], token=c[3], **fields, **self._pos(meta))
 
     def lens_clause(self, meta, c):
@@ -476,6 +484,225 @@ class ToAst(Transformer):
 
     def word_value(self, meta, c):
         return c[0].value.lower()
+
+
+    # ---- the reference dialect (issue 19) ---------------------------------------------------
+
+    def _trace_fields(self, opts, statement: str, first: Token) -> dict:
+        """TRACE options, with the reference's SAVE 'f' (save_file) folded into save."""
+        fields = self._options(opts, statement, first)
+        if "save_file" in fields:
+            if "save" in fields:
+                raise _BuildError(f"SAVE is given twice in one {statement}", first, hint="keep one SAVE clause")
+            fields["save"], fields["save_file"] = fields.pop("save_file"), True
+        return fields
+
+    def _clause(name):  # noqa: N805  (a factory of transformer methods, used in the class body)
+        def method(self, meta, c):
+            return (name, True, c[0])
+        return method
+
+    compare_clause = _clause("compare")
+    relations_only_clause = _clause("relations_only")
+    with_attention_clause = _clause("attention")
+    with_examples_clause = _clause("examples")
+    physical_clause = _clause("physical")
+    del _clause
+
+    def layers_all_clause(self, meta, c):
+        return ("layers", None, c[0])
+
+    def mode_clause(self, meta, c):
+        return ("mode", c[1].value.lower(), c[0])
+
+    def verbose_clause(self, meta, c):
+        return ("detail", "verbose", c[0])
+
+    def brief_clause(self, meta, c):
+        return ("detail", "brief", c[0])
+
+    def raw_clause(self, meta, c):
+        return ("detail", "raw", c[0])
+
+    def band_clause(self, meta, c):
+        return ("band", c[0].type.lower(), c[0])
+
+    def at_layer_clause(self, meta, c):
+        return ("at_layer", _int(c[2]), c[0])
+
+    def save_file_clause(self, meta, c):
+        return ("save_file", _unquote(c[1]), c[0])
+
+    def stats_path(self, meta, c):
+        # STATS STRING [AT INT POSITIONS]
+        return ast.Stats(path=_unquote(c[1]), positions=_int(c[3]) if c[3] is not None else None, **self._pos(meta))
+
+    def explain_walk(self, meta, c):
+        return c[1].model_copy(update={"explain": True, **self._pos(meta)})
+
+    def explain_infer_ref(self, meta, c):
+        inf = c[1]
+        fields = self._options(c[2:], "EXPLAIN INFER", c[0])
+        if inf.top is not None:
+            if "top" in fields:
+                raise _BuildError("TOP is given twice in one EXPLAIN INFER", c[0], hint="keep one TOP clause")
+            fields["top"] = inf.top
+            inf = inf.model_copy(update={"top": None})
+        if "detail" in fields:
+            fields["verbose"] = fields.pop("detail") == "verbose"
+        return ast.ExplainFeatures(infer=inf, reference=True, **fields, **self._pos(meta))
+
+    def trace_ref_stmt(self, meta, c):
+        fields = self._trace_fields(c[2:], "TRACE", c[0])
+        return ast.TraceFor(prompt=c[1], token=None, **fields, **self._pos(meta))
+
+    def show_layers_bare(self, meta, c):
+        start, end = c[2]
+        return ast.ShowLayers(start=start, end=end, **self._pos(meta))
+
+    def show_models(self, meta, c):
+        return ast.ShowModels(**self._pos(meta))
+
+    def show_patches(self, meta, c):
+        return ast.ShowPatches(**self._pos(meta))
+
+    def show_compact_status(self, meta, c):
+        return ast.ShowCompactStatus(**self._pos(meta))
+
+    def show_entities(self, meta, c):
+        # SHOW ENTITIES [INT | AT LAYER INT] [limit_clause]
+        ints = [t for t in c[2:] if isinstance(t, Token) and t.type == "INT"]
+        limit = c[-1] if isinstance(c[-1], int) and not isinstance(c[-1], Token) else None
+        return ast.ShowEntities(layer=_int(ints[0]) if ints else None, limit=limit, **self._pos(meta))
+
+    def show_relations(self, meta, c):
+        fields = self._options(c[2:], "SHOW RELATIONS", c[0])
+        if "at_layer" in fields:
+            fields["layer"] = fields.pop("at_layer")
+        return ast.ShowRelations(**fields, **self._pos(meta))
+
+    def show_features_ref(self, meta, c):
+        # SHOW FEATURES INT [where_clause] [limit_clause]: the reference's SHOW FEATURES n
+        layer, where, limit = _int(c[2]), c[3], c[4]
+        if where is None:
+            return ast.ShowFeatures(layer=layer, limit=limit, **self._pos(meta))
+        return ast.SelectFeatures(layers=(layer, layer), at_layer=True, where=where, limit=limit, **self._pos(meta))
+
+    def in_condition(self, meta, c):
+        return ast.Condition(column=c[0], op="IN", value=list(c[2:]))
+
+    def select_graph(self, meta, c):
+        # SELECT list FROM EDGES | ENTITIES [nearest] [where] [order] [limit]
+        nearest, where, order, limit = c[4:8]
+        fields: dict = {"table": c[3].type.lower(), "columns": c[1], "where": where or [], "limit": limit}
+        if isinstance(nearest, tuple):
+            fields["nearest"], fields["nearest_layer"] = nearest
+        else:
+            fields["nearest"] = nearest
+        if order is not None:
+            fields["order_by"], fields["descending"] = order
+        return ast.SelectGraph(**fields, **self._pos(meta))
+
+    def use_model_stmt(self, meta, c):
+        return ast.UseModel(model=_unquote(c[2]), auto_extract=c[3] is not None, **self._pos(meta))
+
+    def components_clause(self, meta, c):
+        names = [_unquote(t) if t.type == "STRING" else t.value for t in c[1:]]
+        return ("components", names, c[0])
+
+    def with_level_clause(self, meta, c):
+        return ("level", c[1].type.lower(), c[0])
+
+    def format_clause(self, meta, c):
+        return ("format", c[1].value.lower(), c[0])
+
+    def extract_stmt(self, meta, c):
+        # EXTRACT MODEL STRING INTO STRING extract_option*
+        fields = self._options(c[5:], "EXTRACT", c[0])
+        return ast.Extract(checkpoint=_unquote(c[2]), into=_unquote(c[4]), **fields, **self._pos(meta))
+
+    def on_conflict_clause(self, meta, c):
+        return c[2].value.lower()
+
+    def compile_stmt(self, meta, c):
+        # COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
+        path = None if c[1].type == "CURRENT" else _unquote(c[1])
+        return ast.Compile(path=path, into=_unquote(c[4]), target=c[3].type.lower(), on_conflict=c[5],
+                           **self._pos(meta))
+
+    def diff_layer_clause(self, meta, c):
+        return ("layer", _int(c[1]), c[0])
+
+    def into_patch_clause(self, meta, c):
+        return ("into_patch", _unquote(c[2]), c[0])
+
+    def diff_ref(self, meta, c):
+        # DIFF STRING (STRING | CURRENT) diff_option+
+        opts = [("limit", o, None) if isinstance(o, int) and not isinstance(o, Token) else o for o in c[3:]]
+        fields = self._options(opts, "DIFF", c[0])
+        current = c[2].type == "CURRENT"
+        return ast.Diff(a=_unquote(c[1]), b=None if current else _unquote(c[2]), b_current=current, **fields,
+                        **self._pos(meta))
+
+    def confidence_clause(self, meta, c):
+        return ("confidence", float(c[1].value), c[0])
+
+    def alpha_clause(self, meta, c):
+        return ("alpha", float(c[1].value), c[0])
+
+    def assignment(self, meta, c):
+        return (c[0], c[1])
+
+    def loose_option(self, meta, c):
+        if isinstance(c[0], tuple):  # AT LAYER n
+            return ast.LooseOption(name="layer", value=c[0][1])
+        return ast.LooseOption(name=c[0].value.lower(), value=c[1])
+
+    def insert_edges(self, meta, c):
+        # INSERT INTO EDGES ( columns ) VALUES ( literals ) insert_option*
+        at = next(i for i, x in enumerate(c) if isinstance(x, Token) and x.type == "VALUES")
+        columns = list(c[3:at])
+        values, opts = [], []
+        for x in c[at + 1:]:
+            (opts if isinstance(x, tuple) else values).append(x)
+        fields = self._options(opts, "INSERT", c[0])
+        if "at_layer" in fields:
+            fields["layer"] = fields.pop("at_layer")
+        if len(columns) != len(values):
+            raise _BuildError(f"INSERT names {len(columns)} columns and gives {len(values)} values", c[at],
+                              hint="give one value per column")
+        return ast.InsertEdges(columns=columns, values=values, **fields, **self._pos(meta))
+
+    def delete_edges(self, meta, c):
+        return ast.DeleteEdges(where=c[3] or [], **self._pos(meta))
+
+    def update_edges(self, meta, c):
+        where = c[-1] if isinstance(c[-1], list) or c[-1] is None else None
+        assigns = [x for x in c[3:] if isinstance(x, tuple)]
+        return ast.UpdateEdges(assignments=assigns, where=where or [], **self._pos(meta))
+
+    def merge_stmt(self, meta, c):
+        # MERGE STRING [INTO STRING] [on_conflict_clause]
+        return ast.Merge(src=_unquote(c[1]), into=_unquote(c[3]) if c[3] is not None else None, on_conflict=c[4],
+                         **self._pos(meta))
+
+    def begin_patch(self, meta, c):
+        return ast.BeginPatch(path=_unquote(c[2]), **self._pos(meta))
+
+    def save_patch(self, meta, c):
+        return ast.SavePatch(**self._pos(meta))
+
+    def apply_patch(self, meta, c):
+        return ast.ApplyPatch(path=_unquote(c[2]), **self._pos(meta))
+
+    def remove_patch(self, meta, c):
+        return ast.RemovePatch(path=_unquote(c[2]), **self._pos(meta))
+
+    def rebalance(self, meta, c):
+        return ast.Rebalance(options=list(c[1:]), **self._pos(meta))
+
+    def compact_level(self, meta, c):
+        return ast.CompactLevel(level=c[1].type.lower(), options=list(c[2:]), **self._pos(meta))
 
 
 # ---- parsing and syntax errors --------------------------------------------------------
@@ -720,7 +947,7 @@ def _hint(text: str, err: UnexpectedInput, names: set[str], found: str, bare: st
     if label is not None:
         quoted = "'" + bare.replace("\\", "\\\\").replace("'", "\\'") + "'" if bare else "'...'"
         return _HINTS[label].format(bare_quoted=quoted)
-    if names == {"INT"} and prev is not None and prev.type in _NUMBER_AFTER:
+    if names - {"ALL"} == {"INT"} and prev is not None and prev.type in _NUMBER_AFTER:  # LAYERS ALL: the reference's
         word = prev.value.upper() if prev.type in KEYWORDS else "-"
         return f"{word} takes {_NUMBER_AFTER[prev.type]}"
     return None

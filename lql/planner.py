@@ -263,6 +263,9 @@ class Compact(Node):
 class Diff(Node):
     a: str
     b: str
+    layer: int | None = None  # LAYER n: only the differences that name layer n
+    limit: int | None = None  # LIMIT n: at most n differences
+    physical: bool = False  # PHYSICAL: only the physical differences
 
 
 @dataclass(frozen=True, eq=False)
@@ -295,6 +298,7 @@ class Walk(Node):
     prompt: BoundPrompt
     top: int
     layers: tuple[int, ...] | None  # None: every layer
+    notes: tuple[str, ...] = ()  # what MODE, VERBOSE, EXPLAIN WALK meant here
 
 
 @dataclass(frozen=True, eq=False)
@@ -306,6 +310,7 @@ class Describe(Node):
     top: int
     layers: tuple[int, ...] | None
     threshold: float
+    notes: tuple[str, ...] = ()  # how a band was chosen, what VERBOSE | BRIEF | RAW meant
 
 
 @dataclass(frozen=True)
@@ -513,7 +518,17 @@ def _check_select(s: ast.SelectFeatures) -> None:
             raise _column_error(s, cond.column, f"column {name!r} does not take {cond.op}",
                                 hint=f"{name} takes {', '.join(ops)}")
         want = catalog.FEATURE_COLUMNS[name]
-        v = cond.value
+        if cond.op == "IN":
+            for v in cond.value:
+                _check_value(s, cond, name, want, v)
+            continue
+        _check_value(s, cond, name, want, cond.value)
+    if s.order_by is not None:
+        _known_column(s, s.order_by, "ORDER BY")
+
+
+def _check_value(s: ast.Statement, cond: ast.Condition, name: str, want: type, v) -> None:
+    if True:
         if want is str and not isinstance(v, str):
             raise _column_error(s, cond.column, f"{name} {cond.op} needs text, got the number {v!r}",
                                 hint=f"quote it: {name} {cond.op} '{v}'")
@@ -521,11 +536,13 @@ def _check_select(s: ast.SelectFeatures) -> None:
             raise _column_error(s, cond.column, f"{name} {cond.op} needs a number, got the text {v!r}")
         if want is int and isinstance(v, float):
             raise _column_error(s, cond.column, f"{name} {cond.op} needs a whole number, got {v!r}")
-    if s.order_by is not None:
-        _known_column(s, s.order_by, "ORDER BY")
 
 
 def _check_infer(s: ast.Infer) -> None:
+    if s.compare:
+        raise _err(s, "INFER ... COMPARE sets the reference system's walk prediction beside the dense one; this build "
+                   "predicts with the dense model only, so there is nothing to compare it with",
+                   hint="INFER 'text' TOP n for the prediction, WALK 'text' for the features the last token opens")
     _positive(s, s.top, "TOP", "TOP 5")
     _positive(s, s.generate, "GENERATE", "GENERATE 20")
     if s.exactly and s.generate is None:  # the grammar ties EXACTLY to GENERATE; kept for clarity
@@ -602,8 +619,15 @@ def _use_remote(s: ast.UseRemote, ctx: Context) -> Node:
     return UseRemote(s, url=check_url(s.url), model=s.model)
 
 
-@plans(ast.Stats, needs_container=True)
+@plans(ast.Stats)
 def _stats(s: ast.Stats, ctx: Context) -> Node:
+    _positive(s, s.positions, "STATS AT ... POSITIONS", "STATS AT 4096 POSITIONS")
+    if s.path is not None:  # STATS 'path' (the reference dialect): that container's facts
+        return StatsOf(s, path=s.path, positions=s.positions)
+    if not ctx.bound:
+        raise NoContainer("STATS needs an open container, and none is open",
+                          hint="OPEN 'path/to/model.vindex3' (or OPEN DEFAULT) first, or STATS 'path'",
+                          line=s.line, column=s.column, statement=s.source)
     return Stats(s, positions=s.positions)
 
 
@@ -786,13 +810,23 @@ def _compact(s: ast.Compact, ctx: Context) -> Node:
 
 @plans(ast.Diff)
 def _diff(s: ast.Diff, ctx: Context) -> Node:
+    if s.into_patch is not None:
+        raise _err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
+                   hint="leave INTO PATCH out: DIFF shows the differences")
+    _positive(s, s.limit, "LIMIT", "LIMIT 10")
+    opts = dict(layer=s.layer, limit=s.limit, physical=s.physical)
+    if s.b_current:
+        if not ctx.bound:
+            raise NoContainer("DIFF 'a' CURRENT compares a with the open container, and none is open",
+                              hint="OPEN one first, or DIFF 'a' 'b'", line=s.line, column=s.column, statement=s.source)
+        return Diff(s, a=s.a, b=ctx.catalog.path, **opts)
     if s.b is not None:
-        return Diff(s, a=s.a, b=s.b)
+        return Diff(s, a=s.a, b=s.b, **opts)
     if not ctx.bound:
         raise NoContainer("DIFF 'b' compares the open container with b, and none is open",
                           hint="DIFF 'a' 'b' compares two containers; or OPEN one first",
                           line=s.line, column=s.column, statement=s.source)
-    return Diff(s, a=ctx.catalog.path, b=s.a)
+    return Diff(s, a=ctx.catalog.path, b=s.a, **opts)
 
 
 @plans(ast.ScoreRepresentation)
@@ -891,20 +925,27 @@ def _executed_layers(s: ast.Statement, sl: SliceBinding, layers: tuple[int, ...]
 
 @plans(ast.Walk, needs_container=True)
 def _walk(s: ast.Walk, ctx: Context) -> Node:
+    notes = _walk_dialect(s)
     layers = ctx.catalog.layer_span(s.layers, "LAYERS")
     _feature_layers(s, ctx, layers, "WALK")
-    return Walk(s, prompt=bind_pieces(ctx, s.prompt, "WALK"), top=s.top if s.top is not None else 5, layers=layers)
+    return Walk(s, prompt=bind_pieces(ctx, s.prompt, "WALK"), top=s.top if s.top is not None else 5, layers=layers,
+                notes=notes)
 
 
 @plans(ast.Describe, needs_container=True)
 def _describe(s: ast.Describe, ctx: Context) -> Node:
     if not s.entity.strip():
         raise _err(s, "DESCRIBE needs an entity: the text is empty", hint="e.g. DESCRIBE 'France'")
-    layers = ctx.catalog.layer_span(s.layers, "LAYERS")
+    layers, notes = _describe_layers(s, ctx)
     _feature_layers(s, ctx, layers, "DESCRIBE")
     prompt = bind_pieces(ctx, ast.TextPrompt(text=s.entity), "DESCRIBE")
-    return Describe(s, entity=s.entity, prompt=prompt, top=s.top if s.top is not None else 10, layers=layers,
-                    threshold=float(ctx.settings.get("threshold", 3.0)))
+    top = s.top if s.top is not None else {"brief": 5, "verbose": 30}.get(s.detail or "", 10)
+    if s.detail is not None:
+        notes += ({"brief": "BRIEF: the top 5 edges (TOP n overrides)",
+                   "verbose": "VERBOSE: the top 30 edges (TOP n overrides); every field is in the JSON output",
+                   "raw": "RAW: this build has one text layout; SET format = json gives the raw result"}[s.detail],)
+    return Describe(s, entity=s.entity, prompt=prompt, top=top, layers=layers,
+                    threshold=float(ctx.settings.get("threshold", 3.0)), notes=notes)
 
 
 @plans(ast.SelectFeatures, needs_container=True)
@@ -921,7 +962,7 @@ def _select(s: ast.SelectFeatures, ctx: Context) -> Node:
         raise _err(s, "WHERE token ... compares token text, and the container carries no tokenizer")
     nearest = bind_pieces(ctx, ast.TextPrompt(text=s.nearest), "NEAREST TO") if s.nearest is not None else None
     columns = tuple(c.name for c in s.columns) if s.columns is not None else tuple(catalog.FEATURE_COLUMNS)
-    where = tuple(Where(c.column.name, c.op, float(c.value) if c.column.name == "score" else c.value) for c in s.where)
+    where = tuple(Where(c.column.name, c.op, _score_value(c) if c.column.name == "score" else c.value) for c in s.where)
     descending = s.descending if s.descending is not None else True
     return SelectFeatures(s, columns=columns, layers=layers, nearest=nearest, where=where,
                           order_by=s.order_by.name if s.order_by is not None else None, descending=descending,
@@ -942,6 +983,16 @@ def _show_features(s: ast.ShowFeatures, ctx: Context) -> Node:
 
 @plans(ast.ExplainFeatures, needs_container=True)
 def _explain_features(s: ast.ExplainFeatures, ctx: Context) -> Node:
+    if s.relations_only:
+        raise _err(s, _NO_RELATIONS.format(what="EXPLAIN INFER ... RELATIONS ONLY"), hint=_NO_RELATIONS_HINT)
+    if s.attention:
+        raise _err(s, "EXPLAIN INFER ... WITH ATTENTION shows attention weights per head, and this build's EXPLAIN "
+                   "INFER reads FFN features only", hint="leave WITH ATTENTION out: the features most active in the run")
+    if s.band is not None:
+        if s.layers is not None:
+            raise _err(s, f"EXPLAIN INFER takes LAYERS a-b or {s.band.upper()}, not both")
+        span = _band_span(s, ctx, s.band)[0]
+        s = s.model_copy(update={"layers": span})
     inf = s.infer
     cat = ctx.catalog
     chat = inf.chat if inf.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(inf.prompt, ast.TextPrompt))
@@ -958,6 +1009,12 @@ def _explain_features(s: ast.ExplainFeatures, ctx: Context) -> Node:
 
 @plans(ast.TraceFor, needs_container=True)
 def _trace_for(s: ast.TraceFor, ctx: Context) -> Node:
+    if s.save_file and s.positions != "all":
+        raise _err(s, "TRACE ... SAVE 'file' saves every position's trace, so it needs POSITIONS ALL (as in the "
+                   "reference dialect)", hint="add POSITIONS ALL, or write SAVE INTO 'file' for the positions shown")
+    if s.token is None:
+        raise _err(s, "TRACE 'text' without FOR traces the predicted token in the reference dialect; this build "
+                   "traces a token you name", hint="add FOR 'token' (INFER 'text' TOP 1 names the prediction)")
     cat = ctx.catalog
     sl = cat.bind_slice(_depth(ctx, s.depth))
     layers = cat.layer_span(s.layers, "LAYERS")
@@ -984,3 +1041,228 @@ def _build_features(s: ast.BuildFeatures, ctx: Context) -> Node:
     layers = ctx.catalog.layer_span(s.layers, "LAYERS")
     _feature_layers(s, ctx, layers, "BUILD FEATURES")
     return BuildFeatures(s, layers=layers)
+
+
+# ---- the reference dialect (issue 19) -----------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class StatsOf(Node):
+    """STATS 'path': the facts of another container, opened for the statement only."""
+
+    path: str
+    positions: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class UseModel(Node):
+    """USE MODEL 'dir': encode the checkpoint into ``into`` unless a container is already there,
+    then bind it."""
+
+    checkpoint: str
+    into: str
+    encoded: bool  # ``into`` already holds a container: open it, encode nothing
+
+
+@dataclass(frozen=True, eq=False)
+class ShowModels(Node):
+    directory: str
+
+
+@dataclass(frozen=True, eq=False)
+class Note(Node):
+    topic: str
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Compile(Node):
+    source: str
+    into: str
+    on_conflict: str | None
+
+
+_NO_RELATIONS = ("{what} keeps edges that carry a relation label (the reference system's probe-labelled knowledge "
+                 "graph), and this build's feature metadata carries no relation labels")
+_NO_RELATIONS_HINT = "leave it out: the edges are the tokens each feature writes"
+_NO_PATCHES = "this build has no patch overlay"
+
+
+def _score_value(c: ast.Condition):
+    return [float(v) for v in c.value] if isinstance(c.value, list) else float(c.value)
+
+
+def _walk_dialect(s: ast.Walk) -> tuple[str, ...]:
+    if s.mode is not None and s.mode not in ("pure", "hybrid", "dense"):
+        raise _err(s, f"WALK MODE {s.mode} is not a walk mode", hint="modes: pure (this build's), hybrid, dense")
+    if s.mode in ("hybrid", "dense"):
+        what = ("runs the model's attention and reads the FFN from the index" if s.mode == "hybrid"
+                else "runs the full dense forward pass")
+        raise _err(s, f"WALK MODE {s.mode} {what}; this build's WALK reads gate rows against the last token's "
+                   "embedding alone (MODE pure)",
+                   hint="MODE pure (or no MODE); EXPLAIN INFER 'text' FEATURES shows the features of a real run")
+    if s.compare:
+        raise _err(s, "WALK ... COMPARE sets the walk modes side by side, and this build has one mode (pure)",
+                   hint="leave COMPARE out; EXPLAIN INFER 'text' FEATURES shows the features of a real run")
+    notes: list[str] = []
+    if s.mode == "pure":
+        notes.append("MODE pure: the only walk this build has (gate rows against the embedding, no attention)")
+    if s.explain:
+        notes.append("EXPLAIN WALK: the walk itself; every field is in the JSON output")
+    if s.detail is not None:
+        notes.append(f"{s.detail.upper()}: this build has one text layout for WALK; SET format = json gives every field")
+    return tuple(notes)
+
+
+_BANDS = ("syntax", "knowledge", "output")
+
+
+def _band_span(s: ast.Statement, ctx: Context, band: str) -> tuple[tuple[int, int], str]:
+    """The layers of a band and how they were chosen: the container's own ``layer_bands`` when its
+    index records them, else the model's depth in thirds."""
+    cat = ctx.catalog
+    n = cat.num_layers
+    if band == "all":
+        return (0, n - 1), f"ALL LAYERS: layers 0-{n - 1}"
+    index = getattr(cat.container, "index", None) or {}
+    recorded = index.get("layer_bands") if isinstance(index, dict) else None
+    if isinstance(recorded, dict) and band in recorded:
+        a, b = recorded[band]
+        return (int(a), int(b)), f"{band.upper()}: layers {a}-{b}, the band the container records"
+    k = _BANDS.index(band)
+    lo, hi = (k * n) // 3, ((k + 1) * n) // 3 - 1
+    if hi < lo:
+        raise _err(s, f"{band.upper()} is the {('first', 'middle', 'last')[k]} third of the model's depth, and a "
+                   f"{n}-layer model's {band} third holds no layer (the container records no layer bands)",
+                   hint="name the layers: AT LAYER n or LAYERS a-b")
+    return (lo, hi), (f"{band.upper()}: layers {lo}-{hi}, the {('first', 'middle', 'last')[k]} third of the model's "
+                      f"{n} layers (the container records no layer bands)")
+
+
+def _describe_layers(s: ast.Describe, ctx: Context) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
+    if s.relations_only:
+        raise _err(s, _NO_RELATIONS.format(what="DESCRIBE ... RELATIONS ONLY"), hint=_NO_RELATIONS_HINT)
+    given = [w for w, v in (("LAYERS", s.layers), ("AT LAYER", s.at_layer), ("a band", s.band)) if v is not None]
+    if len(given) > 1:
+        raise _err(s, f"DESCRIBE takes one choice of layers, and {' and '.join(given)} are both given")
+    if s.at_layer is not None:
+        return ctx.catalog.layer_span((s.at_layer, s.at_layer), "AT LAYER"), ()
+    if s.band is not None:
+        span, note = _band_span(s, ctx, s.band)
+        return ctx.catalog.layer_span(span, "LAYERS"), (note,)
+    return ctx.catalog.layer_span(s.layers, "LAYERS"), ()
+
+
+_HUB_ID = __import__("re").compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@plans(ast.UseModel)
+def _use_model(s: ast.UseModel, ctx: Context) -> Node:
+    import os
+    from pathlib import Path
+
+    src = Path(os.path.expanduser(s.model))
+    if not src.exists():
+        if _HUB_ID.match(s.model):
+            raise _err(s, f"USE MODEL {s.model!r} names a model hub id, and this build downloads nothing",
+                       hint="download the checkpoint yourself, then USE MODEL 'path/to/checkpoint' (or ENCODE it)")
+        raise _err(s, f"USE MODEL {s.model!r}: there is no such directory or file",
+                   hint="USE MODEL takes a local checkpoint directory (or .gguf); USE 'x.vindex3' opens a container")
+    if (src / "index.json").is_file():
+        return Open(s, path=str(src), default=False, shards=ctx.settings["shards"])  # a container already
+    into = src.parent / (src.name.removesuffix(".gguf") + ".vindex3")
+    if not os.access(src.parent, os.W_OK):
+        from vindex3 import default_model
+
+        into = Path(default_model.cache_dir()) / into.name
+    encoded = (into / "index.json").is_file()
+    return UseModel(s, checkpoint=str(src), into=str(into), encoded=encoded)
+
+
+@plans(ast.ShowModels)
+def _show_models(s: ast.ShowModels, ctx: Context) -> Node:
+    import os
+
+    return ShowModels(s, directory=os.getcwd())
+
+
+@plans(ast.ShowPatches)
+def _show_patches(s: ast.ShowPatches, ctx: Context) -> Node:
+    return Note(s, topic="patches", lines=(
+        "no patches: this build has no patch overlay, so no patch is open, applied or saved",
+        "the knowledge edits (INSERT, DELETE, UPDATE, MERGE, BEGIN / SAVE / APPLY / REMOVE PATCH) are refused by name"))
+
+
+@plans(ast.ShowCompactStatus)
+def _show_compact_status(s: ast.ShowCompactStatus, ctx: Context) -> Node:
+    lines = ["nothing to compact: this build has no patch overlay, so no edits wait to be folded in "
+             "(COMPACT MINOR | MAJOR are refused by name)"]
+    if ctx.bound:
+        lines.append(f"COMPACT INTO 'dir' copies {ctx.catalog.name}'s referenced files and lists what it leaves behind")
+    return Note(s, topic="compact status", lines=tuple(lines))
+
+
+@plans(ast.ShowEntities)
+def _show_entities(s: ast.ShowEntities, ctx: Context) -> Node:
+    raise _err(s, "SHOW ENTITIES lists the entities of the reference system's knowledge graph (the subjects its "
+               "probes labelled), and this build keeps FFN features, not a graph of entities",
+               hint="SHOW FEATURES n lists a layer's features and the tokens they write; DESCRIBE 'entity' its edges")
+
+
+@plans(ast.ShowRelations)
+def _show_relations(s: ast.ShowRelations, ctx: Context) -> Node:
+    raise _err(s, "SHOW RELATIONS lists the relation labels of the reference system's knowledge graph, and this "
+               "build's feature metadata carries no relation labels",
+               hint="DESCRIBE 'entity' shows the edges entity -> token through the features it opens")
+
+
+@plans(ast.SelectGraph)
+def _select_graph(s: ast.SelectGraph, ctx: Context) -> Node:
+    table = s.table.upper()
+    what = "labelled edges: entity, relation, target" if table == "EDGES" else "its entities"
+    raise _err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "
+               "keeps FFN features, not a graph", hint="SELECT ... FROM FEATURES is the table here (layer, feature, "
+               "token, score); DESCRIBE 'entity' gives edges entity -> token")
+
+
+@plans(ast.Extract)
+def _extract(s: ast.Extract, ctx: Context) -> Node:
+    if s.components is not None:
+        raise _err(s, f"EXTRACT ... COMPONENTS {', '.join(s.components)} narrows what is carried; this build's "
+                   "ENCODE carries the whole model", hint="leave COMPONENTS out")
+    if s.layers is not None:
+        raise _err(s, f"EXTRACT ... LAYERS {s.layers[0]}-{s.layers[1]} narrows what is carried; this build's ENCODE "
+                   "carries every layer", hint="leave LAYERS out (DRAFT DEPTH n runs fewer layers of the whole)")
+    if s.format is not None and s.format != "vindex3":
+        raise _err(s, f"EXTRACT ... FORMAT {s.format} is not a format this build writes", hint="FORMAT vindex3")
+    return Encode(s, checkpoint=s.checkpoint, into=s.into)
+
+
+@plans(ast.Compile)
+def _compile(s: ast.Compile, ctx: Context) -> Node:
+    if s.target == "model":
+        raise _err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
+                   "does not write", hint="COMPILE ... INTO VINDEX 'dir' writes a container")
+    if s.path is None:
+        if not ctx.bound:
+            raise NoContainer("COMPILE CURRENT compiles the open container, and none is open",
+                              hint="OPEN one first, or COMPILE 'path' INTO VINDEX 'dir'",
+                              line=s.line, column=s.column, statement=s.source)
+        source = ctx.catalog.path
+    else:
+        source = s.path
+    return Compile(s, source=source, into=s.into, on_conflict=s.on_conflict)
+
+
+def _knowledge_edit(s: ast.KnowledgeEdit, ctx: Context) -> Node:
+    raise _err(s, knowledge_edit_refusal(s), hint="SHOW PATCHES says what this build has")
+
+
+def knowledge_edit_refusal(s: ast.KnowledgeEdit) -> str:
+    """Why a knowledge edit is refused, naming it (also HELP's words)."""
+    name = f"COMPACT {s.level.upper()}" if isinstance(s, ast.CompactLevel) else s.keyword
+    return f"{name} {s.verb}, which this build does not have yet"
+
+
+for _cls in ast.KNOWLEDGE_EDITS:
+    plans(_cls)(_knowledge_edit)

@@ -1168,6 +1168,36 @@ def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
 # ---- entry points ---------------------------------------------------------------------
 
 
+@_layout(R.ModelsResult)
+def _models(r: R.ModelsResult, timing: bool) -> list[str]:
+    if not r.models:
+        return [f"no containers in {r.directory} (a container is a directory holding an index.json)"]
+    out = [f"{len(r.models)} container(s) in {r.directory}:"]
+    out += table(["path", "name", "layers", "generation", "bytes", "problem"],
+                 [[m.path, m.name or "-", "-" if m.layers is None else str(m.layers),
+                   "-" if m.generation is None else str(m.generation), fmt_bytes(m.bytes), m.problem or ""]
+                  for m in r.models], right=(2, 3, 4))
+    return out
+
+
+@_layout(R.NoteResult)
+def _note(r: R.NoteResult, timing: bool) -> list[str]:
+    return list(r.lines)
+
+
+@_layout(R.CompileResult)
+def _compile(r: R.CompileResult, timing: bool) -> list[str]:
+    out = [f"compiled {r.source} into {r.path}: no patch overlay in this build, so a verified copy"]
+    out += fields([
+        ("files", f"{r.files} copied ({fmt_bytes(r.bytes)}), each checked against its recorded hash"),
+        ("verified", f"{r.verified} checked in the written container"),
+        ("generation", str(r.generation)),
+        ("left behind", f"{r.left_behind} file(s) the index does not refer to" if r.left_behind else None),
+        ("on conflict", f"{r.on_conflict} (no patches, so no conflicts)" if r.on_conflict else None),
+    ])
+    return out
+
+
 def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, expanded: str = "off") -> str:
     """The result as aligned text (no trailing newline). ``width``: fit tables to it (cells
     cut with an ellipsis, never wrapped); ``expanded``: on, off or auto (one field per line
@@ -1177,7 +1207,9 @@ def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, 
         return json.dumps(result.model_dump(mode="json", exclude={"statement"}), indent=2)
     token = _FIT.set((width, expanded if expanded in ("on", "off", "auto") else "off"))
     try:
-        return "\n".join(layout(result, timing))
+        lines = layout(result, timing)
+        lines += [f"note: {n}" for n in getattr(result, "notes", None) or []]
+        return "\n".join(lines)
     finally:
         _FIT.reset(token)
 

@@ -782,6 +782,7 @@ class WalkResult(Result):
     skipped: list[SkippedLayer]
     metadata: MetadataNote
     seconds: float
+    notes: list[str] = []  # what a reference-dialect option meant here (MODE pure, VERBOSE ...)
 
 
 class DescribeEdge(_Data):
@@ -814,13 +815,14 @@ class DescribeResult(Result):
     total_edges: int
     edges: list[DescribeEdge]
     metadata: MetadataNote
+    notes: list[str] = []  # how a layer band was chosen (thirds of depth, or the container's own bands)
     seconds: float
 
 
 class FeatureCondition(_Data):
     column: str
     op: str
-    value: str | int | float
+    value: str | int | float | list[str | int | float]  # a list for IN
 
 
 class FeatureQuery(_Data):
@@ -1002,3 +1004,44 @@ class BuildFeaturesResult(Result):
     bytes: int
     summary: str | None
     ffn_layers: int  # layers of the model that have FFN features
+
+
+# ---- the reference dialect (issue 19) -------------------------------------------------------
+
+
+class ModelRow(BaseModel):
+    path: str
+    name: str | None
+    layers: int | None
+    generation: int | None
+    bytes: int | None
+    problem: str | None = None  # why a directory with an index.json does not open
+
+
+class ModelsResult(Result):
+    """SHOW MODELS: the containers in the current directory."""
+
+    kind: Literal["show_models"] = "show_models"
+    directory: str
+    models: list[ModelRow]
+
+
+class NoteResult(Result):
+    """A statement whose answer is a fact in words (SHOW PATCHES, SHOW COMPACT STATUS)."""
+
+    kind: Literal["note"] = "note"
+    topic: str
+    lines: list[str]
+
+
+class CompileResult(Result):
+    kind: Literal["compile"] = "compile"
+    source: str
+    path: str
+    files: int
+    bytes: int
+    generation: int
+    verified: int
+    left_behind: int
+    patches: int = 0
+    on_conflict: str | None = None

@@ -130,6 +130,7 @@ def test_json_carries_every_field_of_the_internals_results(s):
     for text, api in pairs:
         got = render.to_json(one(s, text))
         assert json.loads(render.dumps_json(got))  # strict JSON
+        assert got["result"].pop("notes", []) == []  # LQL's own: how a reference-dialect option was read
         want = api.model_dump(mode="json")
         assert _without_times(got["result"]) == _without_times(want), text
         assert set(got["result"]) == set(want) - {"kind"}, text
@@ -137,9 +138,9 @@ def test_json_carries_every_field_of_the_internals_results(s):
 
 JSON_KEYS = [
     ("WALK 'x' TOP 1", "walk", ["prompt", "query_id", "query_token", "query", "top", "layers", "skipped", "metadata",
-                                "seconds"]),
+                                "seconds", "notes"]),
     ("DESCRIBE 'France'", "describe", ["entity", "prompt", "query", "threshold", "top", "layers", "skipped", "passing",
-                                       "excluded", "excluded_tokens", "total_edges", "edges", "metadata", "seconds"]),
+                                       "excluded", "excluded_tokens", "total_edges", "edges", "metadata", "notes", "seconds"]),
     ("SELECT layer FROM FEATURES LIMIT 1", "select_features", ["query", "columns", "score", "layers", "skipped", "total",
                                                               "rows", "metadata", "seconds"]),
     ("SHOW FEATURES AT LAYER 0 LIMIT 1", "show_features", ["layer", "mixer", "ffn", "features", "rows", "metadata"]),
@@ -479,7 +480,7 @@ def test_new_keywords_come_from_the_grammar(completer, text, expected):
 
 
 def test_a_clause_given_already_is_not_offered_again(completer):
-    assert texts(completer, "WALK 'x' TOP 3 ") == ["LAYERS"]
+    assert "LAYERS" in texts(completer, "WALK 'x' TOP 3 ") and "TOP" not in texts(completer, "WALK 'x' TOP 3 ")
     assert "DECOMPOSE" not in texts(completer, "TRACE 'x' FOR 'y' DECOMPOSE ")
     assert texts(completer, "EXPLAIN INFER 'x' FEATURES TOP 2 ") == ["LAYERS"]
     assert "ABLATE" not in texts(completer, "OBSERVE 'x' ABLATE FEATURES (1:2) ")

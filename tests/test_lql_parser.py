@@ -14,11 +14,20 @@ from lql.errors import LqlSyntaxError
 POSITIONS = {"line", "column", "end_line", "end_column", "start_pos", "end_pos", "source"}
 
 
+def _without_dialect_defaults(node, d: dict) -> dict:
+    """Leave out the reference dialect's fields (ast.dialect) while they hold their default:
+    the cases below predate them."""
+    for name, f in type(node).model_fields.items():
+        if (f.json_schema_extra or {}).get("dialect") and d.get(name) == f.default:
+            d.pop(name, None)
+    return d
+
+
 def one(text: str) -> dict:
     s = P.parse_one(text)
-    d = s.model_dump(exclude=POSITIONS)
+    d = _without_dialect_defaults(s, s.model_dump(exclude=POSITIONS))
     if d.get("infer"):  # EXPLAIN INFER: the INFER statement it explains, positions aside
-        d["infer"] = {k: v for k, v in d["infer"].items() if k not in POSITIONS}
+        d["infer"] = _without_dialect_defaults(s.infer, {k: v for k, v in d["infer"].items() if k not in POSITIONS})
     return d
 
 
@@ -143,6 +152,65 @@ CASES = [
     ("SET x = 'A b'", {"kind": "set", "name": "x", "value": "A b"}),
     ("USE REMOTE 'http://127.0.0.1:8088'", {"kind": "use_remote", "url": "http://127.0.0.1:8088", "model": None}),
     ("use remote 'http://h:1' model 'tiny'", {"kind": "use_remote", "url": "http://h:1", "model": "tiny"}),
+    # the reference dialect (issue 19)
+    ("USE MODEL 'ckpt' AUTO_EXTRACT",
+     {'kind': 'use_model', 'model': 'ckpt', 'auto_extract': True}),
+    ('SHOW MODELS',
+     {'kind': 'show_models'}),
+    ('SHOW PATCHES',
+     {'kind': 'show_patches'}),
+    ('SHOW COMPACT STATUS',
+     {'kind': 'show_compact_status'}),
+    ('SHOW ENTITIES AT LAYER 2 LIMIT 5',
+     {'kind': 'show_entities', 'layer': 2, 'limit': 5}),
+    ('SHOW RELATIONS AT LAYER 1 WITH EXAMPLES BRIEF',
+     {'kind': 'show_relations', 'layer': 1, 'examples': True, 'detail': 'brief'}),
+    ("SELECT entity, target FROM EDGES WHERE relation = 'capital' LIMIT 3",
+     {'kind': 'select_graph', 'table': 'edges', 'columns': [{'name': 'entity', 'line': 1, 'column': 8}, {'name': 'target', 'line': 1, 'column': 16}], 'nearest': None, 'nearest_layer': None, 'where': [{'column': {'name': 'relation', 'line': 1, 'column': 40}, 'op': '=', 'value': 'capital'}], 'order_by': None, 'descending': None, 'limit': 3}),
+    ("EXTRACT MODEL 'ckpt' INTO 'o.vindex3' WITH ALL FORMAT vindex3",
+     {'kind': 'extract', 'checkpoint': 'ckpt', 'into': 'o.vindex3', 'components': None, 'layers': None, 'level': 'all', 'format': 'vindex3'}),
+    ("COMPILE CURRENT INTO VINDEX 'c.vindex3' ON CONFLICT last_wins",
+     {'kind': 'compile', 'path': None, 'into': 'c.vindex3', 'target': 'vindex', 'on_conflict': 'last_wins'}),
+    ("INSERT INTO EDGES (entity, relation, target) VALUES ('France', 'capital', 'Paris') AT LAYER 3 CONFIDENCE 0.9",
+     {'kind': 'insert_edges', 'columns': [{'name': 'entity', 'line': 1, 'column': 20}, {'name': 'relation', 'line': 1, 'column': 28}, {'name': 'target', 'line': 1, 'column': 38}], 'values': ['France', 'capital', 'Paris'], 'layer': 3, 'confidence': 0.9, 'alpha': None, 'mode': None}),
+    ("DELETE FROM EDGES WHERE entity = 'France'",
+     {'kind': 'delete_edges', 'where': [{'column': {'name': 'entity', 'line': 1, 'column': 25}, 'op': '=', 'value': 'France'}]}),
+    ("UPDATE EDGES SET confidence = 0.5 WHERE target = 'Paris'",
+     {'kind': 'update_edges', 'assignments': [({'name': 'confidence', 'line': 1, 'column': 18}, 0.5)], 'where': [{'column': {'name': 'target', 'line': 1, 'column': 41}, 'op': '=', 'value': 'Paris'}]}),
+    ("MERGE 'a.vlp' INTO 'b' ON CONFLICT fail",
+     {'kind': 'merge', 'src': 'a.vlp', 'into': 'b', 'on_conflict': 'fail'}),
+    ("BEGIN PATCH 'p.vlp'",
+     {'kind': 'begin_patch', 'path': 'p.vlp'}),
+    ('SAVE PATCH',
+     {'kind': 'save_patch'}),
+    ("APPLY PATCH 'p.vlp'",
+     {'kind': 'apply_patch', 'path': 'p.vlp'}),
+    ("REMOVE PATCH 'p.vlp'",
+     {'kind': 'remove_patch', 'path': 'p.vlp'}),
+    ('REBALANCE AT LAYER 2 max_iters 5',
+     {'kind': 'rebalance', 'options': [{'name': 'layer', 'value': 2}, {'name': 'max_iters', 'value': 5}]}),
+    ('COMPACT MINOR',
+     {'kind': 'compact_level', 'level': 'minor', 'options': []}),
+    ('stats "m.vindex3"',
+     {'kind': 'stats', 'positions': None, 'path': 'm.vindex3'}),
+    ('SHOW LAYERS 0-1',
+     {'kind': 'show_layers', 'start': 0, 'end': 1}),
+    ('SHOW FEATURES 1 LIMIT 2',
+     {'kind': 'show_features', 'layer': 1, 'limit': 2}),
+    ("WALK 'x' LAYERS ALL MODE Pure",
+     {'kind': 'walk', 'prompt': {'kind': 'text', 'text': 'x'}, 'top': None, 'layers': None, 'mode': 'pure'}),
+    ("EXPLAIN WALK 'x' VERBOSE",
+     {'kind': 'walk', 'prompt': {'kind': 'text', 'text': 'x'}, 'top': None, 'layers': None, 'detail': 'verbose', 'explain': True}),
+    ("DESCRIBE 'France' SYNTAX AT LAYER 1 RAW",
+     {'kind': 'describe', 'entity': 'France', 'top': None, 'layers': None, 'band': 'syntax', 'at_layer': 1, 'detail': 'raw'}),
+    ("EXPLAIN INFER 'x' LAYERS 0-1 KNOWLEDGE TOP 3",
+     {'kind': 'explain_features', 'infer': {'kind': 'infer', 'prompt': {'kind': 'text', 'text': 'x'}, 'top': None, 'generate': None, 'depth': None, 'speculate': None, 'lookahead': None, 'exactly': False, 'chat': None, 'ablate': None}, 'top': 3, 'layers': (0, 1), 'band': 'knowledge', 'reference': True}),
+    ("TRACE 'x' FOR 'y' POSITIONS ALL SAVE 't.npz'",
+     {'kind': 'trace_for', 'prompt': {'kind': 'text', 'text': 'x'}, 'token': 'y', 'layers': None, 'positions': 'all', 'decompose': False, 'save': 't.npz', 'depth': None, 'ablate': None, 'overwrite': False, 'save_file': True}),
+    ("DIFF 'a' 'b' LAYER 2 LIMIT 5 PHYSICAL",
+     {'kind': 'diff', 'a': 'a', 'b': 'b', 'layer': 2, 'limit': 5, 'physical': True}),
+    ("SELECT * FROM FEATURES WHERE layer IN (0, 1) AND token IN ('a', 'b')",
+     {'kind': 'select_features', 'columns': None, 'layers': None, 'at_layer': False, 'nearest': None, 'where': [{'column': {'name': 'layer', 'line': 1, 'column': 30}, 'op': 'IN', 'value': [0, 1]}, {'column': {'name': 'token', 'line': 1, 'column': 50}, 'op': 'IN', 'value': ['a', 'b']}], 'order_by': None, 'descending': None, 'limit': None}),
 ]
 
 
@@ -221,25 +289,27 @@ ERRORS = [
      "                       ^\n"
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
     ("STAST",
-     "syntax error at line 1, column 1: expected a statement (BUILD, COMPACT, DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, "
-     "EXPLAIN, HELP, INFER, OBSERVE, OPEN, PLAN, REPRESENT, SCORE, SELECT, SET, SHOW, STATS, TRACE, USE, VERIFY, WALK) "
-     "or ';', found 'STAST'\n"
+     "syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, COMPACT, COMPILE, DELETE, "
+     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PLAN, "
+     "REBALANCE, REMOVE, REPRESENT, SAVE, SCORE, SELECT, SET, SHOW, STATS, TRACE, UPDATE, USE, VERIFY, WALK) or "
+     "';', found 'STAST'\n"
      "  STAST\n"
      "  ^\n"
      "  hint: did you mean STATS?"),
     ("INFER 'x' TOPP 3",
-     "syntax error at line 1, column 11: expected ';', ABLATE, CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found 'TOPP'\n"
+     "syntax error at line 1, column 11: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
+     "SPECULATE or TOP, found 'TOPP'\n"
      "  INFER 'x' TOPP 3\n"
      "            ^\n"
      "  hint: did you mean TOP?"),
     ("SHOW LAYER",
-     "syntax error at line 1, column 6: expected COMPONENTS, EXPERTS, FEATURES, LAYERS, OPERANDS, PROVENANCE, "
-     "REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
+     "syntax error at line 1, column 6: expected COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
+     "MODELS, OPERANDS, PATCHES, PROVENANCE, RELATIONS, REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"
      "  hint: did you mean LAYERS?"),
     ("STATS\nSHOW LAYERS",
-     "syntax error at line 2, column 1: expected ';' or AT, found keyword SHOW\n"
+     "syntax error at line 2, column 1: expected a quoted string, ';', '|>' or AT, found keyword SHOW\n"
      "  SHOW LAYERS\n"
      "  ^\n"
      "  hint: end the previous statement with ';' before SHOW"),
@@ -269,7 +339,8 @@ ERRORS = [
      "             ^\n"
      "  hint: SET takes name = value, e.g. SET format = json"),
     ("INFER 'x' DRAFT DEPTH 1.5",
-     "syntax error at line 1, column 24: expected ';', ABLATE, CHAT, DRAFT, GENERATE, LOOKAHEAD, SPECULATE or TOP, found '.'\n"
+     "syntax error at line 1, column 24: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
+     "SPECULATE or TOP, found '.'\n"
      "  INFER 'x' DRAFT DEPTH 1.5\n"
      "                         ^\n"
      "  hint: only a whole number fits here, not 1.5"),
@@ -309,7 +380,7 @@ def test_syntax_error_carries_position_and_expectations():
 
 def test_interactive_parser_tells_what_may_come_next():
     assert set(P.interactive("INFER 'x' ").accepts()) == {
-        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "ABLATE", "_SEMI", "$END"}
+        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "ABLATE", "COMPARE", "_SEMI", "_PIPE", "$END"}
     assert set(P.interactive("").accepts()) >= set(P.STATEMENT_KEYWORDS)
     assert "OPEN" in P.STATEMENT_KEYWORDS and "DEPTH" not in P.STATEMENT_KEYWORDS
     assert P.describe_terminal("STRING") == "a quoted string"

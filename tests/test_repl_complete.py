@@ -242,12 +242,17 @@ def test_statement_names_after_help(completer):
     assert "SHOW LAYERS" in got and "DRAFT DEPTH" in got and "INFER" in got
     assert "LAYERS" not in got  # a statement's name, not any keyword
     assert texts(completer, "HELP SHOW ") == [
+        "COMPACT STATUS",
         "COMPONENTS",
+        "ENTITIES",
         "EXPERTS",
         "FEATURES",
         "LAYERS",
+        "MODELS",
         "OPERANDS",
+        "PATCHES",
         "PROVENANCE",
+        "RELATIONS",
         "REPRESENTATIONS",
         "SETTINGS",
     ]

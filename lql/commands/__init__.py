@@ -44,5 +44,5 @@ def execute(session: Session, node: planner.Node) -> Result:
 
 
 # Importing the modules registers their commands.
-from . import (container, drafts, experts, explain, facts, infer, internals, open, remote,  # noqa: F401
+from . import (container, dialect, drafts, experts, explain, facts, infer, internals, open, remote,  # noqa: F401
                representations, settings, trace)

@@ -52,13 +52,13 @@ def _output(session, path: str, what: str, overwrite: bool) -> None:
 @command(planner.Walk)
 def walk(session, node: planner.Walk) -> R.WalkResult:
     r = _ix(session).walk(_query(node.prompt), top=node.top, layers=node.layers)
-    return R.WalkResult.model_validate(_data(r))
+    return R.WalkResult.model_validate({**_data(r), "notes": list(node.notes)})
 
 
 @command(planner.Describe)
 def describe(session, node: planner.Describe) -> R.DescribeResult:
     r = _ix(session).describe(node.entity, layers=node.layers, top=node.top, threshold=node.threshold)
-    return R.DescribeResult.model_validate(_data(r))
+    return R.DescribeResult.model_validate({**_data(r), "notes": list(node.notes)})
 
 
 @command(planner.SelectFeatures)

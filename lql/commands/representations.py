@@ -76,7 +76,18 @@ def compact(session, node: planner.Compact) -> R.CompactResult:
 def diff(session, node: planner.Diff) -> R.DiffResult:
     from vindex3.diff import diff as run
 
-    return diff_result(run(node.a, node.b))
+    out = diff_result(run(node.a, node.b))
+    rows = out.differences
+    if node.physical:  # PHYSICAL (the reference dialect): the physical differences only
+        rows = [d for d in rows if d.kind == "physical"]
+    if node.layer is not None:  # LAYER n: the differences that name layer n
+        import re
+
+        rows = [d for d in rows if node.layer in {int(x) for x in re.findall(r"layers?[._ \[]?(\d+)", f"{d.area} {d.what}")}]
+    if node.limit is not None:
+        rows = rows[: node.limit]
+    out.differences = rows
+    return out
 
 
 @command(planner.ScoreRepresentation)

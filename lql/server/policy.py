@@ -64,6 +64,26 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.TraceFor: ("save",),
     ast.Observe: ("into",),
     ast.BuildFeatures: (),
+    # the reference dialect (issue 19)
+    ast.UseModel: ("model",),
+    ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
+    ast.ShowPatches: (),
+    ast.ShowCompactStatus: (),
+    ast.ShowEntities: (),
+    ast.ShowRelations: (),
+    ast.SelectGraph: (),
+    ast.Extract: ("checkpoint", "into"),
+    ast.Compile: ("path", "into"),
+    ast.InsertEdges: (),
+    ast.DeleteEdges: (),
+    ast.UpdateEdges: (),
+    ast.Merge: ("src", "into"),
+    ast.BeginPatch: ("path",),
+    ast.SavePatch: (),
+    ast.ApplyPatch: ("path",),
+    ast.RemovePatch: ("path",),
+    ast.Rebalance: (),
+    ast.CompactLevel: (),
 }
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
@@ -72,6 +92,8 @@ READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.ShowSettings, ast.Infer, ast.Trace,
     ast.DraftDepth, ast.DraftOff, ast.Help, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
+    # the reference dialect: facts in words, and statements refused at planning whatever the profile
+    ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
 })
 
 #: Statements that only read unless a path field is given: (statement class, that field).
@@ -93,6 +115,11 @@ _WHY = {
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
+    ast.UseModel: "it encodes a checkpoint and binds another model on the server",
+    ast.ShowModels: "it lists the server's working directory",
+    ast.Extract: "it writes a container on the server",
+    ast.Compile: "it writes a container on the server",
+    **{cls: "it edits knowledge (and this build has no patch overlay)" for cls in ast.KNOWLEDGE_EDITS},
 }
 
 

@@ -32,8 +32,8 @@ from .metadata import FeatureTokens, MetadataNote
 from .model import ModelView
 
 COLUMNS = ("layer", "feature", "token", "score")
-NUMERIC_OPS = ("=", "!=", "<", "<=", ">", ">=")
-OPS = {"layer": NUMERIC_OPS, "feature": NUMERIC_OPS, "score": NUMERIC_OPS, "token": ("=", "!=", "LIKE")}
+NUMERIC_OPS = ("=", "!=", "<", "<=", ">", ">=", "IN")
+OPS = {"layer": NUMERIC_OPS, "feature": NUMERIC_OPS, "score": NUMERIC_OPS, "token": ("=", "!=", "LIKE", "IN")}
 SCORE_NEAREST = "gate score against NEAREST TO (mean scaled embedding through each layer's pre-FFN norm)"
 SCORE_LOGIT = "logit of the feature's top token in its feature metadata"
 
@@ -41,7 +41,7 @@ SCORE_LOGIT = "logit of the feature's top token in its feature metadata"
 class Condition(BaseModel):
     column: str
     op: str
-    value: str | int | float
+    value: str | int | float | list[str | int | float]  # a list for IN
 
 
 class FeatureQuery(BaseModel):
@@ -73,10 +73,14 @@ class FeatureQuery(BaseModel):
             if op not in OPS[cond.column]:
                 raise QueryRefused(f"SELECT ... FROM FEATURES: column {cond.column!r} does not take {cond.op!r} "
                                    f"(it takes {', '.join(OPS[cond.column])})")
+            values = cond.value if isinstance(cond.value, list) else [cond.value]
+            if (op == "IN") != isinstance(cond.value, list) or (op == "IN" and not values):
+                raise QueryRefused(f"SELECT ... FROM FEATURES: {cond.column} {cond.op} takes "
+                                   + ("a non-empty list of values" if op == "IN" else "one value") + f", got {cond.value!r}")
             if cond.column == "token":
-                if not isinstance(cond.value, str):
+                if not all(isinstance(v, str) for v in values):
                     raise QueryRefused(f"SELECT ... FROM FEATURES: token {cond.op} needs a text, got {cond.value!r}")
-            elif isinstance(cond.value, (str, bool)):
+            elif any(isinstance(v, (str, bool)) for v in values):
                 raise QueryRefused(f"SELECT ... FROM FEATURES: {cond.column} {cond.op} needs a number, got {cond.value!r}")
         if self.order_by is not None:
             known(self.order_by, "ORDER BY")
@@ -164,6 +168,9 @@ def select(view: ModelView, meta: FeatureTokens, query: FeatureQuery) -> SelectR
             if op == "LIKE":
                 rx = like(c.value)
                 ok = {int(t) for t in uniq if rx.match((view.text(int(t)) or "").strip())}
+            elif op == "IN":
+                wanted = set(c.value)
+                ok = {int(t) for t in uniq if (view.text(int(t)) or "").strip() in wanted}
             else:
                 ok = {int(t) for t in uniq if (view.text(int(t)) or "").strip() == c.value}
                 if op == "!=":
@@ -171,8 +178,12 @@ def select(view: ModelView, meta: FeatureTokens, query: FeatureQuery) -> SelectR
             keep &= np.isin(tok, np.fromiter(ok, dtype=np.int64, count=len(ok)))
         else:
             col = {"layer": layer, "feature": feat, "score": score}[c.column]
-            val = np.float32(c.value) if c.column == "score" else c.value
-            keep &= _CMP[op](col, val)
+            if op == "IN":
+                vals = np.asarray(c.value, dtype=np.float32 if c.column == "score" else np.float64)
+                keep &= np.isin(col, vals)
+            else:
+                val = np.float32(c.value) if c.column == "score" else c.value
+                keep &= _CMP[op](col, val)
     idx = np.nonzero(keep)[0]
     order_by = q.order_by or ("score" if qv is not None else None)
     if order_by is None:

@@ -1,0 +1,72 @@
+"""The reference dialect's statements that have a meaning here (issue 19): STATS 'path', USE
+MODEL 'dir', SHOW MODELS, SHOW PATCHES / SHOW COMPACT STATUS, COMPILE ... INTO VINDEX. The
+other reference spellings plan into the nodes of the statements they mean (WALK, DESCRIBE,
+SELECT, TRACE ... FOR, ENCODE, DIFF) and run through those commands."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .. import ast, planner
+from .. import results as R
+from . import command
+from .open import open_container
+
+
+@command(planner.StatsOf)
+def stats_of(session, node: planner.StatsOf) -> R.StatsResult:
+    from ..session import Session
+
+    other = Session(node.path)  # its own session: the bound container stays bound
+    try:
+        return other.execute_statement(ast.Stats(positions=node.positions, source=node.statement.source))
+    finally:
+        other.close()
+
+
+@command(planner.UseModel)
+def use_model(session, node: planner.UseModel) -> R.OpenResult:
+    if not node.encoded:
+        import vindex3
+
+        Path(node.into).parent.mkdir(parents=True, exist_ok=True)
+        vindex3.encode(node.checkpoint, node.into, progress=session.on_progress)
+    opened = planner.Open(node.statement, path=node.into, default=False, shards=session.settings.get("shards", 0))
+    return open_container(session, opened)
+
+
+@command(planner.ShowModels)
+def show_models(session, node: planner.ShowModels) -> R.ModelsResult:
+    import vindex3
+    from vindex3.errors import VindexError
+
+    rows = []
+    base = Path(node.directory)
+    for entry in sorted(base.iterdir(), key=lambda p: p.name):
+        if not entry.is_dir() or not (entry / "index.json").is_file():
+            continue
+        try:
+            c = vindex3.open(entry)
+            size = sum(o["bytes"] for o in c.objects())
+            rows.append(R.ModelRow(path=entry.name, name=c.name, layers=c.graph.num_layers, generation=c.generation,
+                                   bytes=size))
+        except VindexError as e:  # a directory that does not open is listed with the reason
+            rows.append(R.ModelRow(path=entry.name, name=None, layers=None, generation=None, bytes=None,
+                                   problem=str(e).splitlines()[0]))
+    return R.ModelsResult(directory=os.fspath(base), models=rows)
+
+
+@command(planner.Note)
+def note(session, node: planner.Note) -> R.NoteResult:
+    return R.NoteResult(topic=node.topic, lines=list(node.lines))
+
+
+@command(planner.Compile)
+def compile_vindex(session, node: planner.Compile) -> R.CompileResult:
+    from vindex3.compile import compile_copy
+
+    r = compile_copy(node.source, node.into)
+    return R.CompileResult(source=str(r.source), path=str(r.path), files=r.files, bytes=r.bytes,
+                           generation=r.generation, verified=r.verified, left_behind=r.left_behind,
+                           on_conflict=node.on_conflict)
