@@ -64,14 +64,30 @@ class LqlSyntaxError(LqlError):
         self.expected = list(expected or [])
 
     def context(self) -> str:
-        """The offending line with a caret under the column."""
-        pad = "".join("\t" if ch == "\t" else " " for ch in self.source_line[: self.column - 1])
-        return f"  {self.source_line}\n  {pad}^"
+        """The offending line with a caret under the column (a long line is cut around it)."""
+        shown, col = caret_window(self.source_line, self.column)
+        pad = "".join("\t" if ch == "\t" else " " for ch in shown[: col - 1])
+        return f"  {shown}\n  {pad}^"
 
     def __str__(self) -> str:
         from .render import error_text  # the one formatter
 
         return error_text(self)
+
+
+def caret_window(line: str, column: int, width: int = 120) -> tuple[str, int]:
+    """A source line as shown under an error, and the caret's column in it: a line longer than
+    ``width`` characters is cut to the part around ``column``, with '…' where text was left out."""
+    if len(line) <= width:
+        return line, column
+    start = max(0, min(column - 1 - width // 2, len(line) - width))
+    shown = line[start : start + width]
+    col = column - start
+    if start > 0:
+        shown, col = "…" + shown, col + 1
+    if start + width < len(line):
+        shown += "…"
+    return shown, col
 
 
 class StatementError(LqlError):

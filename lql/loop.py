@@ -69,82 +69,79 @@ class MetaLine:
     line: int
 
 
-def _line_col(text: str, pos: int) -> tuple[int, int]:
-    line = text.count("\n", 0, pos) + 1
-    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
-
-
 def chunks(text: str, *, offset: int = 0) -> Iterator[Chunk]:
     """The statements of ``text`` as text, in order (empty statements skipped)."""
-    start = None
+    first = None  # the first significant token of the pending statement
     for tok in parser.lex(text):
         if tok.type in ("WS", "COMMENT"):
             continue
-        if start is None:
-            start = tok.start_pos
+        if first is None:
+            first = tok
         if tok.type == "_SEMI":
-            if tok.start_pos > start:  # not a lone ';'
-                yield _chunk(text, start, tok.start_pos + 1, offset)
-            start = None
-    if start is not None:
+            if tok.start_pos > first.start_pos:  # not a lone ';'
+                yield Chunk(text[first.start_pos : tok.start_pos + 1], first.start_pos + offset, first.line, first.column)
+            first = None
+    if first is not None:
         end = len(text.rstrip())
-        yield _chunk(text, start, end, offset)
-
-
-def _chunk(text: str, start: int, end: int, offset: int) -> Chunk:
-    line, col = _line_col(text, start)
-    return Chunk(text[start:end], start + offset, line, col)
+        yield Chunk(text[first.start_pos : end], first.start_pos + offset, first.line, first.column)
 
 
 def parse_chunk(full: str, ch: Chunk) -> list[ast.Statement]:
     """Parse one statement's text with its position in ``full`` kept (line, column, offsets);
     a syntax error shows the offending line of ``full``."""
-    pad = "\n" * (ch.line - 1) + " " * (ch.column - 1)
     try:
-        stmts = parser.parse(pad + ch.text)
+        return parser.parse(ch.text, at=(ch.line, ch.column, ch.start))
     except LqlSyntaxError as e:
-        lines = full.split("\n")
-        if e.line is not None and 0 < e.line <= len(lines):
-            e.source_line = lines[e.line - 1].rstrip("\r")
+        if e.line is not None and e.line >= ch.line:
+            e.source_line = _line_of(full, ch.start, e.line - ch.line)
         e.statement = ch.text
         raise
-    shift = ch.start - len(pad)
-    return [s.model_copy(update={"start_pos": s.start_pos + shift, "end_pos": s.end_pos + shift}) for s in stmts]
+
+
+def _line_of(full: str, start: int, k: int) -> str:
+    """The line of ``full`` that is ``k`` lines after the one holding offset ``start``."""
+    begin = full.rfind("\n", 0, start) + 1
+    for _ in range(k):
+        nxt = full.find("\n", begin)
+        if nxt < 0:
+            return ""
+        begin = nxt + 1
+    end = full.find("\n", begin)
+    return full[begin : end if end >= 0 else len(full)].rstrip("\r")
 
 
 def script_items(text: str) -> Iterator[Chunk | MetaLine]:
     """Statements and shell-command lines of a script, in order. A line whose first non-blank
-    character is a backslash is a shell command when no statement is pending."""
-    pending: list[str] = []
-    pending_start = 0
+    character is a backslash is a shell command when no statement is pending.
+
+    Each line is lexed once (no token but whitespace crosses a line end: strings and comments
+    stop at it), so a script of many lines costs what its text costs."""
+    pending_start: int | None = None  # offset where the pending statement text begins
+    pending_line = 1  # and its line (it begins at a line's start)
+    last = None  # the last significant token type of the pending text
     pos = 0
     for lineno, line in enumerate(text.split("\n"), start=1):
-        body = "\n".join(pending)
-        if line.lstrip().startswith("\\") and _blank(body):
-            pending = []
+        if line.lstrip().startswith("\\") and last is None:
+            pending_start = None
             yield MetaLine(line.strip(), lineno)
         else:
-            if _blank(body):
-                pending, pending_start = [], pos
-            pending.append(line)
-            body = "\n".join(pending)
-            if parser.is_complete(body):
-                yield from _chunks_at(text, pending_start, body)
-                pending = []
+            if pending_start is None:
+                pending_start, pending_line = pos, lineno
+            for tok in parser.lex(line):
+                if tok.type not in ("WS", "COMMENT"):
+                    last = tok.type
+            if last == "_SEMI":
+                yield from _chunks_at(text[pending_start : pos + len(line)], pending_start, pending_line)
+                pending_start, last = None, None
         pos += len(line) + 1
-    body = "\n".join(pending)
-    if not _blank(body):
-        yield from _chunks_at(text, pending_start, body)
+    if pending_start is not None and last is not None:
+        yield from _chunks_at(text[pending_start:], pending_start, pending_line)
 
 
-def _chunks_at(full: str, start: int, body: str) -> Iterator[Chunk]:
+def _chunks_at(body: str, start: int, line: int) -> Iterator[Chunk]:
+    """The statements of ``body``, which begins at offset ``start``, at the start of ``line``."""
     for ch in chunks(body):
-        line, col = _line_col(full, start + ch.start)
-        yield Chunk(ch.text, start + ch.start, line, col)
-
-
-def _blank(text: str) -> bool:
-    return all(t.type in ("WS", "COMMENT") for t in parser.lex(text))
+        yield Chunk(ch.text, start + ch.start, line + ch.line - 1, ch.column)
 
 
 def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:

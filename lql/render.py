@@ -751,13 +751,14 @@ def error_fragments(err: BaseException, *, where: str = "", show_statement: bool
     """An error as styled fragments (style class, text): a syntax error with its line and a
     caret, a refusal with its message, the statement (with ``where`` or ``show_statement``)
     and its hint. ``where`` (a file name, ``<-e>``) prefixes ``where:line:column:``."""
-    from .errors import LqlError, LqlSyntaxError
+    from .errors import LqlError, LqlSyntaxError, caret_window
 
     if isinstance(err, LqlSyntaxError):
         head = (f"{where}:{err.line}:{err.column}: syntax error: " if where
                 else f"syntax error at line {err.line}, column {err.column}: ")
-        pad = "".join("\t" if ch == "\t" else " " for ch in err.source_line[: err.column - 1])
-        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {err.source_line}\n"),
+        shown, col = caret_window(err.source_line, err.column)
+        pad = "".join("\t" if ch == "\t" else " " for ch in shown[: col - 1])
+        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {shown}\n"),
                  ("class:error.caret", f"  {pad}^")]
         if err.hint:
             frags.append(("class:warning", f"\n  hint: {err.hint}"))
