@@ -152,6 +152,7 @@ class DraftLadder(Statement):
     prompts: str
     into: str | None = None
     plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
+    overwrite: bool = False  # OVERWRITE: an existing report or chart is replaced
 
 
 class Trace(Statement):
@@ -167,6 +168,7 @@ class DumpLogits(Statement):
     prompt: Prompt
     depth: int | None = None
     into: str
+    overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
 
 
 class ScoreDraft(Statement):
@@ -192,6 +194,7 @@ class Encode(Statement):
     kind: Literal["encode"] = "encode"
     checkpoint: str
     into: str
+    overwrite: bool = False  # OVERWRITE: an existing container is replaced once the encode is complete
 
 
 class Help(Statement):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from . import ast, parser
 from . import results as R
-from .errors import LqlError, LqlSyntaxError
+from .errors import InternalError, LqlError, LqlSyntaxError, StatementError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session
@@ -145,9 +145,11 @@ def _chunks_at(body: str, start: int, line: int) -> Iterator[Chunk]:
 
 
 def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
-    """Plan and execute one parsed statement; every refusal leaves as an `LqlError` positioned
-    at the statement (a vindex3 refusal as `EngineRefusal`). Anything else is a bug and
-    propagates as it is."""
+    """Plan and execute one parsed statement. The error boundary of every front end: a refusal
+    leaves as an `LqlError` positioned at the statement (a vindex3 refusal as `EngineRefusal`),
+    and any other exception — a bug — as an `InternalError` naming the statement, with the
+    exception as its ``original`` and ``__cause__``. Only an interrupt (a BaseException such as
+    KeyboardInterrupt) passes through as itself."""
     from . import commands
     from .binding import engine_refusal, is_engine_error
     from .planner import plan
@@ -155,22 +157,33 @@ def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
     try:
         node = plan(stmt, session.context())
         result = commands.execute(session, node)
+        result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
     except LqlError as e:
         raise e.locate(stmt.line, stmt.column, stmt.source) from None
     except Exception as e:
         if is_engine_error(e):
             raise engine_refusal(e).locate(stmt.line, stmt.column, stmt.source) from e
-        raise
-    result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
+        raise InternalError.wrap(e, line=stmt.line, column=stmt.column, statement=stmt.source) from e
     return result
+
+
+def parse_or_internal(full: str, ch: Chunk) -> list[ast.Statement]:
+    """`parse_chunk`, with anything but a syntax error (a bug in the parser) as an
+    `InternalError` naming the text."""
+    try:
+        return parse_chunk(full, ch)
+    except LqlSyntaxError:
+        raise
+    except Exception as e:  # the boundary: a bug in the parser, named
+        raise InternalError.wrap(e, line=ch.line, column=ch.column, statement=ch.text) from e
 
 
 def run_chunk(session: Session, full: str, ch: Chunk) -> Iterator[Outcome]:
     """Parse and run one statement chunk, yielding its outcome (a syntax error is an outcome
-    with no statement)."""
+    with no statement; so is a bug in the parser, as an `InternalError`)."""
     try:
-        stmts = parse_chunk(full, ch)
-    except LqlSyntaxError as e:
+        stmts = parse_or_internal(full, ch)
+    except LqlError as e:
         yield Outcome(None, error=e, source=ch.text, line=ch.line, column=ch.column)
         return
     for stmt in stmts:
@@ -186,9 +199,22 @@ def run_chunk(session: Session, full: str, ch: Chunk) -> Iterator[Outcome]:
 def run(session: Session, text: str, *, keep_going: bool = False) -> Iterator[Outcome]:
     """Run every statement of ``text`` in order, yielding each outcome as it completes. Stops
     after the first failure (a syntax error included) unless ``keep_going``, and after an
-    interrupted statement always."""
-    for ch in chunks(text):
+    interrupted statement or an internal error always."""
+    if not isinstance(text, str):
+        raise StatementError(f"LQL text must be a str, got {type(text).__name__}")
+    for ch in _guarded(chunks(text), text):
+        if isinstance(ch, Outcome):  # a bug while cutting the text into statements
+            yield ch
+            return
         for out in run_chunk(session, text, ch):
             yield out
-            if out.interrupted or (out.error is not None and not keep_going):
+            if out.interrupted or isinstance(out.error, InternalError) or (out.error is not None and not keep_going):
                 return
+
+
+def _guarded(items: Iterator[Chunk], text: str) -> Iterator[Chunk | Outcome]:
+    """``items``, ending with an `InternalError` outcome if producing them fails (a bug)."""
+    try:
+        yield from items
+    except Exception as e:  # noqa: BLE001 - the boundary: a bug becomes an outcome naming the text
+        yield Outcome(None, error=InternalError.wrap(e, line=1, column=1, statement=text[:200]), source=text[:200])

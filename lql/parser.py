@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -242,9 +243,24 @@ def _int(tok: Token) -> int:
 
 def _float(tok: Token) -> float:
     v = float(tok.value)
-    if v != v or v in (float("inf"), float("-inf")):
+    if not math.isfinite(v):
         raise _BuildError(f"the number {tok.value[:24]} is too large for a 64-bit float", tok)
     return v
+
+
+class _Overwrite:
+    """What ``overwrite_clause`` becomes in a statement's children."""
+
+    def __repr__(self) -> str:
+        return "OVERWRITE"
+
+
+OVERWRITE = _Overwrite()
+
+
+def _overwrites(children: list) -> bool:
+    """Whether a writing statement's children hold its OVERWRITE clause (wherever the rule put it)."""
+    return any(c is OVERWRITE for c in children)
 
 
 @v_args(meta=True)
@@ -260,10 +276,11 @@ class ToAst(Transformer):
         line, column = _shift(self.at, meta.line, meta.column)
         end_line, end_column = _shift(self.at, meta.end_line, meta.end_column)
         off = self.at[2]
-        return dict(
-            line=line, column=column, end_line=end_line, end_column=end_column,
-            start_pos=meta.start_pos + off, end_pos=meta.end_pos + off, source=self.text[meta.start_pos : meta.end_pos],
-        )
+        return {
+            "line": line, "column": column, "end_line": end_line, "end_column": end_column,
+            "start_pos": meta.start_pos + off, "end_pos": meta.end_pos + off,
+            "source": self.text[meta.start_pos : meta.end_pos],
+        }
 
     def start(self, meta, children):
         return list(children)
@@ -367,14 +384,19 @@ class ToAst(Transformer):
         return ast.DraftOff(**self._pos(meta))
 
     def draft_ladder(self, meta, c):
-        # DRAFT LADDER DEPTHS int_list ON STRING [INTO STRING]
+        # DRAFT LADDER DEPTHS int_list ON STRING [INTO STRING] [PLOT INTO STRING] [OVERWRITE]
         into = _unquote(c[7]) if c[7] is not None else None
         plot = _unquote(c[10]) if c[10] is not None else None
-        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, plot=plot, **self._pos(meta))
+        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, plot=plot, overwrite=_overwrites(c),
+                               **self._pos(meta))
 
     def dump_stmt(self, meta, c):
-        # DUMP LOGITS prompt [draft_clause] INTO STRING
-        return ast.DumpLogits(prompt=c[2], depth=c[3], into=_unquote(c[5]), **self._pos(meta))
+        # DUMP LOGITS prompt [draft_clause] INTO STRING [OVERWRITE]
+        return ast.DumpLogits(prompt=c[2], depth=c[3], into=_unquote(c[5]), overwrite=_overwrites(c),
+                              **self._pos(meta))
+
+    def overwrite_clause(self, meta, c):
+        return OVERWRITE
 
     def score_stmt(self, meta, c):
         return ast.ScoreDraft(draft=_unquote(c[2]), target=_unquote(c[4]), **self._pos(meta))
@@ -386,7 +408,7 @@ class ToAst(Transformer):
         return ast.Plan(path=_unquote(c[1]), **self._pos(meta))
 
     def encode_stmt(self, meta, c):
-        return ast.Encode(checkpoint=_unquote(c[1]), into=_unquote(c[3]), **self._pos(meta))
+        return ast.Encode(checkpoint=_unquote(c[1]), into=_unquote(c[3]), overwrite=_overwrites(c), **self._pos(meta))
 
     def help_stmt(self, meta, c):
         words = [t.value.upper() for t in c[1:]]

@@ -3,13 +3,12 @@ well (the line, a caret, what was expected in words, a hint). No container neede
 
 from __future__ import annotations
 
+import lql_fixtures  # noqa: F401  (puts the source tree on sys.path)
 import pytest
 
-import lql_fixtures  # noqa: F401  (puts the source tree on sys.path)
 from lql import ast
 from lql import parser as P
 from lql.errors import LqlSyntaxError
-
 
 POSITIONS = {"line", "column", "end_line", "end_column", "start_pos", "end_pos", "source"}
 
@@ -59,20 +58,26 @@ CASES = [
     ("DRAFT DEPTH 2", {"kind": "draft_depth", "depth": 2}),
     ("DRAFT OFF", {"kind": "draft_off"}),
     ("DRAFT LADDER DEPTHS (1, 2, 4) ON 'p.jsonl'",
-     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None, "plot": None}),
+     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None, "plot": None,
+      "overwrite": False}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' INTO 'l.json'",
-     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None}),
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None, "overwrite": False}),
+    ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' INTO 'l.json' PLOT INTO 'l.svg' overwrite",
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": "l.svg", "overwrite": True}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' PLOT INTO 'l.svg'",
-     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg"}),
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg", "overwrite": False}),
     ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1}),
     ("DUMP LOGITS 'x' INTO 'f.f32'",
-     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32"}),
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32", "overwrite": False}),
+    ("DUMP LOGITS 'x' INTO 'f.f32' OVERWRITE",
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "into": "f.f32", "overwrite": True}),
     ("DUMP LOGITS TOKENS (5) DRAFT DEPTH 2 INTO 'f.f32'",
-     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "into": "f.f32"}),
+     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "into": "f.f32", "overwrite": False}),
     ("SCORE DRAFT 'a.f32' AGAINST 'b.f32'", {"kind": "score_draft", "draft": "a.f32", "target": "b.f32"}),
     ("VERIFY", {"kind": "verify"}),
     ("PLAN 'ckpt'", {"kind": "plan", "path": "ckpt"}),
-    ("ENCODE 'ckpt' INTO 'out'", {"kind": "encode", "checkpoint": "ckpt", "into": "out"}),
+    ("ENCODE 'ckpt' INTO 'out'", {"kind": "encode", "checkpoint": "ckpt", "into": "out", "overwrite": False}),
+    ("ENCODE 'ckpt' INTO 'out' OVERWRITE", {"kind": "encode", "checkpoint": "ckpt", "into": "out", "overwrite": True}),
     ("HELP", {"kind": "help", "topic": None}),
     ("help show layers", {"kind": "help", "topic": "SHOW LAYERS"}),
     ("SET format = json", {"kind": "set", "name": "format", "value": "json"}),
