@@ -71,7 +71,8 @@ STATEMENTS: tuple[StatementDoc, ...] = (
 
 _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "SHOW": None,
             "SPECULATE": "INFER", "GENERATE": "INFER", "DUMP": "DUMP LOGITS", "SCORE": "SCORE DRAFT",
-            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER"}
+            "CHAT": "INFER", "EXACTLY": "INFER", "PLOT": "DRAFT LADDER", "SETTINGS": "SET",
+            "OVERWRITE": "SET", "LIMITS": "SET"}
 
 
 def find_statement(topic: str) -> StatementDoc | None:
@@ -100,7 +101,21 @@ def help_text(topic: str | None) -> str | None:
     d = find_statement(topic)
     if d is None:
         return None
-    return f"{d.syntax}\n  {d.summary}\n  example: {d.example}"
+    text = f"{d.syntax}\n  {d.summary}\n  example: {d.example}"
+    if d.name == "SET":
+        text += "\n" + settings_text()
+    return text
+
+
+def settings_text() -> str:
+    """Every setting with its default, as HELP SET lists them (SHOW SETTINGS shows the values)."""
+    width = max(len(s.name) for s in SETTINGS)
+    lines = ["  settings (default):"]
+    for s in SETTINGS:
+        default = s.show(s.default) if s.show is not None else (
+            ("on" if s.default else "off") if isinstance(s.default, bool) else s.default)
+        lines.append(f"    {s.name.ljust(width)}  ({default}) {s.description}")
+    return "\n".join(lines)
 
 
 # ---- settings -------------------------------------------------------------------------
@@ -173,11 +188,13 @@ def parse_bytes(v: Any) -> int:
 
 def show_bytes(n: int) -> str:
     """A byte count as SHOW SETTINGS writes it: '4 GiB' when it is a whole number of a binary
-    unit, else the bytes."""
+    unit, else the bytes with their size ('2,000,000,000 bytes (1.9 GiB)')."""
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n % size == 0:
+        if n % size == 0 and n // size < 10240:
             return f"{n // size} {unit}"
-    return f"{n} bytes"
+    from .render import fmt_bytes
+
+    return fmt_bytes(n)
 
 
 MODEL = "model"  # max_positions = model: the model's own context length

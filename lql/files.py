@@ -134,13 +134,13 @@ def encode_target(path: str, *, overwrite: bool, inside: Iterable[Path] = ()) ->
     if not overwrite:
         raise PathRefused(f"ENCODE output {s}: already exists; refusing to overwrite it", reason="exists", path=path,
                           hint="choose another path, or add OVERWRITE to replace an existing container")
-    if os.path.islink(p) or not os.path.isdir(p) or not os.path.isfile(p / "index.json"):
-        raise PathRefused(f"ENCODE output {s}: OVERWRITE replaces only a container (a directory holding index.json), "
-                          "and this is not one", reason="not_a_container", path=path,
-                          hint="remove it yourself, or choose another path")
     for d in inside:
         if paths.is_within(p, d) or paths.is_within(d, p):
             raise PathRefused(f"ENCODE output {s}: is or holds the open container {os.fspath(d)!r}; it cannot be "
                               "replaced while it is open", reason="inside", path=path,
                               hint="OPEN another container first, or choose another path")
+    if os.path.islink(p) or not os.path.isdir(p) or not os.path.isfile(p / "index.json"):
+        raise PathRefused(f"ENCODE output {s}: OVERWRITE replaces only a container (a directory holding index.json), "
+                          "and this is not one", reason="not_a_container", path=path,
+                          hint="remove it yourself, or choose another path")
     return True

@@ -34,7 +34,7 @@ def check_count(value: int | None, setting: str, settings: Mapping[str, Any], wh
     """Refuse ``value`` above the setting ``setting`` (``what``: the clause, e.g. 'GENERATE')."""
     limit = settings.get(setting)
     if value is not None and limit is not None and value > limit:
-        raise LimitError(f"{what} {value:,} asks for more {unit} than {setting} allows ({limit:,})",
+        raise LimitError(f"{what} {value:,} asks for more {unit} than {setting} ({limit:,}) allows",
                          hint=f"ask for at most {limit:,}, or SET {setting} = n to allow more")
 
 
