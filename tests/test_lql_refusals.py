@@ -12,7 +12,6 @@ import lql_fixtures  # noqa: F401
 import lql
 from lql.errors import (
     EngineRefusal,
-    FileRefusal,
     LqlError,
     NoContainer,
     SettingError,
