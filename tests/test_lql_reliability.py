@@ -417,3 +417,29 @@ def test_open_default_says_when_it_rebuilds_a_damaged_cache(work, monkeypatch):
     assert "rebuilt: it does not open (damaged)" in r.to_text()
     rc, out, err = run_cli(["-e", "OPEN DEFAULT"])
     assert rc == 0 and "notice: the cached default model at X is being rebuilt" in err
+
+
+# ---- root causes the fuzzer found (each a regression test) ---------------------------------
+
+
+def test_a_long_output_name_never_makes_its_temporary_name_invalid(s, work, tiny_llama_dir):
+    """Found by fuzzing: ENCODE INTO a 250-byte name failed with ENAMETOOLONG inside vindex3
+    (its temporary directory '.<name>.encoding-<pid>' passed 255 bytes), an internal error."""
+    name = "d" * 250
+    r = s.execute_one(f"ENCODE '{tiny_llama_dir}' INTO '{name}'")
+    assert r.path == name and (work / name / "index.json").is_file()
+    s.execute(f"ENCODE '{tiny_llama_dir}' INTO '{name}' OVERWRITE")
+    report = "r" * 250 + ".json"
+    s.execute(f"DRAFT LADDER DEPTHS (1) ON 'prompts.jsonl' INTO '{report}'")
+    assert json.loads((work / report).read_text())["depths"] == [1]
+    assert not [p for p in work.iterdir() if p.name.startswith(".")]
+
+
+def test_use_remote_refuses_a_url_with_a_blank_or_a_control_character(s):
+    """Found by fuzzing: 'http:// 127.0.0.1' passed the URL check and urllib's InvalidURL (a
+    ValueError) escaped the client as an internal error."""
+    from lql.errors import StatementError
+
+    for url in ("http:// 127.0.0.1", "http://127.0.0.1:9/\x01", "http://127.0.0.1\t:9"):
+        err = refused(s, f"USE REMOTE '{url}'", StatementError)
+        assert "blank or a control character" in err.message

@@ -65,8 +65,10 @@ def _encode_replacing(v, node: planner.Encode, progress) -> Path:
     container is complete move the old one aside, the new one in, and remove the old one. A
     failed encode leaves the old container as it was."""
     target = Path(node.into)
-    fresh = target.with_name(f".{target.name}.replacing-{os.getpid()}")
-    old = target.with_name(f".{target.name}.replaced-{os.getpid()}")
+    from vindex3.paths import hidden_sibling
+
+    fresh = hidden_sibling(target, f".replacing-{os.getpid()}")
+    old = hidden_sibling(target, f".replaced-{os.getpid()}")
     v.encode(node.checkpoint, fresh, progress=progress)
     try:
         target.rename(old)
