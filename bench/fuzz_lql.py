@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                     api.add(outcome, text, secs, detail)
                 else:
                     fmt = ch.pick(["text", "json", "csv", "tsv", "markdown", "jsonl"])
-                    outcome, detail, secs = sb.run_cli(text, fmt)
+                    stdin = F.as_stdin(ch, text) if ch.chance(0.3) else None  # the script on stdin
+                    outcome, detail, secs = sb.run_cli(text, fmt, stdin=stdin, keep_going=ch.chance(0.3))
                     cli.add(outcome, text, secs, detail)
                 if outcome in F.BAD:
                     print(f"case {i}: {outcome}: {text[:200]!r}\n{detail[-800:]}", file=sys.stderr)

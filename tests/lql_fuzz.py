@@ -485,16 +485,21 @@ class Sandbox:
         outcome, detail = self._after(text, outcome, detail)
         return outcome, detail, seconds
 
-    def run_cli(self, text: str, fmt: str = "text") -> tuple[str, str, float]:
+    def run_cli(self, text: str, fmt: str = "text", *, stdin: bytes | None = None,
+                keep_going: bool = False) -> tuple[str, str, float]:
+        """``lql -c tiny.vindex3 --format FMT --execute TEXT``; with ``stdin`` (bytes, which need
+        not be UTF-8), the script is read from standard input instead (``text`` only labels it)."""
         from lql import cli
 
         t0 = time.perf_counter()
         out, err = io.StringIO(), io.StringIO()
-        argv = ["-c", "tiny.vindex3", "--no-timing", "--format", fmt, "--execute=" + text]
+        argv = ["-c", "tiny.vindex3", "--no-timing", "--format", fmt] + (["--keep-going"] if keep_going else [])
+        argv += ["-"] if stdin is not None else ["--execute=" + text]
+        inp = io.TextIOWrapper(io.BytesIO(stdin if stdin is not None else b""), encoding="utf-8")
         try:
             with _chdir(self.root), time_limit(self.limit):
                 try:
-                    rc = cli.main(argv, stdin=io.StringIO(""), stdout=out, stderr=err)
+                    rc = cli.main(argv, stdin=inp, stdout=out, stderr=err)
                 except SystemExit as e:
                     rc = e.code if isinstance(e.code, int) else 2
             e_text = err.getvalue()
@@ -619,6 +624,16 @@ def case(ch: Chooser, grammar: Grammar, mutate_p: float = 0.5, docs: list[str] |
     else 1-3 generated statements; mutated with probability ``mutate_p``."""
     text = ch.pick(docs) if docs and ch.chance(docs_p) else grammar.script(ch)
     return mutate(ch, text) if ch.chance(mutate_p) else text
+
+
+def as_stdin(ch: Chooser, text: str) -> bytes:
+    """``text`` as the bytes of a script on standard input: UTF-8 (lone surrogates kept as the
+    bytes a careless writer produces), sometimes with bytes that are not UTF-8 at all."""
+    data = text.encode("utf-8", "surrogatepass")
+    if ch.chance(0.3):
+        i = ch.below(len(data) + 1)
+        data = data[:i] + ch.pick([b"\xff", b"\xc3", b"\xed\xa0\x80", b"\x00", b"\xef\xbb\xbf", b"\x80\x80"]) + data[i:]
+    return data
 
 
 def statement_kinds(grammar: Grammar) -> list[str]:

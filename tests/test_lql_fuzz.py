@@ -62,8 +62,8 @@ def _clean(counts: F.Counts) -> None:
     assert counts.max_seconds <= LIMIT
 
 
-def _run(sb: F.Sandbox, counts: F.Counts, text: str, *, cli_format: str | None = None) -> str:
-    outcome, detail, secs = sb.run_api(text) if cli_format is None else sb.run_cli(text, cli_format)
+def _run(sb: F.Sandbox, counts: F.Counts, text: str, *, cli_format: str | None = None, **cli) -> str:
+    outcome, detail, secs = sb.run_api(text) if cli_format is None else sb.run_cli(text, cli_format, **cli)
     counts.add(outcome, text, secs, detail)
     return outcome
 
@@ -176,6 +176,20 @@ def test_lql_main_in_every_format(sandbox, grammar, docs, fmt):
         _run(sandbox, counts, F.case(ch, grammar, docs=docs), cli_format=fmt)
     _clean(counts)
     assert counts.outcomes.get("result", 0) >= 1, counts.outcomes
+
+
+def test_lql_main_reads_any_bytes_on_standard_input(sandbox, grammar, docs):
+    """``lql -c tiny.vindex3 -`` with a script on stdin: UTF-8, lone surrogates as bytes, bytes
+    that are not UTF-8 at all, with and without --keep-going; never a traceback."""
+    ch = F.RandomChooser(random.Random("stdin"))
+    counts = F.Counts()
+    for i in range(60):
+        text = F.case(ch, grammar, docs=docs)
+        _run(sandbox, counts, text, cli_format=ch.pick(list(render.FORMATS)), stdin=F.as_stdin(ch, text),
+             keep_going=bool(i % 2))
+    outcome, detail, _ = sandbox.run_cli("STATS", stdin=b"STATS;\n\xff\xfe SHOW LAYERS;\n")
+    assert outcome == "refusal" and detail == "exit 1", detail
+    _clean(counts)
 
 
 def test_the_harness_sees_what_it_must_fail(sandbox, monkeypatch):
