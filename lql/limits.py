@@ -103,3 +103,14 @@ class Need:
 def largest(*estimates):
     """The estimate with the largest total (a stream's peak is its largest pass)."""
     return max((e for e in estimates if e is not None), key=lambda e: e.total)
+
+
+def out_of_memory(settings: Mapping[str, Any], what: str) -> LimitError:
+    """The refusal for a run the machine could not give memory to (a MemoryError met while it
+    ran): memory_limit let it start (it was raised, or the run's estimate was short), so the
+    refusal names the setting that would have refused it before it began."""
+    limit = settings.get("memory_limit")
+    stated = f"memory_limit is {_fmt(limit)}" if limit is not None else "memory_limit is not set"
+    return LimitError(f"{what} ran out of memory: the machine could not give it the arrays it needed ({stated})",
+                      hint="shorten the prompt or the generation, or SET memory_limit below this machine's free "
+                           "memory so that such a run is refused before it starts")

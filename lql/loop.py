@@ -146,8 +146,8 @@ def _chunks_at(body: str, start: int, line: int) -> Iterator[Chunk]:
 
 def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
     """Plan and execute one parsed statement. The error boundary of every front end: a refusal
-    leaves as an `LqlError` positioned at the statement (a vindex3 refusal as `EngineRefusal`),
-    and any other exception — a bug — as an `InternalError` naming the statement, with the
+    leaves as an `LqlError` positioned at the statement (a vindex3 refusal as `EngineRefusal`, a
+    MemoryError as the `LimitError` naming memory_limit), and any other exception — a bug — as an `InternalError` naming the statement, with the
     exception as its ``original`` and ``__cause__``. Only an interrupt (a BaseException such as
     KeyboardInterrupt) passes through as itself."""
     from . import commands
@@ -160,6 +160,10 @@ def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
         result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
     except LqlError as e:
         raise e.locate(stmt.line, stmt.column, stmt.source) from None
+    except MemoryError as e:  # the machine, not a bug: named, and the session stays usable
+        from .limits import out_of_memory
+
+        raise out_of_memory(session.settings, stmt.kind.replace("_", " ").upper()).locate(stmt.line, stmt.column, stmt.source) from e
     except Exception as e:
         if is_engine_error(e):
             raise engine_refusal(e).locate(stmt.line, stmt.column, stmt.source) from e

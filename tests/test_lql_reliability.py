@@ -443,3 +443,23 @@ def test_use_remote_refuses_a_url_with_a_blank_or_a_control_character(s):
     for url in ("http:// 127.0.0.1", "http://127.0.0.1:9/\x01", "http://127.0.0.1\t:9"):
         err = refused(s, f"USE REMOTE '{url}'", StatementError)
         assert "blank or a control character" in err.message
+
+
+def test_a_run_the_machine_cannot_give_memory_is_refused_by_name(s, monkeypatch):
+    """memory_limit refuses what its estimate says will not fit; when a user raised it past the
+    machine (or the estimate fell short) the run's MemoryError is the machine, not a bug: a
+    LimitError naming memory_limit, positioned at the statement, and the session stays usable.
+    (Planted: a real allocation past this machine's memory could meet the OOM killer instead.)"""
+    from lql import commands, planner
+    from lql.errors import LimitError
+
+    def starving(session, node):
+        raise MemoryError
+
+    with monkeypatch.context() as m:
+        m.setitem(commands.COMMANDS, planner.Run, starving)
+        s.execute("SET memory_limit = '64 GiB'")
+        err = refused(s, "STATS;\nINFER 'Water boils'", LimitError)
+    assert "INFER ran out of memory" in err.message and "memory_limit is 68,719,476,736 bytes (64.0 GiB)" in err.message
+    assert err.line == 2 and "SET memory_limit" in err.hint
+    assert s.execute_one("INFER 'Water boils' TOP 1").logits is not None
