@@ -180,6 +180,7 @@ class DraftLadder(Statement):
     prompts: str
     into: str | None = None
     plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
+    overwrite: bool = False  # OVERWRITE: an existing report or chart is replaced
 
 
 class ExpertsClause(Node):
@@ -205,6 +206,7 @@ class DumpLogits(Statement):
     depth: int | None = None
     ablate: Ablation | None = None
     into: str
+    overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
 
 
 class ScoreDraft(Statement):
@@ -230,6 +232,7 @@ class Encode(Statement):
     kind: Literal["encode"] = "encode"
     checkpoint: str
     into: str
+    overwrite: bool = False  # OVERWRITE: an existing container is replaced once the encode is complete
 
 
 class Represent(Statement):

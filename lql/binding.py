@@ -213,6 +213,18 @@ class Catalog:
         """Layers whose FFN routes to experts (reads a bank of which a position uses k of E)."""
         return expert_layers(self.op_plan)
 
+    @property
+    def context_length(self) -> int | None:
+        """The model's context length as the graph records it (None: it states none)."""
+        return self.container.graph.context_length
+
+    def estimate(self, positions: int, depth: int | None, *, start: int = 0, last_only: bool = False):
+        """vindex3's `MemoryEstimate` of a prefill of ``positions`` after ``start`` held ones on
+        the slice of ``depth`` (from the plan; nothing is read or allocated)."""
+        from vindex3.limits import estimate_prefill
+
+        return estimate_prefill(self.op_plan, positions, slice_of(depth), start=start, last_only=last_only)
+
     def check_layer(self, layer: int, what: str = "layer") -> None:
         n = self.num_layers
         if not 0 <= layer < n:

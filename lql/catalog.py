@@ -168,7 +168,8 @@ _ALIASES = {"USE": "OPEN", "DRAFT": "DRAFT DEPTH", "DRAFT OFF": "DRAFT DEPTH", "
             "SELECT FROM FEATURES": "SELECT", "DECOMPOSE": "TRACE", "TRACE FOR": "TRACE",
             "SAVE PATCH": "BEGIN PATCH", "APPLY PATCH": "BEGIN PATCH", "REMOVE PATCH": "BEGIN PATCH",
             "PATCH": "BEGIN PATCH", "COMPACT MAJOR": "COMPACT MINOR", "SELECT FROM EDGES": "SELECT",
-            "SELECT FROM ENTITIES": "SELECT", "EXPLAIN WALK": "WALK", "MODELS": "SHOW MODELS"}
+            "SELECT FROM ENTITIES": "SELECT", "EXPLAIN WALK": "WALK", "MODELS": "SHOW MODELS",
+            "SETTINGS": "SET", "OVERWRITE": "SET", "LIMITS": "SET"}
 
 
 def find_statement(topic: str) -> StatementDoc | None:
@@ -197,7 +198,21 @@ def help_text(topic: str | None) -> str | None:
     d = find_statement(topic)
     if d is None:
         return None
-    return f"{d.syntax}\n  {d.summary}\n  example: {d.example}"
+    text = f"{d.syntax}\n  {d.summary}\n  example: {d.example}"
+    if d.name == "SET":
+        text += "\n" + settings_text()
+    return text
+
+
+def settings_text() -> str:
+    """Every setting with its default, as HELP SET lists them (SHOW SETTINGS shows the values)."""
+    width = max(len(s.name) for s in SETTINGS)
+    lines = ["  settings (default):"]
+    for s in SETTINGS:
+        default = s.show(s.default) if s.show is not None else (
+            ("on" if s.default else "off") if isinstance(s.default, bool) else s.default)
+        lines.append(f"    {s.name.ljust(width)}  ({default}) {s.description}")
+    return "\n".join(lines)
 
 
 # ---- settings -------------------------------------------------------------------------
@@ -209,6 +224,7 @@ class SettingDoc:
     default: Any
     description: str
     parse: Callable[[Any], Any]  # raises ValueError with a message naming what is accepted
+    show: Callable[[Any], Any] | None = None  # the value as SHOW SETTINGS writes it (default: on/off, as is)
 
 
 def _choice(*options: str) -> Callable[[Any], str]:
@@ -247,6 +263,58 @@ def _count0(v: Any) -> int:
     raise ValueError("takes a whole number (0 for none)")
 
 
+_UNITS = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(v: Any) -> int:
+    """A byte count: a whole number of bytes, or a string with a unit ('8 GiB', '512MiB',
+    '2GB'; binary KiB..TiB, decimal KB..TB)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        n = v
+    elif isinstance(v, str):
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]{1,15}(?:\.[0-9]{1,6})?)\s*([A-Za-z]{1,3})?\s*", v)
+        unit = (m.group(2) or "b").lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise ValueError("takes a byte count: a whole number of bytes, or e.g. '8 GiB', '512 MiB', '2 GB'")
+        from decimal import Decimal
+
+        n = int(Decimal(m.group(1)) * _UNITS[unit])
+    else:
+        raise ValueError("takes a byte count: a whole number of bytes, or e.g. '8 GiB', '512 MiB', '2 GB'")  # noqa: TRY004 - the parse contract
+    if n < 1:
+        raise ValueError("takes a byte count of at least 1")
+    return n
+
+
+def show_bytes(n: int) -> str:
+    """A byte count as SHOW SETTINGS writes it: '4 GiB' when it is a whole number of a binary
+    unit, else the bytes with their size ('2,000,000,000 bytes (1.9 GiB)')."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n % size == 0 and n // size < 10240:
+            return f"{n // size} {unit}"
+    from .render import fmt_bytes
+
+    return fmt_bytes(n)
+
+
+MODEL = "model"  # max_positions = model: the model's own context length
+
+
+def _positions(v: Any) -> int | None:
+    if isinstance(v, str) and v.lower() == MODEL:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+        return v
+    raise ValueError("takes a whole number of at least 1, or model (the model's context length)")
+
+
+def _show_positions(v: int | None) -> Any:
+    return MODEL if v is None else v
+
+
 SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("format", "text", "output format: text, json, csv, tsv, markdown or jsonl",
                _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
@@ -264,6 +332,16 @@ SETTINGS: tuple[SettingDoc, ...] = (
                _number),
     SettingDoc("stale", "rebuild", "feature metadata built from another state of the container: rebuild it, or refuse",
                _choice("rebuild", "refuse")),
+    # ---- what a statement may do (issue 10): named limits, each refused by name before any work
+    SettingDoc("overwrite", False, "writing INTO an existing file replaces it (as OVERWRITE does); off: refused",
+               _switch),
+    SettingDoc("max_positions", None, "positions a run may use (prompt + generated); model: the context length",
+               _positions, _show_positions),
+    SettingDoc("max_generate", 4096, "most tokens GENERATE may ask for", _count),
+    SettingDoc("max_lookahead", 64, "most tokens LOOKAHEAD may ask the draft to propose per round", _count),
+    SettingDoc("max_prompts", 1000, "most prompts a DRAFT LADDER bank may hold", _count),
+    SettingDoc("memory_limit", 4 << 30, "refuse a run whose arrays would need more memory (bytes, or e.g. '8 GiB')",
+               parse_bytes, show_bytes),
 )
 
 

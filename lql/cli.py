@@ -17,9 +17,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import traceback
 from typing import TextIO
 
 from . import console as C
+from . import render
+from .errors import LqlError
 from .render import FORMATS
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERNAL, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -83,22 +86,28 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None, stdout: 
             return _start_repl(args.container, args.debug, err)
         args.script = "-"
 
+    try:
+        return _main(args, stdin, out, err)
+    except KeyboardInterrupt:
+        print("lql: interrupted", file=err)
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - the command's last boundary: a bug, never a traceback
+        if args.debug:
+            traceback.print_exception(e, file=err)
+        C.write_text(err, render.internal_error_text(e, where="lql", debug=args.debug) + "\n")
+        return EXIT_INTERNAL
+
+
+def _main(args: argparse.Namespace, stdin: TextIO, out: TextIO, err: TextIO) -> int:
     sources: list[tuple[str, str]] = []  # (label, text)
     for i, text in enumerate(args.execute):
         sources.append(("<-e>" if len(args.execute) == 1 else f"<-e #{i + 1}>", text))
     if args.script is not None:
-        if args.script == "-":
-            sources.append(("<stdin>", stdin.read()))
-        else:
-            try:
-                with open(args.script, encoding="utf-8") as f:
-                    sources.append((args.script, f.read()))
-            except FileNotFoundError:
-                print(f"lql: script {args.script} does not exist", file=err)
-                return EXIT_FAILED
-            except (OSError, UnicodeDecodeError) as e:
-                print(f"lql: script {args.script} cannot be read: {e}", file=err)
-                return EXIT_FAILED
+        try:
+            sources.append(_read_script(args.script, stdin))
+        except ScriptUnreadable as e:
+            C.write_text(err, f"lql: {e}\n")
+            return EXIT_FAILED
 
     from .session import Session
 
@@ -108,11 +117,31 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None, stdout: 
     con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug)
     try:
         return _run(con, sources, args.container, err)
-    except KeyboardInterrupt:
-        print("lql: interrupted", file=err)
-        return EXIT_INTERRUPTED
     finally:
         con.close()
+
+
+class ScriptUnreadable(Exception):
+    """The script named on the command line (or standard input) cannot be read as text."""
+
+
+def _read_script(name: str, stdin: TextIO) -> tuple[str, str]:
+    """(label, text) of the script: standard input for '-', else a regular file through
+    vindex3.paths (a directory, FIFO or device is refused by name, never read or waited on)."""
+    if name == "-":
+        buf = getattr(stdin, "buffer", None)
+        try:
+            if buf is not None:  # bytes, decoded here, so that a bad byte is named, not a traceback
+                return "<stdin>", buf.read().decode("utf-8")
+            return "<stdin>", stdin.read()
+        except UnicodeDecodeError as e:
+            raise ScriptUnreadable(f"standard input is not UTF-8 text (byte {e.start}: {e.reason})") from None
+    from .files import read_script
+
+    try:
+        return name, read_script(name)
+    except LqlError as e:
+        raise ScriptUnreadable(e.message) from None
 
 
 def _run(con: C.Console, sources: list[tuple[str, str]], container: str | None, err: TextIO) -> int:

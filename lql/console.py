@@ -24,7 +24,7 @@ from prompt_toolkit.shortcuts import print_formatted_text
 
 from . import ast, loop, render
 from . import results as R
-from .errors import FileRefusal, LqlError, LqlSyntaxError
+from .errors import FileRefusal, InternalError, LqlError, LqlSyntaxError
 from .repl_lexer import STYLE
 
 # What running a piece of text came to.
@@ -58,6 +58,26 @@ def terminal_size(f: Any) -> tuple[int, int]:
     return max(20, env("COLUMNS", 80)), max(5, env("LINES", 24))
 
 
+def write_text(f: TextIO, text: str) -> None:
+    """Write ``text`` however the stream is encoded: a lone surrogate becomes ``\\udXXX`` and a
+    character the stream's encoding lacks a backslash escape, never a UnicodeEncodeError."""
+    text = render.escape_surrogates(text)
+    try:
+        f.write(text)
+    except UnicodeEncodeError:
+        enc = getattr(f, "encoding", None) or "utf-8"
+        f.write(text.encode(enc, "backslashreplace").decode(enc, "replace"))
+
+
+def _expand(path: str) -> str:
+    """A shell command's path with a leading ~ expanded (as a shell would); refused text (a NUL,
+    a lone surrogate) is left for the path check to name."""
+    try:
+        return os.path.expanduser(path)
+    except (ValueError, UnicodeError):
+        return path
+
+
 class MetaError(Exception):
     """A shell command refused its argument; the message says what it takes."""
 
@@ -85,6 +105,8 @@ class Console:
         self._redirect_path: str | None = None
         self._once: str | None = None
         self._include_depth = 0
+        if getattr(session, "on_notice", None) is None:
+            session.on_notice = self.print_notice
 
     # ---- streams --------------------------------------------------------------------------
 
@@ -99,10 +121,11 @@ class Console:
     def print_styled(self, fragments: list[tuple[str, str]], *, file: TextIO | None = None, end: str = "\n") -> None:
         """Styled text on a stream: coloured on a terminal when colour is on, plain elsewhere."""
         f = file or self.stdout
+        fragments = [(style, render.escape_surrogates(t)) for style, t in fragments]
         if self.color and isatty(f):
             print_formatted_text(FormattedText(fragments), style=STYLE, file=f, end=end, flush=True)
         else:
-            f.write("".join(t for _, t in fragments) + end)
+            write_text(f, "".join(t for _, t in fragments) + end)
             f.flush()
 
     def print_text(self, text: str) -> None:
@@ -110,6 +133,10 @@ class Console:
 
     def print_info(self, text: str) -> None:
         self.print_styled([("class:info", text)], file=self.stderr)
+
+    def print_notice(self, text: str) -> None:
+        """What a statement says while it runs (OPEN DEFAULT rebuilding a damaged cache)."""
+        self.print_styled([("class:warning", f"notice: {text}")], file=self.stderr)
 
     def print_error(self, text: str, hint: str | None = None) -> None:
         frags = [("class:error", text)]
@@ -145,9 +172,14 @@ class Console:
         fmt = self.format
         if once is not None:
             self._once = None
+            text = render.escape_surrogates(self._formatted(result, fmt, None)) + "\n"
+            self._target("\\once", once)  # checked again: the statement may have created it
             try:
-                with open(once, "w", encoding="utf-8") as f:
-                    f.write(self._formatted(result, fmt, None) + "\n")
+                with open(once, "x" if not self._overwrite else "w", encoding="utf-8") as f:
+                    f.write(text)
+            except FileExistsError:
+                raise FileRefusal(f"\\once: {once!r} appeared while the statement ran; refusing to overwrite it",
+                                  hint="choose another name, or SET overwrite = on") from None
             except OSError as e:
                 raise FileRefusal(f"\\once: cannot write {once}: {e.strerror or e}") from None
             self.print_info(f"result written to {once}")
@@ -173,9 +205,10 @@ class Console:
         else:
             body = ("\n" if blocky and self._printed else "") + text
         self._printed = True
+        body = render.escape_surrogates(body)
         if screen and self._should_page(body, out) and self._page(body, out):
             return
-        out.write(body + "\n")
+        write_text(out, body + "\n")
         out.flush()
 
     def _should_page(self, text: str, out: TextIO) -> bool:
@@ -229,17 +262,22 @@ class Console:
     def _emit_json(self, obj: dict) -> None:
         indent = 2 if self.interactive and self.format == "json" else None
         out, _ = self._results_stream()
-        out.write(render.dumps_json(obj, indent=indent) + "\n")
+        write_text(out, render.dumps_json(obj, indent=indent) + "\n")
         out.flush()
 
     def internal_error(self, e: BaseException, *, where: str = "", stmt: ast.Statement | None = None,
                        what: str | None = None) -> None:
-        """A bug: one line (the traceback only with --debug); the front end survives it."""
+        """A bug: one line naming the statement (the traceback only with --debug); the front end
+        survives it. ``e`` may be the `InternalError` the statement loop raised, or the
+        exception itself."""
+        original = e.original if isinstance(e, InternalError) and e.original is not None else e
         if self.debug:
-            traceback.print_exception(e, file=self.stderr)
-        self.print_error(render.internal_error_text(
-            e, where=where, line=stmt.line if stmt else None, column=stmt.column if stmt else None,
-            statement=stmt.source if stmt else what, debug=self.debug))
+            traceback.print_exception(original, file=self.stderr)
+        line = stmt.line if stmt else (e.line if isinstance(e, InternalError) else None)
+        column = stmt.column if stmt else (e.column if isinstance(e, InternalError) else None)
+        statement = stmt.source if stmt else (what or (e.statement if isinstance(e, InternalError) else None))
+        self.print_error(render.internal_error_text(original, where=where, line=line, column=column,
+                                                    statement=statement, debug=self.debug))
         if self.format in ("json", "jsonl"):
             ref = (R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
                    if stmt else None)
@@ -247,27 +285,40 @@ class Console:
 
     # ---- redirect -------------------------------------------------------------------------
 
+    @property
+    def _overwrite(self) -> bool:
+        return bool(self.session.settings.get("overwrite", False))
+
+    def _target(self, command: str, path: str) -> Path:
+        """A file a shell command writes, checked through vindex3.paths: a file name under an
+        existing directory, outside the open container, and an existing file only with
+        ``SET overwrite = on`` (never a FIFO, device or directory)."""
+        from .files import container_paths, shell_output
+
+        try:
+            return shell_output(path, f"{command} target", overwrite=self._overwrite,
+                                inside=container_paths(getattr(self.session, "container", None)))
+        except FileRefusal as e:
+            raise MetaError(e.message, hint=e.hint) from None
+
     def redirect(self, path: str | None) -> None:
-        """``\\o FILE``: results go to FILE (truncated) until ``\\o`` alone."""
+        """``\\o FILE``: results go to FILE until ``\\o`` alone. An existing FILE is replaced
+        only with ``SET overwrite = on``."""
         if self._redirect is not None:
             self._redirect.close()
             self._redirect = self._redirect_path = None
         if path:
-            p = Path(path).expanduser()
-            if not p.parent.exists():
-                raise MetaError(f"\\o: cannot write {p}: its directory {p.parent} does not exist")
+            p = self._target("\\o", _expand(path))
             try:
-                self._redirect = open(p, "w", encoding="utf-8")  # noqa: SIM115 - open until \\o alone
+                self._redirect = open(p, "w" if self._overwrite else "x", encoding="utf-8")  # noqa: SIM115 - open until \\o alone
             except OSError as e:
                 raise MetaError(f"\\o: cannot write {p}: {e.strerror or e}") from None
             self._redirect_path = str(p)
 
     def redirect_once(self, path: str) -> None:
-        """``\\once FILE``: the next statement's result goes to FILE."""
-        p = Path(path).expanduser()
-        if not p.parent.exists():
-            raise MetaError(f"\\once: cannot write {p}: its directory {p.parent} does not exist")
-        self._once = str(p)
+        """``\\once FILE``: the next statement's result goes to FILE (checked now, and again
+        when it is written)."""
+        self._once = str(self._target("\\once", _expand(path)))
 
     @property
     def redirected_to(self) -> str | None:
@@ -336,6 +387,10 @@ class Console:
             self._once = None
             self.print_error(f"interrupted: {stmt.keyword} stopped; the session is as it was before it")
             return INTERRUPTED
+        except InternalError as e:
+            self._once = None
+            self.internal_error(e, where=where, stmt=stmt)
+            return INTERNAL
         except LqlError as e:
             self._once = None
             if e.line is None:
@@ -347,14 +402,20 @@ class Console:
             self._once = None
             self.internal_error(e, where=where, stmt=stmt)
             return INTERNAL
-        return self._print_outcome(stmt, result, time.perf_counter() - t0)
+        return self._print_outcome(stmt, result, time.perf_counter() - t0, where)
 
-    def _print_outcome(self, stmt: ast.Statement, result: R.Result, seconds: float) -> str:
+    def _print_outcome(self, stmt: ast.Statement, result: R.Result, seconds: float, where: str = "") -> str:
         try:
             self.emit_result(self.decorate(result), seconds)
+        except KeyboardInterrupt:
+            self.print_error(f"interrupted: {stmt.keyword} ran; printing its result stopped")
+            return INTERRUPTED
         except LqlError as e:  # \once could not write
             self.print_lql_error(e)
             return FAILED
+        except Exception as e:  # noqa: BLE001 - a bug in rendering: the boundary names the statement
+            self.internal_error(e, where=where, stmt=stmt)
+            return INTERNAL
         if getattr(result, "interrupted", False):
             self.print_error(f"interrupted: {stmt.keyword} stopped; what it finished is shown")
             return INTERRUPTED
@@ -362,7 +423,11 @@ class Console:
 
     def _run_chunk(self, full: str, ch: loop.Chunk, where: str, show_statement: bool) -> list[str]:
         try:
-            stmts = loop.parse_chunk(full, ch)
+            stmts = loop.parse_or_internal(full, ch)
+        except InternalError as e:
+            self._once = None
+            self.internal_error(e, where=where, what=ch.text)
+            return [INTERNAL]
         except LqlSyntaxError as e:
             self._once = None
             ref = R.StatementRef(kind=None, line=ch.line, column=ch.column, text=ch.text)
@@ -422,15 +487,14 @@ class Console:
 
     def run_file(self, path: str) -> str:
         """``\\i``: run a script file in this session; a failure names file and line."""
-        p = Path(path).expanduser()
+        from .files import read_script
+
         if self._include_depth >= 8:
             raise MetaError(f"\\i {path}: scripts include each other more than 8 deep; stopped")
         try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise MetaError(f"\\i: script {p} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise MetaError(f"\\i: script {p} cannot be read: {e}") from None
+            text = read_script(_expand(path), "\\i: script")
+        except FileRefusal as e:
+            raise MetaError(e.message, hint=e.hint) from None
         self._include_depth += 1
         try:
             st = self.run_script(text, where=str(path))

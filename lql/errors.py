@@ -64,14 +64,30 @@ class LqlSyntaxError(LqlError):
         self.expected = list(expected or [])
 
     def context(self) -> str:
-        """The offending line with a caret under the column."""
-        pad = "".join("\t" if ch == "\t" else " " for ch in self.source_line[: self.column - 1])
-        return f"  {self.source_line}\n  {pad}^"
+        """The offending line with a caret under the column (a long line is cut around it)."""
+        shown, col = caret_window(self.source_line, self.column)
+        pad = "".join("\t" if ch == "\t" else " " for ch in shown[: col - 1])
+        return f"  {shown}\n  {pad}^"
 
     def __str__(self) -> str:
         from .render import error_text  # the one formatter
 
         return error_text(self)
+
+
+def caret_window(line: str, column: int, width: int = 120) -> tuple[str, int]:
+    """A source line as shown under an error, and the caret's column in it: a line longer than
+    ``width`` characters is cut to the part around ``column``, with '…' where text was left out."""
+    if len(line) <= width:
+        return line, column
+    start = max(0, min(column - 1 - width // 2, len(line) - width))
+    shown = line[start : start + width]
+    col = column - start
+    if start > 0:
+        shown, col = "…" + shown, col + 1
+    if start + width < len(line):
+        shown += "…"
+    return shown, col
 
 
 class StatementError(LqlError):
@@ -106,3 +122,48 @@ class EngineRefusal(LqlError):
 
 class FileRefusal(LqlError):
     """A file the statement reads or writes cannot be used (missing, unreadable, exists)."""
+
+
+class LimitError(LqlError):
+    """A statement asks for more than a named limit allows (``max_generate``, ``max_lookahead``,
+    ``max_prompts``, ``max_positions``, ``memory_limit``); the message names the limit, what was
+    asked and, where it matters, the bytes needed; the hint says which setting raises it."""
+
+
+INTERNAL_HINT = "this is a bug in lql or vindex3; run with --debug for the traceback"
+
+
+class InternalError(LqlError):
+    """A bug: an exception that is not a refusal, met while parsing, planning, running or
+    printing a statement. The one error boundary (`lql.loop`, the ``lql`` command, the REPL,
+    the server) turns it into this, naming the statement; the command exits 3 and shows the
+    traceback of ``original`` only with ``--debug``. Never raised for bad input: every bad input
+    has a refusal of its own, and an ``InternalError`` is a defect to fix."""
+
+    def __init__(self, message: str, *, original: BaseException | None = None, hint: str | None = INTERNAL_HINT,
+                 line: int | None = None, column: int | None = None, statement: str | None = None):
+        super().__init__(message, hint=hint, line=line, column=column, statement=statement)
+        self.original = original
+
+    @classmethod
+    def wrap(cls, err: BaseException, *, line: int | None = None, column: int | None = None,
+             statement: str | None = None) -> InternalError:
+        """``err`` as an internal error (its ``__cause__`` is ``err``)."""
+        if isinstance(err, InternalError):
+            return err.locate(line, column, statement) if line is not None else err
+        e = cls("internal error: " + describe_exception(err), original=err, line=line, column=column,
+                statement=statement)
+        e.__cause__ = err
+        return e
+
+
+def describe_exception(err: BaseException, limit: int = 500) -> str:
+    """``Type: message`` of an exception, cut to ``limit`` characters, never raising (an
+    exception whose ``__str__`` fails is named by its type)."""
+    try:
+        text = str(err)
+    except Exception:  # noqa: BLE001 - describing a bug must not raise another
+        text = "(its message cannot be shown)"
+    if len(text) > limit:
+        text = text[: limit - 20] + "…" + text[-12:]
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from . import ast, parser
 from . import results as R
-from .errors import LqlError, LqlSyntaxError
+from .errors import InternalError, LqlError, LqlSyntaxError, StatementError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Session
@@ -69,88 +69,87 @@ class MetaLine:
     line: int
 
 
-def _line_col(text: str, pos: int) -> tuple[int, int]:
-    line = text.count("\n", 0, pos) + 1
-    return line, pos - (text.rfind("\n", 0, pos) + 1) + 1
-
-
 def chunks(text: str, *, offset: int = 0) -> Iterator[Chunk]:
     """The statements of ``text`` as text, in order (empty statements skipped)."""
-    start = None
+    first = None  # the first significant token of the pending statement
     for tok in parser.lex(text):
         if tok.type in ("WS", "COMMENT"):
             continue
-        if start is None:
-            start = tok.start_pos
+        if first is None:
+            first = tok
         if tok.type == "_SEMI":
-            if tok.start_pos > start:  # not a lone ';'
-                yield _chunk(text, start, tok.start_pos + 1, offset)
-            start = None
-    if start is not None:
+            if tok.start_pos > first.start_pos:  # not a lone ';'
+                yield Chunk(text[first.start_pos : tok.start_pos + 1], first.start_pos + offset, first.line, first.column)
+            first = None
+    if first is not None:
         end = len(text.rstrip())
-        yield _chunk(text, start, end, offset)
-
-
-def _chunk(text: str, start: int, end: int, offset: int) -> Chunk:
-    line, col = _line_col(text, start)
-    return Chunk(text[start:end], start + offset, line, col)
+        yield Chunk(text[first.start_pos : end], first.start_pos + offset, first.line, first.column)
 
 
 def parse_chunk(full: str, ch: Chunk) -> list[ast.Statement]:
     """Parse one statement's text with its position in ``full`` kept (line, column, offsets);
     a syntax error shows the offending line of ``full``."""
-    pad = "\n" * (ch.line - 1) + " " * (ch.column - 1)
     try:
-        stmts = parser.parse(pad + ch.text)
+        return parser.parse(ch.text, at=(ch.line, ch.column, ch.start))
     except LqlSyntaxError as e:
-        lines = full.split("\n")
-        if e.line is not None and 0 < e.line <= len(lines):
-            e.source_line = lines[e.line - 1].rstrip("\r")
+        if e.line is not None and e.line >= ch.line:
+            e.source_line = _line_of(full, ch.start, e.line - ch.line)
         e.statement = ch.text
         raise
-    shift = ch.start - len(pad)
-    return [s.model_copy(update={"start_pos": s.start_pos + shift, "end_pos": s.end_pos + shift}) for s in stmts]
+
+
+def _line_of(full: str, start: int, k: int) -> str:
+    """The line of ``full`` that is ``k`` lines after the one holding offset ``start``."""
+    begin = full.rfind("\n", 0, start) + 1
+    for _ in range(k):
+        nxt = full.find("\n", begin)
+        if nxt < 0:
+            return ""
+        begin = nxt + 1
+    end = full.find("\n", begin)
+    return full[begin : end if end >= 0 else len(full)].rstrip("\r")
 
 
 def script_items(text: str) -> Iterator[Chunk | MetaLine]:
     """Statements and shell-command lines of a script, in order. A line whose first non-blank
-    character is a backslash is a shell command when no statement is pending."""
-    pending: list[str] = []
-    pending_start = 0
+    character is a backslash is a shell command when no statement is pending.
+
+    Each line is lexed once (no token but whitespace crosses a line end: strings and comments
+    stop at it), so a script of many lines costs what its text costs."""
+    pending_start: int | None = None  # offset where the pending statement text begins
+    pending_line = 1  # and its line (it begins at a line's start)
+    last = None  # the last significant token type of the pending text
     pos = 0
     for lineno, line in enumerate(text.split("\n"), start=1):
-        body = "\n".join(pending)
-        if line.lstrip().startswith("\\") and _blank(body):
-            pending = []
+        if line.lstrip().startswith("\\") and last is None:
+            pending_start = None
             yield MetaLine(line.strip(), lineno)
         else:
-            if _blank(body):
-                pending, pending_start = [], pos
-            pending.append(line)
-            body = "\n".join(pending)
-            if parser.is_complete(body):
-                yield from _chunks_at(text, pending_start, body)
-                pending = []
+            if pending_start is None:
+                pending_start, pending_line = pos, lineno
+            for tok in parser.lex(line):
+                if tok.type not in ("WS", "COMMENT"):
+                    last = tok.type
+            if last == "_SEMI":
+                yield from _chunks_at(text[pending_start : pos + len(line)], pending_start, pending_line)
+                pending_start, last = None, None
         pos += len(line) + 1
-    body = "\n".join(pending)
-    if not _blank(body):
-        yield from _chunks_at(text, pending_start, body)
+    if pending_start is not None and last is not None:
+        yield from _chunks_at(text[pending_start:], pending_start, pending_line)
 
 
-def _chunks_at(full: str, start: int, body: str) -> Iterator[Chunk]:
+def _chunks_at(body: str, start: int, line: int) -> Iterator[Chunk]:
+    """The statements of ``body``, which begins at offset ``start``, at the start of ``line``."""
     for ch in chunks(body):
-        line, col = _line_col(full, start + ch.start)
-        yield Chunk(ch.text, start + ch.start, line, col)
-
-
-def _blank(text: str) -> bool:
-    return all(t.type in ("WS", "COMMENT") for t in parser.lex(text))
+        yield Chunk(ch.text, start + ch.start, line + ch.line - 1, ch.column)
 
 
 def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
-    """Plan and execute one parsed statement; every refusal leaves as an `LqlError` positioned
-    at the statement (a vindex3 refusal as `EngineRefusal`). Anything else is a bug and
-    propagates as it is."""
+    """Plan and execute one parsed statement. The error boundary of every front end: a refusal
+    leaves as an `LqlError` positioned at the statement (a vindex3 refusal as `EngineRefusal`, a
+    MemoryError as the `LimitError` naming memory_limit), and any other exception — a bug — as an `InternalError` naming the statement, with the
+    exception as its ``original`` and ``__cause__``. Only an interrupt (a BaseException such as
+    KeyboardInterrupt) passes through as itself."""
     from . import commands
     from .binding import engine_refusal, is_engine_error
     from .planner import plan
@@ -158,22 +157,37 @@ def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
     try:
         node = plan(stmt, session.context())
         result = commands.execute(session, node)
+        result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
     except LqlError as e:
         raise e.locate(stmt.line, stmt.column, stmt.source) from None
+    except MemoryError as e:  # the machine, not a bug: named, and the session stays usable
+        from .limits import out_of_memory
+
+        raise out_of_memory(session.settings, stmt.kind.replace("_", " ").upper()).locate(stmt.line, stmt.column, stmt.source) from e
     except Exception as e:
         if is_engine_error(e):
             raise engine_refusal(e).locate(stmt.line, stmt.column, stmt.source) from e
-        raise
-    result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
+        raise InternalError.wrap(e, line=stmt.line, column=stmt.column, statement=stmt.source) from e
     return result
+
+
+def parse_or_internal(full: str, ch: Chunk) -> list[ast.Statement]:
+    """`parse_chunk`, with anything but a syntax error (a bug in the parser) as an
+    `InternalError` naming the text."""
+    try:
+        return parse_chunk(full, ch)
+    except LqlSyntaxError:
+        raise
+    except Exception as e:  # the boundary: a bug in the parser, named
+        raise InternalError.wrap(e, line=ch.line, column=ch.column, statement=ch.text) from e
 
 
 def run_chunk(session: Session, full: str, ch: Chunk) -> Iterator[Outcome]:
     """Parse and run one statement chunk, yielding its outcome (a syntax error is an outcome
-    with no statement)."""
+    with no statement; so is a bug in the parser, as an `InternalError`)."""
     try:
-        stmts = parse_chunk(full, ch)
-    except LqlSyntaxError as e:
+        stmts = parse_or_internal(full, ch)
+    except LqlError as e:
         yield Outcome(None, error=e, source=ch.text, line=ch.line, column=ch.column)
         return
     for stmt in stmts:
@@ -189,9 +203,22 @@ def run_chunk(session: Session, full: str, ch: Chunk) -> Iterator[Outcome]:
 def run(session: Session, text: str, *, keep_going: bool = False) -> Iterator[Outcome]:
     """Run every statement of ``text`` in order, yielding each outcome as it completes. Stops
     after the first failure (a syntax error included) unless ``keep_going``, and after an
-    interrupted statement always."""
-    for ch in chunks(text):
+    interrupted statement or an internal error always."""
+    if not isinstance(text, str):
+        raise StatementError(f"LQL text must be a str, got {type(text).__name__}")
+    for ch in _guarded(chunks(text), text):
+        if isinstance(ch, Outcome):  # a bug while cutting the text into statements
+            yield ch
+            return
         for out in run_chunk(session, text, ch):
             yield out
-            if out.interrupted or (out.error is not None and not keep_going):
+            if out.interrupted or isinstance(out.error, InternalError) or (out.error is not None and not keep_going):
                 return
+
+
+def _guarded(items: Iterator[Chunk], text: str) -> Iterator[Chunk | Outcome]:
+    """``items``, ending with an `InternalError` outcome if producing them fails (a bug)."""
+    try:
+        yield from items
+    except Exception as e:  # noqa: BLE001 - the boundary: a bug becomes an outcome naming the text
+        yield Outcome(None, error=InternalError.wrap(e, line=1, column=1, statement=text[:200]), source=text[:200])

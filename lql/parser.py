@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.resources
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,28 +91,49 @@ def interactive(text: str = ""):
     return ip
 
 
+def _tolerant_lexer():
+    """The grammar's basic lexer that keeps comments and whitespace, built once (Lark builds a
+    new one, compiling every terminal, on each ``Lark.lex(..., dont_ignore=True)`` call)."""
+    global _TOLERANT
+    if _TOLERANT is None:
+        _TOLERANT = LARK._build_lexer(dont_ignore=True)
+    return _TOLERANT
+
+
+_TOLERANT = None
+
+
 def lex(text: str) -> Iterator[Token]:
     """Every token of ``text``, comments and whitespace included, never raising: characters
     no terminal matches come out as ``ERROR`` tokens (an unterminated string runs to the end
-    of its line). For syntax highlighting."""
-    pos = 0
-    while pos < len(text):
+    of its line). For syntax highlighting and for cutting text into statements. Linear in the
+    text however many characters are in error: the lexer resumes where it stopped."""
+    from lark.lexer import LexerState
+
+    lexer = _tolerant_lexer()
+    state = LexerState(_text_slice(text))
+    while True:
         try:
-            for tok in LARK.lex(text[pos:], dont_ignore=True):
-                start = tok.start_pos + pos
-                line, col = _line_col(text, start)
-                yield Token(tok.type, tok.value, start_pos=start, line=line, column=col)
+            yield from lexer.lex(state, None)
             return
         except UnexpectedCharacters as e:
-            start = pos + e.pos_in_stream
+            start = e.pos_in_stream
             if text[start] in "'\"":
                 stop = text.find("\n", start)
                 stop = len(text) if stop < 0 else stop
             else:
                 stop = start + 1
-            line, col = _line_col(text, start)
+            line, col = state.line_ctr.line, state.line_ctr.column
             yield Token("ERROR", text[start:stop], start_pos=start, line=line, column=col)
-            pos = stop
+            state.line_ctr.feed(text[start:stop])
+
+
+def _text_slice(text: str):
+    try:
+        from lark.utils import TextSlice
+    except ImportError:  # lark before 1.2.2 lexes plain strings
+        return text
+    return TextSlice(text, 0, len(text))
 
 
 def _line_col(text: str, pos: int) -> tuple[int, int]:
@@ -121,7 +143,19 @@ def _line_col(text: str, pos: int) -> tuple[int, int]:
 
 # ---- tree → AST -----------------------------------------------------------------------
 
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"', "0": "\0"}
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", "'": "'", '"': '"'}
+
+#: The longest string literal, in characters between the quotes. A prompt or a path longer than
+#: this is refused by the parser before its text is decoded (a megabyte of prompt is already far
+#: past any context length; the limit keeps hostile input from costing memory).
+MAX_STRING_CHARS = 1 << 20
+
+#: The largest whole number LQL reads (a signed 64-bit integer): every count, depth, layer and
+#: token id fits, and nothing downstream can overflow a fixed-width integer.
+MAX_INT = 2**63 - 1
+
+_BAD_CHAR = re.compile("[\x00\ud800-\udfff]")
+_NUL_HINT = "LQL strings cannot hold NUL (U+0000): no path can, and a prompt should not"
 
 
 class _BuildError(Exception):
@@ -132,40 +166,105 @@ class _BuildError(Exception):
         self.message, self.token, self.hint, self.offset = message, token, hint, offset
 
 
+def _bad_char(tok: Token, ch: str, offset: int) -> _BuildError:
+    if ch == "\0":
+        return _BuildError("a string cannot hold a NUL character", tok, offset=offset, hint=_NUL_HINT)
+    return _BuildError(f"a string cannot hold a lone surrogate (U+{ord(ch):04X}): it is not a character", tok,
+                       offset=offset, hint="write the character itself, or \\U0001F600 for one outside the BMP")
+
+
 def _unquote(tok: Token) -> str:
+    """The text of a string literal, escapes decoded. Refused (positioned): a literal longer than
+    MAX_STRING_CHARS, a NUL or a lone surrogate (written as is or as an escape), a \\U escape
+    above U+10FFFF, an unknown escape. A \\uD83D\\uDE00 pair of escapes is one character."""
+    n = len(tok.value) - 2
+    if n > MAX_STRING_CHARS:
+        raise _BuildError(f"a string of {n:,} characters is longer than LQL reads ({MAX_STRING_CHARS:,})", tok,
+                          hint="give a long prompt as token ids, or shorten it; no path is this long")
     body = tok.value[1:-1]
+    bad = _BAD_CHAR.search(body)
+    if bad is not None:
+        raise _bad_char(tok, bad.group(0), bad.start() + 1)
+    if "\\" not in body:
+        return body
     out: list[str] = []
     i = 0
-    while i < len(body):
-        ch = body[i]
-        if ch != "\\":
-            out.append(ch)
-            i += 1
-            continue
-        esc = body[i + 1]
-        if esc in _ESCAPES:
-            out.append(_ESCAPES[esc])
-            i += 2
-        elif esc in "uU":
-            width = 4 if esc == "u" else 8
-            digits = body[i + 2 : i + 2 + width]
-            if len(digits) != width or not all(c in "0123456789abcdefABCDEF" for c in digits):
-                raise _BuildError(
-                    f"\\{esc} needs {width} hex digits", tok, offset=i + 1,
-                    hint=f"write \\{esc}{'0' * (width - 2)}41 for 'A'",
-                )
-            out.append(chr(int(digits, 16)))
-            i += 2 + width
-        else:
-            raise _BuildError(
-                f"unknown escape \\{esc} in a string", tok, offset=i + 1,
-                hint="known escapes are \\n \\t \\r \\0 \\\\ \\' \\\" \\uXXXX; write \\\\ for a backslash",
-            )
+    while True:
+        j = body.find("\\", i)
+        if j < 0:
+            out.append(body[i:])
+            break
+        out.append(body[i:j])
+        ch, i = _escape(tok, body, j)
+        out.append(ch)
     return "".join(out)
 
 
+def _escape(tok: Token, body: str, i: int) -> tuple[str, int]:
+    """The character of the escape at ``body[i]`` (a backslash) and the index after it."""
+    esc = body[i + 1]  # the lexer guarantees a character after every backslash
+    if esc in _ESCAPES:
+        return _ESCAPES[esc], i + 2
+    if esc == "0":
+        raise _BuildError("a string cannot hold a NUL character (\\0)", tok, offset=i + 1, hint=_NUL_HINT)
+    if esc not in "uU":
+        raise _BuildError(
+            f"unknown escape \\{esc} in a string", tok, offset=i + 1,
+            hint="known escapes are \\n \\t \\r \\\\ \\' \\\" \\uXXXX \\UXXXXXXXX; write \\\\ for a backslash",
+        )
+    width = 4 if esc == "u" else 8
+    digits = body[i + 2 : i + 2 + width]
+    if len(digits) != width or not all(c in "0123456789abcdefABCDEF" for c in digits):
+        raise _BuildError(f"\\{esc} needs {width} hex digits", tok, offset=i + 1,
+                          hint=f"write \\{esc}{'0' * (width - 2)}41 for 'A'")
+    code = int(digits, 16)
+    end = i + 2 + width
+    if code > 0x10FFFF:
+        raise _BuildError(f"\\{esc}{digits} is above U+10FFFF, the last Unicode code point", tok, offset=i + 1,
+                          hint="a code point is at most \\U0010FFFF")
+    if code == 0:
+        raise _BuildError(f"a string cannot hold a NUL character (\\{esc}{digits})", tok, offset=i + 1, hint=_NUL_HINT)
+    if 0xD800 <= code <= 0xDBFF and body[end : end + 2] == "\\u":
+        low = body[end + 2 : end + 6]
+        if len(low) == 4 and all(c in "0123456789abcdefABCDEF" for c in low) and 0xDC00 <= int(low, 16) <= 0xDFFF:
+            return chr(0x10000 + ((code - 0xD800) << 10) + (int(low, 16) - 0xDC00)), end + 6
+    if 0xD800 <= code <= 0xDFFF:
+        raise _BuildError(f"\\{esc}{digits} is a lone surrogate, not a character", tok, offset=i + 1,
+                          hint="write a character outside the BMP as \\U0001F600 (or a \\uD83D\\uDE00 pair)")
+    return chr(code), end
+
+
 def _int(tok: Token) -> int:
-    return int(tok.value)
+    """A whole-number literal, refused (positioned) above MAX_INT; its digits are never handed
+    to int() when they are too many (Python refuses over 4,300 digits, in a ValueError)."""
+    digits = tok.value.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_INT)) or int(digits) > MAX_INT:
+        shown = digits if len(digits) <= 24 else f"{digits[:12]}…{digits[-6:]} ({len(digits):,} digits)"
+        raise _BuildError(f"the number {shown} is too large: LQL reads whole numbers up to {MAX_INT:,}", tok,
+                          hint="no count, depth, layer or token id is this large")
+    return int(digits)
+
+
+def _float(tok: Token) -> float:
+    v = float(tok.value)
+    if not math.isfinite(v):
+        raise _BuildError(f"the number {tok.value[:24]} is too large for a 64-bit float", tok)
+    return v
+
+
+class _Overwrite:
+    """What ``overwrite_clause`` becomes in a statement's children."""
+
+    def __repr__(self) -> str:
+        return "OVERWRITE"
+
+
+OVERWRITE = _Overwrite()
+
+
+def _overwrites(children: list) -> bool:
+    """Whether a writing statement's children hold its OVERWRITE clause (wherever the rule put it)."""
+    return any(c is OVERWRITE for c in children)
 
 
 #: A clause as a user writes it, for "given twice" refusals.
@@ -177,15 +276,20 @@ _CLAUSE_WORDS = {"depth": "DRAFT DEPTH", "speculate": "SPECULATE DEPTH", "ablate
 class ToAst(Transformer):
     """The one place a parse tree becomes typed statements."""
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, at: tuple[int, int, int] = (1, 1, 0)):
         super().__init__()
         self.text = text
+        self.at = at  # (line, column, offset) of the text's first character in its script
 
     def _pos(self, meta) -> dict:
-        return dict(
-            line=meta.line, column=meta.column, end_line=meta.end_line, end_column=meta.end_column,
-            start_pos=meta.start_pos, end_pos=meta.end_pos, source=self.text[meta.start_pos : meta.end_pos],
-        )
+        line, column = _shift(self.at, meta.line, meta.column)
+        end_line, end_column = _shift(self.at, meta.end_line, meta.end_column)
+        off = self.at[2]
+        return {
+            "line": line, "column": column, "end_line": end_line, "end_column": end_column,
+            "start_pos": meta.start_pos + off, "end_pos": meta.end_pos + off,
+            "source": self.text[meta.start_pos : meta.end_pos],
+        }
 
     def start(self, meta, children):
         return list(children)
@@ -428,15 +532,21 @@ class ToAst(Transformer):
         return ast.DraftOff(**self._pos(meta))
 
     def draft_ladder(self, meta, c):
-        # DRAFT LADDER DEPTHS int_list ON STRING [INTO STRING]
+        # DRAFT LADDER DEPTHS int_list ON STRING [INTO STRING] [PLOT INTO STRING] [OVERWRITE]
         into = _unquote(c[7]) if c[7] is not None else None
         plot = _unquote(c[10]) if c[10] is not None else None
-        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, plot=plot, **self._pos(meta))
+        return ast.DraftLadder(depths=c[3], prompts=_unquote(c[5]), into=into, plot=plot, overwrite=_overwrites(c),
+                               **self._pos(meta))
 
     def dump_stmt(self, meta, c):
-        # DUMP LOGITS prompt dump_option* INTO STRING
-        fields = self._options(c[3:-2], "DUMP LOGITS", c[0])
-        return ast.DumpLogits(prompt=c[2], into=_unquote(c[-1]), **fields, **self._pos(meta))
+        # DUMP LOGITS prompt dump_option* INTO STRING [OVERWRITE]
+        opts = c[3:-3]
+        fields = self._options(opts, "DUMP LOGITS", c[0])
+        return ast.DumpLogits(prompt=c[2], into=_unquote(c[-2]), overwrite=_overwrites(c), **fields,
+                              **self._pos(meta))
+
+    def overwrite_clause(self, meta, c):
+        return OVERWRITE
 
     def score_stmt(self, meta, c):
         return ast.ScoreDraft(draft=_unquote(c[2]), target=_unquote(c[4]), **self._pos(meta))
@@ -448,7 +558,7 @@ class ToAst(Transformer):
         return ast.Plan(path=_unquote(c[1]), **self._pos(meta))
 
     def encode_stmt(self, meta, c):
-        return ast.Encode(checkpoint=_unquote(c[1]), into=_unquote(c[3]), **self._pos(meta))
+        return ast.Encode(checkpoint=_unquote(c[1]), into=_unquote(c[3]), overwrite=_overwrites(c), **self._pos(meta))
 
     def represent_stmt(self, meta, c):
         # REPRESENT INTO STRING ENCODING STRING
@@ -480,7 +590,7 @@ class ToAst(Transformer):
         return _int(c[0])
 
     def float_value(self, meta, c):
-        return float(c[0].value)
+        return _float(c[0])
 
     def word_value(self, meta, c):
         return c[0].value.lower()
@@ -708,23 +818,43 @@ class ToAst(Transformer):
 # ---- parsing and syntax errors --------------------------------------------------------
 
 
-def parse(text: str) -> list[ast.Statement]:
+def _shift(at: tuple[int, int, int], line: int, column: int) -> tuple[int, int]:
+    """A (line, column) in a piece of text as a (line, column) in the script it starts at ``at``."""
+    return line + at[0] - 1, column + (at[1] - 1 if line == 1 else 0)
+
+
+def parse(text: str, *, at: tuple[int, int, int] = (1, 1, 0)) -> list[ast.Statement]:
     """Every statement of ``text``, in order, each knowing its line, column and source.
-    Raises `LqlSyntaxError` for the first thing that is not LQL."""
+    Raises `LqlSyntaxError` for the first thing that is not LQL, including every literal the
+    language does not read (a number over 2**63-1, a NUL, a lone surrogate, a string over
+    MAX_STRING_CHARS characters), positioned at it. ``at`` is the (line, column, offset) of
+    ``text`` in a longer script, so that positions are the script's.
+
+    Anything else that fails inside the transformer is a bug, raised as itself (not as Lark's
+    VisitError), for the front end's error boundary to report."""
     try:
         tree = LARK.parse(text)
     except UnexpectedInput as e:
-        raise _syntax_error(text, e) from None
+        raise _located(_syntax_error(text, e), at) from None
     try:
-        return ToAst(text).transform(tree)
+        return ToAst(text, at).transform(tree)
     except VisitError as e:
         orig = e.orig_exc
         if isinstance(orig, _BuildError):
             tok = orig.token
             line, col = tok.line, tok.column + orig.offset
-            raise LqlSyntaxError(orig.message, line=line, column=col,
-                                 source_line=_source_line(text, line), hint=orig.hint) from None
-        raise
+            err = LqlSyntaxError(orig.message, line=line, column=col, source_line=_source_line(text, line), hint=orig.hint)
+            raise _located(err, at) from None
+        raise orig from None
+
+
+def _located(err: LqlSyntaxError, at: tuple[int, int, int]) -> LqlSyntaxError:
+    if at != (1, 1, 0):
+        line = err.line
+        err.line, err.column = _shift(at, line, err.column)
+        if line == 1:
+            err.source_line = " " * (at[1] - 1) + err.source_line
+    return err
 
 
 def parse_one(text: str) -> ast.Statement:
@@ -750,8 +880,10 @@ def is_complete(text: str) -> bool:
 
 
 def _source_line(text: str, line: int) -> str:
-    lines = text.splitlines() or [""]
-    return lines[line - 1] if 0 < line <= len(lines) else ""
+    """Line ``line`` (1-based) of ``text``, counting only '\\n' as Lark does (a form feed or
+    U+2028 inside a line must not shift the caret onto another line)."""
+    lines = text.split("\n")
+    return lines[line - 1].rstrip("\r") if 0 < line <= len(lines) else ""
 
 
 # Labelled examples of common mistakes, matched by parser state (Lark's match_examples).
@@ -845,30 +977,40 @@ def _err_pos(text: str, err: UnexpectedInput) -> int:
     return err.pos_in_stream
 
 
+# A run of text up to a blank or ';' (at most 200 characters: it is only ever shown), a word.
+_BARE = re.compile(r"[^\s;]{0,200}")
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
+
+
+def _short(s: str, n: int = 60) -> str:
+    """Text shown in a message, cut to about ``n`` characters."""
+    return s if len(s) <= n else s[: n - 20] + "…" + s[-12:]
+
+
 def _found(text: str, err: UnexpectedInput) -> tuple[str, str]:
     """(description of what was found, the bare run of text starting there)."""
     pos = _err_pos(text, err)
-    bare = re.match(r"[^\s;]*", text[pos:]).group(0) if pos < len(text) else ""
+    bare = _BARE.match(text, pos).group(0) if pos < len(text) else ""
     if isinstance(err, UnexpectedToken) and err.token.type == "$END" or pos >= len(text):
         return "end of input", bare
     if isinstance(err, UnexpectedCharacters):
         ch = text[pos]
         if ch in "'\"":
             return "a string that is not closed on its line", bare
-        word = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[pos:])
+        word = _WORD.match(text, pos)
         if word:
-            return repr(word.group(0)), bare
+            return repr(_short(word.group(0))), bare
         return repr(ch), bare
     tok = err.token
     if tok.type in KEYWORDS and bare[len(tok.value) : len(tok.value) + 1] in tuple("./\\-"):
-        return repr(bare), bare  # a path that begins with a keyword (model.vindex3), not the keyword
+        return repr(_short(bare)), bare  # a path that begins with a keyword (model.vindex3), not the keyword
     if tok.type in KEYWORDS:
         return f"keyword {tok.value.upper()}", bare
     if tok.type == "STRING":
-        return f"the string {tok.value}", bare
+        return f"the string {_short(tok.value)}", bare
     if tok.type == "NAME" and bare:
-        return repr(bare), bare
-    return repr(str(tok.value)), bare
+        return repr(_short(bare)), bare
+    return repr(_short(str(tok.value))), bare
 
 
 def _expected_names(text: str, err: UnexpectedInput) -> set[str]:
@@ -934,7 +1076,7 @@ def _hint(text: str, err: UnexpectedInput, names: set[str], found: str, bare: st
         and prev.type == "INT"
         and "FLOAT" not in names
     ):
-        return f"only a whole number fits here, not {prev.value}{bare}"
+        return f"only a whole number fits here, not {_short(prev.value + bare)}"
     word = re.match(r"[A-Za-z_][A-Za-z0-9_]*$", bare.rstrip("(),="))
     expected_kws = [KEYWORDS[n] for n in names if n in KEYWORDS]
     if word and expected_kws:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ast, catalog
+from . import ast, catalog, files, limits
 from .binding import Catalog, SliceBinding
 from .errors import NoContainer, SettingError, StatementError
 
@@ -212,6 +212,7 @@ class Ladder(Node):
     prompts: str
     into: str | None
     plot: str | None
+    overwrite: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,6 +221,7 @@ class Dump(Node):
     prompt: BoundPrompt
     into: str
     intervention: Any = None
+    overwrite: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -242,6 +244,7 @@ class Admit(Node):
 class Encode(Node):
     checkpoint: str
     into: str
+    replaces: bool = False  # OVERWRITE: an existing container at ``into`` is replaced when the encode succeeds
 
 
 @dataclass(frozen=True, eq=False)
@@ -607,6 +610,8 @@ def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat:
 @plans(ast.Open)
 def _open(s: ast.Open, ctx: Context) -> Node:
     _positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
+    if not s.default:
+        files.container_dir(s.path)
     return Open(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings["shards"])
 
 
@@ -712,26 +717,63 @@ def _show_settings(s: ast.ShowSettings, ctx: Context) -> Node:
 @plans(ast.Infer, needs_container=True)
 def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
     cat = ctx.catalog
+    limits.check_count(s.generate, "max_generate", ctx.settings, "GENERATE", "tokens")
     # CHAT on the statement is explicit; the setting applies to text prompts only
     chat = s.chat if s.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(s.prompt, ast.TextPrompt))
     if s.speculate is not None:
+        lookahead = s.lookahead if s.lookahead is not None else ctx.settings["lookahead"]
+        limits.check_count(lookahead, "max_lookahead", ctx.settings, "LOOKAHEAD", "draft tokens per round")
         draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
-        return Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
-                         lookahead=s.lookahead if s.lookahead is not None else ctx.settings["lookahead"], compare=bool(ctx.settings.get("compare", True)))
+        node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
+                         lookahead=lookahead, compare=bool(ctx.settings.get("compare", True)))
+        _check_speculate(node, ctx)
+        return node
     sl = cat.bind_slice(_depth(ctx, s.depth))  # a bad depth is refused before tokenising anything
     ablation = cat.ablation(s.ablate, sl)
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
     top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))
     stop = () if s.exactly or s.generate is None else cat.eos_ids()
-    return Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop,
+    node = Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop,
                intervention=ablation)
+    _check_run(node, ctx)
+    return node
+
+
+def _run_words(keyword: str, p: int, g: int = 0) -> str:
+    return f"{keyword} ({p:,} prompt token{'s' if p != 1 else ''}" + (f" + {g:,} generated)" if g else ")")
+
+
+def _check_run(node: Run, ctx: Context) -> None:
+    """INFER's limits: prompt + generated positions, and the arrays of its largest pass."""
+    cat, p, g, depth = ctx.catalog, len(node.prompt.ids), node.generate or 0, node.slice.depth
+    limits.check_positions(p + g, cat.context_length, ctx.settings, _run_words("INFER", p, g))
+    steps = cat.estimate(1, depth, start=p + g - 2) if g > 1 else None
+    limits.Need().add("the largest pass", limits.largest(cat.estimate(p, depth), steps)).check(ctx.settings, "INFER")
+
+
+def _check_speculate(node: Speculate, ctx: Context) -> None:
+    """SPECULATE's limits: prompt + generated positions (a round never proposes past them: both
+    streams hold at most prompt + n - 1 positions), and the arrays of the three streams it runs
+    (the full model, the draft and, with compare on, plain greedy decoding)."""
+    cat, p, g = ctx.catalog, len(node.prompt.ids), node.generate
+    limits.check_positions(p + g, cat.context_length, ctx.settings, _run_words("INFER ... SPECULATE", p, g))
+    k = min(node.lookahead, g - 1)
+    end = p + g - 2  # positions held before the last one-token pass
+    need = limits.Need()
+    need.add("full model", limits.largest(cat.estimate(p, None), cat.estimate(k + 1, None, start=p + g - k - 2)))
+    need.add(f"draft depth {node.draft.depth}", limits.largest(cat.estimate(p, node.draft.depth),
+                                                              cat.estimate(1, node.draft.depth, start=max(end, 0))))
+    if node.compare:
+        need.add("plain greedy", limits.largest(cat.estimate(p, None), cat.estimate(1, None, start=max(end, 0))))
+    need.check(ctx.settings, "INFER ... SPECULATE")
 
 
 @plans(ast.Trace, needs_container=True)
 def _trace(s: ast.Trace, ctx: Context) -> Node:
-    sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
+    cat = ctx.catalog
+    sl = cat.bind_slice(_depth(ctx, s.depth))
     experts = None
     if s.experts is not None:
         layer = s.experts.layer
@@ -743,8 +785,11 @@ def _trace(s: ast.Trace, ctx: Context) -> Node:
             raise _err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {_runs(ran)}, not {which}",
                        hint="a deeper DRAFT DEPTH, or DRAFT OFF, runs it")
         experts = tuple(shown)
-    return Trace(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), experts=experts,
-                 intervention=ctx.catalog.ablation(s.ablate, sl))
+    prompt = bind_prompt(ctx, s.prompt)
+    p = len(prompt.ids)
+    limits.check_positions(p, cat.context_length, ctx.settings, _run_words("TRACE", p))
+    limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1)).check(ctx.settings, "TRACE")
+    return Trace(s, slice=sl, prompt=prompt, experts=experts, intervention=cat.ablation(s.ablate, sl))
 
 
 @plans(ast.DraftDepth, needs_container=True)
@@ -761,18 +806,51 @@ def _draft_off(s: ast.DraftOff, ctx: Context) -> Node:
 def _ladder(s: ast.DraftLadder, ctx: Context) -> Node:
     for d in s.depths:
         ctx.catalog.bind_slice(d)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
-    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot)
+    overwrite = _overwrite(s, ctx)
+    inside = files.container_paths(ctx.catalog)
+    files.input_file(s.prompts, "DRAFT LADDER prompt bank")
+    if s.into is not None:
+        files.output_file(s.into, "DRAFT LADDER report", overwrite=overwrite, inside=inside)
+    if s.plot is not None:
+        files.output_file(s.plot, "DRAFT LADDER chart", overwrite=overwrite, inside=inside)
+        if s.into is not None and _same_file(s.into, s.plot):
+            raise _err(s, f"DRAFT LADDER writes its report and its chart to the same file {s.plot!r}",
+                       hint="give PLOT INTO another file")
+    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot, overwrite=overwrite)
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 @plans(ast.DumpLogits, needs_container=True)
 def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
-    sl = ctx.catalog.bind_slice(_depth(ctx, s.depth))
-    return Dump(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), into=s.into,
-                intervention=ctx.catalog.ablation(s.ablate, sl))
+    cat = ctx.catalog
+    overwrite = _overwrite(s, ctx)
+    files.output_file(s.into, "DUMP LOGITS file", overwrite=overwrite, inside=files.container_paths(cat))
+    sl = cat.bind_slice(_depth(ctx, s.depth))
+    prompt = bind_prompt(ctx, s.prompt)
+    p = len(prompt.ids)
+    limits.check_positions(p, cat.context_length, ctx.settings, _run_words("DUMP LOGITS", p))
+    (limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1))
+     .add(f"the logits [{p:,}, {cat.vocab:,}] and their bytes", extra=2 * p * cat.vocab * 4)
+     .check(ctx.settings, "DUMP LOGITS"))
+    return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
+                intervention=cat.ablation(s.ablate, sl))
+
+
+def _overwrite(s: ast.Statement, ctx: Context) -> bool:
+    """Whether a writing statement may replace an existing file: its OVERWRITE clause, or the
+    session's ``overwrite`` setting."""
+    return bool(getattr(s, "overwrite", False)) or bool(ctx.settings.get("overwrite", False))
 
 
 @plans(ast.ScoreDraft)
 def _score(s: ast.ScoreDraft, ctx: Context) -> Node:
+    files.input_file(s.draft, "SCORE DRAFT draft dump")
+    files.input_file(s.target, "SCORE DRAFT target dump")
     return Score(s, draft=s.draft, target=s.target)
 
 
@@ -783,12 +861,17 @@ def _verify(s: ast.Verify, ctx: Context) -> Node:
 
 @plans(ast.Plan)
 def _admit(s: ast.Plan, ctx: Context) -> Node:
+    files.source(s.path, "checkpoint")
     return Admit(s, path=s.path)
 
 
 @plans(ast.Encode)
 def _encode(s: ast.Encode, ctx: Context) -> Node:
-    return Encode(s, checkpoint=s.checkpoint, into=s.into)
+    files.source(s.checkpoint, "checkpoint")
+    overwrite = _overwrite(s, ctx)
+    inside = files.container_paths(ctx.catalog) if ctx.bound else []
+    replaces = files.encode_target(s.into, overwrite=overwrite, inside=inside)
+    return Encode(s, checkpoint=s.checkpoint, into=s.into, replaces=replaces)
 
 
 # ---- representations and maintenance (issue 20) -----------------------------------------

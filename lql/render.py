@@ -14,6 +14,7 @@ import csv
 import html
 import io
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from contextvars import ContextVar
 from typing import Any
@@ -40,12 +41,18 @@ def fmt_bytes(n: int | None) -> str:
         return "-"
     if n < 1024:
         return f"{n:,} bytes"
-    size, unit = float(n), "B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024.0
-        if size < 1024.0:
-            break
-    return f"{n:,} bytes ({size:.1f} {unit})"
+    return f"{n:,} bytes ({binary_size(n)})"
+
+
+def binary_size(n: int) -> str:
+    """A byte count in binary units (KiB ... EiB), for any non-negative integer however large:
+    integer arithmetic picks the unit, so no count overflows a float."""
+    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+    k = min(len(units), max(1, (int(n).bit_length() - 1) // 10))
+    whole = int(n) >> (10 * k)
+    if whole >= 1 << 50:  # beyond any float's exact range: the digits, in EiB
+        return f"{whole:,} {units[k - 1]}"
+    return f"{int(n) / float(1 << (10 * k)):.1f} {units[k - 1]}"
 
 
 def fmt_seconds(s: float | None) -> str:
@@ -218,6 +225,7 @@ def _open(r: R.OpenResult, timing: bool) -> list[str]:
         ("tokenizer", "yes" if r.tokenizer else "no (use INFER TOKENS (...))"),
         ("draft", None if r.draft_reset is None else f"DRAFT DEPTH {r.draft_reset} cleared; the full model runs"),
         ("shards", f"{r.shards} layer-range actors (Ray)" if r.shards else None),
+        ("rebuilt", None if r.rebuilt is None else f"the cached default model was rebuilt: {r.rebuilt}"),
     ])
     return out
 
@@ -1236,7 +1244,9 @@ def error_json(err: BaseException, statement: R.StatementRef | None) -> dict:
         error = {"type": err.kind, "message": err.message, "hint": err.hint, "line": err.line,
                  "column": err.column, "expected": list(getattr(err, "expected", []) or [])}
     else:
-        error = {"type": "InternalError", "message": f"{type(err).__name__}: {err}", "hint": None,
+        from .errors import describe_exception
+
+        error = {"type": "InternalError", "message": f"internal error: {describe_exception(err)}", "hint": None,
                  "line": statement.line if statement else None, "column": statement.column if statement else None,
                  "expected": []}
     return {
@@ -1254,13 +1264,14 @@ def error_fragments(err: BaseException, *, where: str = "", show_statement: bool
     """An error as styled fragments (style class, text): a syntax error with its line and a
     caret, a refusal with its message, the statement (with ``where`` or ``show_statement``)
     and its hint. ``where`` (a file name, ``<-e>``) prefixes ``where:line:column:``."""
-    from .errors import LqlError, LqlSyntaxError
+    from .errors import LqlError, LqlSyntaxError, caret_window
 
     if isinstance(err, LqlSyntaxError):
         head = (f"{where}:{err.line}:{err.column}: syntax error: " if where
                 else f"syntax error at line {err.line}, column {err.column}: ")
-        pad = "".join("\t" if ch == "\t" else " " for ch in err.source_line[: err.column - 1])
-        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {err.source_line}\n"),
+        shown, col = caret_window(err.source_line, err.column)
+        pad = "".join("\t" if ch == "\t" else " " for ch in shown[: col - 1])
+        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {shown}\n"),
                  ("class:error.caret", f"  {pad}^")]
         if err.hint:
             frags.append(("class:warning", f"\n  hint: {err.hint}"))
@@ -1270,11 +1281,18 @@ def error_fragments(err: BaseException, *, where: str = "", show_statement: bool
                else (f"{where}: " if where else ""))
         frags = [("class:error", f"{loc}error: {err.message}")]
         if err.statement and (show_statement or where):
-            frags.append(("", f"\n  in: {err.statement}"))
+            frags.append(("", f"\n  in: {clip_statement(err.statement)}"))
         if err.hint:
             frags.append(("class:warning", f"\n  hint: {err.hint}"))
         return frags
-    return [("class:error", f"internal error: {type(err).__name__}: {err}")]
+    from .errors import describe_exception
+
+    return [("class:error", f"internal error: {describe_exception(err)}")]
+
+
+def clip_statement(text: str, limit: int = 300) -> str:
+    """A statement's text as an error shows it: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 40] + " … " + text[-30:]
 
 
 def error_text(err: BaseException, *, where: str = "", show_statement: bool = False) -> str:
@@ -1285,10 +1303,12 @@ def error_text(err: BaseException, *, where: str = "", show_statement: bool = Fa
 def internal_error_text(err: BaseException, *, where: str = "", line: int | None = None, column: int | None = None,
                         statement: str | None = None, debug: bool = False) -> str:
     """A bug's one-line report (the traceback is shown separately, with --debug)."""
+    from .errors import describe_exception
+
     loc = f"{where}:{line}:{column}: " if where and line is not None else (f"{where}: " if where else "")
-    out = f"{loc}internal error: {type(err).__name__}: {err}"
+    out = f"{loc}internal error: {describe_exception(err)}"
     if statement:
-        out += f"\n  in: {statement}"
+        out += f"\n  in: {clip_statement(statement)}"
     if not debug:
         out += "\n  this is a bug in lql or vindex3; run with --debug for the traceback"
     return out
@@ -1678,4 +1698,17 @@ def dumps_json(obj: Any, *, indent: int | None = None) -> str:
     spelling, see vindex3.jsonio)."""
     from vindex3 import jsonio
 
-    return jsonio.dumps(obj, indent=indent)
+    return escape_surrogates(jsonio.dumps(obj, indent=indent))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with every lone surrogate (text that no encoding can write: a file name read with
+    surrogateescape, a character no string literal may hold) written as ``\\udXXX``, so that
+    printing it cannot fail. In JSON text the escape is JSON's own (surrogates only occur inside
+    strings there), and a reader gets the same code point back."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group(0)):04x}", text)

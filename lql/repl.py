@@ -279,11 +279,13 @@ class Shell(Console):
             return InMemoryHistory()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and not path.is_file():  # a FIFO would block the first read forever
+                raise OSError(0, "it is not a regular file")
             path.touch(exist_ok=True)
             return FileHistory(str(path))
-        except OSError as e:
+        except (OSError, ValueError) as e:
             self.print_error(
-                f"history file {path} cannot be used ({e.strerror or e}); "
+                f"history file {path} cannot be used ({getattr(e, 'strerror', None) or e}); "
                 "this session's history is kept in memory only"
             )
             return InMemoryHistory()
@@ -327,7 +329,13 @@ class Shell(Console):
                     f"setting history takes a file path in quotes; got {value!r}",
                     hint="SET history = '~/.lql_history'",
                 )
-            path = Path(value).expanduser()
+            from vindex3.errors import PathRefused
+            from vindex3.paths import check_text
+
+            try:
+                path = check_text(os.path.expanduser(value), "history file")
+            except PathRefused as e:
+                raise SettingError(f"setting history: {e.message}", hint=e.hint) from None
             self.history = self._open_history(path)
             self.history_path = path if isinstance(self.history, FileHistory) else None
             # the prompt's buffer loads its history once: a new history needs a new prompt

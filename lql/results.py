@@ -139,6 +139,7 @@ class OpenResult(Result):
     generation: int
     draft_reset: int | None = None  # the session's draft depth that OPEN cleared
     shards: int = 0  # layer-range actors the model runs in (0: this process)
+    rebuilt: str | None = None  # OPEN DEFAULT: why the cached default model was rebuilt (None: it was not)
 
 
 class RemoteResult(Result):

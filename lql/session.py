@@ -4,8 +4,9 @@ listens on. Planning is `lql.planner`, execution `lql.commands`, the statement l
 `lql.loop`; the methods here are the embedding API over them.
 
 Every refusal leaves as an `LqlError` positioned at its statement; vindex3's refusals pass
-through with their own message (`EngineRefusal`). Anything else is a bug and propagates as is
-(front ends show it as an internal error, with a traceback only when asked)."""
+through with their own message (`EngineRefusal`). Anything else is a bug, and leaves as an
+`InternalError` naming the statement (its ``original`` is the exception; front ends show one
+line, and the traceback only when asked). Only an interrupt passes through as itself."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ from typing import Any
 from . import ast, catalog, loop
 from . import results as R
 from .binding import Catalog, slice_of
-from .errors import FileRefusal, LqlError, StatementError
+from .errors import InternalError, LqlError, StatementError
 from .loop import Outcome
 from .planner import Context
 
 TokenHook = Callable[[int, str | None], None]  # (token id, its text or None) as GENERATE emits it
 ProgressHook = Callable[[int, int, str], None]  # (done, total, label) for ENCODE, DRAFT LADDER
+NoticeHook = Callable[[str], None]  # one line a statement says while it runs (OPEN DEFAULT's rebuild)
 
 __all__ = ["Outcome", "Session"]
 
@@ -30,10 +32,12 @@ class Session:
     """An LQL session. ``Session()`` starts unbound; ``Session(path)`` opens a container.
 
     ``on_token(id, text)`` is called for each token GENERATE produces, as it is produced;
-    ``on_progress(done, total, label)`` during ENCODE, OPEN DEFAULT and DRAFT LADDER."""
+    ``on_progress(done, total, label)`` during ENCODE, OPEN DEFAULT and DRAFT LADDER;
+    ``on_notice(text)`` when a statement has something to say before it finishes (OPEN DEFAULT
+    rebuilding a damaged cache)."""
 
     def __init__(self, path: str | Path | None = None, *, on_token: TokenHook | None = None,
-                 on_progress: ProgressHook | None = None):
+                 on_progress: ProgressHook | None = None, on_notice: NoticeHook | None = None):
         self.container = None  # what statements run on: the container, or its sharded view
         self.base_container = None  # the opened container itself
         self.catalog: Catalog | None = None
@@ -43,6 +47,7 @@ class Session:
         self.settings: dict[str, Any] = {s.name: s.default for s in catalog.SETTINGS}
         self.on_token = on_token
         self.on_progress = on_progress
+        self.on_notice = on_notice
         self._executors: dict[Any, Any] = {}
         self._internals = None  # vindex3.internals.Internals of the bound container, made on first use
         self.writes_derived = True  # feature metadata built here is kept in the container (False: in memory only)
@@ -78,15 +83,11 @@ class Session:
         return loop.run(self, text, keep_going=keep_going)
 
     def run_file(self, path: str | Path) -> list[R.Result]:
-        """Run a script file; like `execute`."""
-        p = Path(path)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise FileRefusal(f"script {p} does not exist") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise FileRefusal(f"script {p} cannot be read: {e}") from None
-        return self.execute(text)
+        """Run a script file; like `execute`. The file is checked first (a regular file of UTF-8
+        text: a directory, FIFO or device is refused by name, never read or waited on)."""
+        from .files import read_script
+
+        return self.execute(read_script(path))
 
     def execute_statement(self, stmt: ast.Statement) -> R.Result:
         """Plan and execute one parsed statement."""
@@ -97,11 +98,22 @@ class Session:
         from .parser import parse_one
         from .planner import plan
 
-        stmt = parse_one(text)
+        try:
+            stmt = parse_one(text)
+        except LqlError:
+            raise
+        except Exception as e:  # a bug in the parser
+            raise InternalError.wrap(e, line=1, column=1, statement=text[:200]) from e
         try:
             return plan(stmt, self.context())
         except LqlError as e:
             raise e.locate(stmt.line, stmt.column, stmt.source) from None
+        except Exception as e:
+            from .binding import engine_refusal, is_engine_error
+
+            if is_engine_error(e):
+                raise engine_refusal(e).locate(stmt.line, stmt.column, stmt.source) from e
+            raise InternalError.wrap(e, line=stmt.line, column=stmt.column, statement=stmt.source) from e
 
     # ---- state ------------------------------------------------------------------------
 
@@ -148,18 +160,23 @@ class Session:
         self.remote = remote
 
     def executor(self, depth: int | None, intervention: Any = None) -> tuple[Any, bool]:
-        """The executor for a depth and an intervention (ABLATE FEATURES; prepared once per
-        session), and whether it was prepared now."""
-        # keyed by depth alone without an intervention: a server shares this table with its
-        # completions endpoint (lql.server.models.ModelHost.executors)
-        key = depth if intervention is None else (depth, intervention)
+        """The executor for a depth, an intervention (ABLATE FEATURES) and the position limit
+        (prepared once per session), and whether it was prepared now. Its streams are limited to
+        the model's context length, or to the ``max_positions`` setting when one is set (an
+        explicit override)."""
+        limit = self.settings.get("max_positions")
+        # keyed by depth alone without an intervention or a limit: a server shares this table
+        # with its completions endpoint (lql.server.models.ModelHost.executors)
+        key = depth if intervention is None and limit is None else (depth, limit, intervention)
         ex = self._executors.get(key)
         if ex is not None:
             return ex, False
-        if intervention is None:
-            ex = self.container.executor(slice=slice_of(depth))
-        else:
-            ex = self.container.executor(slice=slice_of(depth), intervention=intervention)
+        kw: dict[str, Any] = {}
+        if intervention is not None:
+            kw["intervention"] = intervention
+        if limit is not None:
+            kw["max_positions"] = limit
+        ex = self.container.executor(slice=slice_of(depth), **kw)
         self._executors[key] = ex
         return ex, True
 

@@ -131,7 +131,7 @@ def test_debug_shows_the_traceback_of_a_refusal(c):
 
 def test_missing_script():
     rc, out, err = run(["no-such-script.lql"])
-    assert rc == 1 and err == "lql: script no-such-script.lql does not exist\n"
+    assert rc == 1 and err == "lql: script 'no-such-script.lql': does not exist\n"
 
 
 def test_no_arguments_at_a_terminal_without_the_repl(monkeypatch):

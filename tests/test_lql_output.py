@@ -159,7 +159,7 @@ def test_repl_redirect_and_once(c, tmp_path):
 
 def test_a_missing_directory_is_refused_by_name(tmp_path):
     _, err = drive(f"\\o {tmp_path}/nowhere/x.txt{ENTER}\\once {tmp_path}/no/y{ENTER}", tmp_path)
-    assert "nowhere does not exist" in err and "no does not exist" in err
+    assert "nowhere' does not exist" in err and "no' does not exist" in err
 
 
 def test_long_output_goes_through_the_pager(c, tmp_path, monkeypatch):

@@ -3,13 +3,12 @@ well (the line, a caret, what was expected in words, a hint). No container neede
 
 from __future__ import annotations
 
+import lql_fixtures  # noqa: F401  (puts the source tree on sys.path)
 import pytest
 
-import lql_fixtures  # noqa: F401  (puts the source tree on sys.path)
 from lql import ast
 from lql import parser as P
 from lql.errors import LqlSyntaxError
-
 
 POSITIONS = {"line", "column", "end_line", "end_column", "start_pos", "end_pos", "source"}
 
@@ -68,11 +67,14 @@ CASES = [
     ("DRAFT DEPTH 2", {"kind": "draft_depth", "depth": 2}),
     ("DRAFT OFF", {"kind": "draft_off"}),
     ("DRAFT LADDER DEPTHS (1, 2, 4) ON 'p.jsonl'",
-     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None, "plot": None}),
+     {"kind": "draft_ladder", "depths": [1, 2, 4], "prompts": "p.jsonl", "into": None, "plot": None,
+      "overwrite": False}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' INTO 'l.json'",
-     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None}),
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": None, "overwrite": False}),
+    ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' INTO 'l.json' PLOT INTO 'l.svg' overwrite",
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": "l.json", "plot": "l.svg", "overwrite": True}),
     ("DRAFT LADDER DEPTHS (1) ON 'p.jsonl' PLOT INTO 'l.svg'",
-     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg"}),
+     {"kind": "draft_ladder", "depths": [1], "prompts": "p.jsonl", "into": None, "plot": "l.svg", "overwrite": False}),
     ("TRACE 'x' DRAFT DEPTH 1", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": 1, "ablate": None,
                                  "experts": None}),
     ("TRACE 'x' EXPERTS", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None,
@@ -82,12 +84,17 @@ CASES = [
     ("SHOW EXPERTS", {"kind": "show_experts", "layer": None}),
     ("show experts at layer 3", {"kind": "show_experts", "layer": 3}),
     ("DUMP LOGITS 'x' INTO 'f.f32'",
-     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None, "into": "f.f32"}),
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None, "into": "f.f32",
+      "overwrite": False}),
+    ("DUMP LOGITS 'x' INTO 'f.f32' OVERWRITE",
+     {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": None, "ablate": None, "into": "f.f32",
+      "overwrite": True}),
     ("DUMP LOGITS TOKENS (5) DRAFT DEPTH 2 INTO 'f.f32'",
-     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "ablate": None, "into": "f.f32"}),
+     {"kind": "dump_logits", "prompt": {"kind": "tokens", "ids": [5]}, "depth": 2, "ablate": None, "into": "f.f32",
+      "overwrite": False}),
     ("DUMP LOGITS 'x' ABLATE FEATURES (3:17, 0:2) DRAFT DEPTH 2 INTO 'f.f32'",
      {"kind": "dump_logits", "prompt": {"kind": "text", "text": "x"}, "depth": 2, "ablate": ((3, 17), (0, 2)),
-      "into": "f.f32"}),
+      "into": "f.f32", "overwrite": False}),
     ("TRACE 'x' ABLATE FEATURES (1:2)", {"kind": "trace", "prompt": {"kind": "text", "text": "x"}, "depth": None,
                                         "ablate": ((1, 2),), "experts": None}),
     # looking inside (issue 15)
@@ -133,7 +140,8 @@ CASES = [
     ("SCORE DRAFT 'a.f32' AGAINST 'b.f32'", {"kind": "score_draft", "draft": "a.f32", "target": "b.f32"}),
     ("VERIFY", {"kind": "verify"}),
     ("PLAN 'ckpt'", {"kind": "plan", "path": "ckpt"}),
-    ("ENCODE 'ckpt' INTO 'out'", {"kind": "encode", "checkpoint": "ckpt", "into": "out"}),
+    ("ENCODE 'ckpt' INTO 'out'", {"kind": "encode", "checkpoint": "ckpt", "into": "out", "overwrite": False}),
+    ("ENCODE 'ckpt' INTO 'out' OVERWRITE", {"kind": "encode", "checkpoint": "ckpt", "into": "out", "overwrite": True}),
     ("REPRESENT INTO 'o' ENCODING 'int8'", {"kind": "represent", "into": "o", "encoding": "int8"}),
     ("represent into 'o' encoding 'q4'", {"kind": "represent", "into": "o", "encoding": "q4"}),
     ("COMPACT INTO 'c'", {"kind": "compact", "into": "c"}),
@@ -247,7 +255,7 @@ def test_unknown_escape_is_refused_with_a_caret_under_it():
         "syntax error at line 1, column 9: unknown escape \\m in a string\n"
         "  OPEN 'C:\\models'\n"
         "          ^\n"
-        "  hint: known escapes are \\n \\t \\r \\0 \\\\ \\' \\\" \\uXXXX; write \\\\ for a backslash"
+        "  hint: known escapes are \\n \\t \\r \\\\ \\' \\\" \\uXXXX \\UXXXXXXXX; write \\\\ for a backslash"
     )
 
 
@@ -405,3 +413,112 @@ def test_lark_instance_is_reachable():
     assert P.LARK.options.parser == "lalr"
     assert P.LARK.options.lexer == "contextual"
     assert P.LARK.options.propagate_positions
+
+
+# ---- literals the language does not read: positioned syntax errors, never a crash (issue 10) ----
+
+
+def _refused(text: str) -> LqlSyntaxError:
+    with pytest.raises(LqlSyntaxError) as e:
+        P.parse(text)
+    return e.value
+
+
+@pytest.mark.parametrize("digits", ["9223372036854775808", "1" + "0" * 4400, "9" * 100_000])
+def test_a_number_above_int64_is_a_positioned_syntax_error(digits):
+    e = _refused(f"INFER 'x' TOP {digits}")
+    assert (e.line, e.column) == (1, 15)
+    assert "too large" in e.message and "9,223,372,036,854,775,807" in e.message
+    assert len(e.message) < 200  # a long number is shown cut, never whole
+
+
+def test_the_largest_int64_and_leading_zeros_are_read():
+    assert one("INFER 'x' TOP 9223372036854775807")["top"] == 2**63 - 1
+    assert one("INFER 'x' TOP " + "0" * 5000 + "7")["top"] == 7
+
+
+@pytest.mark.parametrize("text, column, words", [
+    (r"INFER 'ab\U00110000'", 10, "above U+10FFFF"),
+    (r"INFER 'ab\UFFFFFFFF'", 10, "above U+10FFFF"),
+    (r"INFER 'ab\uD800'", 10, "lone surrogate"),
+    (r"INFER 'ab\uDC00\uD800'", 10, "lone surrogate"),
+    (r"INFER 'ab\0'", 10, "NUL"),
+    (r"INFER 'ab\u0000'", 10, "NUL"),
+    (r"INFER 'ab\U00000000'", 10, "NUL"),
+    ("INFER 'ab\ud800'", 10, "lone surrogate"),
+    ("INFER 'ab\x00'", 10, "NUL"),
+    ("OPEN 'ok';\n  INFER 'a\udfff'", 11, "lone surrogate"),
+])
+def test_characters_no_string_may_hold_are_positioned_syntax_errors(text, column, words):
+    e = _refused(text)
+    assert e.column == column and words in e.message
+    assert e.line == text.count("\n") + 1
+
+
+def test_an_escaped_surrogate_pair_is_one_character():
+    assert one(r"INFER '\uD83D\uDE00'")["prompt"]["text"] == "\U0001F600"
+    assert one(r"INFER '\U0001F600 \U0010FFFF'")["prompt"]["text"] == "\U0001F600 \U0010FFFF"
+
+
+def test_a_string_longer_than_the_limit_is_refused_before_it_is_decoded():
+    e = _refused("INFER '" + "a" * (P.MAX_STRING_CHARS + 1) + "'")
+    assert (e.line, e.column) == (1, 7) and "longer than LQL reads" in e.message
+    assert len(str(e)) < 1000  # the source line is shown cut around the caret
+    assert one("INFER '" + "a" * P.MAX_STRING_CHARS + "'")["prompt"]["text"] == "a" * P.MAX_STRING_CHARS
+
+
+def test_an_unterminated_string_costs_its_length_not_a_kilobyte_per_character():
+    import tracemalloc
+
+    text = "INFER '" + "a" * 200_000
+    try:  # warm up: the first syntax error builds Lark's example tables once
+        P.parse("INFER 'x")
+    except LqlSyntaxError:
+        pass
+    tracemalloc.start()
+    try:
+        with pytest.raises(LqlSyntaxError) as e:
+            P.parse(text)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "not closed" in e.value.message
+    assert peak < 40 * len(text), f"{peak / len(text):.0f} bytes per character"
+
+
+def test_a_float_that_overflows_is_a_syntax_error():
+    e = _refused("SET top = 1.0e999")
+    assert e.column == 11 and "too large" in e.message
+
+
+def test_lexing_is_linear_in_the_characters_in_error():
+    import time
+
+    t0 = time.perf_counter()
+    toks = list(P.lex("@a " * 20_000))
+    assert len([t for t in toks if t.type == "ERROR"]) == 20_000
+    assert time.perf_counter() - t0 < 5  # was ~1 ms per error: Lark built a new lexer each time
+
+
+def test_a_transformer_bug_is_raised_as_itself_not_as_a_visit_error(monkeypatch):
+    def broken(self, *args):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(P.ToAst, "verify_stmt", broken)
+    with pytest.raises(ZeroDivisionError):
+        P.parse("VERIFY")
+
+
+def test_positions_in_a_long_script_are_the_scripts():
+    from lql import loop
+
+    text = "HELP;\n" * 3 + "  STATS;  VERIFY;\nINFER\n 'x' TOP 99999999999999999999;"
+    stmts, err = [], None
+    for ch in loop.chunks(text):
+        try:
+            stmts += loop.parse_chunk(text, ch)
+        except LqlSyntaxError as e:
+            err = e
+    assert [(s.keyword, s.line, s.column, text[s.start_pos:s.end_pos]) for s in stmts][-2:] == [
+        ("STATS", 4, 3, "STATS"), ("VERIFY", 4, 11, "VERIFY")]
+    assert (err.line, err.column, err.source_line) == (6, 10, " 'x' TOP 99999999999999999999;")

@@ -69,7 +69,9 @@ def test_explain_infer_wraps_the_node_infer_would_run(catalog):
     assert node.target.top == 2 and node.slice.executed_layers == [0]
 
 
-def test_show_and_set_nodes(catalog):
+def test_show_and_set_nodes(catalog, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "category": "c", "text": "x"}\n')
     assert plan("SHOW LAYERS RANGE 1-2", catalog).layers == (1, 2)
     assert plan("SHOW LAYERS", catalog).layers == (0, 1, 2, 3)
     node = plan("SET expanded = auto", None)

@@ -12,7 +12,6 @@ import lql_fixtures  # noqa: F401
 import lql
 from lql.errors import (
     EngineRefusal,
-    FileRefusal,
     LqlError,
     NoContainer,
     SettingError,
@@ -213,23 +212,24 @@ def test_help_on_an_unknown_topic_suggests_the_closest():
 
 
 def test_score_a_missing_dump(s, tmp_path):
-    err = refuse(s, f"SCORE DRAFT '{tmp_path / 'd.f32'}' AGAINST '{tmp_path / 't.f32'}'", FileRefusal)
-    assert "the draft dump" in err.message and "d.f32" in err.message
+    err = refuse(s, f"SCORE DRAFT '{tmp_path / 'd.f32'}' AGAINST '{tmp_path / 't.f32'}'", EngineRefusal)
+    assert "draft dump" in err.message and "d.f32" in err.message and "does not exist" in err.message
+    assert err.kind == "PathRefused"
 
 
 def test_dump_into_a_missing_directory(s, tmp_path):
-    err = refuse(s, f"DUMP LOGITS 'x' INTO '{tmp_path / 'no' / 'f.f32'}'", FileRefusal)
-    assert "does not exist" in err.message and "no" in err.message
+    err = refuse(s, f"DUMP LOGITS 'x' INTO '{tmp_path / 'no' / 'f.f32'}'", EngineRefusal)
+    assert "does not exist" in err.message and "no" in err.message and err.kind == "PathRefused"
 
 
 def test_ladder_on_a_missing_prompt_bank(s, tmp_path):
-    err = refuse(s, f"DRAFT LADDER DEPTHS (1) ON '{tmp_path / 'p.jsonl'}'", FileRefusal)
-    assert "prompt bank" in err.message and "p.jsonl" in err.message
+    err = refuse(s, f"DRAFT LADDER DEPTHS (1) ON '{tmp_path / 'p.jsonl'}'", EngineRefusal)
+    assert "prompt bank" in err.message and "p.jsonl" in err.message and err.kind == "PathRefused"
 
 
 def test_encode_over_an_existing_output(s, tiny_llama_dir, tiny_llama_container):
     err = refuse(s, f"ENCODE '{tiny_llama_dir}' INTO '{tiny_llama_container}'", EngineRefusal)
-    assert "already exists" in err.message and err.kind == "EncodeError"
+    assert "already exists" in err.message and err.kind == "PathRefused" and "OVERWRITE" in err.hint
 
 
 def test_plan_a_missing_checkpoint(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import vindex3
 from vindex3.draft import dump_logits, read_dump, run_ladder, sidecar_path
 from vindex3.draft import dumps as dumps_mod
-from vindex3.errors import ConfigError, PathRefused
+from vindex3.errors import ConfigError, LimitExceeded, PathRefused
 
 IDS = [1, 5, 9, 33]
 
@@ -151,7 +151,7 @@ def test_prompt_ids_cannot_leave_the_work_directory(c, tmp_path):
 
 def test_a_bank_over_the_limit_or_not_a_file_is_refused_by_name(c, tmp_path):
     bank = _bank(tmp_path / "bank.jsonl", ["a", "b", "c"])
-    with pytest.raises(ConfigError, match="more than 2 prompts"):
+    with pytest.raises(LimitExceeded, match="more than 2 prompts"):  # a limit, by name
         run_ladder(c, [1], bank, max_prompts=2)
     os.mkfifo(tmp_path / "fifo.jsonl")
     with pytest.raises(ConfigError, match="FIFO"):

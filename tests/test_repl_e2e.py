@@ -109,6 +109,8 @@ def test_the_lql_binary_runs_an_interactive_session(screen, tiny_llama_container
     screen.prompt()
 
     # a long GENERATE streams, Ctrl-C stops it, and the session is still bound
+    child.send("SET max_generate = 100000; SET max_positions = 100100;\r")  # past the limits, on purpose
+    screen.prompt()
     child.send("INFER 'hello' GENERATE 100000 EXACTLY;\r")
     screen.expect(r"generating: ")
     screen.expect(r"\S")  # at least one token reached the screen

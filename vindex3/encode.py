@@ -26,7 +26,7 @@ from .errors import ClosureError, EncodeError, PathRefused, VindexError
 from .families.base import TensorPlacement
 from .graph import Graph
 from .manifest import seal
-from .paths import output_dir
+from .paths import hidden_sibling, output_dir
 from .segments import Segment, write_segment
 from .sources import CheckpointSource, open_source
 
@@ -114,7 +114,7 @@ def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progres
     require_admissible(plan)
     assert lowering is not None
     cleaned = clean_stale_temporaries(out.parent)
-    tmp = out.parent / f".{out.name}{TMP_INFIX}{os.getpid()}"
+    tmp = hidden_sibling(out, f"{TMP_INFIX}{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     try:

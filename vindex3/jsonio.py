@@ -95,7 +95,9 @@ def dumps(obj: Any, *, indent: int | None = 2) -> str:
 def write_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON to a sibling temporary file, fsync, then rename over the target."""
     p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    from .paths import hidden_sibling
+
+    tmp = hidden_sibling(p, f".tmp-{os.getpid()}")
     text = dumps(obj) + "\n"
     try:
         data = text.encode("utf-8")

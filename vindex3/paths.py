@@ -21,7 +21,9 @@ Each function checks what its operation needs *before any work is done* and refu
                    is not a regular file, so a FIFO planted where a file was expected cannot hang
                    the reader even if it appeared after the check;
 * `file_component` a file-name-safe rendering of an identifier (a prompt id) that cannot escape
-                   its directory.
+                   its directory;
+* `hidden_sibling` the temporary name beside an output (``.<name>.tmp-<pid>``), kept within
+                   NAME_MAX however long the output's own name is.
 
 Reason codes: type, empty, nul, unencodable, too_long, name_too_long, not_a_file_name, missing,
 exists, not_a_file, not_a_directory, special, parent_missing, inside, absolute, dotdot,
@@ -296,3 +298,17 @@ def file_component(ident: str, max_len: int = 80) -> str:
         digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         safe = f"{safe}~{digest}" if safe else digest
     return safe
+
+
+def hidden_sibling(path: PathLike, tag: str) -> Path:
+    """``.<name><tag>`` beside ``path`` (a temporary file or directory written before a rename):
+    when that name would pass NAME_MAX bytes, the name is cut and a short hash of it keeps it
+    distinct, so a long but valid output name never makes its temporary name invalid."""
+    p = Path(path)
+    name = f".{p.name}{tag}"
+    if len(name.encode("utf-8", "surrogatepass")) <= NAME_MAX:
+        return p.with_name(name)
+    digest = hashlib.sha256(p.name.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    room = NAME_MAX - len(f".~{digest}{tag}".encode())
+    head = p.name.encode("utf-8", "surrogatepass")[:room].decode("utf-8", "ignore")
+    return p.with_name(f".{head}~{digest}{tag}")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
+from pathlib import Path
 
 from .. import planner
 from .. import results as R
@@ -44,7 +47,10 @@ def admit(session, node: planner.Admit) -> R.PlanResult:
 def encode(session, node: planner.Encode) -> R.EncodeResult:
     v = vindex3()
     t0 = time.perf_counter()
-    out = v.encode(node.checkpoint, node.into, progress=session.on_progress)
+    if node.replaces:
+        out = _encode_replacing(v, node, session.on_progress)
+    else:
+        out = v.encode(node.checkpoint, node.into, progress=session.on_progress)
     secs = time.perf_counter() - t0
     c = v.open(out)
     return R.EncodeResult(
@@ -52,3 +58,23 @@ def encode(session, node: planner.Encode) -> R.EncodeResult:
         operator_mix=[R.MixEntry(label=label, count=n) for label, n in c.graph.operator_mix()],
         bytes=sum(o["bytes"] for o in c.objects()), seconds=secs,
     )
+
+
+def _encode_replacing(v, node: planner.Encode, progress) -> Path:
+    """ENCODE ... OVERWRITE over an existing container: encode beside it, and only when the new
+    container is complete move the old one aside, the new one in, and remove the old one. A
+    failed encode leaves the old container as it was."""
+    target = Path(node.into)
+    from vindex3.paths import hidden_sibling
+
+    fresh = hidden_sibling(target, f".replacing-{os.getpid()}")
+    old = hidden_sibling(target, f".replaced-{os.getpid()}")
+    v.encode(node.checkpoint, fresh, progress=progress)
+    try:
+        target.rename(old)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    fresh.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target

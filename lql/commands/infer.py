@@ -84,7 +84,8 @@ def speculate(session, node: planner.Speculate) -> R.SpeculateResult:
 
     try:
         res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, node.draft.depth, node.lookahead,
-                                         on_token=on_token, compare_plain=node.compare)
+                                         on_token=on_token, compare_plain=node.compare,
+                                         max_positions=session.settings.get("max_positions"))
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
         return R.SpeculateResult(prompt=prompt, depth=node.draft.depth, lookahead=node.lookahead,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)

@@ -15,10 +15,12 @@ def mix(container) -> list[R.MixEntry]:
 @command(planner.Open)
 def open_container(session, node: planner.Open) -> R.OpenResult:
     v = vindex3()
+    rebuilt = None
     if node.default:
         from vindex3 import default_model
 
-        path = default_model.ensure(progress=session.on_progress)
+        ensured = default_model.ensure_detailed(session.on_progress, notice=session.on_notice)
+        path, rebuilt = ensured.path, ensured.rebuilt_because
     else:
         path = node.path
     c = v.open(path)
@@ -28,5 +30,5 @@ def open_container(session, node: planner.Open) -> R.OpenResult:
     return R.OpenResult(
         name=c.name, path=str(c.path), default_model=session.default_model, component=comp.name, role=comp.role,
         layers=c.graph.num_layers, operator_mix=mix(c), tokenizer=c.has_tokenizer,
-        generation=c.generation, draft_reset=cleared, shards=node.shards,
+        generation=c.generation, draft_reset=cleared, shards=node.shards, rebuilt=rebuilt,
     )

@@ -15,10 +15,15 @@ def setting_text(v: Any) -> Any:
     return v
 
 
+def shown(doc: catalog.SettingDoc, v: Any) -> Any:
+    """A setting's value as SHOW SETTINGS and SET write it."""
+    return doc.show(v) if doc.show is not None else setting_text(v)
+
+
 @command(planner.ShowSettings)
 def show_settings(session, node: planner.ShowSettings) -> R.SettingsResult:
     return R.SettingsResult(settings=[
-        R.SettingRow(name=s.name, value=setting_text(session.settings[s.name]), description=s.description)
+        R.SettingRow(name=s.name, value=shown(s, session.settings[s.name]), description=s.description)
         for s in catalog.SETTINGS
     ])
 
@@ -29,7 +34,8 @@ def set_setting(session, node: planner.SetSetting) -> R.SetResult:
     if node.name == "shards" and session.bound and node.value != previous:
         session.reshard(node.value)  # the setting is the bound model's placement
     session.settings[node.name] = node.value
-    return R.SetResult(name=node.name, value=setting_text(node.value), previous=setting_text(previous))
+    doc = catalog.setting(node.name)
+    return R.SetResult(name=node.name, value=shown(doc, node.value), previous=shown(doc, previous))
 
 
 @command(planner.Help)

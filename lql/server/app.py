@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import ast, loop, render
+from .. import ast, errors, loop, render
 from .. import results as R
 from ..errors import LqlError, LqlSyntaxError
 from . import completions as C
@@ -68,8 +68,9 @@ class NotFound(LqlError):
     """No such endpoint, or not with this method."""
 
 
-class InternalError(LqlError):
-    """A bug in the server, lql or vindex3 (its traceback is in the server's log)."""
+# A bug in the server, lql or vindex3 (its traceback is in the server's log): the one class the
+# statement loop's error boundary raises too, so that a statement's bug is a 500 here.
+InternalError = errors.InternalError
 
 
 _STATUS: dict[type, int] = {
@@ -347,10 +348,14 @@ async def query(request: Request) -> Response:
 def _run_chunk(srv: Server, session, text: str, ch: loop.Chunk, ctx: JobContext) -> tuple[list[dict], bool]:
     """Parse one statement chunk and run what it holds, on the model's worker: the JSON object
     of each statement, stopping at the first failure; and whether a bug was met."""
+    ref = R.StatementRef(kind=None, line=ch.line, column=ch.column, text=ch.text)
     try:
-        stmts = loop.parse_chunk(text, ch)
+        stmts = loop.parse_or_internal(text, ch)
+    except InternalError as e:
+        err = internal(e.original if e.original is not None else e, ch.text).locate(ch.line, ch.column, ch.text)
+        return [render.error_json(err, ref)], True
     except LqlSyntaxError as e:
-        return [render.error_json(e, R.StatementRef(kind=None, line=ch.line, column=ch.column, text=ch.text))], False
+        return [render.error_json(e, ref)], False
     out: list[dict] = []
     for stmt in stmts:
         obj, bug = _run_statement(srv, session, stmt, ctx)
@@ -385,6 +390,9 @@ def _run_statement(srv: Server, session, stmt: ast.Statement, ctx: JobContext) -
             session.on_token = session.on_progress = None
         result.statement = ref
         return render.to_json(result), False
+    except InternalError as e:  # the statement loop's boundary met a bug: logged with its traceback
+        err = internal(e.original if e.original is not None else e, stmt.source).locate(stmt.line, stmt.column, stmt.source)
+        return render.error_json(err, ref), True
     except LqlError as e:
         e.locate(stmt.line, stmt.column, stmt.source)
         return render.error_json(e, ref), False

@@ -54,6 +54,9 @@ def check_url(url: str) -> str:
         u.port  # noqa: B018 - raises for a port that is not a number
     except ValueError as e:
         raise StatementError(f"USE REMOTE: {url!r} is not a URL ({e})") from None
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise StatementError(f"USE REMOTE: {url!r} holds a blank or a control character; a URL has none",
+                             hint="e.g. USE REMOTE 'http://127.0.0.1:8088'")
     if u.scheme not in ("http", "https") or not u.hostname:
         raise StatementError(f"USE REMOTE takes an http:// or https:// URL with a host, got {url!r}",
                              hint="e.g. USE REMOTE 'http://127.0.0.1:8088'")
@@ -112,6 +115,8 @@ class Remote:
                 raise RemoteError(f"{self.url}: {err.get('message')}", remote_kind=str(err.get("type") or "RemoteError"),
                                   hint=hint) from None
             raise RemoteError(f"{self.url}{path}: HTTP {status} {e.reason}", remote_kind="RemoteError") from None
+        except ValueError as e:  # http.client.InvalidURL and the like: urllib refused the URL itself
+            raise RemoteError(f"cannot request {self.url}{path}: {e}", remote_kind="RemoteUnavailable") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
             raise RemoteError(f"cannot reach {self.url}: {reason}", remote_kind="RemoteUnavailable",

@@ -191,20 +191,26 @@ def check_plan(node: planner.Node, limits: Limits) -> None:
 
 
 def confine(raw: str, data_dir: Path | None, what: str) -> Path:
-    """``raw`` resolved inside ``data_dir``; refuses a server without a data directory, an empty
-    path, NUL, an absolute path, ``..``, and a path whose symlinks lead out of the directory."""
+    """``raw`` resolved inside ``data_dir``; refuses a server without a data directory, '' and
+    '.', a path starting with '~', and through `vindex3.paths.confined` (the helper every reader
+    of a container's own paths uses) NUL, a lone surrogate, a component over 255 bytes, an
+    absolute path, ``..``, and a path whose symlinks lead out of the directory."""
+    from vindex3.errors import PathRefused
+    from vindex3.paths import confined
+
     if data_dir is None:
         raise PathRefusal(f"{what} names the server-side path {raw!r}, and this server has no data directory",
                           hint="start the server with --data-dir DIR to allow paths inside DIR")
-    if raw in ("", ".") or "\0" in raw:
+    if raw in ("", "."):
         raise PathRefusal(f"{what}: {raw!r} is not a file name")
-    p = Path(raw)
-    if p.is_absolute() or raw.startswith("~"):
+    if raw.startswith("~"):
         raise PathRefusal(f"{what}: {raw!r} is an absolute path; paths on this server are relative to its data directory")
-    if ".." in p.parts:
-        raise PathRefusal(f"{what}: {raw!r} climbs out with '..'; paths on this server stay inside its data directory")
     root = Path(os.path.realpath(data_dir))
-    full = Path(os.path.realpath(root / p))
-    if full != root and root not in full.parents:
-        raise PathRefusal(f"{what}: {raw!r} leads out of the data directory through a symbolic link")
-    return full
+    try:
+        p = confined(root, raw, f"{what} path")
+    except PathRefused as e:
+        words = {"absolute": "is an absolute path; paths on this server are relative to its data directory",
+                 "dotdot": "climbs out with '..'; paths on this server stay inside its data directory",
+                 "outside": "leads out of the data directory through a symbolic link"}
+        raise PathRefusal(f"{what}: {raw!r} {words[e.reason]}" if e.reason in words else e.message, hint=e.hint) from None
+    return Path(os.path.realpath(p))

@@ -9,7 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from .. import jsonio
-from ..errors import ConfigError, PathRefused
+from ..errors import ConfigError, LimitExceeded, PathRefused
 from ..paths import existing_file, read_regular
 
 BANK_NAME = "prompts-v1.jsonl"
@@ -76,8 +76,8 @@ def load_prompts(path: str | os.PathLike, *, max_prompts: int | None = None) -> 
         if not line.strip():
             continue
         if max_prompts is not None and len(prompts) >= max_prompts:
-            raise ConfigError(f"{p.name}: the prompt bank holds more than {max_prompts} prompts (the limit)",
-                              hint="use a smaller bank, or raise the prompt-bank limit explicitly")
+            raise LimitExceeded(f"{p.name}: the prompt bank holds more than {max_prompts} prompts (the limit)",
+                                hint="use a smaller bank, or raise the prompt-bank limit explicitly")
         obj = jsonio.loads(line, source=f"{p.name} line {n}")
         try:
             prompts.append(Prompt.model_validate(obj))

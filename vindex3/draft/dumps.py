@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import jsonio
 from ..errors import ConfigError, IntegrityError, PathRefused, VindexError
-from ..paths import check_text, existing_file, output_file, read_regular
+from ..paths import check_text, existing_file, hidden_sibling, output_file, read_regular
 from .machine import blas_identity, library_version
 from .slices import container_facts, decode_thread_count, make_executor, resolve_slice
 
@@ -67,7 +67,7 @@ def decode_logits(st: Any, token_ids: Sequence[int]) -> np.ndarray:
 
 
 def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = hidden_sibling(path, f".tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)

@@ -151,13 +151,17 @@ def _check_prompt(token_ids: Sequence[int]) -> list[int]:
 
 def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth: int,
                          lookahead: int = 4, on_token: Callable[[int], None] | None = None, *,
-                         compare_plain: bool = False) -> SpecResult:
+                         compare_plain: bool = False, max_positions: int | None = None) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, using the draft of
     ``depth`` layers to propose ``lookahead`` tokens per full-model call.
 
     The tokens equal plain greedy decoding of the full model (up to argmax ties that batch and
     step arithmetic round differently). ``on_token`` sees each token as it is emitted. With
     ``compare_plain`` the plain greedy decode is run too, timed, and compared.
+
+    Both streams hold at most ``len(token_ids) + n - 1`` positions (a round never proposes more
+    than can be used), so a run fits the context length when prompt + ``n`` does; the executors
+    are limited to the model's context length, or to ``max_positions`` (an explicit override).
     """
     c = open_container(container)
     prompt = _check_prompt(token_ids)
@@ -169,8 +173,10 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
     if draft_depth is None:
         raise SliceError("SPECULATE needs a draft depth (1..L); the full model cannot draft for itself")
     full_slice, _ = resolve_slice(c, None)
-    full_ex, prep_full = make_executor(c, full_slice)
-    draft_ex, prep_draft = make_executor(c, draft_slice)
+    full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
+    draft_ex, prep_draft = make_executor(c, draft_slice, max_positions=max_positions)
+    if n > 0:
+        full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
 
     full = draft = None
     out: list[int] = []

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 
 from ..errors import QueryRefused, SliceError
 from ..exec.engine import Executor
+from ..paths import hidden_sibling
 from .capture import CapturedRun
 from .common import Prompt, layer_list, output_path
 from .model import ModelView
@@ -225,7 +226,7 @@ def save(path, *, ex: Executor, run: CapturedRun, target: int, rows: list[LensRo
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     data = buf.getvalue()
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
+    tmp = hidden_sibling(p, f".tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
             f.write(data)

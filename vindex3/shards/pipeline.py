@@ -28,6 +28,7 @@ from ..errors import SliceError, StateError, VindexError
 from ..exec.engine import SMALL_PASS, Executor, PreparedOperands, _small_pass_limit, decode_threads, prepare_ends
 from ..exec.slice import Draft, Full, LayerRange, plan_slice
 from ..exec.trace import ExecutionTrace
+from ..limits import check_context, context_limit
 from . import split
 from .errors import ShardError, ShardFailed, ShardTimeout
 from .worker import ShardWorker, blas_facts
@@ -364,6 +365,13 @@ class ShardedExecutor:
         self.bytes_read = self.slice_plan.total_bytes
         self.ends_reads = ends.reads
         self._last: ShardedStream | None = None
+        # each actor holds the container's own context length (an explicit limit is refused above)
+        self.max_positions, self.limit_source = context_limit(self.plan.context_length)
+
+    def check_positions(self, total: int, what: str = "this run") -> None:
+        """Refuse (ContextLengthExceeded) when ``total`` positions exceed the context length,
+        before any shard is called (the executor's contract)."""
+        check_context(total, self.max_positions, self.limit_source, what)
 
     def new_trace(self) -> ShardedTrace:
         return ShardedTrace(prepare_seconds=self.prepare_seconds, operand_reads=self.operand_reads,

@@ -36,6 +36,7 @@ from ..errors import (
 from ..exec.slice import LayerRange
 from ..graph import Graph
 from ..manifest import seal
+from ..paths import hidden_sibling
 from ..segments import Segment, TensorEntry, sha256_file, write_segment
 from . import split
 from .errors import ShardError
@@ -250,7 +251,7 @@ def write_shards(src: str | Path | Container, out: str | Path, shards) -> Path:
         raise EncodeError(f"output {out} already exists; refusing to overwrite it (remove it or choose another path)")
     if not out.parent.exists():
         raise EncodeError(f"output directory's parent {out.parent} does not exist")
-    tmp = out.parent / f".{out.name}.sharding-{os.getpid()}"
+    tmp = hidden_sibling(out, f".sharding-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         _write(c, plan, ranges, tmp)
