@@ -515,8 +515,26 @@ class Sandbox:
         outcome, detail = self._after(text, outcome, detail, cli=True)
         return outcome, detail, seconds
 
+    def _derived_only(self, p: str) -> bool:
+        """Whether a change to the container is feature metadata being kept in it (BUILD FEATURES,
+        or WALK / DESCRIBE / SELECT building it on demand: derived data, documented): its
+        index.json differs from the pristine one only in ``derived``, ``generation`` and the
+        index's own hash. New files under ``derived/`` are not "changed" (they did not exist)."""
+        if os.path.basename(p) != "index.json":
+            return False
+        rel = os.path.relpath(p, self.root)
+        try:
+            now = json.loads(Path(p).read_text())
+            was = json.loads((self.pristine[self.root] / rel).read_text())
+        except (OSError, ValueError):
+            return False
+        drop = ("derived", "generation", "index_sha256")
+        if now.get("derived") == was.get("derived"):
+            return False  # no derived data was kept: any change is a change to the container
+        return {k: v for k, v in now.items() if k not in drop} == {k: v for k, v in was.items() if k not in drop}
+
     def _after(self, text: str, outcome: str, detail: str, cli: bool = False) -> tuple[str, str]:
-        changed = self.changed()
+        changed = [p for p in self.changed() if not self._derived_only(p)]
         container = [p for p in changed if "tiny.vindex3" in p.split(os.sep)]
         said = "overwrite" in text.lower()
         if container or (changed and not said):
