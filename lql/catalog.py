@@ -26,14 +26,14 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("USE REMOTE", "USE REMOTE 'http://host:port' [MODEL 'id']",
                  "bind the session to an lql server: later statements run there and print here (OPEN comes back)",
                  "USE REMOTE 'http://127.0.0.1:8088';"),
-    StatementDoc("STATS", "STATS [AT n POSITIONS]",
+    StatementDoc("STATS", "STATS ['path'] [AT n POSITIONS]",
                  "the container's facts: layers, operator mix, objects, continuation state in bytes",
                  "STATS AT 4096 POSITIONS;"),
     StatementDoc("EXPLAIN", "EXPLAIN [DRAFT DEPTH n] | EXPLAIN INFER ... | EXPLAIN INFER ... FEATURES [TOP n] [LAYERS a-b]",
                  "the plan without running a token (of the very INFER given): ops, operands, state, bytes read; "
                  "... FEATURES: the FFN features most active in the run",
                  "EXPLAIN DRAFT DEPTH 2;"),
-    StatementDoc("SHOW LAYERS", "SHOW LAYERS [RANGE a-b]", "the per-layer policy and continuation geometry",
+    StatementDoc("SHOW LAYERS", "SHOW LAYERS [[RANGE] a-b]", "the per-layer policy and continuation geometry",
                  "SHOW LAYERS RANGE 0-1;"),
     StatementDoc("SHOW COMPONENTS", "SHOW COMPONENTS", "the graph's components and their roles", "SHOW COMPONENTS;"),
     StatementDoc("SHOW REPRESENTATIONS", "SHOW REPRESENTATIONS ['filter']",
@@ -52,7 +52,7 @@ STATEMENTS: tuple[StatementDoc, ...] = (
                  "INFER 'The capital of France is' TOP 3;"),
     StatementDoc("TRACE", "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] "
                  "[ABLATE FEATURES (L:f, ...)] | "
-                 "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'trace.npz'] "
+                 "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE [INTO] 'trace.npz'] "
                  "[DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
                  "which layers ran at each position, and the next token there; with EXPERTS, each routed "
                  "layer's experts and their weights; FOR 'token': the token's rank per layer (logit lens), "
@@ -72,17 +72,18 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("SCORE DRAFT", "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
                  "compare a draft's logit dump with the full model's: KL, top-1, ranks",
                  "SCORE DRAFT 'draft.f32' AGAINST 'full.f32';"),
-    StatementDoc("WALK", "WALK 'text' | TOKENS (ids) [TOP n] [LAYERS a-b]",
+    StatementDoc("WALK", "[EXPLAIN] WALK 'text' | TOKENS (ids) [TOP n] [LAYERS a-b | ALL] [MODE pure] [VERBOSE]",
                  "per FFN layer, the features whose gates answer the last token's embedding, and what they write",
                  "WALK 'The capital of France is' TOP 3;"),
-    StatementDoc("DESCRIBE", "DESCRIBE 'entity' [LAYERS a-b] [TOP n]",
+    StatementDoc("DESCRIBE", "DESCRIBE 'entity' [LAYERS a-b | AT LAYER n | ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT] [TOP n] "
+                 "[VERBOSE | BRIEF | RAW]",
                  "edges entity -> token through the features the entity's embedding opens (SET threshold)",
                  "DESCRIBE 'France';"),
     StatementDoc("SELECT", "SELECT layer, feature, token, score | * FROM FEATURES [AT LAYER n | LAYERS a-b] "
-                 "[NEAREST TO 'text'] [WHERE column op value [AND ...]] [ORDER BY column [ASC | DESC]] [LIMIT n]",
-                 "query the FFN features as a table (op: =, !=, <, <=, >, >=, and LIKE for token)",
+                 "[NEAREST TO 'text' [AT LAYER n]] [WHERE column op value [AND ...]] [ORDER BY column [ASC | DESC]] [LIMIT n]",
+                 "query the FFN features as a table (op: =, !=, <, <=, >, >=, IN (v, ...), and LIKE for token)",
                  "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;"),
-    StatementDoc("SHOW FEATURES", "SHOW FEATURES AT LAYER n [LIMIT n]",
+    StatementDoc("SHOW FEATURES", "SHOW FEATURES [AT LAYER] n [WHERE ...] [LIMIT n]",
                  "a layer's features in order, each with the top tokens its down column writes",
                  "SHOW FEATURES AT LAYER 0 LIMIT 5;"),
     StatementDoc("BUILD FEATURES", "BUILD FEATURES [LAYERS a-b]",
@@ -108,7 +109,7 @@ STATEMENTS: tuple[StatementDoc, ...] = (
     StatementDoc("COMPACT", "COMPACT INTO 'dir'",
                  "copy the bound container's referenced files byte for byte; list every file left behind",
                  "COMPACT INTO 'clean.vindex3';"),
-    StatementDoc("DIFF", "DIFF 'a' 'b' | DIFF 'b'",
+    StatementDoc("DIFF", "DIFF 'a' 'b' | DIFF 'b' [LAYER n] [LIMIT n] [PHYSICAL]",
                  "how two containers differ: logically (graph, objects, operators), physically (encodings, "
                  "segments), in metadata; DIFF 'b' compares the bound container with b",
                  "DIFF 'model.vindex3' 'model-int8.vindex3';"),
