@@ -1244,8 +1244,13 @@ def _use_model(s: ast.UseModel, ctx: Context) -> Node:
     import os
     from pathlib import Path
 
-    src = Path(os.path.expanduser(s.model))
-    if not src.exists():
+    src = Path(files.container_dir(os.path.expanduser(s.model)))  # empty, NUL, over-long names refused by name
+    try:
+        exists = src.exists()
+    except OSError as e:
+        raise _err(s, f"USE MODEL {s.model!r}: the path cannot be read ({e.strerror})",
+                   hint="USE MODEL takes a local checkpoint directory (or .gguf)") from None
+    if not exists:
         if _HUB_ID.match(s.model):
             raise _err(s, f"USE MODEL {s.model!r} names a model hub id, and this build downloads nothing",
                        hint="download the checkpoint yourself, then USE MODEL 'path/to/checkpoint' (or ENCODE it)")

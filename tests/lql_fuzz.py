@@ -522,10 +522,11 @@ class Sandbox:
         index's own hash. New files under ``derived/`` are not "changed" (they did not exist)."""
         if os.path.basename(p) != "index.json":
             return False
-        rel = os.path.relpath(p, self.root)
+        base = self.outside if p.startswith(str(self.outside) + os.sep) else self.root
+        rel = os.path.relpath(p, base)
         try:
             now = json.loads(Path(p).read_text())
-            was = json.loads((self.pristine[self.root] / rel).read_text())
+            was = json.loads((self.pristine[base] / rel).read_text())
         except (OSError, ValueError):
             return False
         drop = ("derived", "generation", "index_sha256")

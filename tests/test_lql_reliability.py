@@ -463,3 +463,14 @@ def test_a_run_the_machine_cannot_give_memory_is_refused_by_name(s, monkeypatch)
     assert "INFER ran out of memory" in err.message and "memory_limit is 68,719,476,736 bytes (64.0 GiB)" in err.message
     assert err.line == 2 and "SET memory_limit" in err.hint
     assert s.execute_one("INFER 'Water boils' TOP 1").logits is not None
+
+
+def test_use_model_refuses_a_path_no_file_system_can_hold(s):
+    """Found by fuzzing the merged dialect: USE MODEL with a 300-byte name reached os.stat and
+    its ENAMETOOLONG escaped as an internal error."""
+    from lql.errors import LqlError
+
+    for name in ("a" * 300, "ab " * 200):
+        with pytest.raises(LqlError) as e:
+            s.execute(f"USE MODEL '{name}'")
+        assert "internal" not in type(e.value).__name__.lower()
