@@ -22,6 +22,7 @@ from typing import Any
 from . import ast, catalog, files, limits
 from .binding import Catalog, SliceBinding
 from .errors import NoContainer, SettingError, StatementError
+from .render import fmt_layers
 
 
 @dataclass(frozen=True)
@@ -688,19 +689,10 @@ def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: s
         raise _err(s, f"{what} needs routed-expert layers, and model {cat.name} has none (every FFN is dense or absent)",
                    hint="SHOW LAYERS shows each layer's ffn")
     if layer is not None and layer not in routed:
-        raise _err(s, f"layer {layer} has no routed experts; the routed layers are {_runs(routed)}",
+        raise _err(s, f"layer {layer} has no routed experts; the routed layers are {fmt_layers(routed)}",
                    hint=f"e.g. {what} AT LAYER {routed[0]}")
     return routed
 
-
-def _runs(xs: list[int]) -> str:
-    out: list[list[int]] = []
-    for x in xs:
-        if out and x == out[-1][1] + 1:
-            out[-1][1] = x
-        else:
-            out.append([x, x])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
 
 
 @plans(ast.ShowExperts, needs_container=True)
@@ -781,8 +773,8 @@ def _trace(s: ast.Trace, ctx: Context) -> Node:
         ran = sl.executed_layers
         shown = [i for i in ((layer,) if layer is not None else routed) if i in ran]
         if not shown:
-            which = f"layer {layer}" if layer is not None else f"a routed layer (routed: {_runs(routed)})"
-            raise _err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {_runs(ran)}, not {which}",
+            which = f"layer {layer}" if layer is not None else f"a routed layer (routed: {fmt_layers(routed)})"
+            raise _err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {fmt_layers(ran)}, not {which}",
                        hint="a deeper DRAFT DEPTH, or DRAFT OFF, runs it")
         experts = tuple(shown)
     prompt = bind_prompt(ctx, s.prompt)

@@ -227,11 +227,13 @@ def token_by_token(ex, ids):
 
 
 @contextlib.contextmanager
-def bounded(seconds: float, what: str):
-    """Fail (never hang) when ``what`` takes longer than ``seconds``."""
+def bounded(seconds: float, what: str, exc: type[BaseException] = TimeoutError):
+    """Fail (never hang) when ``what`` takes longer than ``seconds``: ``exc`` is raised (the fuzz
+    harness passes a BaseException, so no ``except Exception`` in the code under test swallows
+    it)."""
 
     def on_alarm(signum, frame):
-        raise TimeoutError(f"{what} took longer than {seconds} s")
+        raise exc(f"{what} took longer than {seconds} s")
 
     old = signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, seconds)

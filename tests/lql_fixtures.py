@@ -102,3 +102,18 @@ def mask_timings(text: str) -> str:
     """Mask timings and collapse runs of spaces (timing widths shift table columns)."""
     text = _TIMING.sub("<t>", text)
     return "\n".join(re.sub(r" {2,}", "  ", line.rstrip()) for line in text.split("\n"))
+
+
+def check_case(case: Case, got: str, path: Path) -> None:
+    """Assert that ``got`` is the case's expected text; with LQL_REGEN=1 write ``got`` into
+    ``path`` instead (only when it differs) and skip, saying so."""
+    import pytest
+
+    if regen() and got != case.expected:
+        cases = read_cases(path)
+        for c in cases:
+            if c.name == case.name:
+                c.expected = got
+        write_cases(path, cases)
+        pytest.skip("expectation regenerated")
+    assert got == case.expected, f"case {case.name!r} ({path.parent.name}/{path.name} line {case.line})"

@@ -33,7 +33,6 @@ import os
 import random
 import re
 import shutil
-import signal
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -303,18 +302,11 @@ class CaseTimeout(BaseException):
     """The per-case time limit passed (a BaseException, so no `except Exception` swallows it)."""
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    def fire(signum, frame):
-        raise CaseTimeout(f"more than {seconds} s")
+def time_limit(seconds: float):
+    """The per-case limit: the suite's own alarm (fixtures.bounded) raising CaseTimeout."""
+    from fixtures import bounded
 
-    old = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+    return bounded(seconds, "the case", exc=CaseTimeout)
 
 
 @dataclass

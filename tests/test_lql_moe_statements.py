@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 import pytest
-from lql_fixtures import HERE, read_cases, regen, run_case, write_cases
+from lql_fixtures import HERE, check_case, read_cases, run_case
 
 import lql
 from lql import render
@@ -30,14 +30,7 @@ def test_statement_renders(case, containers, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     container = containers("qwen3_moe")
     got = run_case(case.text.replace("<container>", str(container)), container, tmp_path)
-    if regen() and got != case.expected:
-        cases = read_cases(CASES_FILE)
-        for c in cases:
-            if c.name == case.name:
-                c.expected = got
-        write_cases(CASES_FILE, cases)
-        pytest.skip("expectation regenerated")
-    assert got == case.expected, f"case {case.name!r} (moe.txt line {case.line})"
+    check_case(case, got, CASES_FILE)
 
 
 def test_case_names_are_unique():

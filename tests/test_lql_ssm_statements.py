@@ -7,7 +7,7 @@ The cases live in lql_cases/mamba2.txt and lql_cases/hybrid.txt (format: lql_fix
 from __future__ import annotations
 
 import pytest
-from lql_fixtures import HERE, read_cases, regen, run_case, write_cases
+from lql_fixtures import HERE, check_case, read_cases, run_case
 
 FILES = {"mamba2": HERE / "lql_cases" / "mamba2.txt", "granitemoehybrid": HERE / "lql_cases" / "hybrid.txt"}
 CASES = [(family, case) for family, path in FILES.items() for case in read_cases(path)]
@@ -18,14 +18,7 @@ def test_statement_renders(family, case, containers, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     container = containers(family)
     got = run_case(case.text.replace("<container>", str(container)), container, tmp_path)
-    if regen() and got != case.expected:
-        cases = read_cases(FILES[family])
-        for c in cases:
-            if c.name == case.name:
-                c.expected = got
-        write_cases(FILES[family], cases)
-        pytest.skip("expectation regenerated")
-    assert got == case.expected, f"case {case.name!r} ({FILES[family].name} line {case.line})"
+    check_case(case, got, FILES[family])
 
 
 def test_case_names_are_unique():

@@ -5,8 +5,7 @@ The cases live in lql_cases/statements.txt; adding a case is adding a block ther
 from __future__ import annotations
 
 import pytest
-
-from lql_fixtures import HERE, read_cases, regen, run_case, write_cases
+from lql_fixtures import HERE, check_case, read_cases, run_case
 
 CASES_FILE = HERE / "lql_cases" / "statements.txt"
 CASES = read_cases(CASES_FILE)
@@ -17,14 +16,7 @@ def test_statement_renders(case, tiny_llama_container, tiny_llama_dir, tmp_path,
     monkeypatch.chdir(tmp_path)
     text = case.text.replace("<container>", str(tiny_llama_container)).replace("<checkpoint>", str(tiny_llama_dir))
     got = run_case(text, tiny_llama_container, tmp_path).replace(str(tiny_llama_dir), "<checkpoint>")
-    if regen() and got != case.expected:
-        cases = read_cases(CASES_FILE)
-        for c in cases:
-            if c.name == case.name:
-                c.expected = got
-        write_cases(CASES_FILE, cases)
-        pytest.skip("expectation regenerated")
-    assert got == case.expected, f"case {case.name!r} (lql_cases/statements.txt line {case.line})"
+    check_case(case, got, CASES_FILE)
 
 
 def test_case_names_are_unique():

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from .container import Container
+from .text import runs
 
 
 class Difference(BaseModel):
@@ -62,16 +63,6 @@ def _short(v: Any, n: int = 80) -> Any:
     return v if len(s) <= n else s[: n - 1] + "…"
 
 
-def _ranges(xs: list[int]) -> str:
-    out, start = [], None
-    for i, x in enumerate(xs):
-        if start is None:
-            start = x
-        if i + 1 == len(xs) or xs[i + 1] != x + 1:
-            out.append(str(start) if start == x else f"{start}-{x}")
-            start = None
-    return ", ".join(out)
-
 
 def _dict_diff(a: dict, b: dict, prefix: str, area: str, out: list[Difference]) -> None:
     for k in sorted(set(a) | set(b)):
@@ -107,7 +98,7 @@ def _graph(ga: dict, gb: dict, out: list[Difference]) -> None:
                 groups.setdefault((k, repr(x.get(k)), repr(y.get(k))), []).append(i)
     for (k, va, vb), idx in sorted(groups.items(), key=lambda kv: (kv[1][0], kv[0][0])):
         area = "operators" if k in LAYER_OPERATOR_KEYS else "graph"
-        out.append(Difference(area=area, what=f"layers {_ranges(idx)}: {k}", a=_short(va), b=_short(vb)))
+        out.append(Difference(area=area, what=f"layers {runs(idx)}: {k}", a=_short(va), b=_short(vb)))
 
 
 def diff(a: str | Path, b: str | Path) -> DiffReport:

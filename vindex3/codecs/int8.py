@@ -21,7 +21,15 @@ import numpy as np
 
 from ..errors import UnsupportedEncoding
 from .base import Codec, register
-from .rowwise import F32, RowWeight, join_sections, rows_cols, sections_nbytes, split_sections
+from .rowwise import (
+    F32,
+    BlockCodec,
+    RowWeight,
+    join_sections,
+    rows_cols,
+    sections_nbytes,
+    split_sections,
+)
 from .threads import kernels
 
 BLOCK = 32  # the kernel indexes scales with j >> 5
@@ -93,20 +101,10 @@ def _quantize(groups: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
     return q, d
 
 
-class Int8Codec(Codec):
+class Int8Codec(BlockCodec):
     name = "int8"
+    block = BLOCK  # the kernels index scales with j >> 5
     bits_per_weight = 9.0
-
-    def accepts(self, shape):
-        c = int(shape[-1]) if len(shape) else 0
-        if c % BLOCK:
-            return f"its last dimension {c} is not a multiple of {BLOCK}"
-        return None
-
-    def _check(self, shape):
-        why = self.accepts(shape)
-        if why:
-            raise UnsupportedEncoding(f"encoding {self.name!r} cannot hold a tensor of shape {list(shape)}: {why}")
 
     def nbytes(self, shape):
         shape = tuple(int(s) for s in shape)

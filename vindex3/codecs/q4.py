@@ -17,8 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedEncoding
-from .base import Codec, register
-from .rowwise import F32, RowWeight, join_sections, rows_cols, sections_nbytes, split_sections
+from .base import register
+from .rowwise import (
+    F32,
+    BlockCodec,
+    RowWeight,
+    join_sections,
+    rows_cols,
+    sections_nbytes,
+    split_sections,
+)
 from .threads import kernels
 
 BLOCK = 32
@@ -84,20 +92,10 @@ def quantize_blocks(blocks: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarr
     return q, d, m
 
 
-class Q4Codec(Codec):
+class Q4Codec(BlockCodec):
     name = "q4"
+    block = BLOCK
     bits_per_weight = 5.0
-
-    def accepts(self, shape):
-        c = int(shape[-1]) if len(shape) else 0
-        if c % BLOCK:
-            return f"its last dimension {c} is not a multiple of {BLOCK}"
-        return None
-
-    def _check(self, shape):
-        why = self.accepts(shape)
-        if why:
-            raise UnsupportedEncoding(f"encoding {self.name!r} cannot hold a tensor of shape {list(shape)}: {why}")
 
     @staticmethod
     def _sizes(r: int, c: int) -> list[int]:

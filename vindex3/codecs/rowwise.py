@@ -13,7 +13,8 @@ import math
 
 import numpy as np
 
-from .base import Weight, WeightShapeError
+from ..errors import UnsupportedEncoding
+from .base import Codec, Weight, WeightShapeError
 from .threads import launch
 
 F32 = np.float32
@@ -174,3 +175,21 @@ class RowWeight(Weight):
             raise WeightShapeError(f"{self!r}: expert {e} is outside [0, {E})")
         e = int(e)
         return self._sub(e * O, (e + 1) * O, (O, self.cols))
+
+
+class BlockCodec(Codec):
+    """A codec that cuts each row into blocks of ``block`` elements (int8, q4): it holds a tensor
+    only when the last dimension is a multiple of the block, and says why not otherwise."""
+
+    block: int = 32
+
+    def accepts(self, shape):
+        c = int(shape[-1]) if len(shape) else 0
+        if c % self.block:
+            return f"its last dimension {c} is not a multiple of {self.block}"
+        return None
+
+    def _check(self, shape):
+        why = self.accepts(shape)
+        if why:
+            raise UnsupportedEncoding(f"encoding {self.name!r} cannot hold a tensor of shape {list(shape)}: {why}")

@@ -16,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from ..errors import QueryRefused, UnsupportedOperator
+from ..text import runs
 
 _PAIR = re.compile(r"^\s*(\d+)\s*:\s*(\d+)\s*$")
 
@@ -112,7 +113,7 @@ def resolve(intervention: Intervention | None, plan, executed: list[int], slice_
             have = [i for i, x in enumerate(plan.layers) if any(o.role == FFN for o in x.slot_ops())]
             raise QueryRefused(
                 f"ABLATE FEATURES names layer {layer}, a {lo.operator} layer with no FFN, so it has no features "
-                f"(layers with an FFN: {_ranges(have) or 'none'})"
+                f"(layers with an FFN: {runs(have) or 'none'})"
             )
         if ffn.operator is None or not isinstance(ffn.operator, FeatureFfn):
             raise UnsupportedOperator(
@@ -127,13 +128,3 @@ def resolve(intervention: Intervention | None, plan, executed: list[int], slice_
         out[layer] = feats
     return out
 
-
-def _ranges(xs: list[int]) -> str:
-    out, i = [], 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ", ".join(out)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..sources import CheckpointSource
+from ..text import runs
 from .base import ConfigReader, Finding
 
 # the reference builds kv_a_layernorm / q_a_layernorm as RMSNorm(width): the class default eps
@@ -362,15 +363,6 @@ def router_surface(r: ConfigReader, facts: RouterFacts, spellings: dict[str, tup
     return None
 
 
-def _runs(xs: list[int]) -> str:
-    out: list[list[int]] = []
-    for x in xs:
-        if out and x == out[-1][1] + 1:
-            out[-1][1] = x
-        else:
-            out.append([x, x])
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in out)
-
 
 def dense_ffn_surface(r: ConfigReader, dense: bool = True) -> tuple[bool, dict | None, str | None]:
     """The FFN activation (``hidden_act``: the dense layers', the experts' and KDA's convs') and,
@@ -451,6 +443,6 @@ def set_aside_layers(r: ConfigReader, src: CheckpointSource, num_layers: int, ex
     if aside:
         layers = sorted({int(n[len('model.layers.'):].partition('.')[0]) for n in aside})
         r.findings.append(Finding(category="metadata", key=key, value=extra,
-                                  message=f"{len(aside)} tensors of {what} layer(s) {_runs(layers)} set aside by name: "
+                                  message=f"{len(aside)} tensors of {what} layer(s) {runs(layers)} set aside by name: "
                                           "not encoded, never executed, recorded in provenance", blocks=False))
     return aside, dropped
