@@ -243,9 +243,9 @@ def _placement(p: R.PlacementInfo | None) -> list[str]:
                   "state bytes"], rows, right=(4, 5, 6, 7))
     out += fields([
         ("not called", ", ".join(p.untouched) if p.untouched else None),
-        ("crossing", f"{fmt_bytes(p.bytes_per_hop_per_position)} per hop per position, {p.hops_per_position} hops: "
+        ("crossing", (f"{fmt_bytes(p.bytes_per_hop_per_position)} per hop per position, {p.hops_per_position} hops: "
                      f"{fmt_bytes(p.bytes_moved_per_position)} per position "
-                     f"({fmt_bytes(p.bytes_between_shards_per_position)} between shards)"),
+                     f"({fmt_bytes(p.bytes_between_shards_per_position)} between shards)")),
     ])
     return out
 
@@ -705,8 +705,8 @@ def _draft(r: R.DraftResult, timing: bool) -> list[str]:
         return [f"draft off: later statements run the full model ({r.model_layers} layers)"]
     c = r.reads
     return [
-        f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
-        f"{layers_phrase(r.executed_layers)} of {r.model_layers}",
+        (f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
+        f"{layers_phrase(r.executed_layers)} of {r.model_layers}"),
     ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
 
 
@@ -806,11 +806,11 @@ def _diff(r: R.DiffResult, timing: bool) -> list[str]:
     out = fields([("a", r.a), ("b", r.b), ("verdict", r.verdict)] + ([("relation", r.relation)] if r.relation else []))
     if r.differences:
         out += [""] + table(["kind", "area", "what", "a", "b"],
-                            [[d.kind, d.area, d.what, _cell(d.a), _cell(d.b)] for d in r.differences])
+                            [[d.kind, d.area, d.what, _diff_cell(d.a), _diff_cell(d.b)] for d in r.differences])
     return out
 
 
-def _cell(v: Any) -> str:
+def _diff_cell(v: Any) -> str:
     return fmt_int(v) if isinstance(v, int) and not isinstance(v, bool) else fmt_value(v)
 
 
@@ -1119,15 +1119,23 @@ def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
         out += table(["part", "site", "logit", "share"],
                      [[x.name, x.site, f"{x.logit:.4f}", _share(x.share)] for x in d.parts], right=(2, 3))
         out += fields([
-            ("final logit", f"{d.final_logit:.6f}"),
+            ("final logit", f"{d.final_logit:.4f}"),
             ("before softcap", base),
-            ("sum of parts", f"{d.sum_of_parts:.6f} ({len(d.parts)} parts; unexplained {d.unexplained:.1e}, float32 rounding)"),
+            ("sum of parts", f"{d.sum_of_parts:.4f} ({len(d.parts)} parts; {_residue(d)})"),
             *[("note" if i == 0 else "", n) for i, n in enumerate(d.notes)],
         ])
     out += fields([("saved", None if r.saved is None else
                     f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})"),
                    _time(r.seconds, timing)])
     return out
+
+
+def _residue(d: R.Decomposition) -> str:
+    """The residue as a bound, never its value (its last digits depend on the order of float
+    additions); a residue past the bound is printed, since it is no longer rounding."""
+    if abs(d.unexplained) <= d.bound:
+        return "equal to the logit up to float32 rounding, within 1e-5 of the parts' absolute sum"
+    return f"{d.unexplained:.1e} unexplained, more than float32 rounding's {d.bound:.1e}"
 
 
 @_layout(R.ObserveResult)

@@ -935,6 +935,7 @@ class Decomposition(_Data):
     logit_before_softcap: float | None
     sum_of_parts: float
     unexplained: float
+    bound: float
     scale: float
     parts: list[Part]
     notes: list[str]

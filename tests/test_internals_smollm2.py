@@ -52,7 +52,7 @@ def test_smollm2_decompose_is_exact_and_the_lens_ends_at_the_output(smol_ix, smo
     r = smol_ix.trace("The capital of France is", " Paris", decompose=True)
     d = r.decomposition
     scale = math.fsum(abs(p.logit) for p in d.parts)
-    assert abs(d.unexplained) <= 1e-5 * scale and len(d.parts) == 61
+    assert d.bound == 1e-5 * scale and abs(d.unexplained) <= d.bound and len(d.parts) == 61
     logits = vindex3.open(smollm2_container).executor().forward(r.prompt.ids)
     assert d.final_logit == float(logits[-1, r.target_id])
     assert r.rows[-1].layer == 29 and r.rows[-1].top_id == int(np.argmax(logits[-1]))

@@ -12,7 +12,8 @@ target's logit is the sum of
     part = s · head_multiplier · W_head[t] · (final_norm_weight ⊙ w)
 
 over the embedding and every write. The parts sum to the final logit up to float32 rounding
-(``unexplained`` says by how much); with a logit softcap they sum to the logit before it, and
+(``unexplained`` says by how much, and ``bound`` is what float32 rounding can explain: a residue
+within it is rounding, one past it is a bug); with a logit softcap they sum to the logit before it, and
 the result says so. A layer without an FFN (a Mamba2 mixer-only layer) contributes its mixer
 write only, and a note says so.
 """
@@ -35,6 +36,15 @@ from ..paths import hidden_sibling
 from .capture import CapturedRun
 from .common import Prompt, layer_list, output_path
 from .model import ModelView
+
+# The residue float32 rounding can explain, relative to the parts' absolute sum. The final residual
+# is P float32 additions of the writes (P <= ~200 layers' mixer and FFN writes) and the readout one
+# dot product of H terms; each rounds at eps32 = 1.19e-7 of its running magnitude, so the residue is
+# at most a few dozen ulps of sum |part| in practice. 1e-5 is ~84 ulps: the residues measured on
+# the thirteen fixture families are 2e-9 to 1.2e-7 of sum |part| under both the host (AVX2) and
+# NUMBA_CPU_NAME=generic builds (tests/test_internals_trace.py prints them), and a part left out or
+# counted twice is ~1e-2 of it.
+ROUNDING_BOUND = 1e-5
 
 METHOD = ("part = s * head_multiplier * W_head[t] . (final_norm_weight * write), s = 1/sqrt(mean(h_final^2) + eps) "
           "frozen at the final residual; parts: the embedding and every mixer and FFN write")
@@ -69,6 +79,7 @@ class Decomposition(BaseModel):
     logit_before_softcap: float | None  # set only when the head has a softcap: what the parts sum to
     sum_of_parts: float
     unexplained: float  # decomposed logit minus the sum of parts (float32 rounding)
+    bound: float  # ROUNDING_BOUND of the parts' absolute sum: the most float32 rounding explains
     scale: float  # the frozen 1/RMS of the final residual
     parts: list[Part]
     notes: list[str]
@@ -171,6 +182,7 @@ def decompose(view: ModelView, ex: Executor, run: CapturedRun, target: int, posi
     names, layers, sites, ops, parts, s, pre = decompose_arrays(ex, run, target, p)
     final = float(run.logits[p, target])
     total = math.fsum(float(x) for x in parts)
+    bound = ROUNDING_BOUND * math.fsum(abs(float(x)) for x in parts)
     notes = []
     for i in run.executed:
         if not any(w.layer == i and w.site == "ffn" for w in run.writes):
@@ -181,7 +193,8 @@ def decompose(view: ModelView, ex: Executor, run: CapturedRun, target: int, posi
     base = float(pre) if softcap else final
     return Decomposition(
         token_id=target, token=view.text(target), position=p, final_logit=final,
-        logit_before_softcap=float(pre) if softcap else None, sum_of_parts=total, unexplained=base - total, scale=float(s),
+        logit_before_softcap=float(pre) if softcap else None, sum_of_parts=total, unexplained=base - total, bound=bound,
+        scale=float(s),
         parts=[Part(name=n, layer=l, site=st, operator=o, logit=float(v), share=(float(v) / base if base else None))
                for n, l, st, o, v in zip(names, layers, sites, ops, parts)],
         notes=notes)
