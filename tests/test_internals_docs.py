@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from lql_fixtures import ROOT, mask_timings, regen
+from lql_fixtures import ROOT, mask_timings, regen, same_output, unified_diff
 
 import lql
 from lql.errors import LqlError
@@ -48,9 +48,9 @@ def test_internals_doc_prints_what_smollm2_prints(smollm2_features, monkeypatch,
     for m in pairs:
         code, shown = m.group(1), m.group(2)
         got = _run(s, code).replace(cache, "<cache>")
-        changed = _norm(got) != _norm(shown)
+        changed = not same_output(_norm(shown), _norm(got))
         if changed:
-            failures.append(f"--- {code.strip()}\n+++ docs show:\n{shown}\n+++ lql prints:\n{got}\n")
+            failures.append(f"{code.strip()}\n" + unified_diff(_norm(shown), _norm(got), "docs"))
         new_doc.append(doc[last:m.start(2)] + (got + "\n" if changed else shown))
         last = m.end(2)
     if regen() and failures:

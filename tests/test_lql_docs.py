@@ -9,14 +9,14 @@ import re
 import shutil
 
 import pytest
+from lql_fixtures import ROOT, mask_timings, regen, same_output, unified_diff
 
-from lql_fixtures import ROOT, mask_timings, regen
 import lql
 from lql import catalog
 from lql.errors import LqlError
 
 DOC = ROOT / "docs" / "lql.md"
-PAIR = re.compile(r"```lql\n(.*?)```\n\n```text\n(.*?)```", re.S)
+PAIR = re.compile(r"```lql\n(.*?)```\n\n```text\n(.*?)```", re.DOTALL)
 _STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:[+-]\d\d:\d\d|Z)?")
 # OBSERVE's receipt: a fresh run id (and so a fresh SHA-256) every run
 _RECEIPT = re.compile(r"sha256 [0-9a-f]{64}, run [0-9a-f]{32}")
@@ -62,9 +62,9 @@ def test_docs_examples_print_what_the_docs_show(docs_dir):
     for m in pairs:
         code, shown = m.group(1), m.group(2)
         got = _run(s, code).replace(str(docs_dir), ".")
-        changed = _norm(got) != _norm(shown)
+        changed = not same_output(_norm(shown), _norm(got))
         if changed:
-            failures.append(f"--- {code.strip()}\n+++ docs show:\n{shown}\n+++ lql prints:\n{got}\n")
+            failures.append(f"{code.strip()}\n" + unified_diff(_norm(shown), _norm(got), "docs"))
         # regenerate only what changed: timings of the other blocks stay as they are
         new_doc.append(doc[last:m.start(2)] + (got + "\n" if changed else shown))
         last = m.end(2)
