@@ -14,7 +14,7 @@ def blas_identity() -> str:
         cfg = np.show_config(mode="dicts")
         b = cfg.get("Build Dependencies", {}).get("blas", {})
         return f"{b.get('name', '?')} {b.get('version', '')}".strip()
-    except Exception as e:  # older numpy
+    except Exception as e:  # noqa: BLE001  (older numpy: any failure means "unknown")
         return f"unknown ({type(e).__name__})"
 
 

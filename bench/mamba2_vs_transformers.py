@@ -26,9 +26,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from machine import facts, pin_threads
 
-CONFIG = dict(vocab_size=2048, hidden_size=256, expand=2, num_heads=8, head_dim=64, state_size=64, n_groups=2,
-              conv_kernel=4, chunk_size=256, num_hidden_layers=4, use_bias=False, use_conv_bias=True,
-              layer_norm_epsilon=1e-5, tie_word_embeddings=False)
+CONFIG = {"vocab_size": 2048, "hidden_size": 256, "expand": 2, "num_heads": 8, "head_dim": 64, "state_size": 64, "n_groups": 2,
+              "conv_kernel": 4, "chunk_size": 256, "num_hidden_layers": 4, "use_bias": False, "use_conv_bias": True,
+              "layer_norm_epsilon": 1e-5, "tie_word_embeddings": False}
 PREFILL = 512
 DECODE = 64
 

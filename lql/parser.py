@@ -607,7 +607,7 @@ class ToAst(Transformer):
             fields["save"], fields["save_file"] = fields.pop("save_file"), True
         return fields
 
-    def _clause(name):  # noqa: N805  (a factory of transformer methods, used in the class body)
+    def _clause(name):
         def method(self, meta, c):
             return (name, True, c[0])
         return method
@@ -945,7 +945,7 @@ def _match_label(err: UnexpectedInput) -> str | None:
     """The label of a recorded mistake made in the same parser state (Lark's match_examples)."""
     try:
         return err.match_examples(LARK.parse, _HINT_EXAMPLES, use_accepts=True)
-    except Exception:  # a hint is a courtesy; never let it mask the syntax error itself
+    except Exception:  # noqa: BLE001  a hint is a courtesy; never let it mask the syntax error itself
         return None
 
 

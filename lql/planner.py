@@ -889,7 +889,7 @@ def _diff(s: ast.Diff, ctx: Context) -> Node:
         raise _err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
                    hint="leave INTO PATCH out: DIFF shows the differences")
     _positive(s, s.limit, "LIMIT", "LIMIT 10")
-    opts = dict(layer=s.layer, limit=s.limit, physical=s.physical)
+    opts = {"layer": s.layer, "limit": s.limit, "physical": s.physical}
     if s.b_current:
         if not ctx.bound:
             raise NoContainer("DIFF 'a' CURRENT compares a with the open container, and none is open",
@@ -1275,8 +1275,8 @@ def _show_patches(s: ast.ShowPatches, ctx: Context) -> Node:
 
 @plans(ast.ShowCompactStatus)
 def _show_compact_status(s: ast.ShowCompactStatus, ctx: Context) -> Node:
-    lines = ["nothing to compact: this build has no patch overlay, so no edits wait to be folded in "
-             "(COMPACT MINOR | MAJOR are refused by name)"]
+    lines = [("nothing to compact: this build has no patch overlay, so no edits wait to be folded in "
+             "(COMPACT MINOR | MAJOR are refused by name)")]
     if ctx.bound:
         lines.append(f"COMPACT INTO 'dir' copies {ctx.catalog.name}'s referenced files and lists what it leaves behind")
     return Note(s, topic="compact status", lines=tuple(lines))

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
-import pytest
+import fnmatch
+from pathlib import Path
 
+import pytest
 from fixtures import FAMILIES, bounded, build_checkpoint
+
+
+# The tests that print or compare numbers: golden texts, checked docs, parity against the reference
+# and our own paths against each other. scripts/test runs them a second time with numba compiling
+# for another CPU target (NUMBA_CPU_NAME=generic), so that machine-dependence is caught here. A new
+# file whose name fits a pattern is included without being listed.
+NUMERIC_FILES = (
+    "test_*_models.py", "test_*_kernels.py", "test_*_op.py", "test_*_statements.py", "test_*_docs.py",
+    "test_executor.py", "test_codecs.py", "test_representations.py", "test_internals_*.py", "test_draft_*.py",
+    "test_lql_internals.py", "test_plugin_core.py", "test_gguf_import.py", "test_golden_compare.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = Path(str(item.fspath)).name
+        if any(fnmatch.fnmatch(name, pat) for pat in NUMERIC_FILES):
+            item.add_marker(pytest.mark.numeric)
 
 
 def _need_transformers():

@@ -21,8 +21,8 @@ CORPUS = [
     "Water boils at a temperature of 100 degrees Celsius.",
 ]
 
-BASE = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2)
+BASE = {"vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}
 
 FAMILIES: dict[str, dict] = {
     "llama": dict(BASE, tie_word_embeddings=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
@@ -88,19 +88,19 @@ def load_reference(path: Path, **kwargs):
 # Odd widths everywhere the configs allow, n_groups > 1, and a chunk size (8) that the test
 # prompts exceed and do not divide.
 
-FAMILIES["mamba2"] = dict(
-    vocab_size=VOCAB, hidden_size=45, expand=2, num_heads=6, head_dim=15, state_size=13, n_groups=3, conv_kernel=3,
-    chunk_size=8, num_hidden_layers=3, use_bias=True, use_conv_bias=True, layer_norm_epsilon=1e-5,
-    bos_token_id=1, eos_token_id=2, pad_token_id=0,
-)
-FAMILIES["granitemoehybrid"] = dict(
-    vocab_size=VOCAB, hidden_size=45, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
-    shared_intermediate_size=70, num_local_experts=0, layer_types=["attention", "mamba", "mamba", "attention"],
-    mamba_n_heads=6, mamba_d_head=15, mamba_n_groups=3, mamba_d_state=13, mamba_d_conv=3, mamba_expand=2,
-    mamba_chunk_size=8, embedding_multiplier=2.0, residual_multiplier=0.6, attention_multiplier=0.09,
-    logits_scaling=0.5, rms_norm_eps=1e-5, tie_word_embeddings=True, position_embedding_type=None, initializer_range=0.1,
-    max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
-)
+FAMILIES["mamba2"] = {
+    "vocab_size": VOCAB, "hidden_size": 45, "expand": 2, "num_heads": 6, "head_dim": 15, "state_size": 13, "n_groups": 3, "conv_kernel": 3,
+    "chunk_size": 8, "num_hidden_layers": 3, "use_bias": True, "use_conv_bias": True, "layer_norm_epsilon": 1e-5,
+    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+}
+FAMILIES["granitemoehybrid"] = {
+    "vocab_size": VOCAB, "hidden_size": 45, "num_hidden_layers": 4, "num_attention_heads": 3, "num_key_value_heads": 1,
+    "shared_intermediate_size": 70, "num_local_experts": 0, "layer_types": ["attention", "mamba", "mamba", "attention"],
+    "mamba_n_heads": 6, "mamba_d_head": 15, "mamba_n_groups": 3, "mamba_d_state": 13, "mamba_d_conv": 3, "mamba_expand": 2,
+    "mamba_chunk_size": 8, "embedding_multiplier": 2.0, "residual_multiplier": 0.6, "attention_multiplier": 0.09,
+    "logits_scaling": 0.5, "rms_norm_eps": 1e-5, "tie_word_embeddings": True, "position_embedding_type": None, "initializer_range": 0.1,
+    "max_position_embeddings": 256, "bos_token_id": 1, "eos_token_id": 2,
+}
 
 
 def _rerandomise_ssm(model) -> None:

@@ -32,8 +32,8 @@ tokenizers = pytest.importorskip("tokenizers")
 from gguf import GGMLQuantizationType as Q
 
 from vindex3.errors import AdmissionError, ConfigError
-from vindex3.sources.gguf import GgufCheckpoint, _byte_alphabet
 from vindex3.sources import open_source
+from vindex3.sources.gguf import GgufCheckpoint, _byte_alphabet
 
 SMOL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -9,8 +9,7 @@ import copy
 import numpy as np
 import pytest
 from conftest import ALL_FAMILIES
-from fixtures import MOE_FAMILIES
-from fixtures import load_reference
+from fixtures import MOE_FAMILIES, load_reference
 from internals_oracle import checkpoint_tensors, hf_run
 
 import vindex3

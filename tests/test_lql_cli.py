@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
-
 from lql_fixtures import ROOT
+
 from lql import cli
 
 
@@ -39,7 +39,7 @@ def test_execute_option(c):
 
 
 def test_container_option_opens_first(c):
-    rc, out, err = run(["-c", c, "-e", "SHOW COMPONENTS"])
+    rc, out, _err = run(["-c", c, "-e", "SHOW COMPONENTS"])
     assert rc == 0 and out.count("opened llama") == 1
 
 
@@ -74,7 +74,7 @@ def test_a_syntax_error_stops_the_script_where_it_is(c):
 
 
 def test_statements_on_stdin(c):
-    rc, out, err = run([], stdin=f"OPEN '{c}';\nVERIFY;\n")
+    rc, out, _err = run([], stdin=f"OPEN '{c}';\nVERIFY;\n")
     assert rc == 0 and "verified" in out
 
 
@@ -97,7 +97,7 @@ def test_json_output_one_object_per_statement(c):
 
 
 def test_set_format_switches_output_mid_script(c):
-    rc, out, _ = run(["-e", f"OPEN '{c}'; SET format = json; VERIFY"])
+    _rc, out, _ = run(["-e", f"OPEN '{c}'; SET format = json; VERIFY"])
     lines = out.splitlines()
     assert lines[0] == "opened llama"
     assert json.loads(lines[-1])["kind"] == "verify"
@@ -117,10 +117,10 @@ def test_internal_error_has_no_traceback_unless_debug(c, monkeypatch):
         raise RuntimeError("kaboom")
 
     monkeypatch.setitem(commands.COMMANDS, planner.Verify, boom)
-    rc, out, err = run(["-e", f"OPEN '{c}';\nVERIFY"])
+    rc, _out, err = run(["-e", f"OPEN '{c}';\nVERIFY"])
     assert rc == 3
     assert "<-e>:2:1: internal error: RuntimeError: kaboom" in err and "Traceback" not in err
-    rc, out, err = run(["--debug", "-e", f"OPEN '{c}';\nVERIFY"])
+    rc, _out, err = run(["--debug", "-e", f"OPEN '{c}';\nVERIFY"])
     assert rc == 3 and "Traceback" in err
 
 
@@ -130,7 +130,7 @@ def test_debug_shows_the_traceback_of_a_refusal(c):
 
 
 def test_missing_script():
-    rc, out, err = run(["no-such-script.lql"])
+    rc, _out, err = run(["no-such-script.lql"])
     assert rc == 1 and err == "lql: script 'no-such-script.lql': does not exist\n"
 
 
@@ -156,7 +156,7 @@ def test_no_arguments_at_a_terminal_calls_the_repl(monkeypatch):
 
 def test_the_real_command_runs(c):
     p = subprocess.run([sys.executable, "-m", "lql", "-e", f"OPEN '{c}'; DRAFT DEPTH 7"],
-                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+                       capture_output=True, text=True, cwd=ROOT, timeout=120, check=False)
     assert p.returncode == 1
     assert "opened llama" in p.stdout
     assert "<-e>:1:" in p.stderr and "Traceback" not in p.stderr

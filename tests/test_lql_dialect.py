@@ -12,8 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from lql_fixtures import ROOT
+
 import lql
 from lql import loop, parser
 from lql.errors import LqlError, LqlSyntaxError, StatementError
@@ -146,8 +146,9 @@ def test_extract_is_encode(dialect_dir):
 
 
 def test_compile_is_a_verified_copy_that_keeps_unknown_index_fields(dialect_dir):
-    import vindex3
     from fixtures import reseal
+
+    import vindex3
 
     src = dialect_dir / "tiny.vindex3"
     idx = json.loads((src / "index.json").read_text())

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from lql_fixtures import ROOT  # noqa: F401
+
 import lql
 from lql import render
 from lql import results as R

@@ -17,11 +17,11 @@ import sys
 import lql_fixtures  # noqa: F401
 import numpy as np
 import pytest
+from fixtures import reseal
 from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 import lql
-from fixtures import reseal
 from lql import cli, render, repl
 
 ENTER = "\r"

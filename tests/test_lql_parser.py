@@ -277,96 +277,96 @@ def test_empty_text_and_stray_semicolons():
 # text → the exact error as a user sees it
 ERRORS = [
     ("OPEN model.vindex3",
-     "syntax error at line 1, column 6: expected a quoted string or DEFAULT, found 'model.vindex3'\n"
+     ("syntax error at line 1, column 6: expected a quoted string or DEFAULT, found 'model.vindex3'\n"
      "  OPEN model.vindex3\n"
      "       ^\n"
-     "  hint: paths are strings: put it in quotes, e.g. 'model.vindex3'"),
+     "  hint: paths are strings: put it in quotes, e.g. 'model.vindex3'")),
     ("OPEN /tmp/m",
-     "syntax error at line 1, column 6: expected a quoted string or DEFAULT, found '/'\n"
+     ("syntax error at line 1, column 6: expected a quoted string or DEFAULT, found '/'\n"
      "  OPEN /tmp/m\n"
      "       ^\n"
-     "  hint: paths are strings: put it in quotes, e.g. '/tmp/m'"),
+     "  hint: paths are strings: put it in quotes, e.g. '/tmp/m'")),
     ("STATS;\nDRAFT DEPTH;",
-     "syntax error at line 2, column 12: expected a whole number, found ';'\n"
+     ("syntax error at line 2, column 12: expected a whole number, found ';'\n"
      "  DRAFT DEPTH;\n"
      "             ^\n"
-     "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
+     "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2")),
     ("INFER 'x' DRAFT DEPTH",
-     "syntax error at line 1, column 22: expected a whole number, found end of input\n"
+     ("syntax error at line 1, column 22: expected a whole number, found end of input\n"
      "  INFER 'x' DRAFT DEPTH\n"
      "                       ^\n"
-     "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2"),
+     "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2")),
     ("STAST",
-     "syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, COMPACT, COMPILE, DELETE, "
+     ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, COMPACT, COMPILE, DELETE, "
      "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PLAN, "
      "REBALANCE, REMOVE, REPRESENT, SAVE, SCORE, SELECT, SET, SHOW, STATS, TRACE, UPDATE, USE, VERIFY, WALK) or "
      "';', found 'STAST'\n"
      "  STAST\n"
      "  ^\n"
-     "  hint: did you mean STATS?"),
+     "  hint: did you mean STATS?")),
     ("INFER 'x' TOPP 3",
-     "syntax error at line 1, column 11: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
+     ("syntax error at line 1, column 11: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
      "SPECULATE or TOP, found 'TOPP'\n"
      "  INFER 'x' TOPP 3\n"
      "            ^\n"
-     "  hint: did you mean TOP?"),
+     "  hint: did you mean TOP?")),
     ("SHOW LAYER",
-     "syntax error at line 1, column 6: expected COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
+     ("syntax error at line 1, column 6: expected COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
      "MODELS, OPERANDS, PATCHES, PROVENANCE, RELATIONS, REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"
-     "  hint: did you mean LAYERS?"),
+     "  hint: did you mean LAYERS?")),
     ("STATS\nSHOW LAYERS",
-     "syntax error at line 2, column 1: expected a quoted string, ';', '|>' or AT, found keyword SHOW\n"
+     ("syntax error at line 2, column 1: expected a quoted string, ';', '|>' or AT, found keyword SHOW\n"
      "  SHOW LAYERS\n"
      "  ^\n"
-     "  hint: end the previous statement with ';' before SHOW"),
+     "  hint: end the previous statement with ';' before SHOW")),
     ("OPEN 'abc",
-     "syntax error at line 1, column 6: expected a quoted string or DEFAULT, found a string that is not closed on its line\n"
+     ("syntax error at line 1, column 6: expected a quoted string or DEFAULT, found a string that is not closed on its line\n"
      "  OPEN 'abc\n"
      "       ^\n"
-     "  hint: close the string with ' before the end of the line"),
+     "  hint: close the string with ' before the end of the line")),
     ("INFER hello",
-     "syntax error at line 1, column 7: expected a quoted string or TOKENS, found 'hello'\n"
+     ("syntax error at line 1, column 7: expected a quoted string or TOKENS, found 'hello'\n"
      "  INFER hello\n"
      "        ^\n"
-     "  hint: a prompt is a quoted string, or token ids as TOKENS (1, 2, 3)"),
+     "  hint: a prompt is a quoted string, or token ids as TOKENS (1, 2, 3)")),
     ("DRAFT 2",
-     "syntax error at line 1, column 7: expected DEPTH, LADDER or OFF, found '2'\n"
+     ("syntax error at line 1, column 7: expected DEPTH, LADDER or OFF, found '2'\n"
      "  DRAFT 2\n"
      "        ^\n"
-     "  hint: write DRAFT DEPTH n (or SPECULATE DEPTH n), e.g. DRAFT DEPTH 2"),
+     "  hint: write DRAFT DEPTH n (or SPECULATE DEPTH n), e.g. DRAFT DEPTH 2")),
     ("INFER TOKENS 1, 2",
-     "syntax error at line 1, column 14: expected '(', found '1'\n"
+     ("syntax error at line 1, column 14: expected '(', found '1'\n"
      "  INFER TOKENS 1, 2\n"
      "               ^\n"
-     "  hint: put the ids in parentheses, e.g. TOKENS (1, 2, 3)"),
+     "  hint: put the ids in parentheses, e.g. TOKENS (1, 2, 3)")),
     ("SET format json",
-     "syntax error at line 1, column 12: expected '=', found 'json'\n"
+     ("syntax error at line 1, column 12: expected '=', found 'json'\n"
      "  SET format json\n"
      "             ^\n"
-     "  hint: SET takes name = value, e.g. SET format = json"),
+     "  hint: SET takes name = value, e.g. SET format = json")),
     ("INFER 'x' DRAFT DEPTH 1.5",
-     "syntax error at line 1, column 24: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
+     ("syntax error at line 1, column 24: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
      "SPECULATE or TOP, found '.'\n"
      "  INFER 'x' DRAFT DEPTH 1.5\n"
      "                         ^\n"
-     "  hint: only a whole number fits here, not 1.5"),
+     "  hint: only a whole number fits here, not 1.5")),
     ("INFER 'x' GENERATE",
-     "syntax error at line 1, column 19: expected a whole number, found end of input\n"
+     ("syntax error at line 1, column 19: expected a whole number, found end of input\n"
      "  INFER 'x' GENERATE\n"
      "                    ^\n"
-     "  hint: GENERATE takes how many tokens to generate, e.g. GENERATE 20"),
+     "  hint: GENERATE takes how many tokens to generate, e.g. GENERATE 20")),
     ("INFER 'x' TOP 3 TOP 4",
-     "syntax error at line 1, column 17: TOP is given twice in one INFER\n"
+     ("syntax error at line 1, column 17: TOP is given twice in one INFER\n"
      "  INFER 'x' TOP 3 TOP 4\n"
      "                  ^\n"
-     "  hint: keep one TOP clause"),
+     "  hint: keep one TOP clause")),
     ("DUMP LOGITS 'x' INTO out.f32",
-     "syntax error at line 1, column 22: expected a quoted string, found 'out.f32'\n"
+     ("syntax error at line 1, column 22: expected a quoted string, found 'out.f32'\n"
      "  DUMP LOGITS 'x' INTO out.f32\n"
      "                       ^\n"
-     "  hint: paths are strings: put it in quotes, e.g. 'out.f32'"),
+     "  hint: paths are strings: put it in quotes, e.g. 'out.f32'")),
 ]
 
 

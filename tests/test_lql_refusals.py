@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import shutil
 
+import lql_fixtures  # noqa: F401
 import pytest
 
-import lql_fixtures  # noqa: F401
 import lql
 from lql.errors import (
     EngineRefusal,

@@ -11,9 +11,9 @@ import json
 import os
 import shutil
 
+import lql_fixtures  # noqa: F401
 import pytest
 
-import lql_fixtures  # noqa: F401
 import lql
 from lql import cli, commands, planner
 from lql.errors import EngineRefusal, InternalError, LimitError, LqlError, SettingError
@@ -87,7 +87,7 @@ def test_a_bug_in_the_parser_is_an_internal_error_not_a_visit_error(s, monkeypat
     assert "ZeroDivisionError: parser bug" in e.value.message and e.value.statement == "VERIFY"
     with pytest.raises(InternalError):
         s.plan("VERIFY")
-    rc, out, err = run_cli(["-c", "tiny.vindex3", "-e", "VERIFY"])
+    rc, _out, err = run_cli(["-c", "tiny.vindex3", "-e", "VERIFY"])
     assert rc == 3 and "internal error: ZeroDivisionError: parser bug" in err and "Traceback" not in err
 
 
@@ -104,10 +104,10 @@ def test_a_bug_while_printing_is_an_internal_error_in_every_format(work, monkeyp
         raise ValueError("render bug")
 
     monkeypatch.setattr(render, "format_result", broken)
-    rc, out, err = run_cli(["--format", fmt, "-e", "OPEN 'tiny.vindex3'; STATS; VERIFY"])
+    rc, _out, err = run_cli(["--format", fmt, "-e", "OPEN 'tiny.vindex3'; STATS; VERIFY"])
     assert rc == 3 and "Traceback" not in err
     assert "<-e>:1:1: internal error: ValueError: render bug" in err and "in: OPEN 'tiny.vindex3'" in err
-    rc, out, err = run_cli(["--debug", "--format", fmt, "-e", "OPEN 'tiny.vindex3'"])
+    rc, _out, err = run_cli(["--debug", "--format", fmt, "-e", "OPEN 'tiny.vindex3'"])
     assert rc == 3 and "Traceback" in err
 
 
@@ -118,13 +118,13 @@ def test_a_bug_outside_any_statement_still_exits_3_without_a_traceback(work, mon
         raise KeyError("console bug")
 
     monkeypatch.setattr(console.Console, "run_script", broken)
-    rc, out, err = run_cli(["-e", "STATS"])
+    rc, _out, err = run_cli(["-e", "STATS"])
     assert rc == 3 and "lql: internal error: KeyError: 'console bug'" in err and "Traceback" not in err
 
 
 def test_json_output_names_an_internal_error(work, monkeypatch):
     monkeypatch.setitem(commands.COMMANDS, planner.Verify, _boom)
-    rc, out, err = run_cli(["--json", "-e", "OPEN 'tiny.vindex3'; VERIFY"])
+    rc, out, _err = run_cli(["--json", "-e", "OPEN 'tiny.vindex3'; VERIFY"])
     assert rc == 3
     last = json.loads(out.splitlines()[-1])
     assert last["ok"] is False and last["error"]["type"] == "InternalError"
@@ -169,9 +169,8 @@ def test_the_shell_reports_a_printing_bug_and_goes_on(work, monkeypatch):
 
 def test_the_server_answers_500_for_a_parser_bug(work, monkeypatch):
     pytest.importorskip("starlette")
-    from starlette.testclient import TestClient
-
     from server_fixtures import config
+    from starlette.testclient import TestClient
 
     from lql import parser
     from lql.server.app import create_app
@@ -415,7 +414,7 @@ def test_open_default_says_when_it_rebuilds_a_damaged_cache(work, monkeypatch):
     r = lql.Session(on_notice=notices.append).execute_one("OPEN DEFAULT")
     assert r.rebuilt == "it does not open (damaged)" and len(notices) == 1
     assert "rebuilt: it does not open (damaged)" in r.to_text()
-    rc, out, err = run_cli(["-e", "OPEN DEFAULT"])
+    rc, _out, err = run_cli(["-e", "OPEN DEFAULT"])
     assert rc == 0 and "notice: the cached default model at X is being rebuilt" in err
 
 

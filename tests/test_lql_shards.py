@@ -33,7 +33,7 @@ def test_open_shards_answers_as_one_process_and_shows_placement(ray_cluster, con
         assert explain.placement.untouched == ["shard-1"] and [x.name for x in explain.placement.shards] == ["shard-0"]
         assert "not called  shard-1" in explain.to_text(timing=False)
         assert infer.generated_ids == local.generated_ids and infer.executed_layers == [0, 1, 2, 3]
-        (off,) = s.execute("SET shards = 0;")
+        (_off,) = s.execute("SET shards = 0;")
         assert s.settings["shards"] == 0 and s.execute("STATS;")[0].placement is None
         (again,) = s.execute(f"INFER TOKENS ({IDS}) GENERATE 6 EXACTLY;")
         assert again.generated_ids == local.generated_ids

@@ -18,8 +18,8 @@ from fixtures import hf_greedy, hf_logits, load_reference, our_greedy, token_by_
 
 import lql
 import vindex3
-from vindex3.draft import greedy_generate, speculative_generate
 from vindex3.continuation import KV, RECURRENT
+from vindex3.draft import greedy_generate, speculative_generate
 from vindex3.errors import AdmissionError, StateError
 from vindex3.operators.mamba2 import Mamba2State
 from vindex3.operators.softmax import KvRows

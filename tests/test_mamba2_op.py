@@ -18,11 +18,11 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from transformers import DynamicCache, Mamba2Config  # noqa: E402
-from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer  # noqa: E402
+from transformers import DynamicCache, Mamba2Config
+from transformers.models.mamba2.modeling_mamba2 import Mamba2Mixer
 
-from vindex3.errors import ClosureError, StateError  # noqa: E402
-from vindex3.exec.ops.mamba2 import (  # noqa: E402
+from vindex3.errors import ClosureError, StateError
+from vindex3.exec.ops.mamba2 import (
     Mamba2Geometry,
     Mamba2State,
     Mamba2Weights,
@@ -40,16 +40,16 @@ TOL = 1e-5
 
 CONFIGS = {
     # hidden 72, 6 heads of 24, 3 groups of 2 heads, state 16, chunk 8
-    "h72_g3": dict(
-        hidden_size=72, expand=2, num_heads=6, head_dim=24, state_size=16, n_groups=3,
-        conv_kernel=4, chunk_size=8, use_bias=False, use_conv_bias=True,
-    ),
+    "h72_g3": {
+        "hidden_size": 72, "expand": 2, "num_heads": 6, "head_dim": 24, "state_size": 16, "n_groups": 3,
+        "conv_kernel": 4, "chunk_size": 8, "use_bias": False, "use_conv_bias": True,
+    },
     # odd widths everywhere the config allows: hidden 45, head_dim 15, state 13, kernel 3,
     # biases on in_proj / out_proj
-    "odd_g2": dict(
-        hidden_size=45, expand=2, num_heads=6, head_dim=15, state_size=13, n_groups=2,
-        conv_kernel=3, chunk_size=8, use_bias=True, use_conv_bias=True,
-    ),
+    "odd_g2": {
+        "hidden_size": 45, "expand": 2, "num_heads": 6, "head_dim": 15, "state_size": 13, "n_groups": 2,
+        "conv_kernel": 3, "chunk_size": 8, "use_bias": True, "use_conv_bias": True,
+    },
 }
 
 
@@ -161,7 +161,7 @@ def maxdiff(a, b) -> float:
 
 
 def test_geometry_sizes_and_buffers():
-    cfg, mixer, w, g = setup("h72_g3")
+    _cfg, mixer, _w, g = setup("h72_g3")
     assert g.intermediate == mixer.intermediate_size == 144
     assert g.conv_dim == mixer.conv_dim
     assert g.in_proj_dim == mixer.in_proj.out_features
@@ -219,7 +219,7 @@ def test_prefill_then_steps_matches_transformers_cache(name, n_prefill):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_token_by_token_from_zero_equals_prefill(name):
-    cfg, mixer, w, g = setup(name)
+    cfg, _mixer, w, g = setup(name)
     T = 21
     x = inputs(cfg, T, seed=3)
     st = Mamba2State.zeros(g)
@@ -287,7 +287,7 @@ def test_exp_f32_is_accurate_and_propagates_nan():
 
 
 def test_gated_norm_is_grouped_and_gated_first_like_transformers():
-    cfg, mixer, w, g = setup("h72_g3")
+    _cfg, mixer, w, g = setup("h72_g3")
     rng = np.random.default_rng(4)
     y = rng.standard_normal((5, g.intermediate)).astype(np.float32)
     y[:, : g.norm_group_size] *= 10.0  # groups of very different scale
@@ -305,7 +305,7 @@ def test_gated_norm_is_grouped_and_gated_first_like_transformers():
 
 
 def test_conv_is_the_same_arithmetic_for_one_and_many_positions():
-    cfg, mixer, w, g = setup("odd_g2")
+    _cfg, mixer, w, g = setup("odd_g2")
     rng = np.random.default_rng(2)
     T = 11
     xbc_in = rng.standard_normal((T, g.conv_dim)).astype(np.float32)
@@ -331,7 +331,7 @@ def test_conv_is_the_same_arithmetic_for_one_and_many_positions():
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("split", [1, 2, 8, 13])
 def test_prefill_in_two_calls_equals_one(name, split):
-    cfg, mixer, w, g = setup(name)
+    cfg, _mixer, w, g = setup(name)
     T = 30
     x = inputs(cfg, T, seed=5)
     one = mamba2_prefill(x, w, g, st1 := Mamba2State.zeros(g))
@@ -360,7 +360,7 @@ def test_second_prefill_matches_transformers_cache():
 
 
 def test_empty_prefill_leaves_state():
-    cfg, mixer, w, g = setup("h72_g3")
+    cfg, _mixer, w, g = setup("h72_g3")
     st = Mamba2State.zeros(g)
     mamba2_prefill(inputs(cfg, 5), w, g, st)
     before = st.copy()
@@ -408,7 +408,7 @@ def test_finite_time_step_limit_matches_transformers(limit):
 
 
 def test_misshapen_operands_and_state_are_refused_by_name():
-    cfg, mixer, w, g = setup("h72_g3")
+    cfg, _mixer, w, g = setup("h72_g3")
     x = inputs(cfg, 3)
     wide = dataclasses.replace(
         w, in_proj=np.zeros((g.in_proj_dim + 2 * 10, g.hidden_size), np.float32)
@@ -430,7 +430,7 @@ def test_misshapen_operands_and_state_are_refused_by_name():
 
 
 def test_memory_mapped_read_only_weights(tmp_path):
-    cfg, mixer, w, g = setup("odd_g2")
+    cfg, _mixer, w, g = setup("odd_g2")
     mapped = {}
     for f in dataclasses.fields(w):
         a = getattr(w, f.name)
@@ -450,7 +450,7 @@ def test_memory_mapped_read_only_weights(tmp_path):
 
 
 def test_accepts_squeezed_conv_weight():
-    cfg, mixer, w, g = setup("odd_g2")
+    cfg, _mixer, w, g = setup("odd_g2")
     w2 = dataclasses.replace(w, conv_weight=w.conv_weight[:, 0, :])
     x = inputs(cfg, 10)
     a = mamba2_prefill(x, w, g, Mamba2State.zeros(g))

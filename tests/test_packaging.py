@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_grammar_ships_inside_the_wheel(tmp_path):
     p = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path)],
-        capture_output=True, text=True,
+        capture_output=True, text=True, check=False,
     )
     if p.returncode and "No module named" in p.stderr and "setuptools" in p.stderr:
         pytest.skip(f"SKIPPED LOUDLY: setuptools is not installed in this environment: {p.stderr[-200:]}")
@@ -33,7 +33,7 @@ def test_grammar_ships_inside_the_wheel(tmp_path):
 
 @pytest.mark.parametrize("module", ["lql", "vindex3"])
 def test_python_dash_m_runs(module):
-    p = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True, text=True, check=False)
     assert p.returncode == 0 and p.stdout.strip(), p.stderr
 
 

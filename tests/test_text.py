@@ -1,6 +1,8 @@
 """vindex3.text.runs: the run formatter every vindex3 message uses, checked by reading its text
 back (a property, not examples copied from its output)."""
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,7 +23,7 @@ def test_runs_reads_back_to_the_same_layers_and_collapses_every_run(xs):
     assert _read_back(text) == xs
     # no two adjacent parts could have been one run
     parts = [p.partition("-") for p in filter(None, text.split(", "))]
-    for (a1, _, b1), (a2, _, _) in zip(parts, parts[1:]):
+    for (a1, _, b1), (a2, _, _) in itertools.pairwise(parts):
         assert int(a2) > int(b1 or a1) + 1
 
 

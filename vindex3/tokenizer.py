@@ -48,8 +48,8 @@ class Tokenizer:
         t = cls(tok, config)
         # A special token the config names must exist: silently dropping the BOS (or never
         # seeing the EOS) would change every run without a word.
-        for key, text, tid in (("bos_token", t.bos_token, t.bos_id), ("eos_token", t.eos_token, t.eos_id)):
-            if config.get(key) is not None and (not text or tid is None):
+        for key, token, tid in (("bos_token", t.bos_token, t.bos_id), ("eos_token", t.eos_token, t.eos_id)):
+            if config.get(key) is not None and (not token or tid is None):
                 raise IntegrityError(f"{source}: tokenizer_config.json {key} {config.get(key)!r} is not a token of "
                                      "the vocabulary")
         if add_bos and t.bos_id is None:

@@ -44,5 +44,18 @@ def execute(session: Session, node: planner.Node) -> Result:
 
 
 # Importing the modules registers their commands.
-from . import (container, dialect, drafts, experts, explain, facts, infer, internals, open, remote,  # noqa: F401
-               representations, settings, trace)
+from . import (  # noqa: F401
+    container,
+    dialect,
+    drafts,
+    experts,
+    explain,
+    facts,
+    infer,
+    internals,
+    open,
+    remote,
+    representations,
+    settings,
+    trace,
+)

@@ -72,7 +72,7 @@ class BufferState(OpState):
 class LayerState:
     """The state of one layer: op slot -> that op's state."""
 
-    __slots__ = ("index", "geometry", "ops")
+    __slots__ = ("geometry", "index", "ops")
 
     def __init__(self, index: int, geometry: Geometry, ops: dict[str, OpState]):
         self.index, self.geometry, self.ops = index, geometry, ops

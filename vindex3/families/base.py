@@ -8,8 +8,9 @@ neither of them, so there is no cycle between them."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, ClassVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -53,12 +54,12 @@ class ConfigReader:
     """Reads config keys and records a finding for each, so that nothing is silently ignored."""
 
     # Keys every Hugging Face config may carry that do not change inference.
-    GENERIC_METADATA = {
+    GENERIC_METADATA: ClassVar[set[str]] = {
         "architectures", "model_type", "transformers_version", "dtype", "torch_dtype", "bos_token_id",
         "eos_token_id", "pad_token_id", "_name_or_path", "name_or_path", "max_position_embeddings",
         "use_cache", "initializer_range", "sep_token_id", "decoder_start_token_id",
     }
-    GENERIC_IGNORED = {
+    GENERIC_IGNORED: ClassVar[dict[str, str]] = {
         "attention_dropout": "dropout is a training-time setting",
         "hidden_dropout": "dropout is a training-time setting",
         "embd_pdrop": "dropout is a training-time setting",

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
+from .base import ConfigReader, Lowering, register_family
 from .placement import assemble_graph, place_tensors
 
 PREFIXES = (

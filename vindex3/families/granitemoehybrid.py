@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 
-from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
 from . import mamba2 as m2f
+from .base import ConfigReader, Lowering, register_family
 from .decoder import ATTENTION_ROLES, PREFIXES, rope_policy
 from .moe import moe_facts, positive_int
 from .placement import Part, assemble_graph, place_tensors

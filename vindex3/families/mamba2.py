@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from .base import ConfigReader, Lowering, register_family
 from ..sources import CheckpointSource
+from .base import ConfigReader, Lowering, register_family
 from .placement import assemble_graph, place_tensors
 
 # Mixer tensor suffix (below the layer's mixer module) -> operand role, exact match only.

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .base import ConfigReader, Finding, TensorPlacement
 from ..sources import CheckpointSource
+from .base import ConfigReader, Finding, TensorPlacement
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,14 @@ from pydantic import BaseModel
 
 from ..continuation import TRUNCATE
 from ..errors import SliceError, StateError, VindexError
-from ..exec.engine import SMALL_PASS, Executor, PreparedOperands, _small_pass_limit, decode_threads, prepare_ends
+from ..exec.engine import (
+    SMALL_PASS,
+    Executor,
+    PreparedOperands,
+    _small_pass_limit,
+    decode_threads,
+    prepare_ends,
+)
 from ..exec.slice import Draft, Full, LayerRange, plan_slice
 from ..exec.trace import ExecutionTrace
 from ..limits import check_context, context_limit

@@ -51,8 +51,8 @@ from vindex3.errors import ClosureError, StateError
 
 __all__ = [
     "Mamba2Geometry",
-    "Mamba2Weights",
     "Mamba2State",
+    "Mamba2Weights",
     "mamba2_prefill",
     "mamba2_step",
 ]
@@ -154,7 +154,7 @@ class Mamba2State:
     """A layer's recurrent buffers, float32: ``ssm`` [heads, head_dim, state_size] and
     ``conv`` [conv_dim, kernel] (the last ``kernel`` conv inputs, oldest first)."""
 
-    __slots__ = ("ssm", "conv")
+    __slots__ = ("conv", "ssm")
 
     def __init__(self, ssm: np.ndarray, conv: np.ndarray):
         self.ssm = ssm
