@@ -296,7 +296,7 @@ def show_bytes(n: int) -> str:
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n % size == 0 and n // size < 10240:
             return f"{n // size} {unit}"
-    from .render import fmt_bytes
+    from .text import fmt_bytes
 
     return fmt_bytes(n)
 

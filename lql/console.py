@@ -22,7 +22,7 @@ from typing import Any, TextIO
 from prompt_toolkit.formatted_text import FormattedText
 from prompt_toolkit.shortcuts import print_formatted_text
 
-from . import ast, loop, render
+from . import ast, loop, render, text
 from . import results as R
 from .errors import FileRefusal, InternalError, LqlError, LqlSyntaxError
 from .repl_lexer import STYLE
@@ -172,11 +172,11 @@ class Console:
         fmt = self.format
         if once is not None:
             self._once = None
-            text = render.escape_surrogates(self._formatted(result, fmt, None)) + "\n"
+            body = render.escape_surrogates(self._formatted(result, fmt, None)) + "\n"
             self._target("\\once", once)  # checked again: the statement may have created it
             try:
                 with open(once, "x" if not self._overwrite else "w", encoding="utf-8") as f:
-                    f.write(text)
+                    f.write(body)
             except FileExistsError:
                 raise FileRefusal(f"\\once: {once!r} appeared while the statement ran; refusing to overwrite it",
                                   hint="choose another name, or SET overwrite = on") from None
@@ -188,10 +188,10 @@ class Console:
         width = None
         if screen and self.interactive and isatty(out):
             width = terminal_size(out)[0]
-        text = self._formatted(result, fmt, width)
+        shown = self._formatted(result, fmt, width)
         if fmt in ("text",) and self.timing and seconds is not None:
-            text += f"\ntime: {render.fmt_seconds(seconds)}"
-        self._write_block(text, out, screen, fmt)
+            shown += f"\ntime: {text.fmt_seconds(seconds)}"
+        self._write_block(shown, out, screen, fmt)
 
     def _formatted(self, result: R.Result, fmt: str, width: int | None) -> str:
         indent = 2 if self.interactive and fmt == "json" else None

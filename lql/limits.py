@@ -25,7 +25,7 @@ from .errors import LimitError
 
 
 def _fmt(n: int) -> str:
-    from .render import fmt_bytes
+    from .text import fmt_bytes
 
     return fmt_bytes(n)
 

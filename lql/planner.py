@@ -22,7 +22,7 @@ from typing import Any
 from . import ast, catalog, files, limits
 from .binding import Catalog, SliceBinding
 from .errors import NoContainer, SettingError, StatementError
-from .render import fmt_layers
+from .text import fmt_layers
 
 
 @dataclass(frozen=True)

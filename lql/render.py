@@ -15,8 +15,7 @@ import html
 import io
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import results as R
@@ -24,182 +23,29 @@ from . import results as R
 #: Output formats, as ``SET format``, ``\T`` and ``lql --format`` name them.
 FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
 
-# (width, expanded) for the tables of the result being laid out: width None means no fitting;
-# expanded is "on" (one field per line), "off", or "auto" (one field per line when too wide).
-_FIT: ContextVar[tuple[int | None, str]] = ContextVar("lql_fit", default=(None, "off"))
-
-# ---- formatting helpers ---------------------------------------------------------------
-
-
-def fmt_int(n: int | None) -> str:
-    return "-" if n is None else f"{n:,}"
-
-
-def fmt_bytes(n: int | None) -> str:
-    """Exact bytes, with a binary-prefixed size beside it once it is large."""
-    if n is None:
-        return "-"
-    if n < 1024:
-        return f"{n:,} bytes"
-    return f"{n:,} bytes ({binary_size(n)})"
-
-
-def binary_size(n: int) -> str:
-    """A byte count in binary units (KiB ... EiB), for any non-negative integer however large:
-    integer arithmetic picks the unit, so no count overflows a float."""
-    units = ("KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
-    k = min(len(units), max(1, (int(n).bit_length() - 1) // 10))
-    whole = int(n) >> (10 * k)
-    if whole >= 1 << 50:  # beyond any float's exact range: the digits, in EiB
-        return f"{whole:,} {units[k - 1]}"
-    return f"{int(n) / float(1 << (10 * k)):.1f} {units[k - 1]}"
-
-
-def fmt_seconds(s: float | None) -> str:
-    if s is None:
-        return "-"
-    return f"{s * 1000:.1f} ms" if s < 1.0 else f"{s:.2f} s"
-
-
-def fmt_prob(p: float) -> str:
-    return f"{p:.4f}"
-
-
-def fmt_value(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(fmt_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {fmt_value(x)}" for k, x in v.items()) + "}"
-    return str(v)
-
-
-def fmt_bpw(bits: float | None) -> str:
-    return "-" if bits is None else f"{bits:.2f}"
-
-
-def fmt_mixed(encodings: dict[str, int]) -> str:
-    """`` (int8 210, f32 61)`` when an object's tensors are stored in several encodings."""
-    if len(encodings) < 2:
-        return ""
-    return " (" + ", ".join(f"{e} {n}" for e, n in encodings.items()) + ")"
-
-
-def fmt_shape(shape: Sequence[int]) -> str:
-    return "[" + ", ".join(str(d) for d in shape) + "]"
-
-
-def fmt_text(s: str | None) -> str:
-    """A token's or a generation's text, quoted so that whitespace is visible."""
-    return "-" if s is None else repr(s)
-
-
-def fmt_mix(mix: Iterable[R.MixEntry]) -> str:
-    return " / ".join(f"{m.count} {m.label}" for m in mix) or "-"
-
-
-def fmt_layers(layers: Sequence[int]) -> str:
-    """[0, 1, 2, 3, 7] → '0-3, 7' (real layer indices, runs collapsed)."""
-    if not layers:
-        return "none"
-    runs: list[tuple[int, int]] = []
-    for i in layers:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
-    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
-
-
-def layers_phrase(layers: Sequence[int]) -> str:
-    """'layer 0' or 'layers 0-3'."""
-    return ("layer " if len(layers) == 1 else "layers ") + fmt_layers(layers)
-
-
-def fmt_params(params: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items() if v is not None)
-
-
-def fields(pairs: Iterable[tuple[str, Any]]) -> list[str]:
-    """Aligned ``label  value`` lines; pairs whose value is None are left out."""
-    pairs = [(k, v) for k, v in pairs if v is not None]
-    if not pairs:
-        return []
-    width = max(len(k) for k, _ in pairs)
-    return [f"{k.ljust(width)}  {v}".rstrip() for k, v in pairs]
-
-
-def _natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        for i, c in enumerate(row):
-            widths[i] = max(widths[i], len(c))
-    return widths
-
-
-def _wants_vertical(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
-    width, expanded = _FIT.get()
-    if expanded == "on":
-        return True
-    if expanded == "auto" and width is not None:
-        widths = _natural_widths(headers, rows)
-        return sum(widths) + 2 * (len(widths) - 1) > width
-    return False
-
-
-def _fit_widths(widths: list[int], headers: Sequence[str], right: set[int], width: int) -> list[int]:
-    """Shrink the widest text columns (never the right-aligned numbers) until the table fits,
-    down to a floor per column; a table that cannot fit keeps its floor widths."""
-    widths = list(widths)
-    floor = [max(4, min(len(h), 12)) for h in headers]
-    while sum(widths) + 2 * (len(widths) - 1) > width:
-        cands = [i for i in range(len(widths)) if i not in right and widths[i] > floor[i]]
-        if not cands:
-            break
-        i = max(cands, key=lambda j: widths[j])
-        widths[i] -= 1
-    return widths
-
-
-def _clip(cell: str, w: int) -> str:
-    return cell if len(cell) <= w else cell[: max(0, w - 1)] + "…"
-
-
-def vertical(headers: Sequence[str], rows: Iterable[Sequence[str]], *, start: int = 1) -> list[str]:
-    """Rows one field per line (``\\x``, ``SET expanded = on``), each under a record banner."""
-    hw = max(len(h) for h in headers)
-    out: list[str] = []
-    for n, row in enumerate(rows, start=start):
-        out.append(f"-[ RECORD {n} ]" + "-" * max(3, hw - 10))
-        out += [f"{h.ljust(hw)} | {c}".rstrip() for h, c in zip(headers, row)]
-    return out
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, right: Iterable[int] = ()) -> list[str]:
-    """An aligned table: header, a rule, rows. Columns in ``right`` are right-aligned. When the
-    renderer has a width, long cells are cut with an ellipsis so that no line wraps; in
-    expanded mode the rows come one field per line instead."""
-    rows = [[c if isinstance(c, str) else fmt_value(c) for c in row] for row in rows]
-    if _wants_vertical(headers, rows):
-        return vertical(headers, rows)
-    right = set(right)
-    widths = _natural_widths(headers, rows)
-    width, _ = _FIT.get()
-    if width is not None and sum(widths) + 2 * (len(widths) - 1) > width:
-        widths = _fit_widths(widths, headers, right, width)
-
-    def line(cells: Sequence[str]) -> str:
-        cells = [_clip(c, widths[i]) for i, c in enumerate(cells)]
-        out = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)]
-        return "  ".join(out).rstrip()
-
-    return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
-
+from .text import (  # noqa: F401
+    Col,
+    _wants_vertical,
+    binary_size,
+    fields,
+    fitting,
+    fmt_bpw,
+    fmt_bytes,
+    fmt_int,
+    fmt_layers,
+    fmt_mix,
+    fmt_mixed,
+    fmt_params,
+    fmt_prob,
+    fmt_seconds,
+    fmt_shape,
+    fmt_text,
+    fmt_value,
+    layers_phrase,
+    num,
+    table,
+    vertical,
+)
 
 # ---- per-result layouts ---------------------------------------------------------------
 
@@ -239,8 +85,8 @@ def _placement(p: R.PlacementInfo | None) -> list[str]:
     rows += [[s.name, layers_phrase(list(range(s.layers[0], s.layers[1] + 1))), s.actor or "(not started)",
               "-" if s.pid is None else str(s.pid), fmt_int(s.weight_bytes), fmt_int(s.state_bytes_per_position),
               fmt_int(s.fixed_state_bytes), fmt_int(s.state_bytes)] for s in p.shards]
-    out += table(["part", "holds", "actor", "pid", "weight bytes", "state bytes/position", "fixed state bytes",
-                  "state bytes"], rows, right=(4, 5, 6, 7))
+    out += table(["part", "holds", "actor", "pid", num("weight bytes"), num("state bytes/position"), num("fixed state bytes"),
+                  num("state bytes")], rows)
     out += fields([
         ("not called", ", ".join(p.untouched) if p.untouched else None),
         ("crossing", (f"{fmt_bytes(p.bytes_per_hop_per_position)} per hop per position, {p.hops_per_position} hops: "
@@ -303,10 +149,9 @@ def _stats_facts(r: R.StatsResult) -> list[str]:
         ("tokenizer", "yes" if r.tokenizer else "no"),
     ])
     out += [""] + table(
-        ["object", "representation", "tensors", "parameters", "bytes", "bits/weight"],
+        ["object", "representation", num("tensors"), num("parameters"), num("bytes"), num("bits/weight")],
         [[o.object, o.representation + fmt_mixed(o.encodings), fmt_int(o.tensors), fmt_int(o.parameters),
           fmt_int(o.bytes), fmt_bpw(o.bits_per_weight)] for o in r.objects],
-        right=(2, 3, 4, 5),
     )
     if not c.kv_layers and not c.latent_layers and c.recurrent_layers:
         # Nothing grows with the sequence: say so, and print no KV line at all.
@@ -368,7 +213,7 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
             ("token ids", fmt_value(r.prompt.ids)),
             ("state after prompt", fmt_bytes(r.state_bytes_after_prompt)),
         ])
-    headers = ["op", "role", "operand", "tensor", "dtype", "shape", "bytes", "params"]
+    headers = ["op", "role", "operand", "tensor", "dtype", "shape", num("bytes"), "params"]
     rows: list[list[str]] = []
     for st in r.steps:
         if st.stage == "layer":
@@ -391,7 +236,7 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
         else:
             rows.append([f"[{st.stage.replace('_', ' ')}]"] + [""] * 7)
             rows += _operand_rows(st.ops, with_params=True)
-    out += [""] + _table_with_banners(headers, rows, right=(6,))
+    out += [""] + _table_with_banners(headers, rows)
     c = r.reads
     out += [""] + fields([
         ("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}"),
@@ -410,10 +255,11 @@ def _expert_reads(d: dict) -> str:
             f"{fmt_int(d.get('bytes_per_expert'))} per expert, of a {fmt_int(d.get('expert_bank_bytes'))}-byte bank")
 
 
-def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right: Iterable[int] = ()) -> list[str]:
+def _table_with_banners(columns: Sequence[str | Col], rows: list[list[str]]) -> list[str]:
     """A table in which rows starting with '[' are section banners spanning the line; banners
     do not widen the columns."""
     plain = [r for r in rows if not r[0].startswith("[")]
+    headers = [c.header if isinstance(c, Col) else c for c in columns]
     if _wants_vertical(headers, plain):
         out, n = [], 1
         for r in rows:
@@ -423,7 +269,7 @@ def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right:
                 out += vertical(headers, [r], start=n)
                 n += 1
         return out
-    laid = table(headers, plain, right=right)
+    laid = table(columns, plain)
     it = iter(laid[2:])
     out = laid[:2]
     for r in rows:
@@ -434,10 +280,9 @@ def _table_with_banners(headers: Sequence[str], rows: list[list[str]], *, right:
 @_layout(R.LayersResult)
 def _layers(r: R.LayersResult, timing: bool) -> list[str]:
     return table(
-        ["layer", "operator", "span", "window", "position", "ffn", "state", "bytes/position", "fixed bytes"],
+        [num("layer"), "operator", "span", num("window"), "position", "ffn", "state", num("bytes/position"), num("fixed bytes")],
         [[str(x.layer), x.operator, x.span or "-", fmt_int(x.window), x.position or "-", x.ffn or "-",
           x.continuation, fmt_int(x.bytes_per_position), fmt_int(x.fixed_bytes)] for x in r.layers],
-        right=(0, 3, 7, 8),
     )
 
 
@@ -457,10 +302,9 @@ def _reps(r: R.RepresentationsResult, timing: bool) -> list[str]:
     out: list[str] = []
     if r.representations:
         out += table(
-            ["representation", "object", "encoding", "segment", "tensors", "payload bytes", "bits/weight", "payload sha256"],
+            ["representation", "object", "encoding", "segment", num("tensors"), num("payload bytes"), num("bits/weight"), "payload sha256"],
             [[x.key, x.object, (x.encoding or "-") + fmt_mixed(x.encodings), x.segment, fmt_int(x.tensors),
               fmt_int(x.payload_bytes), fmt_bpw(x.bits_per_weight), (x.payload_sha256 or "-")[:16]] for x in r.representations],
-            right=(4, 5, 6),
         )
     for x in r.representations:
         if not x.executable:
@@ -468,10 +312,9 @@ def _reps(r: R.RepresentationsResult, timing: bool) -> list[str]:
             out.append(f"{x.key}: encoding {bad} has no codec in this build (carried; INFER refuses it at preparation)")
     if r.derived:
         out += ([""] if out else []) + table(
-            ["derived", "kind", "summary", "files", "bytes", "fresh"],
+            ["derived", "kind", "summary", num("files"), num("bytes"), "fresh"],
             [[d.key, d.kind, d.summary or "-", fmt_int(d.files), fmt_int(d.bytes),
               "yes" if d.fresh else f"no: {d.stale or 'built from another state of the container'}"] for d in r.derived],
-            right=(3, 4),
         )
     return out
 
@@ -527,11 +370,10 @@ def _provenance_value(key: str, v: Any) -> str:
 @_layout(R.OperandsResult)
 def _operands(r: R.OperandsResult, timing: bool) -> list[str]:
     out = table(
-        ["layer", "op", "operand", "tensor", "dtype", "shape", "bytes"],
+        ["layer", "op", "operand", "tensor", "dtype", "shape", num("bytes")],
         [[str(o.layer) if o.layer is not None else o.stage.replace("_", " "),
           f"{o.op} ({o.op_role})" if o.op_role and o.op_role != o.op else o.op, o.role,
           f"{o.object}/{o.tensor}", o.dtype, fmt_shape(o.shape), fmt_int(o.bytes)] for o in r.operands],
-        right=(6,),
     )
     return out + [f"{len(r.operands)} operands, {fmt_bytes(r.total_bytes)}"]
 
@@ -556,13 +398,12 @@ def router_phrase(router: str, facts: dict[str, Any]) -> str:
 @_layout(R.ExpertsResult)
 def _experts(r: R.ExpertsResult, timing: bool) -> list[str]:
     out = table(
-        ["layer", "experts", "top k", "router", "expert width", "shared", "bytes/expert", "bank bytes", "always bytes",
-         "bytes/position"],
+        [num("layer"), num("experts"), num("top k"), "router", "expert width", "shared", num("bytes/expert"), num("bank bytes"), num("always bytes"),
+         num("bytes/position")],
         [[str(b.layer), str(b.experts), str(b.top_k), router_phrase(b.router, b.router_facts),
           f"{b.expert_width} {b.expert_act}", b.shared if b.shared_width is None else f"{b.shared} {b.shared_width}",
           fmt_int(b.bytes_per_expert), fmt_int(b.expert_bank_bytes), fmt_int(b.always_bytes),
           fmt_int(b.bytes_per_position)] for b in r.banks],
-        right=(0, 1, 2, 6, 7, 8, 9),
     )
     return out + _reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
 
@@ -585,9 +426,8 @@ def _infer(r: R.InferResult, timing: bool) -> list[str]:
                   ("ablated", _intervention(r.intervention))])
     if r.top is not None:
         out += [""] + table(
-            ["rank", "token", "id", "probability"],
+            [num("rank"), "token", num("id"), num("probability")],
             [[str(c.rank), fmt_text(c.token), str(c.id), fmt_prob(c.probability)] for c in r.top],
-            right=(0, 2, 3),
         )
     if r.generated_ids is not None:
         out += [""] + fields([
@@ -667,7 +507,7 @@ def _trace(r: R.TraceResult, timing: bool) -> list[str]:
     for x in r.rows:
         ran = _layers_with_operators(x.layers, x.operators)
         rows.append([str(x.position), str(x.token_id), fmt_text(x.token), ran, str(x.next_id), fmt_text(x.next_token)])
-    return out + table(["pos", "id", "token", "layers run", "next id", "next token"], rows, right=(0, 1, 4))
+    return out + table([num("pos"), num("id"), "token", "layers run", num("next id"), "next token"], rows)
 
 
 def _trace_experts(r: R.TraceResult) -> list[str]:
@@ -683,9 +523,9 @@ def _trace_experts(r: R.TraceResult) -> list[str]:
                  if s.layer in picks else "-" for s in shown]
         rows.append([str(x.position), str(x.token_id), fmt_text(x.token), *cells, fmt_int(x.bytes_read),
                      str(x.next_id), fmt_text(x.next_token)])
-    headers = ["pos", "id", "token", *[f"layer {s.layer} experts" for s in shown], "bytes read", "next id", "next token"]
-    n = len(shown)
-    return out + table(headers, rows, right=(0, 1, 3 + n, 4 + n))
+    headers = [num("pos"), num("id"), "token", *[f"layer {s.layer} experts" for s in shown], num("bytes read"),
+               num("next id"), "next token"]
+    return out + table(headers, rows)
 
 
 def _layers_with_operators(layers: Sequence[int], operators: Sequence[str]) -> str:
@@ -758,9 +598,9 @@ def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
 
 
 def _shares(rows: Sequence[R.EncodingShare]) -> list[str]:
-    return table(["encoding", "tensors", "parameters", "bytes", "bits/weight"],
+    return table(["encoding", num("tensors"), num("parameters"), num("bytes"), num("bits/weight")],
                  [[e.encoding, fmt_int(e.tensors), fmt_int(e.parameters), fmt_int(e.bytes), fmt_bpw(e.bits_per_weight)]
-                  for e in rows], right=(1, 2, 3, 4))
+                  for e in rows])
 
 
 @_layout(R.RepresentResult)
@@ -781,9 +621,9 @@ def _represent(r: R.RepresentResult, timing: bool) -> list[str]:
             out.append(f"  {enc}: {names[0]}{more}: {why}")
     if r.worst:
         out += ["", "largest relative RMS error:"] + table(
-            ["tensor", "encoding", "rel rms", "max abs", "bits/weight"],
+            ["tensor", "encoding", num("rel rms"), num("max abs"), num("bits/weight")],
             [[w["tensor"], w["encoding"], f"{w['rel_rms_error']:.2e}", f"{w['max_abs_error']:.2e}",
-              fmt_bpw(w["bits_per_weight"])] for w in r.worst], right=(2, 3, 4))
+              fmt_bpw(w["bits_per_weight"])] for w in r.worst])
     if r.not_carried:
         out += ["", "not carried (derived from the source's weights): " + ", ".join(r.not_carried)]
     return out
@@ -797,7 +637,7 @@ def _compact(r: R.CompactResult, timing: bool) -> list[str]:
          if r.left_behind else "nothing (every file is referenced by the index)"),
     ])
     if r.left_behind:
-        out += table(["path", "kind", "bytes"], [[f.path, f.kind, fmt_int(f.bytes)] for f in r.left_behind], right=(2,))
+        out += table(["path", "kind", num("bytes")], [[f.path, f.kind, fmt_int(f.bytes)] for f in r.left_behind])
     return out
 
 
@@ -824,9 +664,9 @@ def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
                                           f"{round(r.greedy_exact * r.prompts)} of {r.prompts} prompts)")),
         ("stored", f"in {r.candidate}'s provenance (evidence)" if r.stored else "no"),
     ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
-    out += [""] + table(["prompt", "category", "positions", "KL mean", "top-1", f"greedy-{r.greedy}"],
+    out += [""] + table(["prompt", "category", num("positions"), num("KL mean"), num("top-1"), num(f"greedy-{r.greedy}")],
                         [[p["id"], p["category"], fmt_int(p["positions"]), f"{p['kl_mean']:.3g}", f"{p['top1']:.3f}",
-                          f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt], right=(2, 3, 4, 5))
+                          f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt])
     return out
 
 
@@ -889,27 +729,26 @@ def _score(r: R.ScoreResult, timing: bool) -> list[str]:
     if r.positions:
         if r.tokens:
             out += [""] + table(
-                ["pos", "KL", "top-1", "target argmax", "target token", "draft argmax", "draft token", "rank in draft"],
+                [num("pos"), num("KL"), "top-1", num("target argmax"), "target token", num("draft argmax"), "draft token", num("rank in draft")],
                 [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
                   fmt_text(p.get("target_token")), str(p["draft_argmax"]), fmt_text(p.get("draft_token")),
                   str(p["target_rank_in_draft"])] for p in r.positions],
-                right=(0, 1, 3, 5, 7),
             )
         else:
             out += [""] + table(
-                ["pos", "KL", "top-1", "target argmax", "draft argmax", "rank in draft"],
+                [num("pos"), num("KL"), "top-1", num("target argmax"), num("draft argmax"), num("rank in draft")],
                 [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
                   str(p["draft_argmax"]), str(p["target_rank_in_draft"])] for p in r.positions],
-                right=(0, 1, 3, 4, 5),
             )
     return out
 
 
 @_layout(R.LadderResult)
 def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
-    headers = ["depth", "positions", "top-1", "KL p50", "KL p90", "KL p99", "rank p50", "top-5", "top-20"]
+    headers = [num(h) for h in ("depth", "positions", "top-1", "KL p50", "KL p90", "KL p99", "rank p50", "top-5",
+                                "top-20")]
     if timing:
-        headers += ["prepare", "ms/position"]
+        headers += [num("prepare"), num("ms/position")]
     rows = []
     for row in r.rows:
         s = row["summary"]
@@ -925,7 +764,7 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
     else:
         out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
     if rows:
-        out += table(headers, rows, right=range(len(headers)))
+        out += table(headers, rows)
     if timing and r.target:
         out.append(f"full model: {fmt_seconds(r.target.get('prepare_seconds'))} prepare, "
                    f"{r.target.get('ms_per_position', 0.0):.2f} ms per position")
@@ -996,7 +835,7 @@ def _walk(r: R.WalkResult, timing: bool) -> list[str]:
         for j, h in enumerate(lay.features):
             rows.append([str(lay.layer), str(h.feature), f"{h.score:.2f}", _token_list(h.tokens)])
             first.append(j == 0)
-    out += table(["layer", "feature", "gate score", "writes"], _layer_groups(rows, first), right=(0, 1, 2))
+    out += table([num("layer"), num("feature"), num("gate score"), "writes"], _layer_groups(rows, first))
     tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
 
@@ -1019,11 +858,10 @@ def _describe(r: R.DescribeResult, timing: bool) -> list[str]:
         shown = f"the top {len(r.edges)}" if len(r.edges) < r.total_edges else "all"
         out.append(f"{r.total_edges:,} edge(s), {shown} by best gate score:")
         out += table(
-            ["edge", "best gate", "at", "layers", "features", "also writes"],
+            ["edge", num("best gate"), "at", "layers", num("features"), "also writes"],
             [[f"{e.source} -> {_token(e.target, e.target_id)}", f"{e.best_score:.2f}", f"L{e.best_layer}:{e.best_feature}",
               f"{e.first_layer}-{e.last_layer}" if e.first_layer != e.last_layer else str(e.first_layer), str(e.count),
               ", ".join(_token(t, i) for t, i in zip(e.also, e.also_ids)) or "-"] for e in r.edges],
-            right=(1, 4),
         )
     tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
@@ -1041,8 +879,7 @@ def _feature_cell(col: str, x: R.FeatureRow) -> str:
 def _select(r: R.SelectFeaturesResult, timing: bool) -> list[str]:
     cols = r.columns
     if r.rows:
-        out = table(cols, [[_feature_cell(c, x) for c in cols] for x in r.rows],
-                    right=[i for i, c in enumerate(cols) if c != "token"])
+        out = table([c if c == "token" else num(c) for c in cols], [[_feature_cell(c, x) for c in cols] for x in r.rows])
     else:
         out = ["no feature matches"]
     limit = r.query.limit
@@ -1058,7 +895,7 @@ def _show_features(r: R.ShowFeaturesResult, timing: bool) -> list[str]:
     k = len(r.rows[0].tokens) if r.rows else 0
     out = [(f"layer {r.layer}: {r.features:,} features ({r.ffn} after {r.mixer}); the top {k} tokens each down column "
            "writes, with their logits")]
-    out += table(["feature", "writes"], [[str(x.feature), _token_list(x.tokens, logits=True)] for x in r.rows], right=(0,))
+    out += table([num("feature"), "writes"], [[str(x.feature), _token_list(x.tokens, logits=True)] for x in r.rows])
     if len(r.rows) < r.features:
         out.append(f"{len(r.rows):,} of {r.features:,} features shown")
     return out + fields(_metadata_fields(r.metadata, timing))
@@ -1073,7 +910,7 @@ def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
                    ("next token", f"{_token(r.next_token, r.next_id)} (id {r.next_id})"),
                    ("activation", ("the coefficient the feature's down column is written with (ranked by size); "
                                   "gate: its gate pre-activation"))])
-    headers = ["layer", "feature", "activation", "gate", "writes"]
+    headers = [num("layer"), num("feature"), num("activation"), num("gate"), "writes"]
     ablation = r.intervention is not None
     if ablation:
         headers.insert(4, "ablated")
@@ -1085,7 +922,7 @@ def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
                 row.insert(4, "yes (zeroed)" if f.ablated else "")
             rows.append(row)
             first.append(j == 0)
-    out += table(headers, _layer_groups(rows, first), right=(0, 1, 2, 3))
+    out += table(headers, _layer_groups(rows, first))
     tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
     return out + tail
 
@@ -1103,10 +940,9 @@ def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
         out.append(f"with {_intervention(r.intervention)}")
     out.append("logit lens: the model's own final norm and head read the residual after each layer")
     out += table(
-        ["layer", "operator", "pos", "rank", "probability", "logit", "top-1", "top-1 prob"],
+        ["layer", "operator", num("pos"), num("rank"), num("probability"), num("logit"), "top-1", num("top-1 prob")],
         [["embedding" if x.layer is None else str(x.layer), x.operator, str(x.position), str(x.rank), fmt_prob(x.prob),
           f"{x.logit:.4f}", _token(x.top_token, x.top_id), fmt_prob(x.top_prob)] for x in r.rows],
-        right=(2, 3, 4, 5, 7),
     )
     f = r.final
     out += fields([("output", (f"rank {f.rank}, probability {fmt_prob(f.prob)}, logit {f.logit:.4f}; top-1 "
@@ -1116,8 +952,8 @@ def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
         base = f"logit before the softcap {d.logit_before_softcap:.4f}" if d.logit_before_softcap is not None else None
         out += ["", (f"decomposition of the logit of {_token(d.token, d.token_id)} at position {d.position}: each part is "
                     "a write read through the head with the final norm's scale frozen")]
-        out += table(["part", "site", "logit", "share"],
-                     [[x.name, x.site, f"{x.logit:.4f}", _share(x.share)] for x in d.parts], right=(2, 3))
+        out += table(["part", "site", num("logit"), num("share")],
+                     [[x.name, x.site, f"{x.logit:.4f}", _share(x.share)] for x in d.parts])
         out += fields([
             ("final logit", f"{d.final_logit:.4f}"),
             ("before softcap", base),
@@ -1171,14 +1007,14 @@ def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
          else f"kept in memory only: {m.note}"),
         *_skipped_fields(r.skipped),
     ])
-    headers = ["layer", "mixer", "ffn", "features", "status"] + (["build time"] if timing else [])
+    headers = [num("layer"), "mixer", "ffn", num("features"), "status"] + (["build time"] if timing else [])
     rows = []
     for x in r.layers:
         row = [str(x.layer), x.mixer, x.ffn, fmt_int(x.features), "built now" if x.built else "fresh"]
         if timing:
             row.append(fmt_seconds(x.seconds))
         rows.append(row)
-    return out + [""] + table(headers, rows, right=(0, 3))
+    return out + [""] + table(headers, rows)
 
 
 # ---- entry points ---------------------------------------------------------------------
@@ -1189,10 +1025,10 @@ def _models(r: R.ModelsResult, timing: bool) -> list[str]:
     if not r.models:
         return [f"no containers in {r.directory} (a container is a directory holding an index.json)"]
     out = [f"{len(r.models)} container(s) in {r.directory}:"]
-    out += table(["path", "name", "layers", "generation", "bytes", "problem"],
+    out += table(["path", "name", num("layers"), num("generation"), num("bytes"), "problem"],
                  [[m.path, m.name or "-", "-" if m.layers is None else str(m.layers),
                    "-" if m.generation is None else str(m.generation), fmt_bytes(m.bytes), m.problem or ""]
-                  for m in r.models], right=(2, 3, 4))
+                  for m in r.models])
     return out
 
 
@@ -1221,13 +1057,10 @@ def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, 
     layout = _LAYOUTS.get(type(result))
     if layout is None:  # a result kind without a layout is a bug; still show the data
         return json.dumps(result.model_dump(mode="json", exclude={"statement"}), indent=2)
-    token = _FIT.set((width, expanded if expanded in ("on", "off", "auto") else "off"))
-    try:
+    with fitting(width, expanded):
         lines = layout(result, timing)
         lines += [f"note: {n}" for n in getattr(result, "notes", None) or []]
         return "\n".join(lines)
-    finally:
-        _FIT.reset(token)
 
 
 def to_json(result: R.Result) -> dict:
