@@ -57,11 +57,30 @@ Band = Literal["all", "syntax", "knowledge", "output"]
 # ---- statements -----------------------------------------------------------------------
 
 
+#: Every concrete statement class by its name, filled as classes are defined (a family's module
+#: defining one is what registers it; `lql.registry.statement_classes` lists them).
+CLASSES: dict[str, type[Statement]] = {}
+
+
 class Statement(Node):
     """Common to every statement: where it is in the script (1-based line and column of its
-    first token, 0-based character offsets) and its own source text."""
+    first token, 0-based character offsets) and its own source text.
+
+    What a statement class declares about itself (the server's policy, the planner's checks):
+
+    * ``paths``: the fields that hold a file path the statement reads or writes (a server
+      confines each to its data directory); ``None`` means undeclared, and a server refuses the
+      statement by name rather than guess that it names no path.
+    * ``read_only``: True when it only reads (the read-only profile allows it), else the reason
+      it does not, in words; ``None`` is undeclared and refused like ``paths``.
+    * ``needs_container``: refused (`NoContainer`) when nothing is bound, after ``check`` passes.
+    * ``local_when_remote``: still runs here in a session bound to a server (USE REMOTE)."""
 
     keyword: ClassVar[str] = ""  # the statement's name as a user writes it, e.g. "SHOW LAYERS"
+    paths: ClassVar[tuple[str, ...] | None] = None
+    read_only: ClassVar[bool | str | None] = None
+    needs_container: ClassVar[bool] = False
+    local_when_remote: ClassVar[bool] = False
 
     line: int = 1
     column: int = 1
@@ -70,6 +89,32 @@ class Statement(Node):
     start_pos: int = 0
     end_pos: int = 0
     source: str = ""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        kind = cls.model_fields.get("kind")
+        if kind is not None and isinstance(kind.default, str):
+            if cls.__name__ in CLASSES and CLASSES[cls.__name__].__module__ != cls.__module__:
+                raise TypeError(f"two statement classes are named {cls.__name__} "
+                                f"({CLASSES[cls.__name__].__module__} and {cls.__module__})")
+            CLASSES[cls.__name__] = cls
+
+    def check(self) -> None:
+        """The checks that need no container (a count of zero, a range that runs backwards),
+        raised as `StatementError`s; run before the statement is bound."""
+
+    def refused_read_only(self) -> str | None:
+        """Why the read-only profile refuses this statement (None: it only reads)."""
+        if self.read_only is True:
+            return None
+        return self.read_only or "it is not a statement that only reads"
+
+    def error(self, message: str, hint: str | None = None):
+        """A refusal positioned at this statement."""
+        from .errors import StatementError
+
+        return StatementError(message, hint=hint, line=self.line, column=self.column, statement=self.source)
 
 
 class Open(Statement):

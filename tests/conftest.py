@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from fixtures import FAMILIES, bounded, build_checkpoint
 
-
 # The tests that print or compare numbers: golden texts, checked docs, parity against the reference
 # and our own paths against each other. scripts/test runs them a second time with numba compiling
 # for another CPU target (NUMBA_CPU_NAME=generic), so that machine-dependence is caught here. A new

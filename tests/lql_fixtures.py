@@ -133,7 +133,7 @@ def same_output(expected: str, got: str) -> bool:
     number's width changes (``-0.0000`` against ``0.0000``), so runs of spaces compare as one."""
     if expected == got:
         return True
-    squeeze = lambda t: "\n".join(re.sub(r" {2,}", "  ", line.rstrip()) for line in t.split("\n"))  # noqa: E731
+    squeeze = lambda t: "\n".join(re.sub(r" {2,}", "  ", line.rstrip()) for line in t.split("\n"))
     (text_e, num_e), (text_g, num_g) = _split_decimals(squeeze(expected)), _split_decimals(squeeze(got))
     return (len(num_e) == len(num_g) and [t.strip() for t in text_e] == [t.strip() for t in text_g]
             and all(_last_digit_apart(a, b) for a, b in zip(num_e, num_g, strict=True)))

@@ -90,12 +90,16 @@ def test_non_finite_numbers_use_the_tagged_spelling():
 
 
 def test_table_alignment():
-    assert render.table(["name", "n"], [["a", 1], ["bbb", 22]], right=[1]) == [
+    from lql import text
+
+    assert text.table(["name", text.num("n")], [["a", 1], ["bbb", 22]]) == [
         "name   n", "----  --", "a      1", "bbb   22"]
 
 
 def test_layout_helpers():
-    assert render.fmt_layers([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
-    assert render.fmt_bytes(512) == "512 bytes"
-    assert render.fmt_bytes(4_194_304) == "4,194,304 bytes (4.0 MiB)"
-    assert render.fields([("a", "1"), ("long", None), ("bb", "2")]) == ["a   1", "bb  2"]
+    from lql import text
+
+    assert text.fmt_layers([0, 1, 2, 5, 7, 8]) == "0-2, 5, 7-8"
+    assert text.fmt_bytes(512) == "512 bytes"
+    assert text.fmt_bytes(4_194_304) == "4,194,304 bytes (4.0 MiB)"
+    assert text.fields([("a", "1"), ("long", None), ("bb", "2")]) == ["a   1", "bb  2"]

@@ -1,0 +1,123 @@
+"""Knowledge edits (the reference dialect): INSERT, DELETE, UPDATE, MERGE, patches (BEGIN, SAVE,
+APPLY, REMOVE, SHOW PATCHES), REBALANCE, COMPACT MINOR | MAJOR. Each parses into its own class
+and is refused at planning: this build has no patch overlay."""
+
+from __future__ import annotations
+
+from .. import ast
+from ..registry import family
+from ..syntax import BuildError, Children, Clause
+
+fam = family("edits", module=__name__, statements=(
+    "insert_edges", "delete_edges", "update_edges", "merge_stmt", "begin_patch", "save_patch", "apply_patch",
+    "remove_patch", "rebalance", "compact_level", "show_patches"), grammar=r"""
+insert_edges: INSERT INTO EDGES _LPAR column (_COMMA column)* _RPAR VALUES _LPAR literal (_COMMA literal)* _RPAR insert_option*
+delete_edges: DELETE FROM EDGES [where_clause]
+update_edges: UPDATE EDGES SET assignment (_COMMA assignment)* [where_clause]
+merge_stmt: MERGE STRING [INTO STRING] [on_conflict_clause]
+begin_patch: BEGIN PATCH STRING
+save_patch: SAVE PATCH
+apply_patch: APPLY PATCH STRING
+remove_patch: REMOVE PATCH STRING
+rebalance: REBALANCE loose_option*
+compact_level: COMPACT (MINOR | MAJOR) loose_option*
+show_patches: SHOW PATCHES
+
+?insert_option: at_layer_clause
+              | confidence_clause
+              | alpha_clause
+              | mode_clause
+confidence_clause: CONFIDENCE _number
+alpha_clause: ALPHA _number
+_number: INT | FLOAT
+assignment: column _EQ literal
+loose_option: NAME [literal]
+            | at_layer_clause
+""")
+
+
+@fam.rule
+def insert_edges(c: Children) -> ast.InsertEdges:
+    # INSERT INTO EDGES ( columns ) VALUES ( literals ) insert_option*
+    columns, values = c.all("INSERT", "INTO", "EDGES"), c.all("VALUES")
+    fields = c.options("INSERT")
+    if "at_layer" in fields:
+        fields["layer"] = fields.pop("at_layer")
+    if len(columns) != len(values):
+        raise BuildError(f"INSERT names {len(columns)} columns and gives {len(values)} values", c.keyword("VALUES"),
+                         hint="give one value per column")
+    return ast.InsertEdges(columns=columns, values=values, **fields)
+
+
+@fam.rule
+def delete_edges(c: Children) -> ast.DeleteEdges:
+    return ast.DeleteEdges(where=c.options("DELETE").get("where") or [])
+
+
+@fam.rule
+def update_edges(c: Children) -> ast.UpdateEdges:
+    return ast.UpdateEdges(assignments=c.all("SET"), where=c.options("UPDATE").get("where") or [])
+
+
+@fam.rule
+def merge_stmt(c: Children) -> ast.Merge:
+    return ast.Merge(src=c.string("MERGE"), into=c.string("INTO"), on_conflict=c.options("MERGE").get("on_conflict"))
+
+
+@fam.rule
+def begin_patch(c: Children) -> ast.BeginPatch:
+    return ast.BeginPatch(path=c.string("PATCH"))
+
+
+@fam.rule
+def save_patch(c: Children) -> ast.SavePatch:
+    return ast.SavePatch()
+
+
+@fam.rule
+def apply_patch(c: Children) -> ast.ApplyPatch:
+    return ast.ApplyPatch(path=c.string("PATCH"))
+
+
+@fam.rule
+def remove_patch(c: Children) -> ast.RemovePatch:
+    return ast.RemovePatch(path=c.string("PATCH"))
+
+
+@fam.rule
+def rebalance(c: Children) -> ast.Rebalance:
+    return ast.Rebalance(options=c.values())
+
+
+@fam.rule
+def compact_level(c: Children) -> ast.CompactLevel:
+    return ast.CompactLevel(level=c.which("MINOR", "MAJOR"), options=c.values())
+
+
+@fam.rule
+def show_patches(c: Children) -> ast.ShowPatches:
+    return ast.ShowPatches()
+
+
+@fam.rule
+def confidence_clause(c: Children) -> Clause:
+    return c.clause("confidence", float(c.get("CONFIDENCE").value))
+
+
+@fam.rule
+def alpha_clause(c: Children) -> Clause:
+    return c.clause("alpha", float(c.get("ALPHA").value))
+
+
+@fam.rule
+def assignment(c: Children) -> tuple:
+    col, value = c.values(2)
+    return (col, value)
+
+
+@fam.rule
+def loose_option(c: Children) -> ast.LooseOption:
+    if c.clauses:  # AT LAYER n
+        return ast.LooseOption(name="layer", value=c.clauses[0].value)
+    name, *value = c.values()
+    return ast.LooseOption(name=name.value.lower(), value=value[0] if value else None)
