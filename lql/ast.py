@@ -74,13 +74,15 @@ class Statement(Node):
     * ``read_only``: True when it only reads (the read-only profile allows it), else the reason
       it does not, in words; ``None`` is undeclared and refused like ``paths``.
     * ``needs_container``: refused (`NoContainer`) when nothing is bound, after ``check`` passes.
-    * ``local_when_remote``: still runs here in a session bound to a server (USE REMOTE)."""
+    * ``local_when_remote``: still runs here in a session bound to a server (USE REMOTE);
+      ``remote_mirror``: runs on the server and here too (SET)."""
 
     keyword: ClassVar[str] = ""  # the statement's name as a user writes it, e.g. "SHOW LAYERS"
     paths: ClassVar[tuple[str, ...] | None] = None
     read_only: ClassVar[bool | str | None] = None
     needs_container: ClassVar[bool] = False
     local_when_remote: ClassVar[bool] = False
+    remote_mirror: ClassVar[bool] = False
 
     line: int = 1
     column: int = 1
@@ -321,12 +323,6 @@ class ScoreRepresentation(Statement):
     reference: str
     prompts: str
     greedy: int | None = None
-
-
-class Help(Statement):
-    keyword: ClassVar[str] = "HELP"
-    kind: Literal["help"] = "help"
-    topic: str | None = None  # upper-cased words, e.g. "SHOW LAYERS"
 
 
 class Set(Statement):
@@ -641,25 +637,6 @@ class CompactLevel(KnowledgeEdit):
 
 
 Explain.model_rebuild()
-
-AnyStatement = Annotated[
-    Open | UseRemote | Stats | Explain | ShowLayers | ShowComponents | ShowRepresentations | ShowProvenance | ShowOperands | ShowExperts | ShowSettings | Infer | DraftDepth | DraftOff | DraftLadder | Trace | DumpLogits | ScoreDraft | Verify | Plan | Encode | Represent | Compact | Diff | ScoreRepresentation | Help | Set
-    | Walk | Describe | SelectFeatures | ShowFeatures | ExplainFeatures | TraceFor | Observe | BuildFeatures
-    | UseModel | ShowModels | ShowPatches | ShowCompactStatus | ShowEntities | ShowRelations | SelectGraph | Extract
-    | Compile | InsertEdges | DeleteEdges | UpdateEdges | Merge | BeginPatch | SavePatch | ApplyPatch | RemovePatch
-    | Rebalance | CompactLevel,
-    Field(discriminator="kind"),
-]
-
-STATEMENT_CLASSES: tuple[type[Statement], ...] = (
-    Open, UseRemote, Stats, Explain, ShowLayers, ShowComponents, ShowRepresentations, ShowProvenance,
-    ShowOperands, ShowExperts, ShowSettings, Infer, DraftDepth, DraftOff, DraftLadder, Trace, DumpLogits,
-    ScoreDraft, Verify, Plan, Encode, Represent, Compact, Diff, ScoreRepresentation, Help, Set,
-    Walk, Describe, SelectFeatures, ShowFeatures, ExplainFeatures, TraceFor, Observe, BuildFeatures,
-    UseModel, ShowModels, ShowPatches, ShowCompactStatus, ShowEntities, ShowRelations, SelectGraph, Extract,
-    Compile, InsertEdges, DeleteEdges, UpdateEdges, Merge, BeginPatch, SavePatch, ApplyPatch, RemovePatch,
-    Rebalance, CompactLevel,
-)
 
 #: The knowledge edits (refused at planning in this build).
 KNOWLEDGE_EDITS: tuple[type[KnowledgeEdit], ...] = (

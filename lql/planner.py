@@ -281,12 +281,6 @@ class ScoreRepresentation(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class Help(Node):
-    topic: str | None
-    text: str
-
-
-@dataclass(frozen=True, eq=False)
 class SetSetting(Node):
     name: str
     value: Any  # parsed by the setting's own parser
@@ -413,17 +407,39 @@ def _positive(stmt: ast.Statement, value: int | None, what: str, example: str) -
         raise _err(stmt, f"{what} must be at least 1, got {value}", hint=f"e.g. {example}")
 
 
+@dataclass(frozen=True, eq=False)
+class Identity(Node):
+    """The plan of a statement that binds nothing: the statement itself (its runner is found by
+    the statement's class)."""
+
+
+@dataclass(frozen=True, eq=False)
+class RemoteMirror(Node):
+    """A statement of a remote-bound session that runs on the server and here too (SET: the
+    server's planner reads top, chat, compare; format, timing and pager are the local console's):
+    ``local`` is its plan here."""
+
+    remote: Any
+    local: Node
+
+
 def plan(stmt: ast.Statement, ctx: Context) -> Node:
     """Bind one statement. Raises `StatementError`, `NoContainer`, `SettingError`, or a
     vindex3 refusal (a depth the model does not have, a missing tokenizer)."""
-    entry = _PLANNERS.get(type(stmt))
-    if entry is None:  # a grammar rule without a planner is a bug
-        raise _err(stmt, f"{type(stmt).__name__} has no plan")
-    fn, needs_container = entry
-    if ctx.remote is not None and not isinstance(stmt, _LOCAL_WHEN_REMOTE):
+    from . import registry
+
+    fn = registry.planner_for(type(stmt))
+    legacy = _PLANNERS.get(type(stmt))
+    if fn is None and legacy is not None:
+        fn = legacy[0]
+    needs_container = stmt.needs_container or bool(legacy and legacy[1])
+    if ctx.remote is not None and not (stmt.local_when_remote or isinstance(stmt, _LOCAL_WHEN_REMOTE)):
+        if stmt.remote_mirror:
+            return RemoteMirror(stmt, remote=ctx.remote, local=_bind(fn, stmt, ctx))
         if isinstance(stmt, ast.Set):
             return RemoteSet(stmt, remote=ctx.remote, local=fn(stmt, ctx))
         return RemoteStatement(stmt, remote=ctx.remote)
+    stmt.check()
     if needs_container:
         _check(stmt, ctx)  # what needs no model is refused even with nothing bound
         if not ctx.bound:
@@ -432,12 +448,16 @@ def plan(stmt: ast.Statement, ctx: Context) -> Node:
                 hint="OPEN 'path/to/model.vindex3' (or OPEN DEFAULT) first",
                 line=stmt.line, column=stmt.column, statement=stmt.source,
             )
-    return fn(stmt, ctx)
+    return _bind(fn, stmt, ctx)
+
+
+def _bind(fn, stmt: ast.Statement, ctx: Context) -> Node:
+    return fn(stmt, ctx) if fn is not None else Identity(stmt)
 
 
 # What a remote-bound session still runs here: binding (OPEN leaves the server, USE REMOTE
 # moves to another), the statement catalogue and the local settings table.
-_LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote, ast.Help, ast.ShowSettings)
+_LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote, ast.ShowSettings)
 
 
 def _check(s: ast.Statement, ctx: Context) -> None:
@@ -694,7 +714,6 @@ def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: s
     return routed
 
 
-
 @plans(ast.ShowExperts, needs_container=True)
 def _show_experts(s: ast.ShowExperts, ctx: Context) -> Node:
     routed = _routed_or_refuse(s, ctx, s.layer, "SHOW EXPERTS")
@@ -911,18 +930,6 @@ def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
     _positive(s, s.greedy, "GREEDY", "GREEDY 32")
     return ScoreRepresentation(s, candidate=s.candidate, reference=s.reference, prompts=s.prompts,
                                greedy=s.greedy if s.greedy is not None else GREEDY)
-
-
-@plans(ast.Help)
-def _help(s: ast.Help, ctx: Context) -> Node:
-    text = catalog.help_text(s.topic)
-    if text is None:
-        close = catalog.closest_topics(s.topic)
-        raise StatementError(
-            f"HELP has no entry for {s.topic!r}",
-            hint=(f"did you mean {' or '.join(close)}? " if close else "") + "HELP alone lists every statement",
-        )
-    return Help(s, topic=s.topic, text=text)
 
 
 @plans(ast.Set)

@@ -47,6 +47,7 @@ class Doc:
     summary: str
     example: str
     order: float = 1000.0
+    aliases: tuple[str, ...] = ()  # other topics HELP answers with this entry (USE for OPEN)
 
 
 @dataclass
@@ -95,8 +96,10 @@ class Family:
 
         return register
 
-    def doc(self, name: str, syntax: str, summary: str, example: str, *, order: float | None = None) -> Doc:
-        d = Doc(name, syntax, summary, example, order if order is not None else 1000.0 + len(self.docs) / 100)
+    def doc(self, name: str, syntax: str, summary: str, example: str, *, order: float | None = None,
+            aliases: tuple[str, ...] = ()) -> Doc:
+        d = Doc(name, syntax, summary, example, order if order is not None else 1000.0 + len(self.docs) / 100,
+                tuple(aliases))
         self.docs.append(d)
         _bump()
         return d
@@ -162,6 +165,15 @@ def runner_for(node_type: type) -> Callable | None:
 def docs() -> list[Doc]:
     """Every HELP entry, in HELP's order."""
     return sorted((d for f in families() for d in f.docs), key=lambda d: d.order)
+
+
+def statement_classes() -> list[type]:
+    """Every concrete statement class the families define, in definition order."""
+    from .ast import CLASSES
+
+    discover()
+    modules = {f.module for f in FAMILIES.values()} | {"lql.ast"}
+    return [c for c in CLASSES.values() if c.__module__ in modules]
 
 
 def owner_of(cls: type) -> Family | None:

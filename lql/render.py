@@ -13,7 +13,6 @@ from __future__ import annotations
 import csv
 import html
 import io
-import json
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -670,11 +669,6 @@ def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
     return out
 
 
-@_layout(R.HelpResult)
-def _help(r: R.HelpResult, timing: bool) -> list[str]:
-    return r.text.rstrip("\n").split("\n")
-
-
 @_layout(R.SetResult)
 def _set(r: R.SetResult, timing: bool) -> list[str]:
     return [f"{r.name} = {fmt_value(r.value)}" + ("" if r.previous == r.value else f" (was {fmt_value(r.previous)})")]
@@ -1055,10 +1049,8 @@ def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, 
     cut with an ellipsis, never wrapped); ``expanded``: on, off or auto (one field per line
     when a table does not fit)."""
     layout = _LAYOUTS.get(type(result))
-    if layout is None:  # a result kind without a layout is a bug; still show the data
-        return json.dumps(result.model_dump(mode="json", exclude={"statement"}), indent=2)
     with fitting(width, expanded):
-        lines = layout(result, timing)
+        lines = layout(result, timing) if layout is not None else result.layout(timing)
         lines += [f"note: {n}" for n in getattr(result, "notes", None) or []]
         return "\n".join(lines)
 
@@ -1168,19 +1160,7 @@ def _records_of(cls: type):
     return deco
 
 
-def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _dump(m: Any) -> dict[str, Any]:
-    return m.model_dump(mode="json") if hasattr(m, "model_dump") else dict(m)
+_flat, _dump = R.flat, R.dump
 
 
 def records(result: R.Result) -> list[dict[str, Any]]:
@@ -1189,10 +1169,7 @@ def records(result: R.Result) -> list[dict[str, Any]]:
     SCORE DRAFT, one per depth for DRAFT LADDER, one per operand for SHOW OPERANDS and
     EXPLAIN, one per finding for PLAN; a single row of fields otherwise."""
     fn = _RECORDS.get(type(result))
-    if fn is not None:
-        return fn(result)
-    body = result.model_dump(mode="json", exclude={"statement", "kind"})
-    return [_flat(body)]
+    return fn(result) if fn is not None else result.records()
 
 
 @_records_of(R.LayersResult)

@@ -414,7 +414,7 @@ class Shell(Console):
     def decorate(self, result: R.Result) -> R.Result:
         if isinstance(result, R.SettingsResult):
             return self._with_shell_settings(result)
-        if isinstance(result, R.HelpResult) and result.topic is None:
+        if result.kind == "help" and getattr(result, "topic", "") is None:
             return result.model_copy(update={
                 "text": result.text.rstrip("\n") + "\n\nIn the shell: \\? lists shell commands; \\q quits."})
         return result

@@ -30,7 +30,7 @@ from lark.exceptions import LarkError
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
 
-from . import ast, catalog, parser
+from . import catalog, parser
 
 #: Keywords after which a string is a file-system path (OPEN 'p', PLAN 'ckpt', ENCODE 'ckpt'
 #: INTO 'dir', DUMP LOGITS ... INTO 'f', SCORE DRAFT 'a' AGAINST 'b', DRAFT LADDER ... ON 'f').
@@ -310,12 +310,10 @@ def _cased(candidate: str, typed: str) -> str:
 
 
 def help_topics() -> list[str]:
-    """Statement names HELP has an entry for: the catalogue's (``SHOW LAYERS``, ``DRAFT
-    DEPTH``...) and every statement's own name that HELP resolves (``USE``, ``DRAFT OFF``)."""
-    names = {d.name for d in catalog.STATEMENTS}
-    names |= {cls.keyword for cls in ast.STATEMENT_CLASSES if cls.keyword}
-    names.add("USE")
-    return sorted(n for n in names if catalog.find_statement(n) is not None)
+    """Statement names HELP has an entry for (see `lql.statements.help.topics`)."""
+    from .statements.help import topics
+
+    return topics()
 
 
 def path_completions(typed: str, *, quote: str | None = None, skip_suffixes: Sequence[str] = (),

@@ -70,6 +70,37 @@ class Result(BaseModel):
 
         return to_html(self)
 
+    # ---- what a result class says about its own shape (its family overrides both)
+
+    def layout(self, timing: bool) -> list[str]:
+        """The result as aligned text lines (``timing``: include machine-dependent times). A
+        result without its own layout still shows its data."""
+        import json
+
+        return json.dumps(self.model_dump(mode="json", exclude={"statement"}), indent=2).split("\n")
+
+    def records(self) -> list[dict[str, Any]]:
+        """The result's rows as flat dicts (CSV, TSV, Markdown, JSON lines, pandas); by default one
+        row of every field."""
+        return [flat(self.model_dump(mode="json", exclude={"statement", "kind"}))]
+
+
+def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def dump(m: Any) -> dict[str, Any]:
+    """A model (or a mapping) as a JSON-ready dict."""
+    return m.model_dump(mode="json") if hasattr(m, "model_dump") else dict(m)
+
 
 # ---- shared pieces --------------------------------------------------------------------
 
@@ -566,12 +597,6 @@ class EncodeResult(Result):
     operator_mix: list[MixEntry]
     bytes: int
     seconds: float | None = None  # how long the encode took (machine-dependent)
-
-
-class HelpResult(Result):
-    kind: Literal["help"] = "help"
-    topic: str | None
-    text: str
 
 
 class SetResult(Result):

@@ -614,10 +614,10 @@ _LQL_BLOCK = re.compile(r"```lql\n(.*?)```", re.DOTALL)
 def documented(root: Path | None = None) -> list[str]:
     """The documented statements: every statement's catalog example and every ```lql block of
     docs/lql.md (a block is one script), with the file names they use mapped to the sandbox's."""
-    from lql import catalog
+    from lql import registry
 
     root = root or Path(__file__).resolve().parent.parent
-    texts = [d.example for d in catalog.STATEMENTS]
+    texts = [d.example for d in registry.docs()]
     doc = root / "docs" / "lql.md"
     if doc.is_file():
         texts += [m.group(1).strip() for m in _LQL_BLOCK.finditer(doc.read_text(encoding="utf-8"))]

@@ -522,20 +522,25 @@ def test_paths_inside_save_into_and_record_into(completer, tmp_path, monkeypatch
 
 
 def test_help_knows_the_new_statements():
+    from lql.statements.help import help_text
+
     for topic in ("WALK", "DESCRIBE", "SELECT", "SHOW FEATURES", "BUILD FEATURES", "OBSERVE", "ABLATE", "TRACE"):
-        assert catalog.help_text(topic) is not None, topic
-    assert "ABLATE FEATURES" in catalog.help_text("INFER")
-    assert "FOR 'token'" in catalog.help_text("TRACE")
+        assert help_text(topic) is not None, topic
+    assert "ABLATE FEATURES" in help_text("INFER")
+    assert "FOR 'token'" in help_text("TRACE")
 
 
 # ---- the server's table ----------------------------------------------------------------------
 
 
 def test_every_statement_is_in_the_servers_table():
+    from lql import registry
     from lql.server import policy
 
-    assert set(ast.STATEMENT_CLASSES) - {ast.UseRemote} <= set(policy.PATH_FIELDS)  # USE REMOTE: never on a server
-    assert policy.PATH_FIELDS[ast.TraceFor] == ("save",) and policy.PATH_FIELDS[ast.Observe] == ("into",)
+    table = policy.path_fields()
+    classes = {c.__name__: c for c in registry.statement_classes()}
+    assert set(classes.values()) - {classes["UseRemote"]} <= set(table)  # USE REMOTE: never on a server
+    assert table[classes["TraceFor"]] == ("save",) and table[classes["Observe"]] == ("into",)
     for text in ("WALK 'x'", "DESCRIBE 'x'", "SELECT * FROM FEATURES", "SHOW FEATURES AT LAYER 0",
                  "EXPLAIN INFER 'x' FEATURES", "TRACE 'x' FOR 5", "INFER 'x' ABLATE FEATURES (1:2)"):
         assert policy.read_only(lql.parser.parse_one(text)), text

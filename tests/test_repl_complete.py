@@ -351,8 +351,10 @@ def test_lexer_splits_lines_for_prompt_toolkit():
 
 
 def test_every_help_topic_offered_has_an_entry():
+    from lql import registry
     from lql.repl_complete import help_topics
+    from lql.statements.help import help_text
 
     topics = help_topics()
-    assert {d.name for d in catalog.STATEMENTS} <= set(topics)
-    assert all(catalog.help_text(t) for t in topics)
+    assert {d.name for d in registry.docs()} <= set(topics)
+    assert all(help_text(t) for t in topics)

@@ -36,8 +36,12 @@ def command(node_type: type[planner.Node]) -> Callable[[Command], Command]:
 
 
 def execute(session: Session, node: planner.Node) -> Result:
-    """Run one plan node."""
-    fn = COMMANDS.get(type(node))
+    """Run one plan node: the runner its family registered for the node's class (for the
+    identity plan, for the statement's class)."""
+    from .. import registry
+
+    key = type(node.statement) if type(node) is planner.Identity else type(node)
+    fn = registry.runner_for(key) or COMMANDS.get(type(node))
     if fn is None:  # a planner case without a command is a bug
         raise NotImplementedError(f"no command executes {type(node).__name__}")
     return fn(session, node)

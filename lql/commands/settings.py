@@ -37,7 +37,3 @@ def set_setting(session, node: planner.SetSetting) -> R.SetResult:
     doc = catalog.setting(node.name)
     return R.SetResult(name=node.name, value=shown(doc, node.value), previous=shown(doc, previous))
 
-
-@command(planner.Help)
-def help_(session, node: planner.Help) -> R.HelpResult:
-    return R.HelpResult(topic=node.topic, text=node.text)

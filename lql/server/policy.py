@@ -2,9 +2,9 @@
 ``read-only``), the confinement of every file path to ``--data-dir``, and the limits that a
 statement's own numbers must respect. Every refusal names the statement and the reason.
 
-Which fields of which statement are file paths is a table here (`PATH_FIELDS`). A statement
-the table does not know is refused in every profile, by name, rather than guessed to name no
-path: a new statement is served once it is added here."""
+Which fields of a statement are file paths, and whether it only reads, each statement class
+declares itself (`lql.ast.Statement.paths` and ``read_only``). A statement that does not declare
+its paths is refused in every profile, by name, rather than guessed to name no path."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ class LimitRefusal(LqlError):
     """A statement, a request or a completion asks for more than the server's limits allow."""
 
 
-#: Statement class → the fields that hold a server-side file path (None: no path at all).
-PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
+#: Statement class → the fields that hold a server-side file path, for the statements that do
+#: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
+_LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Open: ("path",),
     ast.Stats: (),
     ast.Explain: (),
@@ -54,7 +55,6 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Compact: ("into",),
     ast.Diff: ("a", "b"),
     ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
-    ast.Help: (),
     ast.Set: (),
     ast.Walk: (),
     ast.Describe: (),
@@ -90,7 +90,7 @@ PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
     ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.ShowSettings, ast.Infer, ast.Trace,
-    ast.DraftDepth, ast.DraftOff, ast.Help, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures,
+    ast.DraftDepth, ast.DraftOff, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
     ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
@@ -123,9 +123,30 @@ _WHY = {
 }
 
 
+def fields_of(cls: type[ast.Statement]) -> tuple[str, ...] | None:
+    """The fields of ``cls`` that hold a server-side path (None: it does not say)."""
+    if cls.paths is not None:
+        return cls.paths
+    return _LEGACY_PATH_FIELDS.get(cls)
+
+
+def path_fields() -> dict[type[ast.Statement], tuple[str, ...]]:
+    """Every statement class that says which of its fields are paths, and those fields."""
+    from .. import registry
+
+    out = {}
+    for cls in registry.statement_classes():
+        f = fields_of(cls)
+        if f is not None:
+            out[cls] = f
+    return out
+
+
 def read_only(stmt: ast.Statement) -> bool:
     """Whether the read-only profile allows ``stmt``: a reading statement, or one whose
     writing clause is absent (TRACE ... FOR without SAVE INTO)."""
+    if type(stmt).read_only is not None:
+        return stmt.refused_read_only() is None
     field = READ_ONLY_WITHOUT.get(type(stmt))
     if field is not None:
         return getattr(stmt, field) is None
@@ -144,11 +165,13 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
     if isinstance(stmt, _remote_types()):
         raise ProfileRefusal(f"{kw} cannot run on a server: a server does not connect to other servers",
                              hint="run USE REMOTE in your own lql session")
-    if type(stmt) not in PATH_FIELDS:
+    paths = fields_of(type(stmt))
+    if paths is None:
         raise ProfileRefusal(f"this server does not serve {kw}: it does not know whether {kw} names a server-side path",
-                             hint="the server's statement table is lql/server/policy.py PATH_FIELDS")
+                             hint=f"{type(stmt).__name__} declares no paths (lql.ast.Statement.paths)")
     if config.profile == "read-only" and not read_only(stmt):
-        why = _WHY.get(type(stmt), "it is not a statement that only reads")
+        why = (stmt.refused_read_only() if type(stmt).read_only is not None
+               else _WHY.get(type(stmt), "it is not a statement that only reads"))
         if isinstance(stmt, ast.Open) and stmt.default:
             why = "it binds another model; this server serves fixed models (the request's model field)"
         raise ProfileRefusal(f"the read-only profile refuses {kw}: {why}",
@@ -156,7 +179,7 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
                                   "SAVE INTO), WALK, DESCRIBE, SELECT, DRAFT DEPTH, SET, HELP")
     _check_numbers(stmt, config)
     updates = {}
-    for name in PATH_FIELDS[type(stmt)]:
+    for name in paths:
         raw = getattr(stmt, name)
         if raw is None:
             continue

@@ -32,6 +32,27 @@ format_clause: FORMAT NAME
 compile_stmt: COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
 """)
 
+fam.doc('VERIFY',
+        'VERIFY',
+        're-hash every file of the bound container against its index',
+        'VERIFY;', order=230)
+fam.doc('PLAN',
+        "PLAN 'checkpoint'",
+        'admission: would this checkpoint encode, and what was judged',
+        "PLAN 'path/to/hf-checkpoint';", order=240)
+fam.doc('ENCODE',
+        "ENCODE 'checkpoint' INTO 'dir'",
+        'encode an HF directory or .gguf into a container',
+        "ENCODE 'path/to/hf-checkpoint' INTO 'model.vindex3';", order=250)
+fam.doc('EXTRACT',
+        "EXTRACT MODEL 'checkpoint' INTO 'dir' [WITH INFERENCE | ALL | WEIGHTS] [FORMAT vindex3]",
+        "ENCODE by the reference dialect's name; COMPONENTS and LAYERS, which narrow what is carried, are refused by name",
+        "EXTRACT MODEL 'path/to/hf-checkpoint' INTO 'model.vindex3';", order=310)
+fam.doc('COMPILE',
+        "COMPILE CURRENT | 'path' INTO VINDEX 'dir' [ON CONFLICT name]",
+        'write the container again with its patch overlay folded in; with no patch overlay in this build, a verified copy that keeps every index field; COMPILE ... INTO MODEL is refused by name',
+        "COMPILE CURRENT INTO VINDEX 'copy.vindex3';", order=320)
+
 
 @fam.rule
 def verify_stmt(c: Children) -> ast.Verify:

@@ -24,6 +24,23 @@ with_examples_clause: WITH EXAMPLES
 select_graph: SELECT select_list FROM (EDGES | ENTITIES) [nearest_clause] [where_clause] [order_clause] [limit_clause]
 """)
 
+fam.doc('SHOW MODELS',
+        'SHOW MODELS',
+        'the containers in the current directory',
+        'SHOW MODELS;', order=330, aliases=('MODELS',))
+fam.doc('SHOW COMPACT STATUS',
+        'SHOW COMPACT STATUS',
+        'edits waiting to be compacted: none, this build has no patch overlay',
+        'SHOW COMPACT STATUS;', order=350)
+fam.doc('SHOW ENTITIES',
+        'SHOW ENTITIES [n | AT LAYER n] [LIMIT n]',
+        "refused: the reference system's knowledge-graph entities; this build keeps FFN features (SHOW FEATURES n, DESCRIBE)",
+        'SHOW FEATURES 0 LIMIT 5;', order=360)
+fam.doc('SHOW RELATIONS',
+        'SHOW RELATIONS [AT LAYER n] [WITH EXAMPLES] [VERBOSE | BRIEF | RAW]',
+        "refused: this build's feature metadata carries no relation labels",
+        "DESCRIBE 'France';", order=370)
+
 
 @fam.rule
 def show_models(c: Children) -> ast.ShowModels:

@@ -21,6 +21,23 @@ dump_stmt: DUMP LOGITS prompt dump_option* INTO STRING [overwrite_clause]
 score_stmt: SCORE DRAFT STRING AGAINST STRING
 """)
 
+fam.doc('DRAFT DEPTH',
+        'DRAFT DEPTH n | DRAFT OFF',
+        "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
+        'DRAFT DEPTH 2;', order=130, aliases=('DRAFT', 'DRAFT OFF'))
+fam.doc('DRAFT LADDER',
+        "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [INTO 'ladder.json'] [PLOT INTO 'ladder.png']",
+        'score each draft depth against the full model over a prompt bank',
+        "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';", order=140, aliases=('PLOT',))
+fam.doc('DUMP LOGITS',
+        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] INTO 'file.f32'",
+        'write raw float32 logits [positions, vocab] and a provenance sidecar',
+        "DUMP LOGITS 'Hello' DRAFT DEPTH 2 INTO 'draft.f32';", order=150, aliases=('DUMP',))
+fam.doc('SCORE DRAFT',
+        "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
+        "compare a draft's logit dump with the full model's: KL, top-1, ranks",
+        "SCORE DRAFT 'draft.f32' AGAINST 'full.f32';", order=160, aliases=('SCORE',))
+
 
 @fam.rule
 def draft_depth(c: Children) -> ast.DraftDepth:

@@ -35,6 +35,39 @@ loose_option: NAME [literal]
             | at_layer_clause
 """)
 
+fam.doc('SHOW PATCHES',
+        'SHOW PATCHES',
+        "the patch overlay's patches: none, this build has no patch overlay",
+        'SHOW PATCHES;', order=340)
+fam.doc('INSERT',
+        'INSERT INTO EDGES (columns) VALUES (values) [AT LAYER n] [CONFIDENCE x] [ALPHA x] [MODE KNN | COMPOSE]',
+        'refused: INSERT edits knowledge through a patch overlay, which this build does not have yet',
+        'SHOW PATCHES;', order=380)
+fam.doc('DELETE',
+        'DELETE FROM EDGES WHERE ...',
+        'refused: DELETE edits knowledge through a patch overlay, which this build does not have yet',
+        'SHOW PATCHES;', order=390)
+fam.doc('UPDATE',
+        'UPDATE EDGES SET column = value, ... WHERE ...',
+        'refused: UPDATE edits knowledge through a patch overlay, which this build does not have yet',
+        'SHOW PATCHES;', order=400)
+fam.doc('MERGE',
+        "MERGE 'source' [INTO 'target'] [ON CONFLICT name]",
+        'refused: MERGE merges another set of edits through a patch overlay, which this build does not have yet',
+        'SHOW PATCHES;', order=410)
+fam.doc('BEGIN PATCH',
+        "BEGIN PATCH 'file' | SAVE PATCH | APPLY PATCH 'file' | REMOVE PATCH 'file'",
+        'refused: patches are a patch overlay, which this build does not have yet',
+        'SHOW PATCHES;', order=420, aliases=('SAVE PATCH', 'APPLY PATCH', 'REMOVE PATCH', 'PATCH'))
+fam.doc('REBALANCE',
+        'REBALANCE [options]',
+        'refused: REBALANCE rebalances the edits held in a patch overlay, which this build does not have yet',
+        'SHOW PATCHES;', order=430)
+fam.doc('COMPACT MINOR',
+        'COMPACT MINOR | MAJOR [options]',
+        "refused: COMPACT MINOR | MAJOR fold a patch overlay's edits into the base model, which this build does not have yet (COMPACT INTO 'dir' is this build's COMPACT)",
+        'SHOW COMPACT STATUS;', order=440, aliases=('COMPACT MAJOR',))
+
 
 @fam.rule
 def insert_edges(c: Children) -> ast.InsertEdges:

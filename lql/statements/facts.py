@@ -20,6 +20,31 @@ show_provenance: SHOW PROVENANCE
 show_operands: SHOW OPERANDS [LAYER INT]
 """)
 
+fam.doc('STATS',
+        "STATS ['path'] [AT n POSITIONS]",
+        "the container's facts: layers, operator mix, objects, continuation state in bytes",
+        'STATS AT 4096 POSITIONS;', order=20)
+fam.doc('SHOW LAYERS',
+        'SHOW LAYERS [[RANGE] a-b]',
+        'the per-layer policy and continuation geometry',
+        'SHOW LAYERS RANGE 0-1;', order=40)
+fam.doc('SHOW COMPONENTS',
+        'SHOW COMPONENTS',
+        "the graph's components and their roles",
+        'SHOW COMPONENTS;', order=50)
+fam.doc('SHOW REPRESENTATIONS',
+        "SHOW REPRESENTATIONS ['filter']",
+        'physical representations: segment files, tensor counts, bytes, hashes',
+        "SHOW REPRESENTATIONS 'embedding';", order=60)
+fam.doc('SHOW PROVENANCE',
+        'SHOW PROVENANCE',
+        'where the container came from',
+        'SHOW PROVENANCE;', order=70)
+fam.doc('SHOW OPERANDS',
+        'SHOW OPERANDS [LAYER n]',
+        'the tensors each op reads, with dtype, shape and bytes',
+        'SHOW OPERANDS LAYER 0;', order=80)
+
 
 @fam.rule
 def stats_stmt(c: Children) -> ast.Stats:

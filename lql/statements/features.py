@@ -63,6 +63,27 @@ with_attention_clause: WITH ATTENTION
 build_features_stmt: BUILD FEATURES [layers_clause]
 """)
 
+fam.doc('WALK',
+        "[EXPLAIN] WALK 'text' | TOKENS (ids) [TOP n] [LAYERS a-b | ALL] [MODE pure] [VERBOSE]",
+        "per FFN layer, the features whose gates answer the last token's embedding, and what they write",
+        "WALK 'The capital of France is' TOP 3;", order=170, aliases=('EXPLAIN WALK',))
+fam.doc('DESCRIBE',
+        "DESCRIBE 'entity' [LAYERS a-b | AT LAYER n | ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT] [TOP n] [VERBOSE | BRIEF | RAW]",
+        "edges entity -> token through the features the entity's embedding opens (SET threshold)",
+        "DESCRIBE 'France';", order=180)
+fam.doc('SELECT',
+        "SELECT layer, feature, token, score | * FROM FEATURES [AT LAYER n | LAYERS a-b] [NEAREST TO 'text' [AT LAYER n]] [WHERE column op value [AND ...]] [ORDER BY column [ASC | DESC]] [LIMIT n]",
+        'query the FFN features as a table (op: =, !=, <, <=, >, >=, IN (v, ...), and LIKE for token)',
+        "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;", order=190, aliases=('SELECT FROM FEATURES', 'SELECT FROM EDGES', 'SELECT FROM ENTITIES'))
+fam.doc('SHOW FEATURES',
+        'SHOW FEATURES [AT LAYER] n [WHERE ...] [LIMIT n]',
+        "a layer's features in order, each with the top tokens its down column writes",
+        'SHOW FEATURES AT LAYER 0 LIMIT 5;', order=200, aliases=('FEATURES',))
+fam.doc('BUILD FEATURES',
+        'BUILD FEATURES [LAYERS a-b]',
+        'build (or check) the feature metadata now: the tokens each FFN feature writes, kept as derived data',
+        'BUILD FEATURES;', order=210, aliases=('BUILD',))
+
 
 @fam.rule
 def walk_stmt(c: Children) -> ast.Walk:

@@ -38,6 +38,19 @@ trace_stmt: TRACE prompt trace_option*
 experts_clause: EXPERTS [AT LAYER INT]
 """)
 
+fam.doc('EXPLAIN',
+        'EXPLAIN [DRAFT DEPTH n] | EXPLAIN INFER ... | EXPLAIN INFER ... FEATURES [TOP n] [LAYERS a-b]',
+        'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
+        'EXPLAIN DRAFT DEPTH 2;', order=30)
+fam.doc('INFER',
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
+        'next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding',
+        "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
+fam.doc('TRACE',
+        "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)] | TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
+        "which layers ran at each position, and the next token there; with EXPERTS, each routed layer's experts and their weights; FOR 'token': the token's rank per layer (logit lens), DECOMPOSE: its logit split exactly over every write",
+        "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;", order=120, aliases=('DECOMPOSE', 'TRACE FOR'))
+
 
 @fam.rule
 def infer_stmt(c: Children) -> ast.Infer:

@@ -16,6 +16,19 @@ use_remote: USE REMOTE STRING [MODEL STRING]   // statements then run on that se
 use_model_stmt: USE MODEL STRING [AUTO_EXTRACT]
 """)
 
+fam.doc('OPEN',
+        "OPEN 'path' [SHARDS n] | USE 'path' | OPEN DEFAULT [SHARDS n]",
+        'bind a container (OPEN DEFAULT: the built-in default model, encoded on first use; SHARDS n: its layers run as n Ray actors)',
+        "OPEN 'model.vindex3';", order=0, aliases=('USE',))
+fam.doc('USE REMOTE',
+        "USE REMOTE 'http://host:port' [MODEL 'id']",
+        'bind the session to an lql server: later statements run there and print here (OPEN comes back)',
+        "USE REMOTE 'http://127.0.0.1:8088';", order=10)
+fam.doc('USE MODEL',
+        "USE MODEL 'checkpoint dir' [AUTO_EXTRACT]",
+        'encode a local checkpoint into a container beside it (once) and bind it; a model hub id is refused by name: nothing is downloaded',
+        "USE MODEL 'path/to/hf-checkpoint';", order=300)
+
 
 @fam.rule
 def open_path(c: Children) -> ast.Open:

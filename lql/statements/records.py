@@ -18,6 +18,11 @@ observe_stmt: OBSERVE prompt observe_option* RECORD INTO STRING
 lens_clause: LENS _LPAR token_ref (_COMMA token_ref)* _RPAR
 """)
 
+fam.doc('OBSERVE',
+        "OBSERVE 'prompt' | TOKENS (ids) [GENERATE n] [LENS ('token', ...)] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] RECORD INTO 'run.jsonl'",
+        'a JSON-lines record of every write and token of a run, with a receipt (vindex3 record verify)',
+        "OBSERVE 'Hello' GENERATE 4 RECORD INTO 'run.jsonl';", order=220)
+
 
 @fam.rule
 def observe_stmt(c: Children) -> ast.Observe:

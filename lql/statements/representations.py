@@ -28,6 +28,23 @@ into_patch_clause: INTO PATCH STRING
 score_representation_stmt: SCORE REPRESENTATION STRING AGAINST STRING ON STRING [GREEDY INT]
 """)
 
+fam.doc('REPRESENT',
+        "REPRESENT INTO 'dir' ENCODING 'bf16' | 'f16' | 'int8' | 'q4' | 'f32'",
+        'write the bound container in another weight encoding: same graph and objects, new segments, fidelity per tensor in provenance',
+        "REPRESENT INTO 'model-int8.vindex3' ENCODING 'int8';", order=260)
+fam.doc('SCORE REPRESENTATION',
+        "SCORE REPRESENTATION 'candidate' AGAINST 'reference' ON 'prompts.jsonl' [GREEDY n]",
+        "a representation's behaviour against the same model: KL p50/p95, top-1, greedy-n agreement; stored in the candidate's provenance",
+        "SCORE REPRESENTATION 'model-int8.vindex3' AGAINST 'model.vindex3' ON 'prompts.jsonl';", order=270)
+fam.doc('COMPACT',
+        "COMPACT INTO 'dir'",
+        "copy the bound container's referenced files byte for byte; list every file left behind",
+        "COMPACT INTO 'clean.vindex3';", order=280)
+fam.doc('DIFF',
+        "DIFF 'a' 'b' | DIFF 'b' [LAYER n] [LIMIT n] [PHYSICAL]",
+        "how two containers differ: logically (graph, objects, operators), physically (encodings, segments), in metadata; DIFF 'b' compares the bound container with b",
+        "DIFF 'model.vindex3' 'model-int8.vindex3';", order=290)
+
 
 @fam.rule
 def represent_stmt(c: Children) -> ast.Represent:

@@ -19,6 +19,15 @@ set_stmt: SET NAME _EQ value
 show_settings: SHOW SETTINGS
 """)
 
+fam.doc('SHOW SETTINGS',
+        'SHOW SETTINGS',
+        "the session's settings",
+        'SHOW SETTINGS;', order=100)
+fam.doc('SET',
+        'SET name = value',
+        'change a setting (see SHOW SETTINGS)',
+        'SET timing = off;', order=450, aliases=('SETTINGS', 'OVERWRITE', 'LIMITS'))
+
 
 @fam.rule
 def set_stmt(c: Children) -> ast.Set:
