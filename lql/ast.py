@@ -189,11 +189,6 @@ class ShowExperts(Statement):
     layer: int | None = None
 
 
-class ShowSettings(Statement):
-    keyword: ClassVar[str] = "SHOW SETTINGS"
-    kind: Literal["show_settings"] = "show_settings"
-
-
 class Infer(Statement):
     keyword: ClassVar[str] = "INFER"
     kind: Literal["infer"] = "infer"
@@ -323,13 +318,6 @@ class ScoreRepresentation(Statement):
     reference: str
     prompts: str
     greedy: int | None = None
-
-
-class Set(Statement):
-    keyword: ClassVar[str] = "SET"
-    kind: Literal["set"] = "set"
-    name: str
-    value: str | int | float
 
 
 # ---- looking inside (issue 15) ------------------------------------------------------------

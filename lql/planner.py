@@ -21,7 +21,7 @@ from typing import Any
 
 from . import ast, catalog, files, limits
 from .binding import Catalog, SliceBinding
-from .errors import NoContainer, SettingError, StatementError
+from .errors import NoContainer, StatementError
 from .text import fmt_layers
 
 
@@ -89,15 +89,6 @@ class RemoteStatement(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class RemoteSet(Node):
-    """SET in a remote-bound session: sent to the server (whose planner reads top, chat,
-    compare), then applied here too (format, timing, pager are the local console's)."""
-
-    remote: Any
-    local: SetSetting
-
-
-@dataclass(frozen=True, eq=False)
 class Stats(Node):
     positions: int | None
 
@@ -133,11 +124,6 @@ class ShowExperts(Node):
 
     layers: tuple[int, ...]
     layer: int | None  # AT LAYER n, as asked
-
-
-@dataclass(frozen=True, eq=False)
-class ShowSettings(Node):
-    pass
 
 
 @dataclass(frozen=True, eq=False)
@@ -278,12 +264,6 @@ class ScoreRepresentation(Node):
     reference: str
     prompts: str
     greedy: int
-
-
-@dataclass(frozen=True, eq=False)
-class SetSetting(Node):
-    name: str
-    value: Any  # parsed by the setting's own parser
 
 
 # ---- looking inside (issue 15): plan nodes -----------------------------------------------
@@ -436,8 +416,6 @@ def plan(stmt: ast.Statement, ctx: Context) -> Node:
     if ctx.remote is not None and not (stmt.local_when_remote or isinstance(stmt, _LOCAL_WHEN_REMOTE)):
         if stmt.remote_mirror:
             return RemoteMirror(stmt, remote=ctx.remote, local=_bind(fn, stmt, ctx))
-        if isinstance(stmt, ast.Set):
-            return RemoteSet(stmt, remote=ctx.remote, local=fn(stmt, ctx))
         return RemoteStatement(stmt, remote=ctx.remote)
     stmt.check()
     if needs_container:
@@ -457,7 +435,7 @@ def _bind(fn, stmt: ast.Statement, ctx: Context) -> Node:
 
 # What a remote-bound session still runs here: binding (OPEN leaves the server, USE REMOTE
 # moves to another), the statement catalogue and the local settings table.
-_LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote, ast.ShowSettings)
+_LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote)
 
 
 def _check(s: ast.Statement, ctx: Context) -> None:
@@ -720,11 +698,6 @@ def _show_experts(s: ast.ShowExperts, ctx: Context) -> Node:
     return ShowExperts(s, layers=(s.layer,) if s.layer is not None else tuple(routed), layer=s.layer)
 
 
-@plans(ast.ShowSettings)
-def _show_settings(s: ast.ShowSettings, ctx: Context) -> Node:
-    return ShowSettings(s)
-
-
 @plans(ast.Infer, needs_container=True)
 def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
     cat = ctx.catalog
@@ -930,19 +903,6 @@ def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
     _positive(s, s.greedy, "GREEDY", "GREEDY 32")
     return ScoreRepresentation(s, candidate=s.candidate, reference=s.reference, prompts=s.prompts,
                                greedy=s.greedy if s.greedy is not None else GREEDY)
-
-
-@plans(ast.Set)
-def _set(s: ast.Set, ctx: Context) -> Node:
-    doc = catalog.setting(s.name)
-    if doc is None:
-        raise SettingError(f"there is no setting named {s.name!r}",
-                           hint="settings: " + ", ".join(x.name for x in catalog.SETTINGS))
-    try:
-        value = doc.parse(s.value)
-    except ValueError as e:
-        raise SettingError(f"setting {s.name} {e}; got {s.value!r}") from None
-    return SetSetting(s, name=s.name, value=value)
 
 
 # ---- looking inside (issue 15): planning ----------------------------------------------------

@@ -96,6 +96,22 @@ class Family:
 
         return register
 
+    def layout(self, result_type: type):
+        """Make the decorated ``fn(result, timing) -> lines`` the text layout of ``result_type``."""
+        def register(fn: Callable) -> Callable:
+            result_type.layout = fn
+            return fn
+
+        return register
+
+    def records(self, result_type: type):
+        """Make the decorated ``fn(result) -> rows`` the rows of ``result_type``."""
+        def register(fn: Callable) -> Callable:
+            result_type.records = fn
+            return fn
+
+        return register
+
     def doc(self, name: str, syntax: str, summary: str, example: str, *, order: float | None = None,
             aliases: tuple[str, ...] = ()) -> Doc:
         d = Doc(name, syntax, summary, example, order if order is not None else 1000.0 + len(self.docs) / 100,

@@ -407,11 +407,6 @@ def _experts(r: R.ExpertsResult, timing: bool) -> list[str]:
     return out + _reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
 
 
-@_layout(R.SettingsResult)
-def _settings(r: R.SettingsResult, timing: bool) -> list[str]:
-    return table(["setting", "value", "meaning"], [[s.name, fmt_value(s.value), s.description] for s in r.settings])
-
-
 def _prompt_fields(p: R.PromptInfo) -> list[tuple[str, Any]]:
     return [
         ("prompt", fmt_text(p.text) + (" (in the chat template)" if p.chat else "") if p.text is not None else None),
@@ -667,11 +662,6 @@ def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
                         [[p["id"], p["category"], fmt_int(p["positions"]), f"{p['kl_mean']:.3g}", f"{p['top1']:.3f}",
                           f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt])
     return out
-
-
-@_layout(R.SetResult)
-def _set(r: R.SetResult, timing: bool) -> list[str]:
-    return [f"{r.name} = {fmt_value(r.value)}" + ("" if r.previous == r.value else f" (was {fmt_value(r.previous)})")]
 
 
 @_layout(R.DumpResult)
@@ -1201,11 +1191,6 @@ def _rec_operands(r: R.OperandsResult) -> list[dict[str, Any]]:
 @_records_of(R.ExpertsResult)
 def _rec_experts(r: R.ExpertsResult) -> list[dict[str, Any]]:
     return [_flat(_dump(b)) for b in r.banks]
-
-
-@_records_of(R.SettingsResult)
-def _rec_settings(r: R.SettingsResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.settings]
 
 
 @_records_of(R.DiffResult)

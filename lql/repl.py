@@ -36,6 +36,7 @@ from .errors import SettingError
 from .repl_complete import LqlCompleter, SettingInfo
 from .repl_lexer import STYLE, LqlLexer, is_meta
 from .repl_meta import META
+from .statements.settings import SetResult, SettingRow, SettingsResult
 
 PROMPT = "lql> "
 CONTINUATION = "... "
@@ -313,7 +314,7 @@ class Shell(Console):
             "history": str(self.history_path) if self.history_path else "-",
         }
 
-    def _set_shell_setting(self, stmt: ast.Set) -> R.SetResult:
+    def _set_shell_setting(self, stmt: ast.Statement) -> R.Result:
         previous = self._shell_setting_values()[stmt.name]
         value = stmt.value
         if stmt.name == "editing_mode":
@@ -341,7 +342,7 @@ class Shell(Console):
             # the prompt's buffer loads its history once: a new history needs a new prompt
             self.prompt = self._make_prompt(self.prompt.editing_mode == EditingMode.VI)
             value = str(path)
-        return R.SetResult(name=stmt.name, value=value, previous=previous)
+        return SetResult(name=stmt.name, value=value, previous=previous)
 
     # ---- the toolbar ------------------------------------------------------------------
 
@@ -407,22 +408,22 @@ class Shell(Console):
     # ---- what the console asks the shell -------------------------------------------------
 
     def shell_statement(self, stmt: ast.Statement) -> R.Result | None:
-        if isinstance(stmt, ast.Set) and stmt.name in SHELL_SETTINGS:
+        if stmt.kind == "set" and stmt.name in SHELL_SETTINGS:
             return self._set_shell_setting(stmt)
         return None
 
     def decorate(self, result: R.Result) -> R.Result:
-        if isinstance(result, R.SettingsResult):
+        if isinstance(result, SettingsResult):
             return self._with_shell_settings(result)
         if result.kind == "help" and getattr(result, "topic", "") is None:
             return result.model_copy(update={
                 "text": result.text.rstrip("\n") + "\n\nIn the shell: \\? lists shell commands; \\q quits."})
         return result
 
-    def _with_shell_settings(self, result: R.SettingsResult) -> R.SettingsResult:
+    def _with_shell_settings(self, result: SettingsResult) -> SettingsResult:
         values = self._shell_setting_values()
         rows = list(result.settings) + [
-            R.SettingRow(name=name, value=values[name], description=desc)
+            SettingRow(name=name, value=values[name], description=desc)
             for name, desc in SHELL_SETTINGS.items()
         ]
         return result.model_copy(update={"settings": rows})

@@ -436,17 +436,6 @@ class ExpertsResult(Result):
     reads: ReadsInfo
 
 
-class SettingRow(BaseModel):
-    name: str
-    value: Any
-    description: str
-
-
-class SettingsResult(Result):
-    kind: Literal["show_settings"] = "show_settings"
-    settings: list[SettingRow]
-
-
 # ---- running the model ----------------------------------------------------------------
 
 
@@ -597,13 +586,6 @@ class EncodeResult(Result):
     operator_mix: list[MixEntry]
     bytes: int
     seconds: float | None = None  # how long the encode took (machine-dependent)
-
-
-class SetResult(Result):
-    kind: Literal["set"] = "set"
-    name: str
-    value: Any
-    previous: Any
 
 
 # ---- drafts made measurable (vindex3.draft) -------------------------------------------

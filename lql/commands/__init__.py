@@ -60,6 +60,5 @@ from . import (  # noqa: F401
     open,
     remote,
     representations,
-    settings,
     trace,
 )

@@ -6,7 +6,6 @@ from __future__ import annotations
 from .. import planner
 from .. import results as R
 from . import command
-from .settings import set_setting
 
 
 @command(planner.UseRemote)
@@ -42,7 +41,9 @@ def remote_statement(session, node: planner.RemoteStatement) -> R.Result:
     return node.remote.run_statement(node.statement)
 
 
-@command(planner.RemoteSet)
-def remote_set(session, node: planner.RemoteSet) -> R.Result:
+@command(planner.RemoteMirror)
+def remote_mirror(session, node: planner.RemoteMirror) -> R.Result:
+    from . import execute
+
     node.remote.run_statement(node.statement)  # the server refuses what it would not take
-    return set_setting(session, node.local)
+    return execute(session, node.local)

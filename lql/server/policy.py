@@ -40,7 +40,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.ShowProvenance: (),
     ast.ShowOperands: (),
     ast.ShowExperts: (),
-    ast.ShowSettings: (),
     ast.Infer: (),
     ast.DraftDepth: (),
     ast.DraftOff: (),
@@ -55,7 +54,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Compact: ("into",),
     ast.Diff: ("a", "b"),
     ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
-    ast.Set: (),
     ast.Walk: (),
     ast.Describe: (),
     ast.SelectFeatures: (),  # NEAREST TO and WHERE take text, not paths
@@ -89,8 +87,8 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
-    ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.ShowSettings, ast.Infer, ast.Trace,
-    ast.DraftDepth, ast.DraftOff, ast.Set, ast.Walk, ast.Describe, ast.SelectFeatures,
+    ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.Infer, ast.Trace,
+    ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
     ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
