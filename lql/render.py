@@ -22,6 +22,28 @@ from . import results as R
 #: Output formats, as ``SET format``, ``\T`` and ``lql --format`` name them.
 FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
 
+from .layouts import (
+    flatten,
+    generated,
+    intervention,
+    layer_groups,
+    metadata_fields,
+    operand_rows,
+    placement,
+    prompt_fields,
+    prompt_text,
+    reads,
+    share,
+    shares,
+    short,
+    skipped_fields,
+    summary_fields,
+    table_with_banners,
+    time,
+    timing_fields,
+    token,
+    token_list,
+)
 from .text import (  # noqa: F401
     Col,
     _wants_vertical,
@@ -75,26 +97,6 @@ def _open(r: R.OpenResult, timing: bool) -> list[str]:
     return out
 
 
-def _placement(p: R.PlacementInfo | None) -> list[str]:
-    """The shard placement of a sharded model: who holds which layers, and the bytes that cross."""
-    if p is None:
-        return []
-    out = ["", f"placement ({p.slice}; state at {p.positions:,} positions)"]
-    rows = [["driver", ", ".join(p.driver_holds), "-", "-", fmt_int(p.driver_weight_bytes), "-", "-", "-"]]
-    rows += [[s.name, layers_phrase(list(range(s.layers[0], s.layers[1] + 1))), s.actor or "(not started)",
-              "-" if s.pid is None else str(s.pid), fmt_int(s.weight_bytes), fmt_int(s.state_bytes_per_position),
-              fmt_int(s.fixed_state_bytes), fmt_int(s.state_bytes)] for s in p.shards]
-    out += table(["part", "holds", "actor", "pid", num("weight bytes"), num("state bytes/position"), num("fixed state bytes"),
-                  num("state bytes")], rows)
-    out += fields([
-        ("not called", ", ".join(p.untouched) if p.untouched else None),
-        ("crossing", (f"{fmt_bytes(p.bytes_per_hop_per_position)} per hop per position, {p.hops_per_position} hops: "
-                     f"{fmt_bytes(p.bytes_moved_per_position)} per position "
-                     f"({fmt_bytes(p.bytes_between_shards_per_position)} between shards)")),
-    ])
-    return out
-
-
 @_layout(R.RemoteResult)
 def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
     return [f"using {r.url}: statements run there"] + fields([
@@ -108,28 +110,7 @@ def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
 
 @_layout(R.StatsResult)
 def _stats(r: R.StatsResult, timing: bool) -> list[str]:
-    return _stats_facts(r) + _reads(r.reads, "reads per position") + _placement(r.placement)
-
-
-def _pct(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.1f}%" if whole else "-"
-
-
-def _reads(x: R.ReadsInfo | None, title: str) -> list[str]:
-    """What a position reads, when it reads part of an expert bank (a model without routed
-    experts reads every operand at every position: nothing to split, no section)."""
-    if x is None or not x.expert_bank_bytes:
-        return []
-    rows = [
-        ("  always read", f"{fmt_bytes(x.always_bytes)} (every operand outside the expert banks and the embedding)"),
-        ("  expert banks", (f"{fmt_bytes(x.expert_bank_bytes)} over {len(x.expert_layers)} routed layer(s) "
-                            f"({fmt_layers(x.expert_layers)}); a position reads its k of E experts of each")),
-    ]
-    if x.embedding_bytes:
-        rows.append(("  embedding", f"{fmt_bytes(x.embedding_bytes)}; a position reads one row"))
-    rows.append(("  per position", (f"{fmt_bytes(x.per_position_bytes)} of {fmt_bytes(x.total_bytes)} "
-                                    f"({_pct(x.per_position_bytes, x.total_bytes)})")))
-    return ["", title] + fields(rows)
+    return _stats_facts(r) + reads(r.reads, "reads per position") + placement(r.placement)
 
 
 def _stats_facts(r: R.StatsResult) -> list[str]:
@@ -179,24 +160,9 @@ def _stats_facts(r: R.StatsResult) -> list[str]:
     return out
 
 
-def _operand_rows(ops: Sequence[R.OpInfo], with_params: bool, skip_params_of: str | None = None) -> list[list[str]]:
-    rows: list[list[str]] = []
-    for op in ops:
-        params = fmt_params(op.params) if with_params and op.role != skip_params_of else ""
-        if not op.operands:
-            rows.append([op.kind, op.role, "-", "", "", "", "", params])
-            continue
-        for j, o in enumerate(op.operands):
-            rows.append([
-                op.kind if j == 0 else "", op.role if j == 0 else "", o.role, f"{o.object}/{o.tensor}",
-                o.dtype, fmt_shape(o.shape), fmt_int(o.bytes), params if j == 0 else "",
-            ])
-    return rows
-
-
 @_layout(R.ExplainResult)
 def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
-    return _explain_plan(r) + _placement(r.placement)
+    return _explain_plan(r) + placement(r.placement)
 
 
 def _explain_plan(r: R.ExplainResult) -> list[str]:
@@ -231,11 +197,11 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
             for role, d in ((st.reads or {}).get("detail") or {}).items():
                 if isinstance(d, dict) and "experts" in d and "top_k" in d:
                     rows.append([f"[  {role} {d.get('operator', '')}: {_expert_reads(d)}]"] + [""] * 7)
-            rows += _operand_rows(st.ops, with_params=True, skip_params_of="mixer")
+            rows += operand_rows(st.ops, with_params=True, skip_params_of="mixer")
         else:
             rows.append([f"[{st.stage.replace('_', ' ')}]"] + [""] * 7)
-            rows += _operand_rows(st.ops, with_params=True)
-    out += [""] + _table_with_banners(headers, rows)
+            rows += operand_rows(st.ops, with_params=True)
+    out += [""] + table_with_banners(headers, rows)
     c = r.reads
     out += [""] + fields([
         ("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}"),
@@ -243,7 +209,7 @@ def _explain_plan(r: R.ExplainResult) -> list[str]:
         ("  layers", f"{c.layer_reads} operands, {fmt_bytes(c.layer_bytes)}"),
     ] + [(f"  {e.encoding}", f"{e.tensors} tensors, {fmt_bytes(e.bytes)}, {fmt_bpw(e.bits_per_weight)} bits/weight")
          for e in c.by_encoding])
-    return out + _reads(r.per_position, "per position (a token reads)")
+    return out + reads(r.per_position, "per position (a token reads)")
 
 
 def _expert_reads(d: dict) -> str:
@@ -252,28 +218,6 @@ def _expert_reads(d: dict) -> str:
     return (f"top {d['top_k']} of {d['experts']} experts ({d.get('router', '?')}); a token reads "
             f"{fmt_int(d.get('bytes_per_position'))} bytes = {fmt_int(d.get('always_bytes'))} always + {d['top_k']} x "
             f"{fmt_int(d.get('bytes_per_expert'))} per expert, of a {fmt_int(d.get('expert_bank_bytes'))}-byte bank")
-
-
-def _table_with_banners(columns: Sequence[str | Col], rows: list[list[str]]) -> list[str]:
-    """A table in which rows starting with '[' are section banners spanning the line; banners
-    do not widen the columns."""
-    plain = [r for r in rows if not r[0].startswith("[")]
-    headers = [c.header if isinstance(c, Col) else c for c in columns]
-    if _wants_vertical(headers, plain):
-        out, n = [], 1
-        for r in rows:
-            if r[0].startswith("["):
-                out.append(r[0][1:-1])
-            else:
-                out += vertical(headers, [r], start=n)
-                n += 1
-        return out
-    laid = table(columns, plain)
-    it = iter(laid[2:])
-    out = laid[:2]
-    for r in rows:
-        out.append(r[0][1:-1] if r[0].startswith("[") else next(it))
-    return out
 
 
 @_layout(R.LayersResult)
@@ -324,20 +268,11 @@ def _known_encodings() -> set[str]:
     return set(codecs.known())
 
 
-def _flatten(d: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(d, dict) and d:
-        out = []
-        for k, v in d.items():
-            out += _flatten(v, f"{prefix}.{k}" if prefix else str(k))
-        return out
-    return [(prefix, d)]
-
-
 @_layout(R.ProvenanceResult)
 def _provenance(r: R.ProvenanceResult, timing: bool) -> list[str]:
     if not r.provenance:
         return ["no provenance recorded"]
-    return fields((k, _provenance_value(k, v)) for k, v in _flatten(r.provenance))
+    return fields((k, _provenance_value(k, v)) for k, v in flatten(r.provenance))
 
 
 _LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON keeps every entry)
@@ -361,7 +296,7 @@ def _provenance_value(key: str, v: Any) -> str:
             why[w] = why.get(w, 0) + 1
         top = sorted(why.items(), key=lambda kv: -kv[1])
         more = f"; {len(top) - 3} more reasons" if len(top) > 3 else ""
-        return (f"{len(v)} tensors (" + "; ".join(f"{n}: {_short(w, 80)}" for w, n in top[:3]) + more
+        return (f"{len(v)} tensors (" + "; ".join(f"{n}: {short(w, 80)}" for w, n in top[:3]) + more
                 + "; JSON lists each)")
     return fmt_value(v)
 
@@ -404,20 +339,13 @@ def _experts(r: R.ExpertsResult, timing: bool) -> list[str]:
           fmt_int(b.bytes_per_expert), fmt_int(b.expert_bank_bytes), fmt_int(b.always_bytes),
           fmt_int(b.bytes_per_position)] for b in r.banks],
     )
-    return out + _reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
-
-
-def _prompt_fields(p: R.PromptInfo) -> list[tuple[str, Any]]:
-    return [
-        ("prompt", fmt_text(p.text) + (" (in the chat template)" if p.chat else "") if p.text is not None else None),
-        ("prompt ids", fmt_value(p.ids)),
-    ]
+    return out + reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
 
 
 @_layout(R.InferResult)
 def _infer(r: R.InferResult, timing: bool) -> list[str]:
-    out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *_prompt_fields(r.prompt),
-                  ("ablated", _intervention(r.intervention))])
+    out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *prompt_fields(r.prompt),
+                  ("ablated", intervention(r.intervention))])
     if r.top is not None:
         out += [""] + table(
             [num("rank"), "token", num("id"), num("probability")],
@@ -425,7 +353,7 @@ def _infer(r: R.InferResult, timing: bool) -> list[str]:
         )
     if r.generated_ids is not None:
         out += [""] + fields([
-            ("generated", _generated(len(r.generated_ids), r.interrupted, r.stopped_at)),
+            ("generated", generated(len(r.generated_ids), r.interrupted, r.stopped_at)),
             ("ids", fmt_value(r.generated_ids)),
             ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
         ])
@@ -438,42 +366,22 @@ def _infer(r: R.InferResult, timing: bool) -> list[str]:
                                   f"{fmt_int(min(dec))}, max {fmt_int(max(dec))})" if dec else None),
         ])
     if timing and r.timing is not None:
-        out += [""] + _timing_fields(r.timing)
+        out += [""] + timing_fields(r.timing)
     return out
-
-
-def _generated(n: int, interrupted: bool, stopped_at: int | None = None) -> str:
-    out = f"{n} token{'' if n == 1 else 's'}"
-    if interrupted:
-        return out + " (interrupted: the tokens produced before Ctrl-C)"
-    if stopped_at is not None:
-        return out + f" (stopped at end-of-sequence id {stopped_at})"
-    return out
-
-
-def _timing_fields(t: R.Timing, extra: Sequence[tuple[str, Any]] = ()) -> list[str]:
-    return fields([
-        ("prepare", fmt_seconds(t.prepare_seconds) if t.prepare_seconds is not None else None),
-        ("prefill", fmt_seconds(t.prefill_seconds) if t.prefill_seconds is not None else None),
-        ("decode", fmt_seconds(t.decode_seconds) if t.decode_seconds is not None else None),
-        ("per token", f"{t.ms_per_token:.2f} ms" if t.ms_per_token is not None else None),
-        ("speed", f"{t.tokens_per_second:.1f} tok/s" if t.tokens_per_second is not None else None),
-        *extra,
-    ])
 
 
 @_layout(R.SpeculateResult)
 def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
     if r.interrupted:
         return fields([
-            *_prompt_fields(r.prompt),
+            *prompt_fields(r.prompt),
             ("draft", f"depth {r.depth}, lookahead {r.lookahead}"),
-            ("generated", _generated(len(r.generated_ids), True)),
+            ("generated", generated(len(r.generated_ids), True)),
             ("ids", fmt_value(r.generated_ids)),
             ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
         ])
     out = fields([
-        *_prompt_fields(r.prompt),
+        *prompt_fields(r.prompt),
         ("draft", f"depth {r.depth}, lookahead {r.lookahead}, rollback by {r.rollback}"),
         ("generated", f"{len(r.generated_ids)} tokens"),
         ("ids", fmt_value(r.generated_ids)),
@@ -483,7 +391,7 @@ def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
         ("same as greedy", None if r.matches_plain is None else ("yes" if r.matches_plain else "NO")),
     ])
     if timing and r.timing is not None:
-        out += [""] + _timing_fields(r.timing, [
+        out += [""] + timing_fields(r.timing, [
             ("plain greedy", f"{r.plain_tokens_per_second:.1f} tok/s" if r.plain_tokens_per_second is not None else None),
             ("speedup", f"{r.speedup:.2f} x" if r.speedup is not None else None),
         ])
@@ -496,7 +404,7 @@ def _trace(r: R.TraceResult, timing: bool) -> list[str]:
         return _trace_experts(r)
     out = [f"trace: {r.slice}, {r.model_layers}-layer model"]
     if r.intervention is not None:
-        out.append(f"with {_intervention(r.intervention)}")
+        out.append(f"with {intervention(r.intervention)}")
     rows = []
     for x in r.rows:
         ran = _layers_with_operators(x.layers, x.operators)
@@ -566,14 +474,10 @@ def _plan(r: R.PlanResult, timing: bool) -> list[str]:
     if r.findings:
         headers = ["category", "key", "value", "blocks", "message"]
         out += [""] + table(headers, [
-            [f.category, f.key, _short(fmt_value(f.value))]
+            [f.category, f.key, short(fmt_value(f.value))]
             + ["BLOCKS" if f.blocks else "", f.message] for f in r.findings
         ])
     return out
-
-
-def _short(s: str, n: int = 40) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 @_layout(R.EncodeResult)
@@ -591,12 +495,6 @@ def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
 # ---- representations and maintenance -----------------------------------------------------
 
 
-def _shares(rows: Sequence[R.EncodingShare]) -> list[str]:
-    return table(["encoding", num("tensors"), num("parameters"), num("bytes"), num("bits/weight")],
-                 [[e.encoding, fmt_int(e.tensors), fmt_int(e.parameters), fmt_int(e.bytes), fmt_bpw(e.bits_per_weight)]
-                  for e in rows])
-
-
 @_layout(R.RepresentResult)
 def _represent(r: R.RepresentResult, timing: bool) -> list[str]:
     ratio = f" ({100 * r.bytes / r.source_bytes:.1f}% of {fmt_int(r.source_bytes)})" if r.source_bytes else ""
@@ -604,7 +502,7 @@ def _represent(r: R.RepresentResult, timing: bool) -> list[str]:
         ("weights", f"{fmt_int(r.bytes)} bytes{ratio}"),
         ("exact", "yes: every tensor holds its source's values" if r.exact else "no (fidelity per tensor in provenance)"),
     ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
-    out += [""] + _shares(r.encodings)
+    out += [""] + shares(r.encodings)
     if r.kept:
         groups: dict[tuple[str, str], list[str]] = {}
         for k in r.kept:
@@ -672,7 +570,7 @@ def _dump(r: R.DumpResult, timing: bool) -> list[str]:
         ("sidecar", r.sidecar),
         ("layers run", fmt_layers(r.executed_layers)),
         ("container", str(r.meta.get("container_digest", "-"))[:16]),
-        ("ablated", _intervention(r.meta.get("intervention"))),
+        ("ablated", intervention(r.meta.get("intervention"))),
     ])
     if timing:
         out += fields([
@@ -682,34 +580,15 @@ def _dump(r: R.DumpResult, timing: bool) -> list[str]:
     return out
 
 
-def _summary_fields(s: dict[str, Any]) -> list[tuple[str, Any]]:
-    def f(key: str, fmt: str = "{:.4f}") -> str | None:
-        v = s.get(key)
-        return None if v is None else fmt.format(v)
-
-    return [
-        ("positions", f("positions", "{}")),
-        ("top-1 agreement", f("top1")),
-        ("KL mean", f("kl_mean")),
-        ("KL p50 / p90 / p99", " / ".join(f"{s[k]:.4f}" for k in ("kl_p50", "kl_p90", "kl_p99") if k in s) or None),
-        ("KL max", f("kl_max")),
-        ("median target rank", f("median_target_rank", "{:g}")),
-        ("top-5 containment", f("top5")),
-        ("top-20 containment", f("top20")),
-        ("median next-token rank", None if s.get("median_next_rank_draft") is None else
-         f"draft {s['median_next_rank_draft']:g}, target {s.get('median_next_rank_target', float('nan')):g}"),
-    ]
-
-
 @_layout(R.ScoreResult)
 def _score(r: R.ScoreResult, timing: bool) -> list[str]:
     slice_ = f"full model, {r.model_layers} layers" if r.depth is None else f"depth {r.depth} of {r.model_layers}"
     out = [f"draft {r.draft} ({slice_}) against {r.target} (full model)"]
     if r.draft_intervention is not None or r.target_intervention is not None:
         # an ablated run against a clean one (or two ablations) is a different comparison: say so
-        out += fields([("draft run", _intervention(r.draft_intervention) or "clean (no intervention)"),
-                       ("target run", _intervention(r.target_intervention) or "clean (no intervention)")])
-    out += fields(_summary_fields(r.summary))
+        out += fields([("draft run", intervention(r.draft_intervention) or "clean (no intervention)"),
+                       ("target run", intervention(r.target_intervention) or "clean (no intervention)")])
+    out += fields(summary_fields(r.summary))
     if r.positions:
         if r.tokens:
             out += [""] + table(
@@ -762,75 +641,23 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
 # ---- looking inside (issue 15) --------------------------------------------------------
 
 
-def _intervention(rec: dict[str, Any] | None) -> str | None:
-    """An intervention as the run recorded it: 'ABLATE FEATURES (1:3, 2:7)'."""
-    if rec is None:
-        return None
-    return str(rec.get("text") or rec.get("kind") or rec)
-
-
-def _time(seconds: float, timing: bool) -> tuple[str, str | None]:
-    """The statement's own time, shown only with timing on (machine-dependent)."""
-    return ("time", fmt_seconds(seconds) if timing else None)
-
-
-def _token(text: str | None, token_id: int) -> str:
-    return fmt_text(text) if text is not None else f"#{token_id}"
-
-
-def _token_list(tokens: Sequence[R.TokenLogit], logits: bool = False) -> str:
-    return ", ".join(_token(t.text, t.id) + (f" {t.logit:.2f}" if logits else "") for t in tokens)
-
-
-def _skipped_fields(skipped: Sequence[R.SkippedLayer]) -> list[tuple[str, Any]]:
-    """Skipped layers grouped by reason: ('skipped', 'layers 1-2: mamba2 layer with no FFN ...')."""
-    groups: dict[str, list[int]] = {}
-    for x in skipped:
-        groups.setdefault(x.reason, []).append(x.layer)
-    return [("skipped" if i == 0 else "", f"{layers_phrase(ls)}: {reason}") for i, (reason, ls) in enumerate(groups.items())]
-
-
-def _metadata_fields(m: R.MetadataNote, timing: bool) -> list[tuple[str, Any]]:
-    """What using the feature metadata involved; nothing when it was read as it was."""
-    out: list[tuple[str, Any]] = []
-    if m.built_layers:
-        built = f"built now for {layers_phrase(m.built_layers)}"
-        if timing:
-            built += f" in {fmt_seconds(m.build_seconds)}"
-        out.append(("metadata", built))
-    if m.rebuilt:
-        out.append(("rebuilt", m.rebuilt))
-    if not m.cached:
-        out.append(("not stored", f"kept in memory only: {m.note}"))
-    return out
-
-
-def _layer_groups(rows: list[list[str]], first: list[bool]) -> list[list[str]]:
-    """Blank the layer cell of every row but the first of its layer."""
-    return [r if f else [""] + r[1:] for r, f in zip(rows, first)]
-
-
 @_layout(R.WalkResult)
 def _walk(r: R.WalkResult, timing: bool) -> list[str]:
-    out = [(f"walk {_prompt_text(r.prompt)}: the query is the embedding of its last token "
-           f"{_token(r.query_token, r.query_id)} (id {r.query_id}); the top {r.top} features per layer by |gate score|")]
+    out = [(f"walk {prompt_text(r.prompt)}: the query is the embedding of its last token "
+           f"{token(r.query_token, r.query_id)} (id {r.query_id}); the top {r.top} features per layer by |gate score|")]
     rows, first = [], []
     for lay in r.layers:
         for j, h in enumerate(lay.features):
-            rows.append([str(lay.layer), str(h.feature), f"{h.score:.2f}", _token_list(h.tokens)])
+            rows.append([str(lay.layer), str(h.feature), f"{h.score:.2f}", token_list(h.tokens)])
             first.append(j == 0)
-    out += table([num("layer"), num("feature"), num("gate score"), "writes"], _layer_groups(rows, first))
-    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    out += table([num("layer"), num("feature"), num("gate score"), "writes"], layer_groups(rows, first))
+    tail = fields([*skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
     return out + tail
-
-
-def _prompt_text(p: R.InternalsPrompt) -> str:
-    return fmt_text(p.text) if p.text is not None else "TOKENS (" + ", ".join(str(i) for i in p.ids) + ")"
 
 
 @_layout(R.DescribeResult)
 def _describe(r: R.DescribeResult, timing: bool) -> list[str]:
-    own = ", ".join(_token(t, i) for t, i in zip(r.prompt.tokens, r.prompt.ids))
+    own = ", ".join(token(t, i) for t, i in zip(r.prompt.tokens, r.prompt.ids))
     out = [(f"describe {fmt_text(r.entity)} (tokens {own}): {r.passing:,} feature(s) with gate score > {r.threshold:g} "
            f"in {layers_phrase(r.layers)}")]
     if r.excluded:
@@ -843,17 +670,17 @@ def _describe(r: R.DescribeResult, timing: bool) -> list[str]:
         out.append(f"{r.total_edges:,} edge(s), {shown} by best gate score:")
         out += table(
             ["edge", num("best gate"), "at", "layers", num("features"), "also writes"],
-            [[f"{e.source} -> {_token(e.target, e.target_id)}", f"{e.best_score:.2f}", f"L{e.best_layer}:{e.best_feature}",
+            [[f"{e.source} -> {token(e.target, e.target_id)}", f"{e.best_score:.2f}", f"L{e.best_layer}:{e.best_feature}",
               f"{e.first_layer}-{e.last_layer}" if e.first_layer != e.last_layer else str(e.first_layer), str(e.count),
-              ", ".join(_token(t, i) for t, i in zip(e.also, e.also_ids)) or "-"] for e in r.edges],
+              ", ".join(token(t, i) for t, i in zip(e.also, e.also_ids)) or "-"] for e in r.edges],
         )
-    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    tail = fields([*skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
     return out + tail
 
 
 def _feature_cell(col: str, x: R.FeatureRow) -> str:
     if col == "token":
-        return _token(x.token, x.token_id)
+        return token(x.token, x.token_id)
     if col == "score":
         return f"{x.score:.4f}"
     return str(getattr(x, col))
@@ -870,7 +697,7 @@ def _select(r: R.SelectFeaturesResult, timing: bool) -> list[str]:
     count = (f"{len(r.rows):,} of {r.total:,} matching features (LIMIT {limit})" if limit is not None and r.total > len(r.rows)
              else f"{r.total:,} matching feature{'' if r.total == 1 else 's'}")
     tail = fields([("rows", f"{count} in {layers_phrase(r.layers)}"), ("score", r.score) if "score" in cols else ("", None),
-                   *_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+                   *skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
     return out + tail
 
 
@@ -879,19 +706,19 @@ def _show_features(r: R.ShowFeaturesResult, timing: bool) -> list[str]:
     k = len(r.rows[0].tokens) if r.rows else 0
     out = [(f"layer {r.layer}: {r.features:,} features ({r.ffn} after {r.mixer}); the top {k} tokens each down column "
            "writes, with their logits")]
-    out += table([num("feature"), "writes"], [[str(x.feature), _token_list(x.tokens, logits=True)] for x in r.rows])
+    out += table([num("feature"), "writes"], [[str(x.feature), token_list(x.tokens, logits=True)] for x in r.rows])
     if len(r.rows) < r.features:
         out.append(f"{len(r.rows):,} of {r.features:,} features shown")
-    return out + fields(_metadata_fields(r.metadata, timing))
+    return out + fields(metadata_fields(r.metadata, timing))
 
 
 @_layout(R.FeatureActivityResult)
 def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
     pos_tok = r.prompt.tokens[r.position] if r.position < len(r.prompt.tokens) else None
-    out = [(f"features most active at position {r.position} ({_token(pos_tok, r.prompt.ids[r.position])}, the last) "
-           f"of {_prompt_text(r.prompt)}: {r.slice}, {layers_phrase(r.executed_layers)}")]
-    out += fields([("ablated", _intervention(r.intervention)),
-                   ("next token", f"{_token(r.next_token, r.next_id)} (id {r.next_id})"),
+    out = [(f"features most active at position {r.position} ({token(pos_tok, r.prompt.ids[r.position])}, the last) "
+           f"of {prompt_text(r.prompt)}: {r.slice}, {layers_phrase(r.executed_layers)}")]
+    out += fields([("ablated", intervention(r.intervention)),
+                   ("next token", f"{token(r.next_token, r.next_id)} (id {r.next_id})"),
                    ("activation", ("the coefficient the feature's down column is written with (ranked by size); "
                                   "gate: its gate pre-activation"))])
     headers = [num("layer"), num("feature"), num("activation"), num("gate"), "writes"]
@@ -901,43 +728,39 @@ def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
     rows, first = [], []
     for lay in r.layers:
         for j, f in enumerate(lay.features):
-            row = [str(lay.layer), str(f.feature), f"{f.activation:.4f}", f"{f.gate:.2f}", _token_list(f.tokens)]
+            row = [str(lay.layer), str(f.feature), f"{f.activation:.4f}", f"{f.gate:.2f}", token_list(f.tokens)]
             if ablation:
                 row.insert(4, "yes (zeroed)" if f.ablated else "")
             rows.append(row)
             first.append(j == 0)
-    out += table(headers, _layer_groups(rows, first))
-    tail = fields([*_skipped_fields(r.skipped), *_metadata_fields(r.metadata, timing), _time(r.seconds, timing)])
+    out += table(headers, layer_groups(rows, first))
+    tail = fields([*skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
     return out + tail
-
-
-def _share(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"
 
 
 @_layout(R.TraceForResult)
 def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
     where = "the last position" if r.positions == "last" else "every position"
-    out = [(f"trace {_prompt_text(r.prompt)} for {_token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
+    out = [(f"trace {prompt_text(r.prompt)} for {token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
            f"{layers_phrase(r.executed_layers)}, {where}")]
     if r.intervention is not None:
-        out.append(f"with {_intervention(r.intervention)}")
+        out.append(f"with {intervention(r.intervention)}")
     out.append("logit lens: the model's own final norm and head read the residual after each layer")
     out += table(
         ["layer", "operator", num("pos"), num("rank"), num("probability"), num("logit"), "top-1", num("top-1 prob")],
         [["embedding" if x.layer is None else str(x.layer), x.operator, str(x.position), str(x.rank), fmt_prob(x.prob),
-          f"{x.logit:.4f}", _token(x.top_token, x.top_id), fmt_prob(x.top_prob)] for x in r.rows],
+          f"{x.logit:.4f}", token(x.top_token, x.top_id), fmt_prob(x.top_prob)] for x in r.rows],
     )
     f = r.final
     out += fields([("output", (f"rank {f.rank}, probability {fmt_prob(f.prob)}, logit {f.logit:.4f}; top-1 "
-                              f"{_token(f.top_token, f.top_id)} ({fmt_prob(f.top_prob)})"))])
+                              f"{token(f.top_token, f.top_id)} ({fmt_prob(f.top_prob)})"))])
     d = r.decomposition
     if d is not None:
         base = f"logit before the softcap {d.logit_before_softcap:.4f}" if d.logit_before_softcap is not None else None
-        out += ["", (f"decomposition of the logit of {_token(d.token, d.token_id)} at position {d.position}: each part is "
+        out += ["", (f"decomposition of the logit of {token(d.token, d.token_id)} at position {d.position}: each part is "
                     "a write read through the head with the final norm's scale frozen")]
         out += table(["part", "site", num("logit"), num("share")],
-                     [[x.name, x.site, f"{x.logit:.4f}", _share(x.share)] for x in d.parts])
+                     [[x.name, x.site, f"{x.logit:.4f}", share(x.share)] for x in d.parts])
         out += fields([
             ("final logit", f"{d.final_logit:.4f}"),
             ("before softcap", base),
@@ -946,7 +769,7 @@ def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
         ])
     out += fields([("saved", None if r.saved is None else
                     f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})"),
-                   _time(r.seconds, timing)])
+                   time(r.seconds, timing)])
     return out
 
 
@@ -960,18 +783,18 @@ def _residue(d: R.Decomposition) -> str:
 
 @_layout(R.ObserveResult)
 def _observe(r: R.ObserveResult, timing: bool) -> list[str]:
-    out = [f"recorded {_prompt_text(r.prompt)} into {r.path}: {r.status}"]
+    out = [f"recorded {prompt_text(r.prompt)} into {r.path}: {r.status}"]
     n = len(r.generated_ids)
     out += fields([
         ("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"),
-        ("ablated", _intervention(r.intervention)),
+        ("ablated", intervention(r.intervention)),
         ("generated", None if not n else f"{n} token{'' if n == 1 else 's'} {fmt_value(r.generated_ids)} "
                                          f"{fmt_text(r.generated_text) if r.generated_text is not None else ''}".rstrip()),
         ("lens", None if not r.lens_tokens else fmt_value(r.lens_tokens)),
         ("events", f"{r.events:,} ({r.write_events:,} writes, {r.token_events:,} tokens)"),
         ("receipt", f"sha256 {r.sha256}, run {r.run_id}"),
         ("check", f"vindex3 record verify {r.path}"),
-        _time(r.seconds, timing),
+        time(r.seconds, timing),
     ])
     return out
 
@@ -989,7 +812,7 @@ def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
         ("rebuilt", m.rebuilt),
         ("stored", f"{r.directory} in the container: {r.files} file(s), {fmt_bytes(r.bytes)}" if m.cached
          else f"kept in memory only: {m.note}"),
-        *_skipped_fields(r.skipped),
+        *skipped_fields(r.skipped),
     ])
     headers = [num("layer"), "mixer", "ffn", num("features"), "status"] + (["build time"] if timing else [])
     rows = []
@@ -1180,7 +1003,7 @@ def _rec_reps(r: R.RepresentationsResult) -> list[dict[str, Any]]:
 
 @_records_of(R.ProvenanceResult)
 def _rec_provenance(r: R.ProvenanceResult) -> list[dict[str, Any]]:
-    return [{"key": k, "value": v} for k, v in _flatten(r.provenance)] if r.provenance else []
+    return [{"key": k, "value": v} for k, v in flatten(r.provenance)] if r.provenance else []
 
 
 @_records_of(R.OperandsResult)
