@@ -136,48 +136,12 @@ class UseRemote(Statement):
     model: str | None = None
 
 
-class Stats(Statement):
-    keyword: ClassVar[str] = "STATS"
-    kind: Literal["stats"] = "stats"
-    positions: int | None = None
-    path: str | None = dialect(None)  # STATS 'path' (the reference dialect): another container's facts
-
-
 class Explain(Statement):
     keyword: ClassVar[str] = "EXPLAIN"
     kind: Literal["explain"] = "explain"
     prompt: Prompt | None = None
     depth: int | None = None
     infer: Infer | None = None  # EXPLAIN INFER ...: the statement whose plan is shown
-
-
-class ShowLayers(Statement):
-    keyword: ClassVar[str] = "SHOW LAYERS"
-    kind: Literal["show_layers"] = "show_layers"
-    start: int | None = None  # inclusive
-    end: int | None = None  # inclusive
-
-
-class ShowComponents(Statement):
-    keyword: ClassVar[str] = "SHOW COMPONENTS"
-    kind: Literal["show_components"] = "show_components"
-
-
-class ShowRepresentations(Statement):
-    keyword: ClassVar[str] = "SHOW REPRESENTATIONS"
-    kind: Literal["show_representations"] = "show_representations"
-    filter: str | None = None
-
-
-class ShowProvenance(Statement):
-    keyword: ClassVar[str] = "SHOW PROVENANCE"
-    kind: Literal["show_provenance"] = "show_provenance"
-
-
-class ShowOperands(Statement):
-    keyword: ClassVar[str] = "SHOW OPERANDS"
-    kind: Literal["show_operands"] = "show_operands"
-    layer: int | None = None
 
 
 class ShowExperts(Statement):

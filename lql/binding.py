@@ -73,6 +73,11 @@ def placement_info(container, sl, positions: int = 0):
     )
 
 
+def mix(container) -> list[R.MixEntry]:
+    """A container's operator mix as result entries ('4 softmax (full)')."""
+    return [R.MixEntry(label=label, count=n) for label, n in container.graph.operator_mix()]
+
+
 def slice_of(depth: int | None):
     """The vindex3 execution slice for a draft depth (None: the full model)."""
     v = vindex3()

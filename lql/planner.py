@@ -89,36 +89,6 @@ class RemoteStatement(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class Stats(Node):
-    positions: int | None
-
-
-@dataclass(frozen=True, eq=False)
-class ShowLayers(Node):
-    layers: tuple[int, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class ShowComponents(Node):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class ShowRepresentations(Node):
-    filter: str | None
-
-
-@dataclass(frozen=True, eq=False)
-class ShowProvenance(Node):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class ShowOperands(Node):
-    layer: int | None
-
-
-@dataclass(frozen=True, eq=False)
 class ShowExperts(Node):
     """SHOW EXPERTS: the expert banks of ``layers`` (routed layers, in order)."""
 
@@ -378,13 +348,13 @@ def plans(stmt_type: type[ast.Statement], *, needs_container: bool = False):
     return register
 
 
-def _err(stmt: ast.Statement, message: str, hint: str | None = None) -> StatementError:
+def err(stmt: ast.Statement, message: str, hint: str | None = None) -> StatementError:
     return StatementError(message, hint=hint, line=stmt.line, column=stmt.column, statement=stmt.source)
 
 
-def _positive(stmt: ast.Statement, value: int | None, what: str, example: str) -> None:
+def positive(stmt: ast.Statement, value: int | None, what: str, example: str) -> None:
     if value is not None and value < 1:
-        raise _err(stmt, f"{what} must be at least 1, got {value}", hint=f"e.g. {example}")
+        raise err(stmt, f"{what} must be at least 1, got {value}", hint=f"e.g. {example}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -441,51 +411,46 @@ _LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote)
 def _check(s: ast.Statement, ctx: Context) -> None:
     """The checks that need no container."""
     match s:
-        case ast.Stats():
-            _positive(s, s.positions, "STATS AT ... POSITIONS", "STATS AT 4096 POSITIONS")
-        case ast.ShowLayers():
-            if s.start is not None and s.end is not None and s.end < s.start:
-                raise _err(s, f"RANGE {s.start}-{s.end} runs backwards", hint=f"write RANGE {s.end}-{s.start}")
         case ast.Infer():
             _check_infer(s)
         case ast.Explain() if s.infer is not None:
             _check_infer(s.infer)
         case ast.Walk() | ast.Describe():
-            _positive(s, s.top, "TOP", "TOP 5")
-            _span(s, s.layers)
+            positive(s, s.top, "TOP", "TOP 5")
+            check_span(s, s.layers)
         case ast.SelectFeatures():
             _check_select(s)
         case ast.ShowFeatures():
             pass
         case ast.ExplainFeatures():
             _check_infer(s.infer)
-            _positive(s, s.top, "FEATURES TOP", "FEATURES TOP 5")
-            _span(s, s.layers)
+            positive(s, s.top, "FEATURES TOP", "FEATURES TOP 5")
+            check_span(s, s.layers)
             for word, given in (("GENERATE", s.infer.generate), ("SPECULATE", s.infer.speculate),
                                 ("TOP", s.infer.top)):
                 if given is not None:
                     hint = ("the number of features goes after FEATURES: EXPLAIN INFER 'text' FEATURES TOP n"
                             if word == "TOP" else "EXPLAIN INFER ... FEATURES reads the prefill of the prompt")
-                    raise _err(s, f"EXPLAIN INFER ... FEATURES looks at one run of the prompt; {word} does not apply",
+                    raise err(s, f"EXPLAIN INFER ... FEATURES looks at one run of the prompt; {word} does not apply",
                                hint=hint)
         case ast.TraceFor():
-            _span(s, s.layers)
+            check_span(s, s.layers)
         case ast.Observe():
             if s.generate is not None and s.generate < 0:  # the grammar takes whole numbers; kept for clarity
-                raise _err(s, f"GENERATE must be at least 0, got {s.generate}")
+                raise err(s, f"GENERATE must be at least 0, got {s.generate}")
         case ast.BuildFeatures():
-            _span(s, s.layers)
+            check_span(s, s.layers)
         case ast.DraftLadder():
             seen: set[int] = set()
             for d in s.depths:
                 if d in seen:
-                    raise _err(s, f"DRAFT LADDER lists depth {d} twice")
+                    raise err(s, f"DRAFT LADDER lists depth {d} twice")
                 seen.add(d)
 
 
-def _span(s: ast.Statement, span: tuple[int, int] | None, clause: str = "LAYERS") -> None:
+def check_span(s: ast.Statement, span: tuple[int, int] | None, clause: str = "LAYERS") -> None:
     if span is not None and span[1] < span[0]:
-        raise _err(s, f"{clause} {span[0]}-{span[1]} runs backwards", hint=f"write {clause} {span[1]}-{span[0]}")
+        raise err(s, f"{clause} {span[0]}-{span[1]} runs backwards", hint=f"write {clause} {span[1]}-{span[0]}")
 
 
 def _column_error(s: ast.Statement, col: ast.Column, message: str, hint: str | None = None) -> StatementError:
@@ -512,7 +477,7 @@ def _check_select(s: ast.SelectFeatures) -> None:
             raise _column_error(s, col, f"column {name!r} is listed twice")
         seen.add(name)
     if s.at_layer is False:
-        _span(s, s.layers)
+        check_span(s, s.layers)
     for cond in s.where:
         name = _known_column(s, cond.column, "WHERE")
         ops = catalog.FEATURE_COLUMN_OPS[name]
@@ -542,32 +507,32 @@ def _check_value(s: ast.Statement, cond: ast.Condition, name: str, want: type, v
 
 def _check_infer(s: ast.Infer) -> None:
     if s.compare:
-        raise _err(s, "INFER ... COMPARE sets the reference system's walk prediction beside the dense one; this build "
+        raise err(s, "INFER ... COMPARE sets the reference system's walk prediction beside the dense one; this build "
                    "predicts with the dense model only, so there is nothing to compare it with",
                    hint="INFER 'text' TOP n for the prediction, WALK 'text' for the features the last token opens")
-    _positive(s, s.top, "TOP", "TOP 5")
-    _positive(s, s.generate, "GENERATE", "GENERATE 20")
+    positive(s, s.top, "TOP", "TOP 5")
+    positive(s, s.generate, "GENERATE", "GENERATE 20")
     if s.exactly and s.generate is None:  # the grammar ties EXACTLY to GENERATE; kept for clarity
-        raise _err(s, "EXACTLY belongs to GENERATE n", hint="e.g. GENERATE 20 EXACTLY")
+        raise err(s, "EXACTLY belongs to GENERATE n", hint="e.g. GENERATE 20 EXACTLY")
     if s.speculate is not None or s.lookahead is not None:
         if s.speculate is None:
-            raise _err(s, "LOOKAHEAD only applies to speculative decoding",
+            raise err(s, "LOOKAHEAD only applies to speculative decoding",
                        hint="add SPECULATE DEPTH d, e.g. INFER 'text' GENERATE 20 SPECULATE DEPTH 2 LOOKAHEAD 4")
-        _positive(s, s.lookahead, "LOOKAHEAD", "LOOKAHEAD 4")
+        positive(s, s.lookahead, "LOOKAHEAD", "LOOKAHEAD 4")
         if s.generate is None:
-            raise _err(s, "SPECULATE needs GENERATE n: speculation is a way of generating tokens",
+            raise err(s, "SPECULATE needs GENERATE n: speculation is a way of generating tokens",
                        hint="e.g. INFER 'text' GENERATE 20 SPECULATE DEPTH 2")
         if s.depth is not None:
-            raise _err(s, "SPECULATE verifies with the full model, so DRAFT DEPTH cannot be combined with it",
+            raise err(s, "SPECULATE verifies with the full model, so DRAFT DEPTH cannot be combined with it",
                        hint="the draft that proposes tokens is SPECULATE DEPTH d")
         if s.top is not None:
-            raise _err(s, "TOP cannot be combined with SPECULATE", hint="run INFER 'text' TOP n on its own")
+            raise err(s, "TOP cannot be combined with SPECULATE", hint="run INFER 'text' TOP n on its own")
         if s.ablate is not None:
-            raise _err(s, "ABLATE FEATURES cannot be combined with SPECULATE: speculation checks itself against the "
+            raise err(s, "ABLATE FEATURES cannot be combined with SPECULATE: speculation checks itself against the "
                        "unchanged model", hint="run INFER 'text' GENERATE n ABLATE FEATURES (...) without SPECULATE")
 
 
-def _depth(ctx: Context, depth: int | None) -> int | None:
+def depth_of(ctx: Context, depth: int | None) -> int | None:
     return depth if depth is not None else ctx.draft_depth
 
 
@@ -608,7 +573,7 @@ def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat:
 
 @plans(ast.Open)
 def _open(s: ast.Open, ctx: Context) -> Node:
-    _positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
+    positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
     if not s.default:
         files.container_dir(s.path)
     return Open(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings["shards"])
@@ -619,20 +584,8 @@ def _use_remote(s: ast.UseRemote, ctx: Context) -> Node:
     from .server.client import check_url
 
     if s.model is not None and not s.model:
-        raise _err(s, "USE REMOTE ... MODEL '' names no model", hint="leave MODEL out to use the server's only model")
+        raise err(s, "USE REMOTE ... MODEL '' names no model", hint="leave MODEL out to use the server's only model")
     return UseRemote(s, url=check_url(s.url), model=s.model)
-
-
-@plans(ast.Stats)
-def _stats(s: ast.Stats, ctx: Context) -> Node:
-    _positive(s, s.positions, "STATS AT ... POSITIONS", "STATS AT 4096 POSITIONS")
-    if s.path is not None:  # STATS 'path' (the reference dialect): that container's facts
-        return StatsOf(s, path=s.path, positions=s.positions)
-    if not ctx.bound:
-        raise NoContainer("STATS needs an open container, and none is open",
-                          hint="OPEN 'path/to/model.vindex3' (or OPEN DEFAULT) first, or STATS 'path'",
-                          line=s.line, column=s.column, statement=s.source)
-    return Stats(s, positions=s.positions)
 
 
 @plans(ast.Explain, needs_container=True)
@@ -641,39 +594,7 @@ def _explain(s: ast.Explain, ctx: Context) -> Node:
         target = _infer(s.infer, ctx)
         sl = target.slice if isinstance(target, Run) else target.target
         return Explain(s, slice=sl, target=target)
-    return Explain(s, slice=ctx.catalog.bind_slice(_depth(ctx, s.depth)))
-
-
-@plans(ast.ShowLayers, needs_container=True)
-def _show_layers(s: ast.ShowLayers, ctx: Context) -> Node:
-    n = ctx.catalog.num_layers
-    if s.start is None:
-        return ShowLayers(s, layers=tuple(range(n)))
-    ctx.catalog.check_layer(s.start)
-    ctx.catalog.check_layer(s.end)
-    return ShowLayers(s, layers=tuple(range(s.start, s.end + 1)))
-
-
-@plans(ast.ShowComponents, needs_container=True)
-def _show_components(s: ast.ShowComponents, ctx: Context) -> Node:
-    return ShowComponents(s)
-
-
-@plans(ast.ShowRepresentations, needs_container=True)
-def _show_representations(s: ast.ShowRepresentations, ctx: Context) -> Node:
-    return ShowRepresentations(s, filter=s.filter)
-
-
-@plans(ast.ShowProvenance, needs_container=True)
-def _show_provenance(s: ast.ShowProvenance, ctx: Context) -> Node:
-    return ShowProvenance(s)
-
-
-@plans(ast.ShowOperands, needs_container=True)
-def _show_operands(s: ast.ShowOperands, ctx: Context) -> Node:
-    if s.layer is not None:
-        ctx.catalog.check_layer(s.layer)
-    return ShowOperands(s, layer=s.layer)
+    return Explain(s, slice=ctx.catalog.bind_slice(depth_of(ctx, s.depth)))
 
 
 def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: str) -> list[int]:
@@ -684,10 +605,10 @@ def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: s
         cat.check_layer(layer)
     routed = cat.expert_layers()
     if not routed:
-        raise _err(s, f"{what} needs routed-expert layers, and model {cat.name} has none (every FFN is dense or absent)",
+        raise err(s, f"{what} needs routed-expert layers, and model {cat.name} has none (every FFN is dense or absent)",
                    hint="SHOW LAYERS shows each layer's ffn")
     if layer is not None and layer not in routed:
-        raise _err(s, f"layer {layer} has no routed experts; the routed layers are {fmt_layers(routed)}",
+        raise err(s, f"layer {layer} has no routed experts; the routed layers are {fmt_layers(routed)}",
                    hint=f"e.g. {what} AT LAYER {routed[0]}")
     return routed
 
@@ -714,7 +635,7 @@ def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
                          lookahead=lookahead, compare=bool(ctx.settings.get("compare", True)))
         _check_speculate(node, ctx)
         return node
-    sl = cat.bind_slice(_depth(ctx, s.depth))  # a bad depth is refused before tokenising anything
+    sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
     ablation = cat.ablation(s.ablate, sl)
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
     top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))
@@ -757,7 +678,7 @@ def _check_speculate(node: Speculate, ctx: Context) -> None:
 @plans(ast.Trace, needs_container=True)
 def _trace(s: ast.Trace, ctx: Context) -> Node:
     cat = ctx.catalog
-    sl = cat.bind_slice(_depth(ctx, s.depth))
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
     experts = None
     if s.experts is not None:
         layer = s.experts.layer
@@ -766,7 +687,7 @@ def _trace(s: ast.Trace, ctx: Context) -> Node:
         shown = [i for i in ((layer,) if layer is not None else routed) if i in ran]
         if not shown:
             which = f"layer {layer}" if layer is not None else f"a routed layer (routed: {fmt_layers(routed)})"
-            raise _err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {fmt_layers(ran)}, not {which}",
+            raise err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {fmt_layers(ran)}, not {which}",
                        hint="a deeper DRAFT DEPTH, or DRAFT OFF, runs it")
         experts = tuple(shown)
     prompt = bind_prompt(ctx, s.prompt)
@@ -790,7 +711,7 @@ def _draft_off(s: ast.DraftOff, ctx: Context) -> Node:
 def _ladder(s: ast.DraftLadder, ctx: Context) -> Node:
     for d in s.depths:
         ctx.catalog.bind_slice(d)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
-    overwrite = _overwrite(s, ctx)
+    overwrite = may_overwrite(s, ctx)
     inside = files.container_paths(ctx.catalog)
     files.input_file(s.prompts, "DRAFT LADDER prompt bank")
     if s.into is not None:
@@ -798,7 +719,7 @@ def _ladder(s: ast.DraftLadder, ctx: Context) -> Node:
     if s.plot is not None:
         files.output_file(s.plot, "DRAFT LADDER chart", overwrite=overwrite, inside=inside)
         if s.into is not None and _same_file(s.into, s.plot):
-            raise _err(s, f"DRAFT LADDER writes its report and its chart to the same file {s.plot!r}",
+            raise err(s, f"DRAFT LADDER writes its report and its chart to the same file {s.plot!r}",
                        hint="give PLOT INTO another file")
     return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot, overwrite=overwrite)
 
@@ -812,9 +733,9 @@ def _same_file(a: str, b: str) -> bool:
 @plans(ast.DumpLogits, needs_container=True)
 def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
     cat = ctx.catalog
-    overwrite = _overwrite(s, ctx)
+    overwrite = may_overwrite(s, ctx)
     files.output_file(s.into, "DUMP LOGITS file", overwrite=overwrite, inside=files.container_paths(cat))
-    sl = cat.bind_slice(_depth(ctx, s.depth))
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
     prompt = bind_prompt(ctx, s.prompt)
     p = len(prompt.ids)
     limits.check_positions(p, cat.context_length, ctx.settings, _run_words("DUMP LOGITS", p))
@@ -825,7 +746,7 @@ def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
                 intervention=cat.ablation(s.ablate, sl))
 
 
-def _overwrite(s: ast.Statement, ctx: Context) -> bool:
+def may_overwrite(s: ast.Statement, ctx: Context) -> bool:
     """Whether a writing statement may replace an existing file: its OVERWRITE clause, or the
     session's ``overwrite`` setting."""
     return bool(getattr(s, "overwrite", False)) or bool(ctx.settings.get("overwrite", False))
@@ -852,7 +773,7 @@ def _admit(s: ast.Plan, ctx: Context) -> Node:
 @plans(ast.Encode)
 def _encode(s: ast.Encode, ctx: Context) -> Node:
     files.source(s.checkpoint, "checkpoint")
-    overwrite = _overwrite(s, ctx)
+    overwrite = may_overwrite(s, ctx)
     inside = files.container_paths(ctx.catalog) if ctx.bound else []
     replaces = files.encode_target(s.into, overwrite=overwrite, inside=inside)
     return Encode(s, checkpoint=s.checkpoint, into=s.into, replaces=replaces)
@@ -866,7 +787,7 @@ def _represent(s: ast.Represent, ctx: Context) -> Node:
     from vindex3.represent import TARGETS
 
     if s.encoding not in TARGETS:
-        raise _err(s, f"REPRESENT cannot write encoding {s.encoding!r}", hint=f"REPRESENT writes: {', '.join(TARGETS)}")
+        raise err(s, f"REPRESENT cannot write encoding {s.encoding!r}", hint=f"REPRESENT writes: {', '.join(TARGETS)}")
     return Represent(s, source=ctx.catalog.path, into=s.into, encoding=s.encoding)
 
 
@@ -878,9 +799,9 @@ def _compact(s: ast.Compact, ctx: Context) -> Node:
 @plans(ast.Diff)
 def _diff(s: ast.Diff, ctx: Context) -> Node:
     if s.into_patch is not None:
-        raise _err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
+        raise err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
                    hint="leave INTO PATCH out: DIFF shows the differences")
-    _positive(s, s.limit, "LIMIT", "LIMIT 10")
+    positive(s, s.limit, "LIMIT", "LIMIT 10")
     opts = {"layer": s.layer, "limit": s.limit, "physical": s.physical}
     if s.b_current:
         if not ctx.bound:
@@ -900,7 +821,7 @@ def _diff(s: ast.Diff, ctx: Context) -> Node:
 def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
     from vindex3.evidence import GREEDY
 
-    _positive(s, s.greedy, "GREEDY", "GREEDY 32")
+    positive(s, s.greedy, "GREEDY", "GREEDY 32")
     return ScoreRepresentation(s, candidate=s.candidate, reference=s.reference, prompts=s.prompts,
                                greedy=s.greedy if s.greedy is not None else GREEDY)
 
@@ -977,7 +898,7 @@ def _walk(s: ast.Walk, ctx: Context) -> Node:
 @plans(ast.Describe, needs_container=True)
 def _describe(s: ast.Describe, ctx: Context) -> Node:
     if not s.entity.strip():
-        raise _err(s, "DESCRIBE needs an entity: the text is empty", hint="e.g. DESCRIBE 'France'")
+        raise err(s, "DESCRIBE needs an entity: the text is empty", hint="e.g. DESCRIBE 'France'")
     layers, notes = _describe_layers(s, ctx)
     _feature_layers(s, ctx, layers, "DESCRIBE")
     prompt = bind_pieces(ctx, ast.TextPrompt(text=s.entity), "DESCRIBE")
@@ -1001,7 +922,7 @@ def _select(s: ast.SelectFeatures, ctx: Context) -> Node:
         layers = cat.layer_span(s.layers, "LAYERS")
     _feature_layers(s, ctx, layers, "SELECT ... FROM FEATURES")
     if s.where and any(c.column.name == "token" for c in s.where) and not cat.has_tokenizer:
-        raise _err(s, "WHERE token ... compares token text, and the container carries no tokenizer")
+        raise err(s, "WHERE token ... compares token text, and the container carries no tokenizer")
     nearest = bind_pieces(ctx, ast.TextPrompt(text=s.nearest), "NEAREST TO") if s.nearest is not None else None
     columns = tuple(c.name for c in s.columns) if s.columns is not None else tuple(catalog.FEATURE_COLUMNS)
     where = tuple(Where(c.column.name, c.op, _score_value(c) if c.column.name == "score" else c.value) for c in s.where)
@@ -1018,7 +939,7 @@ def _show_features(s: ast.ShowFeatures, ctx: Context) -> Node:
     info = cat.feature_layers[s.layer]
     if not info.has_features:
         have = [x.layer for x in cat.feature_layers if x.has_features]
-        raise _err(s, f"SHOW FEATURES AT LAYER {s.layer}: {info.reason}",
+        raise err(s, f"SHOW FEATURES AT LAYER {s.layer}: {info.reason}",
                    hint=f"layers with FFN features: {_span_text(have)}" if have else None)
     return ShowFeatures(s, layer=s.layer, limit=s.limit)
 
@@ -1026,19 +947,19 @@ def _show_features(s: ast.ShowFeatures, ctx: Context) -> Node:
 @plans(ast.ExplainFeatures, needs_container=True)
 def _explain_features(s: ast.ExplainFeatures, ctx: Context) -> Node:
     if s.relations_only:
-        raise _err(s, _NO_RELATIONS.format(what="EXPLAIN INFER ... RELATIONS ONLY"), hint=_NO_RELATIONS_HINT)
+        raise err(s, _NO_RELATIONS.format(what="EXPLAIN INFER ... RELATIONS ONLY"), hint=_NO_RELATIONS_HINT)
     if s.attention:
-        raise _err(s, "EXPLAIN INFER ... WITH ATTENTION shows attention weights per head, and this build's EXPLAIN "
+        raise err(s, "EXPLAIN INFER ... WITH ATTENTION shows attention weights per head, and this build's EXPLAIN "
                    "INFER reads FFN features only", hint="leave WITH ATTENTION out: the features most active in the run")
     if s.band is not None:
         if s.layers is not None:
-            raise _err(s, f"EXPLAIN INFER takes LAYERS a-b or {s.band.upper()}, not both")
+            raise err(s, f"EXPLAIN INFER takes LAYERS a-b or {s.band.upper()}, not both")
         span = _band_span(s, ctx, s.band)[0]
         s = s.model_copy(update={"layers": span})
     inf = s.infer
     cat = ctx.catalog
     chat = inf.chat if inf.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(inf.prompt, ast.TextPrompt))
-    sl = cat.bind_slice(_depth(ctx, inf.depth))
+    sl = cat.bind_slice(depth_of(ctx, inf.depth))
     layers = cat.layer_span(s.layers, "LAYERS")
     _executed_layers(s, sl, layers, "EXPLAIN INFER ... FEATURES LAYERS")
     ran = tuple(sl.executed_layers)
@@ -1052,13 +973,13 @@ def _explain_features(s: ast.ExplainFeatures, ctx: Context) -> Node:
 @plans(ast.TraceFor, needs_container=True)
 def _trace_for(s: ast.TraceFor, ctx: Context) -> Node:
     if s.save_file and s.positions != "all":
-        raise _err(s, "TRACE ... SAVE 'file' saves every position's trace, so it needs POSITIONS ALL (as in the "
+        raise err(s, "TRACE ... SAVE 'file' saves every position's trace, so it needs POSITIONS ALL (as in the "
                    "reference dialect)", hint="add POSITIONS ALL, or write SAVE INTO 'file' for the positions shown")
     if s.token is None:
-        raise _err(s, "TRACE 'text' without FOR traces the predicted token in the reference dialect; this build "
+        raise err(s, "TRACE 'text' without FOR traces the predicted token in the reference dialect; this build "
                    "traces a token you name", hint="add FOR 'token' (INFER 'text' TOP 1 names the prediction)")
     cat = ctx.catalog
-    sl = cat.bind_slice(_depth(ctx, s.depth))
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
     layers = cat.layer_span(s.layers, "LAYERS")
     _executed_layers(s, sl, layers, "TRACE ... LAYERS")
     ablation = cat.ablation(s.ablate, sl)
@@ -1071,7 +992,7 @@ def _trace_for(s: ast.TraceFor, ctx: Context) -> Node:
 @plans(ast.Observe, needs_container=True)
 def _observe(s: ast.Observe, ctx: Context) -> Node:
     cat = ctx.catalog
-    sl = cat.bind_slice(_depth(ctx, s.depth))
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
     ablation = cat.ablation(s.ablate, sl)
     lens = tuple(cat.single_token(t, "OBSERVE ... LENS") for t in s.lens)
     return Observe(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), generate=s.generate or 0, lens=lens, into=s.into,
@@ -1086,14 +1007,6 @@ def _build_features(s: ast.BuildFeatures, ctx: Context) -> Node:
 
 
 # ---- the reference dialect (issue 19) -----------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class StatsOf(Node):
-    """STATS 'path': the facts of another container, opened for the statement only."""
-
-    path: str
-    positions: int | None
 
 
 @dataclass(frozen=True, eq=False)
@@ -1136,15 +1049,15 @@ def _score_value(c: ast.Condition):
 
 def _walk_dialect(s: ast.Walk) -> tuple[str, ...]:
     if s.mode is not None and s.mode not in ("pure", "hybrid", "dense"):
-        raise _err(s, f"WALK MODE {s.mode} is not a walk mode", hint="modes: pure (this build's), hybrid, dense")
+        raise err(s, f"WALK MODE {s.mode} is not a walk mode", hint="modes: pure (this build's), hybrid, dense")
     if s.mode in ("hybrid", "dense"):
         what = ("runs the model's attention and reads the FFN from the index" if s.mode == "hybrid"
                 else "runs the full dense forward pass")
-        raise _err(s, f"WALK MODE {s.mode} {what}; this build's WALK reads gate rows against the last token's "
+        raise err(s, f"WALK MODE {s.mode} {what}; this build's WALK reads gate rows against the last token's "
                    "embedding alone (MODE pure)",
                    hint="MODE pure (or no MODE); EXPLAIN INFER 'text' FEATURES shows the features of a real run")
     if s.compare:
-        raise _err(s, "WALK ... COMPARE sets the walk modes side by side, and this build has one mode (pure)",
+        raise err(s, "WALK ... COMPARE sets the walk modes side by side, and this build has one mode (pure)",
                    hint="leave COMPARE out; EXPLAIN INFER 'text' FEATURES shows the features of a real run")
     notes: list[str] = []
     if s.mode == "pure":
@@ -1174,7 +1087,7 @@ def _band_span(s: ast.Statement, ctx: Context, band: str) -> tuple[tuple[int, in
     k = _BANDS.index(band)
     lo, hi = (k * n) // 3, ((k + 1) * n) // 3 - 1
     if hi < lo:
-        raise _err(s, f"{band.upper()} is the {('first', 'middle', 'last')[k]} third of the model's depth, and a "
+        raise err(s, f"{band.upper()} is the {('first', 'middle', 'last')[k]} third of the model's depth, and a "
                    f"{n}-layer model's {band} third holds no layer (the container records no layer bands)",
                    hint="name the layers: AT LAYER n or LAYERS a-b")
     return (lo, hi), (f"{band.upper()}: layers {lo}-{hi}, the {('first', 'middle', 'last')[k]} third of the model's "
@@ -1183,10 +1096,10 @@ def _band_span(s: ast.Statement, ctx: Context, band: str) -> tuple[tuple[int, in
 
 def _describe_layers(s: ast.Describe, ctx: Context) -> tuple[tuple[int, ...] | None, tuple[str, ...]]:
     if s.relations_only:
-        raise _err(s, _NO_RELATIONS.format(what="DESCRIBE ... RELATIONS ONLY"), hint=_NO_RELATIONS_HINT)
+        raise err(s, _NO_RELATIONS.format(what="DESCRIBE ... RELATIONS ONLY"), hint=_NO_RELATIONS_HINT)
     given = [w for w, v in (("LAYERS", s.layers), ("AT LAYER", s.at_layer), ("a band", s.band)) if v is not None]
     if len(given) > 1:
-        raise _err(s, f"DESCRIBE takes one choice of layers, and {' and '.join(given)} are both given")
+        raise err(s, f"DESCRIBE takes one choice of layers, and {' and '.join(given)} are both given")
     if s.at_layer is not None:
         return ctx.catalog.layer_span((s.at_layer, s.at_layer), "AT LAYER"), ()
     if s.band is not None:
@@ -1207,13 +1120,13 @@ def _use_model(s: ast.UseModel, ctx: Context) -> Node:
     try:
         exists = src.exists()
     except OSError as e:
-        raise _err(s, f"USE MODEL {s.model!r}: the path cannot be read ({e.strerror})",
+        raise err(s, f"USE MODEL {s.model!r}: the path cannot be read ({e.strerror})",
                    hint="USE MODEL takes a local checkpoint directory (or .gguf)") from None
     if not exists:
         if _HUB_ID.match(s.model):
-            raise _err(s, f"USE MODEL {s.model!r} names a model hub id, and this build downloads nothing",
+            raise err(s, f"USE MODEL {s.model!r} names a model hub id, and this build downloads nothing",
                        hint="download the checkpoint yourself, then USE MODEL 'path/to/checkpoint' (or ENCODE it)")
-        raise _err(s, f"USE MODEL {s.model!r}: there is no such directory or file",
+        raise err(s, f"USE MODEL {s.model!r}: there is no such directory or file",
                    hint="USE MODEL takes a local checkpoint directory (or .gguf); USE 'x.vindex3' opens a container")
     if (src / "index.json").is_file():
         return Open(s, path=str(src), default=False, shards=ctx.settings["shards"])  # a container already
@@ -1251,14 +1164,14 @@ def _show_compact_status(s: ast.ShowCompactStatus, ctx: Context) -> Node:
 
 @plans(ast.ShowEntities)
 def _show_entities(s: ast.ShowEntities, ctx: Context) -> Node:
-    raise _err(s, "SHOW ENTITIES lists the entities of the reference system's knowledge graph (the subjects its "
+    raise err(s, "SHOW ENTITIES lists the entities of the reference system's knowledge graph (the subjects its "
                "probes labelled), and this build keeps FFN features, not a graph of entities",
                hint="SHOW FEATURES n lists a layer's features and the tokens they write; DESCRIBE 'entity' its edges")
 
 
 @plans(ast.ShowRelations)
 def _show_relations(s: ast.ShowRelations, ctx: Context) -> Node:
-    raise _err(s, "SHOW RELATIONS lists the relation labels of the reference system's knowledge graph, and this "
+    raise err(s, "SHOW RELATIONS lists the relation labels of the reference system's knowledge graph, and this "
                "build's feature metadata carries no relation labels",
                hint="DESCRIBE 'entity' shows the edges entity -> token through the features it opens")
 
@@ -1267,7 +1180,7 @@ def _show_relations(s: ast.ShowRelations, ctx: Context) -> Node:
 def _select_graph(s: ast.SelectGraph, ctx: Context) -> Node:
     table = s.table.upper()
     what = "labelled edges: entity, relation, target" if table == "EDGES" else "its entities"
-    raise _err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "
+    raise err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "
                "keeps FFN features, not a graph", hint="SELECT ... FROM FEATURES is the table here (layer, feature, "
                "token, score); DESCRIBE 'entity' gives edges entity -> token")
 
@@ -1275,20 +1188,20 @@ def _select_graph(s: ast.SelectGraph, ctx: Context) -> Node:
 @plans(ast.Extract)
 def _extract(s: ast.Extract, ctx: Context) -> Node:
     if s.components is not None:
-        raise _err(s, f"EXTRACT ... COMPONENTS {', '.join(s.components)} narrows what is carried; this build's "
+        raise err(s, f"EXTRACT ... COMPONENTS {', '.join(s.components)} narrows what is carried; this build's "
                    "ENCODE carries the whole model", hint="leave COMPONENTS out")
     if s.layers is not None:
-        raise _err(s, f"EXTRACT ... LAYERS {s.layers[0]}-{s.layers[1]} narrows what is carried; this build's ENCODE "
+        raise err(s, f"EXTRACT ... LAYERS {s.layers[0]}-{s.layers[1]} narrows what is carried; this build's ENCODE "
                    "carries every layer", hint="leave LAYERS out (DRAFT DEPTH n runs fewer layers of the whole)")
     if s.format is not None and s.format != "vindex3":
-        raise _err(s, f"EXTRACT ... FORMAT {s.format} is not a format this build writes", hint="FORMAT vindex3")
+        raise err(s, f"EXTRACT ... FORMAT {s.format} is not a format this build writes", hint="FORMAT vindex3")
     return Encode(s, checkpoint=s.checkpoint, into=s.into)
 
 
 @plans(ast.Compile)
 def _compile(s: ast.Compile, ctx: Context) -> Node:
     if s.target == "model":
-        raise _err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
+        raise err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
                    "does not write", hint="COMPILE ... INTO VINDEX 'dir' writes a container")
     if s.path is None:
         if not ctx.bound:
@@ -1302,7 +1215,7 @@ def _compile(s: ast.Compile, ctx: Context) -> Node:
 
 
 def _knowledge_edit(s: ast.KnowledgeEdit, ctx: Context) -> Node:
-    raise _err(s, knowledge_edit_refusal(s), hint="SHOW PATCHES says what this build has")
+    raise err(s, knowledge_edit_refusal(s), hint="SHOW PATCHES says what this build has")
 
 
 def knowledge_edit_refusal(s: ast.KnowledgeEdit) -> str:

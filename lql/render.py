@@ -23,7 +23,6 @@ from . import results as R
 FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
 
 from .layouts import (
-    flatten,
     generated,
     intervention,
     layer_groups,
@@ -108,58 +107,6 @@ def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
     ])
 
 
-@_layout(R.StatsResult)
-def _stats(r: R.StatsResult, timing: bool) -> list[str]:
-    return _stats_facts(r) + reads(r.reads, "reads per position") + placement(r.placement)
-
-
-def _stats_facts(r: R.StatsResult) -> list[str]:
-    c = r.continuation
-    out = fields([
-        ("model", r.name),
-        ("path", r.path),
-        ("generation", str(r.generation)),
-        ("digest", r.digest),
-        ("component", f"{r.component} ({r.role})"),
-        ("layers", str(r.layers)),
-        ("operators", fmt_mix(r.operator_mix)),
-        ("parameters", fmt_int(r.parameters)),
-        ("weights", fmt_bytes(r.bytes)),
-        ("output head", f"vocab {r.vocab:,}, " + ("tied to the embedding" if r.head_tied else "its own weights")),
-        ("tokenizer", "yes" if r.tokenizer else "no"),
-    ])
-    out += [""] + table(
-        ["object", "representation", num("tensors"), num("parameters"), num("bytes"), num("bits/weight")],
-        [[o.object, o.representation + fmt_mixed(o.encodings), fmt_int(o.tensors), fmt_int(o.parameters),
-          fmt_int(o.bytes), fmt_bpw(o.bits_per_weight)] for o in r.objects],
-    )
-    if not c.kv_layers and not c.latent_layers and c.recurrent_layers:
-        # Nothing grows with the sequence: say so, and print no KV line at all.
-        out += ["", "continuation state: recurrent only"]
-        rows = [("  recurrent", f"{fmt_bytes(c.recurrent_bytes)} over {c.recurrent_layers} layer(s), constant in sequence length")]
-        if c.stateless_layers:
-            rows.append(("  stateless", f"{c.stateless_layers} layer(s)"))
-        if r.positions is not None:
-            rows.append((f"  at {r.positions:,} positions", fmt_bytes(r.state_bytes_at_positions)))
-        return out + fields(rows)
-    out += ["", "continuation state"]
-    kv = (
-        f"{fmt_bytes(c.kv_bytes_per_position)} per position over {c.kv_layers} layer(s)"
-        + (f", {c.windowed_kv_layers} of them windowed" if c.windowed_kv_layers else "")
-        if c.kv_layers else "none (no layer keeps KV)"
-    )
-    latent = f"{fmt_bytes(c.latent_bytes_per_position)} per position over {c.latent_layers} layer(s)" if c.latent_layers else "none"
-    rec = (f"{fmt_bytes(c.recurrent_bytes)} fixed over {c.recurrent_layers} layer(s), constant in sequence length"
-           if c.recurrent_layers else "none")
-    rows = [("  kv", kv), ("  latent", latent), ("  recurrent", rec)]
-    if c.stateless_layers:
-        rows.append(("  stateless", f"{c.stateless_layers} layer(s)"))
-    if r.positions is not None:
-        rows.append((f"  at {r.positions:,} positions", fmt_bytes(r.state_bytes_at_positions)))
-    out += fields(rows)
-    return out
-
-
 @_layout(R.ExplainResult)
 def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
     return _explain_plan(r) + placement(r.placement)
@@ -220,96 +167,7 @@ def _expert_reads(d: dict) -> str:
             f"{fmt_int(d.get('bytes_per_expert'))} per expert, of a {fmt_int(d.get('expert_bank_bytes'))}-byte bank")
 
 
-@_layout(R.LayersResult)
-def _layers(r: R.LayersResult, timing: bool) -> list[str]:
-    return table(
-        [num("layer"), "operator", "span", num("window"), "position", "ffn", "state", num("bytes/position"), num("fixed bytes")],
-        [[str(x.layer), x.operator, x.span or "-", fmt_int(x.window), x.position or "-", x.ffn or "-",
-          x.continuation, fmt_int(x.bytes_per_position), fmt_int(x.fixed_bytes)] for x in r.layers],
-    )
-
-
-@_layout(R.ComponentsResult)
-def _components(r: R.ComponentsResult, timing: bool) -> list[str]:
-    return table(
-        ["component", "role", "objects", "executes"],
-        [[c.name, c.role, ", ".join(c.objects) or "-",
-          "yes" if c.executes else f"no ({c.role} is not executable in this build)"] for c in r.components],
-    )
-
-
-@_layout(R.RepresentationsResult)
-def _reps(r: R.RepresentationsResult, timing: bool) -> list[str]:
-    if not r.representations and not r.derived:
-        return [f"no representation matches {r.filter!r}" if r.filter else "no representations"]
-    out: list[str] = []
-    if r.representations:
-        out += table(
-            ["representation", "object", "encoding", "segment", num("tensors"), num("payload bytes"), num("bits/weight"), "payload sha256"],
-            [[x.key, x.object, (x.encoding or "-") + fmt_mixed(x.encodings), x.segment, fmt_int(x.tensors),
-              fmt_int(x.payload_bytes), fmt_bpw(x.bits_per_weight), (x.payload_sha256 or "-")[:16]] for x in r.representations],
-        )
-    for x in r.representations:
-        if not x.executable:
-            bad = ", ".join(e for e in x.encodings if e not in _known_encodings())
-            out.append(f"{x.key}: encoding {bad} has no codec in this build (carried; INFER refuses it at preparation)")
-    if r.derived:
-        out += ([""] if out else []) + table(
-            ["derived", "kind", "summary", num("files"), num("bytes"), "fresh"],
-            [[d.key, d.kind, d.summary or "-", fmt_int(d.files), fmt_int(d.bytes),
-              "yes" if d.fresh else f"no: {d.stale or 'built from another state of the container'}"] for d in r.derived],
-        )
-    return out
-
-
-def _known_encodings() -> set[str]:
-    from vindex3 import codecs
-
-    return set(codecs.known())
-
-
-@_layout(R.ProvenanceResult)
-def _provenance(r: R.ProvenanceResult, timing: bool) -> list[str]:
-    if not r.provenance:
-        return ["no provenance recorded"]
-    return fields((k, _provenance_value(k, v)) for k, v in flatten(r.provenance))
-
-
 _LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON keeps every entry)
-
-
-def _provenance_value(key: str, v: Any) -> str:
-    """Provenance as text: the (long) lists of assembled and dropped tensors summarised by how
-    and why, every other value as it is."""
-    if key == "assembled_tensors" and isinstance(v, list) and v and all(isinstance(a, dict) for a in v):
-        sources = sum(len(a.get("sources") or []) for a in v)
-        how: dict[str, int] = {}
-        for a in v:
-            steps = " + ".join(a.get("transform") or []) or "as stored"
-            how[steps] = how.get(steps, 0) + 1
-        return (f"{len(v)} tensors from {sources} source tensors ("
-                + ", ".join(f"{steps}: {n}" for steps, n in how.items()) + "; JSON lists each)")
-    if key == "dropped_tensors" and isinstance(v, list) and len(v) > _LONG_LIST and all(isinstance(a, dict) for a in v):
-        why: dict[str, int] = {}
-        for a in v:
-            w = str(a.get("why", "?"))
-            why[w] = why.get(w, 0) + 1
-        top = sorted(why.items(), key=lambda kv: -kv[1])
-        more = f"; {len(top) - 3} more reasons" if len(top) > 3 else ""
-        return (f"{len(v)} tensors (" + "; ".join(f"{n}: {short(w, 80)}" for w, n in top[:3]) + more
-                + "; JSON lists each)")
-    return fmt_value(v)
-
-
-@_layout(R.OperandsResult)
-def _operands(r: R.OperandsResult, timing: bool) -> list[str]:
-    out = table(
-        ["layer", "op", "operand", "tensor", "dtype", "shape", num("bytes")],
-        [[str(o.layer) if o.layer is not None else o.stage.replace("_", " "),
-          f"{o.op} ({o.op_role})" if o.op_role and o.op_role != o.op else o.op, o.role,
-          f"{o.object}/{o.tensor}", o.dtype, fmt_shape(o.shape), fmt_int(o.bytes)] for o in r.operands],
-    )
-    return out + [f"{len(r.operands)} operands, {fmt_bytes(r.total_bytes)}"]
 
 
 def router_phrase(router: str, facts: dict[str, Any]) -> str:
@@ -985,32 +843,6 @@ def records(result: R.Result) -> list[dict[str, Any]]:
     return fn(result) if fn is not None else result.records()
 
 
-@_records_of(R.LayersResult)
-def _rec_layers(r: R.LayersResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.layers]
-
-
-@_records_of(R.ComponentsResult)
-def _rec_components(r: R.ComponentsResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.components]
-
-
-@_records_of(R.RepresentationsResult)
-def _rec_reps(r: R.RepresentationsResult) -> list[dict[str, Any]]:
-    """Representations, then derived data (whose rows carry ``authority: derived``)."""
-    return [_dump(x) for x in r.representations] + [_dump(d) for d in r.derived]
-
-
-@_records_of(R.ProvenanceResult)
-def _rec_provenance(r: R.ProvenanceResult) -> list[dict[str, Any]]:
-    return [{"key": k, "value": v} for k, v in flatten(r.provenance)] if r.provenance else []
-
-
-@_records_of(R.OperandsResult)
-def _rec_operands(r: R.OperandsResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.operands]
-
-
 @_records_of(R.ExpertsResult)
 def _rec_experts(r: R.ExpertsResult) -> list[dict[str, Any]]:
     return [_flat(_dump(b)) for b in r.banks]
@@ -1029,11 +861,6 @@ def _rec_score_rep(r: R.RepresentationScoreResult) -> list[dict[str, Any]]:
 @_records_of(R.CompactResult)
 def _rec_compact(r: R.CompactResult) -> list[dict[str, Any]]:
     return [_dump(x) for x in r.left_behind]
-
-
-@_records_of(R.StatsResult)
-def _rec_stats(r: R.StatsResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.objects]
 
 
 @_records_of(R.ExplainResult)

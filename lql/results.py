@@ -186,28 +186,6 @@ class RemoteResult(Result):
     session: str  # the X-Session-Id the server keeps this session's state under
 
 
-class ObjectRow(BaseModel):
-    object: str
-    representation: str
-    tensors: int
-    parameters: int
-    bytes: int
-    encodings: dict[str, int] = {}  # encoding -> tensors stored in it (several when mixed)
-    bits_per_weight: float | None = None  # 8 x stored tensor bytes / parameters
-
-
-class ContinuationSummary(BaseModel):
-    layers: int
-    kv_layers: int
-    kv_bytes_per_position: int
-    windowed_kv_layers: int
-    latent_layers: int
-    latent_bytes_per_position: int
-    recurrent_layers: int
-    recurrent_bytes: int
-    stateless_layers: int
-
-
 class ReadsInfo(BaseModel):
     """Operand bytes a position reads, from sizes only (no tensor data): ``always_bytes`` by
     every position, ``expert_bank_bytes`` held in routed-expert banks of which a position reads
@@ -246,29 +224,6 @@ class PlacementInfo(BaseModel):
     bytes_per_hop_per_position: int
     bytes_between_shards_per_position: int
     bytes_moved_per_position: int
-
-
-class StatsResult(Result):
-    kind: Literal["stats"] = "stats"
-    name: str
-    path: str
-    generation: int
-    digest: str
-    component: str
-    role: str
-    layers: int
-    operator_mix: list[MixEntry]
-    objects: list[ObjectRow]
-    parameters: int
-    bytes: int
-    vocab: int
-    head_tied: bool
-    tokenizer: bool
-    continuation: ContinuationSummary
-    positions: int | None = None
-    state_bytes_at_positions: int | None = None
-    placement: PlacementInfo | None = None  # when the model runs as shards
-    reads: ReadsInfo | None = None  # what a position reads (expert banks apart from always-read bytes)
 
 
 class ExplainStep(BaseModel):
@@ -310,100 +265,6 @@ class ExplainResult(Result):
     reads: ReadCost
     placement: PlacementInfo | None = None  # when the model runs as shards
     per_position: ReadsInfo | None = None  # what one position of this slice reads
-
-
-class LayerRow(BaseModel):
-    layer: int
-    operator: str
-    span: str | None
-    window: int | None
-    position: str | None
-    ffn: str | None
-    continuation: str
-    bytes_per_position: int
-    fixed_bytes: int
-
-
-class LayersResult(Result):
-    kind: Literal["show_layers"] = "show_layers"
-    model_layers: int
-    layers: list[LayerRow]
-
-
-class ComponentRow(BaseModel):
-    name: str
-    role: str
-    objects: list[str]
-    executes: bool
-
-
-class ComponentsResult(Result):
-    kind: Literal["show_components"] = "show_components"
-    components: list[ComponentRow]
-
-
-class RepresentationRow(BaseModel):
-    key: str
-    object: str
-    encoding: str | None
-    segment: str
-    tensors: int | None
-    payload_bytes: int | None
-    payload_sha256: str | None
-    segment_sha256: str | None
-    encodings: dict[str, int] = {}  # encoding -> tensors stored in it
-    bits_per_weight: float | None = None
-    executable: bool = True  # every tensor's encoding has a codec in this build
-
-
-class DerivedRepresentationRow(BaseModel):
-    """Derived data recorded in index.json (feature metadata...): what it is, what it was
-    derived from, and whether it still fits this container (``fresh``; ``stale`` says why not)."""
-
-    key: str
-    kind: str
-    version: int | None
-    authority: str
-    method: str | None
-    params: dict[str, Any]
-    source_digest: str | None
-    fresh: bool
-    stale: str | None = None  # why it no longer fits (None when fresh)
-    files: int
-    bytes: int
-    summary: str | None
-
-
-class RepresentationsResult(Result):
-    kind: Literal["show_representations"] = "show_representations"
-    filter: str | None
-    representations: list[RepresentationRow]
-    derived: list[DerivedRepresentationRow] = []
-
-
-class ProvenanceResult(Result):
-    kind: Literal["show_provenance"] = "show_provenance"
-    provenance: dict[str, Any]
-
-
-class OperandRow(BaseModel):
-    stage: str  # "embedding" | "layer" | "final_norm" | "head"
-    layer: int | None
-    op: str
-    op_role: str  # what the op is for in its layer (attn_norm, mixer, ffn...)
-    role: str  # the operand's role within the op (weight, q_proj...)
-    object: str
-    tensor: str
-    dtype: str
-    shape: list[int]
-    bytes: int
-
-
-class OperandsResult(Result):
-    kind: Literal["show_operands"] = "show_operands"
-    layer: int | None
-    operands: list[OperandRow]
-    total_bytes: int
 
 
 class ExpertBankRow(BaseModel):

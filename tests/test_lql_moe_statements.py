@@ -17,8 +17,8 @@ import pytest
 from lql_fixtures import HERE, check_case, read_cases, run_case
 
 import lql
-from lql import render
 from lql.errors import StatementError
+from lql.statements.facts import provenance_value
 
 CASES_FILE = HERE / "lql_cases" / "moe.txt"
 CASES = read_cases(CASES_FILE)
@@ -211,9 +211,9 @@ def test_provenance_summarises_assembled_banks_and_json_keeps_them(containers):
 
 def test_summaries_of_long_dropped_lists():
     rows = [{"tensor": f"model.visual.blocks.{i}.w", "why": "vision tower (perception), not carried"} for i in range(20)]
-    got = render._provenance_value("dropped_tensors", rows)
+    got = provenance_value("dropped_tensors", rows)
     assert got.startswith("20 tensors (20: vision tower (perception), not carried")
-    assert render._provenance_value("dropped_tensors", rows[:2]).startswith("[{tensor: model.visual")
+    assert provenance_value("dropped_tensors", rows[:2]).startswith("[{tensor: model.visual")
 
 
 # -- serving, completion --------------------------------------------------------------------------

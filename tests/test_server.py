@@ -150,12 +150,13 @@ def test_query_refuses_malformed_bodies(client):
 
 
 def test_unexpected_exception_is_an_internal_error_naming_the_statement(client, monkeypatch, caplog):
-    from lql import commands, planner
+    from lql import registry
+    from lql.statements.facts import ShowComponentsPlan
 
     def broken(session, node):
         raise RuntimeError("boom inside a command")
 
-    monkeypatch.setitem(commands.COMMANDS, planner.ShowComponents, broken)
+    monkeypatch.setitem(registry.RUNNERS, ShowComponentsPlan, (broken, "test"))
     with caplog.at_level(logging.ERROR, logger="lql.server"):
         r = client.post("/v1/query", json={"lql": "STATS; SHOW COMPONENTS; STATS"}, headers=AUTH)
     assert r.status_code == 500

@@ -54,7 +54,6 @@ from . import (  # noqa: F401
     drafts,
     experts,
     explain,
-    facts,
     infer,
     internals,
     open,

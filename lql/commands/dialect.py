@@ -8,21 +8,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .. import ast, planner
+from .. import planner
 from .. import results as R
 from . import command
 from .open import open_container
-
-
-@command(planner.StatsOf)
-def stats_of(session, node: planner.StatsOf) -> R.StatsResult:
-    from ..session import Session
-
-    other = Session(node.path)  # its own session: the bound container stays bound
-    try:
-        return other.execute_statement(ast.Stats(positions=node.positions, source=node.statement.source))
-    finally:
-        other.close()
 
 
 @command(planner.UseModel)

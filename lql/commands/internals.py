@@ -131,25 +131,3 @@ def build_features(session, node: planner.BuildFeatures) -> R.BuildFeaturesResul
         summary=row.summary if row is not None else None, ffn_layers=sum(x.has_features for x in infos))
 
 
-def derived_rows(session, flt: str | None) -> list[R.DerivedRepresentationRow]:
-    """Derived data in the bound container's index, each with whether it still fits: for
-    feature metadata the same judgment WALK makes (source digest, method version, k)."""
-    import fnmatch
-
-    rows = []
-    for d in session.base_container.derived:
-        if flt is not None:
-            pat = flt.lower()
-            hay = f"{d.key} {d.kind}".lower()
-            if any(ch in pat for ch in "*?["):
-                if not (fnmatch.fnmatch(d.key.lower(), pat) or fnmatch.fnmatch(d.kind.lower(), pat)):
-                    continue
-            elif pat not in hay:
-                continue
-        stale = None if d.fresh else (f"the container changed since it was built (source digest "
-                                      f"{str(d.source_digest)[:12]}…)")
-        if d.kind == "feature_tokens":
-            status = session.internals().metadata.status()
-            stale = status.get("why") if status.get("state") == "stale" else None
-        rows.append(R.DerivedRepresentationRow(**d.model_dump(exclude={"fresh"}), fresh=stale is None, stale=stale))
-    return rows

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from .. import planner
 from .. import results as R
-from ..binding import vindex3
+from ..binding import mix, vindex3
 from . import command
-
-
-def mix(container) -> list[R.MixEntry]:
-    return [R.MixEntry(label=label, count=n) for label, n in container.graph.operator_mix()]
 
 
 @command(planner.Open)

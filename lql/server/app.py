@@ -31,6 +31,7 @@ from starlette.routing import Route
 from .. import ast, errors, loop, render
 from .. import results as R
 from ..errors import LqlError, LqlSyntaxError
+from ..parser import parse_one
 from . import completions as C
 from . import policy
 from .config import ServerConfig
@@ -296,7 +297,7 @@ async def model_stats(request: Request) -> Response:
     srv = _server(request)
     host = srv.host(request.path_params["model"])
     ss = srv.sessions.get(host, None)
-    stmt = ast.Stats(source="STATS")
+    stmt = parse_one("STATS")
     result = await asyncio.wrap_future(host.worker.call(partial(loop.execute_statement, ss.session, stmt)))
     return json_response(render.to_json(result))
 

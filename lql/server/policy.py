@@ -32,13 +32,7 @@ class LimitRefusal(LqlError):
 #: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
 _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Open: ("path",),
-    ast.Stats: (),
     ast.Explain: (),
-    ast.ShowLayers: (),
-    ast.ShowComponents: (),
-    ast.ShowRepresentations: (),  # the filter is a pattern, not a path
-    ast.ShowProvenance: (),
-    ast.ShowOperands: (),
     ast.ShowExperts: (),
     ast.Infer: (),
     ast.DraftDepth: (),
@@ -86,8 +80,8 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
-    ast.Stats, ast.Explain, ast.ShowLayers, ast.ShowComponents, ast.ShowRepresentations,
-    ast.ShowProvenance, ast.ShowOperands, ast.ShowExperts, ast.Infer, ast.Trace,
+    ast.Explain,
+    ast.ShowExperts, ast.Infer, ast.Trace,
     ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
