@@ -144,15 +144,6 @@ class Explain(Statement):
     infer: Infer | None = None  # EXPLAIN INFER ...: the statement whose plan is shown
 
 
-class ShowExperts(Statement):
-    """SHOW EXPERTS [AT LAYER n]: the expert bank of each routed layer (or of layer n), from the
-    plan: E, k, the router, widths, bytes per expert, bank and always-read bytes."""
-
-    keyword: ClassVar[str] = "SHOW EXPERTS"
-    kind: Literal["show_experts"] = "show_experts"
-    layer: int | None = None
-
-
 class Infer(Statement):
     keyword: ClassVar[str] = "INFER"
     kind: Literal["infer"] = "infer"

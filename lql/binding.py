@@ -368,3 +368,13 @@ class Catalog:
             return {}
         tok = self.container.tokenizer
         return {k: v for k, v in (("bos_token", tok.bos_token), ("eos_token", tok.eos_token)) if v}
+
+
+def jsonable(v: Any) -> Any:
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    return repr(v)

@@ -89,14 +89,6 @@ class RemoteStatement(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class ShowExperts(Node):
-    """SHOW EXPERTS: the expert banks of ``layers`` (routed layers, in order)."""
-
-    layers: tuple[int, ...]
-    layer: int | None  # AT LAYER n, as asked
-
-
-@dataclass(frozen=True, eq=False)
 class Run(Node):
     """INFER: prefill the prompt on the slice, then the TOP n candidates and/or n greedy
     tokens. Generation stops at an end-of-sequence id in ``stop_ids`` unless ``exactly``."""
@@ -597,7 +589,7 @@ def _explain(s: ast.Explain, ctx: Context) -> Node:
     return Explain(s, slice=ctx.catalog.bind_slice(depth_of(ctx, s.depth)))
 
 
-def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: str) -> list[int]:
+def routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: str) -> list[int]:
     """The model's routed-expert layers; refuses a model without any, and a ``layer`` that is
     not one of them, by name."""
     cat = ctx.catalog
@@ -611,12 +603,6 @@ def _routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: s
         raise err(s, f"layer {layer} has no routed experts; the routed layers are {fmt_layers(routed)}",
                    hint=f"e.g. {what} AT LAYER {routed[0]}")
     return routed
-
-
-@plans(ast.ShowExperts, needs_container=True)
-def _show_experts(s: ast.ShowExperts, ctx: Context) -> Node:
-    routed = _routed_or_refuse(s, ctx, s.layer, "SHOW EXPERTS")
-    return ShowExperts(s, layers=(s.layer,) if s.layer is not None else tuple(routed), layer=s.layer)
 
 
 @plans(ast.Infer, needs_container=True)
@@ -682,7 +668,7 @@ def _trace(s: ast.Trace, ctx: Context) -> Node:
     experts = None
     if s.experts is not None:
         layer = s.experts.layer
-        routed = _routed_or_refuse(s, ctx, layer, "TRACE ... EXPERTS")
+        routed = routed_or_refuse(s, ctx, layer, "TRACE ... EXPERTS")
         ran = sl.executed_layers
         shown = [i for i in ((layer,) if layer is not None else routed) if i in ran]
         if not shown:

@@ -170,36 +170,6 @@ def _expert_reads(d: dict) -> str:
 _LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON keeps every entry)
 
 
-def router_phrase(router: str, facts: dict[str, Any]) -> str:
-    """'softmax_topk, renormalised', 'sigmoid_group_topk, 2 of 4 groups, correction bias,
-    renormalised, x2.5'."""
-    parts = [router]
-    if facts.get("router_bias"):
-        parts.append("bias")
-    if facts.get("n_group") is not None:
-        parts.append(f"{facts.get('topk_group')} of {facts['n_group']} groups")
-    if facts.get("correction_bias"):
-        parts.append("correction bias")
-    if facts.get("renormalize"):
-        parts.append("renormalised")
-    if facts.get("routed_scaling_factor") is not None:
-        parts.append(f"x{fmt_value(facts['routed_scaling_factor'])}")
-    return ", ".join(parts)
-
-
-@_layout(R.ExpertsResult)
-def _experts(r: R.ExpertsResult, timing: bool) -> list[str]:
-    out = table(
-        [num("layer"), num("experts"), num("top k"), "router", "expert width", "shared", num("bytes/expert"), num("bank bytes"), num("always bytes"),
-         num("bytes/position")],
-        [[str(b.layer), str(b.experts), str(b.top_k), router_phrase(b.router, b.router_facts),
-          f"{b.expert_width} {b.expert_act}", b.shared if b.shared_width is None else f"{b.shared} {b.shared_width}",
-          fmt_int(b.bytes_per_expert), fmt_int(b.expert_bank_bytes), fmt_int(b.always_bytes),
-          fmt_int(b.bytes_per_position)] for b in r.banks],
-    )
-    return out + reads(r.reads, f"the whole model ({r.model_layers} layers), per position")[1:]
-
-
 @_layout(R.InferResult)
 def _infer(r: R.InferResult, timing: bool) -> list[str]:
     out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *prompt_fields(r.prompt),
@@ -841,11 +811,6 @@ def records(result: R.Result) -> list[dict[str, Any]]:
     EXPLAIN, one per finding for PLAN; a single row of fields otherwise."""
     fn = _RECORDS.get(type(result))
     return fn(result) if fn is not None else result.records()
-
-
-@_records_of(R.ExpertsResult)
-def _rec_experts(r: R.ExpertsResult) -> list[dict[str, Any]]:
-    return [_flat(_dump(b)) for b in r.banks]
 
 
 @_records_of(R.DiffResult)

@@ -267,36 +267,6 @@ class ExplainResult(Result):
     per_position: ReadsInfo | None = None  # what one position of this slice reads
 
 
-class ExpertBankRow(BaseModel):
-    """One routed layer's expert bank, from the plan (no tensor data read)."""
-
-    layer: int
-    op: str  # the FFN operator (moe_ffn)
-    experts: int  # E
-    top_k: int  # k: experts a position reads
-    router: str  # the router kind (softmax_topk, topk_softmax, sigmoid_group_topk)
-    router_facts: dict[str, Any]  # renormalize, router_bias, correction_bias, n_group, topk_group, routed_scaling_factor
-    expert_width: int  # one expert's intermediate width
-    expert_act: str
-    shared: str  # none | plain | sigmoid_gated
-    shared_width: int | None
-    bytes_per_expert: int  # one expert's matrices (and biases), stored bytes
-    expert_bank_bytes: int  # all E experts
-    always_bytes: int  # read for every position: router (+ biases), shared expert (+ its gate)
-    bytes_per_position: int  # always + k x bytes per expert
-
-
-class ExpertsResult(Result):
-    """SHOW EXPERTS: the expert banks of the routed layers (or of one), and what a position reads
-    of the whole model."""
-
-    kind: Literal["show_experts"] = "show_experts"
-    model_layers: int
-    layer: int | None  # AT LAYER n
-    banks: list[ExpertBankRow]
-    reads: ReadsInfo
-
-
 # ---- running the model ----------------------------------------------------------------
 
 

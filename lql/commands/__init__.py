@@ -52,7 +52,6 @@ from . import (  # noqa: F401
     container,
     dialect,
     drafts,
-    experts,
     explain,
     infer,
     internals,

@@ -9,9 +9,8 @@ from pathlib import Path
 
 from .. import planner
 from .. import results as R
-from ..binding import vindex3
+from ..binding import jsonable, vindex3
 from . import command
-from .explain import jsonable
 
 
 def verify_result(rep, *, default_path: str | None = None, show_path: bool = False) -> R.VerifyResult:

@@ -4,22 +4,10 @@ operands, state geometry and the operand reads."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .. import planner
 from .. import results as R
-from ..binding import placement_info, reads_info, slice_of
+from ..binding import jsonable, placement_info, reads_info, slice_of
 from . import command
-
-
-def jsonable(v: Any) -> Any:
-    if isinstance(v, (str, int, float, bool)) or v is None:
-        return v
-    if isinstance(v, (list, tuple)):
-        return [jsonable(x) for x in v]
-    if isinstance(v, dict):
-        return {str(k): jsonable(x) for k, x in v.items()}
-    return repr(v)
 
 
 def op_info(op) -> R.OpInfo:

@@ -33,7 +33,6 @@ class LimitRefusal(LqlError):
 _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Open: ("path",),
     ast.Explain: (),
-    ast.ShowExperts: (),
     ast.Infer: (),
     ast.DraftDepth: (),
     ast.DraftOff: (),
@@ -81,7 +80,7 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Explain,
-    ast.ShowExperts, ast.Infer, ast.Trace,
+    ast.Infer, ast.Trace,
     ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
