@@ -83,6 +83,7 @@ class Statement(Node):
     needs_container: ClassVar[bool] = False
     local_when_remote: ClassVar[bool] = False
     remote_mirror: ClassVar[bool] = False
+    never_on_server: ClassVar[tuple[str, str] | None] = None  # (why, hint): refused by every server
 
     line: int = 1
     column: int = 1
@@ -117,23 +118,6 @@ class Statement(Node):
         from .errors import StatementError
 
         return StatementError(message, hint=hint, line=self.line, column=self.column, statement=self.source)
-
-
-class Open(Statement):
-    keyword: ClassVar[str] = "OPEN"
-    kind: Literal["open"] = "open"
-    path: str | None = None  # None with default=True
-    default: bool = False
-    shards: int | None = None  # SHARDS n: run the layers as n Ray actors (vindex3.shards)
-
-
-class UseRemote(Statement):
-    """USE REMOTE 'http://host:port' [MODEL 'id']: later statements run on that server."""
-
-    keyword: ClassVar[str] = "USE REMOTE"
-    kind: Literal["use_remote"] = "use_remote"
-    url: str
-    model: str | None = None
 
 
 class Explain(Statement):
@@ -406,15 +390,6 @@ class BuildFeatures(Statement):
 
 
 # ---- the reference dialect (issue 19) -----------------------------------------------------
-
-
-class UseModel(Statement):
-    """USE MODEL 'dir' [AUTO_EXTRACT]: encode a local checkpoint directory (once) and bind it."""
-
-    keyword: ClassVar[str] = "USE MODEL"
-    kind: Literal["use_model"] = "use_model"
-    model: str
-    auto_extract: bool = False
 
 
 class ShowModels(Statement):

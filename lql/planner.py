@@ -64,21 +64,6 @@ class BoundPrompt:
 
 
 @dataclass(frozen=True, eq=False)
-class Open(Node):
-    path: str | None
-    default: bool
-    shards: int  # 0: one process; n: n layer-range actors
-
-
-@dataclass(frozen=True, eq=False)
-class UseRemote(Node):
-    """USE REMOTE: bind the session to a server (the URL already checked)."""
-
-    url: str
-    model: str | None
-
-
-@dataclass(frozen=True, eq=False)
 class RemoteStatement(Node):
     """A statement of a remote-bound session: it runs on the server (``remote``)."""
 
@@ -375,7 +360,7 @@ def plan(stmt: ast.Statement, ctx: Context) -> Node:
     if fn is None and legacy is not None:
         fn = legacy[0]
     needs_container = stmt.needs_container or bool(legacy and legacy[1])
-    if ctx.remote is not None and not (stmt.local_when_remote or isinstance(stmt, _LOCAL_WHEN_REMOTE)):
+    if ctx.remote is not None and not stmt.local_when_remote:
         if stmt.remote_mirror:
             return RemoteMirror(stmt, remote=ctx.remote, local=_bind(fn, stmt, ctx))
         return RemoteStatement(stmt, remote=ctx.remote)
@@ -393,11 +378,6 @@ def plan(stmt: ast.Statement, ctx: Context) -> Node:
 
 def _bind(fn, stmt: ast.Statement, ctx: Context) -> Node:
     return fn(stmt, ctx) if fn is not None else Identity(stmt)
-
-
-# What a remote-bound session still runs here: binding (OPEN leaves the server, USE REMOTE
-# moves to another), the statement catalogue and the local settings table.
-_LOCAL_WHEN_REMOTE = (ast.Open, ast.UseRemote)
 
 
 def _check(s: ast.Statement, ctx: Context) -> None:
@@ -561,23 +541,6 @@ def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat:
     if bad:
         raise StatementError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
     return bound
-
-
-@plans(ast.Open)
-def _open(s: ast.Open, ctx: Context) -> Node:
-    positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
-    if not s.default:
-        files.container_dir(s.path)
-    return Open(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings["shards"])
-
-
-@plans(ast.UseRemote)
-def _use_remote(s: ast.UseRemote, ctx: Context) -> Node:
-    from .server.client import check_url
-
-    if s.model is not None and not s.model:
-        raise err(s, "USE REMOTE ... MODEL '' names no model", hint="leave MODEL out to use the server's only model")
-    return UseRemote(s, url=check_url(s.url), model=s.model)
 
 
 @plans(ast.Explain, needs_container=True)
@@ -996,16 +959,6 @@ def _build_features(s: ast.BuildFeatures, ctx: Context) -> Node:
 
 
 @dataclass(frozen=True, eq=False)
-class UseModel(Node):
-    """USE MODEL 'dir': encode the checkpoint into ``into`` unless a container is already there,
-    then bind it."""
-
-    checkpoint: str
-    into: str
-    encoded: bool  # ``into`` already holds a container: open it, encode nothing
-
-
-@dataclass(frozen=True, eq=False)
 class ShowModels(Node):
     directory: str
 
@@ -1092,37 +1045,6 @@ def _describe_layers(s: ast.Describe, ctx: Context) -> tuple[tuple[int, ...] | N
         span, note = _band_span(s, ctx, s.band)
         return ctx.catalog.layer_span(span, "LAYERS"), (note,)
     return ctx.catalog.layer_span(s.layers, "LAYERS"), ()
-
-
-_HUB_ID = __import__("re").compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-@plans(ast.UseModel)
-def _use_model(s: ast.UseModel, ctx: Context) -> Node:
-    import os
-    from pathlib import Path
-
-    src = Path(files.container_dir(os.path.expanduser(s.model)))  # empty, NUL, over-long names refused by name
-    try:
-        exists = src.exists()
-    except OSError as e:
-        raise err(s, f"USE MODEL {s.model!r}: the path cannot be read ({e.strerror})",
-                   hint="USE MODEL takes a local checkpoint directory (or .gguf)") from None
-    if not exists:
-        if _HUB_ID.match(s.model):
-            raise err(s, f"USE MODEL {s.model!r} names a model hub id, and this build downloads nothing",
-                       hint="download the checkpoint yourself, then USE MODEL 'path/to/checkpoint' (or ENCODE it)")
-        raise err(s, f"USE MODEL {s.model!r}: there is no such directory or file",
-                   hint="USE MODEL takes a local checkpoint directory (or .gguf); USE 'x.vindex3' opens a container")
-    if (src / "index.json").is_file():
-        return Open(s, path=str(src), default=False, shards=ctx.settings["shards"])  # a container already
-    into = src.parent / (src.name.removesuffix(".gguf") + ".vindex3")
-    if not os.access(src.parent, os.W_OK):
-        from vindex3 import default_model
-
-        into = Path(default_model.cache_dir()) / into.name
-    encoded = (into / "index.json").is_file()
-    return UseModel(s, checkpoint=str(src), into=str(into), encoded=encoded)
 
 
 @plans(ast.ShowModels)

@@ -80,33 +80,6 @@ def _layout(cls: type):
     return deco
 
 
-@_layout(R.OpenResult)
-def _open(r: R.OpenResult, timing: bool) -> list[str]:
-    out = [f"opened {r.name}" + (" (the default model)" if r.default_model else "")]
-    out += fields([
-        ("path", r.path),
-        ("component", f"{r.component} ({r.role})"),
-        ("layers", str(r.layers)),
-        ("operators", fmt_mix(r.operator_mix)),
-        ("tokenizer", "yes" if r.tokenizer else "no (use INFER TOKENS (...))"),
-        ("draft", None if r.draft_reset is None else f"DRAFT DEPTH {r.draft_reset} cleared; the full model runs"),
-        ("shards", f"{r.shards} layer-range actors (Ray)" if r.shards else None),
-        ("rebuilt", None if r.rebuilt is None else f"the cached default model was rebuilt: {r.rebuilt}"),
-    ])
-    return out
-
-
-@_layout(R.RemoteResult)
-def _remote(r: R.RemoteResult, timing: bool) -> list[str]:
-    return [f"using {r.url}: statements run there"] + fields([
-        ("model", f"{r.model} ({r.name})" if r.name != r.model else r.model),
-        ("layers", str(r.layers)),
-        ("operators", fmt_mix(r.operator_mix)),
-        ("digest", r.digest),
-        ("session", r.session),
-    ])
-
-
 @_layout(R.ExplainResult)
 def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
     return _explain_plan(r) + placement(r.placement)

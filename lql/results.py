@@ -157,35 +157,6 @@ class Timing(BaseModel):
 # ---- binding and facts ----------------------------------------------------------------
 
 
-class OpenResult(Result):
-    kind: Literal["open"] = "open"
-    name: str
-    path: str
-    default_model: bool
-    component: str
-    role: str
-    layers: int
-    operator_mix: list[MixEntry]
-    tokenizer: bool
-    generation: int
-    draft_reset: int | None = None  # the session's draft depth that OPEN cleared
-    shards: int = 0  # layer-range actors the model runs in (0: this process)
-    rebuilt: str | None = None  # OPEN DEFAULT: why the cached default model was rebuilt (None: it was not)
-
-
-class RemoteResult(Result):
-    """USE REMOTE: the server and model a session is now bound to."""
-
-    kind: Literal["use_remote"] = "use_remote"
-    url: str
-    model: str
-    name: str
-    layers: int
-    operator_mix: list[MixEntry]
-    digest: str
-    session: str  # the X-Session-Id the server keeps this session's state under
-
-
 class ReadsInfo(BaseModel):
     """Operand bytes a position reads, from sizes only (no tensor data): ``always_bytes`` by
     every position, ``expert_bank_bytes`` held in routed-expert banks of which a position reads

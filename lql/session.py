@@ -52,7 +52,10 @@ class Session:
         self._internals = None  # vindex3.internals.Internals of the bound container, made on first use
         self.writes_derived = True  # feature metadata built here is kept in the container (False: in memory only)
         if path is not None:
-            self.execute_statement(ast.Open(path=str(path), source=f"OPEN {str(path)!r}"))
+            from .parser import parse_one
+            from .syntax import quote
+
+            self.execute_statement(parse_one(f"OPEN {quote(str(path))}"))
 
     # ---- running text -----------------------------------------------------------------
 

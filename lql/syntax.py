@@ -119,6 +119,12 @@ def _escape(tok: Token, body: str, i: int) -> tuple[str, int]:
     return chr(code), end
 
 
+def quote(text: str) -> str:
+    """``text`` as an LQL string literal that reads back as ``text`` (`literal_string`)."""
+    body = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f"'{body}'"
+
+
 def literal_int(tok: Token) -> int:
     """A whole-number literal, refused (positioned) above MAX_INT; its digits are never handed
     to int() when they are too many (Python refuses over 4,300 digits, in a ValueError)."""

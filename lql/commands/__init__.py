@@ -55,8 +55,6 @@ from . import (  # noqa: F401
     explain,
     infer,
     internals,
-    open,
-    remote,
     representations,
     trace,
 )

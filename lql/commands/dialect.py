@@ -11,18 +11,6 @@ from pathlib import Path
 from .. import planner
 from .. import results as R
 from . import command
-from .open import open_container
-
-
-@command(planner.UseModel)
-def use_model(session, node: planner.UseModel) -> R.OpenResult:
-    if not node.encoded:
-        import vindex3
-
-        Path(node.into).parent.mkdir(parents=True, exist_ok=True)
-        vindex3.encode(node.checkpoint, node.into, progress=session.on_progress)
-    opened = planner.Open(node.statement, path=node.into, default=False, shards=session.settings.get("shards", 0))
-    return open_container(session, opened)
 
 
 @command(planner.ShowModels)

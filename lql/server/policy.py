@@ -31,7 +31,6 @@ class LimitRefusal(LqlError):
 #: Statement class → the fields that hold a server-side file path, for the statements that do
 #: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
 _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
-    ast.Open: ("path",),
     ast.Explain: (),
     ast.Infer: (),
     ast.DraftDepth: (),
@@ -56,7 +55,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Observe: ("into",),
     ast.BuildFeatures: (),
     # the reference dialect (issue 19)
-    ast.UseModel: ("model",),
     ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
     ast.ShowPatches: (),
     ast.ShowCompactStatus: (),
@@ -97,7 +95,6 @@ _WHY = {
     ast.DumpLogits: "it writes a file on the server",
     ast.DraftLadder: "it reads a prompt bank and writes files on the server",
     ast.ScoreDraft: "it reads dump files on the server",
-    ast.Open: "it names a container on the server; this server serves fixed models (the request's model field)",
     ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
     ast.Represent: "it writes a container on the server",
     ast.Compact: "it writes a container on the server",
@@ -106,7 +103,6 @@ _WHY = {
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
-    ast.UseModel: "it encodes a checkpoint and binds another model on the server",
     ast.ShowModels: "it lists the server's working directory",
     ast.Extract: "it writes a container on the server",
     ast.Compile: "it writes a container on the server",
@@ -144,18 +140,13 @@ def read_only(stmt: ast.Statement) -> bool:
     return type(stmt) in READ_ONLY
 
 
-def _remote_types() -> tuple[type, ...]:
-    t = getattr(ast, "UseRemote", None)
-    return (t,) if t is not None else ()
-
-
 def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
     """The statement as it may run on this server (paths resolved inside the data directory),
     or a refusal naming it."""
     kw = stmt.keyword
-    if isinstance(stmt, _remote_types()):
-        raise ProfileRefusal(f"{kw} cannot run on a server: a server does not connect to other servers",
-                             hint="run USE REMOTE in your own lql session")
+    if stmt.never_on_server is not None:
+        why, hint = stmt.never_on_server
+        raise ProfileRefusal(f"{kw} cannot run on a server: {why}", hint=hint)
     paths = fields_of(type(stmt))
     if paths is None:
         raise ProfileRefusal(f"this server does not serve {kw}: it does not know whether {kw} names a server-side path",
@@ -163,8 +154,6 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
     if config.profile == "read-only" and not read_only(stmt):
         why = (stmt.refused_read_only() if type(stmt).read_only is not None
                else _WHY.get(type(stmt), "it is not a statement that only reads"))
-        if isinstance(stmt, ast.Open) and stmt.default:
-            why = "it binds another model; this server serves fixed models (the request's model field)"
         raise ProfileRefusal(f"the read-only profile refuses {kw}: {why}",
                              hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE (without "
                                   "SAVE INTO), WALK, DESCRIBE, SELECT, DRAFT DEPTH, SET, HELP")
