@@ -3,7 +3,7 @@ column, source text) and nothing else; downstream code takes nodes, never text."
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -107,6 +107,12 @@ class Statement(Node):
         """The checks that need no container (a count of zero, a range that runs backwards),
         raised as `StatementError`s; run before the statement is bound."""
 
+    def generates(self) -> int | None:
+        """The tokens it asks to generate (GENERATE n), which a server's --max-tokens bounds; None
+        when it generates none."""
+        infer = getattr(self, "infer", None)  # EXPLAIN INFER ... [FEATURES] asks what its INFER asks
+        return infer.generates() if isinstance(infer, Statement) else getattr(self, "generate", None)
+
     def refused_read_only(self) -> str | None:
         """Why the read-only profile refuses this statement (None: it only reads)."""
         if self.read_only is True:
@@ -118,29 +124,6 @@ class Statement(Node):
         from .errors import StatementError
 
         return StatementError(message, hint=hint, line=self.line, column=self.column, statement=self.source)
-
-
-class Explain(Statement):
-    keyword: ClassVar[str] = "EXPLAIN"
-    kind: Literal["explain"] = "explain"
-    prompt: Prompt | None = None
-    depth: int | None = None
-    infer: Infer | None = None  # EXPLAIN INFER ...: the statement whose plan is shown
-
-
-class Infer(Statement):
-    keyword: ClassVar[str] = "INFER"
-    kind: Literal["infer"] = "infer"
-    prompt: Prompt
-    top: int | None = None
-    generate: int | None = None
-    depth: int | None = None
-    speculate: int | None = None  # the draft depth that proposes tokens
-    lookahead: int | None = None
-    exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
-    chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
-    ablate: Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
-    compare: bool = dialect(False)  # COMPARE (the reference dialect): refused at planning
 
 
 class DraftDepth(Statement):
@@ -162,22 +145,6 @@ class DraftLadder(Statement):
     into: str | None = None
     plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
     overwrite: bool = False  # OVERWRITE: an existing report or chart is replaced
-
-
-class ExpertsClause(Node):
-    """TRACE ... EXPERTS [AT LAYER n]: show each position's routing (of every routed layer the
-    slice runs, or of layer n)."""
-
-    layer: int | None = None
-
-
-class Trace(Statement):
-    keyword: ClassVar[str] = "TRACE"
-    kind: Literal["trace"] = "trace"
-    prompt: Prompt
-    depth: int | None = None
-    ablate: Ablation | None = None
-    experts: ExpertsClause | None = None
 
 
 class DumpLogits(Statement):
@@ -338,7 +305,7 @@ class ExplainFeatures(Statement):
 
     keyword: ClassVar[str] = "EXPLAIN"
     kind: Literal["explain_features"] = "explain_features"
-    infer: Infer
+    infer: Any  # lql.statements.infer.Infer (typed there; rebuilt when the infer family registers)
     top: int | None = None
     layers: LayerSpan | None = None
     band: Band | None = dialect(None)  # KNOWLEDGE | SYNTAX | OUTPUT (the reference's EXPLAIN INFER options)
@@ -553,8 +520,6 @@ class CompactLevel(KnowledgeEdit):
     level: Literal["minor", "major"]
     options: list[LooseOption] = []
 
-
-Explain.model_rebuild()
 
 #: The knowledge edits (refused at planning in this build).
 KNOWLEDGE_EDITS: tuple[type[KnowledgeEdit], ...] = (

@@ -378,3 +378,8 @@ def jsonable(v: Any) -> Any:
     if isinstance(v, dict):
         return {str(k): jsonable(x) for k, x in v.items()}
     return repr(v)
+
+
+def prompt_info(p) -> R.PromptInfo:
+    """A bound prompt (`lql.planner.BoundPrompt`) as results show it."""
+    return R.PromptInfo(text=p.text, ids=list(p.ids), chat=p.chat)

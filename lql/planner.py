@@ -52,6 +52,14 @@ class Node:
     def describe(self) -> str:
         return self.statement.keyword
 
+    def bound_prompt(self) -> BoundPrompt | None:
+        """The prompt the node runs (a server bounds its length), if it runs one."""
+        target = getattr(self, "target", None)
+        if isinstance(target, Node):  # EXPLAIN INFER: the INFER it shows
+            return target.bound_prompt()
+        prompt = getattr(self, "prompt", None)
+        return prompt if isinstance(prompt, BoundPrompt) else None
+
 
 @dataclass(frozen=True)
 class BoundPrompt:
@@ -71,65 +79,6 @@ class RemoteStatement(Node):
 
     def describe(self) -> str:
         return f"{self.statement.keyword} on {self.remote.url}"
-
-
-@dataclass(frozen=True, eq=False)
-class Run(Node):
-    """INFER: prefill the prompt on the slice, then the TOP n candidates and/or n greedy
-    tokens. Generation stops at an end-of-sequence id in ``stop_ids`` unless ``exactly``."""
-
-    slice: SliceBinding
-    prompt: BoundPrompt
-    top: int | None
-    generate: int | None
-    exactly: bool = False
-    stop_ids: tuple[int, ...] = ()
-    intervention: Any = None  # vindex3.exec.intervention.FeatureAblation (ABLATE FEATURES) or None
-
-    def describe(self) -> str:
-        parts = []
-        if self.top is not None:
-            parts.append(f"the top {self.top} next tokens")
-        if self.generate is not None:
-            stop = ("" if self.exactly or not self.stop_ids else
-                    f", stopping at end-of-sequence ({', '.join(map(str, self.stop_ids))})")
-            parts.append(f"{self.generate} greedy tokens{' exactly' if self.exactly else ''}{stop}")
-        head = f"INFER: prefill {len(self.prompt.ids)} tokens"
-        tail = f", with {self.intervention.describe()}" if self.intervention is not None else ""
-        return head + (", then " + " and ".join(parts) if parts else "") + tail
-
-
-@dataclass(frozen=True, eq=False)
-class Speculate(Node):
-    """INFER ... SPECULATE: the draft slice proposes ``lookahead`` tokens, the full model
-    (``target``) verifies them; ``generate`` tokens in all."""
-
-    prompt: BoundPrompt
-    target: SliceBinding
-    draft: SliceBinding
-    generate: int
-    lookahead: int
-    compare: bool
-
-    def describe(self) -> str:
-        return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by self-speculation "
-                f"({self.draft.label} proposes {self.lookahead} at a time, the {self.target.label} verifies)")
-
-
-@dataclass(frozen=True, eq=False)
-class Explain(Node):
-    """EXPLAIN: the slice plan, and the node INFER would run (None for a bare EXPLAIN)."""
-
-    slice: SliceBinding
-    target: Run | Speculate | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Trace(Node):
-    slice: SliceBinding
-    prompt: BoundPrompt
-    intervention: Any = None
-    experts: tuple[int, ...] | None = None  # TRACE ... EXPERTS: the routed layers whose routing is shown
 
 
 @dataclass(frozen=True, eq=False)
@@ -383,10 +332,6 @@ def _bind(fn, stmt: ast.Statement, ctx: Context) -> Node:
 def _check(s: ast.Statement, ctx: Context) -> None:
     """The checks that need no container."""
     match s:
-        case ast.Infer():
-            _check_infer(s)
-        case ast.Explain() if s.infer is not None:
-            _check_infer(s.infer)
         case ast.Walk() | ast.Describe():
             positive(s, s.top, "TOP", "TOP 5")
             check_span(s, s.layers)
@@ -395,7 +340,7 @@ def _check(s: ast.Statement, ctx: Context) -> None:
         case ast.ShowFeatures():
             pass
         case ast.ExplainFeatures():
-            _check_infer(s.infer)
+            check_infer(s.infer)
             positive(s, s.top, "FEATURES TOP", "FEATURES TOP 5")
             check_span(s, s.layers)
             for word, given in (("GENERATE", s.infer.generate), ("SPECULATE", s.infer.speculate),
@@ -477,7 +422,8 @@ def _check_value(s: ast.Statement, cond: ast.Condition, name: str, want: type, v
             raise _column_error(s, cond.column, f"{name} {cond.op} needs a whole number, got {v!r}")
 
 
-def _check_infer(s: ast.Infer) -> None:
+def check_infer(s) -> None:
+    """INFER's checks that need no container (also run for EXPLAIN INFER and EXPLAIN INFER ... FEATURES)."""
     if s.compare:
         raise err(s, "INFER ... COMPARE sets the reference system's walk prediction beside the dense one; this build "
                    "predicts with the dense model only, so there is nothing to compare it with",
@@ -543,13 +489,9 @@ def bind_prompt(ctx: Context, prompt: ast.TextPrompt | ast.TokenPrompt, *, chat:
     return bound
 
 
-@plans(ast.Explain, needs_container=True)
-def _explain(s: ast.Explain, ctx: Context) -> Node:
-    if s.infer is not None:
-        target = _infer(s.infer, ctx)
-        sl = target.slice if isinstance(target, Run) else target.target
-        return Explain(s, slice=sl, target=target)
-    return Explain(s, slice=ctx.catalog.bind_slice(depth_of(ctx, s.depth)))
+def run_words(keyword: str, p: int, g: int = 0) -> str:
+    """'INFER (5 prompt tokens + 3 generated)': a run's positions, in words, for a limit's refusal."""
+    return f"{keyword} ({p:,} prompt token{'s' if p != 1 else ''}" + (f" + {g:,} generated)" if g else ")")
 
 
 def routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: str) -> list[int]:
@@ -566,84 +508,6 @@ def routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: st
         raise err(s, f"layer {layer} has no routed experts; the routed layers are {fmt_layers(routed)}",
                    hint=f"e.g. {what} AT LAYER {routed[0]}")
     return routed
-
-
-@plans(ast.Infer, needs_container=True)
-def _infer(s: ast.Infer, ctx: Context) -> Run | Speculate:
-    cat = ctx.catalog
-    limits.check_count(s.generate, "max_generate", ctx.settings, "GENERATE", "tokens")
-    # CHAT on the statement is explicit; the setting applies to text prompts only
-    chat = s.chat if s.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(s.prompt, ast.TextPrompt))
-    if s.speculate is not None:
-        lookahead = s.lookahead if s.lookahead is not None else ctx.settings["lookahead"]
-        limits.check_count(lookahead, "max_lookahead", ctx.settings, "LOOKAHEAD", "draft tokens per round")
-        draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
-        target = cat.bind_slice(None)
-        prompt = bind_prompt(ctx, s.prompt, chat=chat)
-        node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
-                         lookahead=lookahead, compare=bool(ctx.settings.get("compare", True)))
-        _check_speculate(node, ctx)
-        return node
-    sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
-    ablation = cat.ablation(s.ablate, sl)
-    prompt = bind_prompt(ctx, s.prompt, chat=chat)
-    top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))
-    stop = () if s.exactly or s.generate is None else cat.eos_ids()
-    node = Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop,
-               intervention=ablation)
-    _check_run(node, ctx)
-    return node
-
-
-def _run_words(keyword: str, p: int, g: int = 0) -> str:
-    return f"{keyword} ({p:,} prompt token{'s' if p != 1 else ''}" + (f" + {g:,} generated)" if g else ")")
-
-
-def _check_run(node: Run, ctx: Context) -> None:
-    """INFER's limits: prompt + generated positions, and the arrays of its largest pass."""
-    cat, p, g, depth = ctx.catalog, len(node.prompt.ids), node.generate or 0, node.slice.depth
-    limits.check_positions(p + g, cat.context_length, ctx.settings, _run_words("INFER", p, g))
-    steps = cat.estimate(1, depth, start=p + g - 2) if g > 1 else None
-    limits.Need().add("the largest pass", limits.largest(cat.estimate(p, depth), steps)).check(ctx.settings, "INFER")
-
-
-def _check_speculate(node: Speculate, ctx: Context) -> None:
-    """SPECULATE's limits: prompt + generated positions (a round never proposes past them: both
-    streams hold at most prompt + n - 1 positions), and the arrays of the three streams it runs
-    (the full model, the draft and, with compare on, plain greedy decoding)."""
-    cat, p, g = ctx.catalog, len(node.prompt.ids), node.generate
-    limits.check_positions(p + g, cat.context_length, ctx.settings, _run_words("INFER ... SPECULATE", p, g))
-    k = min(node.lookahead, g - 1)
-    end = p + g - 2  # positions held before the last one-token pass
-    need = limits.Need()
-    need.add("full model", limits.largest(cat.estimate(p, None), cat.estimate(k + 1, None, start=p + g - k - 2)))
-    need.add(f"draft depth {node.draft.depth}", limits.largest(cat.estimate(p, node.draft.depth),
-                                                              cat.estimate(1, node.draft.depth, start=max(end, 0))))
-    if node.compare:
-        need.add("plain greedy", limits.largest(cat.estimate(p, None), cat.estimate(1, None, start=max(end, 0))))
-    need.check(ctx.settings, "INFER ... SPECULATE")
-
-
-@plans(ast.Trace, needs_container=True)
-def _trace(s: ast.Trace, ctx: Context) -> Node:
-    cat = ctx.catalog
-    sl = cat.bind_slice(depth_of(ctx, s.depth))
-    experts = None
-    if s.experts is not None:
-        layer = s.experts.layer
-        routed = routed_or_refuse(s, ctx, layer, "TRACE ... EXPERTS")
-        ran = sl.executed_layers
-        shown = [i for i in ((layer,) if layer is not None else routed) if i in ran]
-        if not shown:
-            which = f"layer {layer}" if layer is not None else f"a routed layer (routed: {fmt_layers(routed)})"
-            raise err(s, f"{sl.label} runs {'layer' if len(ran) == 1 else 'layers'} {fmt_layers(ran)}, not {which}",
-                       hint="a deeper DRAFT DEPTH, or DRAFT OFF, runs it")
-        experts = tuple(shown)
-    prompt = bind_prompt(ctx, s.prompt)
-    p = len(prompt.ids)
-    limits.check_positions(p, cat.context_length, ctx.settings, _run_words("TRACE", p))
-    limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1)).check(ctx.settings, "TRACE")
-    return Trace(s, slice=sl, prompt=prompt, experts=experts, intervention=cat.ablation(s.ablate, sl))
 
 
 @plans(ast.DraftDepth, needs_container=True)
@@ -687,7 +551,7 @@ def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
     sl = cat.bind_slice(depth_of(ctx, s.depth))
     prompt = bind_prompt(ctx, s.prompt)
     p = len(prompt.ids)
-    limits.check_positions(p, cat.context_length, ctx.settings, _run_words("DUMP LOGITS", p))
+    limits.check_positions(p, cat.context_length, ctx.settings, run_words("DUMP LOGITS", p))
     (limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1))
      .add(f"the logits [{p:,}, {cat.vocab:,}] and their bytes", extra=2 * p * cat.vocab * 4)
      .check(ctx.settings, "DUMP LOGITS"))

@@ -14,7 +14,7 @@ import csv
 import html
 import io
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from . import results as R
@@ -23,23 +23,16 @@ from . import results as R
 FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
 
 from .layouts import (
-    generated,
     intervention,
     layer_groups,
     metadata_fields,
-    operand_rows,
-    placement,
-    prompt_fields,
     prompt_text,
-    reads,
     share,
     shares,
     short,
     skipped_fields,
     summary_fields,
-    table_with_banners,
     time,
-    timing_fields,
     token,
     token_list,
 )
@@ -78,168 +71,6 @@ def _layout(cls: type):
         return fn
 
     return deco
-
-
-@_layout(R.ExplainResult)
-def _explain(r: R.ExplainResult, timing: bool) -> list[str]:
-    return _explain_plan(r) + placement(r.placement)
-
-
-def _explain_plan(r: R.ExplainResult) -> list[str]:
-    head = f"plan: {r.slice}, {layers_phrase(r.executed_layers)} of {r.model_layers}"
-    out = [head]
-    if r.skipped_layers:
-        out.append(f"not run: {layers_phrase(r.skipped_layers)}")
-    if r.prompt is not None:
-        out += fields([
-            ("runs", r.operation),
-            ("prompt", (fmt_text(r.prompt.text) if r.prompt.text is not None else "token ids")
-             + (" in the chat template" if r.prompt.chat else "")),
-            ("token ids", fmt_value(r.prompt.ids)),
-            ("state after prompt", fmt_bytes(r.state_bytes_after_prompt)),
-        ])
-    headers = ["op", "role", "operand", "tensor", "dtype", "shape", num("bytes"), "params"]
-    rows: list[list[str]] = []
-    for st in r.steps:
-        if st.stage == "layer":
-            # the mixer's own parameters head the layer; its row then needs no params column
-            mixer = next((op for op in st.ops if op.role == "mixer"), None)
-            params = mixer.params if mixer is not None else st.params
-            title = f"layer {st.layer}: {st.operator}"
-            state = st.geometry or "-"
-            if st.bytes_per_position:
-                state += f", {st.bytes_per_position:,} bytes/position"
-            if st.fixed_bytes:
-                state += f", {st.fixed_bytes:,} bytes fixed"
-            rows.append([f"[{title}; state {state}]"] + [""] * 7)
-            if params:
-                rows.append([f"[  {fmt_params(params)}]"] + [""] * 7)
-            for role, d in ((st.reads or {}).get("detail") or {}).items():
-                if isinstance(d, dict) and "experts" in d and "top_k" in d:
-                    rows.append([f"[  {role} {d.get('operator', '')}: {_expert_reads(d)}]"] + [""] * 7)
-            rows += operand_rows(st.ops, with_params=True, skip_params_of="mixer")
-        else:
-            rows.append([f"[{st.stage.replace('_', ' ')}]"] + [""] * 7)
-            rows += operand_rows(st.ops, with_params=True)
-    out += [""] + table_with_banners(headers, rows)
-    c = r.reads
-    out += [""] + fields([
-        ("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}"),
-        ("  ends", f"{c.ends_reads} operands, {fmt_bytes(c.ends_bytes)} (embedding, final norm, head)"),
-        ("  layers", f"{c.layer_reads} operands, {fmt_bytes(c.layer_bytes)}"),
-    ] + [(f"  {e.encoding}", f"{e.tensors} tensors, {fmt_bytes(e.bytes)}, {fmt_bpw(e.bits_per_weight)} bits/weight")
-         for e in c.by_encoding])
-    return out + reads(r.per_position, "per position (a token reads)")
-
-
-def _expert_reads(d: dict) -> str:
-    """A routed FFN's read detail: 'top 3 of 10 experts (softmax_topk); a token reads 40,380
-    bytes = 1,800 always + 3 x 12,860 per expert, of a 128,600-byte bank'."""
-    return (f"top {d['top_k']} of {d['experts']} experts ({d.get('router', '?')}); a token reads "
-            f"{fmt_int(d.get('bytes_per_position'))} bytes = {fmt_int(d.get('always_bytes'))} always + {d['top_k']} x "
-            f"{fmt_int(d.get('bytes_per_expert'))} per expert, of a {fmt_int(d.get('expert_bank_bytes'))}-byte bank")
-
-
-_LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON keeps every entry)
-
-
-@_layout(R.InferResult)
-def _infer(r: R.InferResult, timing: bool) -> list[str]:
-    out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *prompt_fields(r.prompt),
-                  ("ablated", intervention(r.intervention))])
-    if r.top is not None:
-        out += [""] + table(
-            [num("rank"), "token", num("id"), num("probability")],
-            [[str(c.rank), fmt_text(c.token), str(c.id), fmt_prob(c.probability)] for c in r.top],
-        )
-    if r.generated_ids is not None:
-        out += [""] + fields([
-            ("generated", generated(len(r.generated_ids), r.interrupted, r.stopped_at)),
-            ("ids", fmt_value(r.generated_ids)),
-            ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
-        ])
-    if r.expert_layers and r.prefill_bytes is not None:
-        # reads depend on the routing: what the prefill and the decode steps touched
-        dec = r.decode_bytes or []
-        out += [""] + fields([
-            ("bytes read", f"prefill {fmt_bytes(r.prefill_bytes)}"),
-            ("  per decode step", f"{fmt_int(round(sum(dec) / len(dec)))} bytes (mean of {len(dec)}; min "
-                                  f"{fmt_int(min(dec))}, max {fmt_int(max(dec))})" if dec else None),
-        ])
-    if timing and r.timing is not None:
-        out += [""] + timing_fields(r.timing)
-    return out
-
-
-@_layout(R.SpeculateResult)
-def _speculate(r: R.SpeculateResult, timing: bool) -> list[str]:
-    if r.interrupted:
-        return fields([
-            *prompt_fields(r.prompt),
-            ("draft", f"depth {r.depth}, lookahead {r.lookahead}"),
-            ("generated", generated(len(r.generated_ids), True)),
-            ("ids", fmt_value(r.generated_ids)),
-            ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
-        ])
-    out = fields([
-        *prompt_fields(r.prompt),
-        ("draft", f"depth {r.depth}, lookahead {r.lookahead}, rollback by {r.rollback}"),
-        ("generated", f"{len(r.generated_ids)} tokens"),
-        ("ids", fmt_value(r.generated_ids)),
-        ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
-        ("acceptance", f"{r.accepted} of {r.proposed} proposed tokens ({r.acceptance_rate:.3f})"),
-        ("full-model calls", f"{r.full_model_calls} ({r.tokens_per_full_step:.2f} tokens per call)"),
-        ("same as greedy", None if r.matches_plain is None else ("yes" if r.matches_plain else "NO")),
-    ])
-    if timing and r.timing is not None:
-        out += [""] + timing_fields(r.timing, [
-            ("plain greedy", f"{r.plain_tokens_per_second:.1f} tok/s" if r.plain_tokens_per_second is not None else None),
-            ("speedup", f"{r.speedup:.2f} x" if r.speedup is not None else None),
-        ])
-    return out
-
-
-@_layout(R.TraceResult)
-def _trace(r: R.TraceResult, timing: bool) -> list[str]:
-    if r.expert_layers is not None:
-        return _trace_experts(r)
-    out = [f"trace: {r.slice}, {r.model_layers}-layer model"]
-    if r.intervention is not None:
-        out.append(f"with {intervention(r.intervention)}")
-    rows = []
-    for x in r.rows:
-        ran = _layers_with_operators(x.layers, x.operators)
-        rows.append([str(x.position), str(x.token_id), fmt_text(x.token), ran, str(x.next_id), fmt_text(x.next_token)])
-    return out + table([num("pos"), num("id"), "token", "layers run", num("next id"), "next token"], rows)
-
-
-def _trace_experts(r: R.TraceResult) -> list[str]:
-    """TRACE ... EXPERTS: per position, each shown layer's experts with their weights
-    ('expert:weight', in the router's order), the bytes the step read, and the next token."""
-    shown = r.expert_layers or []
-    out = [f"trace: {r.slice}, {r.model_layers}-layer model; experts of "
-           + "; ".join(f"layer {x.layer} (top {x.top_k} of {x.experts}, {x.router})" for x in shown)]
-    rows = []
-    for x in r.rows:
-        picks = {p.layer: p for p in x.experts or []}
-        cells = [" ".join(f"{e}:{w:.3f}" for e, w in zip(picks[s.layer].experts, picks[s.layer].weights))
-                 if s.layer in picks else "-" for s in shown]
-        rows.append([str(x.position), str(x.token_id), fmt_text(x.token), *cells, fmt_int(x.bytes_read),
-                     str(x.next_id), fmt_text(x.next_token)])
-    headers = [num("pos"), num("id"), "token", *[f"layer {s.layer} experts" for s in shown], num("bytes read"),
-               num("next id"), "next token"]
-    return out + table(headers, rows)
-
-
-def _layers_with_operators(layers: Sequence[int], operators: Sequence[str]) -> str:
-    """Runs of consecutive layers with one operator: '0-3 softmax (full)', '0-2 mamba2, 3 softmax (full)'."""
-    runs: list[list] = []
-    for i, op in zip(layers, operators):
-        if runs and runs[-1][2] == op and i == runs[-1][1] + 1:
-            runs[-1][1] = i
-        else:
-            runs.append([i, i, op])
-    return ", ".join((f"{a}-{b}" if a != b else f"{a}") + f" {op}" for a, b, op in runs) or "none"
 
 
 @_layout(R.DraftResult)
@@ -799,31 +630,6 @@ def _rec_score_rep(r: R.RepresentationScoreResult) -> list[dict[str, Any]]:
 @_records_of(R.CompactResult)
 def _rec_compact(r: R.CompactResult) -> list[dict[str, Any]]:
     return [_dump(x) for x in r.left_behind]
-
-
-@_records_of(R.ExplainResult)
-def _rec_explain(r: R.ExplainResult) -> list[dict[str, Any]]:
-    out = []
-    for st in r.steps:
-        for op in st.ops:
-            for o in op.operands or [None]:
-                out.append({"stage": st.stage, "layer": st.layer, "operator": st.operator, "op": op.kind,
-                            "op_role": op.role, "operand": o.role if o else None,
-                            "tensor": f"{o.object}/{o.tensor}" if o else None, "dtype": o.dtype if o else None,
-                            "shape": o.shape if o else None, "bytes": o.bytes if o else None})
-    return out
-
-
-@_records_of(R.InferResult)
-def _rec_infer(r: R.InferResult) -> list[dict[str, Any]]:
-    if r.top is not None:
-        return [_dump(c) for c in r.top]
-    return [{"position": i, "id": t} for i, t in enumerate(r.generated_ids or [])]
-
-
-@_records_of(R.TraceResult)
-def _rec_trace(r: R.TraceResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.rows]
 
 
 @_records_of(R.ScoreResult)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class StatementRef(BaseModel):
@@ -197,21 +197,6 @@ class PlacementInfo(BaseModel):
     bytes_moved_per_position: int
 
 
-class ExplainStep(BaseModel):
-    stage: Literal["embedding", "layer", "final_norm", "head"]
-    layer: int | None = None
-    operator: str | None = None
-    params: dict[str, Any] = {}
-    geometry: str | None = None
-    bytes_per_position: int | None = None
-    fixed_bytes: int | None = None
-    ops: list[OpInfo]
-    # the layer's read profile (vindex3 LayerOps.reads.to_data()): always_bytes, bank_bytes,
-    # per_position_bytes, total_bytes and each op's detail (a routed FFN's experts, top_k, router,
-    # bytes_per_expert...), keyed by the op's role
-    reads: dict[str, Any] | None = None
-
-
 class ReadCost(BaseModel):
     ends_reads: int
     ends_bytes: int
@@ -220,121 +205,6 @@ class ReadCost(BaseModel):
     total_reads: int
     total_bytes: int
     by_encoding: list[EncodingShare] = []  # the distinct operands read, per encoding
-
-
-class ExplainResult(Result):
-    kind: Literal["explain"] = "explain"
-    slice: str
-    depth: int | None
-    model_layers: int
-    executed_layers: list[int]
-    skipped_layers: list[int]
-    prompt: PromptInfo | None = None
-    state_bytes_after_prompt: int | None = None
-    operation: str | None = None  # what the explained INFER runs on this plan
-    steps: list[ExplainStep]
-    reads: ReadCost
-    placement: PlacementInfo | None = None  # when the model runs as shards
-    per_position: ReadsInfo | None = None  # what one position of this slice reads
-
-
-# ---- running the model ----------------------------------------------------------------
-
-
-class Candidate(BaseModel):
-    rank: int
-    token: str | None  # None when the container carries no tokenizer
-    id: int
-    probability: float
-
-
-class InferResult(Result):
-    kind: Literal["infer"] = "infer"
-    slice: str
-    depth: int | None
-    executed_layers: list[int]
-    prompt: PromptInfo
-    top: list[Candidate] | None = None
-    generated_ids: list[int] | None = None
-    generated_text: str | None = None
-    stopped_at: int | None = None  # the end-of-sequence id generation stopped at, if it did
-    interrupted: bool = False  # Ctrl-C stopped the generation: the tokens so far
-    prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
-    prepared_bytes: int | None = None  # distinct bytes it prepared
-    intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
-    # operand bytes each call touched (vindex3's trace.step_bytes): the prefill, then each decode
-    # step; a routed layer counts only the experts its positions used. None when not recorded.
-    prefill_bytes: int | None = None
-    decode_bytes: list[int] | None = None
-    expert_layers: list[int] = []  # routed layers the slice ran (their reads depend on the routing)
-    timing: Timing | None = None
-    _logits: Any = PrivateAttr(default=None)
-
-    @property
-    def logits(self):
-        """The float32 logits [vocab] after the last prompt token (numpy), as the run computed
-        them; not part of the JSON."""
-        return self._logits
-
-
-class SpeculateResult(Result):
-    kind: Literal["speculate"] = "speculate"
-    prompt: PromptInfo
-    depth: int
-    lookahead: int
-    generated_ids: list[int]
-    generated_text: str | None
-    interrupted: bool = False  # Ctrl-C: the tokens so far, and no statistics
-    rounds: int | None = None
-    proposed: int | None = None
-    accepted: int | None = None
-    acceptance_rate: float | None = None
-    tokens_per_full_step: float | None = None
-    full_model_calls: int | None = None
-    rollback: str | None = None
-    matches_plain: bool | None = None
-    timing: Timing | None = None
-    speedup: float | None = None
-    plain_tokens_per_second: float | None = None
-
-
-class ExpertPick(BaseModel):
-    """One routed layer at one position: the experts the router chose (in its order) and their
-    weights."""
-
-    layer: int
-    experts: list[int]
-    weights: list[float]
-
-
-class TraceRow(BaseModel):
-    position: int
-    token_id: int
-    token: str | None
-    layers: list[int]
-    operators: list[str]
-    next_id: int
-    next_token: str | None
-    bytes_read: int | None = None  # operand bytes this position's step touched (None: not recorded)
-    experts: list[ExpertPick] | None = None  # with EXPERTS: the routing, per routed layer shown
-
-
-class ExpertLayerInfo(BaseModel):
-    layer: int
-    experts: int  # E
-    top_k: int
-    router: str
-
-
-class TraceResult(Result):
-    kind: Literal["trace"] = "trace"
-    slice: str
-    depth: int | None
-    model_layers: int
-    prompt: PromptInfo
-    rows: list[TraceRow]
-    intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
-    expert_layers: list[ExpertLayerInfo] | None = None  # with EXPERTS: the routed layers shown
 
 
 class DraftResult(Result):

@@ -12,6 +12,7 @@ from lql import planner
 from lql.binding import Catalog
 from lql.errors import EngineRefusal, NoContainer, StatementError
 from lql.parser import parse_one
+from lql.statements import infer
 from lql.statements.settings import SetSetting
 
 
@@ -36,7 +37,7 @@ def plan(text: str, catalog: Catalog | None, **settings) -> planner.Node:
 
 def test_infer_binds_slice_prompt_and_mode(catalog):
     node = plan("INFER 'Water boils' TOP 3 DRAFT DEPTH 2", catalog)
-    assert isinstance(node, planner.Run)
+    assert isinstance(node, infer.Run)
     assert node.slice.depth == 2 and node.slice.executed_layers == [0, 1]
     assert node.prompt.ids == tuple(catalog.container.tokenizer.encode("Water boils"))
     assert (node.top, node.generate, node.exactly) == (3, None, False)
@@ -58,14 +59,14 @@ def test_generate_stops_at_the_declared_end_of_sequence_unless_exactly(catalog):
 
 def test_speculate_binds_both_slices(catalog):
     node = plan("INFER 'x' GENERATE 8 SPECULATE DEPTH 1 LOOKAHEAD 3", catalog)
-    assert isinstance(node, planner.Speculate)
+    assert isinstance(node, infer.Speculate)
     assert node.draft.executed_layers == [0] and node.target.executed_layers == [0, 1, 2, 3]
     assert (node.lookahead, node.generate) == (3, 8)
 
 
 def test_explain_infer_wraps_the_node_infer_would_run(catalog):
     node = plan("EXPLAIN INFER 'Water' TOP 2 DRAFT DEPTH 1", catalog)
-    assert isinstance(node, planner.Explain) and isinstance(node.target, planner.Run)
+    assert isinstance(node, infer.ExplainPlan) and isinstance(node.target, infer.Run)
     assert node.slice is node.target.slice  # one slice plan object, shown and run
     assert node.target.top == 2 and node.slice.executed_layers == [0]
 
@@ -115,7 +116,7 @@ def test_chat_needs_a_template_and_text(catalog):
 def test_session_plan_runs_nothing(tiny_llama_container):
     s = lql.connect(tiny_llama_container)
     node = s.plan("INFER 'Hi' GENERATE 3")
-    assert isinstance(node, planner.Run) and s._executors == {}
+    assert isinstance(node, infer.Run) and s._executors == {}
 
 
 @pytest.mark.parametrize("infer", ["INFER 'Water boils' TOP 3", "INFER 'Water boils' TOP 3 DRAFT DEPTH 2",

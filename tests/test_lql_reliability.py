@@ -15,8 +15,9 @@ import lql_fixtures  # noqa: F401
 import pytest
 
 import lql
-from lql import cli, commands, planner
+from lql import cli, commands, planner, registry
 from lql.errors import EngineRefusal, InternalError, LimitError, LqlError, SettingError
+from lql.statements import infer
 
 
 @pytest.fixture
@@ -310,7 +311,7 @@ def test_the_history_setting_refuses_text_no_file_can_have(work):
 
 def test_generate_and_lookahead_over_their_limits_are_refused_before_any_work(s, monkeypatch):
     ran = []
-    monkeypatch.setitem(commands.COMMANDS, planner.Speculate, lambda *a: ran.append(a))
+    monkeypatch.setitem(registry.RUNNERS, infer.Speculate, (lambda *a: ran.append(a), "infer"))
     err = refused(s, "INFER 'x' GENERATE 1000000000000", LimitError)
     assert "max_generate" in err.message and "SET max_generate" in err.hint
     err = refused(s, "INFER 'x' GENERATE 8 SPECULATE DEPTH 1 LOOKAHEAD 1000000000", LimitError)
@@ -449,14 +450,13 @@ def test_a_run_the_machine_cannot_give_memory_is_refused_by_name(s, monkeypatch)
     machine (or the estimate fell short) the run's MemoryError is the machine, not a bug: a
     LimitError naming memory_limit, positioned at the statement, and the session stays usable.
     (Planted: a real allocation past this machine's memory could meet the OOM killer instead.)"""
-    from lql import commands, planner
     from lql.errors import LimitError
 
     def starving(session, node):
         raise MemoryError
 
     with monkeypatch.context() as m:
-        m.setitem(commands.COMMANDS, planner.Run, starving)
+        m.setitem(registry.RUNNERS, infer.Run, (starving, "infer"))
         s.execute("SET memory_limit = '64 GiB'")
         err = refused(s, "STATS;\nINFER 'Water boils'", LimitError)
     assert "INFER ran out of memory" in err.message and "memory_limit is 68,719,476,736 bytes (64.0 GiB)" in err.message

@@ -52,9 +52,6 @@ from . import (  # noqa: F401
     container,
     dialect,
     drafts,
-    explain,
-    infer,
     internals,
     representations,
-    trace,
 )

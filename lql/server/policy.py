@@ -31,12 +31,9 @@ class LimitRefusal(LqlError):
 #: Statement class → the fields that hold a server-side file path, for the statements that do
 #: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
 _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
-    ast.Explain: (),
-    ast.Infer: (),
     ast.DraftDepth: (),
     ast.DraftOff: (),
     ast.DraftLadder: ("prompts", "into", "plot"),
-    ast.Trace: (),
     ast.DumpLogits: ("into",),
     ast.ScoreDraft: ("draft", "target"),
     ast.Verify: (),
@@ -77,8 +74,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
-    ast.Explain,
-    ast.Infer, ast.Trace,
     ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
@@ -168,11 +163,7 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
 
 
 def _check_numbers(stmt: ast.Statement, config: ServerConfig) -> None:
-    if isinstance(stmt, ast.Observe):  # OBSERVE GENERATE n generates n tokens too
-        generate = stmt.generate
-    else:
-        infer = stmt if isinstance(stmt, ast.Infer) else (stmt.infer if isinstance(stmt, (ast.Explain, ast.ExplainFeatures)) else None)
-        generate = infer.generate if infer is not None else None
+    generate = stmt.generates()
     if generate is None:
         return
     lim = config.limits
@@ -186,8 +177,7 @@ def _check_numbers(stmt: ast.Statement, config: ServerConfig) -> None:
 
 def check_plan(node: planner.Node, limits: Limits) -> None:
     """Limits that need the bound statement: the prompt's token count."""
-    target = node.target if isinstance(node, planner.Explain) else node
-    prompt = getattr(target, "prompt", None)
+    prompt = node.bound_prompt()
     if isinstance(prompt, planner.BoundPrompt) and len(prompt.ids) > limits.max_prompt_tokens:
         raise LimitRefusal(f"the prompt is {len(prompt.ids)} tokens, more than this server allows "
                            f"(--max-prompt-tokens is {limits.max_prompt_tokens})")
