@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import vindex3
-from lql.render import ladder_text
+from lql.statements.drafts import ladder_text
 from vindex3.draft import run_ladder
 from vindex3.draft.bank import default_bank
 

@@ -126,44 +126,6 @@ class Statement(Node):
         return StatementError(message, hint=hint, line=self.line, column=self.column, statement=self.source)
 
 
-class DraftDepth(Statement):
-    keyword: ClassVar[str] = "DRAFT DEPTH"
-    kind: Literal["draft_depth"] = "draft_depth"
-    depth: int
-
-
-class DraftOff(Statement):
-    keyword: ClassVar[str] = "DRAFT OFF"
-    kind: Literal["draft_off"] = "draft_off"
-
-
-class DraftLadder(Statement):
-    keyword: ClassVar[str] = "DRAFT LADDER"
-    kind: Literal["draft_ladder"] = "draft_ladder"
-    depths: list[int]
-    prompts: str
-    into: str | None = None
-    plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
-    overwrite: bool = False  # OVERWRITE: an existing report or chart is replaced
-
-
-class DumpLogits(Statement):
-    keyword: ClassVar[str] = "DUMP LOGITS"
-    kind: Literal["dump_logits"] = "dump_logits"
-    prompt: Prompt
-    depth: int | None = None
-    ablate: Ablation | None = None
-    into: str
-    overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
-
-
-class ScoreDraft(Statement):
-    keyword: ClassVar[str] = "SCORE DRAFT"
-    kind: Literal["score_draft"] = "score_draft"
-    draft: str
-    target: str
-
-
 class Verify(Statement):
     keyword: ClassVar[str] = "VERIFY"
     kind: Literal["verify"] = "verify"

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ast, catalog, files, limits
+from . import ast, catalog, files
 from .binding import Catalog, SliceBinding
 from .errors import NoContainer, StatementError
 from .text import fmt_layers
@@ -79,38 +79,6 @@ class RemoteStatement(Node):
 
     def describe(self) -> str:
         return f"{self.statement.keyword} on {self.remote.url}"
-
-
-@dataclass(frozen=True, eq=False)
-class SetDraft(Node):
-    """DRAFT DEPTH n (slice bound) or DRAFT OFF (slice of the full model, or None unbound)."""
-
-    slice: SliceBinding | None
-    depth: int | None
-
-
-@dataclass(frozen=True, eq=False)
-class Ladder(Node):
-    depths: tuple[int, ...]
-    prompts: str
-    into: str | None
-    plot: str | None
-    overwrite: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Dump(Node):
-    slice: SliceBinding
-    prompt: BoundPrompt
-    into: str
-    intervention: Any = None
-    overwrite: bool = False
-
-
-@dataclass(frozen=True, eq=False)
-class Score(Node):
-    draft: str
-    target: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -357,12 +325,6 @@ def _check(s: ast.Statement, ctx: Context) -> None:
                 raise err(s, f"GENERATE must be at least 0, got {s.generate}")
         case ast.BuildFeatures():
             check_span(s, s.layers)
-        case ast.DraftLadder():
-            seen: set[int] = set()
-            for d in s.depths:
-                if d in seen:
-                    raise err(s, f"DRAFT LADDER lists depth {d} twice")
-                seen.add(d)
 
 
 def check_span(s: ast.Statement, span: tuple[int, int] | None, clause: str = "LAYERS") -> None:
@@ -510,66 +472,10 @@ def routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: st
     return routed
 
 
-@plans(ast.DraftDepth, needs_container=True)
-def _draft_depth(s: ast.DraftDepth, ctx: Context) -> Node:
-    return SetDraft(s, slice=ctx.catalog.bind_slice(s.depth), depth=s.depth)
-
-
-@plans(ast.DraftOff)
-def _draft_off(s: ast.DraftOff, ctx: Context) -> Node:
-    return SetDraft(s, slice=ctx.catalog.bind_slice(None) if ctx.bound else None, depth=None)
-
-
-@plans(ast.DraftLadder, needs_container=True)
-def _ladder(s: ast.DraftLadder, ctx: Context) -> Node:
-    for d in s.depths:
-        ctx.catalog.bind_slice(d)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
-    overwrite = may_overwrite(s, ctx)
-    inside = files.container_paths(ctx.catalog)
-    files.input_file(s.prompts, "DRAFT LADDER prompt bank")
-    if s.into is not None:
-        files.output_file(s.into, "DRAFT LADDER report", overwrite=overwrite, inside=inside)
-    if s.plot is not None:
-        files.output_file(s.plot, "DRAFT LADDER chart", overwrite=overwrite, inside=inside)
-        if s.into is not None and _same_file(s.into, s.plot):
-            raise err(s, f"DRAFT LADDER writes its report and its chart to the same file {s.plot!r}",
-                       hint="give PLOT INTO another file")
-    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot, overwrite=overwrite)
-
-
-def _same_file(a: str, b: str) -> bool:
-    import os
-
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
-@plans(ast.DumpLogits, needs_container=True)
-def _dump(s: ast.DumpLogits, ctx: Context) -> Node:
-    cat = ctx.catalog
-    overwrite = may_overwrite(s, ctx)
-    files.output_file(s.into, "DUMP LOGITS file", overwrite=overwrite, inside=files.container_paths(cat))
-    sl = cat.bind_slice(depth_of(ctx, s.depth))
-    prompt = bind_prompt(ctx, s.prompt)
-    p = len(prompt.ids)
-    limits.check_positions(p, cat.context_length, ctx.settings, run_words("DUMP LOGITS", p))
-    (limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1))
-     .add(f"the logits [{p:,}, {cat.vocab:,}] and their bytes", extra=2 * p * cat.vocab * 4)
-     .check(ctx.settings, "DUMP LOGITS"))
-    return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
-                intervention=cat.ablation(s.ablate, sl))
-
-
 def may_overwrite(s: ast.Statement, ctx: Context) -> bool:
     """Whether a writing statement may replace an existing file: its OVERWRITE clause, or the
     session's ``overwrite`` setting."""
     return bool(getattr(s, "overwrite", False)) or bool(ctx.settings.get("overwrite", False))
-
-
-@plans(ast.ScoreDraft)
-def _score(s: ast.ScoreDraft, ctx: Context) -> Node:
-    files.input_file(s.draft, "SCORE DRAFT draft dump")
-    files.input_file(s.target, "SCORE DRAFT target dump")
-    return Score(s, draft=s.draft, target=s.target)
 
 
 @plans(ast.Verify, needs_container=True)

@@ -31,7 +31,6 @@ from .layouts import (
     shares,
     short,
     skipped_fields,
-    summary_fields,
     time,
     token,
     token_list,
@@ -71,17 +70,6 @@ def _layout(cls: type):
         return fn
 
     return deco
-
-
-@_layout(R.DraftResult)
-def _draft(r: R.DraftResult, timing: bool) -> list[str]:
-    if r.depth is None:
-        return [f"draft off: later statements run the full model ({r.model_layers} layers)"]
-    c = r.reads
-    return [
-        (f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
-        f"{layers_phrase(r.executed_layers)} of {r.model_layers}"),
-    ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
 
 
 @_layout(R.VerifyResult)
@@ -191,82 +179,6 @@ def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
     out += [""] + table(["prompt", "category", num("positions"), num("KL mean"), num("top-1"), num(f"greedy-{r.greedy}")],
                         [[p["id"], p["category"], fmt_int(p["positions"]), f"{p['kl_mean']:.3g}", f"{p['top1']:.3f}",
                           f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt])
-    return out
-
-
-@_layout(R.DumpResult)
-def _dump(r: R.DumpResult, timing: bool) -> list[str]:
-    slice_ = "full model" if r.depth is None else f"draft depth {r.depth}"
-    out = [f"dumped {r.positions} x {r.vocab:,} float32 logits ({slice_}) to {r.path}"]
-    out += fields([
-        ("sidecar", r.sidecar),
-        ("layers run", fmt_layers(r.executed_layers)),
-        ("container", str(r.meta.get("container_digest", "-"))[:16]),
-        ("ablated", intervention(r.meta.get("intervention"))),
-    ])
-    if timing:
-        out += fields([
-            ("prepare", fmt_seconds(r.meta.get("prepare_seconds"))),
-            ("per position", f"{r.meta['ms_per_position']:.2f} ms" if r.meta.get("ms_per_position") is not None else None),
-        ])
-    return out
-
-
-@_layout(R.ScoreResult)
-def _score(r: R.ScoreResult, timing: bool) -> list[str]:
-    slice_ = f"full model, {r.model_layers} layers" if r.depth is None else f"depth {r.depth} of {r.model_layers}"
-    out = [f"draft {r.draft} ({slice_}) against {r.target} (full model)"]
-    if r.draft_intervention is not None or r.target_intervention is not None:
-        # an ablated run against a clean one (or two ablations) is a different comparison: say so
-        out += fields([("draft run", intervention(r.draft_intervention) or "clean (no intervention)"),
-                       ("target run", intervention(r.target_intervention) or "clean (no intervention)")])
-    out += fields(summary_fields(r.summary))
-    if r.positions:
-        if r.tokens:
-            out += [""] + table(
-                [num("pos"), num("KL"), "top-1", num("target argmax"), "target token", num("draft argmax"), "draft token", num("rank in draft")],
-                [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
-                  fmt_text(p.get("target_token")), str(p["draft_argmax"]), fmt_text(p.get("draft_token")),
-                  str(p["target_rank_in_draft"])] for p in r.positions],
-            )
-        else:
-            out += [""] + table(
-                [num("pos"), num("KL"), "top-1", num("target argmax"), num("draft argmax"), num("rank in draft")],
-                [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
-                  str(p["draft_argmax"]), str(p["target_rank_in_draft"])] for p in r.positions],
-            )
-    return out
-
-
-@_layout(R.LadderResult)
-def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
-    headers = [num(h) for h in ("depth", "positions", "top-1", "KL p50", "KL p90", "KL p99", "rank p50", "top-5",
-                                "top-20")]
-    if timing:
-        headers += [num("prepare"), num("ms/position")]
-    rows = []
-    for row in r.rows:
-        s = row["summary"]
-        cells = [str(row["depth"]), str(s["positions"]), f"{s['top1']:.3f}", f"{s['kl_p50']:.4f}",
-                 f"{s['kl_p90']:.4f}", f"{s['kl_p99']:.4f}", f"{s['median_target_rank']:g}",
-                 f"{s['top5']:.3f}", f"{s['top20']:.3f}"]
-        if timing:
-            cells += [fmt_seconds(row.get("prepare_seconds")), f"{row['ms_per_position']:.2f} ms"]
-        rows.append(cells)
-    if r.interrupted:
-        done = ", ".join(str(d) for d in r.depths) or "none"
-        out = [f"depth ladder on {r.prompts_file}: interrupted; depths finished: {done}"]
-    else:
-        out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
-    if rows:
-        out += table(headers, rows)
-    if timing and r.target:
-        out.append(f"full model: {fmt_seconds(r.target.get('prepare_seconds'))} prepare, "
-                   f"{r.target.get('ms_per_position', 0.0):.2f} ms per position")
-    if r.into:
-        out.append(f"report written to {r.into}")
-    if r.plot_path:
-        out.append(f"chart written to {r.plot_path}")
     return out
 
 
@@ -632,21 +544,6 @@ def _rec_compact(r: R.CompactResult) -> list[dict[str, Any]]:
     return [_dump(x) for x in r.left_behind]
 
 
-@_records_of(R.ScoreResult)
-def _rec_score(r: R.ScoreResult) -> list[dict[str, Any]]:
-    return [dict(p) for p in r.positions]
-
-
-@_records_of(R.LadderResult)
-def _rec_ladder(r: R.LadderResult) -> list[dict[str, Any]]:
-    out = []
-    for row in r.rows:
-        rec = {"depth": row["depth"], **{k: v for k, v in row["summary"].items()}}
-        rec.update({k: row[k] for k in ("executed_layers", "prepare_seconds", "ms_per_position") if k in row})
-        out.append(rec)
-    return out
-
-
 @_records_of(R.PlanResult)
 def _rec_plan(r: R.PlanResult) -> list[dict[str, Any]]:
     return [_dump(f) for f in r.findings]
@@ -814,58 +711,6 @@ def to_html(result: R.Result) -> str:
 
 # ---- the ladder chart ------------------------------------------------------------------
 
-CHART_FORMATS = (".png", ".svg")
-
-
-def require_matplotlib(what: str) -> None:
-    """Refuse by name when matplotlib (an optional extra) is missing."""
-    from .errors import NotAvailable
-
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise NotAvailable(f"{what} needs matplotlib, which is not installed",
-                           hint="pip install 'lql-vindex3[notebook]' (or matplotlib)") from None
-
-
-def ladder_figure(result: R.LadderResult):
-    """A matplotlib Figure of a ladder: KL p50 and p90 (left axis, nats) and top-1 agreement
-    (right axis) against draft depth."""
-    require_matplotlib("plotting a ladder")
-    from matplotlib.figure import Figure
-
-    depths = [row["depth"] for row in result.rows]
-    s = [row["summary"] for row in result.rows]
-    fig = Figure(figsize=(7.0, 4.0), layout="constrained")
-    ax = fig.add_subplot()
-    ax.plot(depths, [x["kl_p50"] for x in s], marker="o", label="KL p50")
-    ax.plot(depths, [x["kl_p90"] for x in s], marker="o", linestyle="--", label="KL p90")
-    ax.set_xlabel(f"draft depth (layers of {result.model_layers})")
-    ax.set_ylabel("KL(target ‖ draft), nats")
-    ax2 = ax.twinx()
-    ax2.plot(depths, [x["top1"] for x in s], marker="s", color="tab:green", label="top-1 agreement")
-    ax2.set_ylim(0.0, 1.05)
-    ax2.set_ylabel("top-1 agreement")
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = ax2.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, loc="upper center")
-    ax.set_title(f"depth ladder on {result.prompts_file}")
-    return fig
-
-
-def save_figure(fig, path: str) -> None:
-    """Write a figure as PNG or SVG, chosen by the file's extension."""
-    from pathlib import Path
-
-    from .errors import StatementError
-
-    ext = Path(path).suffix.lower()
-    if ext not in CHART_FORMATS:
-        raise StatementError(f"PLOT INTO writes .png or .svg, not {Path(path).name!r}",
-                             hint="e.g. PLOT INTO 'ladder.png'")
-    fig.savefig(path, format=ext[1:])
-
-
 # ---- vindex3's own reports, laid out here ----------------------------------------------
 
 
@@ -881,13 +726,6 @@ def verify_text(report) -> str:
     from .commands.container import verify_result
 
     return to_text(verify_result(report, show_path=True))
-
-
-def ladder_text(report, *, timing: bool = True) -> str:
-    """A vindex3 LadderReport as DRAFT LADDER prints it."""
-    from .commands.drafts import ladder_result
-
-    return to_text(ladder_result(report, prompts_file=report.prompts_file, into=None), timing=timing)
 
 
 def dumps_json(obj: Any, *, indent: int | None = None) -> str:

@@ -207,17 +207,6 @@ class ReadCost(BaseModel):
     by_encoding: list[EncodingShare] = []  # the distinct operands read, per encoding
 
 
-class DraftResult(Result):
-    kind: Literal["draft"] = "draft"
-    depth: int | None  # None: the full model
-    model_layers: int
-    executed_layers: list[int]
-    reads: ReadCost
-
-
-# ---- the container, checkpoints, the session ------------------------------------------
-
-
 class VerifyResult(Result):
     kind: Literal["verify"] = "verify"
     path: str
@@ -261,56 +250,6 @@ class EncodeResult(Result):
 
 
 # ---- drafts made measurable (vindex3.draft) -------------------------------------------
-
-
-class DumpResult(Result):
-    kind: Literal["dump_logits"] = "dump_logits"
-    path: str
-    sidecar: str
-    depth: int | None
-    positions: int
-    vocab: int
-    executed_layers: list[int]
-    meta: dict[str, Any]
-
-
-class ScoreResult(Result):
-    kind: Literal["score_draft"] = "score_draft"
-    draft: str
-    target: str
-    depth: int | None
-    model_layers: int
-    summary: dict[str, Any]
-    positions: list[dict[str, Any]]  # with target_token / draft_token text when a tokenizer matched
-    tokens: bool = False  # whether token text is shown beside ids
-    draft_intervention: dict[str, Any] | None = None  # what each dump's run changed (ABLATE FEATURES), from its sidecar
-    target_intervention: dict[str, Any] | None = None
-
-
-class LadderResult(Result):
-    kind: Literal["draft_ladder"] = "draft_ladder"
-    prompts_file: str
-    into: str | None
-    model_layers: int
-    depths: list[int]
-    rows: list[dict[str, Any]]
-    target: dict[str, Any]
-    report: dict[str, Any]
-    plot_path: str | None = None  # the chart written with PLOT INTO
-    interrupted: bool = False  # Ctrl-C: the depths finished before it
-
-    def plot(self, path: str | None = None):
-        """Draw the ladder (KL and top-1 against depth); with ``path`` also save it (.png or
-        .svg). Returns the matplotlib Figure. matplotlib is an optional extra."""
-        from .render import ladder_figure, save_figure
-
-        fig = ladder_figure(self)
-        if path is not None:
-            save_figure(fig, path)
-        return fig
-
-
-# ---- representations and maintenance (vindex3.represent, .compact, .diff, .evidence) ----
 
 
 class KeptTensor(BaseModel):

@@ -60,7 +60,7 @@ def test_ladder_rows_pool_per_prompt_and_per_category(c, bank, tmp_path):
     assert j["container_digest"] == c.digest
     # Kept dumps, each with its sidecar.
     assert (tmp_path / "work" / "d1-b-1.meta.json").is_file()
-    from lql.render import ladder_text  # vindex3's report is plain data; LQL lays it out
+    from lql.statements.drafts import ladder_text  # vindex3's report is plain data; LQL lays it out
 
     lines = ladder_text(rep, timing=False).splitlines()
     assert "KL p50" in lines[1] and [ln.split()[0] for ln in lines[3:]] == [str(d) for d in rep.depths]

@@ -12,7 +12,7 @@ from lql import planner
 from lql.binding import Catalog
 from lql.errors import EngineRefusal, NoContainer, StatementError
 from lql.parser import parse_one
-from lql.statements import infer
+from lql.statements import drafts, infer
 from lql.statements.settings import SetSetting
 
 
@@ -78,7 +78,7 @@ def test_show_and_set_nodes(catalog, tmp_path, monkeypatch):
     assert plan("SHOW LAYERS", catalog).layers == (0, 1, 2, 3)
     node = plan("SET expanded = auto", None)
     assert isinstance(node, SetSetting) and node.value == "auto"
-    assert isinstance(plan("DRAFT OFF", None), planner.SetDraft)
+    assert isinstance(plan("DRAFT OFF", None), drafts.SetDraft)
     assert plan("DRAFT LADDER DEPTHS (1, 4) ON 'p.jsonl' PLOT INTO 'c.svg'", catalog).plot == "c.svg"
 
 

@@ -51,7 +51,6 @@ def execute(session: Session, node: planner.Node) -> Result:
 from . import (  # noqa: F401
     container,
     dialect,
-    drafts,
     internals,
     representations,
 )

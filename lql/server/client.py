@@ -141,7 +141,7 @@ class Remote:
             raise RemoteError(f"{self.url} answered a statement with {len(objs or [])} results instead of one",
                               remote_kind="RemoteError")
         result = result_from_json(objs[0])
-        if isinstance(result, R.DraftResult):
+        if result.kind == "draft":  # DRAFT DEPTH / DRAFT OFF set the depth the server now holds
             self.draft_depth = result.depth
         return result
 

@@ -31,11 +31,6 @@ class LimitRefusal(LqlError):
 #: Statement class → the fields that hold a server-side file path, for the statements that do
 #: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
 _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
-    ast.DraftDepth: (),
-    ast.DraftOff: (),
-    ast.DraftLadder: ("prompts", "into", "plot"),
-    ast.DumpLogits: ("into",),
-    ast.ScoreDraft: ("draft", "target"),
     ast.Verify: (),
     ast.Plan: ("path",),
     ast.Encode: ("checkpoint", "into"),
@@ -74,7 +69,7 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
-    ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
+    ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
     ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
@@ -87,9 +82,6 @@ READ_ONLY_WITHOUT: dict[type[ast.Statement], str] = {ast.TraceFor: "save"}
 _WHY = {
     ast.Encode: "it writes a container on the server",
     ast.Plan: "it reads a checkpoint on the server",
-    ast.DumpLogits: "it writes a file on the server",
-    ast.DraftLadder: "it reads a prompt bank and writes files on the server",
-    ast.ScoreDraft: "it reads dump files on the server",
     ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
     ast.Represent: "it writes a container on the server",
     ast.Compact: "it writes a container on the server",

@@ -1,11 +1,32 @@
 """Reduced-depth drafts: the session's DRAFT DEPTH (and DRAFT OFF), DUMP LOGITS with provenance,
-SCORE DRAFT against the full model, and the DRAFT LADDER over a prompt bank."""
+SCORE DRAFT against the full model, and the DRAFT LADDER over a prompt bank (vindex3.draft: drafts
+made measurable)."""
 
 from __future__ import annotations
 
-from .. import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from .. import ast, files, limits
+from ..binding import SliceBinding, draft_module, slice_of
+from ..charts import ladder_figure, require_matplotlib, save_figure
+from ..errors import FileRefusal, LimitError
+from ..layouts import intervention, summary_fields
+from ..planner import (
+    BoundPrompt,
+    Context,
+    Node,
+    bind_prompt,
+    depth_of,
+    err,
+    may_overwrite,
+    run_words,
+)
 from ..registry import family
+from ..results import ReadCost, Result
 from ..syntax import Children
+from ..text import fields, fmt_bytes, fmt_layers, fmt_seconds, fmt_text, layers_phrase, num, table
 
 fam = family("drafts", module=__name__, statements=("draft_depth", "draft_off", "draft_ladder", "dump_stmt", "score_stmt"),
              path_keywords=("INTO", "AGAINST", "ON", "DRAFT"), grammar=r"""
@@ -40,28 +61,486 @@ fam.doc('SCORE DRAFT',
 
 
 @fam.rule
-def draft_depth(c: Children) -> ast.DraftDepth:
-    return ast.DraftDepth(depth=c.options("DRAFT DEPTH")["depth"])
+def draft_depth(c: Children) -> DraftDepth:
+    return DraftDepth(depth=c.options("DRAFT DEPTH")["depth"])
 
 
 @fam.rule
-def draft_off(c: Children) -> ast.DraftOff:
-    return ast.DraftOff()
+def draft_off(c: Children) -> DraftOff:
+    return DraftOff()
 
 
 @fam.rule
-def draft_ladder(c: Children) -> ast.DraftLadder:
-    return ast.DraftLadder(depths=c.get("DEPTHS"), prompts=c.string("ON"), into=c.string("INTO", exact=True),
+def draft_ladder(c: Children) -> DraftLadder:
+    return DraftLadder(depths=c.get("DEPTHS"), prompts=c.string("ON"), into=c.string("INTO", exact=True),
                            plot=c.string("PLOT", "INTO"), overwrite="overwrite" in c.options("DRAFT LADDER"))
 
 
 @fam.rule
-def dump_stmt(c: Children) -> ast.DumpLogits:
+def dump_stmt(c: Children) -> DumpLogits:
     fields = c.options("DUMP LOGITS")
     overwrite = fields.pop("overwrite", False)
-    return ast.DumpLogits(prompt=c.get("LOGITS"), into=c.string("INTO"), overwrite=overwrite, **fields)
+    return DumpLogits(prompt=c.get("LOGITS"), into=c.string("INTO"), overwrite=overwrite, **fields)
 
 
 @fam.rule
-def score_stmt(c: Children) -> ast.ScoreDraft:
-    return ast.ScoreDraft(draft=c.string("SCORE", "DRAFT"), target=c.string("AGAINST"))
+def score_stmt(c: Children) -> ScoreDraft:
+    return ScoreDraft(draft=c.string("SCORE", "DRAFT"), target=c.string("AGAINST"))
+
+
+# ---- statements ----
+
+
+class DraftDepth(ast.Statement):
+    """DRAFT DEPTH n: the session's default draft depth for INFER, TRACE, EXPLAIN and DUMP LOGITS."""
+
+    keyword: ClassVar[str] = "DRAFT DEPTH"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = True
+    needs_container: ClassVar[bool] = True
+    kind: Literal["draft_depth"] = "draft_depth"
+    depth: int
+
+
+class DraftOff(ast.Statement):
+    """DRAFT OFF: later statements run the full model."""
+
+    keyword: ClassVar[str] = "DRAFT OFF"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = True
+    kind: Literal["draft_off"] = "draft_off"
+
+
+class DraftLadder(ast.Statement):
+    """DRAFT LADDER: each draft depth scored against the full model over a prompt bank."""
+
+    keyword: ClassVar[str] = "DRAFT LADDER"
+    paths: ClassVar[tuple[str, ...]] = ("prompts", "into", "plot")
+    read_only: ClassVar[bool | str] = "it reads a prompt bank and writes files on the server"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["draft_ladder"] = "draft_ladder"
+    depths: list[int]
+    prompts: str
+    into: str | None = None
+    plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
+    overwrite: bool = False  # OVERWRITE: an existing report or chart is replaced
+
+    def check(self) -> None:
+        seen: set[int] = set()
+        for d in self.depths:
+            if d in seen:
+                raise self.error(f"DRAFT LADDER lists depth {d} twice")
+            seen.add(d)
+
+
+class DumpLogits(ast.Statement):
+    """DUMP LOGITS: raw float32 logits [positions, vocab] and a provenance sidecar."""
+
+    keyword: ClassVar[str] = "DUMP LOGITS"
+    paths: ClassVar[tuple[str, ...]] = ("into",)
+    read_only: ClassVar[bool | str] = "it writes a file on the server"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["dump_logits"] = "dump_logits"
+    prompt: ast.Prompt
+    depth: int | None = None
+    ablate: ast.Ablation | None = None
+    into: str
+    overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
+
+
+class ScoreDraft(ast.Statement):
+    """SCORE DRAFT: a draft's logit dump against the full model's."""
+
+    keyword: ClassVar[str] = "SCORE DRAFT"
+    paths: ClassVar[tuple[str, ...]] = ("draft", "target")
+    read_only: ClassVar[bool | str] = "it reads dump files on the server"
+    kind: Literal["score_draft"] = "score_draft"
+    draft: str
+    target: str
+
+
+
+# ---- results ----
+
+
+class DraftResult(Result):
+    kind: Literal["draft"] = "draft"
+    depth: int | None  # None: the full model
+    model_layers: int
+    executed_layers: list[int]
+    reads: ReadCost
+
+
+# ---- the container, checkpoints, the session ------------------------------------------
+
+
+class DumpResult(Result):
+    kind: Literal["dump_logits"] = "dump_logits"
+    path: str
+    sidecar: str
+    depth: int | None
+    positions: int
+    vocab: int
+    executed_layers: list[int]
+    meta: dict[str, Any]
+
+
+class ScoreResult(Result):
+    kind: Literal["score_draft"] = "score_draft"
+    draft: str
+    target: str
+    depth: int | None
+    model_layers: int
+    summary: dict[str, Any]
+    positions: list[dict[str, Any]]  # with target_token / draft_token text when a tokenizer matched
+    tokens: bool = False  # whether token text is shown beside ids
+    draft_intervention: dict[str, Any] | None = None  # what each dump's run changed (ABLATE FEATURES), from its sidecar
+    target_intervention: dict[str, Any] | None = None
+
+
+class LadderResult(Result):
+    kind: Literal["draft_ladder"] = "draft_ladder"
+    prompts_file: str
+    into: str | None
+    model_layers: int
+    depths: list[int]
+    rows: list[dict[str, Any]]
+    target: dict[str, Any]
+    report: dict[str, Any]
+    plot_path: str | None = None  # the chart written with PLOT INTO
+    interrupted: bool = False  # Ctrl-C: the depths finished before it
+
+    def plot(self, path: str | None = None):
+        """Draw the ladder (KL and top-1 against depth); with ``path`` also save it (.png or
+        .svg). Returns the matplotlib Figure. matplotlib is an optional extra."""
+        fig = ladder_figure(self)
+        if path is not None:
+            save_figure(fig, path)
+        return fig
+
+
+# ---- representations and maintenance (vindex3.represent, .compact, .diff, .evidence) ----
+
+
+
+# ---- plans ----
+
+
+@dataclass(frozen=True, eq=False)
+class SetDraft(Node):
+    """DRAFT DEPTH n (slice bound) or DRAFT OFF (slice of the full model, or None unbound)."""
+
+    slice: SliceBinding | None
+    depth: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class Ladder(Node):
+    depths: tuple[int, ...]
+    prompts: str
+    into: str | None
+    plot: str | None
+    overwrite: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Dump(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    into: str
+    intervention: Any = None
+    overwrite: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Score(Node):
+    draft: str
+    target: str
+
+
+@fam.plans(DraftDepth)
+def plan_draft_depth(s: DraftDepth, ctx: Context) -> Node:
+    return SetDraft(s, slice=ctx.catalog.bind_slice(s.depth), depth=s.depth)
+
+
+@fam.plans(DraftOff)
+def plan_draft_off(s: DraftOff, ctx: Context) -> Node:
+    return SetDraft(s, slice=ctx.catalog.bind_slice(None) if ctx.bound else None, depth=None)
+
+
+@fam.plans(DraftLadder)
+def plan_ladder(s: DraftLadder, ctx: Context) -> Node:
+    for d in s.depths:
+        ctx.catalog.bind_slice(d)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
+    overwrite = may_overwrite(s, ctx)
+    inside = files.container_paths(ctx.catalog)
+    files.input_file(s.prompts, "DRAFT LADDER prompt bank")
+    if s.into is not None:
+        files.output_file(s.into, "DRAFT LADDER report", overwrite=overwrite, inside=inside)
+    if s.plot is not None:
+        files.output_file(s.plot, "DRAFT LADDER chart", overwrite=overwrite, inside=inside)
+        if s.into is not None and _same_file(s.into, s.plot):
+            raise err(s, f"DRAFT LADDER writes its report and its chart to the same file {s.plot!r}",
+                       hint="give PLOT INTO another file")
+    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot, overwrite=overwrite)
+
+
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+@fam.plans(DumpLogits)
+def plan_dump(s: DumpLogits, ctx: Context) -> Node:
+    cat = ctx.catalog
+    overwrite = may_overwrite(s, ctx)
+    files.output_file(s.into, "DUMP LOGITS file", overwrite=overwrite, inside=files.container_paths(cat))
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    prompt = bind_prompt(ctx, s.prompt)
+    p = len(prompt.ids)
+    limits.check_positions(p, cat.context_length, ctx.settings, run_words("DUMP LOGITS", p))
+    (limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1))
+     .add(f"the logits [{p:,}, {cat.vocab:,}] and their bytes", extra=2 * p * cat.vocab * 4)
+     .check(ctx.settings, "DUMP LOGITS"))
+    return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
+                intervention=cat.ablation(s.ablate, sl))
+
+
+@fam.plans(ScoreDraft)
+def plan_score(s: ScoreDraft, ctx: Context) -> Node:
+    files.input_file(s.draft, "SCORE DRAFT draft dump")
+    files.input_file(s.target, "SCORE DRAFT target dump")
+    return Score(s, draft=s.draft, target=s.target)
+
+
+
+# ---- running ----
+
+
+@fam.runs(SetDraft)
+def run_set_draft(session, node: SetDraft) -> DraftResult:
+    session.draft_depth = node.depth
+    sl = node.slice
+    if sl is None:  # DRAFT OFF with nothing bound
+        return DraftResult(depth=None, model_layers=0, executed_layers=[],
+                             reads=ReadCost(ends_reads=0, ends_bytes=0, layer_reads=0, layer_bytes=0,
+                                              total_reads=0, total_bytes=0))
+    return DraftResult(depth=node.depth, model_layers=session.catalog.num_layers,
+                         executed_layers=sl.executed_layers, reads=sl.reads)
+
+
+@fam.runs(Dump)
+def run_dump(session, node: Dump) -> DumpResult:
+    draft = draft_module("DUMP LOGITS")
+    c = session.container
+    path = Path(node.into)
+    try:
+        meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path, overwrite=node.overwrite,
+                                 max_positions=session.settings.get("max_positions"), intervention=node.intervention)
+    except OSError as e:
+        raise FileRefusal(f"cannot write {path}: {e.strerror or e}") from None
+    sidecar = draft.sidecar_path(path) if hasattr(draft, "sidecar_path") else Path(f"{path}.meta.json")
+    return DumpResult(path=str(path), sidecar=str(sidecar), depth=meta.get("draft_depth"),
+                        positions=int(meta["positions"]), vocab=int(meta["vocab"]),
+                        executed_layers=list(meta.get("executed_layers", [])), meta=meta)
+
+
+@fam.runs(Score)
+def run_score(session, node: Score) -> ScoreResult:
+    draft = draft_module("SCORE DRAFT")
+    for key in ("draft", "target"):
+        if not Path(getattr(node, key)).exists():
+            raise FileRefusal(f"SCORE DRAFT: the {key} dump {getattr(node, key)} does not exist")
+    rep = draft.score_files(node.draft, node.target)
+    positions = [p.model_dump(mode="json") for p in rep.positions]
+    # Token text beside ids, when the bound container is the one both dumps were made on.
+    tokens = False
+    if session.bound and session.catalog.has_tokenizer and session.container.digest == rep.container_digest:
+        tokens = True
+        for p in positions:
+            p["target_token"] = session.catalog.token_text(p["target_argmax"])
+            p["draft_token"] = session.catalog.token_text(p["draft_argmax"])
+    return ScoreResult(
+        draft=node.draft, target=node.target, depth=rep.draft_depth, model_layers=rep.model_layers,
+        summary=rep.summary.model_dump(mode="json"), positions=positions, tokens=tokens,
+        draft_intervention=rep.draft_intervention, target_intervention=rep.target_intervention,
+    )
+
+
+def ladder_result(rep, *, prompts_file: str, into: str | None, plot_path: str | None = None) -> LadderResult:
+    """A vindex3 ladder report as a result (also used by the vindex3 command's printer)."""
+    full = rep.model_dump(mode="json")
+    rows = full.pop("rows")
+    return LadderResult(prompts_file=prompts_file, into=into, model_layers=rep.model_layers,
+                          depths=list(rep.depths), rows=rows, target=full.get("target", {}), report=full,
+                          plot_path=plot_path)
+
+
+@fam.runs(Ladder)
+def run_ladder(session, node: Ladder) -> LadderResult:
+    draft = draft_module("DRAFT LADDER")
+    prompts = Path(node.prompts)
+    into = node.into
+    if node.plot is not None:
+        require_matplotlib("DRAFT LADDER ... PLOT INTO")  # before the long run, not after it
+    _check_ladder_memory(session, node)
+    finished: list = []
+    try:
+        rep = draft.run_ladder(session.container, list(node.depths), prompts, out_path=into,
+                               progress=session.on_progress, on_row=finished.append, overwrite=node.overwrite,
+                               max_prompts=session.settings.get("max_prompts"),
+                               max_positions=session.settings.get("max_positions"))
+    except KeyboardInterrupt:  # Ctrl-C: the depths finished so far
+        return LadderResult(prompts_file=str(prompts), into=None, model_layers=session.catalog.num_layers,
+                              depths=[r.depth for r in finished], rows=[r.model_dump(mode="json") for r in finished],
+                              target={}, report={}, interrupted=True)
+    result = ladder_result(rep, prompts_file=str(prompts), into=into, plot_path=node.plot)
+    if node.plot is not None:
+        from ..files import container_paths, output_file
+
+        # checked again: the ladder ran for a while, and a file may have appeared meanwhile
+        output_file(node.plot, "DRAFT LADDER chart", overwrite=node.overwrite, inside=container_paths(session.container))
+        try:
+            save_figure(ladder_figure(result), node.plot)
+        except OSError as e:
+            raise FileRefusal(f"cannot write {node.plot}: {e.strerror or e}") from None
+    return result
+
+
+def _check_ladder_memory(session, node: Ladder) -> None:
+    """The ladder's arrays for its longest prompt (each dump holds one prompt's logits), before
+    any work: the bank is read (``max_prompts`` refused by vindex3 as it reads) and tokenised."""
+    from vindex3.draft.bank import load_prompts
+    from vindex3.errors import LimitExceeded
+
+    from .. import limits
+
+    cat = session.catalog
+    limit = session.settings.get("max_prompts")
+    try:
+        bank = load_prompts(node.prompts, max_prompts=limit)
+    except LimitExceeded:
+        raise LimitError(f"DRAFT LADDER: the prompt bank {node.prompts!r} holds more than {limit:,} prompts; "
+                         f"max_prompts is {limit:,}", hint="use a smaller bank, or SET max_prompts = n to allow more") from None
+    longest = max((len(p.token_ids) if p.token_ids is not None else len(cat.tokenize(p.text)) for p in bank), default=0)
+    if longest < 1:
+        return
+    for d in (None, *node.depths):
+        need = limits.Need().add("one step at the end", cat.estimate(1, d, start=longest - 1)).add(
+            f"the logits of the longest prompt [{longest:,}, {cat.vocab:,}] and their bytes", extra=2 * longest * cat.vocab * 4)
+        need.check(session.settings, f"DRAFT LADDER (its longest prompt, {longest:,} tokens)")
+
+
+def ladder_text(report, *, timing: bool = True) -> str:
+    """A vindex3 LadderReport as DRAFT LADDER prints it."""
+    from ..render import to_text
+
+    return to_text(ladder_result(report, prompts_file=report.prompts_file, into=None), timing=timing)
+
+
+# ---- layouts ----
+
+
+@fam.layout(DraftResult)
+def layout_draft(r: DraftResult, timing: bool) -> list[str]:
+    if r.depth is None:
+        return [f"draft off: later statements run the full model ({r.model_layers} layers)"]
+    c = r.reads
+    return [
+        (f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
+        f"{layers_phrase(r.executed_layers)} of {r.model_layers}"),
+    ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
+
+
+@fam.layout(DumpResult)
+def layoutdump(r: DumpResult, timing: bool) -> list[str]:
+    slice_ = "full model" if r.depth is None else f"draft depth {r.depth}"
+    out = [f"dumped {r.positions} x {r.vocab:,} float32 logits ({slice_}) to {r.path}"]
+    out += fields([
+        ("sidecar", r.sidecar),
+        ("layers run", fmt_layers(r.executed_layers)),
+        ("container", str(r.meta.get("container_digest", "-"))[:16]),
+        ("ablated", intervention(r.meta.get("intervention"))),
+    ])
+    if timing:
+        out += fields([
+            ("prepare", fmt_seconds(r.meta.get("prepare_seconds"))),
+            ("per position", f"{r.meta['ms_per_position']:.2f} ms" if r.meta.get("ms_per_position") is not None else None),
+        ])
+    return out
+
+
+@fam.layout(ScoreResult)
+def layout_score(r: ScoreResult, timing: bool) -> list[str]:
+    slice_ = f"full model, {r.model_layers} layers" if r.depth is None else f"depth {r.depth} of {r.model_layers}"
+    out = [f"draft {r.draft} ({slice_}) against {r.target} (full model)"]
+    if r.draft_intervention is not None or r.target_intervention is not None:
+        # an ablated run against a clean one (or two ablations) is a different comparison: say so
+        out += fields([("draft run", intervention(r.draft_intervention) or "clean (no intervention)"),
+                       ("target run", intervention(r.target_intervention) or "clean (no intervention)")])
+    out += fields(summary_fields(r.summary))
+    if r.positions:
+        if r.tokens:
+            out += [""] + table(
+                [num("pos"), num("KL"), "top-1", num("target argmax"), "target token", num("draft argmax"), "draft token", num("rank in draft")],
+                [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
+                  fmt_text(p.get("target_token")), str(p["draft_argmax"]), fmt_text(p.get("draft_token")),
+                  str(p["target_rank_in_draft"])] for p in r.positions],
+            )
+        else:
+            out += [""] + table(
+                [num("pos"), num("KL"), "top-1", num("target argmax"), num("draft argmax"), num("rank in draft")],
+                [[str(p["position"]), f"{p['kl']:.4f}", "yes" if p.get("top1") else "no", str(p["target_argmax"]),
+                  str(p["draft_argmax"]), str(p["target_rank_in_draft"])] for p in r.positions],
+            )
+    return out
+
+
+@fam.layout(LadderResult)
+def layout_ladder(r: LadderResult, timing: bool) -> list[str]:
+    headers = [num(h) for h in ("depth", "positions", "top-1", "KL p50", "KL p90", "KL p99", "rank p50", "top-5",
+                                "top-20")]
+    if timing:
+        headers += [num("prepare"), num("ms/position")]
+    rows = []
+    for row in r.rows:
+        s = row["summary"]
+        cells = [str(row["depth"]), str(s["positions"]), f"{s['top1']:.3f}", f"{s['kl_p50']:.4f}",
+                 f"{s['kl_p90']:.4f}", f"{s['kl_p99']:.4f}", f"{s['median_target_rank']:g}",
+                 f"{s['top5']:.3f}", f"{s['top20']:.3f}"]
+        if timing:
+            cells += [fmt_seconds(row.get("prepare_seconds")), f"{row['ms_per_position']:.2f} ms"]
+        rows.append(cells)
+    if r.interrupted:
+        done = ", ".join(str(d) for d in r.depths) or "none"
+        out = [f"depth ladder on {r.prompts_file}: interrupted; depths finished: {done}"]
+    else:
+        out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
+    if rows:
+        out += table(headers, rows)
+    if timing and r.target:
+        out.append(f"full model: {fmt_seconds(r.target.get('prepare_seconds'))} prepare, "
+                   f"{r.target.get('ms_per_position', 0.0):.2f} ms per position")
+    if r.into:
+        out.append(f"report written to {r.into}")
+    if r.plot_path:
+        out.append(f"chart written to {r.plot_path}")
+    return out
+
+
+@fam.records(ScoreResult)
+def records_score(r: ScoreResult) -> list[dict[str, Any]]:
+    return [dict(p) for p in r.positions]
+
+
+@fam.records(LadderResult)
+def records_ladder(r: LadderResult) -> list[dict[str, Any]]:
+    out = []
+    for row in r.rows:
+        rec = {"depth": row["depth"], **{k: v for k, v in row["summary"].items()}}
+        rec.update({k: row[k] for k in ("executed_layers", "prepare_seconds", "ms_per_position") if k in row})
+        out.append(rec)
+    return out
+
+

@@ -54,7 +54,7 @@ class TargetCost(BaseModel):
 
 
 class LadderReport(BaseModel):
-    """Plain data; DRAFT LADDER's table is laid out by lql.render.ladder_text."""
+    """Plain data; DRAFT LADDER's table is laid out by lql.statements.drafts.ladder_text."""
 
     container_digest: str
     component: str | None
