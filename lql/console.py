@@ -382,7 +382,10 @@ class Console:
             result = self.shell_statement(stmt)
             if result is None:
                 with self.live(stmt):
-                    result = self.session.execute_statement(stmt)
+                    out = loop.execute(self.session, stmt)
+                if out.error is not None:
+                    raise out.error
+                result = out.result
         except KeyboardInterrupt:
             self._once = None
             self.print_error(f"interrupted: {stmt.keyword} stopped; the session is as it was before it")

@@ -13,9 +13,10 @@ shell command does is the front end's business."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import ast, parser
 from . import results as R
@@ -144,20 +145,17 @@ def _chunks_at(body: str, start: int, line: int) -> Iterator[Chunk]:
         yield Chunk(ch.text, start + ch.start, line + ch.line - 1, ch.column)
 
 
-def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
-    """Plan and execute one parsed statement. The error boundary of every front end: a refusal
-    leaves as an `LqlError` positioned at the statement (a vindex3 refusal as `EngineRefusal`, a
-    MemoryError as the `LimitError` naming memory_limit), and any other exception — a bug — as an `InternalError` naming the statement, with the
-    exception as its ``original`` and ``__cause__``. Only an interrupt (a BaseException such as
-    KeyboardInterrupt) passes through as itself."""
-    from . import commands
+@contextmanager
+def boundary(session: Session, stmt: ast.Statement) -> Iterator[None]:
+    """The error boundary of a statement: a refusal leaves as an `LqlError` positioned at the
+    statement (a vindex3 refusal as `EngineRefusal`, a MemoryError as the `LimitError` naming
+    memory_limit), and any other exception — a bug — as an `InternalError` naming the statement,
+    with the exception as its ``original`` and ``__cause__``. Only an interrupt (a BaseException
+    such as KeyboardInterrupt) passes through as itself."""
     from .binding import engine_refusal, is_engine_error
-    from .planner import plan
 
     try:
-        node = plan(stmt, session.context())
-        result = commands.execute(session, node)
-        result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
+        yield
     except LqlError as e:
         raise e.locate(stmt.line, stmt.column, stmt.source) from None
     except MemoryError as e:  # the machine, not a bug: named, and the session stays usable
@@ -168,7 +166,42 @@ def execute_statement(session: Session, stmt: ast.Statement) -> R.Result:
         if is_engine_error(e):
             raise engine_refusal(e).locate(stmt.line, stmt.column, stmt.source) from e
         raise InternalError.wrap(e, line=stmt.line, column=stmt.column, statement=stmt.source) from e
+
+
+def plan_statement(session: Session, stmt: ast.Statement):
+    """The plan node of one parsed statement, bound against the session (nothing runs)."""
+    from .planner import plan
+
+    with boundary(session, stmt):
+        return plan(stmt, session.context())
+
+
+def execute_statement(session: Session, stmt: ast.Statement, *,
+                      before_run: Callable[[Any], None] | None = None) -> R.Result:
+    """Plan and execute one parsed statement, inside `boundary`: its result, or the `LqlError`
+    that stopped it. ``before_run(node)`` sees the plan node before it runs (a server checks its
+    limits there, so a statement is planned once)."""
+    from . import commands
+    from .planner import plan
+
+    with boundary(session, stmt):
+        node = plan(stmt, session.context())
+        if before_run is not None:
+            before_run(node)
+        result = commands.execute(session, node)
+        result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
     return result
+
+
+def execute(session: Session, stmt: ast.Statement, *, before_run: Callable[[Any], None] | None = None) -> Outcome:
+    """The one execution boundary every front end uses (the REPL, scripts, ``lql -e``, the API,
+    the server): one statement's `Outcome`, timed. Never raises but for an interrupt."""
+    t0 = time.perf_counter()
+    try:
+        result = execute_statement(session, stmt, before_run=before_run)
+    except LqlError as e:
+        return Outcome(stmt, error=e, seconds=time.perf_counter() - t0)
+    return Outcome(stmt, result=result, seconds=time.perf_counter() - t0)
 
 
 def parse_or_internal(full: str, ch: Chunk) -> list[ast.Statement]:
@@ -191,13 +224,7 @@ def run_chunk(session: Session, full: str, ch: Chunk) -> Iterator[Outcome]:
         yield Outcome(None, error=e, source=ch.text, line=ch.line, column=ch.column)
         return
     for stmt in stmts:
-        t0 = time.perf_counter()
-        try:
-            result = execute_statement(session, stmt)
-        except LqlError as e:
-            yield Outcome(stmt, error=e, seconds=time.perf_counter() - t0)
-            continue
-        yield Outcome(stmt, result=result, seconds=time.perf_counter() - t0)
+        yield execute(session, stmt)
 
 
 def run(session: Session, text: str, *, keep_going: bool = False) -> Iterator[Outcome]:

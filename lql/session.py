@@ -99,7 +99,6 @@ class Session:
     def plan(self, text: str):
         """The plan node of one statement, bound against the open container (nothing runs)."""
         from .parser import parse_one
-        from .planner import plan
 
         try:
             stmt = parse_one(text)
@@ -107,16 +106,7 @@ class Session:
             raise
         except Exception as e:  # a bug in the parser
             raise InternalError.wrap(e, line=1, column=1, statement=text[:200]) from e
-        try:
-            return plan(stmt, self.context())
-        except LqlError as e:
-            raise e.locate(stmt.line, stmt.column, stmt.source) from None
-        except Exception as e:
-            from .binding import engine_refusal, is_engine_error
-
-            if is_engine_error(e):
-                raise engine_refusal(e).locate(stmt.line, stmt.column, stmt.source) from e
-            raise InternalError.wrap(e, line=stmt.line, column=stmt.column, statement=stmt.source) from e
+        return loop.plan_statement(self, stmt)
 
     # ---- state ------------------------------------------------------------------------
 

@@ -367,8 +367,6 @@ def _run_chunk(srv: Server, session, text: str, ch: loop.Chunk, ctx: JobContext)
 
 
 def _run_statement(srv: Server, session, stmt: ast.Statement, ctx: JobContext) -> tuple[dict, bool]:
-    from .. import planner
-
     ref = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
 
     def check(*_a) -> None:
@@ -377,32 +375,29 @@ def _run_statement(srv: Server, session, stmt: ast.Statement, ctx: JobContext) -
     try:
         ctx.check()
         run = policy.check_statement(stmt, srv.config)
-        try:
-            node = planner.plan(run, session.context())
-        except Exception:  # noqa: BLE001 - the statement's own run below refuses it the same way
-            node = None
-        if node is not None:
-            policy.check_plan(node, srv.limits)
         session.on_token, session.on_progress = check, check
         session.writes_derived = srv.config.profile != "read-only"  # a read-only server writes nothing, derived data included
         try:
-            result = loop.execute_statement(session, run)
+            out = loop.execute(session, run, before_run=lambda node: policy.check_plan(node, srv.limits))
         finally:
             session.on_token = session.on_progress = None
-        result.statement = ref
-        return render.to_json(result), False
-    except InternalError as e:  # the statement loop's boundary met a bug: logged with its traceback
-        err = internal(e.original if e.original is not None else e, stmt.source).locate(stmt.line, stmt.column, stmt.source)
-        return render.error_json(err, ref), True
-    except LqlError as e:
+    except LqlError as e:  # the policy's refusal
         e.locate(stmt.line, stmt.column, stmt.source)
         return render.error_json(e, ref), False
     except Stopped as s:
         err = stopped_error(s, srv.limits.time_limit).locate(stmt.line, stmt.column, stmt.source)
         return render.error_json(err, ref), False
-    except Exception as e:  # noqa: BLE001 - the boundary for a statement
+    except Exception as e:  # noqa: BLE001 - the boundary for a statement (the policy met a bug)
         err = internal(e, stmt.source).locate(stmt.line, stmt.column, stmt.source)
         return render.error_json(err, ref), True
+    if isinstance(out.error, InternalError):  # the statement loop's boundary met a bug: logged with its traceback
+        e = out.error
+        err = internal(e.original if e.original is not None else e, stmt.source).locate(stmt.line, stmt.column, stmt.source)
+        return render.error_json(err, ref), True
+    if out.error is not None:
+        return render.error_json(out.error, ref), False
+    out.result.statement = ref
+    return render.to_json(out.result), False
 
 
 # ---- OpenAI-compatible completions ------------------------------------------------------
