@@ -148,6 +148,20 @@ def family(name: str, *, grammar: str = "", statements: tuple[str, ...] | list[s
     return fam
 
 
+def unregister(name: str) -> None:
+    """Remove a family registered with `family` (a test's toy, a plug-in being unloaded): its
+    grammar rules, plans, runners and HELP entries go with it; the parser rebuilds without it."""
+    fam = FAMILIES.pop(name, None)
+    if fam is None:
+        raise KeyError(f"no statement family {name!r} is registered")
+    for table in (PLANNERS, RUNNERS):
+        for key in [k for k, (_fn, owner) in table.items() if owner == name]:
+            del table[key]
+    for rule in [r for r, (_fn, owner) in syntax.RULES.items() if owner == name]:
+        del syntax.RULES[rule]
+    _bump()
+
+
 def discover() -> None:
     """Import every module of `lql.statements` once (each registers its family)."""
     global _discovered

@@ -79,6 +79,7 @@ class UseRemote(ast.Statement):
     """USE REMOTE 'http://host:port' [MODEL 'id']: later statements run on that server."""
 
     keyword: ClassVar[str] = "USE REMOTE"
+    paths: ClassVar[tuple[str, ...]] = ()  # a URL, and refused by every server anyway
     read_only: ClassVar[bool | str] = "it connects to another server"
     local_when_remote: ClassVar[bool] = True  # USE REMOTE moves to another server
     never_on_server: ClassVar[tuple[str, str]] = ("a server does not connect to other servers",
