@@ -218,7 +218,7 @@ def test_toy_family_completes_in_the_repl(toy):
 
     from lql.repl_complete import LqlCompleter
 
-    comp = LqlCompleter(settings=lambda: [], meta_commands=[])
+    comp = LqlCompleter(settings=list, meta_commands=[])
     got = [c.text for c in comp.get_completions(Document("EC"), CompleteEvent(completion_requested=True))]
     assert "ECHO" in got
     got = [c.text for c in comp.get_completions(Document("ECHO "), CompleteEvent(completion_requested=True))]
