@@ -7,7 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+PositiveInt = Annotated[int, Field(ge=1)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
 def settings_text() -> str:
@@ -27,6 +33,7 @@ def settings_text() -> str:
 @dataclass(frozen=True)
 class SettingDoc:
     name: str
+    type: Any  # the value's type, as the typed `Settings` model holds it
     default: Any
     description: str
     parse: Callable[[Any], Any]  # raises ValueError with a message naming what is accepted
@@ -122,31 +129,31 @@ def _show_positions(v: int | None) -> Any:
 
 
 SETTINGS: tuple[SettingDoc, ...] = (
-    SettingDoc("format", "text", "output format: text, json, csv, tsv, markdown or jsonl",
+    SettingDoc("format", Literal["text", "json", "csv", "tsv", "markdown", "jsonl"], "text", "output format: text, json, csv, tsv, markdown or jsonl",
                _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
-    SettingDoc("timing", True, "show timings: wall time per statement, prepare, prefill, tok/s", _switch),
-    SettingDoc("top", 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
-    SettingDoc("lookahead", 4, "draft tokens SPECULATE proposes per round when LOOKAHEAD is not given", _count),
-    SettingDoc("shards", 0, "run the layers as this many Ray actors (0: in this process); applies to the bound model",
+    SettingDoc("timing", bool, True, "show timings: wall time per statement, prepare, prefill, tok/s", _switch),
+    SettingDoc("top", PositiveInt, 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
+    SettingDoc("lookahead", PositiveInt, 4, "draft tokens SPECULATE proposes per round when LOOKAHEAD is not given", _count),
+    SettingDoc("shards", NonNegativeInt, 0, "run the layers as this many Ray actors (0: in this process); applies to the bound model",
                _count0),
-    SettingDoc("compare", True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),
-    SettingDoc("chat", False, "INFER wraps text prompts in the model's chat template (as CHAT does)", _switch),
-    SettingDoc("expanded", "off", "tables one field per line: on, off, or auto (when too wide)",
+    SettingDoc("compare", bool, True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),
+    SettingDoc("chat", bool, False, "INFER wraps text prompts in the model's chat template (as CHAT does)", _switch),
+    SettingDoc("expanded", Literal["on", "off", "auto"], "off", "tables one field per line: on, off, or auto (when too wide)",
                _choice("on", "off", "auto")),
-    SettingDoc("pager", True, "in the shell, page output longer than the screen ($PAGER, else less -SRXF)", _switch),
-    SettingDoc("threshold", 3.0, "DESCRIBE keeps features whose gate score exceeds this (3: a SiLU gate 95% open)",
+    SettingDoc("pager", bool, True, "in the shell, page output longer than the screen ($PAGER, else less -SRXF)", _switch),
+    SettingDoc("threshold", FiniteFloat, 3.0, "DESCRIBE keeps features whose gate score exceeds this (3: a SiLU gate 95% open)",
                _number),
-    SettingDoc("stale", "rebuild", "feature metadata built from another state of the container: rebuild it, or refuse",
+    SettingDoc("stale", Literal["rebuild", "refuse"], "rebuild", "feature metadata built from another state of the container: rebuild it, or refuse",
                _choice("rebuild", "refuse")),
     # ---- what a statement may do (issue 10): named limits, each refused by name before any work
-    SettingDoc("overwrite", False, "writing INTO an existing file replaces it (as OVERWRITE does); off: refused",
+    SettingDoc("overwrite", bool, False, "writing INTO an existing file replaces it (as OVERWRITE does); off: refused",
                _switch),
-    SettingDoc("max_positions", None, "positions a run may use (prompt + generated); model: the context length",
+    SettingDoc("max_positions", PositiveInt | None, None, "positions a run may use (prompt + generated); model: the context length",
                _positions, _show_positions),
-    SettingDoc("max_generate", 4096, "most tokens GENERATE may ask for", _count),
-    SettingDoc("max_lookahead", 64, "most tokens LOOKAHEAD may ask the draft to propose per round", _count),
-    SettingDoc("max_prompts", 1000, "most prompts a DRAFT LADDER bank may hold", _count),
-    SettingDoc("memory_limit", 4 << 30, "refuse a run whose arrays would need more memory (bytes, or e.g. '8 GiB')",
+    SettingDoc("max_generate", PositiveInt, 4096, "most tokens GENERATE may ask for", _count),
+    SettingDoc("max_lookahead", PositiveInt, 64, "most tokens LOOKAHEAD may ask the draft to propose per round", _count),
+    SettingDoc("max_prompts", PositiveInt, 1000, "most prompts a DRAFT LADDER bank may hold", _count),
+    SettingDoc("memory_limit", PositiveInt, 4 << 30, "refuse a run whose arrays would need more memory (bytes, or e.g. '8 GiB')",
                parse_bytes, show_bytes),
 )
 
@@ -169,6 +176,32 @@ FEATURE_COLUMN_OPS: dict[str, tuple[str, ...]] = {
     "layer": ("=", "!=", "<", "<=", ">", ">=", "IN"), "feature": ("=", "!=", "<", "<=", ">", ">=", "IN"),
     "score": ("=", "!=", "<", "<=", ">", ">=", "IN"), "token": ("=", "!=", "LIKE", "IN"),
 }
+
+
+class _SettingsBase(BaseModel):
+    """Behaviour of the generated `Settings` model."""
+
+    model_config = ConfigDict(validate_assignment=True, extra="forbid")
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in type(self).model_fields:
+            raise KeyError(f"there is no setting named {name!r}")
+        return getattr(self, name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name not in type(self).model_fields:
+            raise KeyError(f"there is no setting named {name!r}")
+        setattr(self, name, value)
+
+    def get(self, name: str) -> Any:
+        """The value of the setting ``name`` (every setting has one: its default until SET)."""
+        return self[name]
+
+
+#: The session's settings as one typed model, generated from `SETTINGS`: a field per setting, of
+#: its type, with its default. Nothing else states a default.
+Settings = create_model("Settings", __base__=_SettingsBase,
+                        **{s.name: (s.type, Field(s.default, description=s.description)) for s in SETTINGS})
 
 
 def setting(name: str) -> SettingDoc | None:

@@ -112,8 +112,8 @@ def _main(args: argparse.Namespace, stdin: TextIO, out: TextIO, err: TextIO) -> 
     from .session import Session
 
     session = Session()
-    session.settings["format"] = args.format or ("json" if args.json else "text")
-    session.settings["timing"] = not args.no_timing
+    session.settings.format = args.format or ("json" if args.json else "text")
+    session.settings.timing = not args.no_timing
     con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug)
     try:
         return _run(con, sources, args.container, err)

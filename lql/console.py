@@ -152,11 +152,11 @@ class Console:
 
     @property
     def format(self) -> str:
-        return self.session.settings.get("format", "text")
+        return self.session.settings.format
 
     @property
     def timing(self) -> bool:
-        return bool(self.session.settings.get("timing", True))
+        return bool(self.session.settings.timing)
 
     def _results_stream(self) -> tuple[TextIO, bool]:
         """Where a result goes, and whether that is the screen."""
@@ -196,7 +196,7 @@ class Console:
     def _formatted(self, result: R.Result, fmt: str, width: int | None) -> str:
         indent = 2 if self.interactive and fmt == "json" else None
         return render.format_result(result, fmt, timing=self.timing, width=width,
-                                    expanded=str(self.session.settings.get("expanded", "off")), indent=indent)
+                                    expanded=str(self.session.settings.expanded), indent=indent)
 
     def _write_block(self, text: str, out: TextIO, screen: bool, fmt: str) -> None:
         blocky = fmt in ("text", "csv", "tsv", "markdown")
@@ -212,7 +212,7 @@ class Console:
         out.flush()
 
     def _should_page(self, text: str, out: TextIO) -> bool:
-        if not (self.interactive and self.session.settings.get("pager", True) and isatty(out)):
+        if not (self.interactive and self.session.settings.pager and isatty(out)):
             return False
         cols, rows = terminal_size(out)
         lines = text.split("\n")
@@ -287,7 +287,7 @@ class Console:
 
     @property
     def _overwrite(self) -> bool:
-        return bool(self.session.settings.get("overwrite", False))
+        return bool(self.session.settings.overwrite)
 
     def _target(self, command: str, path: str) -> Path:
         """A file a shell command writes, checked through vindex3.paths: a file name under an

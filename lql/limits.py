@@ -18,10 +18,12 @@ context length is exact."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import LimitError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .catalog import Settings
 
 
 def _fmt(n: int) -> str:
@@ -30,7 +32,7 @@ def _fmt(n: int) -> str:
     return fmt_bytes(n)
 
 
-def check_count(value: int | None, setting: str, settings: Mapping[str, Any], what: str, unit: str) -> None:
+def check_count(value: int | None, setting: str, settings: Settings, what: str, unit: str) -> None:
     """Refuse ``value`` above the setting ``setting`` (``what``: the clause, e.g. 'GENERATE')."""
     limit = settings.get(setting)
     if value is not None and limit is not None and value > limit:
@@ -38,9 +40,9 @@ def check_count(value: int | None, setting: str, settings: Mapping[str, Any], wh
                          hint=f"ask for at most {limit:,}, or SET {setting} = n to allow more")
 
 
-def position_limit(context_length: int | None, settings: Mapping[str, Any]) -> tuple[int | None, str]:
+def position_limit(context_length: int | None, settings: Settings) -> tuple[int | None, str]:
     """The position limit in force and the words that name it."""
-    override = settings.get("max_positions")
+    override = settings.max_positions
     if override is not None:
         return override, f"max_positions is {override:,}"
     if context_length is None:
@@ -48,22 +50,22 @@ def position_limit(context_length: int | None, settings: Mapping[str, Any]) -> t
     return context_length, f"the model's context length is {context_length:,}"
 
 
-def check_positions(total: int, context_length: int | None, settings: Mapping[str, Any], what: str) -> int | None:
+def check_positions(total: int, context_length: int | None, settings: Settings, what: str) -> int | None:
     """Refuse a run of ``total`` positions past the limit; returns the explicit override (None
     when the model's own context length applies), for the executor."""
     limit, source = position_limit(context_length, settings)
     if limit is not None and total > limit:
-        explicit = settings.get("max_positions") is not None
+        explicit = settings.max_positions is not None
         hint = ("shorten the prompt or the generation" +
                 (", or SET max_positions = n" if explicit else
                  ", or SET max_positions = n to run past the model's context length explicitly"))
         raise LimitError(f"{what} needs {total:,} positions; {source}", hint=hint)
-    return settings.get("max_positions")
+    return settings.max_positions
 
 
-def check_memory(total: int, parts: str, settings: Mapping[str, Any], what: str) -> None:
+def check_memory(total: int, parts: str, settings: Settings, what: str) -> None:
     """Refuse a run whose arrays would need more than ``memory_limit`` bytes."""
-    limit = settings.get("memory_limit")
+    limit = settings.memory_limit
     if limit is not None and total > limit:
         raise LimitError(f"{what} would need about {_fmt(total)} of arrays ({parts}); memory_limit is {_fmt(limit)}",
                          hint="shorten the prompt or the generation, or SET memory_limit = '16 GiB' (a byte count) "
@@ -96,7 +98,7 @@ class Need:
         self.parts.append(f"{label} {format_bytes(n)}{detail}")
         return self
 
-    def check(self, settings: Mapping[str, Any], what: str) -> None:
+    def check(self, settings: Settings, what: str) -> None:
         check_memory(self.total, "; ".join(self.parts), settings, what)
 
 
@@ -105,11 +107,11 @@ def largest(*estimates):
     return max((e for e in estimates if e is not None), key=lambda e: e.total)
 
 
-def out_of_memory(settings: Mapping[str, Any], what: str) -> LimitError:
+def out_of_memory(settings: Settings, what: str) -> LimitError:
     """The refusal for a run the machine could not give memory to (a MemoryError met while it
     ran): memory_limit let it start (it was raised, or the run's estimate was short), so the
     refusal names the setting that would have refused it before it began."""
-    limit = settings.get("memory_limit")
+    limit = settings.memory_limit
     stated = f"memory_limit is {_fmt(limit)}" if limit is not None else "memory_limit is not set"
     return LimitError(f"{what} ran out of memory: the machine could not give it the arrays it needed ({stated})",
                       hint="shorten the prompt or the generation, or SET memory_limit below this machine's free "

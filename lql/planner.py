@@ -15,7 +15,7 @@ node, a result class (lql/results.py) with its layout in lql/render.py."""
 from __future__ import annotations
 
 import difflib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ class Context:
 
     catalog: Catalog | None
     draft_depth: int | None = None
-    settings: Mapping[str, Any] = field(default_factory=dict)
+    settings: catalog.Settings = field(default_factory=catalog.Settings)
     remote: Any = None  # lql.server.client.Remote when the session is bound to a server (USE REMOTE)
 
     @property
@@ -475,7 +475,7 @@ def routed_or_refuse(s: ast.Statement, ctx: Context, layer: int | None, what: st
 def may_overwrite(s: ast.Statement, ctx: Context) -> bool:
     """Whether a writing statement may replace an existing file: its OVERWRITE clause, or the
     session's ``overwrite`` setting."""
-    return bool(getattr(s, "overwrite", False)) or bool(ctx.settings.get("overwrite", False))
+    return bool(getattr(s, "overwrite", False)) or bool(ctx.settings.overwrite)
 
 
 @plans(ast.Verify, needs_container=True)
@@ -627,7 +627,7 @@ def _describe(s: ast.Describe, ctx: Context) -> Node:
                    "verbose": "VERBOSE: the top 30 edges (TOP n overrides); every field is in the JSON output",
                    "raw": "RAW: this build has one text layout; SET format = json gives the raw result"}[s.detail],)
     return Describe(s, entity=s.entity, prompt=prompt, top=top, layers=layers,
-                    threshold=float(ctx.settings.get("threshold", 3.0)), notes=notes)
+                    threshold=float(ctx.settings.threshold), notes=notes)
 
 
 @plans(ast.SelectFeatures, needs_container=True)
@@ -677,7 +677,7 @@ def _explain_features(s: ast.ExplainFeatures, ctx: Context) -> Node:
         s = s.model_copy(update={"layers": span})
     inf = s.infer
     cat = ctx.catalog
-    chat = inf.chat if inf.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(inf.prompt, ast.TextPrompt))
+    chat = inf.chat if inf.chat is not None else (bool(ctx.settings.chat) and isinstance(inf.prompt, ast.TextPrompt))
     sl = cat.bind_slice(depth_of(ctx, inf.depth))
     layers = cat.layer_span(s.layers, "LAYERS")
     _executed_layers(s, sl, layers, "EXPLAIN INFER ... FEATURES LAYERS")
@@ -705,7 +705,7 @@ def _trace_for(s: ast.TraceFor, ctx: Context) -> Node:
     target = cat.single_token(s.token, "TRACE ... FOR")
     return TraceFor(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), target=target, layers=layers,
                     positions=s.positions or "last", decompose=s.decompose, save=s.save,
-                    overwrite=bool(s.overwrite or ctx.settings.get("overwrite", False)), intervention=ablation)
+                    overwrite=bool(s.overwrite or ctx.settings.overwrite), intervention=ablation)
 
 
 @plans(ast.Observe, needs_container=True)
@@ -715,7 +715,7 @@ def _observe(s: ast.Observe, ctx: Context) -> Node:
     ablation = cat.ablation(s.ablate, sl)
     lens = tuple(cat.single_token(t, "OBSERVE ... LENS") for t in s.lens)
     return Observe(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), generate=s.generate or 0, lens=lens, into=s.into,
-                   overwrite=bool(s.overwrite or ctx.settings.get("overwrite", False)), intervention=ablation)
+                   overwrite=bool(s.overwrite or ctx.settings.overwrite), intervention=ablation)
 
 
 @plans(ast.BuildFeatures, needs_container=True)

@@ -261,7 +261,7 @@ class Shell(Console):
     def live(self, stmt: ast.Statement) -> Iterator[None]:
         """Token echo (text output only) and a progress bar while ``stmt`` runs; both are
         cleared however the statement ends."""
-        self._echo = _TokenEcho(self) if self.session.settings.get("format") == "text" else None
+        self._echo = _TokenEcho(self) if self.session.settings.format == "text" else None
         self._progress = _ProgressLine(self, stmt.keyword.lower() or "working")
         try:
             yield
@@ -382,8 +382,8 @@ class Shell(Console):
                 ("class:bottom-toolbar.model", str(c.name)),
                 ("class:bottom-toolbar", f" | {self._toolbar_cache[1]} | draft depth {depth} "),
             ]
-        fmt = s.settings.get("format", "text")
-        timing = "on" if s.settings.get("timing") else "off"
+        fmt = s.settings.format
+        timing = "on" if s.settings.timing else "off"
         mode = "vi" if self.prompt.editing_mode == EditingMode.VI else "emacs"
         frags.append(("class:bottom-toolbar", f"| {fmt} | timing {timing} | {mode} | \\? help "))
         return frags

@@ -123,10 +123,10 @@ def _switch(arg: str, current: bool) -> bool | None:
     help="show the wall time of every statement and the model's timings (toggles without an argument)",
 )
 def _timing(shell: Shell, arg: str) -> bool:
-    value = _switch(arg, bool(shell.session.settings.get("timing")))
+    value = _switch(arg, bool(shell.session.settings.timing))
     if value is None:
         raise MetaError(f"\\timing takes on or off, not {arg!r}")
-    shell.session.settings["timing"] = value
+    shell.session.settings.timing = value
     shell.print_info(f"timing is {'on' if value else 'off'}")
     return CONTINUE
 
@@ -136,14 +136,14 @@ def _set_format(shell: Shell, fmt: str) -> None:
 
     if fmt not in FORMATS:
         raise MetaError(f"\\T takes one of {', '.join(FORMATS)}, not {fmt!r}", hint="e.g. \\T csv")
-    shell.session.settings["format"] = fmt
+    shell.session.settings.format = fmt
     shell.print_info(f"output format is {fmt}")
 
 
 @META.command("\\T", "\\format", args="FORMAT", help="output format: text, json, csv, tsv, markdown or jsonl")
 def _format(shell: Shell, arg: str) -> bool:
     if not arg:
-        shell.print_info(f"output format is {shell.session.settings.get('format', 'text')}")
+        shell.print_info(f"output format is {shell.session.settings.format}")
         return CONTINUE
     _set_format(shell, arg.lower())
     return CONTINUE
@@ -165,7 +165,7 @@ def _text(shell: Shell, arg: str) -> bool:
               help="tables one field per line: on, off, or auto when too wide (toggles without an argument)")
 def _expanded(shell: Shell, arg: str) -> bool:
     a = arg.lower()
-    current = shell.session.settings.get("expanded", "off")
+    current = shell.session.settings.expanded
     if a == "":
         a = "off" if current == "on" else "on"
     elif a in ("true", "yes"):
@@ -174,7 +174,7 @@ def _expanded(shell: Shell, arg: str) -> bool:
         a = "off"
     if a not in ("on", "off", "auto"):
         raise MetaError(f"\\x takes on, off or auto, not {arg!r}")
-    shell.session.settings["expanded"] = a
+    shell.session.settings.expanded = a
     shell.print_info(f"expanded display is {a}")
     return CONTINUE
 
@@ -182,10 +182,10 @@ def _expanded(shell: Shell, arg: str) -> bool:
 @META.command("\\pager", args="[on|off]",
               help="page output longer than the screen through $PAGER (toggles without an argument)")
 def _pager(shell: Shell, arg: str) -> bool:
-    value = _switch(arg, bool(shell.session.settings.get("pager", True)))
+    value = _switch(arg, bool(shell.session.settings.pager))
     if value is None:
         raise MetaError(f"\\pager takes on or off, not {arg!r}")
-    shell.session.settings["pager"] = value
+    shell.session.settings.pager = value
     shell.print_info(f"pager is {'on' if value else 'off'}")
     return CONTINUE
 

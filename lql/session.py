@@ -44,7 +44,7 @@ class Session:
         self.default_model = False
         self.draft_depth: int | None = None
         self.remote = None  # lql.server.client.Remote after USE REMOTE: statements run there
-        self.settings: dict[str, Any] = {s.name: s.default for s in catalog.SETTINGS}
+        self.settings = catalog.Settings()  # typed, defaults from the catalogue
         self.on_token = on_token
         self.on_progress = on_progress
         self.on_notice = on_notice
@@ -116,7 +116,7 @@ class Session:
 
     def context(self) -> Context:
         """What the planner may know about this session."""
-        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=dict(self.settings),
+        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=self.settings.model_copy(),
                        remote=self.remote)
 
     def bind(self, container, *, default_model: bool = False, shards: int = 0) -> None:
@@ -131,7 +131,7 @@ class Session:
         # One assignment, so an interrupt cannot leave old executors bound to the new container.
         self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth, \
             self._internals = (model, container, Catalog(model), bool(default_model), {}, None, None)
-        self.settings["shards"] = shards
+        self.settings.shards = shards
         self.remote = None
         self._release(old)
 
@@ -157,7 +157,7 @@ class Session:
         (prepared once per session), and whether it was prepared now. Its streams are limited to
         the model's context length, or to the ``max_positions`` setting when one is set (an
         explicit override)."""
-        limit = self.settings.get("max_positions")
+        limit = self.settings.max_positions
         # keyed by depth alone without an intervention or a limit: a server shares this table
         # with its completions endpoint (lql.server.models.ModelHost.executors)
         key = depth if intervention is None and limit is None else (depth, limit, intervention)

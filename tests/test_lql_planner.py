@@ -8,6 +8,7 @@ import lql_fixtures  # noqa: F401
 import pytest
 
 import lql
+from lql import catalog as catalog_mod
 from lql import planner
 from lql.binding import Catalog
 from lql.errors import EngineRefusal, NoContainer, StatementError
@@ -31,7 +32,7 @@ def catalog(tiny_llama_container, monkeypatch):
 
 def plan(text: str, catalog: Catalog | None, **settings) -> planner.Node:
     ctx = planner.Context(catalog=catalog, draft_depth=settings.pop("draft_depth", None),
-                          settings={"top": 5, "compare": True, "chat": False, **settings})
+                          settings=catalog_mod.Settings(**settings))
     return planner.plan(parse_one(text), ctx)
 
 

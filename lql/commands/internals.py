@@ -20,7 +20,7 @@ from . import command
 
 def _ix(session):
     ix = session.internals()
-    ix.metadata.on_stale = session.settings.get("stale", "rebuild")
+    ix.metadata.on_stale = session.settings.stale
     ix.metadata.persist = session.writes_derived  # a read-only server keeps built metadata in memory
     return ix
 

@@ -337,7 +337,7 @@ def run_dump(session, node: Dump) -> DumpResult:
     path = Path(node.into)
     try:
         meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path, overwrite=node.overwrite,
-                                 max_positions=session.settings.get("max_positions"), intervention=node.intervention)
+                                 max_positions=session.settings.max_positions, intervention=node.intervention)
     except OSError as e:
         raise FileRefusal(f"cannot write {path}: {e.strerror or e}") from None
     sidecar = draft.sidecar_path(path) if hasattr(draft, "sidecar_path") else Path(f"{path}.meta.json")
@@ -389,8 +389,8 @@ def run_ladder(session, node: Ladder) -> LadderResult:
     try:
         rep = draft.run_ladder(session.container, list(node.depths), prompts, out_path=into,
                                progress=session.on_progress, on_row=finished.append, overwrite=node.overwrite,
-                               max_prompts=session.settings.get("max_prompts"),
-                               max_positions=session.settings.get("max_positions"))
+                               max_prompts=session.settings.max_prompts,
+                               max_positions=session.settings.max_positions)
     except KeyboardInterrupt:  # Ctrl-C: the depths finished so far
         return LadderResult(prompts_file=str(prompts), into=None, model_layers=session.catalog.num_layers,
                               depths=[r.depth for r in finished], rows=[r.model_dump(mode="json") for r in finished],
@@ -417,7 +417,7 @@ def _check_ladder_memory(session, node: Ladder) -> None:
     from .. import limits
 
     cat = session.catalog
-    limit = session.settings.get("max_prompts")
+    limit = session.settings.max_prompts
     try:
         bank = load_prompts(node.prompts, max_prompts=limit)
     except LimitExceeded:

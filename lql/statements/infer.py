@@ -440,21 +440,21 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
     cat = ctx.catalog
     limits.check_count(s.generate, "max_generate", ctx.settings, "GENERATE", "tokens")
     # CHAT on the statement is explicit; the setting applies to text prompts only
-    chat = s.chat if s.chat is not None else (bool(ctx.settings.get("chat")) and isinstance(s.prompt, ast.TextPrompt))
+    chat = s.chat if s.chat is not None else (bool(ctx.settings.chat) and isinstance(s.prompt, ast.TextPrompt))
     if s.speculate is not None:
-        lookahead = s.lookahead if s.lookahead is not None else ctx.settings["lookahead"]
+        lookahead = s.lookahead if s.lookahead is not None else ctx.settings.lookahead
         limits.check_count(lookahead, "max_lookahead", ctx.settings, "LOOKAHEAD", "draft tokens per round")
         draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
-                         lookahead=lookahead, compare=bool(ctx.settings.get("compare", True)))
+                         lookahead=lookahead, compare=bool(ctx.settings.compare))
         _check_speculate(node, ctx)
         return node
     sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
     ablation = cat.ablation(s.ablate, sl)
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
-    top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.get("top", 5))
+    top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.top)
     stop = () if s.exactly or s.generate is None else cat.eos_ids()
     node = Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop,
                intervention=ablation)
@@ -624,7 +624,7 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
     try:
         res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, node.draft.depth, node.lookahead,
                                          on_token=on_token, compare_plain=node.compare,
-                                         max_positions=session.settings.get("max_positions"))
+                                         max_positions=session.settings.max_positions)
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
         return SpeculateResult(prompt=prompt, depth=node.draft.depth, lookahead=node.lookahead,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)

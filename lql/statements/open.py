@@ -159,7 +159,7 @@ def plan_open(s: Open, ctx: Context) -> Node:
     positive(s, s.shards, "SHARDS", "OPEN 'model.vindex3' SHARDS 2")
     if not s.default:
         files.container_dir(s.path)
-    return OpenPlan(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings["shards"])
+    return OpenPlan(s, path=s.path, default=s.default, shards=s.shards if s.shards is not None else ctx.settings.shards)
 
 
 @fam.plans(UseRemote)
@@ -192,7 +192,7 @@ def plan_use_model(s: UseModel, ctx: Context) -> Node:
         raise err(s, f"USE MODEL {s.model!r}: there is no such directory or file",
                    hint="USE MODEL takes a local checkpoint directory (or .gguf); USE 'x.vindex3' opens a container")
     if (src / "index.json").is_file():
-        return OpenPlan(s, path=str(src), default=False, shards=ctx.settings["shards"])  # a container already
+        return OpenPlan(s, path=str(src), default=False, shards=ctx.settings.shards)  # a container already
     into = src.parent / (src.name.removesuffix(".gguf") + ".vindex3")
     if not os.access(src.parent, os.W_OK):
         from vindex3 import default_model
@@ -272,7 +272,7 @@ def run_use_model(session, node: UseModelPlan) -> OpenResult:
 
         Path(node.into).parent.mkdir(parents=True, exist_ok=True)
         vindex3.encode(node.checkpoint, node.into, progress=session.on_progress)
-    opened = OpenPlan(node.statement, path=node.into, default=False, shards=session.settings.get("shards", 0))
+    opened = OpenPlan(node.statement, path=node.into, default=False, shards=session.settings.shards)
     return run_open_container(session, opened)
 
 
