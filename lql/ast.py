@@ -113,6 +113,10 @@ class Statement(Node):
         infer = getattr(self, "infer", None)  # EXPLAIN INFER ... [FEATURES] asks what its INFER asks
         return infer.generates() if isinstance(infer, Statement) else getattr(self, "generate", None)
 
+    def check_on_server(self, config) -> None:
+        """Refuse what this statement may not do on a server (``config``: its
+        `lql.server.config.ServerConfig`) beyond its paths and profile; a `LqlError` naming why."""
+
     def refused_read_only(self) -> str | None:
         """Why the read-only profile refuses this statement (None: it only reads)."""
         if self.read_only is True:

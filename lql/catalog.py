@@ -204,6 +204,11 @@ Settings = create_model("Settings", __base__=_SettingsBase,
                         **{s.name: (s.type, Field(s.default, description=s.description)) for s in SETTINGS})
 
 
+#: The settings that bound what a statement may do: a server session may lower them, never raise
+#: them past the value the server started the session with (what guards the server guards it).
+LIMIT_SETTINGS = ("max_positions", "max_generate", "max_lookahead", "max_prompts", "memory_limit")
+
+
 def setting(name: str) -> SettingDoc | None:
     for s in SETTINGS:
         if s.name == name:

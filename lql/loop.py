@@ -54,12 +54,14 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Chunk:
-    """The text of one statement (up to and including its ';') and where it starts."""
+    """The text of one statement (up to and including its ';') and where it starts.
+    ``statements`` counts what it holds: a pipe ``a |> b`` is one chunk of two statements."""
 
     text: str
     start: int  # 0-based offset in the whole text
     line: int
     column: int
+    statements: int = 1
 
 
 @dataclass(frozen=True)
@@ -73,18 +75,22 @@ class MetaLine:
 def chunks(text: str, *, offset: int = 0) -> Iterator[Chunk]:
     """The statements of ``text`` as text, in order (empty statements skipped)."""
     first = None  # the first significant token of the pending statement
+    pipes = 0
     for tok in parser.lex(text):
         if tok.type in ("WS", "COMMENT"):
             continue
         if first is None:
             first = tok
+        if tok.type == "_PIPE":
+            pipes += 1
         if tok.type == "_SEMI":
             if tok.start_pos > first.start_pos:  # not a lone ';'
-                yield Chunk(text[first.start_pos : tok.start_pos + 1], first.start_pos + offset, first.line, first.column)
-            first = None
+                yield Chunk(text[first.start_pos : tok.start_pos + 1], first.start_pos + offset, first.line, first.column,
+                            1 + pipes)
+            first, pipes = None, 0
     if first is not None:
         end = len(text.rstrip())
-        yield Chunk(text[first.start_pos : end], first.start_pos + offset, first.line, first.column)
+        yield Chunk(text[first.start_pos : end], first.start_pos + offset, first.line, first.column, 1 + pipes)
 
 
 def parse_chunk(full: str, ch: Chunk) -> list[ast.Statement]:
@@ -142,7 +148,7 @@ def script_items(text: str) -> Iterator[Chunk | MetaLine]:
 def _chunks_at(body: str, start: int, line: int) -> Iterator[Chunk]:
     """The statements of ``body``, which begins at offset ``start``, at the start of ``line``."""
     for ch in chunks(body):
-        yield Chunk(ch.text, start + ch.start, line + ch.line - 1, ch.column)
+        yield Chunk(ch.text, start + ch.start, line + ch.line - 1, ch.column, ch.statements)
 
 
 @contextmanager

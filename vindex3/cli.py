@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -159,10 +160,12 @@ def cmd_exec(a) -> int:
 
     c = Container(a.path)
     if a.tokens:
-        try:
-            ids = [int(t) for t in a.tokens.split(",") if t.strip()]
-        except ValueError:
-            raise VindexError(f"--tokens takes comma-separated integers, got {a.tokens!r}") from None
+        parts = [t.strip() for t in a.tokens.split(",")]
+        # ASCII digits only (int() would take '١' and '1_0'), and no empty item ('1,,2')
+        if not all(re.fullmatch(r"[0-9]{1,18}", t) for t in parts):
+            raise VindexError(f"--tokens takes comma-separated whole numbers (ASCII digits), got {a.tokens!r}",
+                              hint="e.g. --tokens 1,2,3")
+        ids = [int(t) for t in parts]
     elif a.prompt is not None:
         ids = c.tokenizer.encode(a.prompt)
     else:

@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -67,6 +67,10 @@ class TimeLimit(LqlError):
 
 class NotFound(LqlError):
     """No such endpoint, or not with this method."""
+
+
+class Gone(Exception):
+    """The client disconnected before its request was read: there is no one to answer."""
 
 
 # A bug in the server, lql or vindex3 (its traceback is in the server's log): the one class the
@@ -220,15 +224,25 @@ async def read_json(request: Request, limit: int) -> Any:
     if size is not None and size.isdigit() and int(size) > limit:
         raise BodyTooLarge(f"the request body is {int(size)} bytes, more than this server takes (--max-body-bytes is {limit})")
     chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            raise BodyTooLarge(f"the request body is more than {limit} bytes (--max-body-bytes)")
-        chunks.append(chunk)
+    seconds = request.app.state.server.limits.time_limit
+    try:
+        async with asyncio.timeout(seconds):  # a body sent a byte at a time does not hold the server
+            async for chunk in request.stream():
+                n += len(chunk)
+                if n > limit:
+                    raise BodyTooLarge(f"the request body is more than {limit} bytes (--max-body-bytes)")
+                chunks.append(chunk)
+    except TimeoutError:
+        raise C.RequestRefusal(f"the request body did not arrive within {seconds:g} s (--time-limit)") from None
+    except ClientDisconnect:  # the client went away mid-upload: nobody to answer, nothing to log as a bug
+        raise Gone() from None
     try:
         return json.loads(b"".join(chunks) or b"null")
     except (ValueError, UnicodeDecodeError) as e:
         raise C.RequestRefusal(f"the request body is not JSON: {e}") from None
+    except RecursionError:  # '[' * 200000: nesting deeper than a JSON reader recurses
+        raise C.RequestRefusal("the request body nests arrays or objects too deeply to read",
+                               hint="send a flat JSON object") from None
 
 
 async def _watch_disconnect(request: Request, cancel: threading.Event) -> None:
@@ -261,6 +275,8 @@ def boundary(fn):
     async def endpoint(request: Request) -> Response:
         try:
             return await fn(request)
+        except Gone:  # answered to nobody (the connection is closed); not a bug, not logged as one
+            return Response(status_code=499)
         except Busy as e:
             return error_response(e, {"Retry-After": str(request.app.state.server.limits.retry_after)})
         except LqlError as e:
@@ -321,8 +337,9 @@ async def query(request: Request) -> Response:
     sid = request.headers.get("x-session-id")
     ss = srv.sessions.get(host, sid)
     chunks = await anyio.to_thread.run_sync(lambda: list(loop.chunks(text)))
-    if len(chunks) > srv.limits.max_statements:
-        raise policy.LimitRefusal(f"the request holds {len(chunks)} statements, more than this server runs in one "
+    count = sum(ch.statements for ch in chunks)  # a pipe a |> b is two statements
+    if count > srv.limits.max_statements:
+        raise policy.LimitRefusal(f"the request holds {count} statements, more than this server runs in one "
                                   f"request (--max-statements is {srv.limits.max_statements})")
     release = await srv.gate.acquire()
     results: list[dict] = []

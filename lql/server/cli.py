@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None, *, stderr: TextIO | None = None) -> int:
     err = stderr or sys.stderr
     args = arg_parser().parse_args(argv)
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - the server extra is installed, or say so by name
 
         from .app import create_app
     except ImportError as e:
@@ -151,5 +151,7 @@ def main(argv: list[str] | None = None, *, stderr: TextIO | None = None) -> int:
     ids = ", ".join(m.id for m in config.models)
     print(f"lql serve: {ids} on http://{host}:{port} (profile {config.profile}, "
           f"{'key required' if config.api_key else 'no key'})", file=err, flush=True)
-    uvicorn.run(app, host=host, port=port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    from .transport import server
+
+    server(app, host, port, log_level=args.log_level).run()
     return EXIT_OK

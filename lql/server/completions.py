@@ -29,29 +29,38 @@ class RequestRefusal(LqlError):
     """The request body is not one this server accepts (a 400 naming the field)."""
 
 
+# Request bodies are strict: a JSON true is not a number and "1" is not an integer (no coercion).
+_STRICT = ConfigDict(extra="forbid", strict=True)
+
+#: The most draft tokens a speculation round may propose (LQL's max_lookahead default): the
+#: bound applies before anything is allocated for the round.
+MAX_LOOKAHEAD = 64
+
+
 class Speculation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     depth: int = Field(ge=1)
-    lookahead: int = Field(default=4, ge=1)
+    lookahead: int = Field(default=4, ge=1, le=MAX_LOOKAHEAD)
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     include_usage: bool = False
 
 
 class _Common(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
 
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # strict floats still take a JSON integer (0, 1): a whole number is a number
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
     n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)  # numpy's generators take seeds >= 0
     user: str | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -70,7 +79,7 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     role: Literal["system", "user", "assistant", "developer"]
     content: str | list[dict[str, Any]]
     name: str | None = None
@@ -192,8 +201,11 @@ def pick(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Ge
     """The next token: argmax at temperature 0, else a nucleus sample."""
     if temperature == 0:
         return int(np.argmax(logits))
-    x = np.asarray(logits, dtype=np.float64) / temperature
-    x -= x.max()
+    x = np.asarray(logits, dtype=np.float64)
+    # the maximum first, then the division: every value is <= 0, so a tiny temperature gives
+    # -inf (probability 0) instead of inf - inf = NaN
+    with np.errstate(over="ignore"):  # -inf is the intended value for a tiny temperature
+        x = (x - x.max()) / temperature
     p = np.exp(x)
     p /= p.sum()
     if top_p < 1.0:

@@ -145,6 +145,7 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
                              hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE (without "
                                   "SAVE INTO), WALK, DESCRIBE, SELECT, DRAFT DEPTH, SET, HELP")
     _check_numbers(stmt, config)
+    stmt.check_on_server(config)
     updates = {}
     for name in paths:
         raw = getattr(stmt, name)

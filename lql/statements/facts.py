@@ -116,7 +116,7 @@ def show_operands(c: Children) -> ShowOperands:
 
 class Stats(ast.Statement):
     keyword: ClassVar[str] = "STATS"
-    paths: ClassVar[tuple[str, ...]] = ()
+    paths: ClassVar[tuple[str, ...]] = ("path",)  # STATS 'path' opens another container: confined on a server
     read_only: ClassVar[bool | str] = True
     kind: Literal["stats"] = "stats"
     positions: int | None = None

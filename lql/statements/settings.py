@@ -47,6 +47,25 @@ class Set(ast.Statement):
     name: str
     value: str | int | float
 
+    def check_on_server(self, config) -> None:
+        """A limit setting may only be lowered on a server: at most the catalogue's default, and
+        max_positions at most the positions one request may use (prompt + generated)."""
+        if self.name not in catalog.LIMIT_SETTINGS:
+            return
+        doc = catalog.setting(self.name)
+        try:
+            value = doc.parse(self.value)
+        except ValueError:
+            return  # the planner refuses it by name
+        lim = config.limits
+        ceiling = lim.max_prompt_tokens + lim.max_tokens if self.name == "max_positions" else doc.default
+        if value is None or value > ceiling:
+            from ..server.policy import LimitRefusal
+
+            raise LimitRefusal(f"SET {self.name} = {shown(doc, value)} would raise a limit this server holds its "
+                               f"sessions to ({self.name} may be at most {shown(doc, ceiling)} here)",
+                               hint=f"a server session may lower {self.name}, not raise it")
+
 
 class ShowSettings(ast.Statement):
     keyword: ClassVar[str] = "SHOW SETTINGS"

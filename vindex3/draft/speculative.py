@@ -42,7 +42,7 @@ class SpecResult(BaseModel):
     proposed: int  # draft tokens offered for verification
     accepted: int  # of those, kept
     acceptance_rate: float  # accepted / proposed
-    accepted_histogram: list[int]  # rounds that kept j draft tokens, j = 0..lookahead
+    accepted_histogram: list[int]  # rounds that kept j draft tokens, j = 0..min(lookahead, n - 1)
     full_model_calls: int  # prompt prefill + verification calls (+ replays in snapshot mode)
     tokens_per_full_step: float  # n / full_model_calls; plain greedy is 1.0
     draft_steps: int
@@ -180,7 +180,9 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
 
     full = draft = None
     out: list[int] = []
-    hist = [0] * (lookahead + 1)
+    # a round proposes at most n - 1 tokens, so the histogram needs no more entries than that,
+    # whatever LOOKAHEAD says (an unbounded lookahead must not size an allocation)
+    hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
     rounds = proposed = accepted = draft_steps = 0
     calls = 0
 
