@@ -103,7 +103,7 @@ def read_script(path: str | os.PathLike, what: str = "script") -> str:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise FileRefusal(f"{what} {os.fspath(path)!r} is not UTF-8 text (byte {e.start}: {e.reason})") from None
-    return text[1:] if text.startswith("\ufeff") else text  # a byte-order mark some editors write: not text
+    return text.removeprefix("\ufeff")  # a byte-order mark some editors write: not text
 
 
 def shell_output(path: str, what: str, *, overwrite: bool, inside: Iterable[Path] = ()) -> Path:

@@ -15,9 +15,9 @@ import pytest
 from server_fixtures import config, free_port
 
 pytest.importorskip("starlette", reason="SKIPPED LOUDLY: the server extra is not installed (pip install -e '.[dev]')")
-from starlette.testclient import TestClient  # noqa: E402
+from starlette.testclient import TestClient
 
-from lql.server.app import create_app  # noqa: E402
+from lql.server.app import create_app
 
 
 @pytest.fixture
@@ -172,22 +172,22 @@ def bounded_server(app, header_timeout: float):
 
 
 def test_13_a_connection_that_sends_no_head_is_closed(tiny_llama_container):
-    with bounded_server(create_app(config(tiny_llama_container)), header_timeout=0.5) as port:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            s.sendall(b"POST /v1/query HTTP/1.1\r\nHost: x\r\n")  # the head never ends
-            t0 = time.monotonic()
-            assert s.recv(1024) == b""  # closed by the server, not by our timeout
-            assert time.monotonic() - t0 < 4
+    with bounded_server(create_app(config(tiny_llama_container)), header_timeout=0.5) as port, \
+            socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST /v1/query HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+        t0 = time.monotonic()
+        assert s.recv(1024) == b""  # closed by the server, not by our timeout
+        assert time.monotonic() - t0 < 4
 
 
 def test_13_a_client_gone_mid_body_is_not_an_internal_error(tiny_llama_container, caplog):
-    with bounded_server(create_app(config(tiny_llama_container)), header_timeout=5) as port:
-        with caplog.at_level(logging.ERROR):
-            for _ in range(5):
-                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-                    s.sendall(b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                              b"Content-Length: 1000\r\n\r\n{\"lql\": ")
-            time.sleep(0.5)
+    with bounded_server(create_app(config(tiny_llama_container)), header_timeout=5) as port, \
+            caplog.at_level(logging.ERROR):
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                s.sendall(b"POST /v1/query HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 1000\r\n\r\n{\"lql\": ")
+        time.sleep(0.5)
     assert not [r for r in caplog.records if "internal" in r.getMessage().lower() or r.exc_info], \
         [r.getMessage() for r in caplog.records]
 
