@@ -196,3 +196,31 @@ def test_json_of_refusals_stays_parseable(client):
     r = client.post("/v1/query", content=b'{"lql": ' + b"[" * 5000)
     assert r.status_code == 400 and json.loads(r.text)["error"]
     assert io.StringIO(r.text).read()
+
+
+# ---- 12: records and shard manifests that are not what they claim -------------------------
+
+
+@pytest.mark.parametrize("path", ["a" * 5000, "/proc/self/mem"])
+def test_12_record_verify_refuses_by_name(path, capsys):
+    from vindex3.cli import main
+
+    assert main(["record", "verify", path]) == 2
+    assert "record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mutate,words", [
+    (lambda m: [m], "holds a JSON list"),
+    (lambda m: {**m, "shards": [{**m["shards"][0], "path": "/etc"}] + m["shards"][1:]}, "is not one name"),
+    (lambda m: {**m, "shards": [{**m["shards"][0], "path": "../x"}] + m["shards"][1:]}, "is not one name"),
+    (lambda m: {**m, "ends": {**m["ends"], "path": ""}}, "is not one name"),
+])
+def test_12_a_shard_manifest_is_checked_before_any_member_is_read(tiny_llama_container, tmp_path, mutate, words):
+    from vindex3 import jsonio
+    from vindex3.shards import ShardError, open_set, write_shards
+
+    out = write_shards(tiny_llama_container, tmp_path / "set", 2)
+    mp = out / "manifest.json"
+    mp.write_text(json.dumps(mutate(jsonio.load(mp))))
+    with pytest.raises(ShardError, match=words):
+        open_set(out)

@@ -28,7 +28,6 @@ import platform
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -220,14 +219,21 @@ def observe(view: ModelView, ex: Executor, prompt: Prompt, path, *, generate: in
                          token_events=tokens, sha256=digest, status=status, seconds=time.perf_counter() - t0)
 
 
+#: The largest record `verify_record` reads (a record of a run the limits allow is far smaller).
+MAX_RECORD_BYTES = 1 << 30
+
+
 def verify_record(path) -> RecordVerifyReport:
     """Check a record against its receipt: intact (complete or interrupted), truncated (no
     receipt, or a last line cut short), edited (count or SHA-256 differ, lines after the
     receipt), or malformed (not a record at all)."""
-    p = Path(path)
-    if not p.is_file():
-        raise RecordError(f"{p} is not a file")
-    data = p.read_bytes()
+    from .. import paths
+
+    p = paths.existing_file(path, "record")  # a name no file system holds, a directory, a FIFO: refused by name
+    try:
+        data = paths.read_regular(p, "record", max_bytes=MAX_RECORD_BYTES)
+    except OSError as e:  # a file that stat calls regular but that cannot be read (/proc/self/mem)
+        raise RecordError(f"record {str(p)[:200]!r} cannot be read: {e.strerror or e}") from None
 
     def report(status, problems, run_id=None, events=None) -> RecordVerifyReport:
         return RecordVerifyReport(path=str(p), ok=status in ("complete", "interrupted") and not problems, status=status,

@@ -22,6 +22,7 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .. import __version__, closure, jsonio
 from ..container import FORMAT, FORMAT_VERSION, GRAPH, INDEX, Container, read_index
@@ -192,6 +193,48 @@ class ShardContainer:
 # ---- the manifest ------------------------------------------------------------------------------
 
 
+class _Entry(BaseModel):
+    """One member of a shard set as the manifest names it. Its path is one name inside the set's
+    directory: absolute paths, '..', separators and empty names are refused by name before any
+    file is touched."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    path: str
+    layers: list[int] | None = Field(min_length=2, max_length=2)  # None for the ends (embedding, norm, head)
+    index_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    @field_validator("path")
+    @classmethod
+    def _one_name(cls, v: str) -> str:
+        if not v or v in (".", "..") or "/" in v or "\\" in v or "\0" in v or os.path.isabs(v):
+            raise ValueError(f"member path {v[:80]!r} is not one name inside the shard set")
+        return v
+
+
+class _Parent(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    digest: str
+    num_layers: int = Field(ge=1)
+
+
+class _Manifest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    format: str
+    version: int
+    parent: _Parent
+    ends: _Entry
+    shards: list[_Entry] = Field(min_length=1)
+
+    @field_validator("shards")
+    @classmethod
+    def _ranges(cls, v: list[_Entry]) -> list[_Entry]:
+        for e in v:
+            if e.layers is None:
+                raise ValueError(f"member {e.name[:80]!r} names no layer range")
+        return v
+
+
 def read_manifest(out: str | Path) -> dict:
     out = Path(out)
     mp = out / MANIFEST
@@ -199,9 +242,17 @@ def read_manifest(out: str | Path) -> dict:
         raise ShardError(f"{out} has no {MANIFEST}; it is not a shard set (or its writing did not finish)",
                          hint="write one with `vindex3 shard SRC OUT --ranges 0-14,15-29`")
     m = jsonio.load(mp)
-    if not isinstance(m, dict) or m.get("format") != SET_FORMAT or m.get("version") != SET_VERSION:
+    if not isinstance(m, dict):
+        raise ShardError(f"{out.name}/{MANIFEST} holds a JSON {type(m).__name__}, not an object; it is not a shard-set manifest")
+    if m.get("format") != SET_FORMAT or m.get("version") != SET_VERSION:
         raise ShardError(f"{out.name}/{MANIFEST}: unsupported shard-set format {m.get('format')!r} version "
                          f"{m.get('version')!r}; supported {SET_FORMAT} version {SET_VERSION}")
+    try:
+        _Manifest.model_validate(m)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err.get("loc", ()))
+        raise ShardError(f"{out.name}/{MANIFEST}: {where}: {err.get('msg')}") from None
     return m
 
 
