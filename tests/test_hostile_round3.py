@@ -224,3 +224,23 @@ def test_12_a_shard_manifest_is_checked_before_any_member_is_read(tiny_llama_con
     mp.write_text(json.dumps(mutate(jsonio.load(mp))))
     with pytest.raises(ShardError, match=words):
         open_set(out)
+
+
+# ---- 14: nothing writes into a container directory but its own writer ------------------------
+
+
+def test_14_no_statement_writes_into_any_container(tiny_llama_container, tmp_path):
+    import shutil
+
+    import lql
+    from lql.errors import EngineRefusal
+
+    other = tmp_path / "other.vindex3"
+    shutil.copytree(tiny_llama_container, other)
+    before = (other / "index.json").read_bytes()
+    s = lql.connect(tiny_llama_container)
+    for target in (other / "index.json", other / "segments" / "x.f32", other / "new.f32"):
+        with pytest.raises(EngineRefusal, match="inside the container"):
+            s.execute(f"DUMP LOGITS 'Hi' INTO '{target}' OVERWRITE")
+    assert (other / "index.json").read_bytes() == before
+    s.execute(f"DUMP LOGITS 'Hi' INTO '{tmp_path / 'beside.f32'}'")  # beside it is fine

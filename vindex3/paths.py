@@ -176,6 +176,26 @@ def _check_outside(p: Path, what: str, s: str, forbid_inside: Iterable[PathLike]
                           "inside a container except by an encode", "inside")
 
 
+#: The files that make a directory a container (an index and its graph): nothing but the
+#: container's own writer writes inside such a directory.
+CONTAINER_MARKERS = ("index.json", "system_graph.json")
+
+
+def _check_not_in_container(target: str, what: str, s: str) -> None:
+    """Refuse a target inside any container directory (the open one or another), looking up the
+    resolved directories above it."""
+    d = os.path.dirname(target)
+    for _ in range(256):  # a path has far fewer components; the bound keeps a cycle from looping
+        if all(os.path.isfile(os.path.join(d, m)) for m in CONTAINER_MARKERS):
+            raise _refuse(what, s, f"is inside the container {_show(d)}; nothing is written inside a container "
+                          "except by its own writer (ENCODE, REPRESENT, BUILD FEATURES)", "inside_container",
+                          hint="write it beside the container instead")
+        parent = os.path.dirname(d)
+        if parent == d:
+            return
+        d = parent
+
+
 def output_file(path: PathLike, what: str = "output file", *, overwrite: bool = False,
                 forbid_inside: Iterable[PathLike] = ()) -> Path:
     """A file about to be written: a file name under an existing directory, outside every
@@ -187,6 +207,7 @@ def output_file(path: PathLike, what: str = "output file", *, overwrite: bool = 
         raise _refuse(what, s, "names a directory, not a file", "not_a_file_name")
     _check_parent(p, what, s)
     _check_outside(p, what, s, forbid_inside)
+    _check_not_in_container(os.path.realpath(p), what, s)
     lst = _stat(p, what, s, follow=False)
     if lst is None:
         return p
@@ -225,6 +246,7 @@ def output_dir(path: PathLike, what: str = "output directory", *, exist_ok: bool
     for d in forbid_inside:
         if d is not None and is_within(os.path.join(os.path.realpath(p.parent), p.name), d):
             raise _refuse(what, s, f"is inside the open container {_show(os.fspath(d))}", "inside")
+    _check_not_in_container(os.path.join(os.path.realpath(p.parent), p.name), what, s)
     return p
 
 
