@@ -197,25 +197,6 @@ class ScoreDraft(Statement):
     target: str
 
 
-class Verify(Statement):
-    keyword: ClassVar[str] = "VERIFY"
-    kind: Literal["verify"] = "verify"
-
-
-class Plan(Statement):
-    keyword: ClassVar[str] = "PLAN"
-    kind: Literal["plan"] = "plan"
-    path: str
-
-
-class Encode(Statement):
-    keyword: ClassVar[str] = "ENCODE"
-    kind: Literal["encode"] = "encode"
-    checkpoint: str
-    into: str
-    overwrite: bool = False  # OVERWRITE: an existing container is replaced once the encode is complete
-
-
 class Represent(Statement):
     """REPRESENT INTO 'out' ENCODING 'int8': the bound container in another weight encoding."""
 
@@ -435,31 +416,6 @@ class SelectGraph(Statement):
     order_by: Column | None = None
     descending: bool | None = None
     limit: int | None = None
-
-
-class Extract(Statement):
-    """EXTRACT MODEL 'm' INTO 'o' [COMPONENTS ...] [LAYERS a-b] [WITH INFERENCE | ALL | WEIGHTS]
-    [FORMAT VINDEX3]: ENCODE by the reference's name."""
-
-    keyword: ClassVar[str] = "EXTRACT"
-    kind: Literal["extract"] = "extract"
-    checkpoint: str
-    into: str
-    components: list[str] | None = None
-    layers: LayerSpan | None = None
-    level: Literal["inference", "all", "weights"] | None = None
-    format: str | None = None
-
-
-class Compile(Statement):
-    """COMPILE CURRENT | 'p' INTO VINDEX 'o' | INTO MODEL 'o' [ON CONFLICT name]."""
-
-    keyword: ClassVar[str] = "COMPILE"
-    kind: Literal["compile"] = "compile"
-    path: str | None  # None: CURRENT, the bound container
-    into: str
-    target: Literal["vindex", "model"]
-    on_conflict: str | None = None
 
 
 class KnowledgeEdit(Statement):

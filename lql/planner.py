@@ -165,23 +165,6 @@ class Score(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class Verify(Node):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class Admit(Node):
-    path: str
-
-
-@dataclass(frozen=True, eq=False)
-class Encode(Node):
-    checkpoint: str
-    into: str
-    replaces: bool = False  # OVERWRITE: an existing container at ``into`` is replaced when the encode succeeds
-
-
-@dataclass(frozen=True, eq=False)
 class Represent(Node):
     """REPRESENT: write the bound container (``source``) into ``into`` in ``encoding``."""
 
@@ -708,26 +691,6 @@ def _score(s: ast.ScoreDraft, ctx: Context) -> Node:
     return Score(s, draft=s.draft, target=s.target)
 
 
-@plans(ast.Verify, needs_container=True)
-def _verify(s: ast.Verify, ctx: Context) -> Node:
-    return Verify(s)
-
-
-@plans(ast.Plan)
-def _admit(s: ast.Plan, ctx: Context) -> Node:
-    files.source(s.path, "checkpoint")
-    return Admit(s, path=s.path)
-
-
-@plans(ast.Encode)
-def _encode(s: ast.Encode, ctx: Context) -> Node:
-    files.source(s.checkpoint, "checkpoint")
-    overwrite = may_overwrite(s, ctx)
-    inside = files.container_paths(ctx.catalog) if ctx.bound else []
-    replaces = files.encode_target(s.into, overwrite=overwrite, inside=inside)
-    return Encode(s, checkpoint=s.checkpoint, into=s.into, replaces=replaces)
-
-
 # ---- representations and maintenance (issue 20) -----------------------------------------
 
 
@@ -969,13 +932,6 @@ class Note(Node):
     lines: tuple[str, ...]
 
 
-@dataclass(frozen=True, eq=False)
-class Compile(Node):
-    source: str
-    into: str
-    on_conflict: str | None
-
-
 _NO_RELATIONS = ("{what} keeps edges that carry a relation label (the reference system's probe-labelled knowledge "
                  "graph), and this build's feature metadata carries no relation labels")
 _NO_RELATIONS_HINT = "leave it out: the edges are the tokens each feature writes"
@@ -1091,35 +1047,6 @@ def _select_graph(s: ast.SelectGraph, ctx: Context) -> Node:
     raise err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "
                "keeps FFN features, not a graph", hint="SELECT ... FROM FEATURES is the table here (layer, feature, "
                "token, score); DESCRIBE 'entity' gives edges entity -> token")
-
-
-@plans(ast.Extract)
-def _extract(s: ast.Extract, ctx: Context) -> Node:
-    if s.components is not None:
-        raise err(s, f"EXTRACT ... COMPONENTS {', '.join(s.components)} narrows what is carried; this build's "
-                   "ENCODE carries the whole model", hint="leave COMPONENTS out")
-    if s.layers is not None:
-        raise err(s, f"EXTRACT ... LAYERS {s.layers[0]}-{s.layers[1]} narrows what is carried; this build's ENCODE "
-                   "carries every layer", hint="leave LAYERS out (DRAFT DEPTH n runs fewer layers of the whole)")
-    if s.format is not None and s.format != "vindex3":
-        raise err(s, f"EXTRACT ... FORMAT {s.format} is not a format this build writes", hint="FORMAT vindex3")
-    return Encode(s, checkpoint=s.checkpoint, into=s.into)
-
-
-@plans(ast.Compile)
-def _compile(s: ast.Compile, ctx: Context) -> Node:
-    if s.target == "model":
-        raise err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
-                   "does not write", hint="COMPILE ... INTO VINDEX 'dir' writes a container")
-    if s.path is None:
-        if not ctx.bound:
-            raise NoContainer("COMPILE CURRENT compiles the open container, and none is open",
-                              hint="OPEN one first, or COMPILE 'path' INTO VINDEX 'dir'",
-                              line=s.line, column=s.column, statement=s.source)
-        source = ctx.catalog.path
-    else:
-        source = s.path
-    return Compile(s, source=source, into=s.into, on_conflict=s.on_conflict)
 
 
 def _knowledge_edit(s: ast.KnowledgeEdit, ctx: Context) -> Node:

@@ -34,7 +34,6 @@ from .layouts import (
     reads,
     share,
     shares,
-    short,
     skipped_fields,
     summary_fields,
     table_with_banners,
@@ -251,46 +250,6 @@ def _draft(r: R.DraftResult, timing: bool) -> list[str]:
         (f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
         f"{layers_phrase(r.executed_layers)} of {r.model_layers}"),
     ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
-
-
-@_layout(R.VerifyResult)
-def _verify(r: R.VerifyResult, timing: bool) -> list[str]:
-    where = f" in {r.path}" if r.show_path else ""
-    if r.ok:
-        return [f"verified {r.checked} files{where}: every hash matches the index"]
-    return ([f"VERIFY FAILED{where}: {len(r.problems)} problem(s) in {r.checked} files checked"]
-            + [f"  - {p}" for p in r.problems])
-
-
-@_layout(R.PlanResult)
-def _plan(r: R.PlanResult, timing: bool) -> list[str]:
-    out = fields([
-        ("checkpoint", r.source + (f" ({r.source_kind})" if r.source_kind else "")),
-        ("model type", r.model_type or "-"),
-        ("family", r.family),
-        ("admissible", "yes" if r.admissible else "no: " + f"{sum(f.blocks for f in r.findings)} finding(s) block it"),
-        ("layers", None if r.layers is None else f"{r.layers} ({fmt_mix(r.operator_mix or [])})"),
-        ("tensors", None if r.tensors is None else f"{r.tensors} ({fmt_int(r.parameters)} parameters)"),
-    ])
-    if r.findings:
-        headers = ["category", "key", "value", "blocks", "message"]
-        out += [""] + table(headers, [
-            [f.category, f.key, short(fmt_value(f.value))]
-            + ["BLOCKS" if f.blocks else "", f.message] for f in r.findings
-        ])
-    return out
-
-
-@_layout(R.EncodeResult)
-def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
-    out = [f"encoded {r.source} into {r.path}"] + fields([
-        ("model", r.name),
-        ("layers", f"{r.layers} ({fmt_mix(r.operator_mix)})"),
-        ("weights", fmt_bytes(r.bytes)),
-    ])
-    if timing and r.seconds is not None:
-        out += fields([("encode time", fmt_seconds(r.seconds))])
-    return out
 
 
 # ---- representations and maintenance -----------------------------------------------------
@@ -645,18 +604,6 @@ def _note(r: R.NoteResult, timing: bool) -> list[str]:
     return list(r.lines)
 
 
-@_layout(R.CompileResult)
-def _compile(r: R.CompileResult, timing: bool) -> list[str]:
-    out = [f"compiled {r.source} into {r.path}: no patch overlay in this build, so a verified copy"]
-    out += fields([
-        ("files", f"{r.files} copied ({fmt_bytes(r.bytes)}), each checked against its recorded hash"),
-        ("verified", f"{r.verified} checked in the written container"),
-        ("generation", str(r.generation)),
-        ("left behind", f"{r.left_behind} file(s) the index does not refer to" if r.left_behind else None),
-        ("on conflict", f"{r.on_conflict} (no patches, so no conflicts)" if r.on_conflict else None),
-    ])
-    return out
-
 
 def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, expanded: str = "off") -> str:
     """The result as aligned text (no trailing newline). ``width``: fit tables to it (cells
@@ -839,18 +786,6 @@ def _rec_ladder(r: R.LadderResult) -> list[dict[str, Any]]:
         rec.update({k: row[k] for k in ("executed_layers", "prepare_seconds", "ms_per_position") if k in row})
         out.append(rec)
     return out
-
-
-@_records_of(R.PlanResult)
-def _rec_plan(r: R.PlanResult) -> list[dict[str, Any]]:
-    return [_dump(f) for f in r.findings]
-
-
-@_records_of(R.VerifyResult)
-def _rec_verify(r: R.VerifyResult) -> list[dict[str, Any]]:
-    if r.ok:
-        return [{"path": r.path, "ok": True, "checked": r.checked, "problem": None}]
-    return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
 
 
 @_records_of(R.WalkResult)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 
 class StatementRef(BaseModel):
@@ -346,48 +346,6 @@ class DraftResult(Result):
 
 
 # ---- the container, checkpoints, the session ------------------------------------------
-
-
-class VerifyResult(Result):
-    kind: Literal["verify"] = "verify"
-    path: str
-    ok: bool
-    checked: int
-    problems: list[str]
-    show_path: bool = Field(default=False, exclude=True)  # name the container in the text (vindex3 verify)
-
-
-class FindingRow(BaseModel):
-    category: str
-    key: str
-    value: Any
-    message: str
-    blocks: bool
-
-
-class PlanResult(Result):
-    kind: Literal["plan"] = "plan"
-    source: str
-    source_kind: str | None = None
-    model_type: str | None
-    family: str | None = None
-    admissible: bool
-    layers: int | None = None
-    operator_mix: list[MixEntry] | None = None
-    tensors: int | None = None
-    parameters: int | None = None
-    findings: list[FindingRow]
-
-
-class EncodeResult(Result):
-    kind: Literal["encode"] = "encode"
-    source: str
-    path: str
-    name: str
-    layers: int
-    operator_mix: list[MixEntry]
-    bytes: int
-    seconds: float | None = None  # how long the encode took (machine-dependent)
 
 
 # ---- drafts made measurable (vindex3.draft) -------------------------------------------
@@ -844,15 +802,3 @@ class NoteResult(Result):
     topic: str
     lines: list[str]
 
-
-class CompileResult(Result):
-    kind: Literal["compile"] = "compile"
-    source: str
-    path: str
-    files: int
-    bytes: int
-    generation: int
-    verified: int
-    left_behind: int
-    patches: int = 0
-    on_conflict: str | None = None

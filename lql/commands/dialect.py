@@ -38,12 +38,3 @@ def show_models(session, node: planner.ShowModels) -> R.ModelsResult:
 def note(session, node: planner.Note) -> R.NoteResult:
     return R.NoteResult(topic=node.topic, lines=list(node.lines))
 
-
-@command(planner.Compile)
-def compile_vindex(session, node: planner.Compile) -> R.CompileResult:
-    from vindex3.compile import compile_copy
-
-    r = compile_copy(node.source, node.into)
-    return R.CompileResult(source=str(r.source), path=str(r.path), files=r.files, bytes=r.bytes,
-                           generation=r.generation, verified=r.verified, left_behind=r.left_behind,
-                           on_conflict=node.on_conflict)

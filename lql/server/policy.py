@@ -39,9 +39,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Trace: (),
     ast.DumpLogits: ("into",),
     ast.ScoreDraft: ("draft", "target"),
-    ast.Verify: (),
-    ast.Plan: ("path",),
-    ast.Encode: ("checkpoint", "into"),
     ast.Represent: ("into",),  # the source is the bound model
     ast.Compact: ("into",),
     ast.Diff: ("a", "b"),
@@ -61,8 +58,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.ShowEntities: (),
     ast.ShowRelations: (),
     ast.SelectGraph: (),
-    ast.Extract: ("checkpoint", "into"),
-    ast.Compile: ("path", "into"),
     ast.InsertEdges: (),
     ast.DeleteEdges: (),
     ast.UpdateEdges: (),
@@ -90,12 +85,9 @@ READ_ONLY_WITHOUT: dict[type[ast.Statement], str] = {ast.TraceFor: "save"}
 
 #: Why the read-only profile refuses a statement it knows.
 _WHY = {
-    ast.Encode: "it writes a container on the server",
-    ast.Plan: "it reads a checkpoint on the server",
     ast.DumpLogits: "it writes a file on the server",
     ast.DraftLadder: "it reads a prompt bank and writes files on the server",
     ast.ScoreDraft: "it reads dump files on the server",
-    ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
     ast.Represent: "it writes a container on the server",
     ast.Compact: "it writes a container on the server",
     ast.Diff: "it opens containers on the server by path",
@@ -104,8 +96,6 @@ _WHY = {
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
     ast.ShowModels: "it lists the server's working directory",
-    ast.Extract: "it writes a container on the server",
-    ast.Compile: "it writes a container on the server",
     **{cls: "it edits knowledge (and this build has no patch overlay)" for cls in ast.KNOWLEDGE_EDITS},
 }
 
