@@ -197,49 +197,6 @@ class ScoreDraft(Statement):
     target: str
 
 
-class Represent(Statement):
-    """REPRESENT INTO 'out' ENCODING 'int8': the bound container in another weight encoding."""
-
-    keyword: ClassVar[str] = "REPRESENT"
-    kind: Literal["represent"] = "represent"
-    into: str
-    encoding: str
-
-
-class Compact(Statement):
-    """COMPACT INTO 'out': the bound container's referenced files only."""
-
-    keyword: ClassVar[str] = "COMPACT"
-    kind: Literal["compact"] = "compact"
-    into: str
-
-
-class Diff(Statement):
-    """DIFF 'a' 'b' (or DIFF 'b': the bound container against b) [LAYER n] [LIMIT n] [PHYSICAL]
-    [INTO PATCH 'p' (refused)]; b may be CURRENT, the bound container."""
-
-    keyword: ClassVar[str] = "DIFF"
-    kind: Literal["diff"] = "diff"
-    a: str
-    b: str | None = None
-    b_current: bool = dialect(False)  # DIFF 'a' CURRENT
-    layer: int | None = dialect(None)
-    limit: int | None = dialect(None)
-    physical: bool = dialect(False)
-    into_patch: str | None = dialect(None)
-
-
-class ScoreRepresentation(Statement):
-    """SCORE REPRESENTATION 'cand' AGAINST 'ref' ON 'prompts.jsonl' [GREEDY n]."""
-
-    keyword: ClassVar[str] = "SCORE REPRESENTATION"
-    kind: Literal["score_representation"] = "score_representation"
-    candidate: str
-    reference: str
-    prompts: str
-    greedy: int | None = None
-
-
 # ---- looking inside (issue 15) ------------------------------------------------------------
 
 

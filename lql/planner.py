@@ -164,38 +164,6 @@ class Score(Node):
     target: str
 
 
-@dataclass(frozen=True, eq=False)
-class Represent(Node):
-    """REPRESENT: write the bound container (``source``) into ``into`` in ``encoding``."""
-
-    source: str
-    into: str
-    encoding: str
-
-
-@dataclass(frozen=True, eq=False)
-class Compact(Node):
-    source: str
-    into: str
-
-
-@dataclass(frozen=True, eq=False)
-class Diff(Node):
-    a: str
-    b: str
-    layer: int | None = None  # LAYER n: only the differences that name layer n
-    limit: int | None = None  # LIMIT n: at most n differences
-    physical: bool = False  # PHYSICAL: only the physical differences
-
-
-@dataclass(frozen=True, eq=False)
-class ScoreRepresentation(Node):
-    candidate: str
-    reference: str
-    prompts: str
-    greedy: int
-
-
 # ---- looking inside (issue 15): plan nodes -----------------------------------------------
 
 
@@ -689,53 +657,6 @@ def _score(s: ast.ScoreDraft, ctx: Context) -> Node:
     files.input_file(s.draft, "SCORE DRAFT draft dump")
     files.input_file(s.target, "SCORE DRAFT target dump")
     return Score(s, draft=s.draft, target=s.target)
-
-
-# ---- representations and maintenance (issue 20) -----------------------------------------
-
-
-@plans(ast.Represent, needs_container=True)
-def _represent(s: ast.Represent, ctx: Context) -> Node:
-    from vindex3.represent import TARGETS
-
-    if s.encoding not in TARGETS:
-        raise err(s, f"REPRESENT cannot write encoding {s.encoding!r}", hint=f"REPRESENT writes: {', '.join(TARGETS)}")
-    return Represent(s, source=ctx.catalog.path, into=s.into, encoding=s.encoding)
-
-
-@plans(ast.Compact, needs_container=True)
-def _compact(s: ast.Compact, ctx: Context) -> Node:
-    return Compact(s, source=ctx.catalog.path, into=s.into)
-
-
-@plans(ast.Diff)
-def _diff(s: ast.Diff, ctx: Context) -> Node:
-    if s.into_patch is not None:
-        raise err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
-                   hint="leave INTO PATCH out: DIFF shows the differences")
-    positive(s, s.limit, "LIMIT", "LIMIT 10")
-    opts = {"layer": s.layer, "limit": s.limit, "physical": s.physical}
-    if s.b_current:
-        if not ctx.bound:
-            raise NoContainer("DIFF 'a' CURRENT compares a with the open container, and none is open",
-                              hint="OPEN one first, or DIFF 'a' 'b'", line=s.line, column=s.column, statement=s.source)
-        return Diff(s, a=s.a, b=ctx.catalog.path, **opts)
-    if s.b is not None:
-        return Diff(s, a=s.a, b=s.b, **opts)
-    if not ctx.bound:
-        raise NoContainer("DIFF 'b' compares the open container with b, and none is open",
-                          hint="DIFF 'a' 'b' compares two containers; or OPEN one first",
-                          line=s.line, column=s.column, statement=s.source)
-    return Diff(s, a=ctx.catalog.path, b=s.a, **opts)
-
-
-@plans(ast.ScoreRepresentation)
-def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
-    from vindex3.evidence import GREEDY
-
-    positive(s, s.greedy, "GREEDY", "GREEDY 32")
-    return ScoreRepresentation(s, candidate=s.candidate, reference=s.reference, prompts=s.prompts,
-                               greedy=s.greedy if s.greedy is not None else GREEDY)
 
 
 # ---- looking inside (issue 15): planning ----------------------------------------------------

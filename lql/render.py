@@ -33,7 +33,6 @@ from .layouts import (
     prompt_text,
     reads,
     share,
-    shares,
     skipped_fields,
     summary_fields,
     table_with_banners,
@@ -250,76 +249,6 @@ def _draft(r: R.DraftResult, timing: bool) -> list[str]:
         (f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
         f"{layers_phrase(r.executed_layers)} of {r.model_layers}"),
     ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
-
-
-# ---- representations and maintenance -----------------------------------------------------
-
-
-@_layout(R.RepresentResult)
-def _represent(r: R.RepresentResult, timing: bool) -> list[str]:
-    ratio = f" ({100 * r.bytes / r.source_bytes:.1f}% of {fmt_int(r.source_bytes)})" if r.source_bytes else ""
-    out = [f"represented {r.source} as {r.encoding} into {r.path}"] + fields([
-        ("weights", f"{fmt_int(r.bytes)} bytes{ratio}"),
-        ("exact", "yes: every tensor holds its source's values" if r.exact else "no (fidelity per tensor in provenance)"),
-    ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
-    out += [""] + shares(r.encodings)
-    if r.kept:
-        groups: dict[tuple[str, str], list[str]] = {}
-        for k in r.kept:
-            groups.setdefault((k.encoding, k.reason), []).append(k.tensor)
-        out += ["", f"not {r.encoding} ({len(r.kept)} tensors):"]
-        for (enc, why), names in groups.items():
-            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            out.append(f"  {enc}: {names[0]}{more}: {why}")
-    if r.worst:
-        out += ["", "largest relative RMS error:"] + table(
-            ["tensor", "encoding", num("rel rms"), num("max abs"), num("bits/weight")],
-            [[w["tensor"], w["encoding"], f"{w['rel_rms_error']:.2e}", f"{w['max_abs_error']:.2e}",
-              fmt_bpw(w["bits_per_weight"])] for w in r.worst])
-    if r.not_carried:
-        out += ["", "not carried (derived from the source's weights): " + ", ".join(r.not_carried)]
-    return out
-
-
-@_layout(R.CompactResult)
-def _compact(r: R.CompactResult, timing: bool) -> list[str]:
-    out = [f"compacted {r.source} into {r.path} (generation {r.generation})"] + fields([
-        ("copied", f"{r.copied} files, {fmt_bytes(r.copied_bytes)}, byte for byte"),
-        ("left behind", f"{len(r.left_behind)} entries, {fmt_bytes(sum(f.bytes for f in r.left_behind))}"
-         if r.left_behind else "nothing (every file is referenced by the index)"),
-    ])
-    if r.left_behind:
-        out += table(["path", "kind", num("bytes")], [[f.path, f.kind, fmt_int(f.bytes)] for f in r.left_behind])
-    return out
-
-
-@_layout(R.DiffResult)
-def _diff(r: R.DiffResult, timing: bool) -> list[str]:
-    out = fields([("a", r.a), ("b", r.b), ("verdict", r.verdict)] + ([("relation", r.relation)] if r.relation else []))
-    if r.differences:
-        out += [""] + table(["kind", "area", "what", "a", "b"],
-                            [[d.kind, d.area, d.what, _diff_cell(d.a), _diff_cell(d.b)] for d in r.differences])
-    return out
-
-
-def _diff_cell(v: Any) -> str:
-    return fmt_int(v) if isinstance(v, int) and not isinstance(v, bool) else fmt_value(v)
-
-
-@_layout(R.RepresentationScoreResult)
-def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
-    out = [f"{r.candidate} against {r.reference} on {r.bank}: {r.prompts} prompts, {r.positions} positions"] + fields([
-        ("KL p50 / p95", f"{r.kl_p50:.3g} / {r.kl_p95:.3g} nats"),
-        ("KL mean / max", f"{r.kl_mean:.3g} / {r.kl_max:.3g} nats"),
-        ("top-1 agreement", f"{r.top1:.4f}"),
-        (f"greedy-{r.greedy} agreement", (f"{r.greedy_agreement:.4f} (all {r.greedy} tokens on "
-                                          f"{round(r.greedy_exact * r.prompts)} of {r.prompts} prompts)")),
-        ("stored", f"in {r.candidate}'s provenance (evidence)" if r.stored else "no"),
-    ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
-    out += [""] + table(["prompt", "category", num("positions"), num("KL mean"), num("top-1"), num(f"greedy-{r.greedy}")],
-                        [[p["id"], p["category"], fmt_int(p["positions"]), f"{p['kl_mean']:.3g}", f"{p['top1']:.3f}",
-                          f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt])
-    return out
 
 
 @_layout(R.DumpResult)
@@ -731,21 +660,6 @@ def records(result: R.Result) -> list[dict[str, Any]]:
     EXPLAIN, one per finding for PLAN; a single row of fields otherwise."""
     fn = _RECORDS.get(type(result))
     return fn(result) if fn is not None else result.records()
-
-
-@_records_of(R.DiffResult)
-def _rec_diff(r: R.DiffResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.differences]
-
-
-@_records_of(R.RepresentationScoreResult)
-def _rec_score_rep(r: R.RepresentationScoreResult) -> list[dict[str, Any]]:
-    return [dict(p) for p in r.per_prompt]
-
-
-@_records_of(R.CompactResult)
-def _rec_compact(r: R.CompactResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.left_behind]
 
 
 @_records_of(R.ExplainResult)

@@ -54,6 +54,5 @@ from . import (  # noqa: F401
     explain,
     infer,
     internals,
-    representations,
     trace,
 )

@@ -39,10 +39,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Trace: (),
     ast.DumpLogits: ("into",),
     ast.ScoreDraft: ("draft", "target"),
-    ast.Represent: ("into",),  # the source is the bound model
-    ast.Compact: ("into",),
-    ast.Diff: ("a", "b"),
-    ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
     ast.Walk: (),
     ast.Describe: (),
     ast.SelectFeatures: (),  # NEAREST TO and WHERE take text, not paths
@@ -88,10 +84,6 @@ _WHY = {
     ast.DumpLogits: "it writes a file on the server",
     ast.DraftLadder: "it reads a prompt bank and writes files on the server",
     ast.ScoreDraft: "it reads dump files on the server",
-    ast.Represent: "it writes a container on the server",
-    ast.Compact: "it writes a container on the server",
-    ast.Diff: "it opens containers on the server by path",
-    ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
