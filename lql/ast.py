@@ -330,49 +330,9 @@ class BuildFeatures(Statement):
 # ---- the reference dialect (issue 19) -----------------------------------------------------
 
 
-class ShowModels(Statement):
-    keyword: ClassVar[str] = "SHOW MODELS"
-    kind: Literal["show_models"] = "show_models"
-
-
 class ShowPatches(Statement):
     keyword: ClassVar[str] = "SHOW PATCHES"
     kind: Literal["show_patches"] = "show_patches"
-
-
-class ShowCompactStatus(Statement):
-    keyword: ClassVar[str] = "SHOW COMPACT STATUS"
-    kind: Literal["show_compact_status"] = "show_compact_status"
-
-
-class ShowEntities(Statement):
-    keyword: ClassVar[str] = "SHOW ENTITIES"
-    kind: Literal["show_entities"] = "show_entities"
-    layer: int | None = None
-    limit: int | None = None
-
-
-class ShowRelations(Statement):
-    keyword: ClassVar[str] = "SHOW RELATIONS"
-    kind: Literal["show_relations"] = "show_relations"
-    layer: int | None = None
-    examples: bool = False
-    detail: Detail | None = None
-
-
-class SelectGraph(Statement):
-    """SELECT ... FROM EDGES | ENTITIES: the reference's knowledge-graph tables."""
-
-    keyword: ClassVar[str] = "SELECT"
-    kind: Literal["select_graph"] = "select_graph"
-    table: Literal["edges", "entities"]
-    columns: list[Column] | None = None
-    nearest: str | None = None
-    nearest_layer: int | None = None
-    where: list[Condition] = []
-    order_by: Column | None = None
-    descending: bool | None = None
-    limit: int | None = None
 
 
 class KnowledgeEdit(Statement):

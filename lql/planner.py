@@ -842,17 +842,6 @@ def _build_features(s: ast.BuildFeatures, ctx: Context) -> Node:
 # ---- the reference dialect (issue 19) -----------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class ShowModels(Node):
-    directory: str
-
-
-@dataclass(frozen=True, eq=False)
-class Note(Node):
-    topic: str
-    lines: tuple[str, ...]
-
-
 _NO_RELATIONS = ("{what} keeps edges that carry a relation label (the reference system's probe-labelled knowledge "
                  "graph), and this build's feature metadata carries no relation labels")
 _NO_RELATIONS_HINT = "leave it out: the edges are the tokens each feature writes"
@@ -922,52 +911,6 @@ def _describe_layers(s: ast.Describe, ctx: Context) -> tuple[tuple[int, ...] | N
         span, note = _band_span(s, ctx, s.band)
         return ctx.catalog.layer_span(span, "LAYERS"), (note,)
     return ctx.catalog.layer_span(s.layers, "LAYERS"), ()
-
-
-@plans(ast.ShowModels)
-def _show_models(s: ast.ShowModels, ctx: Context) -> Node:
-    import os
-
-    return ShowModels(s, directory=os.getcwd())
-
-
-@plans(ast.ShowPatches)
-def _show_patches(s: ast.ShowPatches, ctx: Context) -> Node:
-    return Note(s, topic="patches", lines=(
-        "no patches: this build has no patch overlay, so no patch is open, applied or saved",
-        "the knowledge edits (INSERT, DELETE, UPDATE, MERGE, BEGIN / SAVE / APPLY / REMOVE PATCH) are refused by name"))
-
-
-@plans(ast.ShowCompactStatus)
-def _show_compact_status(s: ast.ShowCompactStatus, ctx: Context) -> Node:
-    lines = [("nothing to compact: this build has no patch overlay, so no edits wait to be folded in "
-             "(COMPACT MINOR | MAJOR are refused by name)")]
-    if ctx.bound:
-        lines.append(f"COMPACT INTO 'dir' copies {ctx.catalog.name}'s referenced files and lists what it leaves behind")
-    return Note(s, topic="compact status", lines=tuple(lines))
-
-
-@plans(ast.ShowEntities)
-def _show_entities(s: ast.ShowEntities, ctx: Context) -> Node:
-    raise err(s, "SHOW ENTITIES lists the entities of the reference system's knowledge graph (the subjects its "
-               "probes labelled), and this build keeps FFN features, not a graph of entities",
-               hint="SHOW FEATURES n lists a layer's features and the tokens they write; DESCRIBE 'entity' its edges")
-
-
-@plans(ast.ShowRelations)
-def _show_relations(s: ast.ShowRelations, ctx: Context) -> Node:
-    raise err(s, "SHOW RELATIONS lists the relation labels of the reference system's knowledge graph, and this "
-               "build's feature metadata carries no relation labels",
-               hint="DESCRIBE 'entity' shows the edges entity -> token through the features it opens")
-
-
-@plans(ast.SelectGraph)
-def _select_graph(s: ast.SelectGraph, ctx: Context) -> Node:
-    table = s.table.upper()
-    what = "labelled edges: entity, relation, target" if table == "EDGES" else "its entities"
-    raise err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "
-               "keeps FFN features, not a graph", hint="SELECT ... FROM FEATURES is the table here (layer, feature, "
-               "token, score); DESCRIBE 'entity' gives edges entity -> token")
 
 
 def _knowledge_edit(s: ast.KnowledgeEdit, ctx: Context) -> Node:

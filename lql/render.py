@@ -516,24 +516,6 @@ def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
 # ---- entry points ---------------------------------------------------------------------
 
 
-@_layout(R.ModelsResult)
-def _models(r: R.ModelsResult, timing: bool) -> list[str]:
-    if not r.models:
-        return [f"no containers in {r.directory} (a container is a directory holding an index.json)"]
-    out = [f"{len(r.models)} container(s) in {r.directory}:"]
-    out += table(["path", "name", num("layers"), num("generation"), num("bytes"), "problem"],
-                 [[m.path, m.name or "-", "-" if m.layers is None else str(m.layers),
-                   "-" if m.generation is None else str(m.generation), fmt_bytes(m.bytes), m.problem or ""]
-                  for m in r.models])
-    return out
-
-
-@_layout(R.NoteResult)
-def _note(r: R.NoteResult, timing: bool) -> list[str]:
-    return list(r.lines)
-
-
-
 def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, expanded: str = "off") -> str:
     """The result as aligned text (no trailing newline). ``width``: fit tables to it (cells
     cut with an ellipsis, never wrapped); ``expanded``: on, off or auto (one field per line

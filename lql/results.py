@@ -692,32 +692,3 @@ class BuildFeaturesResult(Result):
     bytes: int
     summary: str | None
     ffn_layers: int  # layers of the model that have FFN features
-
-
-# ---- the reference dialect (issue 19) -------------------------------------------------------
-
-
-class ModelRow(BaseModel):
-    path: str
-    name: str | None
-    layers: int | None
-    generation: int | None
-    bytes: int | None
-    problem: str | None = None  # why a directory with an index.json does not open
-
-
-class ModelsResult(Result):
-    """SHOW MODELS: the containers in the current directory."""
-
-    kind: Literal["show_models"] = "show_models"
-    directory: str
-    models: list[ModelRow]
-
-
-class NoteResult(Result):
-    """A statement whose answer is a fact in words (SHOW PATCHES, SHOW COMPACT STATUS)."""
-
-    kind: Literal["note"] = "note"
-    topic: str
-    lines: list[str]
-

@@ -49,7 +49,6 @@ def execute(session: Session, node: planner.Node) -> Result:
 
 # Importing the modules registers their commands.
 from . import (  # noqa: F401
-    dialect,
     drafts,
     explain,
     infer,

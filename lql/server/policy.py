@@ -48,12 +48,7 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Observe: ("into",),
     ast.BuildFeatures: (),
     # the reference dialect (issue 19)
-    ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
     ast.ShowPatches: (),
-    ast.ShowCompactStatus: (),
-    ast.ShowEntities: (),
-    ast.ShowRelations: (),
-    ast.SelectGraph: (),
     ast.InsertEdges: (),
     ast.DeleteEdges: (),
     ast.UpdateEdges: (),
@@ -73,7 +68,7 @@ READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
-    ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
+    ast.ShowPatches,
 })
 
 #: Statements that only read unless a path field is given: (statement class, that field).
@@ -87,7 +82,6 @@ _WHY = {
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
-    ast.ShowModels: "it lists the server's working directory",
     **{cls: "it edits knowledge (and this build has no patch overlay)" for cls in ast.KNOWLEDGE_EDITS},
 }
 

@@ -5,8 +5,10 @@ and is refused at planning: this build has no patch overlay."""
 from __future__ import annotations
 
 from .. import ast
+from ..planner import Context, Node
 from ..registry import family
 from ..syntax import BuildError, Children, Clause
+from .dialect import NotePlan
 
 fam = family("edits", module=__name__, statements=(
     "insert_edges", "delete_edges", "update_edges", "merge_stmt", "begin_patch", "save_patch", "apply_patch",
@@ -154,3 +156,10 @@ def loose_option(c: Children) -> ast.LooseOption:
         return ast.LooseOption(name="layer", value=c.clauses[0].value)
     name, *value = c.values()
     return ast.LooseOption(name=name.value.lower(), value=value[0] if value else None)
+
+
+@fam.plans(ast.ShowPatches)
+def plan_show_patches(s: ast.ShowPatches, ctx: Context) -> Node:
+    return NotePlan(s, topic="patches", lines=(
+        "no patches: this build has no patch overlay, so no patch is open, applied or saved",
+        "the knowledge edits (INSERT, DELETE, UPDATE, MERGE, BEGIN / SAVE / APPLY / REMOVE PATCH) are refused by name"))
