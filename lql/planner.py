@@ -911,17 +911,3 @@ def _describe_layers(s: ast.Describe, ctx: Context) -> tuple[tuple[int, ...] | N
         span, note = _band_span(s, ctx, s.band)
         return ctx.catalog.layer_span(span, "LAYERS"), (note,)
     return ctx.catalog.layer_span(s.layers, "LAYERS"), ()
-
-
-def _knowledge_edit(s: ast.KnowledgeEdit, ctx: Context) -> Node:
-    raise err(s, knowledge_edit_refusal(s), hint="SHOW PATCHES says what this build has")
-
-
-def knowledge_edit_refusal(s: ast.KnowledgeEdit) -> str:
-    """Why a knowledge edit is refused, naming it (also HELP's words)."""
-    name = f"COMPACT {s.level.upper()}" if isinstance(s, ast.CompactLevel) else s.keyword
-    return f"{name} {s.verb}, which this build does not have yet"
-
-
-for _cls in ast.KNOWLEDGE_EDITS:
-    plans(_cls)(_knowledge_edit)

@@ -47,18 +47,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.TraceFor: ("save",),
     ast.Observe: ("into",),
     ast.BuildFeatures: (),
-    # the reference dialect (issue 19)
-    ast.ShowPatches: (),
-    ast.InsertEdges: (),
-    ast.DeleteEdges: (),
-    ast.UpdateEdges: (),
-    ast.Merge: ("src", "into"),
-    ast.BeginPatch: ("path",),
-    ast.SavePatch: (),
-    ast.ApplyPatch: ("path",),
-    ast.RemovePatch: ("path",),
-    ast.Rebalance: (),
-    ast.CompactLevel: (),
 }
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
@@ -67,8 +55,6 @@ READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Infer, ast.Trace,
     ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
-    # the reference dialect: facts in words, and statements refused at planning whatever the profile
-    ast.ShowPatches,
 })
 
 #: Statements that only read unless a path field is given: (statement class, that field).
@@ -82,7 +68,6 @@ _WHY = {
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
-    **{cls: "it edits knowledge (and this build has no patch overlay)" for cls in ast.KNOWLEDGE_EDITS},
 }
 
 
