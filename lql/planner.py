@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import ast, catalog, files
+from . import ast, catalog
 from .binding import Catalog, SliceBinding
 from .errors import NoContainer, StatementError
 from .text import fmt_layers
@@ -79,55 +79,6 @@ class RemoteStatement(Node):
 
     def describe(self) -> str:
         return f"{self.statement.keyword} on {self.remote.url}"
-
-
-@dataclass(frozen=True, eq=False)
-class Verify(Node):
-    pass
-
-
-@dataclass(frozen=True, eq=False)
-class Admit(Node):
-    path: str
-
-
-@dataclass(frozen=True, eq=False)
-class Encode(Node):
-    checkpoint: str
-    into: str
-    replaces: bool = False  # OVERWRITE: an existing container at ``into`` is replaced when the encode succeeds
-
-
-@dataclass(frozen=True, eq=False)
-class Represent(Node):
-    """REPRESENT: write the bound container (``source``) into ``into`` in ``encoding``."""
-
-    source: str
-    into: str
-    encoding: str
-
-
-@dataclass(frozen=True, eq=False)
-class Compact(Node):
-    source: str
-    into: str
-
-
-@dataclass(frozen=True, eq=False)
-class Diff(Node):
-    a: str
-    b: str
-    layer: int | None = None  # LAYER n: only the differences that name layer n
-    limit: int | None = None  # LIMIT n: at most n differences
-    physical: bool = False  # PHYSICAL: only the physical differences
-
-
-@dataclass(frozen=True, eq=False)
-class ScoreRepresentation(Node):
-    candidate: str
-    reference: str
-    prompts: str
-    greedy: int
 
 
 # ---- looking inside (issue 15): plan nodes -----------------------------------------------
@@ -478,73 +429,6 @@ def may_overwrite(s: ast.Statement, ctx: Context) -> bool:
     return bool(getattr(s, "overwrite", False)) or bool(ctx.settings.overwrite)
 
 
-@plans(ast.Verify, needs_container=True)
-def _verify(s: ast.Verify, ctx: Context) -> Node:
-    return Verify(s)
-
-
-@plans(ast.Plan)
-def _admit(s: ast.Plan, ctx: Context) -> Node:
-    files.source(s.path, "checkpoint")
-    return Admit(s, path=s.path)
-
-
-@plans(ast.Encode)
-def _encode(s: ast.Encode, ctx: Context) -> Node:
-    files.source(s.checkpoint, "checkpoint")
-    overwrite = may_overwrite(s, ctx)
-    inside = files.container_paths(ctx.catalog) if ctx.bound else []
-    replaces = files.encode_target(s.into, overwrite=overwrite, inside=inside)
-    return Encode(s, checkpoint=s.checkpoint, into=s.into, replaces=replaces)
-
-
-# ---- representations and maintenance (issue 20) -----------------------------------------
-
-
-@plans(ast.Represent, needs_container=True)
-def _represent(s: ast.Represent, ctx: Context) -> Node:
-    from vindex3.represent import TARGETS
-
-    if s.encoding not in TARGETS:
-        raise err(s, f"REPRESENT cannot write encoding {s.encoding!r}", hint=f"REPRESENT writes: {', '.join(TARGETS)}")
-    return Represent(s, source=ctx.catalog.path, into=s.into, encoding=s.encoding)
-
-
-@plans(ast.Compact, needs_container=True)
-def _compact(s: ast.Compact, ctx: Context) -> Node:
-    return Compact(s, source=ctx.catalog.path, into=s.into)
-
-
-@plans(ast.Diff)
-def _diff(s: ast.Diff, ctx: Context) -> Node:
-    if s.into_patch is not None:
-        raise err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
-                   hint="leave INTO PATCH out: DIFF shows the differences")
-    positive(s, s.limit, "LIMIT", "LIMIT 10")
-    opts = {"layer": s.layer, "limit": s.limit, "physical": s.physical}
-    if s.b_current:
-        if not ctx.bound:
-            raise NoContainer("DIFF 'a' CURRENT compares a with the open container, and none is open",
-                              hint="OPEN one first, or DIFF 'a' 'b'", line=s.line, column=s.column, statement=s.source)
-        return Diff(s, a=s.a, b=ctx.catalog.path, **opts)
-    if s.b is not None:
-        return Diff(s, a=s.a, b=s.b, **opts)
-    if not ctx.bound:
-        raise NoContainer("DIFF 'b' compares the open container with b, and none is open",
-                          hint="DIFF 'a' 'b' compares two containers; or OPEN one first",
-                          line=s.line, column=s.column, statement=s.source)
-    return Diff(s, a=ctx.catalog.path, b=s.a, **opts)
-
-
-@plans(ast.ScoreRepresentation)
-def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
-    from vindex3.evidence import GREEDY
-
-    positive(s, s.greedy, "GREEDY", "GREEDY 32")
-    return ScoreRepresentation(s, candidate=s.candidate, reference=s.reference, prompts=s.prompts,
-                               greedy=s.greedy if s.greedy is not None else GREEDY)
-
-
 # ---- looking inside (issue 15): planning ----------------------------------------------------
 
 
@@ -728,24 +612,6 @@ def _build_features(s: ast.BuildFeatures, ctx: Context) -> Node:
 # ---- the reference dialect (issue 19) -----------------------------------------------------
 
 
-@dataclass(frozen=True, eq=False)
-class ShowModels(Node):
-    directory: str
-
-
-@dataclass(frozen=True, eq=False)
-class Note(Node):
-    topic: str
-    lines: tuple[str, ...]
-
-
-@dataclass(frozen=True, eq=False)
-class Compile(Node):
-    source: str
-    into: str
-    on_conflict: str | None
-
-
 _NO_RELATIONS = ("{what} keeps edges that carry a relation label (the reference system's probe-labelled knowledge "
                  "graph), and this build's feature metadata carries no relation labels")
 _NO_RELATIONS_HINT = "leave it out: the edges are the tokens each feature writes"
@@ -815,92 +681,3 @@ def _describe_layers(s: ast.Describe, ctx: Context) -> tuple[tuple[int, ...] | N
         span, note = _band_span(s, ctx, s.band)
         return ctx.catalog.layer_span(span, "LAYERS"), (note,)
     return ctx.catalog.layer_span(s.layers, "LAYERS"), ()
-
-
-@plans(ast.ShowModels)
-def _show_models(s: ast.ShowModels, ctx: Context) -> Node:
-    import os
-
-    return ShowModels(s, directory=os.getcwd())
-
-
-@plans(ast.ShowPatches)
-def _show_patches(s: ast.ShowPatches, ctx: Context) -> Node:
-    return Note(s, topic="patches", lines=(
-        "no patches: this build has no patch overlay, so no patch is open, applied or saved",
-        "the knowledge edits (INSERT, DELETE, UPDATE, MERGE, BEGIN / SAVE / APPLY / REMOVE PATCH) are refused by name"))
-
-
-@plans(ast.ShowCompactStatus)
-def _show_compact_status(s: ast.ShowCompactStatus, ctx: Context) -> Node:
-    lines = [("nothing to compact: this build has no patch overlay, so no edits wait to be folded in "
-             "(COMPACT MINOR | MAJOR are refused by name)")]
-    if ctx.bound:
-        lines.append(f"COMPACT INTO 'dir' copies {ctx.catalog.name}'s referenced files and lists what it leaves behind")
-    return Note(s, topic="compact status", lines=tuple(lines))
-
-
-@plans(ast.ShowEntities)
-def _show_entities(s: ast.ShowEntities, ctx: Context) -> Node:
-    raise err(s, "SHOW ENTITIES lists the entities of the reference system's knowledge graph (the subjects its "
-               "probes labelled), and this build keeps FFN features, not a graph of entities",
-               hint="SHOW FEATURES n lists a layer's features and the tokens they write; DESCRIBE 'entity' its edges")
-
-
-@plans(ast.ShowRelations)
-def _show_relations(s: ast.ShowRelations, ctx: Context) -> Node:
-    raise err(s, "SHOW RELATIONS lists the relation labels of the reference system's knowledge graph, and this "
-               "build's feature metadata carries no relation labels",
-               hint="DESCRIBE 'entity' shows the edges entity -> token through the features it opens")
-
-
-@plans(ast.SelectGraph)
-def _select_graph(s: ast.SelectGraph, ctx: Context) -> Node:
-    table = s.table.upper()
-    what = "labelled edges: entity, relation, target" if table == "EDGES" else "its entities"
-    raise err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "
-               "keeps FFN features, not a graph", hint="SELECT ... FROM FEATURES is the table here (layer, feature, "
-               "token, score); DESCRIBE 'entity' gives edges entity -> token")
-
-
-@plans(ast.Extract)
-def _extract(s: ast.Extract, ctx: Context) -> Node:
-    if s.components is not None:
-        raise err(s, f"EXTRACT ... COMPONENTS {', '.join(s.components)} narrows what is carried; this build's "
-                   "ENCODE carries the whole model", hint="leave COMPONENTS out")
-    if s.layers is not None:
-        raise err(s, f"EXTRACT ... LAYERS {s.layers[0]}-{s.layers[1]} narrows what is carried; this build's ENCODE "
-                   "carries every layer", hint="leave LAYERS out (DRAFT DEPTH n runs fewer layers of the whole)")
-    if s.format is not None and s.format != "vindex3":
-        raise err(s, f"EXTRACT ... FORMAT {s.format} is not a format this build writes", hint="FORMAT vindex3")
-    return Encode(s, checkpoint=s.checkpoint, into=s.into)
-
-
-@plans(ast.Compile)
-def _compile(s: ast.Compile, ctx: Context) -> Node:
-    if s.target == "model":
-        raise err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
-                   "does not write", hint="COMPILE ... INTO VINDEX 'dir' writes a container")
-    if s.path is None:
-        if not ctx.bound:
-            raise NoContainer("COMPILE CURRENT compiles the open container, and none is open",
-                              hint="OPEN one first, or COMPILE 'path' INTO VINDEX 'dir'",
-                              line=s.line, column=s.column, statement=s.source)
-        source = ctx.catalog.path
-    else:
-        source = s.path
-    return Compile(s, source=source, into=s.into, on_conflict=s.on_conflict)
-
-
-def _knowledge_edit(s: ast.KnowledgeEdit, ctx: Context) -> Node:
-    raise err(s, knowledge_edit_refusal(s), hint="SHOW PATCHES says what this build has")
-
-
-def knowledge_edit_refusal(s: ast.KnowledgeEdit) -> str:
-    """Why a knowledge edit is refused, naming it (also HELP's words)."""
-    name = f"COMPACT {s.level.upper()}" if isinstance(s, ast.CompactLevel) else s.keyword
-    return f"{name} {s.verb}, which this build does not have yet"
-
-
-for _cls in ast.KNOWLEDGE_EDITS:
-    plans(_cls)(_knowledge_edit)

@@ -28,8 +28,6 @@ from .layouts import (
     metadata_fields,
     prompt_text,
     share,
-    shares,
-    short,
     skipped_fields,
     time,
     token,
@@ -70,116 +68,6 @@ def _layout(cls: type):
         return fn
 
     return deco
-
-
-@_layout(R.VerifyResult)
-def _verify(r: R.VerifyResult, timing: bool) -> list[str]:
-    where = f" in {r.path}" if r.show_path else ""
-    if r.ok:
-        return [f"verified {r.checked} files{where}: every hash matches the index"]
-    return ([f"VERIFY FAILED{where}: {len(r.problems)} problem(s) in {r.checked} files checked"]
-            + [f"  - {p}" for p in r.problems])
-
-
-@_layout(R.PlanResult)
-def _plan(r: R.PlanResult, timing: bool) -> list[str]:
-    out = fields([
-        ("checkpoint", r.source + (f" ({r.source_kind})" if r.source_kind else "")),
-        ("model type", r.model_type or "-"),
-        ("family", r.family),
-        ("admissible", "yes" if r.admissible else "no: " + f"{sum(f.blocks for f in r.findings)} finding(s) block it"),
-        ("layers", None if r.layers is None else f"{r.layers} ({fmt_mix(r.operator_mix or [])})"),
-        ("tensors", None if r.tensors is None else f"{r.tensors} ({fmt_int(r.parameters)} parameters)"),
-    ])
-    if r.findings:
-        headers = ["category", "key", "value", "blocks", "message"]
-        out += [""] + table(headers, [
-            [f.category, f.key, short(fmt_value(f.value))]
-            + ["BLOCKS" if f.blocks else "", f.message] for f in r.findings
-        ])
-    return out
-
-
-@_layout(R.EncodeResult)
-def _encode(r: R.EncodeResult, timing: bool) -> list[str]:
-    out = [f"encoded {r.source} into {r.path}"] + fields([
-        ("model", r.name),
-        ("layers", f"{r.layers} ({fmt_mix(r.operator_mix)})"),
-        ("weights", fmt_bytes(r.bytes)),
-    ])
-    if timing and r.seconds is not None:
-        out += fields([("encode time", fmt_seconds(r.seconds))])
-    return out
-
-
-# ---- representations and maintenance -----------------------------------------------------
-
-
-@_layout(R.RepresentResult)
-def _represent(r: R.RepresentResult, timing: bool) -> list[str]:
-    ratio = f" ({100 * r.bytes / r.source_bytes:.1f}% of {fmt_int(r.source_bytes)})" if r.source_bytes else ""
-    out = [f"represented {r.source} as {r.encoding} into {r.path}"] + fields([
-        ("weights", f"{fmt_int(r.bytes)} bytes{ratio}"),
-        ("exact", "yes: every tensor holds its source's values" if r.exact else "no (fidelity per tensor in provenance)"),
-    ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
-    out += [""] + shares(r.encodings)
-    if r.kept:
-        groups: dict[tuple[str, str], list[str]] = {}
-        for k in r.kept:
-            groups.setdefault((k.encoding, k.reason), []).append(k.tensor)
-        out += ["", f"not {r.encoding} ({len(r.kept)} tensors):"]
-        for (enc, why), names in groups.items():
-            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-            out.append(f"  {enc}: {names[0]}{more}: {why}")
-    if r.worst:
-        out += ["", "largest relative RMS error:"] + table(
-            ["tensor", "encoding", num("rel rms"), num("max abs"), num("bits/weight")],
-            [[w["tensor"], w["encoding"], f"{w['rel_rms_error']:.2e}", f"{w['max_abs_error']:.2e}",
-              fmt_bpw(w["bits_per_weight"])] for w in r.worst])
-    if r.not_carried:
-        out += ["", "not carried (derived from the source's weights): " + ", ".join(r.not_carried)]
-    return out
-
-
-@_layout(R.CompactResult)
-def _compact(r: R.CompactResult, timing: bool) -> list[str]:
-    out = [f"compacted {r.source} into {r.path} (generation {r.generation})"] + fields([
-        ("copied", f"{r.copied} files, {fmt_bytes(r.copied_bytes)}, byte for byte"),
-        ("left behind", f"{len(r.left_behind)} entries, {fmt_bytes(sum(f.bytes for f in r.left_behind))}"
-         if r.left_behind else "nothing (every file is referenced by the index)"),
-    ])
-    if r.left_behind:
-        out += table(["path", "kind", num("bytes")], [[f.path, f.kind, fmt_int(f.bytes)] for f in r.left_behind])
-    return out
-
-
-@_layout(R.DiffResult)
-def _diff(r: R.DiffResult, timing: bool) -> list[str]:
-    out = fields([("a", r.a), ("b", r.b), ("verdict", r.verdict)] + ([("relation", r.relation)] if r.relation else []))
-    if r.differences:
-        out += [""] + table(["kind", "area", "what", "a", "b"],
-                            [[d.kind, d.area, d.what, _diff_cell(d.a), _diff_cell(d.b)] for d in r.differences])
-    return out
-
-
-def _diff_cell(v: Any) -> str:
-    return fmt_int(v) if isinstance(v, int) and not isinstance(v, bool) else fmt_value(v)
-
-
-@_layout(R.RepresentationScoreResult)
-def _score_rep(r: R.RepresentationScoreResult, timing: bool) -> list[str]:
-    out = [f"{r.candidate} against {r.reference} on {r.bank}: {r.prompts} prompts, {r.positions} positions"] + fields([
-        ("KL p50 / p95", f"{r.kl_p50:.3g} / {r.kl_p95:.3g} nats"),
-        ("KL mean / max", f"{r.kl_mean:.3g} / {r.kl_max:.3g} nats"),
-        ("top-1 agreement", f"{r.top1:.4f}"),
-        (f"greedy-{r.greedy} agreement", (f"{r.greedy_agreement:.4f} (all {r.greedy} tokens on "
-                                          f"{round(r.greedy_exact * r.prompts)} of {r.prompts} prompts)")),
-        ("stored", f"in {r.candidate}'s provenance (evidence)" if r.stored else "no"),
-    ] + ([("time", fmt_seconds(r.seconds))] if timing and r.seconds is not None else []))
-    out += [""] + table(["prompt", "category", num("positions"), num("KL mean"), num("top-1"), num(f"greedy-{r.greedy}")],
-                        [[p["id"], p["category"], fmt_int(p["positions"]), f"{p['kl_mean']:.3g}", f"{p['top1']:.3f}",
-                          f"{p['greedy_agreement']:.3f}"] for p in r.per_prompt])
-    return out
 
 
 # ---- looking inside (issue 15) --------------------------------------------------------
@@ -371,36 +259,6 @@ def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
 # ---- entry points ---------------------------------------------------------------------
 
 
-@_layout(R.ModelsResult)
-def _models(r: R.ModelsResult, timing: bool) -> list[str]:
-    if not r.models:
-        return [f"no containers in {r.directory} (a container is a directory holding an index.json)"]
-    out = [f"{len(r.models)} container(s) in {r.directory}:"]
-    out += table(["path", "name", num("layers"), num("generation"), num("bytes"), "problem"],
-                 [[m.path, m.name or "-", "-" if m.layers is None else str(m.layers),
-                   "-" if m.generation is None else str(m.generation), fmt_bytes(m.bytes), m.problem or ""]
-                  for m in r.models])
-    return out
-
-
-@_layout(R.NoteResult)
-def _note(r: R.NoteResult, timing: bool) -> list[str]:
-    return list(r.lines)
-
-
-@_layout(R.CompileResult)
-def _compile(r: R.CompileResult, timing: bool) -> list[str]:
-    out = [f"compiled {r.source} into {r.path}: no patch overlay in this build, so a verified copy"]
-    out += fields([
-        ("files", f"{r.files} copied ({fmt_bytes(r.bytes)}), each checked against its recorded hash"),
-        ("verified", f"{r.verified} checked in the written container"),
-        ("generation", str(r.generation)),
-        ("left behind", f"{r.left_behind} file(s) the index does not refer to" if r.left_behind else None),
-        ("on conflict", f"{r.on_conflict} (no patches, so no conflicts)" if r.on_conflict else None),
-    ])
-    return out
-
-
 def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, expanded: str = "off") -> str:
     """The result as aligned text (no trailing newline). ``width``: fit tables to it (cells
     cut with an ellipsis, never wrapped); ``expanded``: on, off or auto (one field per line
@@ -527,33 +385,6 @@ def records(result: R.Result) -> list[dict[str, Any]]:
     EXPLAIN, one per finding for PLAN; a single row of fields otherwise."""
     fn = _RECORDS.get(type(result))
     return fn(result) if fn is not None else result.records()
-
-
-@_records_of(R.DiffResult)
-def _rec_diff(r: R.DiffResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.differences]
-
-
-@_records_of(R.RepresentationScoreResult)
-def _rec_score_rep(r: R.RepresentationScoreResult) -> list[dict[str, Any]]:
-    return [dict(p) for p in r.per_prompt]
-
-
-@_records_of(R.CompactResult)
-def _rec_compact(r: R.CompactResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.left_behind]
-
-
-@_records_of(R.PlanResult)
-def _rec_plan(r: R.PlanResult) -> list[dict[str, Any]]:
-    return [_dump(f) for f in r.findings]
-
-
-@_records_of(R.VerifyResult)
-def _rec_verify(r: R.VerifyResult) -> list[dict[str, Any]]:
-    if r.ok:
-        return [{"path": r.path, "ok": True, "checked": r.checked, "problem": None}]
-    return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
 
 
 @_records_of(R.WalkResult)

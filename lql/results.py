@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 
 class StatementRef(BaseModel):
@@ -207,127 +207,7 @@ class ReadCost(BaseModel):
     by_encoding: list[EncodingShare] = []  # the distinct operands read, per encoding
 
 
-class VerifyResult(Result):
-    kind: Literal["verify"] = "verify"
-    path: str
-    ok: bool
-    checked: int
-    problems: list[str]
-    show_path: bool = Field(default=False, exclude=True)  # name the container in the text (vindex3 verify)
-
-
-class FindingRow(BaseModel):
-    category: str
-    key: str
-    value: Any
-    message: str
-    blocks: bool
-
-
-class PlanResult(Result):
-    kind: Literal["plan"] = "plan"
-    source: str
-    source_kind: str | None = None
-    model_type: str | None
-    family: str | None = None
-    admissible: bool
-    layers: int | None = None
-    operator_mix: list[MixEntry] | None = None
-    tensors: int | None = None
-    parameters: int | None = None
-    findings: list[FindingRow]
-
-
-class EncodeResult(Result):
-    kind: Literal["encode"] = "encode"
-    source: str
-    path: str
-    name: str
-    layers: int
-    operator_mix: list[MixEntry]
-    bytes: int
-    seconds: float | None = None  # how long the encode took (machine-dependent)
-
-
 # ---- drafts made measurable (vindex3.draft) -------------------------------------------
-
-
-class KeptTensor(BaseModel):
-    tensor: str
-    encoding: str
-    reason: str
-
-
-class RepresentResult(Result):
-    kind: Literal["represent"] = "represent"
-    source: str
-    path: str
-    encoding: str
-    tensors: int
-    bytes: int
-    source_bytes: int
-    encodings: list[EncodingShare]
-    kept: list[KeptTensor]  # tensors not in the requested encoding, and why
-    not_carried: list[str]  # derived representations left with the source
-    exact: bool
-    worst: list[dict[str, Any]]  # the tensors with the largest relative RMS error
-    seconds: float | None = None
-
-
-class LeftBehind(BaseModel):
-    path: str
-    kind: str
-    bytes: int
-
-
-class CompactResult(Result):
-    kind: Literal["compact"] = "compact"
-    source: str
-    path: str
-    generation: int
-    copied: int
-    copied_bytes: int
-    left_behind: list[LeftBehind]
-
-
-class DiffRow(BaseModel):
-    kind: Literal["logical", "physical", "metadata"]
-    area: str
-    what: str
-    a: Any = None
-    b: Any = None
-
-
-class DiffResult(Result):
-    kind: Literal["diff"] = "diff"
-    a: str
-    b: str
-    verdict: str
-    logically_identical: bool
-    physically_identical: bool
-    relation: str | None
-    differences: list[DiffRow]
-
-
-class RepresentationScoreResult(Result):
-    kind: Literal["score_representation"] = "score_representation"
-    candidate: str
-    reference: str
-    bank: str
-    prompts: int
-    positions: int
-    greedy: int
-    kl_mean: float
-    kl_p50: float
-    kl_p95: float
-    kl_max: float
-    top1: float
-    greedy_agreement: float
-    greedy_exact: float
-    candidate_encodings: dict[str, str]
-    stored: bool
-    per_prompt: list[dict[str, Any]]
-    seconds: float | None = None
 
 
 # ---- looking inside (issue 15) ------------------------------------------------------------
@@ -624,44 +504,3 @@ class BuildFeaturesResult(Result):
     bytes: int
     summary: str | None
     ffn_layers: int  # layers of the model that have FFN features
-
-
-# ---- the reference dialect (issue 19) -------------------------------------------------------
-
-
-class ModelRow(BaseModel):
-    path: str
-    name: str | None
-    layers: int | None
-    generation: int | None
-    bytes: int | None
-    problem: str | None = None  # why a directory with an index.json does not open
-
-
-class ModelsResult(Result):
-    """SHOW MODELS: the containers in the current directory."""
-
-    kind: Literal["show_models"] = "show_models"
-    directory: str
-    models: list[ModelRow]
-
-
-class NoteResult(Result):
-    """A statement whose answer is a fact in words (SHOW PATCHES, SHOW COMPACT STATUS)."""
-
-    kind: Literal["note"] = "note"
-    topic: str
-    lines: list[str]
-
-
-class CompileResult(Result):
-    kind: Literal["compile"] = "compile"
-    source: str
-    path: str
-    files: int
-    bytes: int
-    generation: int
-    verified: int
-    left_behind: int
-    patches: int = 0
-    on_conflict: str | None = None

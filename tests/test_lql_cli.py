@@ -111,12 +111,13 @@ def test_no_timing(c):
 
 
 def test_internal_error_has_no_traceback_unless_debug(c, monkeypatch):
-    from lql import commands, planner
+    from lql import registry
+    from lql.statements.container import Verify
 
     def boom(session, node):
         raise RuntimeError("kaboom")
 
-    monkeypatch.setitem(commands.COMMANDS, planner.Verify, boom)
+    monkeypatch.setitem(registry.RUNNERS, Verify, (boom, "test"))
     rc, _out, err = run(["-e", f"OPEN '{c}';\nVERIFY"])
     assert rc == 3
     assert "<-e>:2:1: internal error: RuntimeError: kaboom" in err and "Traceback" not in err

@@ -15,9 +15,10 @@ import lql_fixtures  # noqa: F401
 import pytest
 
 import lql
-from lql import cli, commands, planner, registry
+from lql import cli, registry
 from lql.errors import EngineRefusal, InternalError, LimitError, LqlError, SettingError
 from lql.statements import infer
+from lql.statements.container import Verify
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def _boom(session, node):
 
 
 def test_a_bug_in_a_command_is_an_internal_error_naming_the_statement(s, monkeypatch):
-    monkeypatch.setitem(commands.COMMANDS, planner.Verify, _boom)
+    monkeypatch.setitem(registry.RUNNERS, Verify, (_boom, "test"))
     with pytest.raises(InternalError) as e:
         s.execute("SHOW COMPONENTS;\nVERIFY;\nSTATS")
     err = e.value
@@ -71,7 +72,7 @@ def test_a_bug_in_a_command_is_an_internal_error_naming_the_statement(s, monkeyp
 
 
 def test_an_internal_error_stops_a_run_even_when_keeping_going(s, monkeypatch):
-    monkeypatch.setitem(commands.COMMANDS, planner.Verify, _boom)
+    monkeypatch.setitem(registry.RUNNERS, Verify, (_boom, "test"))
     outs = list(s.run("VERIFY; STATS; VERIFY", keep_going=True))
     assert len(outs) == 1 and isinstance(outs[0].error, InternalError)
 
@@ -124,7 +125,7 @@ def test_a_bug_outside_any_statement_still_exits_3_without_a_traceback(work, mon
 
 
 def test_json_output_names_an_internal_error(work, monkeypatch):
-    monkeypatch.setitem(commands.COMMANDS, planner.Verify, _boom)
+    monkeypatch.setitem(registry.RUNNERS, Verify, (_boom, "test"))
     rc, out, _err = run_cli(["--json", "-e", "OPEN 'tiny.vindex3'; VERIFY"])
     assert rc == 3
     last = json.loads(out.splitlines()[-1])

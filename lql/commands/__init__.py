@@ -49,8 +49,5 @@ def execute(session: Session, node: planner.Node) -> Result:
 
 # Importing the modules registers their commands.
 from . import (  # noqa: F401
-    container,
-    dialect,
     internals,
-    representations,
 )

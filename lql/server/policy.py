@@ -31,13 +31,6 @@ class LimitRefusal(LqlError):
 #: Statement class → the fields that hold a server-side file path, for the statements that do
 #: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
 _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
-    ast.Verify: (),
-    ast.Plan: ("path",),
-    ast.Encode: ("checkpoint", "into"),
-    ast.Represent: ("into",),  # the source is the bound model
-    ast.Compact: ("into",),
-    ast.Diff: ("a", "b"),
-    ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
     ast.Walk: (),
     ast.Describe: (),
     ast.SelectFeatures: (),  # NEAREST TO and WHERE take text, not paths
@@ -46,33 +39,12 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.TraceFor: ("save",),
     ast.Observe: ("into",),
     ast.BuildFeatures: (),
-    # the reference dialect (issue 19)
-    ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
-    ast.ShowPatches: (),
-    ast.ShowCompactStatus: (),
-    ast.ShowEntities: (),
-    ast.ShowRelations: (),
-    ast.SelectGraph: (),
-    ast.Extract: ("checkpoint", "into"),
-    ast.Compile: ("path", "into"),
-    ast.InsertEdges: (),
-    ast.DeleteEdges: (),
-    ast.UpdateEdges: (),
-    ast.Merge: ("src", "into"),
-    ast.BeginPatch: ("path",),
-    ast.SavePatch: (),
-    ast.ApplyPatch: ("path",),
-    ast.RemovePatch: ("path",),
-    ast.Rebalance: (),
-    ast.CompactLevel: (),
 }
 
 #: What the read-only profile allows: statements that only read (and the session's own state).
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Walk, ast.Describe, ast.SelectFeatures,
     ast.ShowFeatures, ast.ExplainFeatures,
-    # the reference dialect: facts in words, and statements refused at planning whatever the profile
-    ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
 })
 
 #: Statements that only read unless a path field is given: (statement class, that field).
@@ -80,20 +52,9 @@ READ_ONLY_WITHOUT: dict[type[ast.Statement], str] = {ast.TraceFor: "save"}
 
 #: Why the read-only profile refuses a statement it knows.
 _WHY = {
-    ast.Encode: "it writes a container on the server",
-    ast.Plan: "it reads a checkpoint on the server",
-    ast.Verify: "it re-hashes every file of the container, long work that no token or limit can stop",
-    ast.Represent: "it writes a container on the server",
-    ast.Compact: "it writes a container on the server",
-    ast.Diff: "it opens containers on the server by path",
-    ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.BuildFeatures: "it builds derived data into the served container, long work",
-    ast.ShowModels: "it lists the server's working directory",
-    ast.Extract: "it writes a container on the server",
-    ast.Compile: "it writes a container on the server",
-    **{cls: "it edits knowledge (and this build has no patch overlay)" for cls in ast.KNOWLEDGE_EDITS},
 }
 
 

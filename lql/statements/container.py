@@ -1,11 +1,26 @@
-"""The container itself and checkpoints: VERIFY, PLAN (admission), ENCODE (and the reference's
-EXTRACT), COMPILE (a verified copy)."""
+"""The container itself and checkpoints: VERIFY (re-hash the bound container), PLAN (admission
+of a checkpoint), ENCODE (and the reference's EXTRACT), COMPILE (a verified copy)."""
 
 from __future__ import annotations
 
-from .. import ast
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, Field
+
+from .. import ast, files
+from ..binding import jsonable, vindex3
+from ..errors import NoContainer
+from ..layouts import short
+from ..planner import Context, Node, err, may_overwrite
 from ..registry import family
+from ..results import MixEntry, Result, dump
 from ..syntax import Children, Clause, literal_string
+from ..text import fields, fmt_bytes, fmt_int, fmt_mix, fmt_seconds, fmt_value, table
 
 fam = family("container", module=__name__, statements=("verify_stmt", "plan_stmt", "encode_stmt", "extract_stmt",
                                                         "compile_stmt"),
@@ -55,24 +70,24 @@ fam.doc('COMPILE',
 
 
 @fam.rule
-def verify_stmt(c: Children) -> ast.Verify:
-    return ast.Verify()
+def verify_stmt(c: Children) -> Verify:
+    return Verify()
 
 
 @fam.rule
-def plan_stmt(c: Children) -> ast.Plan:
-    return ast.Plan(path=c.string("PLAN"))
+def plan_stmt(c: Children) -> Plan:
+    return Plan(path=c.string("PLAN"))
 
 
 @fam.rule
-def encode_stmt(c: Children) -> ast.Encode:
-    return ast.Encode(checkpoint=c.string("ENCODE"), into=c.string("INTO"),
-                      overwrite="overwrite" in c.options("ENCODE"))
+def encode_stmt(c: Children) -> Encode:
+    return Encode(checkpoint=c.string("ENCODE"), into=c.string("INTO"),
+                  overwrite="overwrite" in c.options("ENCODE"))
 
 
 @fam.rule
-def extract_stmt(c: Children) -> ast.Extract:
-    return ast.Extract(checkpoint=c.string("EXTRACT", "MODEL"), into=c.string("INTO"), **c.options("EXTRACT"))
+def extract_stmt(c: Children) -> Extract:
+    return Extract(checkpoint=c.string("EXTRACT", "MODEL"), into=c.string("INTO"), **c.options("EXTRACT"))
 
 
 @fam.rule
@@ -92,8 +107,339 @@ def format_clause(c: Children) -> Clause:
 
 
 @fam.rule
-def compile_stmt(c: Children) -> ast.Compile:
+def compile_stmt(c: Children) -> Compile:
     # COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
     target = c.which("VINDEX", "MODEL")
-    return ast.Compile(path=None if c.has("CURRENT") else c.string("COMPILE"), into=c.string(target.upper()),
-                       target=target, on_conflict=c.options("COMPILE").get("on_conflict"))
+    return Compile(path=None if c.has("CURRENT") else c.string("COMPILE"), into=c.string(target.upper()),
+                   target=target, on_conflict=c.options("COMPILE").get("on_conflict"))
+
+
+# ---- statements -------------------------------------------------------------------------
+
+_WRITES_A_CONTAINER = "it writes a container on the server"
+
+
+class Verify(ast.Statement):
+    keyword: ClassVar[str] = "VERIFY"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = "it re-hashes every file of the container, long work that no token or limit can stop"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["verify"] = "verify"
+
+
+class Plan(ast.Statement):
+    keyword: ClassVar[str] = "PLAN"
+    paths: ClassVar[tuple[str, ...]] = ("path",)
+    read_only: ClassVar[bool | str] = "it reads a checkpoint on the server"
+    kind: Literal["plan"] = "plan"
+    path: str
+
+
+class Encode(ast.Statement):
+    keyword: ClassVar[str] = "ENCODE"
+    paths: ClassVar[tuple[str, ...]] = ("checkpoint", "into")
+    read_only: ClassVar[bool | str] = _WRITES_A_CONTAINER
+    kind: Literal["encode"] = "encode"
+    checkpoint: str
+    into: str
+    overwrite: bool = False  # OVERWRITE: an existing container is replaced once the encode is complete
+
+
+class Extract(ast.Statement):
+    """EXTRACT MODEL 'm' INTO 'o' [COMPONENTS ...] [LAYERS a-b] [WITH INFERENCE | ALL | WEIGHTS]
+    [FORMAT VINDEX3]: ENCODE by the reference's name."""
+
+    keyword: ClassVar[str] = "EXTRACT"
+    paths: ClassVar[tuple[str, ...]] = ("checkpoint", "into")
+    read_only: ClassVar[bool | str] = _WRITES_A_CONTAINER
+    kind: Literal["extract"] = "extract"
+    checkpoint: str
+    into: str
+    components: list[str] | None = None
+    layers: ast.LayerSpan | None = None
+    level: Literal["inference", "all", "weights"] | None = None
+    format: str | None = None
+
+
+class Compile(ast.Statement):
+    """COMPILE CURRENT | 'p' INTO VINDEX 'o' | INTO MODEL 'o' [ON CONFLICT name]."""
+
+    keyword: ClassVar[str] = "COMPILE"
+    paths: ClassVar[tuple[str, ...]] = ("path", "into")
+    read_only: ClassVar[bool | str] = _WRITES_A_CONTAINER
+    kind: Literal["compile"] = "compile"
+    path: str | None  # None: CURRENT, the bound container
+    into: str
+    target: Literal["vindex", "model"]
+    on_conflict: str | None = None
+
+
+# ---- results ----------------------------------------------------------------------------
+
+
+class VerifyResult(Result):
+    kind: Literal["verify"] = "verify"
+    path: str
+    ok: bool
+    checked: int
+    problems: list[str]
+    show_path: bool = Field(default=False, exclude=True)  # name the container in the text (vindex3 verify)
+
+
+class FindingRow(BaseModel):
+    category: str
+    key: str
+    value: Any
+    message: str
+    blocks: bool
+
+
+class PlanResult(Result):
+    kind: Literal["plan"] = "plan"
+    source: str
+    source_kind: str | None = None
+    model_type: str | None
+    family: str | None = None
+    admissible: bool
+    layers: int | None = None
+    operator_mix: list[MixEntry] | None = None
+    tensors: int | None = None
+    parameters: int | None = None
+    findings: list[FindingRow]
+
+
+class EncodeResult(Result):
+    kind: Literal["encode"] = "encode"
+    source: str
+    path: str
+    name: str
+    layers: int
+    operator_mix: list[MixEntry]
+    bytes: int
+    seconds: float | None = None  # how long the encode took (machine-dependent)
+
+
+class CompileResult(Result):
+    kind: Literal["compile"] = "compile"
+    source: str
+    path: str
+    files: int
+    bytes: int
+    generation: int
+    verified: int
+    left_behind: int
+    patches: int = 0
+    on_conflict: str | None = None
+
+
+# ---- plans ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class AdmitPlan(Node):
+    path: str
+
+
+@dataclass(frozen=True, eq=False)
+class EncodePlan(Node):
+    checkpoint: str
+    into: str
+    replaces: bool = False  # OVERWRITE: an existing container at ``into`` is replaced when the encode succeeds
+
+
+@dataclass(frozen=True, eq=False)
+class CompilePlan(Node):
+    source: str
+    into: str
+    on_conflict: str | None
+
+
+@fam.plans(Plan)
+def plan_admit(s: Plan, ctx: Context) -> Node:
+    files.source(s.path, "checkpoint")
+    return AdmitPlan(s, path=s.path)
+
+
+@fam.plans(Encode)
+def plan_encode(s: Encode, ctx: Context) -> Node:
+    files.source(s.checkpoint, "checkpoint")
+    overwrite = may_overwrite(s, ctx)
+    inside = files.container_paths(ctx.catalog) if ctx.bound else []
+    replaces = files.encode_target(s.into, overwrite=overwrite, inside=inside)
+    return EncodePlan(s, checkpoint=s.checkpoint, into=s.into, replaces=replaces)
+
+
+@fam.plans(Extract)
+def plan_extract(s: Extract, ctx: Context) -> Node:
+    if s.components is not None:
+        raise err(s, f"EXTRACT ... COMPONENTS {', '.join(s.components)} narrows what is carried; this build's "
+                   "ENCODE carries the whole model", hint="leave COMPONENTS out")
+    if s.layers is not None:
+        raise err(s, f"EXTRACT ... LAYERS {s.layers[0]}-{s.layers[1]} narrows what is carried; this build's ENCODE "
+                   "carries every layer", hint="leave LAYERS out (DRAFT DEPTH n runs fewer layers of the whole)")
+    if s.format is not None and s.format != "vindex3":
+        raise err(s, f"EXTRACT ... FORMAT {s.format} is not a format this build writes", hint="FORMAT vindex3")
+    return EncodePlan(s, checkpoint=s.checkpoint, into=s.into)
+
+
+@fam.plans(Compile)
+def plan_compile(s: Compile, ctx: Context) -> Node:
+    if s.target == "model":
+        raise err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
+                   "does not write", hint="COMPILE ... INTO VINDEX 'dir' writes a container")
+    if s.path is None:
+        if not ctx.bound:
+            raise NoContainer("COMPILE CURRENT compiles the open container, and none is open",
+                              hint="OPEN one first, or COMPILE 'path' INTO VINDEX 'dir'",
+                              line=s.line, column=s.column, statement=s.source)
+        source = ctx.catalog.path
+    else:
+        source = s.path
+    return CompilePlan(s, source=source, into=s.into, on_conflict=s.on_conflict)
+
+
+# ---- runners ----------------------------------------------------------------------------
+
+
+def verify_result(rep, *, default_path: str | None = None, show_path: bool = False) -> VerifyResult:
+    """A vindex3 VerifyReport as a result (also used by the vindex3 command's printer)."""
+    return VerifyResult(path=str(rep.path), ok=rep.ok, checked=rep.checked, problems=list(rep.problems),
+                        show_path=show_path)
+
+
+def plan_result(p) -> PlanResult:
+    """A vindex3 AdmissionPlan as a result (also used by the vindex3 command's printer)."""
+    mix = p.operator_mix
+    return PlanResult(
+        source=str(p.source), source_kind=p.source_kind, model_type=p.model_type,
+        family=p.family, admissible=p.admissible, layers=p.layers,
+        operator_mix=[MixEntry(label=label, count=n) for label, n in mix] if mix else None,
+        tensors=p.tensors, parameters=p.parameters,
+        findings=[FindingRow(category=f.category, key=f.key, value=jsonable(f.value),
+                             message=f.message, blocks=f.blocks) for f in p.findings],
+    )
+
+
+@fam.runs(Verify)  # the identity plan: VERIFY binds nothing
+def run_verify(session, node: Node) -> VerifyResult:
+    return verify_result(session.container.verify(), default_path=str(session.container.path))
+
+
+@fam.runs(AdmitPlan)
+def run_admit(session, node: AdmitPlan) -> PlanResult:
+    return plan_result(vindex3().admit(node.path))
+
+
+@fam.runs(EncodePlan)
+def run_encode(session, node: EncodePlan) -> EncodeResult:
+    v = vindex3()
+    t0 = time.perf_counter()
+    if node.replaces:
+        out = _encode_replacing(v, node, session.on_progress)
+    else:
+        out = v.encode(node.checkpoint, node.into, progress=session.on_progress)
+    secs = time.perf_counter() - t0
+    c = v.open(out)
+    return EncodeResult(
+        source=node.checkpoint, path=str(out), name=c.name, layers=c.graph.num_layers,
+        operator_mix=[MixEntry(label=label, count=n) for label, n in c.graph.operator_mix()],
+        bytes=sum(o["bytes"] for o in c.objects()), seconds=secs,
+    )
+
+
+def _encode_replacing(v, node: EncodePlan, progress) -> Path:
+    """ENCODE ... OVERWRITE over an existing container: encode beside it, and only when the new
+    container is complete move the old one aside, the new one in, and remove the old one. A
+    failed encode leaves the old container as it was."""
+    from vindex3.paths import hidden_sibling
+
+    target = Path(node.into)
+    fresh = hidden_sibling(target, f".replacing-{os.getpid()}")
+    old = hidden_sibling(target, f".replaced-{os.getpid()}")
+    v.encode(node.checkpoint, fresh, progress=progress)
+    try:
+        target.rename(old)
+    except BaseException:
+        shutil.rmtree(fresh, ignore_errors=True)
+        raise
+    fresh.rename(target)
+    shutil.rmtree(old, ignore_errors=True)
+    return target
+
+
+@fam.runs(CompilePlan)
+def run_compile(session, node: CompilePlan) -> CompileResult:
+    from vindex3.compile import compile_copy
+
+    r = compile_copy(node.source, node.into)
+    return CompileResult(source=str(r.source), path=str(r.path), files=r.files, bytes=r.bytes,
+                         generation=r.generation, verified=r.verified, left_behind=r.left_behind,
+                         on_conflict=node.on_conflict)
+
+
+# ---- layouts and rows -------------------------------------------------------------------
+
+
+@fam.layout(VerifyResult)
+def layout_verify(r: VerifyResult, timing: bool) -> list[str]:
+    where = f" in {r.path}" if r.show_path else ""
+    if r.ok:
+        return [f"verified {r.checked} files{where}: every hash matches the index"]
+    return ([f"VERIFY FAILED{where}: {len(r.problems)} problem(s) in {r.checked} files checked"]
+            + [f"  - {p}" for p in r.problems])
+
+
+@fam.records(VerifyResult)
+def records_verify(r: VerifyResult) -> list[dict[str, Any]]:
+    if r.ok:
+        return [{"path": r.path, "ok": True, "checked": r.checked, "problem": None}]
+    return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
+
+
+@fam.layout(PlanResult)
+def layout_plan(r: PlanResult, timing: bool) -> list[str]:
+    out = fields([
+        ("checkpoint", r.source + (f" ({r.source_kind})" if r.source_kind else "")),
+        ("model type", r.model_type or "-"),
+        ("family", r.family),
+        ("admissible", "yes" if r.admissible else "no: " + f"{sum(f.blocks for f in r.findings)} finding(s) block it"),
+        ("layers", None if r.layers is None else f"{r.layers} ({fmt_mix(r.operator_mix or [])})"),
+        ("tensors", None if r.tensors is None else f"{r.tensors} ({fmt_int(r.parameters)} parameters)"),
+    ])
+    if r.findings:
+        headers = ["category", "key", "value", "blocks", "message"]
+        out += [""] + table(headers, [
+            [f.category, f.key, short(fmt_value(f.value))]
+            + ["BLOCKS" if f.blocks else "", f.message] for f in r.findings
+        ])
+    return out
+
+
+@fam.records(PlanResult)
+def records_plan(r: PlanResult) -> list[dict[str, Any]]:
+    return [dump(f) for f in r.findings]
+
+
+@fam.layout(EncodeResult)
+def layout_encode(r: EncodeResult, timing: bool) -> list[str]:
+    out = [f"encoded {r.source} into {r.path}"] + fields([
+        ("model", r.name),
+        ("layers", f"{r.layers} ({fmt_mix(r.operator_mix)})"),
+        ("weights", fmt_bytes(r.bytes)),
+    ])
+    if timing and r.seconds is not None:
+        out += fields([("encode time", fmt_seconds(r.seconds))])
+    return out
+
+
+@fam.layout(CompileResult)
+def layout_compile(r: CompileResult, timing: bool) -> list[str]:
+    out = [f"compiled {r.source} into {r.path}: no patch overlay in this build, so a verified copy"]
+    out += fields([
+        ("files", f"{r.files} copied ({fmt_bytes(r.bytes)}), each checked against its recorded hash"),
+        ("verified", f"{r.verified} checked in the written container"),
+        ("generation", str(r.generation)),
+        ("left behind", f"{r.left_behind} file(s) the index does not refer to" if r.left_behind else None),
+        ("on conflict", f"{r.on_conflict} (no patches, so no conflicts)" if r.on_conflict else None),
+    ])
+    return out
