@@ -262,36 +262,6 @@ class ScoreRepresentation(Statement):
 # ---- looking inside (issue 15) ------------------------------------------------------------
 
 
-class Walk(Statement):
-    """WALK 'text' [TOP n] [LAYERS a-b]: per FFN layer, the features whose gate rows answer
-    the text's last token most strongly."""
-
-    keyword: ClassVar[str] = "WALK"
-    kind: Literal["walk"] = "walk"
-    prompt: Prompt
-    top: int | None = None
-    layers: LayerSpan | None = None
-    mode: str | None = dialect(None)  # MODE hybrid | pure | dense (the reference dialect), lower-cased
-    compare: bool = dialect(False)  # COMPARE (the reference dialect)
-    detail: Detail | None = dialect(None)  # VERBOSE | BRIEF | RAW
-    explain: bool = dialect(False)  # written EXPLAIN WALK
-
-
-class Describe(Statement):
-    """DESCRIBE 'entity' [LAYERS a-b] [TOP n]: edges entity -> token through the features the
-    entity's embedding opens."""
-
-    keyword: ClassVar[str] = "DESCRIBE"
-    kind: Literal["describe"] = "describe"
-    entity: str
-    top: int | None = None
-    layers: LayerSpan | None = None
-    band: Band | None = dialect(None)  # ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT (the reference dialect)
-    at_layer: int | None = dialect(None)  # AT LAYER n
-    relations_only: bool = dialect(False)  # RELATIONS ONLY: refused (no relation labels in this build)
-    detail: Detail | None = dialect(None)  # VERBOSE | BRIEF | RAW
-
-
 class Column(Node):
     """A column named in SELECT, WHERE or ORDER BY, where it was written."""
 
@@ -306,46 +276,6 @@ class Condition(Node):
     column: Column
     op: str  # also IN, whose value is a list
     value: str | int | float | list[str | int | float]
-
-
-class SelectFeatures(Statement):
-    """SELECT columns FROM FEATURES [AT LAYER n | LAYERS a-b] [NEAREST TO 'text'] [WHERE ...]
-    [ORDER BY column [ASC | DESC]] [LIMIT n]."""
-
-    keyword: ClassVar[str] = "SELECT"
-    kind: Literal["select_features"] = "select_features"
-    columns: list[Column] | None = None  # None: SELECT *
-    layers: LayerSpan | None = None  # AT LAYER n is (n, n)
-    at_layer: bool = False  # the scope was written AT LAYER n
-    nearest: str | None = None
-    nearest_layer: int | None = dialect(None)  # NEAREST TO 'e' AT LAYER n (the reference's order)
-    where: list[Condition] = []
-    order_by: Column | None = None
-    descending: bool | None = None  # None: not written
-    limit: int | None = None
-
-
-class ShowFeatures(Statement):
-    keyword: ClassVar[str] = "SHOW FEATURES"
-    kind: Literal["show_features"] = "show_features"
-    layer: int
-    limit: int | None = None
-
-
-class ExplainFeatures(Statement):
-    """EXPLAIN INFER ... FEATURES [TOP n] [LAYERS a-b]: the features most active at the last
-    position of the run the INFER describes."""
-
-    keyword: ClassVar[str] = "EXPLAIN"
-    kind: Literal["explain_features"] = "explain_features"
-    infer: Infer
-    top: int | None = None
-    layers: LayerSpan | None = None
-    band: Band | None = dialect(None)  # KNOWLEDGE | SYNTAX | OUTPUT (the reference's EXPLAIN INFER options)
-    verbose: bool = dialect(False)
-    relations_only: bool = dialect(False)  # refused: no relation labels in this build
-    attention: bool = dialect(False)  # WITH ATTENTION: refused
-    reference: bool = dialect(False)  # written in the reference dialect (without FEATURES)
 
 
 class TraceFor(Statement):
@@ -379,14 +309,6 @@ class Observe(Statement):
     ablate: Ablation | None = None
     into: str
     overwrite: bool = False  # replace an existing record
-
-
-class BuildFeatures(Statement):
-    """BUILD FEATURES [LAYERS a-b]: build (or check) the feature metadata now."""
-
-    keyword: ClassVar[str] = "BUILD FEATURES"
-    kind: Literal["build_features"] = "build_features"
-    layers: LayerSpan | None = None
 
 
 # ---- the reference dialect (issue 19) -----------------------------------------------------

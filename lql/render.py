@@ -25,8 +25,6 @@ FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
 from .layouts import (
     generated,
     intervention,
-    layer_groups,
-    metadata_fields,
     operand_rows,
     placement,
     prompt_fields,
@@ -35,13 +33,11 @@ from .layouts import (
     share,
     shares,
     short,
-    skipped_fields,
     summary_fields,
     table_with_banners,
     time,
     timing_fields,
     token,
-    token_list,
 )
 from .text import (  # noqa: F401
     Col,
@@ -442,103 +438,6 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
 # ---- looking inside (issue 15) --------------------------------------------------------
 
 
-@_layout(R.WalkResult)
-def _walk(r: R.WalkResult, timing: bool) -> list[str]:
-    out = [(f"walk {prompt_text(r.prompt)}: the query is the embedding of its last token "
-           f"{token(r.query_token, r.query_id)} (id {r.query_id}); the top {r.top} features per layer by |gate score|")]
-    rows, first = [], []
-    for lay in r.layers:
-        for j, h in enumerate(lay.features):
-            rows.append([str(lay.layer), str(h.feature), f"{h.score:.2f}", token_list(h.tokens)])
-            first.append(j == 0)
-    out += table([num("layer"), num("feature"), num("gate score"), "writes"], layer_groups(rows, first))
-    tail = fields([*skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
-    return out + tail
-
-
-@_layout(R.DescribeResult)
-def _describe(r: R.DescribeResult, timing: bool) -> list[str]:
-    own = ", ".join(token(t, i) for t, i in zip(r.prompt.tokens, r.prompt.ids))
-    out = [(f"describe {fmt_text(r.entity)} (tokens {own}): {r.passing:,} feature(s) with gate score > {r.threshold:g} "
-           f"in {layers_phrase(r.layers)}")]
-    if r.excluded:
-        out.append(f"{r.excluded:,} of them write the entity's own tokens ({', '.join(fmt_text(t) for t in r.excluded_tokens)}) "
-                   "and are left out")
-    if not r.edges:
-        out.append("no edges: no feature passes the threshold (SET threshold = n to lower it)")
-    else:
-        shown = f"the top {len(r.edges)}" if len(r.edges) < r.total_edges else "all"
-        out.append(f"{r.total_edges:,} edge(s), {shown} by best gate score:")
-        out += table(
-            ["edge", num("best gate"), "at", "layers", num("features"), "also writes"],
-            [[f"{e.source} -> {token(e.target, e.target_id)}", f"{e.best_score:.2f}", f"L{e.best_layer}:{e.best_feature}",
-              f"{e.first_layer}-{e.last_layer}" if e.first_layer != e.last_layer else str(e.first_layer), str(e.count),
-              ", ".join(token(t, i) for t, i in zip(e.also, e.also_ids)) or "-"] for e in r.edges],
-        )
-    tail = fields([*skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
-    return out + tail
-
-
-def _feature_cell(col: str, x: R.FeatureRow) -> str:
-    if col == "token":
-        return token(x.token, x.token_id)
-    if col == "score":
-        return f"{x.score:.4f}"
-    return str(getattr(x, col))
-
-
-@_layout(R.SelectFeaturesResult)
-def _select(r: R.SelectFeaturesResult, timing: bool) -> list[str]:
-    cols = r.columns
-    if r.rows:
-        out = table([c if c == "token" else num(c) for c in cols], [[_feature_cell(c, x) for c in cols] for x in r.rows])
-    else:
-        out = ["no feature matches"]
-    limit = r.query.limit
-    count = (f"{len(r.rows):,} of {r.total:,} matching features (LIMIT {limit})" if limit is not None and r.total > len(r.rows)
-             else f"{r.total:,} matching feature{'' if r.total == 1 else 's'}")
-    tail = fields([("rows", f"{count} in {layers_phrase(r.layers)}"), ("score", r.score) if "score" in cols else ("", None),
-                   *skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
-    return out + tail
-
-
-@_layout(R.ShowFeaturesResult)
-def _show_features(r: R.ShowFeaturesResult, timing: bool) -> list[str]:
-    k = len(r.rows[0].tokens) if r.rows else 0
-    out = [(f"layer {r.layer}: {r.features:,} features ({r.ffn} after {r.mixer}); the top {k} tokens each down column "
-           "writes, with their logits")]
-    out += table([num("feature"), "writes"], [[str(x.feature), token_list(x.tokens, logits=True)] for x in r.rows])
-    if len(r.rows) < r.features:
-        out.append(f"{len(r.rows):,} of {r.features:,} features shown")
-    return out + fields(metadata_fields(r.metadata, timing))
-
-
-@_layout(R.FeatureActivityResult)
-def _activity(r: R.FeatureActivityResult, timing: bool) -> list[str]:
-    pos_tok = r.prompt.tokens[r.position] if r.position < len(r.prompt.tokens) else None
-    out = [(f"features most active at position {r.position} ({token(pos_tok, r.prompt.ids[r.position])}, the last) "
-           f"of {prompt_text(r.prompt)}: {r.slice}, {layers_phrase(r.executed_layers)}")]
-    out += fields([("ablated", intervention(r.intervention)),
-                   ("next token", f"{token(r.next_token, r.next_id)} (id {r.next_id})"),
-                   ("activation", ("the coefficient the feature's down column is written with (ranked by size); "
-                                  "gate: its gate pre-activation"))])
-    headers = [num("layer"), num("feature"), num("activation"), num("gate"), "writes"]
-    ablation = r.intervention is not None
-    if ablation:
-        headers.insert(4, "ablated")
-    rows, first = [], []
-    for lay in r.layers:
-        for j, f in enumerate(lay.features):
-            row = [str(lay.layer), str(f.feature), f"{f.activation:.4f}", f"{f.gate:.2f}", token_list(f.tokens)]
-            if ablation:
-                row.insert(4, "yes (zeroed)" if f.ablated else "")
-            rows.append(row)
-            first.append(j == 0)
-    out += table(headers, layer_groups(rows, first))
-    tail = fields([*skipped_fields(r.skipped), *metadata_fields(r.metadata, timing), time(r.seconds, timing)])
-    return out + tail
-
-
 @_layout(R.TraceForResult)
 def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
     where = "the last position" if r.positions == "last" else "every position"
@@ -598,31 +497,6 @@ def _observe(r: R.ObserveResult, timing: bool) -> list[str]:
         time(r.seconds, timing),
     ])
     return out
-
-
-@_layout(R.BuildFeaturesResult)
-def _build_features(r: R.BuildFeaturesResult, timing: bool) -> list[str]:
-    m = r.metadata
-    built = [x.layer for x in r.layers if x.built]
-    read = [x.layer for x in r.layers if not x.built]
-    out = [(f"feature metadata: the top {m.k} tokens each feature's down column writes, "
-           f"{layers_phrase([x.layer for x in r.layers])} ({len(r.layers)} of {r.ffn_layers} FFN layers)")]
-    out += fields([
-        ("built now", (layers_phrase(built) + (f" in {fmt_seconds(m.build_seconds)}" if timing else "")) if built else "none"),
-        ("already fresh", layers_phrase(read) if read else None),
-        ("rebuilt", m.rebuilt),
-        ("stored", f"{r.directory} in the container: {r.files} file(s), {fmt_bytes(r.bytes)}" if m.cached
-         else f"kept in memory only: {m.note}"),
-        *skipped_fields(r.skipped),
-    ])
-    headers = [num("layer"), "mixer", "ffn", num("features"), "status"] + (["build time"] if timing else [])
-    rows = []
-    for x in r.layers:
-        row = [str(x.layer), x.mixer, x.ffn, fmt_int(x.features), "built now" if x.built else "fresh"]
-        if timing:
-            row.append(fmt_seconds(x.seconds))
-        rows.append(row)
-    return out + [""] + table(headers, rows)
 
 
 # ---- entry points ---------------------------------------------------------------------
@@ -853,37 +727,6 @@ def _rec_verify(r: R.VerifyResult) -> list[dict[str, Any]]:
     return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
 
 
-@_records_of(R.WalkResult)
-def _rec_walk(r: R.WalkResult) -> list[dict[str, Any]]:
-    return [{"layer": lay.layer, "mixer": lay.mixer, "ffn": lay.ffn, "feature": h.feature, "score": h.score,
-             "tokens": [t.text for t in h.tokens], "token_ids": [t.id for t in h.tokens],
-             "token_logits": [t.logit for t in h.tokens]} for lay in r.layers for h in lay.features]
-
-
-@_records_of(R.DescribeResult)
-def _rec_describe(r: R.DescribeResult) -> list[dict[str, Any]]:
-    return [_dump(e) for e in r.edges]
-
-
-@_records_of(R.SelectFeaturesResult)
-def _rec_select(r: R.SelectFeaturesResult) -> list[dict[str, Any]]:
-    cols = list(r.columns) + (["token_id"] if "token" in r.columns else [])
-    return [{c: getattr(x, c) for c in cols} for x in r.rows]
-
-
-@_records_of(R.ShowFeaturesResult)
-def _rec_show_features(r: R.ShowFeaturesResult) -> list[dict[str, Any]]:
-    return [{"layer": r.layer, "feature": x.feature, "tokens": [t.text for t in x.tokens],
-             "token_ids": [t.id for t in x.tokens], "token_logits": [t.logit for t in x.tokens]} for x in r.rows]
-
-
-@_records_of(R.FeatureActivityResult)
-def _rec_activity(r: R.FeatureActivityResult) -> list[dict[str, Any]]:
-    return [{"layer": lay.layer, "mixer": lay.mixer, "ffn": lay.ffn, "feature": f.feature, "activation": f.activation,
-             "gate": f.gate, "ablated": f.ablated, "tokens": [t.text for t in f.tokens],
-             "token_ids": [t.id for t in f.tokens]} for lay in r.layers for f in lay.features]
-
-
 @_records_of(R.TraceForResult)
 def _rec_trace_for(r: R.TraceForResult) -> list[dict[str, Any]]:
     """The lens rows (``row: lens``), then with DECOMPOSE the parts (``row: part``)."""
@@ -891,11 +734,6 @@ def _rec_trace_for(r: R.TraceForResult) -> list[dict[str, Any]]:
     if r.decomposition is not None:
         out += [{"row": "part", **_dump(p)} for p in r.decomposition.parts]
     return out
-
-
-@_records_of(R.BuildFeaturesResult)
-def _rec_build_features(r: R.BuildFeaturesResult) -> list[dict[str, Any]]:
-    return [_dump(x) for x in r.layers]
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:

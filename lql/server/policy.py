@@ -46,14 +46,8 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Compact: ("into",),
     ast.Diff: ("a", "b"),
     ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
-    ast.Walk: (),
-    ast.Describe: (),
-    ast.SelectFeatures: (),  # NEAREST TO and WHERE take text, not paths
-    ast.ShowFeatures: (),
-    ast.ExplainFeatures: (),
     ast.TraceFor: ("save",),
     ast.Observe: ("into",),
-    ast.BuildFeatures: (),
     # the reference dialect (issue 19)
     ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
     ast.ShowPatches: (),
@@ -79,8 +73,7 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
 READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.Explain,
     ast.Infer, ast.Trace,
-    ast.DraftDepth, ast.DraftOff, ast.Walk, ast.Describe, ast.SelectFeatures,
-    ast.ShowFeatures, ast.ExplainFeatures,
+    ast.DraftDepth, ast.DraftOff,
     # the reference dialect: facts in words, and statements refused at planning whatever the profile
     ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
 })
@@ -102,7 +95,6 @@ _WHY = {
     ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
     ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
-    ast.BuildFeatures: "it builds derived data into the served container, long work",
     ast.ShowModels: "it lists the server's working directory",
     ast.Extract: "it writes a container on the server",
     ast.Compile: "it writes a container on the server",
@@ -171,7 +163,7 @@ def _check_numbers(stmt: ast.Statement, config: ServerConfig) -> None:
     if isinstance(stmt, ast.Observe):  # OBSERVE GENERATE n generates n tokens too
         generate = stmt.generate
     else:
-        infer = stmt if isinstance(stmt, ast.Infer) else (stmt.infer if isinstance(stmt, (ast.Explain, ast.ExplainFeatures)) else None)
+        infer = stmt if isinstance(stmt, ast.Infer) else getattr(stmt, "infer", None)  # EXPLAIN INFER ... [FEATURES]
         generate = infer.generate if infer is not None else None
     if generate is None:
         return
