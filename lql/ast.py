@@ -278,24 +278,6 @@ class Condition(Node):
     value: str | int | float | list[str | int | float]
 
 
-class TraceFor(Statement):
-    """TRACE 'text' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'f.npz']
-    [DRAFT DEPTH n] [ABLATE FEATURES (...)]."""
-
-    keyword: ClassVar[str] = "TRACE"
-    kind: Literal["trace_for"] = "trace_for"
-    prompt: Prompt
-    token: str | int | None  # text that is one token, or a token id (None: TRACE without FOR, refused)
-    layers: LayerSpan | None = None
-    positions: Literal["last", "all"] | None = None
-    decompose: bool = False
-    save: str | None = None
-    depth: int | None = None
-    ablate: Ablation | None = None
-    overwrite: bool = False  # replace an existing SAVE INTO file
-    save_file: bool = dialect(False)  # written SAVE 'f' (the reference's spelling, which needs POSITIONS ALL)
-
-
 class Observe(Statement):
     """OBSERVE 'text' [GENERATE n] [LENS ('tok', ...)] [DRAFT DEPTH n] [ABLATE FEATURES (...)]
     RECORD INTO 'run.jsonl'."""

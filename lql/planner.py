@@ -216,19 +216,6 @@ class ScoreRepresentation(Node):
 
 
 @dataclass(frozen=True, eq=False)
-class TraceFor(Node):
-    slice: SliceBinding
-    prompt: BoundPrompt
-    target: int  # the token id traced
-    layers: tuple[int, ...] | None
-    positions: str  # "last" | "all"
-    decompose: bool
-    save: str | None
-    overwrite: bool
-    intervention: Any
-
-
-@dataclass(frozen=True, eq=False)
 class Observe(Node):
     slice: SliceBinding
     prompt: BoundPrompt
@@ -317,8 +304,6 @@ def _check(s: ast.Statement, ctx: Context) -> None:
             check_infer(s)
         case ast.Explain() if s.infer is not None:
             check_infer(s.infer)
-        case ast.TraceFor():
-            check_span(s, s.layers)
         case ast.Observe():
             if s.generate is not None and s.generate < 0:  # the grammar takes whole numbers; kept for clarity
                 raise err(s, f"GENERATE must be at least 0, got {s.generate}")
@@ -659,25 +644,6 @@ def check_executed_layers(s: ast.Statement, sl: SliceBinding, layers: tuple[int,
     if missing:
         raise StatementError(f"{what}: layer {missing[0]} is not run by the {sl.label} "
                              f"({layers_word(sl.executed_layers)})", hint="choose layers the slice runs, or leave DRAFT DEPTH out")
-
-
-@plans(ast.TraceFor, needs_container=True)
-def _trace_for(s: ast.TraceFor, ctx: Context) -> Node:
-    if s.save_file and s.positions != "all":
-        raise err(s, "TRACE ... SAVE 'file' saves every position's trace, so it needs POSITIONS ALL (as in the "
-                   "reference dialect)", hint="add POSITIONS ALL, or write SAVE INTO 'file' for the positions shown")
-    if s.token is None:
-        raise err(s, "TRACE 'text' without FOR traces the predicted token in the reference dialect; this build "
-                   "traces a token you name", hint="add FOR 'token' (INFER 'text' TOP 1 names the prediction)")
-    cat = ctx.catalog
-    sl = cat.bind_slice(depth_of(ctx, s.depth))
-    layers = cat.layer_span(s.layers, "LAYERS")
-    check_executed_layers(s, sl, layers, "TRACE ... LAYERS")
-    ablation = cat.ablation(s.ablate, sl)
-    target = cat.single_token(s.token, "TRACE ... FOR")
-    return TraceFor(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), target=target, layers=layers,
-                    positions=s.positions or "last", decompose=s.decompose, save=s.save,
-                    overwrite=bool(s.overwrite or ctx.settings.get("overwrite", False)), intervention=ablation)
 
 
 @plans(ast.Observe, needs_container=True)

@@ -30,14 +30,12 @@ from .layouts import (
     prompt_fields,
     prompt_text,
     reads,
-    share,
     shares,
     short,
     summary_fields,
     table_with_banners,
     time,
     timing_fields,
-    token,
 )
 from .text import (  # noqa: F401
     Col,
@@ -438,49 +436,6 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
 # ---- looking inside (issue 15) --------------------------------------------------------
 
 
-@_layout(R.TraceForResult)
-def _trace_for(r: R.TraceForResult, timing: bool) -> list[str]:
-    where = "the last position" if r.positions == "last" else "every position"
-    out = [(f"trace {prompt_text(r.prompt)} for {token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
-           f"{layers_phrase(r.executed_layers)}, {where}")]
-    if r.intervention is not None:
-        out.append(f"with {intervention(r.intervention)}")
-    out.append("logit lens: the model's own final norm and head read the residual after each layer")
-    out += table(
-        ["layer", "operator", num("pos"), num("rank"), num("probability"), num("logit"), "top-1", num("top-1 prob")],
-        [["embedding" if x.layer is None else str(x.layer), x.operator, str(x.position), str(x.rank), fmt_prob(x.prob),
-          f"{x.logit:.4f}", token(x.top_token, x.top_id), fmt_prob(x.top_prob)] for x in r.rows],
-    )
-    f = r.final
-    out += fields([("output", (f"rank {f.rank}, probability {fmt_prob(f.prob)}, logit {f.logit:.4f}; top-1 "
-                              f"{token(f.top_token, f.top_id)} ({fmt_prob(f.top_prob)})"))])
-    d = r.decomposition
-    if d is not None:
-        base = f"logit before the softcap {d.logit_before_softcap:.4f}" if d.logit_before_softcap is not None else None
-        out += ["", (f"decomposition of the logit of {token(d.token, d.token_id)} at position {d.position}: each part is "
-                    "a write read through the head with the final norm's scale frozen")]
-        out += table(["part", "site", num("logit"), num("share")],
-                     [[x.name, x.site, f"{x.logit:.4f}", share(x.share)] for x in d.parts])
-        out += fields([
-            ("final logit", f"{d.final_logit:.4f}"),
-            ("before softcap", base),
-            ("sum of parts", f"{d.sum_of_parts:.4f} ({len(d.parts)} parts; {_residue(d)})"),
-            *[("note" if i == 0 else "", n) for i, n in enumerate(d.notes)],
-        ])
-    out += fields([("saved", None if r.saved is None else
-                    f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})"),
-                   time(r.seconds, timing)])
-    return out
-
-
-def _residue(d: R.Decomposition) -> str:
-    """The residue as a bound, never its value (its last digits depend on the order of float
-    additions); a residue past the bound is printed, since it is no longer rounding."""
-    if abs(d.unexplained) <= d.bound:
-        return "equal to the logit up to float32 rounding, within 1e-5 of the parts' absolute sum"
-    return f"{d.unexplained:.1e} unexplained, more than float32 rounding's {d.bound:.1e}"
-
-
 @_layout(R.ObserveResult)
 def _observe(r: R.ObserveResult, timing: bool) -> list[str]:
     out = [f"recorded {prompt_text(r.prompt)} into {r.path}: {r.status}"]
@@ -725,15 +680,6 @@ def _rec_verify(r: R.VerifyResult) -> list[dict[str, Any]]:
     if r.ok:
         return [{"path": r.path, "ok": True, "checked": r.checked, "problem": None}]
     return [{"path": r.path, "ok": False, "checked": r.checked, "problem": p} for p in r.problems]
-
-
-@_records_of(R.TraceForResult)
-def _rec_trace_for(r: R.TraceForResult) -> list[dict[str, Any]]:
-    """The lens rows (``row: lens``), then with DECOMPOSE the parts (``row: part``)."""
-    out = [{"row": "lens", **_dump(x)} for x in r.rows]
-    if r.decomposition is not None:
-        out += [{"row": "part", **_dump(p)} for p in r.decomposition.parts]
-    return out
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:

@@ -569,66 +569,6 @@ class MetadataNote(Data):
     note: str | None = None
 
 
-class LensRow(Data):
-    layer: int | None  # None: the embedding, before the first layer
-    operator: str
-    position: int
-    rank: int
-    prob: float
-    logit: float
-    top_id: int
-    top_token: str | None
-    top_prob: float
-
-
-class Part(Data):
-    name: str
-    layer: int | None
-    site: Literal["embedding", "mixer", "ffn"]
-    operator: str | None
-    logit: float
-    share: float | None
-
-
-class Decomposition(Data):
-    token_id: int
-    token: str | None
-    position: int
-    final_logit: float
-    logit_before_softcap: float | None
-    sum_of_parts: float
-    unexplained: float
-    bound: float
-    scale: float
-    parts: list[Part]
-    notes: list[str]
-    method: str
-
-
-class SavedFile(Data):
-    path: str
-    arrays: list[str]
-    bytes: int
-
-
-class TraceForResult(Result):
-    """TRACE ... FOR: the logit lens, and with DECOMPOSE the exact attribution."""
-
-    kind: Literal["trace_for"] = "trace_for"
-    prompt: InternalsPrompt
-    target_id: int
-    target: str | None
-    positions: Literal["last", "all"]
-    slice: str
-    executed_layers: list[int]
-    intervention: dict[str, Any] | None
-    rows: list[LensRow]
-    final: LensRow
-    decomposition: Decomposition | None
-    saved: SavedFile | None
-    seconds: float
-
-
 class ObserveResult(Result):
     kind: Literal["observe"] = "observe"
     path: str

@@ -24,7 +24,7 @@ from lql import ast, catalog, planner, render
 from lql import results as R
 from lql.errors import EngineRefusal, LqlError, LqlSyntaxError, StatementError
 from lql.repl_complete import LqlCompleter, context_at
-from lql.statements import features
+from lql.statements import features, lens
 
 CASES_FILE = HERE / "lql_cases" / "internals.txt"
 CASES = read_cases(CASES_FILE)
@@ -262,7 +262,7 @@ def test_plans_are_typed_values(s):
     star = plan(s, "SELECT * FROM FEATURES")
     assert star.columns == tuple(catalog.FEATURE_COLUMNS) and star.descending is True and star.layers is None
     t = plan(s, "TRACE 'Hi' FOR ' capital' LAYERS 0-1 POSITIONS ALL DECOMPOSE DRAFT DEPTH 2 ABLATE FEATURES (1:3)")
-    assert isinstance(t, planner.TraceFor) and t.target == s.catalog.tokenize(" capital", special=False)[0]
+    assert isinstance(t, lens.TraceForPlan) and t.target == s.catalog.tokenize(" capital", special=False)[0]
     assert t.positions == "all" and t.decompose and t.slice.depth == 2 and t.layers == (0, 1)
     assert t.intervention.features == ((1, 3),) and t.overwrite is False and t.save is None
     assert plan(s, "TRACE 'Hi' FOR 5").positions == "last"
@@ -291,7 +291,7 @@ def test_the_overwrite_field_defaults_to_refusing(s):
     """The plan field another statement family (issue 10) wires to OVERWRITE and SET overwrite."""
     assert plan(s, "TRACE 'x' FOR 5 SAVE INTO 't.npz'").overwrite is False
     assert plan(s, "OBSERVE 'x' RECORD INTO 'r.jsonl'").overwrite is False
-    stmt = ast.TraceFor(prompt=ast.TextPrompt(text="x"), token=5, save="t.npz", overwrite=True)
+    stmt = lens.TraceFor(prompt=ast.TextPrompt(text="x"), token=5, save="t.npz", overwrite=True)
     assert planner.plan(stmt, s.context()).overwrite is True
 
 
@@ -610,7 +610,7 @@ def test_syntax_errors_for_the_new_statements_read_well():
 def test_results_are_the_registered_kinds():
     kinds = {"walk": features.WalkResult, "describe": features.DescribeResult, "select_features": features.SelectFeaturesResult,
              "show_features": features.ShowFeaturesResult, "explain_features": features.FeatureActivityResult,
-             "trace_for": R.TraceForResult, "observe": R.ObserveResult, "build_features": features.BuildFeaturesResult}
+             "trace_for": lens.TraceForResult, "observe": R.ObserveResult, "build_features": features.BuildFeaturesResult}
     for kind, cls in kinds.items():
         assert cls.model_fields["kind"].default == kind
 

@@ -18,16 +18,6 @@ from ..binding import check_output, internals, internals_data, with_text
 from . import command
 
 
-@command(planner.TraceFor)
-def trace_for(session, node: planner.TraceFor) -> R.TraceForResult:
-    if node.save is not None:
-        check_output(session, node.save, "TRACE ... SAVE INTO", node.overwrite)
-    r = internals(session).trace(list(node.prompt.ids), node.target, layers=node.layers, positions=node.positions,
-                           decompose=node.decompose, save=node.save, overwrite=node.overwrite,
-                           slice=node.slice.depth, intervention=node.intervention)
-    return R.TraceForResult.model_validate(with_text(internals_data(r), node.prompt))
-
-
 @command(planner.Observe)
 def observe(session, node: planner.Observe) -> R.ObserveResult:
     check_output(session, node.into, "OBSERVE ... RECORD INTO", node.overwrite)

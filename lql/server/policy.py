@@ -46,7 +46,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Compact: ("into",),
     ast.Diff: ("a", "b"),
     ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
-    ast.TraceFor: ("save",),
     ast.Observe: ("into",),
     # the reference dialect (issue 19)
     ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
@@ -78,9 +77,6 @@ READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
     ast.ShowPatches, ast.ShowCompactStatus, ast.ShowEntities, ast.ShowRelations, ast.SelectGraph,
 })
 
-#: Statements that only read unless a path field is given: (statement class, that field).
-READ_ONLY_WITHOUT: dict[type[ast.Statement], str] = {ast.TraceFor: "save"}
-
 #: Why the read-only profile refuses a statement it knows.
 _WHY = {
     ast.Encode: "it writes a container on the server",
@@ -93,7 +89,6 @@ _WHY = {
     ast.Compact: "it writes a container on the server",
     ast.Diff: "it opens containers on the server by path",
     ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
-    ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
     ast.Observe: "it writes a record file on the server",
     ast.ShowModels: "it lists the server's working directory",
     ast.Extract: "it writes a container on the server",
@@ -126,9 +121,6 @@ def read_only(stmt: ast.Statement) -> bool:
     writing clause is absent (TRACE ... FOR without SAVE INTO)."""
     if type(stmt).read_only is not None:
         return stmt.refused_read_only() is None
-    field = READ_ONLY_WITHOUT.get(type(stmt))
-    if field is not None:
-        return getattr(stmt, field) is None
     return type(stmt) in READ_ONLY
 
 
