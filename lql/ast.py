@@ -259,7 +259,7 @@ class ScoreRepresentation(Statement):
     greedy: int | None = None
 
 
-# ---- looking inside (issue 15) ------------------------------------------------------------
+# ---- columns and conditions (SELECT ... FROM FEATURES, and the reference dialect's tables) --
 
 
 class Column(Node):
@@ -276,21 +276,6 @@ class Condition(Node):
     column: Column
     op: str  # also IN, whose value is a list
     value: str | int | float | list[str | int | float]
-
-
-class Observe(Statement):
-    """OBSERVE 'text' [GENERATE n] [LENS ('tok', ...)] [DRAFT DEPTH n] [ABLATE FEATURES (...)]
-    RECORD INTO 'run.jsonl'."""
-
-    keyword: ClassVar[str] = "OBSERVE"
-    kind: Literal["observe"] = "observe"
-    prompt: Prompt
-    generate: int | None = None
-    lens: list[str | int] = []
-    depth: int | None = None
-    ablate: Ablation | None = None
-    into: str
-    overwrite: bool = False  # replace an existing record
 
 
 # ---- the reference dialect (issue 19) -----------------------------------------------------

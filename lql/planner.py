@@ -212,20 +212,6 @@ class ScoreRepresentation(Node):
     greedy: int
 
 
-# ---- looking inside (issue 15): plan nodes -----------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Observe(Node):
-    slice: SliceBinding
-    prompt: BoundPrompt
-    generate: int
-    lens: tuple[int, ...]
-    into: str
-    overwrite: bool
-    intervention: Any
-
-
 # ---- planning -------------------------------------------------------------------------
 
 _PLANNERS: dict[type[ast.Statement], tuple[Callable[[Any, Context], Node], bool]] = {}
@@ -304,9 +290,6 @@ def _check(s: ast.Statement, ctx: Context) -> None:
             check_infer(s)
         case ast.Explain() if s.infer is not None:
             check_infer(s.infer)
-        case ast.Observe():
-            if s.generate is not None and s.generate < 0:  # the grammar takes whole numbers; kept for clarity
-                raise err(s, f"GENERATE must be at least 0, got {s.generate}")
         case ast.DraftLadder():
             seen: set[int] = set()
             for d in s.depths:
@@ -618,10 +601,11 @@ def _score_representation(s: ast.ScoreRepresentation, ctx: Context) -> Node:
                                greedy=s.greedy if s.greedy is not None else GREEDY)
 
 
-# ---- looking inside (issue 15): planning ----------------------------------------------------
+# ---- layers as words, and the layers a slice runs (the features and lens families) ------------
 
 
 def span_text(layers) -> str:
+    """Layer numbers as runs: '0-3, 5'."""
     out, xs, i = [], list(layers), 0
     while i < len(xs):
         j = i
@@ -633,10 +617,12 @@ def span_text(layers) -> str:
 
 
 def layers_word(layers) -> str:
+    """'layer 2' or 'layers 0-3, 5'."""
     return ("layer " if len(layers) == 1 else "layers ") + span_text(layers)
 
 
 def check_executed_layers(s: ast.Statement, sl: SliceBinding, layers: tuple[int, ...] | None, what: str) -> None:
+    """Refuse ``layers`` (chosen by ``what``) that the slice does not run, naming the first."""
     if layers is None:
         return
     ran = set(sl.executed_layers)
@@ -644,16 +630,6 @@ def check_executed_layers(s: ast.Statement, sl: SliceBinding, layers: tuple[int,
     if missing:
         raise StatementError(f"{what}: layer {missing[0]} is not run by the {sl.label} "
                              f"({layers_word(sl.executed_layers)})", hint="choose layers the slice runs, or leave DRAFT DEPTH out")
-
-
-@plans(ast.Observe, needs_container=True)
-def _observe(s: ast.Observe, ctx: Context) -> Node:
-    cat = ctx.catalog
-    sl = cat.bind_slice(depth_of(ctx, s.depth))
-    ablation = cat.ablation(s.ablate, sl)
-    lens = tuple(cat.single_token(t, "OBSERVE ... LENS") for t in s.lens)
-    return Observe(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), generate=s.generate or 0, lens=lens, into=s.into,
-                   overwrite=bool(s.overwrite or ctx.settings.get("overwrite", False)), intervention=ablation)
 
 
 # ---- the reference dialect (issue 19) -----------------------------------------------------

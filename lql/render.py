@@ -28,13 +28,11 @@ from .layouts import (
     operand_rows,
     placement,
     prompt_fields,
-    prompt_text,
     reads,
     shares,
     short,
     summary_fields,
     table_with_banners,
-    time,
     timing_fields,
 )
 from .text import (  # noqa: F401
@@ -430,27 +428,6 @@ def _ladder(r: R.LadderResult, timing: bool) -> list[str]:
         out.append(f"report written to {r.into}")
     if r.plot_path:
         out.append(f"chart written to {r.plot_path}")
-    return out
-
-
-# ---- looking inside (issue 15) --------------------------------------------------------
-
-
-@_layout(R.ObserveResult)
-def _observe(r: R.ObserveResult, timing: bool) -> list[str]:
-    out = [f"recorded {prompt_text(r.prompt)} into {r.path}: {r.status}"]
-    n = len(r.generated_ids)
-    out += fields([
-        ("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"),
-        ("ablated", intervention(r.intervention)),
-        ("generated", None if not n else f"{n} token{'' if n == 1 else 's'} {fmt_value(r.generated_ids)} "
-                                         f"{fmt_text(r.generated_text) if r.generated_text is not None else ''}".rstrip()),
-        ("lens", None if not r.lens_tokens else fmt_value(r.lens_tokens)),
-        ("events", f"{r.events:,} ({r.write_events:,} writes, {r.token_events:,} tokens)"),
-        ("receipt", f"sha256 {r.sha256}, run {r.run_id}"),
-        ("check", f"vindex3 record verify {r.path}"),
-        time(r.seconds, timing),
-    ])
     return out
 
 

@@ -569,25 +569,6 @@ class MetadataNote(Data):
     note: str | None = None
 
 
-class ObserveResult(Result):
-    kind: Literal["observe"] = "observe"
-    path: str
-    run_id: str
-    prompt: InternalsPrompt
-    generated_ids: list[int]
-    generated_text: str | None
-    slice: str
-    executed_layers: list[int]
-    intervention: dict[str, Any] | None
-    lens_tokens: list[int]
-    events: int
-    write_events: int
-    token_events: int
-    sha256: str
-    status: Literal["complete", "interrupted"]
-    seconds: float
-
-
 # ---- the reference dialect (issue 19) -------------------------------------------------------
 
 

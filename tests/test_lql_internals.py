@@ -21,10 +21,9 @@ from prompt_toolkit.document import Document
 
 import lql
 from lql import ast, catalog, planner, render
-from lql import results as R
 from lql.errors import EngineRefusal, LqlError, LqlSyntaxError, StatementError
 from lql.repl_complete import LqlCompleter, context_at
-from lql.statements import features, lens
+from lql.statements import features, lens, records
 
 CASES_FILE = HERE / "lql_cases" / "internals.txt"
 CASES = read_cases(CASES_FILE)
@@ -610,7 +609,7 @@ def test_syntax_errors_for_the_new_statements_read_well():
 def test_results_are_the_registered_kinds():
     kinds = {"walk": features.WalkResult, "describe": features.DescribeResult, "select_features": features.SelectFeaturesResult,
              "show_features": features.ShowFeaturesResult, "explain_features": features.FeatureActivityResult,
-             "trace_for": lens.TraceForResult, "observe": R.ObserveResult, "build_features": features.BuildFeaturesResult}
+             "trace_for": lens.TraceForResult, "observe": records.ObserveResult, "build_features": features.BuildFeaturesResult}
     for kind, cls in kinds.items():
         assert cls.model_fields["kind"].default == kind
 

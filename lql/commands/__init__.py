@@ -54,7 +54,6 @@ from . import (  # noqa: F401
     drafts,
     explain,
     infer,
-    internals,
     representations,
     trace,
 )

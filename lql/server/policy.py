@@ -46,7 +46,6 @@ _LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
     ast.Compact: ("into",),
     ast.Diff: ("a", "b"),
     ast.ScoreRepresentation: ("candidate", "reference", "prompts"),
-    ast.Observe: ("into",),
     # the reference dialect (issue 19)
     ast.ShowModels: (),  # lists the server's working directory: refused by the read-only profile
     ast.ShowPatches: (),
@@ -89,7 +88,6 @@ _WHY = {
     ast.Compact: "it writes a container on the server",
     ast.Diff: "it opens containers on the server by path",
     ast.ScoreRepresentation: "it runs two models over a prompt bank and rewrites a container's index on the server",
-    ast.Observe: "it writes a record file on the server",
     ast.ShowModels: "it lists the server's working directory",
     ast.Extract: "it writes a container on the server",
     ast.Compile: "it writes a container on the server",
@@ -152,11 +150,8 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
 
 
 def _check_numbers(stmt: ast.Statement, config: ServerConfig) -> None:
-    if isinstance(stmt, ast.Observe):  # OBSERVE GENERATE n generates n tokens too
-        generate = stmt.generate
-    else:
-        infer = stmt if isinstance(stmt, ast.Infer) else getattr(stmt, "infer", None)  # EXPLAIN INFER ... [FEATURES]
-        generate = infer.generate if infer is not None else None
+    infer = getattr(stmt, "infer", None)  # EXPLAIN INFER ... [FEATURES]: the INFER it explains
+    generate = infer.generate if infer is not None else getattr(stmt, "generate", None)  # INFER, OBSERVE
     if generate is None:
         return
     lim = config.limits
