@@ -3,7 +3,7 @@ column, source text) and nothing else; downstream code takes nodes, never text."
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -130,37 +130,7 @@ class Statement(Node):
         return StatementError(message, hint=hint, line=self.line, column=self.column, statement=self.source)
 
 
-# ---- looking inside (issue 15) ------------------------------------------------------------
-
-
-class Walk(Statement):
-    """WALK 'text' [TOP n] [LAYERS a-b]: per FFN layer, the features whose gate rows answer
-    the text's last token most strongly."""
-
-    keyword: ClassVar[str] = "WALK"
-    kind: Literal["walk"] = "walk"
-    prompt: Prompt
-    top: int | None = None
-    layers: LayerSpan | None = None
-    mode: str | None = dialect(None)  # MODE hybrid | pure | dense (the reference dialect), lower-cased
-    compare: bool = dialect(False)  # COMPARE (the reference dialect)
-    detail: Detail | None = dialect(None)  # VERBOSE | BRIEF | RAW
-    explain: bool = dialect(False)  # written EXPLAIN WALK
-
-
-class Describe(Statement):
-    """DESCRIBE 'entity' [LAYERS a-b] [TOP n]: edges entity -> token through the features the
-    entity's embedding opens."""
-
-    keyword: ClassVar[str] = "DESCRIBE"
-    kind: Literal["describe"] = "describe"
-    entity: str
-    top: int | None = None
-    layers: LayerSpan | None = None
-    band: Band | None = dialect(None)  # ALL LAYERS | SYNTAX | KNOWLEDGE | OUTPUT (the reference dialect)
-    at_layer: int | None = dialect(None)  # AT LAYER n
-    relations_only: bool = dialect(False)  # RELATIONS ONLY: refused (no relation labels in this build)
-    detail: Detail | None = dialect(None)  # VERBOSE | BRIEF | RAW
+# ---- columns and conditions (SELECT ... FROM FEATURES, and the reference dialect's tables) --
 
 
 class Column(Node):
@@ -177,86 +147,5 @@ class Condition(Node):
     column: Column
     op: str  # also IN, whose value is a list
     value: str | int | float | list[str | int | float]
-
-
-class SelectFeatures(Statement):
-    """SELECT columns FROM FEATURES [AT LAYER n | LAYERS a-b] [NEAREST TO 'text'] [WHERE ...]
-    [ORDER BY column [ASC | DESC]] [LIMIT n]."""
-
-    keyword: ClassVar[str] = "SELECT"
-    kind: Literal["select_features"] = "select_features"
-    columns: list[Column] | None = None  # None: SELECT *
-    layers: LayerSpan | None = None  # AT LAYER n is (n, n)
-    at_layer: bool = False  # the scope was written AT LAYER n
-    nearest: str | None = None
-    nearest_layer: int | None = dialect(None)  # NEAREST TO 'e' AT LAYER n (the reference's order)
-    where: list[Condition] = []
-    order_by: Column | None = None
-    descending: bool | None = None  # None: not written
-    limit: int | None = None
-
-
-class ShowFeatures(Statement):
-    keyword: ClassVar[str] = "SHOW FEATURES"
-    kind: Literal["show_features"] = "show_features"
-    layer: int
-    limit: int | None = None
-
-
-class ExplainFeatures(Statement):
-    """EXPLAIN INFER ... FEATURES [TOP n] [LAYERS a-b]: the features most active at the last
-    position of the run the INFER describes."""
-
-    keyword: ClassVar[str] = "EXPLAIN"
-    kind: Literal["explain_features"] = "explain_features"
-    infer: Any  # lql.statements.infer.Infer (typed there; rebuilt when the infer family registers)
-    top: int | None = None
-    layers: LayerSpan | None = None
-    band: Band | None = dialect(None)  # KNOWLEDGE | SYNTAX | OUTPUT (the reference's EXPLAIN INFER options)
-    verbose: bool = dialect(False)
-    relations_only: bool = dialect(False)  # refused: no relation labels in this build
-    attention: bool = dialect(False)  # WITH ATTENTION: refused
-    reference: bool = dialect(False)  # written in the reference dialect (without FEATURES)
-
-
-class TraceFor(Statement):
-    """TRACE 'text' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'f.npz']
-    [DRAFT DEPTH n] [ABLATE FEATURES (...)]."""
-
-    keyword: ClassVar[str] = "TRACE"
-    kind: Literal["trace_for"] = "trace_for"
-    prompt: Prompt
-    token: str | int | None  # text that is one token, or a token id (None: TRACE without FOR, refused)
-    layers: LayerSpan | None = None
-    positions: Literal["last", "all"] | None = None
-    decompose: bool = False
-    save: str | None = None
-    depth: int | None = None
-    ablate: Ablation | None = None
-    overwrite: bool = False  # replace an existing SAVE INTO file
-    save_file: bool = dialect(False)  # written SAVE 'f' (the reference's spelling, which needs POSITIONS ALL)
-
-
-class Observe(Statement):
-    """OBSERVE 'text' [GENERATE n] [LENS ('tok', ...)] [DRAFT DEPTH n] [ABLATE FEATURES (...)]
-    RECORD INTO 'run.jsonl'."""
-
-    keyword: ClassVar[str] = "OBSERVE"
-    kind: Literal["observe"] = "observe"
-    prompt: Prompt
-    generate: int | None = None
-    lens: list[str | int] = []
-    depth: int | None = None
-    ablate: Ablation | None = None
-    into: str
-    overwrite: bool = False  # replace an existing record
-
-
-class BuildFeatures(Statement):
-    """BUILD FEATURES [LAYERS a-b]: build (or check) the feature metadata now."""
-
-    keyword: ClassVar[str] = "BUILD FEATURES"
-    kind: Literal["build_features"] = "build_features"
-    layers: LayerSpan | None = None
 
 

@@ -50,6 +50,48 @@ def draft_module(what: str):
     return vindex3.draft
 
 
+# ---- the session's feature internals (WALK, DESCRIBE, SELECT, TRACE ... FOR, OBSERVE, BUILD FEATURES)
+#
+# Each of those statements is one call on the session's `vindex3.internals.Internals` (one per
+# bound container), whose pydantic result becomes the LQL result of the same shape. Feature
+# metadata is built on demand and kept in the container as derived data; the ``stale`` setting
+# says whether metadata built from another state of the container is rebuilt or refused.
+
+
+def internals(session):
+    """The session's internals, set up from its settings (``stale``) and whether it may write
+    derived data into the container."""
+    ix = session.internals()
+    ix.metadata.on_stale = session.settings.stale
+    ix.metadata.persist = session.writes_derived  # a read-only server keeps built metadata in memory
+    return ix
+
+
+def internals_data(x) -> dict[str, Any]:
+    """An internals result as the fields of its LQL mirror."""
+    return x.model_dump(exclude={"kind"})
+
+
+def internals_query(prompt):
+    """What the internals API takes for a bound query (`lql.planner.BoundPrompt`): the text (it
+    tokenises it the same way, without BOS) or the ids given as TOKENS."""
+    return prompt.text if prompt.text is not None else list(prompt.ids)
+
+
+def with_text(d: dict[str, Any], prompt) -> dict[str, Any]:
+    """Runs take bound ids (the chat template may have wrapped the text); show the text as given."""
+    d["prompt"]["text"] = prompt.text
+    return d
+
+
+def check_output(session, path: str, what: str, overwrite: bool) -> None:
+    """Refuse a bad output path before anything runs (vindex3's path helper): never inside the
+    open container, never over an existing file unless ``overwrite``."""
+    from vindex3.paths import output_file
+
+    output_file(path, what, overwrite=overwrite, forbid_inside=[session.base_container.path])
+
+
 def placement_info(container, sl, positions: int = 0):
     """Where a sharded model's parts run, for a slice (None when the model runs in this
     process). Reads no tensor data and calls no actor."""

@@ -187,14 +187,14 @@ def execute_statement(session: Session, stmt: ast.Statement, *,
     """Plan and execute one parsed statement, inside `boundary`: its result, or the `LqlError`
     that stopped it. ``before_run(node)`` sees the plan node before it runs (a server checks its
     limits there, so a statement is planned once)."""
-    from . import commands
+    from . import registry
     from .planner import plan
 
     with boundary(session, stmt):
         node = plan(stmt, session.context())
         if before_run is not None:
             before_run(node)
-        result = commands.execute(session, node)
+        result = registry.run(session, node)
         result.statement = R.StatementRef(kind=stmt.kind, line=stmt.line, column=stmt.column, text=stmt.source)
     return result
 

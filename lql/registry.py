@@ -192,6 +192,18 @@ def runner_for(node_type: type) -> Callable | None:
     return entry[0] if entry else None
 
 
+def run(session, node):
+    """Run one plan node: the runner its family registered for the node's class (for the
+    identity plan, for the statement's class). A node no family runs is a bug, named."""
+    from .planner import Identity
+
+    key = type(node.statement) if type(node) is Identity else type(node)
+    fn = runner_for(key)
+    if fn is None:
+        raise NotImplementedError(f"no statement family runs {type(node).__name__}")
+    return fn(session, node)
+
+
 def docs() -> list[Doc]:
     """Every HELP entry, in HELP's order."""
     return sorted((d for f in families() for d in f.docs), key=lambda d: d.order)

@@ -218,17 +218,19 @@ class ReadCost(BaseModel):
 # remote session rebuilds them, without importing vindex3 when lql is imported.
 
 
-class _Data(BaseModel):
+class Data(BaseModel):
+    """A mirror of one of vindex3.internals' models: a field it does not know is refused."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class TokenLogit(_Data):
+class TokenLogit(Data):
     id: int
     text: str | None
     logit: float
 
 
-class SkippedLayer(_Data):
+class SkippedLayer(Data):
     """A layer a statement did not look at, and why (a mixer-only layer has no FFN features)."""
 
     layer: int
@@ -236,13 +238,13 @@ class SkippedLayer(_Data):
     reason: str
 
 
-class InternalsPrompt(_Data):
+class InternalsPrompt(Data):
     text: str | None
     ids: list[int]
     tokens: list[str | None]
 
 
-class MetadataNote(_Data):
+class MetadataNote(Data):
     """What a statement's use of feature metadata involved: read, built now, or rebuilt (why)."""
 
     kind: Literal["feature_tokens"] = "feature_tokens"
@@ -256,251 +258,3 @@ class MetadataNote(_Data):
     note: str | None = None
 
 
-class FeatureHit(_Data):
-    layer: int
-    feature: int
-    score: float
-    tokens: list[TokenLogit]
-
-
-class WalkLayer(_Data):
-    layer: int
-    mixer: str
-    ffn: str
-    features: list[FeatureHit]
-
-
-class WalkResult(Result):
-    kind: Literal["walk"] = "walk"
-    prompt: InternalsPrompt
-    query_id: int
-    query_token: str | None
-    query: str
-    top: int
-    layers: list[WalkLayer]
-    skipped: list[SkippedLayer]
-    metadata: MetadataNote
-    seconds: float
-    notes: list[str] = []  # what a reference-dialect option meant here (MODE pure, VERBOSE ...)
-
-
-class DescribeEdge(_Data):
-    source: str
-    target: str | None
-    target_id: int
-    best_score: float
-    best_layer: int
-    best_feature: int
-    first_layer: int
-    last_layer: int
-    count: int
-    features: list[tuple[int, int]]
-    also: list[str | None]
-    also_ids: list[int]
-
-
-class DescribeResult(Result):
-    kind: Literal["describe"] = "describe"
-    entity: str
-    prompt: InternalsPrompt
-    query: str
-    threshold: float
-    top: int
-    layers: list[int]
-    skipped: list[SkippedLayer]
-    passing: int
-    excluded: int
-    excluded_tokens: list[str | None]
-    total_edges: int
-    edges: list[DescribeEdge]
-    metadata: MetadataNote
-    notes: list[str] = []  # how a layer band was chosen (thirds of depth, or the container's own bands)
-    seconds: float
-
-
-class FeatureCondition(_Data):
-    column: str
-    op: str
-    value: str | int | float | list[str | int | float]  # a list for IN
-
-
-class FeatureQuery(_Data):
-    columns: list[str]
-    layers: list[int] | None = None
-    nearest_to: str | list[int] | None = None
-    where: list[FeatureCondition] = []
-    order_by: str | None = None
-    descending: bool = True
-    limit: int | None = None
-
-
-class FeatureRow(_Data):
-    layer: int
-    feature: int
-    token: str | None
-    token_id: int
-    score: float
-
-
-class SelectFeaturesResult(Result):
-    kind: Literal["select_features"] = "select_features"
-    query: FeatureQuery
-    columns: list[str]
-    score: str
-    layers: list[int]
-    skipped: list[SkippedLayer]
-    total: int
-    rows: list[FeatureRow]
-    metadata: MetadataNote
-    seconds: float
-
-
-class FeatureTokensRow(_Data):
-    feature: int
-    tokens: list[TokenLogit]
-
-
-class ShowFeaturesResult(Result):
-    kind: Literal["show_features"] = "show_features"
-    layer: int
-    mixer: str
-    ffn: str
-    features: int
-    rows: list[FeatureTokensRow]
-    metadata: MetadataNote
-
-
-class ActiveFeature(_Data):
-    layer: int
-    feature: int
-    activation: float
-    gate: float
-    ablated: bool
-    tokens: list[TokenLogit]
-
-
-class ActivityLayer(_Data):
-    layer: int
-    mixer: str
-    ffn: str
-    features: list[ActiveFeature]
-
-
-class FeatureActivityResult(Result):
-    """EXPLAIN INFER ... FEATURES."""
-
-    kind: Literal["explain_features"] = "explain_features"
-    prompt: InternalsPrompt
-    position: int
-    slice: str
-    executed_layers: list[int]
-    intervention: dict[str, Any] | None
-    next_id: int
-    next_token: str | None
-    top: int
-    layers: list[ActivityLayer]
-    skipped: list[SkippedLayer]
-    metadata: MetadataNote
-    seconds: float
-
-
-class LensRow(_Data):
-    layer: int | None  # None: the embedding, before the first layer
-    operator: str
-    position: int
-    rank: int
-    prob: float
-    logit: float
-    top_id: int
-    top_token: str | None
-    top_prob: float
-
-
-class Part(_Data):
-    name: str
-    layer: int | None
-    site: Literal["embedding", "mixer", "ffn"]
-    operator: str | None
-    logit: float
-    share: float | None
-
-
-class Decomposition(_Data):
-    token_id: int
-    token: str | None
-    position: int
-    final_logit: float
-    logit_before_softcap: float | None
-    sum_of_parts: float
-    unexplained: float
-    bound: float
-    scale: float
-    parts: list[Part]
-    notes: list[str]
-    method: str
-
-
-class SavedFile(_Data):
-    path: str
-    arrays: list[str]
-    bytes: int
-
-
-class TraceForResult(Result):
-    """TRACE ... FOR: the logit lens, and with DECOMPOSE the exact attribution."""
-
-    kind: Literal["trace_for"] = "trace_for"
-    prompt: InternalsPrompt
-    target_id: int
-    target: str | None
-    positions: Literal["last", "all"]
-    slice: str
-    executed_layers: list[int]
-    intervention: dict[str, Any] | None
-    rows: list[LensRow]
-    final: LensRow
-    decomposition: Decomposition | None
-    saved: SavedFile | None
-    seconds: float
-
-
-class ObserveResult(Result):
-    kind: Literal["observe"] = "observe"
-    path: str
-    run_id: str
-    prompt: InternalsPrompt
-    generated_ids: list[int]
-    generated_text: str | None
-    slice: str
-    executed_layers: list[int]
-    intervention: dict[str, Any] | None
-    lens_tokens: list[int]
-    events: int
-    write_events: int
-    token_events: int
-    sha256: str
-    status: Literal["complete", "interrupted"]
-    seconds: float
-
-
-class BuiltLayer(_Data):
-    layer: int
-    mixer: str
-    ffn: str
-    features: int
-    built: bool  # built by this statement (False: read from the container, already fresh)
-    seconds: float | None  # the build time the index records for the layer
-
-
-class BuildFeaturesResult(Result):
-    """BUILD FEATURES: the feature metadata of the chosen FFN layers, and where it lives."""
-
-    kind: Literal["build_features"] = "build_features"
-    metadata: MetadataNote
-    layers: list[BuiltLayer]
-    skipped: list[SkippedLayer]
-    directory: str  # inside the container
-    files: int  # in the derived representation, every layer built so far
-    bytes: int
-    summary: str | None
-    ffn_layers: int  # layers of the model that have FFN features

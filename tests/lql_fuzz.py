@@ -433,8 +433,7 @@ class Sandbox:
                 or s.remote is not None or s.container is not s.base_container:
             self.fresh_session()
             s = self.session
-        s.settings.clear()
-        s.settings.update({d.name: d.default for d in catalog.SETTINGS})
+        s.settings = catalog.Settings()
         s.draft_depth = None
         s.on_token = s.on_progress = s.on_notice = None
 

@@ -87,7 +87,9 @@ def test_verify_names_truncated_and_edited_records(tmp_path, containers):
     v = check("other.jsonl", b'{"hello": 1}\n', "malformed", "header")
     assert v.run_id is None
     check("empty.jsonl", b"", "truncated", "empty")
-    with pytest.raises(RecordError, match="is not a file"):
+    from vindex3.errors import PathRefused
+
+    with pytest.raises(PathRefused, match="does not exist"):
         verify_record(tmp_path / "nothing.jsonl")
 
 

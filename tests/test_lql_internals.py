@@ -21,9 +21,9 @@ from prompt_toolkit.document import Document
 
 import lql
 from lql import ast, catalog, planner, render
-from lql import results as R
 from lql.errors import EngineRefusal, LqlError, LqlSyntaxError, StatementError
 from lql.repl_complete import LqlCompleter, context_at
+from lql.statements import features, lens, records
 
 CASES_FILE = HERE / "lql_cases" / "internals.txt"
 CASES = read_cases(CASES_FILE)
@@ -248,27 +248,27 @@ def plan(session, text):
 
 def test_plans_are_typed_values(s):
     w = plan(s, "WALK 'The capital' TOP 3 LAYERS 1-2")
-    assert isinstance(w, planner.Walk) and w.top == 3 and w.layers == (1, 2)
+    assert isinstance(w, features.WalkPlan) and w.top == 3 and w.layers == (1, 2)
     assert w.prompt.ids == tuple(s.catalog.tokenize("The capital", special=False))  # a query has no BOS
     d = plan(s, "DESCRIBE 'France'")
-    assert isinstance(d, planner.Describe) and d.threshold == 3.0 and d.top == 10 and d.layers is None
+    assert isinstance(d, features.DescribePlan) and d.threshold == 3.0 and d.top == 10 and d.layers is None
     s.execute("SET threshold = 0.25")
     assert plan(s, "DESCRIBE 'France'").threshold == 0.25
     q = plan(s, "SELECT token, layer FROM FEATURES AT LAYER 2 WHERE score > 1 AND token LIKE 'P%' ORDER BY layer ASC LIMIT 2")
     assert q.columns == ("token", "layer") and q.layers == (2,) and q.order_by == "layer" and q.descending is False
-    assert q.where == (planner.Where("score", ">", 1.0), planner.Where("token", "LIKE", "P%")) and q.limit == 2
+    assert q.where == (features.Where("score", ">", 1.0), features.Where("token", "LIKE", "P%")) and q.limit == 2
     assert isinstance(q.where[0].value, float)
     star = plan(s, "SELECT * FROM FEATURES")
     assert star.columns == tuple(catalog.FEATURE_COLUMNS) and star.descending is True and star.layers is None
     t = plan(s, "TRACE 'Hi' FOR ' capital' LAYERS 0-1 POSITIONS ALL DECOMPOSE DRAFT DEPTH 2 ABLATE FEATURES (1:3)")
-    assert isinstance(t, planner.TraceFor) and t.target == s.catalog.tokenize(" capital", special=False)[0]
+    assert isinstance(t, lens.TraceForPlan) and t.target == s.catalog.tokenize(" capital", special=False)[0]
     assert t.positions == "all" and t.decompose and t.slice.depth == 2 and t.layers == (0, 1)
     assert t.intervention.features == ((1, 3),) and t.overwrite is False and t.save is None
     assert plan(s, "TRACE 'Hi' FOR 5").positions == "last"
     o = plan(s, "OBSERVE 'Hi' LENS ('e', 7) RECORD INTO 'r.jsonl'")
     assert o.generate == 0 and o.lens == (73, 7) and o.into == "r.jsonl" and o.overwrite is False
     e = plan(s, "EXPLAIN INFER 'Hi' DRAFT DEPTH 3 FEATURES TOP 2")
-    assert isinstance(e, planner.ExplainFeatures) and e.slice.executed_layers == [0, 1, 2] and e.top == 2
+    assert isinstance(e, features.ExplainFeaturesPlan) and e.slice.executed_layers == [0, 1, 2] and e.top == 2
     assert plan(s, "BUILD FEATURES LAYERS 1-3").layers == (1, 2, 3)
 
 
@@ -290,7 +290,7 @@ def test_the_overwrite_field_defaults_to_refusing(s):
     """The plan field another statement family (issue 10) wires to OVERWRITE and SET overwrite."""
     assert plan(s, "TRACE 'x' FOR 5 SAVE INTO 't.npz'").overwrite is False
     assert plan(s, "OBSERVE 'x' RECORD INTO 'r.jsonl'").overwrite is False
-    stmt = ast.TraceFor(prompt=ast.TextPrompt(text="x"), token=5, save="t.npz", overwrite=True)
+    stmt = lens.TraceFor(prompt=ast.TextPrompt(text="x"), token=5, save="t.npz", overwrite=True)
     assert planner.plan(stmt, s.context()).overwrite is True
 
 
@@ -527,7 +527,7 @@ def test_help_knows_the_new_statements():
     for topic in ("WALK", "DESCRIBE", "SELECT", "SHOW FEATURES", "BUILD FEATURES", "OBSERVE", "ABLATE", "TRACE"):
         assert help_text(topic) is not None, topic
     assert "ABLATE FEATURES" in help_text("INFER")
-    assert "FOR 'token'" in help_text("TRACE")
+    assert "FOR 'token'" in help_text("TRACE FOR") and "DECOMPOSE" in help_text("DECOMPOSE")
 
 
 # ---- the server's table ----------------------------------------------------------------------
@@ -607,9 +607,9 @@ def test_syntax_errors_for_the_new_statements_read_well():
 
 
 def test_results_are_the_registered_kinds():
-    kinds = {"walk": R.WalkResult, "describe": R.DescribeResult, "select_features": R.SelectFeaturesResult,
-             "show_features": R.ShowFeaturesResult, "explain_features": R.FeatureActivityResult,
-             "trace_for": R.TraceForResult, "observe": R.ObserveResult, "build_features": R.BuildFeaturesResult}
+    kinds = {"walk": features.WalkResult, "describe": features.DescribeResult, "select_features": features.SelectFeaturesResult,
+             "show_features": features.ShowFeaturesResult, "explain_features": features.FeatureActivityResult,
+             "trace_for": lens.TraceForResult, "observe": records.ObserveResult, "build_features": features.BuildFeaturesResult}
     for kind, cls in kinds.items():
         assert cls.model_fields["kind"].default == kind
 

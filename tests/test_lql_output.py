@@ -22,7 +22,7 @@ from prompt_toolkit.input import create_pipe_input
 from prompt_toolkit.output import DummyOutput
 
 import lql
-from lql import cli, render, repl
+from lql import cli, repl
 
 ENTER = "\r"
 
@@ -405,11 +405,19 @@ def test_ctrl_c_during_speculation_keeps_the_tokens(c):
     assert "interrupted" in r.to_text()
 
 
-def test_render_is_the_one_place_vindex3_reports_are_laid_out(tiny_llama_dir, c):
-    import vindex3
+def test_lql_lays_out_vindex3_reports_through_the_entry_point(tiny_llama_dir, c):
+    """vindex3's command line finds lql's layout through the ``vindex3.reports`` entry point
+    (vindex3 imports nothing from lql); the text is the one the LQL statement prints."""
+    from importlib.metadata import entry_points
 
+    import vindex3
+    from lql import reports
+
+    assert [ep.value for ep in entry_points(group="vindex3.reports")] == ["lql.reports:render"]
     plan = vindex3.admit(tiny_llama_dir)
-    text = render.admission_text(plan)
+    text = reports.render("admission", plan)
     assert text.startswith(f"checkpoint  {plan.source} (") and "admissible  yes" in text
     assert not hasattr(plan, "to_text") and not hasattr(vindex3.container.VerifyReport, "to_text")
-    assert render.verify_text(vindex3.open(c).verify()).startswith("verified ")
+    assert reports.render("verify", vindex3.open(c).verify()).startswith("verified ")
+    with pytest.raises(KeyError, match="no vindex3 report of kind"):
+        reports.render("nonsense", plan)

@@ -65,9 +65,7 @@ def test_every_statement_class_declares_its_policy():
         assert policy.fields_of(cls) is not None, f"{who} declares no paths"
         for name in policy.fields_of(cls):
             assert name in cls.model_fields, f"{who}: path field {name!r} is not a field"
-        declared = cls.read_only is not None or cls in policy.READ_ONLY or cls in policy.READ_ONLY_WITHOUT \
-            or cls in getattr(policy, "_WHY", {})
-        assert declared, f"{who} does not say whether it only reads"
+        assert cls.read_only is not None, f"{who} does not say whether it only reads"
         assert cls.keyword, f"{who} has no keyword"
 
 
@@ -79,7 +77,7 @@ def test_every_result_class_has_a_layout():
             yield s
             yield from subclasses(s)
 
-    legacy = getattr(render, "_LAYOUTS", {})
+    legacy = getattr(render, "_LAYOUTS", {})  # layouts not yet moved into their family
     for cls in subclasses(results.Result):
         if cls.__module__.startswith("lql.") or cls.__module__ == __name__:
             assert cls.layout is not results.Result.layout or cls in legacy, f"{cls.__name__} has no text layout"

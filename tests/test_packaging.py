@@ -27,7 +27,7 @@ def test_grammar_ships_inside_the_wheel(tmp_path):
     assert "lql/grammar/lql.lark" in names
     assert (ROOT / "grammar" / "lql.lark").read_bytes() == zipfile.ZipFile(wheel).read("lql/grammar/lql.lark")
     for mod in ("vindex3/exec/engine.py", "vindex3/families/decoder.py", "vindex3/draft/__init__.py", "lql/repl.py",
-                "lql/commands/infer.py"):
+                "lql/statements/infer.py", "lql/statements/features.py"):
         assert mod in names, mod
 
 

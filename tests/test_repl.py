@@ -129,12 +129,12 @@ def test_a_refusal_stops_the_rest_of_the_line_and_says_so(history, capsys):
 
 
 def test_an_internal_error_is_reported_and_the_shell_survives(history, capsys, monkeypatch):
-    from lql import commands
+    from lql import registry
 
     def boom(session, node):  # a bug below the statement boundary
         raise RuntimeError("kaboom")
 
-    monkeypatch.setattr(commands, "execute", boom)
+    monkeypatch.setattr(registry, "run", boom)
     rc = drive(f"HELP;{ENTER}\\timing off{ENTER}", history)
     cap = capsys.readouterr()
     assert rc == 0
@@ -443,12 +443,12 @@ def test_ctrl_c_through_the_pipe_input_shows_the_partial_text(tiny_llama_contain
 
 
 def test_ctrl_c_in_the_loop_returns_to_the_prompt(history, capsys, monkeypatch):
-    from lql import commands
+    from lql import registry
 
     def interrupted(session, node):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(commands, "execute", interrupted)
+    monkeypatch.setattr(registry, "run", interrupted)
     rc = drive(f"HELP;{ENTER}\\timing off{ENTER}", history)
     err = capsys.readouterr().err
     assert rc == 0 and "interrupted: HELP stopped" in err and "timing is off" in err

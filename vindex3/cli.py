@@ -25,9 +25,7 @@ def cmd_plan(a) -> int:
     if a.json:
         _print_json(plan.model_dump())
     else:
-        from lql.render import admission_text  # one renderer for every report
-
-        print(admission_text(plan))
+        _print_report("admission", plan, False)
     return 0 if plan.admissible else 2
 
 
@@ -108,9 +106,7 @@ def cmd_verify(a) -> int:
     if a.json:
         _print_json(r.model_dump())
     else:
-        from lql.render import verify_text  # one renderer for every report
-
-        print(verify_text(r), file=sys.stdout if r.ok else sys.stderr)
+        _print_report("verify", r, False, file=sys.stdout if r.ok else sys.stderr)
     return 0 if r.ok else 1
 
 
@@ -251,54 +247,65 @@ def cmd_label(a) -> int:
     return 0
 
 
-def _print_result(res, as_json: bool) -> None:
-    """A result of lql.results, printed by the one renderer (text) or as its JSON body."""
+def _report_renderer():
+    """The function that lays out this command's reports as text: the one an installed package
+    offers through the ``vindex3.reports`` entry point (lql does: the text its statements print),
+    or None. vindex3 itself imports no layer above it."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="vindex3.reports"):
+        try:
+            return ep.load()
+        except Exception:  # noqa: BLE001 - a broken plug-in: fall back to the report's own data
+            return None
+    return None
+
+
+def _print_report(kind: str, report, as_json: bool, *, file=None) -> None:
+    """A report through the installed renderer (text, or its JSON body), else as its own JSON."""
+    render = _report_renderer()
+    if render is None:
+        _print_json(report.model_dump(mode="json"))
+        return
+    out = render(kind, report, as_json=as_json)
     if as_json:
-        _print_json(res.model_dump(mode="json", exclude={"statement", "kind"}))
+        _print_json(out)
     else:
-        print(res.to_text(timing=True))
+        print(out, file=file)
 
 
 def cmd_represent(a) -> int:
-    from lql.commands.representations import represent_result
-
     from .progress import terminal_progress
     from .represent import represent
 
     with terminal_progress(f"representing {Path(a.src).name} as {a.encoding}", enabled=not a.json) as cb:
         r = represent(a.src, a.out, a.encoding, progress=cb)
-    _print_result(represent_result(r), a.json)
+    _print_report("represent", r, a.json)
     return 0
 
 
 def cmd_compact(a) -> int:
-    from lql.commands.representations import compact_result
-
     from .compact import compact
 
-    _print_result(compact_result(compact(a.src, a.out)), a.json)
+    _print_report("compact", compact(a.src, a.out), a.json)
     return 0
 
 
 def cmd_diff(a) -> int:
-    from lql.commands.representations import diff_result
-
     from .diff import diff
 
     d = diff(a.a, a.b)
-    _print_result(diff_result(d), a.json)
+    _print_report("diff", d, a.json)
     return 0 if not d.logical else 1
 
 
 def cmd_score_representation(a) -> int:
-    from lql.commands.representations import score_result
-
     from .evidence import score_representation
     from .progress import terminal_progress
 
     with terminal_progress(f"scoring {Path(a.candidate).name}", enabled=not a.json) as cb:
         s = score_representation(a.candidate, a.against, a.prompts, greedy=a.greedy, store=not a.no_store, progress=cb)
-    _print_result(score_result(s), a.json)
+    _print_report("score_representation", s, a.json)
     return 0
 
 

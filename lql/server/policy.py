@@ -28,41 +28,9 @@ class LimitRefusal(LqlError):
     """A statement, a request or a completion asks for more than the server's limits allow."""
 
 
-#: Statement class → the fields that hold a server-side file path, for the statements that do
-#: not declare theirs yet (``paths`` on the class is the authority; see `path_fields`).
-_LEGACY_PATH_FIELDS: dict[type[ast.Statement], tuple[str, ...]] = {
-    ast.Walk: (),
-    ast.Describe: (),
-    ast.SelectFeatures: (),  # NEAREST TO and WHERE take text, not paths
-    ast.ShowFeatures: (),
-    ast.ExplainFeatures: (),
-    ast.TraceFor: ("save",),
-    ast.Observe: ("into",),
-    ast.BuildFeatures: (),
-}
-
-#: What the read-only profile allows: statements that only read (and the session's own state).
-READ_ONLY: frozenset[type[ast.Statement]] = frozenset({
-    ast.Walk, ast.Describe, ast.SelectFeatures,
-    ast.ShowFeatures, ast.ExplainFeatures,
-})
-
-#: Statements that only read unless a path field is given: (statement class, that field).
-READ_ONLY_WITHOUT: dict[type[ast.Statement], str] = {ast.TraceFor: "save"}
-
-#: Why the read-only profile refuses a statement it knows.
-_WHY = {
-    ast.TraceFor: "TRACE ... SAVE INTO writes a file on the server",
-    ast.Observe: "it writes a record file on the server",
-    ast.BuildFeatures: "it builds derived data into the served container, long work",
-}
-
-
 def fields_of(cls: type[ast.Statement]) -> tuple[str, ...] | None:
     """The fields of ``cls`` that hold a server-side path (None: it does not say)."""
-    if cls.paths is not None:
-        return cls.paths
-    return _LEGACY_PATH_FIELDS.get(cls)
+    return cls.paths
 
 
 def path_fields() -> dict[type[ast.Statement], tuple[str, ...]]:
@@ -79,13 +47,8 @@ def path_fields() -> dict[type[ast.Statement], tuple[str, ...]]:
 
 def read_only(stmt: ast.Statement) -> bool:
     """Whether the read-only profile allows ``stmt``: a reading statement, or one whose
-    writing clause is absent (TRACE ... FOR without SAVE INTO)."""
-    if type(stmt).read_only is not None:
-        return stmt.refused_read_only() is None
-    field = READ_ONLY_WITHOUT.get(type(stmt))
-    if field is not None:
-        return getattr(stmt, field) is None
-    return type(stmt) in READ_ONLY
+    writing clause is absent (TRACE ... FOR without SAVE INTO): the statement says."""
+    return type(stmt).read_only is not None and stmt.refused_read_only() is None
 
 
 def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
@@ -100,8 +63,7 @@ def check_statement(stmt: ast.Statement, config: ServerConfig) -> ast.Statement:
         raise ProfileRefusal(f"this server does not serve {kw}: it does not know whether {kw} names a server-side path",
                              hint=f"{type(stmt).__name__} declares no paths (lql.ast.Statement.paths)")
     if config.profile == "read-only" and not read_only(stmt):
-        why = (stmt.refused_read_only() if type(stmt).read_only is not None
-               else _WHY.get(type(stmt), "it is not a statement that only reads"))
+        why = stmt.refused_read_only() if type(stmt).read_only is not None else "it does not say that it only reads"
         raise ProfileRefusal(f"the read-only profile refuses {kw}: {why}",
                              hint="reading statements are allowed: STATS, EXPLAIN, SHOW ..., INFER, TRACE (without "
                                   "SAVE INTO), WALK, DESCRIBE, SELECT, DRAFT DEPTH, SET, HELP")

@@ -113,9 +113,9 @@ fam.doc('INFER',
         'next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
-        "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)] | TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
-        "which layers ran at each position, and the next token there; with EXPERTS, each routed layer's experts and their weights; FOR 'token': the token's rank per layer (logit lens), DECOMPOSE: its logit split exactly over every write",
-        "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;", order=120, aliases=('DECOMPOSE', 'TRACE FOR'))
+        "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)]",
+        "which layers ran at each position, and the next token there; with EXPERTS, each routed layer's experts and their weights",
+        "TRACE 'The capital of France is';", order=120)
 
 
 @fam.rule

@@ -4,9 +4,27 @@ reference dialect's TRACE without FOR."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
 from .. import ast
+from ..ast import dialect
+from ..binding import SliceBinding, check_output, internals, internals_data, with_text
+from ..layouts import intervention, prompt_text, share, time, token
+from ..planner import (
+    BoundPrompt,
+    Context,
+    Node,
+    bind_prompt,
+    check_executed_layers,
+    check_span,
+    depth_of,
+    err,
+)
 from ..registry import family
+from ..results import Data, InternalsPrompt, Result, dump
 from ..syntax import BuildError, Children, Clause
+from ..text import fields, fmt_bytes, fmt_prob, layers_phrase, num, table
 
 fam = family("lens", module=__name__, statements=("trace_for_stmt", "trace_ref_stmt"), path_keywords=("INTO",),
              grammar=r"""
@@ -37,6 +55,11 @@ trace_ref_stmt: TRACE prompt trace_ref_option+
                  | save_file_clause
 """)
 
+fam.doc('TRACE FOR',
+        "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
+        "the token's rank per layer (logit lens); DECOMPOSE: its logit split exactly over every write",
+        "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;", order=121, aliases=('DECOMPOSE',))
+
 
 def _trace_fields(c: Children, statement: str) -> dict:
     """TRACE options, with the reference's SAVE 'f' (save_file) folded into save."""
@@ -49,13 +72,13 @@ def _trace_fields(c: Children, statement: str) -> dict:
 
 
 @fam.rule
-def trace_for_stmt(c: Children) -> ast.TraceFor:
-    return ast.TraceFor(prompt=c.get("TRACE"), token=c.get("FOR"), **_trace_fields(c, "TRACE ... FOR"))
+def trace_for_stmt(c: Children) -> TraceFor:
+    return TraceFor(prompt=c.get("TRACE"), token=c.get("FOR"), **_trace_fields(c, "TRACE ... FOR"))
 
 
 @fam.rule
-def trace_ref_stmt(c: Children) -> ast.TraceFor:
-    return ast.TraceFor(prompt=c.get("TRACE"), token=None, **_trace_fields(c, "TRACE"))
+def trace_ref_stmt(c: Children) -> TraceFor:
+    return TraceFor(prompt=c.get("TRACE"), token=None, **_trace_fields(c, "TRACE"))
 
 
 @fam.rule
@@ -76,3 +99,189 @@ def save_clause(c: Children) -> Clause:
 @fam.rule
 def save_file_clause(c: Children) -> Clause:
     return c.clause("save_file", c.string("SAVE"))
+
+
+class TraceFor(ast.Statement):
+    """TRACE 'text' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE INTO 'f.npz']
+    [DRAFT DEPTH n] [ABLATE FEATURES (...)]."""
+
+    keyword: ClassVar[str] = "TRACE"
+    paths: ClassVar[tuple[str, ...]] = ("save",)
+    read_only: ClassVar[bool | str] = "TRACE ... SAVE INTO writes a file on the server"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["trace_for"] = "trace_for"
+    prompt: ast.Prompt
+    token: str | int | None  # text that is one token, or a token id (None: TRACE without FOR, refused)
+    layers: ast.LayerSpan | None = None
+    positions: Literal["last", "all"] | None = None
+    decompose: bool = False
+    save: str | None = None
+    depth: int | None = None
+    ablate: ast.Ablation | None = None
+    overwrite: bool = False  # replace an existing SAVE INTO file
+    save_file: bool = dialect(False)  # written SAVE 'f' (the reference's spelling, which needs POSITIONS ALL)
+
+    def refused_read_only(self) -> str | None:
+        if self.save is None:
+            return None  # without SAVE INTO it only reads
+        return super().refused_read_only()
+
+    def check(self) -> None:
+        check_span(self, self.layers)
+
+
+@dataclass(frozen=True, eq=False)
+class TraceForPlan(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    target: int  # the token id traced
+    layers: tuple[int, ...] | None
+    positions: str  # "last" | "all"
+    decompose: bool
+    save: str | None
+    overwrite: bool
+    intervention: Any
+
+
+@fam.plans(TraceFor)
+def plan_trace_for(s: TraceFor, ctx: Context) -> Node:
+    if s.save_file and s.positions != "all":
+        raise err(s, "TRACE ... SAVE 'file' saves every position's trace, so it needs POSITIONS ALL (as in the "
+                   "reference dialect)", hint="add POSITIONS ALL, or write SAVE INTO 'file' for the positions shown")
+    if s.token is None:
+        raise err(s, "TRACE 'text' without FOR traces the predicted token in the reference dialect; this build "
+                   "traces a token you name", hint="add FOR 'token' (INFER 'text' TOP 1 names the prediction)")
+    cat = ctx.catalog
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    layers = cat.layer_span(s.layers, "LAYERS")
+    check_executed_layers(s, sl, layers, "TRACE ... LAYERS")
+    ablation = cat.ablation(s.ablate, sl)
+    target = cat.single_token(s.token, "TRACE ... FOR")
+    return TraceForPlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), target=target, layers=layers,
+                        positions=s.positions or "last", decompose=s.decompose, save=s.save,
+                        overwrite=bool(s.overwrite or ctx.settings.overwrite), intervention=ablation)
+
+
+# ---- results (mirrors of vindex3.internals' models, see `lql.results.Data`) ----------------
+
+
+class LensRow(Data):
+    layer: int | None  # None: the embedding, before the first layer
+    operator: str
+    position: int
+    rank: int
+    prob: float
+    logit: float
+    top_id: int
+    top_token: str | None
+    top_prob: float
+
+
+class Part(Data):
+    name: str
+    layer: int | None
+    site: Literal["embedding", "mixer", "ffn"]
+    operator: str | None
+    logit: float
+    share: float | None
+
+
+class Decomposition(Data):
+    token_id: int
+    token: str | None
+    position: int
+    final_logit: float
+    logit_before_softcap: float | None
+    sum_of_parts: float
+    unexplained: float
+    bound: float
+    scale: float
+    parts: list[Part]
+    notes: list[str]
+    method: str
+
+
+class SavedFile(Data):
+    path: str
+    arrays: list[str]
+    bytes: int
+
+
+class TraceForResult(Result):
+    """TRACE ... FOR: the logit lens, and with DECOMPOSE the exact attribution."""
+
+    kind: Literal["trace_for"] = "trace_for"
+    prompt: InternalsPrompt
+    target_id: int
+    target: str | None
+    positions: Literal["last", "all"]
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    rows: list[LensRow]
+    final: LensRow
+    decomposition: Decomposition | None
+    saved: SavedFile | None
+    seconds: float
+
+
+@fam.runs(TraceForPlan)
+def run_trace_for(session, node: TraceForPlan) -> TraceForResult:
+    if node.save is not None:
+        check_output(session, node.save, "TRACE ... SAVE INTO", node.overwrite)
+    r = internals(session).trace(list(node.prompt.ids), node.target, layers=node.layers, positions=node.positions,
+                                 decompose=node.decompose, save=node.save, overwrite=node.overwrite,
+                                 slice=node.slice.depth, intervention=node.intervention)
+    return TraceForResult.model_validate(with_text(internals_data(r), node.prompt))
+
+
+@fam.layout(TraceForResult)
+def layout_trace_for(r: TraceForResult, timing: bool) -> list[str]:
+    where = "the last position" if r.positions == "last" else "every position"
+    out = [(f"trace {prompt_text(r.prompt)} for {token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
+           f"{layers_phrase(r.executed_layers)}, {where}")]
+    if r.intervention is not None:
+        out.append(f"with {intervention(r.intervention)}")
+    out.append("logit lens: the model's own final norm and head read the residual after each layer")
+    out += table(
+        ["layer", "operator", num("pos"), num("rank"), num("probability"), num("logit"), "top-1", num("top-1 prob")],
+        [["embedding" if x.layer is None else str(x.layer), x.operator, str(x.position), str(x.rank), fmt_prob(x.prob),
+          f"{x.logit:.4f}", token(x.top_token, x.top_id), fmt_prob(x.top_prob)] for x in r.rows],
+    )
+    f = r.final
+    out += fields([("output", (f"rank {f.rank}, probability {fmt_prob(f.prob)}, logit {f.logit:.4f}; top-1 "
+                              f"{token(f.top_token, f.top_id)} ({fmt_prob(f.top_prob)})"))])
+    d = r.decomposition
+    if d is not None:
+        base = f"logit before the softcap {d.logit_before_softcap:.4f}" if d.logit_before_softcap is not None else None
+        out += ["", (f"decomposition of the logit of {token(d.token, d.token_id)} at position {d.position}: each part is "
+                    "a write read through the head with the final norm's scale frozen")]
+        out += table(["part", "site", num("logit"), num("share")],
+                     [[x.name, x.site, f"{x.logit:.4f}", share(x.share)] for x in d.parts])
+        out += fields([
+            ("final logit", f"{d.final_logit:.4f}"),
+            ("before softcap", base),
+            ("sum of parts", f"{d.sum_of_parts:.4f} ({len(d.parts)} parts; {_residue(d)})"),
+            *[("note" if i == 0 else "", n) for i, n in enumerate(d.notes)],
+        ])
+    out += fields([("saved", None if r.saved is None else
+                    f"{r.saved.path} ({len(r.saved.arrays)} arrays, {fmt_bytes(r.saved.bytes)})"),
+                   time(r.seconds, timing)])
+    return out
+
+
+def _residue(d: Decomposition) -> str:
+    """The residue as a bound, never its value (its last digits depend on the order of float
+    additions); a residue past the bound is printed, since it is no longer rounding."""
+    if abs(d.unexplained) <= d.bound:
+        return "equal to the logit up to float32 rounding, within 1e-5 of the parts' absolute sum"
+    return f"{d.unexplained:.1e} unexplained, more than float32 rounding's {d.bound:.1e}"
+
+
+@fam.records(TraceForResult)
+def records_trace_for(r: TraceForResult) -> list[dict[str, Any]]:
+    """The lens rows (``row: lens``), then with DECOMPOSE the parts (``row: part``)."""
+    out = [{"row": "lens", **dump(x)} for x in r.rows]
+    if r.decomposition is not None:
+        out += [{"row": "part", **dump(p)} for p in r.decomposition.parts]
+    return out

@@ -259,10 +259,10 @@ def run_remote_statement(session, node: RemoteStatement) -> Result:
 
 @fam.runs(RemoteMirror)
 def run_remote_mirror(session, node: RemoteMirror) -> Result:
-    from ..commands import execute
+    from ..registry import run
 
     node.remote.run_statement(node.statement)  # the server refuses what it would not take
-    return execute(session, node.local)
+    return run(session, node.local)
 
 
 @fam.runs(UseModelPlan)

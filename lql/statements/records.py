@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
 from .. import ast
+from ..binding import SliceBinding, check_output, internals, internals_data, with_text
+from ..layouts import intervention, prompt_text, time
+from ..planner import BoundPrompt, Context, Node, bind_prompt, depth_of, err
 from ..registry import family
+from ..results import InternalsPrompt, Result
 from ..syntax import Children, Clause
+from ..text import fields, fmt_text, fmt_value, layers_phrase
 
 fam = family("records", module=__name__, statements=("observe_stmt",), path_keywords=("INTO",), grammar=r"""
 // OBSERVE: a JSON-lines record of every write of a run, with a receipt.
@@ -25,13 +33,105 @@ fam.doc('OBSERVE',
 
 
 @fam.rule
-def observe_stmt(c: Children) -> ast.Observe:
+def observe_stmt(c: Children) -> Observe:
     fields = c.options("OBSERVE")
     if "generate" in fields:
         fields["generate"] = fields["generate"][0]  # OBSERVE always generates n tokens; EXACTLY says so
-    return ast.Observe(prompt=c.get("OBSERVE"), into=c.string("RECORD", "INTO"), **fields)
+    return Observe(prompt=c.get("OBSERVE"), into=c.string("RECORD", "INTO"), **fields)
 
 
 @fam.rule
 def lens_clause(c: Children) -> Clause:
     return c.clause("lens", c.values(), "LENS")
+
+
+class Observe(ast.Statement):
+    """OBSERVE 'text' [GENERATE n] [LENS ('tok', ...)] [DRAFT DEPTH n] [ABLATE FEATURES (...)]
+    RECORD INTO 'run.jsonl'."""
+
+    keyword: ClassVar[str] = "OBSERVE"
+    paths: ClassVar[tuple[str, ...]] = ("into",)
+    read_only: ClassVar[bool | str] = "it writes a record file on the server"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["observe"] = "observe"
+    prompt: ast.Prompt
+    generate: int | None = None
+    lens: list[str | int] = []  # noqa: RUF012 (pydantic copies the default per instance)
+    depth: int | None = None
+    ablate: ast.Ablation | None = None
+    into: str
+    overwrite: bool = False  # replace an existing record
+
+    def check(self) -> None:
+        if self.generate is not None and self.generate < 0:  # the grammar takes whole numbers; kept for clarity
+            raise err(self, f"GENERATE must be at least 0, got {self.generate}")
+
+
+@dataclass(frozen=True, eq=False)
+class ObservePlan(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    generate: int
+    lens: tuple[int, ...]
+    into: str
+    overwrite: bool
+    intervention: Any
+
+
+@fam.plans(Observe)
+def plan_observe(s: Observe, ctx: Context) -> Node:
+    cat = ctx.catalog
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    ablation = cat.ablation(s.ablate, sl)
+    lens = tuple(cat.single_token(t, "OBSERVE ... LENS") for t in s.lens)
+    return ObservePlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), generate=s.generate or 0, lens=lens,
+                       into=s.into, overwrite=bool(s.overwrite or ctx.settings.overwrite),
+                       intervention=ablation)
+
+
+class ObserveResult(Result):
+    """OBSERVE: the record written and its receipt (a mirror of vindex3.internals' model)."""
+
+    kind: Literal["observe"] = "observe"
+    path: str
+    run_id: str
+    prompt: InternalsPrompt
+    generated_ids: list[int]
+    generated_text: str | None
+    slice: str
+    executed_layers: list[int]
+    intervention: dict[str, Any] | None
+    lens_tokens: list[int]
+    events: int
+    write_events: int
+    token_events: int
+    sha256: str
+    status: Literal["complete", "interrupted"]
+    seconds: float
+
+
+@fam.runs(ObservePlan)
+def run_observe(session, node: ObservePlan) -> ObserveResult:
+    check_output(session, node.into, "OBSERVE ... RECORD INTO", node.overwrite)
+    r = internals(session).observe(list(node.prompt.ids), node.into, generate=node.generate,
+                                   lens_tokens=list(node.lens), overwrite=node.overwrite, slice=node.slice.depth,
+                                   intervention=node.intervention)
+    return ObserveResult.model_validate(with_text(internals_data(r), node.prompt))
+
+
+@fam.layout(ObserveResult)
+def layout_observe(r: ObserveResult, timing: bool) -> list[str]:
+    out = [f"recorded {prompt_text(r.prompt)} into {r.path}: {r.status}"]
+    n = len(r.generated_ids)
+    out += fields([
+        ("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"),
+        ("ablated", intervention(r.intervention)),
+        ("generated", None if not n else f"{n} token{'' if n == 1 else 's'} {fmt_value(r.generated_ids)} "
+                                         f"{fmt_text(r.generated_text) if r.generated_text is not None else ''}".rstrip()),
+        ("lens", None if not r.lens_tokens else fmt_value(r.lens_tokens)),
+        ("events", f"{r.events:,} ({r.write_events:,} writes, {r.token_events:,} tokens)"),
+        ("receipt", f"sha256 {r.sha256}, run {r.run_id}"),
+        ("check", f"vindex3 record verify {r.path}"),
+        time(r.seconds, timing),
+    ])
+    return out
