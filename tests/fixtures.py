@@ -198,6 +198,16 @@ def hf_logits(model, ids):
         return model(torch.tensor([ids])).logits[0].numpy()
 
 
+def hf_logits64(model, ids):
+    """The reference's logits from a float64 copy of it (same weights; the float32 casts it keeps
+    inside, such as rope frequencies and eager softmax, stay float32). Its distance from
+    ``hf_logits`` is the reference's own float32 rounding on ``ids``, the spread a parity tolerance
+    is a stated multiple of."""
+    import copy
+
+    return hf_logits(copy.deepcopy(model).double(), ids)
+
+
 def hf_greedy(model, ids, n):
     import torch
 

@@ -69,7 +69,7 @@ def test_rows_come_from_the_decode_path_and_predict_the_next_token(c, target):
         assert np.array_equal(rows[i], st.step(tok))
     # Row i is the prediction after tokens 0..i: it agrees with batch prefill's row i.
     batch = c.executor().forward(IDS)
-    assert np.abs(batch - rows).max() <= 1e-5
+    assert np.abs(batch - rows).max() <= 1e-5  # 48x the reference's own prefill vs decode on llama, 2.1e-7
     assert np.array_equal(batch.argmax(axis=1), rows.argmax(axis=1))
 
 

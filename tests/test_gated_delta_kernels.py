@@ -44,7 +44,10 @@ from vindex3.exec.ops.gated_delta import (
 )
 from vindex3.exec.ops.norm import make_weight, rms_norm
 
-TOL = 1e-5
+# 7.6x the reference mixer's largest fp32-vs-fp64 spread on these fixtures, 3.9e-6 (q35_odd_r3, T=150,
+# against the float64 rendering _oracle64), and 4x its own token-by-token-vs-prefill 7.6e-6 (q35moe_r4).
+# The old 1e-5 was 1.3x the latter; ours reached 6.1e-6 (prefill-then-decode vs pure decode, next_odd_r3).
+TOL = 3e-5
 T_LONG = 150  # > 140, crosses the chunk boundaries at 64 and 128, not a multiple of 64
 
 FAMILIES = {
@@ -405,6 +408,7 @@ def test_chunk_matrices_are_the_ut_transform():
             D = np.tril(np.exp(g64[:, None] - g64[None, :]))
             L = np.tril(b64[:, None] * KK[h // r, n] * D, -1)
             X = np.linalg.inv(np.eye(C) + L)
+            # 50x the same matrices' float32-vs-float64 spread in numpy, 2.0e-7 (ours: 1.1e-7)
             assert maxdiff(TV[h, n], X * b64[None, :]) <= 1e-5
             assert maxdiff(TK[h, n], X * (b64 * np.exp(g64))[None, :]) <= 1e-5
             assert maxdiff(attn[h, n], QK[h // r, n] * D) <= 1e-5
@@ -481,7 +485,7 @@ def _oracle64(x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry) -> np.
 
 @pytest.mark.parametrize("name", sorted(GDN_CONFIGS))
 def test_both_forms_are_near_the_float64_rendering(name):
-    """The bar above (1e-5 against transformers) sits at the float32 noise floor of the
+    """The bar above (TOL against transformers) is a few times the float32 noise floor of the
     reference itself; this says how far each side is from the exact arithmetic."""
     cfg, m, w, g = setup_gdn(name)
     x = inputs(cfg.hidden_size, T_LONG, seed=13)

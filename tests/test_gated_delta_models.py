@@ -14,20 +14,28 @@ partial rotary (12 of 24 dims; 4 of 16), GQA in the full layers. Matrices are dr
 0.7 / sqrt(fan_in) and the head at 3 / sqrt(hidden), so logits are of order 1-10 (asserted);
 A_log, dt_bias, the gated norm and every (1 + w) norm weight are re-randomised so that a layout
 or offset bug cannot hide behind ones and zeros. The tolerance fact: at these magnitudes the
-reference's own float32 chunk and recurrent paths disagree by ~1e-5, and its float32 forward
-differs from its float64 forward by 2-5e-5 (the parity test checks that this floor stays below
-half the 1e-4 bar, and that ours is within the bar of the float64 run too)."""
+reference's own float32 prefill and cached decode disagree by up to 5.7e-5, and its float32 forward
+differs from its float64 forward by up to 5.3e-5 (both qwen3_5_moe_text): TOL is about 5x both (the
+parity test checks that the float64 gap stays below a quarter of TOL, and that ours is within TOL of
+the float64 run too)."""
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import shutil
 
 import numpy as np
 import pytest
-from fixtures import VOCAB, build_tokenizer, hf_greedy, hf_logits, our_greedy, token_by_token
+from fixtures import (
+    VOCAB,
+    build_tokenizer,
+    hf_greedy,
+    hf_logits,
+    hf_logits64,
+    our_greedy,
+    token_by_token,
+)
 
 import lql
 import vindex3
@@ -41,7 +49,10 @@ from vindex3.operators.softmax import KvRows
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-TOL = 1e-4
+# 5.3x the reference's own prefill-vs-decode spread 5.7e-5 and 5.7x its fp32-vs-fp64 spread 5.3e-5
+# (qwen3_5_moe_text, float64 copy with its float32 casts float64 too; 4.2e-5 on qwen3_5 with them kept).
+# The old 1e-4 was 1.75x the former; ours reached 7.3e-5 (qwen3_5_moe_text, decode vs prefill).
+TOL = 3e-4
 LIN, FULL = "linear_attention", "full_attention"
 IDS = [int(x) for x in np.random.default_rng(0).integers(3, VOCAB, 150)]
 
@@ -208,9 +219,9 @@ def test_parity_prefill_decode_and_greedy(models, name):
     assert 1.0 < np.abs(theirs).max() < 30.0  # logits of order 1-10: a 1e-4 bar means something
     # ... and only if the oracle's own float32 rounding is well below it: the reference run in
     # float64 (same weights, same float32 rope frequencies) bounds it. A fixture that fails
-    # here is ill-conditioned for a 1e-4 bar (one seed of these tiny models reached 1.1e-4).
-    truth = hf_logits(copy.deepcopy(m.ref).double(), IDS)
-    assert np.abs(theirs - truth).max() <= TOL / 2
+    # here is ill-conditioned for TOL (measured up to 4.2e-5 here, qwen3_5).
+    truth = hf_logits64(m.ref, IDS)
+    assert np.abs(theirs - truth).max() <= TOL / 4
     ex = m.executor()
     ours = ex.forward(IDS)
     assert ours.dtype == np.float32 and ex.last_hidden.dtype == np.float32
@@ -227,13 +238,11 @@ def test_prefill_then_decode_and_continued_prefill(models, name):
     """A prefill crossing a chunk boundary then single steps, and a prompt prefilled in three
     pieces (chunks counted from each piece's first position, state carried), equal the
     token-by-token run and the one-piece prefill within float32 rounding. On logits up to ~15
-    after four layers that rounding is of order 1e-5: the reference's own prefill-then-decode
-    and token-by-token runs of the qwen3_next fixture disagree by 1.0e-5, and ours by 1.1e-5
-    (qwen3_next) and 2.1e-5 (qwen3_5_text), measured; the bar is half the parity bar. The
-    mixer alone meets 1e-5 (tests/test_gated_delta_kernels.py). With routed experts the steps
-    (T = 1) go through the encoded-rows GEMV while the prefill goes through BLAS, each expert a
-    different summation order: 5.4e-5 measured on qwen3_next_moe, so its bar is the parity bar."""
-    bar = TOL if name.endswith("_moe") else TOL / 2
+    after four layers that rounding is of order 1e-5: the reference's own prefill and cached
+    decode of these three fixtures disagree by up to 3.3e-5 (qwen3_next_moe), and ours by up to
+    4.2e-5 (qwen3_next_moe, whose steps run each expert through the encoded-rows GEMV and whose
+    prefill runs it through BLAS), measured; the bar, half the parity bar, is 4.5x the former."""
+    bar = TOL / 2
     ex = models(name).executor()
     st = ex.start()
     head = st.prefill(IDS[:70])
@@ -570,8 +579,11 @@ def test_routing_matches_the_reference_routers(models, name):
         assert len(lr.positions) == len(IDS)
         w, e = seen[lr.layer]
         assert np.array_equal(np.array([p.experts for p in lr.positions]), e), lr.layer
-        assert np.abs(np.array([p.weights for p in lr.positions]) - w).max() <= 1e-5
-        assert np.allclose(w.sum(axis=1), 1.0, atol=1e-6)  # renormalised (norm_topk_prob / always)
+        # 4.5x the routers' own fp32-vs-fp64 spread in the whole model, 4.5e-6 (qwen3_5_moe_text; ours
+        # measured 4.9e-6 on qwen3_5_moe, so the old 1e-5 was 2x)
+        assert np.abs(np.array([p.weights for p in lr.positions]) - w).max() <= 2e-5
+        # renormalised (norm_topk_prob / always): the float32 sums measured within 1.0e-7 of 1
+        assert np.allclose(w.sum(axis=1), 1.0, atol=1e-6)
 
 
 def test_moe_graph_facts(models):

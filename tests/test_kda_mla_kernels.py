@@ -51,7 +51,10 @@ from vindex3.exec.ops.mla import (
     mla_step,
 )
 
-TOL = 1e-5
+# 4x the largest fp32-vs-fp64 spread of the reference modules on these fixtures, 9.8e-6 (MLA
+# yarn_rotatehalf_qproj prefill; KDA strong decay 8.2e-6), each module run in float64 on the same input
+# with its float32 casts float64 too. The old 1e-5 equalled that spread (ours measured 6.7e-6).
+TOL = 4e-5
 PREFILL = 141  # > 2 chunks of 64, not a multiple of 64 or 16
 DECODE = 12
 F32 = np.float32
@@ -344,7 +347,7 @@ def test_kda_prefill_and_decode_match_transformers(name):
     conv = layer.conv_states[0][0].numpy()  # [3·kd, K]
     kd = g.key_dim
     ours_conv = np.concatenate([st.conv_q, st.conv_k, st.conv_v], axis=1).T  # [3·kd, K-1]
-    assert _max_abs(ours_conv, conv[:, 1:]) <= 1e-5
+    assert _max_abs(ours_conv, conv[:, 1:]) <= 1e-5  # 23x the conv rows' fp32-vs-fp64 spread, 4.4e-7
     with torch.no_grad():
         for t in range(PREFILL, PREFILL + DECODE):
             r = m(x[:, t : t + 1], cache=cache)[0, 0].numpy()
@@ -376,8 +379,9 @@ def test_kda_prefill_then_decode_equals_pure_decode():
     mixed = np.concatenate([kda_prefill(xn[:PREFILL], w, g, a)] + [kda_step(xn[t], w, g, a)[None] for t in range(PREFILL, 150)])
     b = KdaState.zeros(g)
     pure = np.stack([kda_step(xn[t], w, g, b) for t in range(150)])
-    assert _max_abs(mixed, pure) <= 1e-5
-    assert _max_abs(a.recurrent, b.recurrent) <= 1e-5
+    # the reference's own prefill-then-decode vs pure decode here: 3.8e-6 apart (the old 1e-5 was 2.6x it)
+    assert _max_abs(mixed, pure) <= TOL
+    assert _max_abs(a.recurrent, b.recurrent) <= TOL
     for n in ("conv_q", "conv_k", "conv_v"):
         assert np.array_equal(getattr(a, n), getattr(b, n))
 
@@ -468,7 +472,7 @@ def test_mla_prefill_and_decode_match_transformers(family, name):
         layer = cache.layers[0]
         cached = np.concatenate([layer.keys[0, 0].numpy(), layer.values[0, 0].numpy()], axis=-1)
         assert rows.view().shape == (PREFILL + DECODE, g.kv_lora_rank + g.qk_rope_head_dim) == cached.shape
-        assert _max_abs(rows.view(), cached) <= 1e-5
+        assert _max_abs(rows.view(), cached) <= 1e-5  # 4.7x the cached rows' fp32-vs-fp64 spread, 2.1e-6
 
 
 @pytest.mark.parametrize("family,name", [MLA_CASES[0], MLA_CASES[-1]], ids=[MLA_IDS[0], MLA_IDS[-1]])
@@ -533,7 +537,8 @@ def test_mla_rope_tables_and_scale_match_transformers(name):
     cos, sin = mla_mod._cos_sin(g.rope, g.qk_rope_head_dim, 100, 50)
     rc, rs = rot(torch.zeros(1, 1, dtype=torch.float32), torch.arange(100, 150)[None])
     half = g.qk_rope_head_dim // 2
-    assert _max_abs(cos, rc[0, :, :half].numpy()) <= 1e-6 and _max_abs(sin, rs[0, :, :half].numpy()) <= 1e-6
+    # 4x the reference tables' own fp32-vs-fp64 spread, 4.6e-7 (plain_rotatehalf_qproj; the old 1e-6 was 2.2x)
+    assert _max_abs(cos, rc[0, :, :half].numpy()) <= 2e-6 and _max_abs(sin, rs[0, :, :half].numpy()) <= 2e-6
 
 
 def test_mla_kimi_has_no_rope_and_plain_scale():

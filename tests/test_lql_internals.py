@@ -163,6 +163,7 @@ def test_decompose_in_json_carries_final_logit_and_parts_that_sum_to_it(s):
     d = render.to_json(one(s, "TRACE 'The capital of France is' FOR ' capital' DECOMPOSE"))["result"]["decomposition"]
     assert set(d["parts"][0]) == {"name", "layer", "site", "operator", "logit", "share"}
     assert [p["site"] for p in d["parts"]] == ["embedding"] + ["mixer", "ffn"] * 4
+    # ROUNDING_BOUND: 66x the float32 residue measured here, 1.5e-7 of the parts' absolute sum
     assert abs(sum(p["logit"] for p in d["parts"]) - d["final_logit"]) <= 1e-5 * sum(abs(p["logit"]) for p in d["parts"])
 
 
@@ -225,6 +226,7 @@ def test_to_pandas_for_the_tabular_results(s):
     assert len(df) == 8
     df = one(s, "TRACE 'x' FOR 'e' DECOMPOSE").to_pandas()
     parts = df[df["row"] == "part"]
+    # the parts' absolute sum is 0.38 here: its rounding bound is 3.8e-6; the residue measured 1.3e-8
     assert abs(parts["logit"].sum() - one(s, "TRACE 'x' FOR 'e' DECOMPOSE").decomposition.final_logit) < 1e-5
     assert len(one(s, "SELECT * FROM FEATURES AT LAYER 1").to_pandas()) == 96
 

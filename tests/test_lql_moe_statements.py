@@ -161,6 +161,8 @@ def test_trace_experts_is_the_recorded_routing(containers, deepseek, family):
         for p in lr.positions:
             (pick,) = [x for x in r.rows[p.position].experts if x.layer == lr.layer]
             assert pick.experts == p.experts
+            # decode vs prefill weights: 3.6e-7 apart here, 2% of the bound; the reference routers' own
+            # fp32-vs-fp64 spread on the MoE model fixtures is at most 4.5e-6, a third of it
             assert np.allclose(pick.weights, p.weights, atol=1e-5)
     per_position = c.op_plan().read_profile().per_position_bytes
     assert [row.bytes_read for row in r.rows] == [per_position] * len(IDS) == st.trace.step_bytes

@@ -26,7 +26,11 @@ from vindex3.operators.softmax import KvRows
 
 MODELS = ["mamba2", "granitemoehybrid"]
 IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11, 180, 33, 90, 2, 301, 77]
-TOL = 1e-4
+# 10x the reference's own largest spread on these fixtures: its prefill vs cached decode, 3.8e-6
+# (granitemoehybrid with rope; its fp32-vs-fp64 spread there 3.0e-6, a float64 copy with its float32
+# casts float64 too). Also the bar between two of our own paths (measured <= 3.5e-6), where the former
+# 1e-5 was 2.9x ours; the former parity bar 1e-4 was 26x the spread. Ours vs the reference: <= 4.3e-6.
+TOL = 4e-5
 
 
 # -- the oracle ----------------------------------------------------------------------------------
@@ -84,7 +88,7 @@ def test_parity_prefill_decode_and_greedy(refs, containers, family):
     theirs = hf_logits(ref, IDS)
     # The oracle carries its state: its own decode equals its prefill, and a decode that drops
     # the cache (the wrong-keyword failure) does not.
-    assert np.abs(hf_decode(ref, IDS) - theirs).max() <= 1e-5
+    assert np.abs(hf_decode(ref, IDS) - theirs).max() <= TOL
     assert np.abs(hf_decode(ref, IDS, carry=False) - theirs).max() > 1e-2
 
     ex = vindex3.open(containers(family)).executor()
@@ -104,10 +108,10 @@ def test_prefill_then_decode_equals_token_by_token(containers, family):
     head = st.prefill(IDS[:11])
     tail = np.stack([st.step(t) for t in IDS[11:]])
     both = np.concatenate([head, tail])
-    assert np.abs(both - token_by_token(ex, IDS)).max() <= 1e-5
+    assert np.abs(both - token_by_token(ex, IDS)).max() <= TOL
     st2 = ex.start()
     parts = np.concatenate([st2.prefill(IDS[:3]), st2.prefill(IDS[3:12]), st2.prefill(IDS[12:])])
-    assert np.abs(parts - ex.forward(IDS)).max() <= 1e-5
+    assert np.abs(parts - ex.forward(IDS)).max() <= TOL
 
 
 def test_binding_time_step_limit_follows_the_reference(refs, checkpoint_dirs, tmp_path):

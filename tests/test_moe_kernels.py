@@ -39,7 +39,10 @@ torch = pytest.importorskip("torch", reason="torch 2.13.0 CPU is the oracle (bas
 transformers = pytest.importorskip("transformers", reason="transformers 5.24.0 is the oracle")
 
 F32 = np.float32
-TOL = 1e-5
+# 4x the largest fp32-vs-fp64 spread of the reference blocks on these fixtures, 1.0e-5 (granitemoehybrid
+# T=23; mixtral T=23 8.3e-6; each block run in float64 on the same input, its float32 casts float64 too).
+# The old 1e-5 equalled that spread: mixtral T=23 measured 1.29e-5 on another AVX-512 machine.
+TOL = 4e-5
 
 
 def f32w(arr) -> Weight:
@@ -345,7 +348,7 @@ def test_router_choice_matches_the_reference_router(family):
     ref_w, ref_i = npy(out[1]), out[2].numpy()
     _, rec = moe_prefill(x, p)
     assert np.array_equal(rec.experts, ref_i)
-    assert float(np.abs(rec.weights - ref_w).max()) <= 2e-6
+    assert float(np.abs(rec.weights - ref_w).max()) <= 2e-6  # 11x the routers' own fp32-vs-fp64 spread, 1.8e-7 (olmoe)
     assert rec.ran == tuple(sorted(set(ref_i.reshape(-1).tolist())))
 
 
@@ -403,7 +406,7 @@ def test_prefill_equals_steps_position_by_position():
     for t in range(23):
         o, r = moe_step(x[t], p)
         assert np.array_equal(r.experts[0], rec.experts[t])
-        assert float(np.abs(o - out[t]).max()) <= TOL
+        assert float(np.abs(o - out[t]).max()) <= TOL  # the reference's own T=1 vs T=23 rows: 8.6e-6 apart
 
 
 # --------------------------------------------------------------------------- ties
@@ -435,7 +438,7 @@ def test_tie_in_softmax_router_is_broken_as_the_reference():
     assert bool((kth[:, k - 1] == kth[:, k]).any()), "premise: a tie at the top-k boundary"
     w, i = softmax_topk(x @ rw.T, k, renormalize=True)
     assert np.array_equal(i, ref_i.numpy())
-    assert float(np.abs(w - npy(ref_w)).max()) <= 1e-6
+    assert float(np.abs(w - npy(ref_w)).max()) <= 1e-6  # 30x the router's fp32-vs-fp64 spread here, <= 3.4e-8
 
 
 def test_tie_in_logit_routers_is_broken_as_the_reference():
@@ -463,7 +466,7 @@ def test_tie_in_logit_routers_is_broken_as_the_reference():
         lg = x @ rw.T + (b if b is not None else F32(0))
         w, i = topk_softmax(lg.astype(F32), k)
         assert np.array_equal(i, ref_i.numpy()), type(r).__name__
-        assert float(np.abs(w - npy(ref_w)).max()) <= 1e-6
+        assert float(np.abs(w - npy(ref_w)).max()) <= 1e-6  # 30x the router's fp32-vs-fp64 spread here, <= 3.4e-8
 
 
 def test_tie_in_group_limited_router_is_broken_as_the_reference():
@@ -485,7 +488,7 @@ def test_tie_in_group_limited_router_is_broken_as_the_reference():
     w, i = sigmoid_group_topk((x @ rw.T).astype(F32), k, correction_bias=np.zeros(E, F32), n_group=4,
                               topk_group=2, renormalize=True, scaling_factor=1.5)
     assert np.array_equal(i, ref_i.numpy())  # the unsorted order too: it orders the renorm sum
-    assert float(np.abs(w - npy(ref_w)).max()) <= 1e-6
+    assert float(np.abs(w - npy(ref_w)).max()) <= 1e-6  # 30x the router's fp32-vs-fp64 spread here, <= 3.4e-8
 
 
 def test_tied_block_output_matches():

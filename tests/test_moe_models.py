@@ -32,7 +32,10 @@ from vindex3.errors import AdmissionError, ClosureError, GraphSchemaError, Slice
 from vindex3.operators.moe_ffn import expert_routing, routing_from_trace
 
 IDS = [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11, 180, 33, 90, 2, 301, 77]
-TOL = 1e-4
+# 10x the reference's own largest spread on these fixtures: its prefill vs cached decode, 3.7e-6
+# (mixtral; its fp32-vs-fp64 spread 2.6e-6, a float64 copy with its float32 casts float64 too).
+# Ours measured <= 3.6e-6; the former 1e-4 was 27x that spread.
+TOL = 4e-5
 PARITY: dict[str, tuple[float, float]] = {}  # family -> (prefill, decode) max |Δlogit|, for the report
 
 
@@ -260,7 +263,7 @@ def test_expert_routing_is_plain_data_and_follows_the_trace(containers):
     assert (lr["layer"], lr["experts"], lr["top_k"], lr["router"]) == (2, 8, 3, "topk_softmax")
     assert [p["position"] for p in lr["positions"]] == list(range(5))
     for p in lr["positions"]:
-        assert len(p["experts"]) == 3 and abs(sum(p["weights"]) - 1.0) < 1e-6  # a softmax over the k
+        assert len(p["experts"]) == 3 and abs(sum(p["weights"]) - 1.0) < 1e-6  # a softmax over the k (9.4e-8 off)
     # the same routing from a stream's trace, token by token
     ex = c.executor()
     st = ex.start()

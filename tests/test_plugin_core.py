@@ -205,6 +205,7 @@ def test_the_toy_state_snapshots_restores_and_refuses_truncation(toy):
     c = vindex3.open(path)
     ex = c.executor()
     ours = ex.forward(IDS)
+    # 15x the same numpy toy's own float32-vs-float64 spread, 6.8e-6 (ours 5.9e-6 from the float64 one)
     assert np.max(np.abs(ours - toy_reference(w, IDS))) < 1e-4
     st = ex.start()
     st.prefill(IDS[:6])
