@@ -105,6 +105,9 @@ def top_tokens(view: ModelView, values: np.ndarray, k: int) -> tuple[np.ndarray,
     """values [hidden, n] -> (ids int32 [n, k], logits float32 [n, k]) through the readout
     described in the module docstring."""
     ro = view.readout
+    from .lens import readout_is_rms_linear
+
+    readout_is_rms_linear(ro, "feature metadata (the tokens a down column writes)")
     n = values.shape[1]
     ids = np.zeros((n, k), dtype=np.int32)
     vals = np.zeros((n, k), dtype=np.float32)
