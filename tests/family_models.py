@@ -97,3 +97,92 @@ def spreads(ref, ex, ids) -> dict:
         "ours_vs_hf64": float(max(np.abs(ours - truth).max(), np.abs(dec - truth).max())),
         "dtype": (ours.dtype, dec.dtype, ex.last_hidden.dtype),
     }
+
+
+# -- the checks every family's test file runs ------------------------------------------------------
+
+def check_parity(ck: Path, container: Path, ids: list[int], vision: bool = False, floor: float = TOL / 2) -> dict:
+    """Prefill and token-by-token decode against the reference's prefill, its own decode and its
+    float64 run, within TOL; identical 16-token greedy continuations. ``floor``: the bar the
+    reference's own float32-vs-float64 spread must stay under for TOL to mean something."""
+    from fixtures import hf_greedy, our_greedy
+
+    import vindex3
+
+    ref = reference(ck, vision)
+    ex = vindex3.open(container).executor()
+    s = spreads(ref, ex, ids)
+    assert 1.0 < s["max_logit"] < 30.0, s  # logits of order 1-10: a 1e-4 bar means something
+    assert s["hf32_vs_hf64"] <= floor, s
+    assert s["dtype"] == (np.float32,) * 3
+    assert s["prefill_vs_hf"] <= TOL and s["decode_vs_hf"] <= TOL and s["decode_vs_hf_decode"] <= TOL, s
+    assert s["ours_vs_hf64"] <= TOL, s
+    assert our_greedy(ex, ids[:8], 16) == hf_greedy(ref, ids[:8], 16)
+    return s
+
+
+def check_draft_bit_identical(container: Path, ids: list[int]) -> None:
+    from fixtures import token_by_token
+
+    import vindex3
+
+    c = vindex3.open(container)
+    L = c.graph.num_layers
+    full, draft = c.executor(slice=vindex3.Full()), c.executor(slice=vindex3.Draft(L))
+    assert np.array_equal(full.forward(ids), draft.forward(ids))
+    assert np.array_equal(full.last_hidden, draft.last_hidden)
+    assert full.trace.executed_layers == draft.trace.executed_layers == list(range(L))
+    assert np.array_equal(token_by_token(full, ids[:30]), token_by_token(draft, ids[:30]))
+
+
+def check_speculation(container: Path, ids: list[int]) -> None:
+    import vindex3
+    from vindex3.draft import greedy_generate, speculative_generate
+
+    c = vindex3.open(container)
+    want = greedy_generate(c, ids[:6], 12).tokens
+    for depth, lookahead in [(1, 3), (c.graph.num_layers - 1, 4)]:
+        r = speculative_generate(c, ids[:6], 12, depth, lookahead)
+        assert r.tokens == want and r.rollback == "truncate"
+
+
+def check_every_key_graded(ck: Path) -> None:
+    import json
+
+    import vindex3
+
+    plan = vindex3.admit(ck)
+    assert plan.admissible, [f.text() for f in plan.blocking()]
+    cfg = json.loads((ck / "config.json").read_text())
+    keys = {f.key for f in plan.findings}
+    assert set(cfg) <= keys
+    for sub in ("text_config",):
+        if isinstance(cfg.get(sub), dict):
+            assert {f"{sub}.{k}" for k in cfg[sub]} <= keys
+    assert not [f for f in plan.findings if f.category == "unknown"]
+
+
+def copy_with_config(src: Path, dst: Path, text: bool = False, **changes) -> Path:
+    """A copy of a checkpoint with config keys changed (``text``: inside text_config); ``...``
+    removes a key."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    target = cfg["text_config"] if text else cfg
+    for k, v in changes.items():
+        if v is ...:
+            target.pop(k, None)
+        else:
+            target[k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def blocking(ck: Path) -> dict:
+    import vindex3
+
+    plan = vindex3.admit(ck)
+    assert not plan.admissible
+    return {f.key: f.message for f in plan.blocking()}

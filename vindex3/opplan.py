@@ -32,6 +32,7 @@ class OperandRef:
 class NormParams(Params):
     eps: float = Field(ge=0, allow_inf_nan=False)
     weight_offset: float = Field(allow_inf_nan=False)
+    post: bool | None = None  # True: a post-norm, of the slot's write (not of the residual)
 
 
 class ResidualParams(Params):
@@ -168,6 +169,7 @@ def build_op_plan(graph: Graph, tables: dict[str, dict[str, TensorEntry]]) -> Op
     embedding = Op("embed", EmbedParams(multiplier=core.embedding.multiplier, positions=core.embedding.positions),
                    emb_operands, "embedding")
     norm_params = NormParams(eps=core.norms.eps, weight_offset=core.norms.weight_offset)
+    post_params = NormParams(eps=core.norms.eps, weight_offset=core.norms.weight_offset, post=True)
     res_params = ResidualParams(multiplier=core.residual.multiplier)
     skeleton = NORMS[core.norms.placement]
     norm_kind = "layer_norm" if core.norms.kind == "layer" else "rms_norm"
@@ -208,7 +210,7 @@ def build_op_plan(graph: Graph, tables: dict[str, dict[str, TensorEntry]]) -> Op
                 ops.append(Op(norm_kind, norm_params, norm_operands(refs, pre), pre))
             ops.append(slot_ops[s])
             if post is not None and post in refs:
-                ops.append(Op(norm_kind, norm_params, norm_operands(refs, post), post))
+                ops.append(Op(norm_kind, post_params, norm_operands(refs, post), post))
             if not (parallel and s == MIXER and FFN in slots):
                 ops.append(Op("residual_add", res_params, {}, f"{s}_residual"))
         described = any(o.described for o in slot_ops.values())

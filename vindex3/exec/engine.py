@@ -185,12 +185,16 @@ def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
     if op.kind == "rms_norm":
         weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
         eps = F32(op.params.eps)
+        if op.params.post:  # a post-norm: of the slot's write
+            return lambda h, x, ls, p0, one, tr: (h, rms_norm(x, weight, eps), nbytes)
         return lambda h, x, ls, p0, one, tr: (h, rms_norm(h, weight, eps), nbytes)
     if op.kind in ("layer_norm", "parallel_fork"):
         kind = "layer" if op.kind == "layer_norm" else op.params.norm
         norm = norm_fn(kind, make_weight(W.array(op.operands["weight"]), op.params.weight_offset),
                        W.array(op.operands["bias"]) if "bias" in op.operands else None, F32(op.params.eps))
         if op.kind == "layer_norm":
+            if op.params.post:
+                return lambda h, x, ls, p0, one, tr: (h, norm(x), nbytes)
             return lambda h, x, ls, p0, one, tr: (h, norm(h), nbytes)
         # parallel: x is the mixer's write; the FFN reads the layer's input h, normed
         m = F32(op.params.multiplier)

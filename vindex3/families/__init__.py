@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     decoder,
     deepseek_v3,
+    gemma,
     gpt,
     granitemoehybrid,
     kimi_linear,
