@@ -9,5 +9,6 @@ from . import (  # noqa: F401
     kimi_linear,
     mamba2,
     moe,
+    phi,
     qwen3_next,
 )

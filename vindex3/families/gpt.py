@@ -182,6 +182,15 @@ def _neox_rope(r: ConfigReader, hd: int) -> dict | None:
     """transformers 5.24 reads rope_parameters first and fills the two legacy keys in only where it
     lacks them: rotary_emb_base -> rope_theta (else 10000), rotary_pct -> partial_rotary_factor
     (else 0.25)."""
+    return legacy_rope(r, hd, (("rotary_emb_base", "rope_theta", 10000.0), ("rotary_pct", "partial_rotary_factor", 0.25)))
+
+
+def legacy_rope(r: ConfigReader, hd: int, fills: tuple[tuple[str, str, float], ...],
+                aliases: dict[str, str] | None = None) -> dict | None:
+    """rope_parameters (or a legacy rope_scaling) as transformers 5.24 standardises it: each
+    ``(legacy key, parameter, default)`` of ``fills`` fills the parameter in only where the
+    parameters lack it (the legacy key, else the default); ``aliases`` renames rope types as the
+    reference does (Phi-3's legacy "su" and "yarn" are its longrope)."""
     params = {}
     if r.has("rope_parameters") or r.has("rope_scaling"):
         key = "rope_parameters" if r.has("rope_parameters") else "rope_scaling"
@@ -196,7 +205,9 @@ def _neox_rope(r: ConfigReader, hd: int) -> dict | None:
     if "type" in params and "rope_type" not in params:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
-    for legacy, name, dflt in (("rotary_emb_base", "rope_theta", 10000.0), ("rotary_pct", "partial_rotary_factor", 0.25)):
+    if aliases and params["rope_type"] in aliases:
+        params["rope_type"] = aliases[params["rope_type"]]
+    for legacy, name, dflt in fills:
         if name in params:
             if r.has(legacy):
                 r.ignore(legacy, f"rope_parameters.{name} is stated: transformers 5.24 reads it, not this legacy key")
