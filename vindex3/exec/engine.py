@@ -202,10 +202,15 @@ def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
             return lambda h, x, ls, p0, one, tr: (h + x, norm(h), nbytes)
         return lambda h, x, ls, p0, one, tr: (h + x * m, norm(h), nbytes)
     if op.kind == "residual_add":
+        # the new residual is also the current activation: a slot with no pre-norm (placement
+        # post_only) reads the residual itself
         m = F32(op.params.multiplier)
-        if m == 1:
-            return lambda h, x, ls, p0, one, tr: (h + x, x, 0)
-        return lambda h, x, ls, p0, one, tr: (h + x * m, x, 0)
+
+        def add(h, x, ls, p0, one, tr):
+            h = h + x if m == 1 else h + x * m
+            return h, h, 0
+
+        return add
     raise UnsupportedOperator(f"core op {op.kind!r} has no executor")
 
 
@@ -370,6 +375,7 @@ class Executor:
                 else:
                     w = x if site[1] == 1 else x * site[1]
                     h = h + w
+                    x = h
                     obs.write(i, site[0], p0, w, h)
             ran.append(i)
         trace.executed_layers = ran

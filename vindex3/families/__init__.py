@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     kimi_linear,
     mamba2,
     moe,
+    olmo2,
     phi,
     qwen3_next,
 )
