@@ -41,7 +41,9 @@ def rerandomise(model, *, gain: float = 1.0, emb: float = 1.0, head_gain: float 
                 p.copy_(torch.randn(p.shape, generator=gen) * (g / math.sqrt(fan_in)))
 
 
-def build(model_type: str, cfg: dict, out: Path, *, vision: bool = False, **scale) -> Path:
+def build(model_type: str, cfg: dict, out: Path, *, vision: bool = False, runtime_layout: bool = False, **scale) -> Path:
+    """``runtime_layout``: save the tensor names transformers holds in memory instead of the
+    released checkpoints' (they differ for the vision-language models)."""
     import torch
     import transformers as T
 
@@ -51,7 +53,7 @@ def build(model_type: str, cfg: dict, out: Path, *, vision: bool = False, **scal
     model = auto.from_config(config, dtype=torch.float32)
     rerandomise(model, **scale)
     model.eval()
-    model.save_pretrained(out)
+    model.save_pretrained(out, **({"save_original_format": False} if runtime_layout else {}))
     build_tokenizer(out)
     return out
 

@@ -7,7 +7,7 @@ Fixtures (tests/family_models.py): GPT-2 of width 45 with 5 heads of 9, MLP 70, 
 vocab 301, 200 learned positions, tied head; GPT-NeoX of width 57 with 3 heads of 19 rotating
 4 dims each (partial_rotary_factor 0.25), MLP 70, 3 layers, untied, parallel residual (and a
 sequential variant). Tolerance: the reference's own float32-vs-float64 spread on these fixtures
-is 2e-6 (neox) to 1e-5 (gpt2) at logits of 4-10 (measured; asserted below half the bar)."""
+is 4-6e-6 at logits of 12-15 (measured; asserted below half the bar)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_parity_prefill_decode_and_greedy(built, name):
     ex = vindex3.open(c).executor()
     s = spreads(ref, ex, IDS)
     assert 1.0 < s["max_logit"] < 30.0  # logits of order 1-10: a 1e-4 bar means something
-    assert s["hf32_vs_hf64"] <= TOL / 2  # the reference's own float32 floor (measured 2e-6 - 1e-5)
+    assert s["hf32_vs_hf64"] <= TOL / 2  # the reference's own float32 floor (measured 4-6e-6)
     assert s["dtype"] == (np.float32,) * 3
     # 1e-4: ten times the reference's own float32-vs-float64 spread on these fixtures
     assert s["prefill_vs_hf"] <= TOL and s["decode_vs_hf"] <= TOL and s["decode_vs_hf_decode"] <= TOL
@@ -79,11 +79,12 @@ def test_parity_prefill_decode_and_greedy(built, name):
 
 def test_continued_prefill_equals_one_piece(built):
     """Learned positions follow the stream's position: a prompt in three pieces equals one piece
-    within float32 rounding (2.9e-6 measured on the GPT-2 fixture; the bar is a tenth of parity's)."""
+    within float32 rounding (7.6e-6 measured on the GPT-2 fixture, where the reference's own
+    decode and prefill differ by 6.7e-6; the bar is a quarter of parity's)."""
     ex = vindex3.open(built("gpt2")[1]).executor()
     st = ex.start()
     parts = np.concatenate([st.prefill(IDS[:5]), st.prefill(IDS[5:70]), st.prefill(IDS[70:])])
-    assert np.abs(parts - ex.forward(IDS)).max() <= TOL / 10
+    assert np.abs(parts - ex.forward(IDS)).max() <= TOL / 4
 
 
 # -- drafts and speculation -------------------------------------------------------------------------
