@@ -216,3 +216,37 @@ def test_positions_past_the_learned_table_are_refused_by_name(built):
     ex = vindex3.open(built("gpt2")[1]).executor(max_positions=400)
     with pytest.raises(vindex3.errors.SliceError, match="learned position embedding"):
         ex.forward([5] * 201)
+
+
+# -- internals --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpt_neox", "gpt2"])
+def test_observing_changes_no_byte(built, name):
+    """The observed pass spells the parallel fork out (the mixer's write joins the residual where
+    the FFN's norm reads the layer input); it computes the same bytes as the plain pass."""
+    from vindex3.exec.engine import Observer
+
+    class Keep(Observer):
+        def __init__(self):
+            self.writes = []
+
+        def write(self, layer, site, p0, write, residual):
+            self.writes.append((layer, site))
+
+    ex = vindex3.open(built(name)[1]).executor()
+    obs = Keep()
+    seen = ex.start(observer=obs).prefill(IDS[:20])
+    assert np.array_equal(seen, ex.forward(IDS[:20]))
+    assert obs.writes == [(i, s) for i in range(3) for s in ("mixer", "ffn")]
+
+
+def test_mlp_features_walk_and_ablate_and_the_layer_norm_readout_is_refused_by_name(built):
+    s = lql.Session()
+    s.execute(f"OPEN '{built('gpt_neox')[1]}'")
+    (walk,) = s.execute("WALK 'Paris' TOP 2 LAYERS 1")
+    assert not walk.skipped and re.search(r"^ +1 +\d+ ", walk.to_text(), re.M)  # layer 1's mlp_ffn features
+    (plain,) = s.execute("INFER TOKENS (5, 6, 7) GENERATE 4")
+    (ablated,) = s.execute("INFER TOKENS (5, 6, 7) GENERATE 4 ABLATE FEATURES (1:3, 2:0)")
+    assert len(ablated.generated_ids) == len(plain.generated_ids) == 4
+    with pytest.raises(Exception, match="LayerNorm"):
+        s.execute("TRACE 'Paris' FOR 5 DECOMPOSE")
