@@ -244,7 +244,7 @@ def test_mlp_features_walk_and_ablate_and_the_layer_norm_readout_is_refused_by_n
     s = lql.Session()
     s.execute(f"OPEN '{built('gpt_neox')[1]}'")
     (walk,) = s.execute("WALK 'Paris' TOP 2 LAYERS 1")
-    assert not walk.skipped and re.search(r"^ +1 +\d+ ", walk.to_text(), re.M)  # layer 1's mlp_ffn features
+    assert not walk.skipped and re.search(r"^ +1 +\d+ ", walk.to_text(), re.MULTILINE)  # layer 1's mlp_ffn features
     (plain,) = s.execute("INFER TOKENS (5, 6, 7) GENERATE 4")
     (ablated,) = s.execute("INFER TOKENS (5, 6, 7) GENERATE 4 ABLATE FEATURES (1:3, 2:0)")
     assert len(ablated.generated_ids) == len(plain.generated_ids) == 4
