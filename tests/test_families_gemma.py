@@ -171,3 +171,21 @@ def test_gemma3_legacy_rope_keys_fill_in_as_5_24_does(built, tmp_path):
     pos = [lp["position"] for lp in low.graph["layers"]]
     assert [p["theta"] for p in pos] == [2e3, 2e3, 5e5, 2e3]
     assert pos[2]["scaling"] == {"type": "linear", "factor": 2.0} and pos[0]["scaling"] is None
+
+
+def test_released_config_spellings(built, tmp_path):
+    """Gemma 2's released configs repeat the window as sliding_window_size (equal: metadata;
+    different: refused); released Gemma 3 VL configs leave text keys to Gemma3TextConfig's
+    defaults, which the reference runs (recorded as reference defaults)."""
+    ck = copy_with_config(built("gemma2")[0], tmp_path / "a", sliding_window_size=7, cache_implementation="hybrid")
+    assert vindex3.admit(ck).admissible
+    got = blocking(copy_with_config(built("gemma2")[0], tmp_path / "b", sliding_window_size=8))
+    assert "disagrees with sliding_window" in got["sliding_window_size"]
+    ck = copy_with_config(built("gemma3")[0], tmp_path / "c", text=True, query_pre_attn_scalar=...)
+    from vindex3.admit import lower
+    from vindex3.sources import open_source
+
+    plan, low = lower(open_source(ck))
+    found = {f.key: f for f in plan.findings}
+    assert plan.admissible and found["text_config.query_pre_attn_scalar"].category == "reference_default"
+    assert low.graph["surface"]["attention"]["score_scale"] == 256 ** -0.5

@@ -250,3 +250,14 @@ def test_mlp_features_walk_and_ablate_and_the_layer_norm_readout_is_refused_by_n
     assert len(ablated.generated_ids) == len(plain.generated_ids) == 4
     with pytest.raises(Exception, match="LayerNorm"):
         s.execute("TRACE 'Paris' FOR 5 DECOMPOSE")
+
+
+def test_released_gpt2_config_spellings(built, tmp_path):
+    """The released GPT-2 configs carry n_ctx (the older spelling of n_positions) and
+    task_specific_params (generation presets): graded, not refused; an n_ctx that disagrees is."""
+    ck = _copy_with_config(built("gpt2")[0], tmp_path / "a", n_ctx=200, task_specific_params={"text-generation": {}})
+    plan = vindex3.admit(ck)
+    grades = {f.key: f.category for f in plan.findings}
+    assert plan.admissible and grades["n_ctx"] == "metadata" and grades["task_specific_params"] == "metadata"
+    ck = _copy_with_config(built("gpt2")[0], tmp_path / "b", n_ctx=1024)
+    assert not vindex3.admit(ck).admissible

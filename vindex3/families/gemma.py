@@ -140,20 +140,39 @@ def _gemma3_ropes(r: ConfigReader, hd: int) -> dict | None:
     return out
 
 
+# Released Gemma 3 vision-language configs state a few text keys and leave the rest to
+# Gemma3TextConfig's class defaults (transformers 5.24.0), which the reference then runs: those are
+# the reference's fixed values, recorded as such (closure still checks every shape they imply).
+GEMMA3_DEFAULTS = {"vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                   "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "rms_norm_eps": 1e-6,
+                   "query_pre_attn_scalar": 256, "sliding_window": 4096, "max_position_embeddings": 131_072}
+
+
 def lower_gemma(r: ConfigReader, model_type: str, tied: bool, vl: bool = False) -> tuple[list[dict], dict] | None:
     v = VARIANTS[model_type]
-    H = r.take_int("hidden_size", "residual width")
-    L = r.take_int("num_hidden_layers", "number of decoder layers")
-    nh = r.take_int("num_attention_heads", "query heads")
-    nkv = r.take_int("num_key_value_heads", "key/value heads (GQA)", default=nh,
-                     default_reason="the reference uses num_attention_heads (MHA)")
-    hd = r.take_int("head_dim", "per-head width (explicit in Gemma configs)")
-    inter = r.take_int("intermediate_size", "FFN width")
-    vocab = r.take_int("vocab_size", "vocabulary size")
-    eps = r.take_number("rms_norm_eps", "epsilon of every (1 + w) RMS norm", minimum=0)
+    dflt = GEMMA3_DEFAULTS if model_type == "gemma3_text" else {}
+
+    def d(key: str) -> dict:
+        if key in dflt:
+            return {"default": dflt[key], "default_reason": "absent: transformers 5.24's Gemma3TextConfig default"}
+        return {}
+
+    H = r.take_int("hidden_size", "residual width", **d("hidden_size"))
+    L = r.take_int("num_hidden_layers", "number of decoder layers", **d("num_hidden_layers"))
+    nh = r.take_int("num_attention_heads", "query heads", **d("num_attention_heads"))
+    nkv = r.take_int("num_key_value_heads", "key/value heads (GQA)",
+                     **(d("num_key_value_heads") or {"default": nh, "default_reason": "the reference uses num_attention_heads (MHA)"}))
+    hd = r.take_int("head_dim", "per-head width (explicit in Gemma configs)", **d("head_dim"))
+    inter = r.take_int("intermediate_size", "FFN width", **d("intermediate_size"))
+    vocab = r.take_int("vocab_size", "vocabulary size", **d("vocab_size"))
+    eps = r.take_number("rms_norm_eps", "epsilon of every (1 + w) RMS norm", minimum=0, **d("rms_norm_eps"))
     abias = r.take_bool("attention_bias", "bias on q/k/v/o", default=False, default_reason="the reference default has none")
-    ctx_ok, ctx = r.context_length()
+    if "max_position_embeddings" in dflt and not r.has("max_position_embeddings"):
+        ctx_ok, ctx = True, r.take_int("max_position_embeddings", "the context length", **d("max_position_embeddings"))
+    else:
+        ctx_ok, ctx = r.context_length()
     act = _activation(r, v)
+    r.meta("task_specific_params", "generation presets for named tasks; not model math")
     r.ignore("cache_implementation", "a generation cache option of the reference, not model math")
     bidir = False
     if r.config.get("use_bidirectional_attention") is not None:
@@ -172,7 +191,8 @@ def lower_gemma(r: ConfigReader, model_type: str, tied: bool, vl: bool = False) 
     score = float(hd) ** -0.5
     attn_cap = final_cap = None
     if v.softcaps:
-        q = r.take_number("query_pre_attn_scalar", "scores are scaled by its inverse square root", minimum=0, nonzero=True)
+        q = r.take_number("query_pre_attn_scalar", "scores are scaled by its inverse square root", minimum=0, nonzero=True,
+                          **d("query_pre_attn_scalar"))
         if r.config.get("attn_logit_softcapping") is not None:
             attn_cap = r.take_number("attn_logit_softcapping", "attention scores softcapped at this value", minimum=0,
                                      nonzero=True)
@@ -195,11 +215,18 @@ def lower_gemma(r: ConfigReader, model_type: str, tied: bool, vl: bool = False) 
         return None
     window = None
     if SLIDING in kinds:
-        window = r.take_int("sliding_window", "keys a sliding layer sees, the query included")
+        window = r.take_int("sliding_window", "keys a sliding layer sees, the query included", **d("sliding_window"))
         if window is None:
             return None
     elif r.has("sliding_window"):
         r.meta("sliding_window", "no layer slides")
+    if r.has("sliding_window_size"):  # Gemma 2's released configs carry this older spelling too
+        if r.config["sliding_window_size"] == r.config.get("sliding_window"):
+            r.meta("sliding_window_size", "the legacy spelling of sliding_window; equal to it")
+        else:
+            r.refuse("sliding_window_size", f"sliding_window_size {r.config['sliding_window_size']!r} disagrees with "
+                                            f"sliding_window {r.config.get('sliding_window')!r}")
+            return None
     if v.rope_per_kind:
         ropes = _gemma3_ropes(r, hd)
         if ropes is None:

@@ -42,6 +42,7 @@ def grade_common(r: ConfigReader) -> bool:
         r.ignore(key, "dropout is a training-time setting")
     for key in ("summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels"):
         r.ignore(key, "the sequence-summary head of the double-heads model; a causal LM has none")
+    r.meta("task_specific_params", "generation presets for named tasks; not model math")
     for key in ("is_decoder", "add_cross_attention", "is_encoder_decoder"):
         if r.has(key):
             if r.config[key] in (False, None) or key == "is_decoder":
@@ -122,6 +123,12 @@ def build_gpt2(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     if r.has("max_position_embeddings"):
         r.refuse("max_position_embeddings", "GPT-2's context is n_positions; a second spelling is ambiguous")
         ok = False
+    if r.has("n_ctx"):  # the released configs' older spelling of the context, read by no current reference
+        if r.config["n_ctx"] == r.config.get("n_positions"):
+            r.meta("n_ctx", "the legacy spelling of n_positions; equal to it")
+        else:
+            r.refuse("n_ctx", f"n_ctx {r.config['n_ctx']!r} disagrees with n_positions {r.config.get('n_positions')!r}")
+            ok = False
     if None in (H, L, nh, vocab, P, eps, act, tied, scale, inv, inner) or not ok:
         return None
     if H % nh:
