@@ -189,3 +189,21 @@ def test_released_config_spellings(built, tmp_path):
     found = {f.key: f for f in plan.findings}
     assert plan.admissible and found["text_config.query_pre_attn_scalar"].category == "reference_default"
     assert low.graph["surface"]["attention"]["score_scale"] == 256 ** -0.5
+
+
+def test_feature_values_carry_the_post_norm_weight(built):
+    """A sandwich layer's FFN write passes its post-norm before the residual: a feature's value,
+    as WALK and its metadata read it, is the (1 + w) post-norm weight times its down column."""
+    from safetensors.numpy import load_file
+
+    from vindex3.internals.model import ModelView
+
+    ck, c = built("gemma2")
+    t = load_file(ck / "model.safetensors")
+    layer = ModelView(vindex3.open(c)).ffn_layer(1)
+    w = 1.0 + t["model.layers.1.post_feedforward_layernorm.weight"]
+    assert np.allclose(layer.view.values, t["model.layers.1.mlp.down_proj.weight"] * w[:, None], rtol=1e-6, atol=0)
+    s = lql.Session()
+    s.execute(f"OPEN '{c}'")
+    (walk,) = s.execute("WALK 'Paris' TOP 2 LAYERS 1")
+    assert not walk.skipped

@@ -111,6 +111,13 @@ class ModelView:
             norms.insert(0, norm_fn(kind, make_weight(self._W.array(op.operands["weight"]), op.params.weight_offset), bias,
                                     F32(op.params.eps)))
             j -= 1
+        post = lo.ops[k + 1] if k + 1 < len(lo.ops) else None
+        if post is not None and post.kind == "rms_norm" and post.params.post:
+            # a post-norm (Gemma 2 / 3, OLMo 2) rescales the write per channel by its weight before
+            # the residual: a feature's value reaches the residual as weight ⊙ down column (up to
+            # the positive RMS factor of the position)
+            w = make_weight(self._W.array(post.operands["weight"]), post.params.weight_offset)
+            view = FeatureView(view.keys, (view.values * w[:, None]).astype(F32), view.activations)
         return FfnLayer(i, lo.operator, ffn.kind, view, norms)
 
     def ffn_layers(self, layers, what: str) -> tuple[list[FfnLayer], list[SkippedLayer]]:
