@@ -95,9 +95,11 @@ def lower(source: CheckpointSource) -> tuple[AdmissionPlan, Lowering | None]:
         plan.operator_mix = mix
         specs = source.tensor_specs()
         plan.tensors = len(lowering.placements)
-        plan.source_tensors = sum(len(p.inputs) for p in lowering.placements)
-        # transforms only move elements: the container holds exactly the sources' parameters
-        plan.parameters = sum(math.prod(specs[n].shape) for p in lowering.placements for n in p.inputs)
+        plan.source_tensors = len({n for p in lowering.placements for n in p.inputs})
+        # transforms only move elements (a split cuts one source into pieces): the container holds
+        # exactly the parameters of its tensors' shapes
+        shapes = {n: tuple(s.shape) for n, s in specs.items()}
+        plan.parameters = sum(math.prod(p.shape(shapes)) for p in lowering.placements)
     return plan, (lowering if plan.admissible else None)
 
 

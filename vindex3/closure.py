@@ -34,25 +34,36 @@ def check(graph: Graph, tables: dict[str, dict[str, tuple[str, tuple[int, ...]]]
         if tuple(got) != tuple(shape):
             defects.append(f"{what}: {obj}/{name} has shape {list(got)}, the surface implies {list(shape)}")
 
-    def operand(obj: str) -> str | None:
+    def operand(obj: str, role: str = "weight") -> str | None:
         o = graph.objects.get(obj)
         ops = o.get("operands") if isinstance(o, dict) else None
-        w = ops.get("weight") if isinstance(ops, dict) else None
+        w = ops.get(role) if isinstance(ops, dict) else None
         if not isinstance(w, str):
-            defects.append(f"{obj}: the graph names no weight operand for it")
+            defects.append(f"{obj}: the graph names no {role} operand for it")
             return None
         return w
 
-    for obj, shape in (("embedding", (V, H)), ("final_norm", (H,))):
+    norm_bias = bool(graph.core.norms.bias)
+    ends = [("embedding", "weight", (V, H)), ("final_norm", "weight", (H,))]
+    if norm_bias:
+        ends.append(("final_norm", "bias", (H,)))
+    if "position_embedding" in graph.objects:
+        ends.append(("position_embedding", "weight", None))
+    for obj, role, shape in ends:
         if obj not in graph.objects:
             defects.append(f"{obj}: the graph declares no {obj} object")
-        elif (name := operand(obj)) is not None:
-            want(obj, name, shape, obj.replace("_", " "))
+        elif (name := operand(obj, role)) is not None:
+            if shape is None:  # learned positions: [positions, hidden], any number of rows
+                got = tables.get(obj, {}).get(name)
+                shape = (got[1][0] if got is not None and len(got[1]) == 2 else -1, H)
+            want(obj, name, shape, obj.replace("_", " ") + ("" if role == "weight" else f" {role}"))
     if not graph.core.head.tied:
         if "output_head" not in graph.objects:
             defects.append("output head: the head is untied but the graph has no output_head object")
         elif (name := operand("output_head")) is not None:
             want("output_head", name, (V, H), "output head")
+            if graph.core.head.bias and (name := operand("output_head", "bias")) is not None:
+                want("output_head", name, (V,), "output head bias")
     elif "output_head" in graph.objects:
         defects.append("output head: the head is tied but an output_head object is declared")
 
@@ -72,7 +83,7 @@ def check(graph: Graph, tables: dict[str, dict[str, tuple[str, tuple[int, ...]]]
             continue
         # role -> (shape, required, what owns it)
         expected: dict[str, tuple[tuple[int, ...], bool, str]] = {
-            r: ((H,), True, f"{placement} norms") for r in norm_roles(placement, slots)}
+            r: ((H,), True, f"{placement} norms") for r in norm_roles(placement, slots, norm_bias)}
         for s in slots:
             op = graph.operator(i, s)
             for role in op.roles(graph.layer_params[i][s]):

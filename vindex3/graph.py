@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import operators as ops_registry
 from .errors import ComponentError, GraphSchemaError
@@ -26,8 +26,8 @@ SCHEMA_OPERATORS: dict[str, str | None] = {
 }
 SCHEMA_FFNS: dict[str, str | None] = {"dense": "ffn", "routed": "ffn"}
 ROLES = ("primary_text", "perception", "drafter")
-PLACEMENTS = ("pre_only", "pre_post", "post_only", "pre_mixer")
-OBJECT_KINDS = ("embedding", "decoder_stack", "final_norm", "output_head", "expert_bank")
+PLACEMENTS = ("pre_only", "pre_post", "post_only", "pre_mixer", "parallel", "parallel_shared")
+OBJECT_KINDS = ("embedding", "position_embedding", "decoder_stack", "final_norm", "output_head", "expert_bank")
 CORE_SURFACE = ("hidden_size", "embedding", "residual", "norms", "head", "operators", "context_length")
 GRAPH_KEYS = ("schema", "model", "components", "objects", "layers", "surface")
 
@@ -45,6 +45,9 @@ def _not_zero(v: float, what: str) -> float:
 
 class EmbeddingSpec(_Spec):
     multiplier: float = Field(allow_inf_nan=False)
+    # "learned": a position_embedding object's row p is added at position p (GPT-2). Graphs
+    # written before this fact existed have no key: no position is added to the embedding.
+    positions: Literal["learned"] | None = None
 
     @field_validator("multiplier")
     @classmethod
@@ -63,10 +66,23 @@ class ResidualSpec(_Spec):
 
 
 class NormsSpec(_Spec):
-    kind: Literal["rms"]
+    kind: Literal["rms", "layer"]  # layer: LayerNorm, (x - mean) / sqrt(var + eps) * w + b
     eps: float = Field(ge=0, allow_inf_nan=False)
     weight_offset: float = Field(allow_inf_nan=False)
-    placement: Literal["pre_only", "pre_post", "post_only", "pre_mixer"]
+    placement: Literal["pre_only", "pre_post", "post_only", "pre_mixer", "parallel", "parallel_shared"]
+    # Every norm (layers and final) has a bias. Stated for LayerNorm; graphs written before this
+    # fact existed have RMS norms only and no key (no bias).
+    bias: bool | None = None
+
+    @model_validator(mode="after")
+    def _kind(self) -> NormsSpec:
+        if self.kind == "layer" and self.bias is None:
+            raise ValueError("a LayerNorm states whether it has a bias (norms.bias)")
+        if self.kind == "rms" and self.bias:
+            raise ValueError("an RMS norm with a bias has no executor")
+        if self.kind == "layer" and self.weight_offset != 0:
+            raise ValueError("a LayerNorm's weight has no offset")
+        return self
 
 
 class HeadSpec(_Spec):
@@ -74,6 +90,8 @@ class HeadSpec(_Spec):
     tied: bool
     multiplier: float = Field(allow_inf_nan=False)
     softcap: float | None = Field(gt=0, allow_inf_nan=False)
+    # the head adds a bias (Phi-2's lm_head); graphs written before this fact have no key: none
+    bias: bool | None = None
 
     @field_validator("multiplier")
     @classmethod
@@ -223,6 +241,12 @@ class Graph:
             self.core = CoreSurface.model_validate(self.surface)
         except ValidationError as e:
             raise GraphSchemaError(f"system_graph.json: {_problems(e)}") from None
+        learned = self.core.embedding.positions == "learned"
+        if learned != ("position_embedding" in self.objects):
+            raise GraphSchemaError("system_graph.json: a position_embedding object exists exactly when "
+                                   f"surface.embedding.positions is 'learned' (positions: {self.core.embedding.positions!r})")
+        if self.core.head.bias and self.core.head.tied:
+            raise GraphSchemaError("system_graph.json: a head bias needs an untied output_head to hold it")
         layers = raw["layers"]
         if not layers:
             raise GraphSchemaError("system_graph.json: layers must be a non-empty list")

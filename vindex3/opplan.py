@@ -11,7 +11,7 @@ from pydantic import Field
 
 from . import continuation as cont
 from .graph import Graph
-from .layout import NORMS
+from .layout import NORMS, PARALLEL
 from .operators import FFN, MIXER, Operator, Params, ReadProfile, distinct_bytes
 from .segments import TensorEntry
 
@@ -32,14 +32,26 @@ class OperandRef:
 class NormParams(Params):
     eps: float = Field(ge=0, allow_inf_nan=False)
     weight_offset: float = Field(allow_inf_nan=False)
+    post: bool | None = None  # True: a post-norm, of the slot's write (not of the residual)
 
 
 class ResidualParams(Params):
     multiplier: float = Field(allow_inf_nan=False)
 
 
+class ForkParams(Params):
+    """The op where a parallel layer's two branches meet: it adds the mixer's write to the
+    residual (times ``multiplier``) and hands the FFN the layer's input normed."""
+
+    norm: str  # the norm kind: rms | layer
+    eps: float = Field(ge=0, allow_inf_nan=False)
+    weight_offset: float = Field(allow_inf_nan=False)
+    multiplier: float = Field(allow_inf_nan=False)
+
+
 class EmbedParams(Params):
     multiplier: float = Field(allow_inf_nan=False)
+    positions: str | None = None  # "learned": the position_embedding row of each position is added
 
 
 class HeadParams(Params):
@@ -54,7 +66,7 @@ class NoParams(Params):
 
 @dataclass
 class Op:
-    kind: str  # an operator's name, or a core op: embed | rms_norm | residual_add | head
+    kind: str  # an operator's name, or a core op: embed | rms_norm | layer_norm | parallel_fork | residual_add | head
     params: Params
     operands: dict[str, OperandRef] = field(default_factory=dict)
     role: str = ""  # what the op is for in its layer: "mixer", "ffn", "attn_norm", "ffn_residual", ...
@@ -131,10 +143,14 @@ class OpPlan:
             total = total + ReadProfile(lo.always_bytes, lo.bank_bytes, lo.per_position_bytes)
         if ends:
             emb = self.embedding.operands["weight"]
-            head = {"final_norm": self.final_norm.operands["weight"], "head": self.head.operands["weight"]}
+            head = {f"final_norm.{k}": r for k, r in self.final_norm.operands.items()}
+            head.update({f"head.{k}": r for k, r in self.head.operands.items()})
             total = total + ReadProfile.dense(distinct_bytes(head))
             if emb.label not in {r.label for r in head.values()}:
                 total = total + ReadProfile(0, emb.nbytes, emb.nbytes // emb.shape[0])
+            pos = self.embedding.operands.get("positions")
+            if pos is not None:  # one row per position, read by position
+                total = total + ReadProfile(0, pos.nbytes, pos.nbytes // pos.shape[0])
         return total
 
 
@@ -147,15 +163,31 @@ def build_op_plan(graph: Graph, tables: dict[str, dict[str, TensorEntry]]) -> Op
     core = graph.core
     objs = graph.objects
     emb_ref = _ref(tables, "embedding", objs["embedding"]["operands"]["weight"])
-    embedding = Op("embed", EmbedParams(multiplier=core.embedding.multiplier), {"weight": emb_ref}, "embedding")
+    emb_operands = {"weight": emb_ref}
+    if core.embedding.positions == "learned":
+        emb_operands["positions"] = _ref(tables, "position_embedding", objs["position_embedding"]["operands"]["weight"])
+    embedding = Op("embed", EmbedParams(multiplier=core.embedding.multiplier, positions=core.embedding.positions),
+                   emb_operands, "embedding")
     norm_params = NormParams(eps=core.norms.eps, weight_offset=core.norms.weight_offset)
+    post_params = NormParams(eps=core.norms.eps, weight_offset=core.norms.weight_offset, post=True)
     res_params = ResidualParams(multiplier=core.residual.multiplier)
     skeleton = NORMS[core.norms.placement]
+    norm_kind = "layer_norm" if core.norms.kind == "layer" else "rms_norm"
+    parallel = core.norms.placement in PARALLEL
+    fork_params = ForkParams(norm=core.norms.kind, eps=core.norms.eps, weight_offset=core.norms.weight_offset,
+                             multiplier=core.residual.multiplier)
+
+    def norm_operands(refs: dict, role: str) -> dict:
+        got = {"weight": refs[role]}
+        if f"{role}_bias" in refs:
+            got["bias"] = refs[f"{role}_bias"]
+        return got
+
     layers = []
     for lp in graph.layers:
         refs = {role: _ref(tables, "decoder_stack", name) for role, name in lp.operands.items()}
         slots = [MIXER] + ([FFN] if lp.ffn else [])
-        norm_role_names = {r for s in slots for r in skeleton[s] if r is not None}
+        norm_role_names = {x for s in slots for r in skeleton[s] if r is not None for x in (r, f"{r}_bias")}
         slot_ops: dict[str, Op] = {}
         for s in slots:
             op = graph.operator(lp.index, s)
@@ -171,22 +203,28 @@ def build_op_plan(graph: Graph, tables: dict[str, dict[str, TensorEntry]]) -> Op
         ops: list[Op] = []
         for s in slots:
             pre, post = skeleton[s]
-            if pre is not None and pre in refs:
-                ops.append(Op("rms_norm", norm_params, {"weight": refs[pre]}, pre))
+            fork = parallel and s == FFN
+            if fork:  # the mixer's residual add and the FFN's norm of the layer input, in one op
+                ops.append(Op("parallel_fork", fork_params, norm_operands(refs, pre), "ffn_norm"))
+            elif pre is not None and pre in refs:
+                ops.append(Op(norm_kind, norm_params, norm_operands(refs, pre), pre))
             ops.append(slot_ops[s])
             if post is not None and post in refs:
-                ops.append(Op("rms_norm", norm_params, {"weight": refs[post]}, post))
-            ops.append(Op("residual_add", res_params, {}, f"{s}_residual"))
+                ops.append(Op(norm_kind, post_params, norm_operands(refs, post), post))
+            if not (parallel and s == MIXER and FFN in slots):
+                ops.append(Op("residual_add", res_params, {}, f"{s}_residual"))
         described = any(o.described for o in slot_ops.values())
         parts = [part for o in slot_ops.values() if o.operator is not None for part in o.operator.geometry(o.params).parts]
         mixer = slot_ops[MIXER]
         params = mixer.operator.summary(mixer.params) if mixer.operator is not None else {}
         layers.append(LayerOps(lp.index, lp.operator, params, ops, cont.combine(parts), described))
-    fn_ref = _ref(tables, "final_norm", objs["final_norm"]["operands"]["weight"])
-    final_norm = Op("rms_norm", norm_params, {"weight": fn_ref}, "final_norm")
+    fn_ops = {k: _ref(tables, "final_norm", v) for k, v in objs["final_norm"]["operands"].items() if k in ("weight", "bias")}
+    final_norm = Op(norm_kind, norm_params, fn_ops, "final_norm")
     h = core.head
-    head_ref = emb_ref if h.tied else _ref(tables, "output_head", objs["output_head"]["operands"]["weight"])
-    head = Op("head", HeadParams(tied=h.tied, multiplier=h.multiplier, softcap=h.softcap), {"weight": head_ref}, "head")
+    head_ops = {"weight": emb_ref if h.tied else _ref(tables, "output_head", objs["output_head"]["operands"]["weight"])}
+    if h.bias:
+        head_ops["bias"] = _ref(tables, "output_head", objs["output_head"]["operands"]["bias"])
+    head = Op("head", HeadParams(tied=h.tied, multiplier=h.multiplier, softcap=h.softcap), head_ops, "head")
     return OpPlan(embedding, layers, final_norm, head, graph.hidden_size, graph.vocab_size, graph.context_length)
 
 
@@ -216,8 +254,13 @@ def operand_uses(plan: OpPlan) -> dict[str, OperandUse]:
             roles.append(role)
 
     add(plan.embedding.operands["weight"], "matrix", "embedding")
+    if "positions" in plan.embedding.operands:
+        add(plan.embedding.operands["positions"], "matrix", "position_embedding")
     add(plan.head.operands["weight"], "matrix", "head")
-    add(plan.final_norm.operands["weight"], "array", "final_norm")
+    if "bias" in plan.head.operands:
+        add(plan.head.operands["bias"], "array", "head_bias")
+    for k, ref in plan.final_norm.operands.items():
+        add(ref, "array", "final_norm" if k == "weight" else f"final_norm_{k}")
     for lo in plan.layers:
         for op in lo.ops:
             if op.operator is not None:
@@ -226,7 +269,8 @@ def operand_uses(plan: OpPlan) -> dict[str, OperandUse]:
                     add(ref, "matrix" if kinds.get(role, MATRIX) == MATRIX else "array", role)
             else:
                 for role, ref in op.operands.items():
-                    add(ref, "array" if op.kind == "rms_norm" else "unknown", op.role if op.kind == "rms_norm" else role)
+                    core = op.kind in ("rms_norm", "layer_norm", "parallel_fork")
+                    add(ref, "array" if core else "unknown", op.role if core else role)
     out = {}
     for label, (kinds, roles) in seen.items():
         kind = "unknown" if "unknown" in kinds else ("array" if "array" in kinds else "matrix")

@@ -29,7 +29,7 @@ from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
 from .intervention import Intervention
 from .intervention import resolve as resolve_intervention
-from .ops.norm import make_weight, rms_norm
+from .ops.norm import make_weight, norm_fn, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
 from .state import ContinuationState, LayerState
 from .trace import ExecutionTrace, OpCall
@@ -143,12 +143,19 @@ class Readout:
     head: Weight  # [vocab, hidden]
     multiplier: np.float32
     softcap: float | None
+    norm_kind: str = "rms"  # "layer": a LayerNorm, with ``norm_bias``
+    norm_bias: np.ndarray | None = None
+    head_bias: np.ndarray | None = None  # [vocab], added before the multiplier
 
     def normed(self, h: np.ndarray) -> np.ndarray:
+        if self.norm_kind == "layer":
+            return norm_fn("layer", self.norm_weight, self.norm_bias, self.eps)(h)
         return rms_norm(h, self.norm_weight, self.eps)
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
         logits = self.head.mm(self.normed(h))
+        if self.head_bias is not None:
+            logits = logits + self.head_bias
         if self.multiplier != 1:
             logits = logits * self.multiplier
         if self.softcap:
@@ -160,10 +167,17 @@ class Readout:
 def prepare_ends(plan: OpPlan, W: PreparedOperands) -> tuple[Weight, np.float32, Readout]:
     """The embedding weight, its multiplier and the readout (final norm and head) of a plan:
     what every executor with ends holds (one process, or the driver of a sharded model)."""
+    return W.weight(plan.embedding.operands["weight"]), F32(plan.embedding.params.multiplier), make_readout(plan, W)
+
+
+def make_readout(plan: OpPlan, W: PreparedOperands) -> Readout:
+    """A plan's final norm and head, read through ``W``."""
     fn, hd = plan.final_norm, plan.head
-    readout = Readout(make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset), F32(fn.params.eps),
-                      W.weight(hd.operands["weight"]), F32(hd.params.multiplier), hd.params.softcap)
-    return W.weight(plan.embedding.operands["weight"]), F32(plan.embedding.params.multiplier), readout
+    return Readout(make_weight(W.array(fn.operands["weight"]), fn.params.weight_offset), F32(fn.params.eps),
+                   W.weight(hd.operands["weight"]), F32(hd.params.multiplier), hd.params.softcap,
+                   "layer" if fn.kind == "layer_norm" else "rms",
+                   W.array(fn.operands["bias"]) if "bias" in fn.operands else None,
+                   W.array(hd.operands["bias"]) if "bias" in hd.operands else None)
 
 
 def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
@@ -171,12 +185,32 @@ def _bind_core(op: Op, W: PreparedOperands) -> OpFn:
     if op.kind == "rms_norm":
         weight = make_weight(W.array(op.operands["weight"]), op.params.weight_offset)
         eps = F32(op.params.eps)
+        if op.params.post:  # a post-norm: of the slot's write
+            return lambda h, x, ls, p0, one, tr: (h, rms_norm(x, weight, eps), nbytes)
         return lambda h, x, ls, p0, one, tr: (h, rms_norm(h, weight, eps), nbytes)
-    if op.kind == "residual_add":
+    if op.kind in ("layer_norm", "parallel_fork"):
+        kind = "layer" if op.kind == "layer_norm" else op.params.norm
+        norm = norm_fn(kind, make_weight(W.array(op.operands["weight"]), op.params.weight_offset),
+                       W.array(op.operands["bias"]) if "bias" in op.operands else None, F32(op.params.eps))
+        if op.kind == "layer_norm":
+            if op.params.post:
+                return lambda h, x, ls, p0, one, tr: (h, norm(x), nbytes)
+            return lambda h, x, ls, p0, one, tr: (h, norm(h), nbytes)
+        # parallel: x is the mixer's write; the FFN reads the layer's input h, normed
         m = F32(op.params.multiplier)
         if m == 1:
-            return lambda h, x, ls, p0, one, tr: (h + x, x, 0)
-        return lambda h, x, ls, p0, one, tr: (h + x * m, x, 0)
+            return lambda h, x, ls, p0, one, tr: (h + x, norm(h), nbytes)
+        return lambda h, x, ls, p0, one, tr: (h + x * m, norm(h), nbytes)
+    if op.kind == "residual_add":
+        # the new residual is also the current activation: a slot with no pre-norm (placement
+        # post_only) reads the residual itself
+        m = F32(op.params.multiplier)
+
+        def add(h, x, ls, p0, one, tr):
+            h = h + x if m == 1 else h + x * m
+            return h, h, 0
+
+        return add
     raise UnsupportedOperator(f"core op {op.kind!r} has no executor")
 
 
@@ -260,10 +294,13 @@ class Executor:
         self.readout: Readout | None = None
         if self.has_ends:
             self._emb, self._emb_mult, self.readout = prepare_ends(plan, W)
+            pos = plan.embedding.operands.get("positions")
+            self._pos = W.weight(pos) if pos is not None else None
             # what the ends touch per call: final norm and head whole; the embedding's gathered
             # rows (none extra when the head is the embedding itself, read whole anyway)
             fn, hd = plan.final_norm, plan.head
-            self._ends_bytes = distinct_bytes({"final_norm": fn.operands["weight"], "head": hd.operands["weight"]})
+            self._ends_bytes = distinct_bytes({**{f"final_norm.{k}": r for k, r in fn.operands.items()},
+                                               **{f"head.{k}": r for k, r in hd.operands.items()}})
             emb_ref = plan.embedding.operands["weight"]
             self._row_bytes = 0 if emb_ref.label in {r.label for r in hd.operands.values()} else emb_ref.nbytes // emb_ref.shape[0]
         self._kernels: list[tuple[int, list[OpFn]]] = [
@@ -326,6 +363,11 @@ class Executor:
                 if site is None:
                     h, x, n = fn(h, x, ls, p0, one, trace)
                     touched += n
+                elif len(site) == 3:  # a parallel fork: the mixer's write joins the residual here
+                    w = x if site[1] == 1 else x * site[1]
+                    h, x, n = fn(h, x, ls, p0, one, trace)
+                    touched += n
+                    obs.write(i, site[0], p0, w, h)
                 elif site[1] is None:
                     obs.slot_input(i, site[0], p0, x)
                     h, x, n = fn(h, x, ls, p0, one, trace)
@@ -333,6 +375,7 @@ class Executor:
                 else:
                     w = x if site[1] == 1 else x * site[1]
                     h = h + w
+                    x = h
                     obs.write(i, site[0], p0, w, h)
             ran.append(i)
         trace.executed_layers = ran
@@ -353,13 +396,14 @@ class Executor:
         trace.executed_layers = ran
         return h, touched
 
-    def embed(self, ids) -> np.ndarray:
-        """Token ids -> the residual entering layer 0 (embedding rows times its multiplier)."""
+    def embed(self, ids, p0: int = 0) -> np.ndarray:
+        """Token ids at positions p0, p0+1, ... -> the residual entering layer 0 (embedding rows
+        times its multiplier, plus the learned position rows when the model has them)."""
         if not self.has_ends:
             raise SliceError(f"{self.slice.describe()} has no embedding")
-        return self._embed(ids)
+        return self._embed(ids, p0)
 
-    def _embed(self, ids) -> np.ndarray:
+    def _embed(self, ids, p0: int = 0) -> np.ndarray:
         ids = _token_ids(ids, self._emb.shape[0])
         V = self._emb.shape[0]
         if ids.size and (ids.min() < 0 or ids.max() >= V):
@@ -368,6 +412,12 @@ class Executor:
         h = self._emb.take(ids)
         if self._emb_mult != 1:
             h = h * self._emb_mult
+        if self._pos is not None:  # learned absolute positions: row p at position p
+            P = self._pos.shape[0]
+            if p0 + ids.size > P:
+                raise SliceError(f"position {p0 + ids.size - 1} has no row in the learned position embedding "
+                                 f"({P} positions)")
+            h = h + self._pos.take(np.arange(p0, p0 + ids.size))
         return h
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
@@ -419,7 +469,9 @@ class Executor:
         return Stream(self, observer)
 
 
-def _site(op: Op) -> tuple[str, np.float32 | None] | None:
+def _site(op: Op) -> tuple | None:
+    if op.kind == "parallel_fork":
+        return "mixer", F32(op.params.multiplier), "fork"
     if op.kind == "residual_add":
         return op.role.removesuffix("_residual"), F32(op.params.multiplier)
     if op.role in (MIXER, FFN):
@@ -476,7 +528,7 @@ class Stream(_StreamBase):
         if ex.max_positions is not None and held + ids.size > ex.max_positions:  # before the embedding gather
             ex.check_positions(held + ids.size, f"a pass of {ids.size} position(s)" + (f" after {held} held" if held else ""))
         rows = np.unique(ids).size if ex._row_bytes else 0
-        return ex._pass(ex._embed(ids), self, True, last_only, ex._ends_bytes + rows * ex._row_bytes)
+        return ex._pass(ex._embed(ids, held), self, True, last_only, ex._ends_bytes + rows * ex._row_bytes)
 
     def step(self, token_id: int) -> np.ndarray:
         return self.prefill([int(token_id)])[0]

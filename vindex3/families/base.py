@@ -285,12 +285,41 @@ TRANSFORMS: dict[str, Callable[[list, bool], list]] = {
 }
 
 
+def _row_blocks(xs: list, shape_only: bool, size: int, stride: int, offset: int) -> list:
+    """Rows ``offset + k·stride + [0, size)`` for every k, along axis 0: one piece of a fused
+    projection (``row_blocks:n:n:a`` is rows [a, a + n); GPT-NeoX's per-head interleaved q|k|v
+    is ``row_blocks:d:3d:0`` for q)."""
+    x = _one(xs, "row_blocks")
+    shp = tuple(x) if shape_only else x.shape
+    if not shp or shp[0] % stride or size + offset > stride:
+        raise ValueError(f"row_blocks:{size}:{stride}:{offset} does not fit axis 0 of {list(shp)}")
+    n = shp[0] // stride
+    out = (n * size, *shp[1:])
+    if shape_only:
+        return [out]
+    return [np.ascontiguousarray(x.reshape(n, stride, *shp[1:])[:, offset:offset + size].reshape(out))]
+
+
+def row_blocks(size: int, stride: int, offset: int) -> str:
+    """The transform step that keeps rows offset + k·stride + [0, size) (see `_row_blocks`)."""
+    return f"row_blocks:{size}:{stride}:{offset}"
+
+
 def apply_steps(steps: tuple[str, ...], xs: list, shape_only: bool = False) -> Any:
-    """Apply named transform steps to tensors (or, with ``shape_only``, to their shapes)."""
+    """Apply named transform steps to tensors (or, with ``shape_only``, to their shapes). A step
+    is a name of `TRANSFORMS`, or ``row_blocks:size:stride:offset``."""
     for step in steps:
+        name, _, args = step.partition(":")
+        if name == "row_blocks":
+            try:
+                size, stride, offset = (int(a) for a in args.split(":"))
+            except ValueError:
+                raise ValueError(f"transform step {step!r} needs three integers") from None
+            xs = _row_blocks(xs, shape_only, size, stride, offset)
+            continue
         fn = TRANSFORMS.get(step)
         if fn is None:
-            raise ValueError(f"unknown transform step {step!r} (known: {', '.join(TRANSFORMS)})")
+            raise ValueError(f"unknown transform step {step!r} (known: {', '.join(TRANSFORMS)}, row_blocks:size:stride:offset)")
         xs = fn(xs, shape_only)
     return _one(xs, "the result")
 

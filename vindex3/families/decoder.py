@@ -69,20 +69,24 @@ def _positive_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
 
 
-def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None = None) -> dict | None:
+def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None = None, *,
+                allow_partial: bool = False, params_in: dict | None = None) -> dict | None:
     """Lower rope_parameters (transformers 5.x) or rope_theta + rope_scaling (older). ``default``:
-    (parameters, why) where the reference fixes them when a config states none."""
-    params = None
-    if default is not None and not any(r.has(k) for k in ("rope_parameters", "rope_theta", "rope_scaling")):
+    (parameters, why) where the reference fixes them when a config states none. ``allow_partial``:
+    a partial_rotary_factor below 1 rotates the first int(head_dim · factor) dims of each head
+    (an odd count is refused). ``params_in``: the parameters already read (one entry of a
+    per-layer-kind rope_parameters), graded by the caller."""
+    params = dict(params_in) if params_in is not None else None
+    if params_in is None and default is not None and not any(r.has(k) for k in ("rope_parameters", "rope_theta", "rope_scaling")):
         params = dict(r.take("rope_parameters", "rotary position encoding parameters", default=default[0],
                              default_reason=default[1]))
-    if r.has("rope_parameters"):
+    if params_in is None and r.has("rope_parameters"):
         params = r.take("rope_parameters", "rotary position encoding parameters")
         if not isinstance(params, dict):
             r.refuse("rope_parameters", "expected an object")
             return None
         params = dict(params)
-    if r.has("rope_theta") or r.has("rope_scaling"):
+    if params_in is None and (r.has("rope_theta") or r.has("rope_scaling")):
         theta = r.take("rope_theta", "rotary base", default=None) if r.has("rope_theta") else None
         scaling = r.take("rope_scaling", "rotary scaling") if r.has("rope_scaling") else None
         legacy = dict(scaling or {})
@@ -112,8 +116,12 @@ def rope_policy(r: ConfigReader, head_dim: int, default: tuple[dict, str] | None
         r.refuse("rope_parameters", f"partial_rotary_factor must be a number in (0, 1], found {partial!r}")
         return None
     rotary_dims = int(head_dim * partial)
-    if rotary_dims != head_dim:
-        r.refuse("rope_parameters", f"partial rotary (factor {partial}) is not supported by this build")
+    if rotary_dims != head_dim and not allow_partial:
+        r.refuse("rope_parameters", f"partial rotary (factor {partial}) is not supported by this family's lowering")
+        return None
+    if rotary_dims < 2 or rotary_dims % 2:
+        r.refuse("rope_parameters", f"partial_rotary_factor {partial} gives {rotary_dims} rotary dims of {head_dim}; "
+                                    "rotate-half needs an even count of at least 2")
         return None
     scaling = None
     if rtype == "default":

@@ -34,6 +34,23 @@ class Part:
 
 
 @dataclass(frozen=True)
+class Split:
+    """One source tensor of exact ``shape`` that several container tensors are cut from (a fused
+    q|k|v projection): ``pieces`` are (role, target name relative to the layer, transform steps)."""
+
+    shape: tuple[int, ...]
+    pieces: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True)
+class Drop:
+    """A tensor known by name that holds no parameter (a causal-mask buffer an old checkpoint
+    saved, a cached rotary table): not encoded, recorded in provenance with ``reason``."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
 class Refusal:
     """A tensor known by name and refused: ``message`` says why and what is accepted."""
 
@@ -74,6 +91,25 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
             if isinstance(role, Refusal):
                 r.refuse(name, role.message, category=role.category)
                 continue
+            if isinstance(role, Drop):
+                dropped.append((name, role.reason))
+                r.findings.append(Finding(category="ignored", key=name, value=None, message=f"not encoded: {role.reason}",
+                                          blocks=False))
+                continue
+            if isinstance(role, Split):
+                shape = tuple(specs[name].shape)
+                if shape != tuple(role.shape):
+                    r.refuse(name, f"has shape {list(shape)}; layer {idx} expects {list(role.shape)}", category="structure")
+                    continue
+                ops = graph["layers"][int(idx)]["operands"]
+                for piece_role, target, steps in role.pieces:
+                    if piece_role in ops:
+                        r.refuse(name, f"duplicate operand: role {piece_role} of layer {idx} is already {ops[piece_role]!r}",
+                                 category="structure")
+                        continue
+                    ops[piece_role] = f"{idx}.{target}"
+                    placements.append(TensorPlacement(name, obj, f"{idx}.{target}", piece_role, int(idx), transform=steps))
+                continue
             if isinstance(role, Part):
                 shape = tuple(specs[name].shape)
                 if shape != tuple(role.shape):
@@ -90,14 +126,16 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
             ops[role] = rel
             placements.append(TensorPlacement(name, obj, rel, role, int(idx)))
         else:
-            if rel != "weight":
-                r.refuse(name, f"unexpected tensor {rel!r} in {obj}", category="structure")
+            declared = graph["objects"].get(obj, {}).get("operands") or {"weight": "weight"}
+            if rel not in declared.values():
+                r.refuse(name, f"unexpected tensor {rel!r} in {obj} (known: {', '.join(sorted(declared.values()))})",
+                         category="structure")
                 continue
             if obj == "output_head" and tied:
                 dropped.append((name, "the head is tied to the embedding; the separate copy is not encoded"))
                 r.findings.append(Finding(category="metadata", key=name, value=None, message="tied head: duplicate lm_head not encoded", blocks=False))
                 continue
-            placements.append(TensorPlacement(name, obj, rel, "weight", None))
+            placements.append(TensorPlacement(name, obj, rel, next(k for k, v in declared.items() if v == rel), None))
     for (idx, target), parts in sorted(groups.items()):
         if (idx, target) in rejected:
             continue
@@ -111,7 +149,7 @@ def _known(table: dict) -> str:
     """The suffixes a table accepts, with per-expert runs written once (``experts.{e}.w1.weight``)."""
     import re
 
-    return ", ".join(sorted({re.sub(r"\.\d+\.", ".{e}.", k) for k, v in table.items() if not isinstance(v, Refusal)}))
+    return ", ".join(sorted({re.sub(r"\.\d+\.", ".{e}.", k) for k, v in table.items() if not isinstance(v, (Refusal, Drop))}))
 
 
 def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[tuple[Part, str]], layer_table,

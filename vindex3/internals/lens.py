@@ -153,6 +153,7 @@ def lens(view: ModelView, ex: Executor, run: CapturedRun, target: int, *, layers
 def decompose_arrays(ex: Executor, run: CapturedRun, target: int, position: int):
     """(names, layers, sites, operators, part logits float32, scale, decomposed logit)."""
     ro = ex.readout
+    readout_is_rms_linear(ro, "DECOMPOSE")
     h = run.final[position]
     var = np.mean(np.square(h), dtype=np.float32)
     s = np.float32(1.0) / np.sqrt(var + ro.eps)  # as rms_norm computes it
@@ -249,3 +250,14 @@ def save(path, *, ex: Executor, run: CapturedRun, target: int, rows: list[LensRo
     finally:
         tmp.unlink(missing_ok=True)
     return SavedFile(path=str(p), arrays=sorted(arrays), bytes=len(data))
+
+
+def readout_is_rms_linear(ro, what: str) -> None:
+    """Refuse by name a readout these attributions do not model: they take the final norm as an
+    RMS scale times a weight and the head as linear (no LayerNorm centring, no head bias)."""
+    if ro.norm_kind != "rms":
+        raise QueryRefused(f"{what} splits the logit through an RMS final norm; this model's final norm is a LayerNorm "
+                           "(its centring is not a per-position scale), which this build does not attribute")
+    if ro.head_bias is not None:
+        raise QueryRefused(f"{what} splits the logit through a linear head; this model's head adds a bias, which this "
+                           "build does not attribute")

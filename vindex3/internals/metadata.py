@@ -49,6 +49,19 @@ MAX_K = 256
 DIRECTORY = "derived/feature_tokens"
 METHOD = ("top-k over the vocabulary of head_multiplier * W_head @ (final_norm_weight * down[:, f]): the final readout "
           "of down column f with the final norm's weight, without its RMS scale or softcap; ties to the lower id")
+# A LayerNorm readout (GPT-2, GPT-NeoX, Phi): its linear part is the weight times the centred
+# column; its per-position 1/std (positive) and its bias and the head's bias (the same for every
+# feature) change no ranking, so they are left out as the RMS scale is.
+METHOD_LAYER_NORM = ("top-k over the vocabulary of head_multiplier * W_head @ (final_norm_weight * (down[:, f] - "
+                     "mean(down[:, f]))): the final LayerNorm's linear part applied to down column f, without its "
+                     "1/std, its bias, the head's bias or softcap; ties to the lower id")
+
+
+def method(ro) -> str:
+    """The method text of a readout: the RMS one, or the LayerNorm one."""
+    return METHOD_LAYER_NORM if ro.norm_kind == "layer" else METHOD
+
+
 CHUNK = 256  # features per GEMM block: [CHUNK, vocab] float32 at a time
 
 OnStale = Literal["rebuild", "refuse"]
@@ -105,13 +118,17 @@ def top_tokens(view: ModelView, values: np.ndarray, k: int) -> tuple[np.ndarray,
     """values [hidden, n] -> (ids int32 [n, k], logits float32 [n, k]) through the readout
     described in the module docstring."""
     ro = view.readout
+    centre = ro.norm_kind == "layer"
     n = values.shape[1]
     ids = np.zeros((n, k), dtype=np.int32)
     vals = np.zeros((n, k), dtype=np.float32)
     g = ro.norm_weight[:, None]
     for c0 in range(0, n, CHUNK):
         c1 = min(n, c0 + CHUNK)
-        y = ro.head.mm(np.ascontiguousarray((values[:, c0:c1] * g).T))  # [c, vocab]
+        v = values[:, c0:c1]
+        if centre:
+            v = v - v.mean(axis=0, keepdims=True, dtype=np.float32)
+        y = ro.head.mm(np.ascontiguousarray((v * g).T))  # [c, vocab]
         if ro.multiplier != 1:
             y = y * ro.multiplier
         _topk_rows(y, k, ids[c0:c1], vals[c0:c1])
@@ -150,7 +167,7 @@ class FeatureTokens:
         if e.get("source_digest") != digest:
             return (f"the container changed since the feature metadata was built (source digest "
                     f"{str(e.get('source_digest'))[:12]}…, container now {digest[:12]}…)")
-        if e.get("version") != VERSION or e.get("method") != METHOD:
+        if e.get("version") != VERSION or e.get("method") != method(self.view.readout):
             return f"it was built by method version {e.get('version')!r}; this build computes version {VERSION}"
         ek = (e.get("params") or {}).get("k")
         if not isinstance(ek, int) or ek < self.k:
@@ -285,7 +302,7 @@ class FeatureTokens:
             built_layers = sorted(int(x) for x in layers)
             entry.update({
                 "kind": KIND, "version": VERSION, "authority": "derived", "source_digest": self.container.digest,
-                "params": {"k": k}, "method": METHOD, "built_by": f"vindex3 {library_version()}",
+                "params": {"k": k}, "method": method(self.view.readout), "built_by": f"vindex3 {library_version()}",
                 "files": files, "layers": layers,
                 "summary": f"top {k} tokens per feature, layers {span_text(built_layers)} ({len(built_layers)} of {n_ffn} FFN layers)",
             })

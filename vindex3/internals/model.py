@@ -13,8 +13,8 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import QueryRefused, TokenizerMissing
-from ..exec.engine import PreparedOperands, Readout, slot_operands
-from ..exec.ops.norm import make_weight, rms_norm
+from ..exec.engine import PreparedOperands, Readout, make_readout, slot_operands
+from ..exec.ops.norm import make_weight, norm_fn
 from ..operators import FFN, FeatureFfn, FeatureView, no_features_reason
 from .common import Prompt, SkippedLayer, layer_list
 
@@ -29,7 +29,7 @@ class FfnLayer:
     mixer: str  # the layer's mixer operator (softmax, mamba2, ...)
     operator: str  # the FFN operator (gated_ffn, ...)
     view: FeatureView
-    norms: list[tuple[np.ndarray, np.float32]]  # pre-FFN norms: (weight with offset, eps)
+    norms: list  # pre-FFN norms, in order: x [n, hidden] -> normed x
 
     @property
     def count(self) -> int:
@@ -37,8 +37,8 @@ class FfnLayer:
 
     def ffn_input(self, h: np.ndarray) -> np.ndarray:
         """What this layer's FFN would read if the residual were ``h`` [n, hidden]."""
-        for w, eps in self.norms:
-            h = rms_norm(h, w, eps)
+        for norm in self.norms:
+            h = norm(h)
         return h
 
     def gate_scores(self, h: np.ndarray) -> np.ndarray:
@@ -71,9 +71,7 @@ class ModelView:
 
     @cached_property
     def readout(self) -> Readout:
-        fn, hd = self.plan.final_norm, self.plan.head
-        return Readout(make_weight(self._W.array(fn.operands["weight"]), fn.params.weight_offset), F32(fn.params.eps),
-                       self._W.weight(hd.operands["weight"]), F32(hd.params.multiplier), hd.params.softcap)
+        return make_readout(self.plan, self._W)
 
     def embed(self, ids: Sequence[int]) -> np.ndarray:
         """The residual a token starts as: its embedding row times the embedding multiplier."""
@@ -105,10 +103,21 @@ class ModelView:
         k = lo.ops.index(ffn)
         norms = []
         j = k - 1
-        while j >= 0 and lo.ops[j].kind == "rms_norm":  # the FFN's pre-norms sit right before it
+        # the FFN's pre-norms sit right before it (a parallel fork norms the layer's input)
+        while j >= 0 and lo.ops[j].kind in ("rms_norm", "layer_norm", "parallel_fork"):
             op = lo.ops[j]
-            norms.insert(0, (make_weight(self._W.array(op.operands["weight"]), op.params.weight_offset), F32(op.params.eps)))
+            kind = "layer" if op.kind == "layer_norm" else getattr(op.params, "norm", "rms")
+            bias = self._W.array(op.operands["bias"]) if "bias" in op.operands else None
+            norms.insert(0, norm_fn(kind, make_weight(self._W.array(op.operands["weight"]), op.params.weight_offset), bias,
+                                    F32(op.params.eps)))
             j -= 1
+        post = lo.ops[k + 1] if k + 1 < len(lo.ops) else None
+        if post is not None and post.kind == "rms_norm" and post.params.post:
+            # a post-norm (Gemma 2 / 3, OLMo 2) rescales the write per channel by its weight before
+            # the residual: a feature's value reaches the residual as weight ⊙ down column (up to
+            # the positive RMS factor of the position)
+            w = make_weight(self._W.array(post.operands["weight"]), post.params.weight_offset)
+            view = FeatureView(view.keys, (view.values * w[:, None]).astype(F32), view.activations)
         return FfnLayer(i, lo.operator, ffn.kind, view, norms)
 
     def ffn_layers(self, layers, what: str) -> tuple[list[FfnLayer], list[SkippedLayer]]:

@@ -55,6 +55,9 @@ class SoftmaxParams(Params):
     qk_norm_scope: Literal["head", "projection"] | None  # per head_dim, or over the whole q / k width
     qkv_clip: float | None = Field(gt=0, allow_inf_nan=False)  # q, k, v clamped to [-c, c] after the norms
     sinks: Literal["learned"] | None  # one learned logit per query head joins each softmax
+    # scores (after the score scale) are softcapped: c · tanh(s / c) (Gemma 2). Graphs written
+    # before this fact existed have no key: no softcap.
+    logit_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("bias")
     @classmethod
@@ -212,7 +215,7 @@ class Softmax(Operator):
             raise GraphSchemaError(f"system_graph.json: {where}: qk_norm must be null or {{kind: rms, eps, weight_offset, scope}}, "
                                    f"found {qk!r}")
         known = {"heads", "kv_heads", "head_dim", "head_mapping", "query_scale", "score_scale", "bias", "qk_norm",
-                 "qkv_clip", "sinks"}
+                 "qkv_clip", "sinks", "logit_softcap"}
         extra = sorted(set(a) - known)
         if extra:
             raise GraphSchemaError(f"system_graph.json: surface.attention has unknown keys {', '.join(extra)}")

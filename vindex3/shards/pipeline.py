@@ -105,6 +105,8 @@ class Ends:
         t0 = time.perf_counter()
         W = PreparedOperands(source)
         self._emb, self._emb_mult, self.readout = prepare_ends(plan, W)
+        pos = plan.embedding.operands.get("positions")
+        self._pos = W.weight(pos) if pos is not None else None
         self.reads, self.bytes = W.reads, W.bytes
         self.prepare_seconds = time.perf_counter() - t0
 
@@ -462,7 +464,7 @@ class ShardedStream:
         try:
             for op, *args in self._log:
                 if op == "prefill":
-                    self._run(self.ex.model.ends._embed(args[0]))
+                    self._run(self.ex.model.ends._embed(args[0], self._position))
                 elif op == "snapshot":
                     self._broadcast("snapshot", args[0])
                 elif op == "restore":
@@ -541,7 +543,7 @@ class ShardedStream:
     # -- the Stream API --------------------------------------------------------------------------
     def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
         ends = self.ex.model.ends
-        h = ends._embed(token_ids)  # bad ids are refused here, before any shard is called
+        h = ends._embed(token_ids, self._position)  # bad ids are refused here, before any shard is called
         T = h.shape[0]
         if T == 0:
             raise SliceError("no positions to run")

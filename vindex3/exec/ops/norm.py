@@ -21,3 +21,24 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
     var = _sum(np.square(x), axis=-1, dtype=np.float32, keepdims=True)
     np.true_divide(var, np.intp(x.shape[-1]), out=var, casting="unsafe")
     return weight * (x * (np.float32(1.0) / np.sqrt(var + eps)))
+
+
+def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: np.float32) -> np.ndarray:
+    # x: [..., d]; as torch's LayerNorm: the biased variance, float32 throughout
+    n = np.intp(x.shape[-1])
+    mean = _sum(x, axis=-1, dtype=np.float32, keepdims=True)
+    np.true_divide(mean, n, out=mean, casting="unsafe")
+    c = x - mean
+    var = _sum(np.square(c), axis=-1, dtype=np.float32, keepdims=True)
+    np.true_divide(var, n, out=var, casting="unsafe")
+    y = weight * (c * (np.float32(1.0) / np.sqrt(var + eps)))
+    return y if bias is None else y + bias
+
+
+def norm_fn(kind: str, weight: np.ndarray, bias: np.ndarray | None, eps: np.float32):
+    """x -> the norm of x, for a norm kind of the graph (``rms`` or ``layer``)."""
+    if kind == "layer":
+        return lambda x: layer_norm(x, weight, bias, eps)
+    if bias is not None:
+        raise ValueError("an RMS norm takes no bias")
+    return lambda x: rms_norm(x, weight, eps)

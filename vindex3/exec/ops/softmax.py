@@ -41,6 +41,7 @@ def make_attention(p, w: dict):
     table = rope_mod.RopeTable(p.rope_theta, p.rotary_dims, p.rope_scaling) if p.position == "rope" else None
     qscale = np.float32(p.query_scale)
     sscale = np.float32(p.score_scale)
+    cap = np.float32(p.logit_softcap) if p.logit_softcap is not None else None
     neg = np.float32(-np.inf)
 
     def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
@@ -91,6 +92,10 @@ def make_attention(p, w: dict):
             Sb = hi - lo
             s = np.matmul(qh[:, :, a:b].reshape(nkv, g * n, hd), Kb.transpose(0, 2, 1)).reshape(nkv, g, n, Sb)
             s *= sscale
+            if cap is not None:  # softcapped scores: c · tanh(s / c)
+                s /= cap
+                np.tanh(s, out=s)
+                s *= cap
             if n > 1 or (window is not None and p0 + a - lo >= window):
                 qpos = (p0 + a) + np.arange(n)[:, None]
                 kpos = lo + np.arange(Sb)[None, :]
