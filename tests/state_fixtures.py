@@ -1,0 +1,77 @@
+"""Tiny random checkpoints of the families whose layers keep new kinds of state (Mamba1,
+Falcon-Mamba, LFM2, Falcon-H1, RecurrentGemma), registered into tests/fixtures.py's tables on
+import so that the session fixtures (``checkpoint_dirs``, ``containers``) build them.
+
+Odd widths wherever the reference allows; every SSM parameter (A_log, D, dt biases), every norm
+and conv bias and every gate re-randomised away from its initialisation; matrices at a gain that
+puts logits at O(1–10), so that a 1e-4 tolerance means something."""
+
+from __future__ import annotations
+
+import math
+
+import fixtures
+from fixtures import FAMILIES, REFINE, VOCAB
+
+SSM_BASE = {"vocab_size": VOCAB, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+FAMILIES["mamba"] = dict(SSM_BASE, hidden_size=45, state_size=13, num_hidden_layers=3, conv_kernel=3, expand=2,
+                         use_bias=True, use_conv_bias=True, time_step_rank=5, layer_norm_epsilon=1e-5,
+                         tie_word_embeddings=False)
+FAMILIES["falcon_mamba"] = dict(SSM_BASE, hidden_size=45, state_size=11, num_hidden_layers=3, conv_kernel=4, expand=2,
+                                use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5, mixer_rms_eps=1e-6,
+                                tie_word_embeddings=True)
+
+NEW_STATE_FAMILIES = ["mamba", "falcon_mamba"]
+
+
+def _scale(model, gen, skip=(), head_gain=3.0) -> None:
+    """Matrices at unit gain (std 1/sqrt(fan_in)), the embedding at std 1, the head at
+    head_gain/sqrt(hidden)."""
+    import torch
+
+    for name, p in sorted(model.named_parameters()):
+        if p.dim() < 2 or any(s in name for s in skip):
+            continue
+        fan_in = p.shape[-1] if p.dim() == 2 else math.prod(p.shape[1:])
+        gain = 1.0
+        if "embed" in name:  # also the head when tied: lower then, so logits stay O(10)
+            gain, fan_in = (0.35 if model.config.tie_word_embeddings else 1.0), 1
+        elif "lm_head" in name:
+            gain = head_gain
+        p.copy_(gain / math.sqrt(fan_in) * torch.randn(p.shape, generator=gen))
+
+
+def _mamba1(model) -> None:
+    """A_log [inner, state] uniform in [log 0.3, log 4], dt_proj's bias in [-3, 0.5] (Δ from 0.05
+    to 1), D ~ N(0, 1), conv taps and biases, projections at unit gain (the head lower for
+    Falcon-Mamba, whose normed B and C make the mixer's write larger)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(2812)
+    _scale(model, gen, skip=("A_log",), head_gain=1.0 if model.config.model_type == "falcon_mamba" else 3.0)
+    for _, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
+        if not hasattr(mod, "A_log"):
+            continue
+        mod.A_log.copy_(torch.empty(mod.A_log.shape).uniform_(math.log(0.3), math.log(4.0), generator=gen))
+        mod.dt_proj.bias.copy_(torch.empty(mod.dt_proj.bias.shape).uniform_(-3.0, 0.5, generator=gen))
+        mod.D.copy_(torch.randn(mod.D.shape, generator=gen))
+        if mod.conv1d.bias is not None:
+            mod.conv1d.bias.copy_(0.2 * torch.randn(mod.conv1d.bias.shape, generator=gen))
+        for lin in (mod.in_proj, mod.out_proj):
+            if lin.bias is not None:
+                lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
+
+
+REFINE["mamba"] = _mamba1
+REFINE["falcon_mamba"] = _mamba1
+
+
+def ids(n: int, seed: int = 7) -> list[int]:
+    """n token ids, deterministic, spread over the vocabulary."""
+    import numpy as np
+
+    return [int(t) for t in np.random.default_rng(seed).integers(3, VOCAB, n)]
+
+
+__all__ = ["FAMILIES", "NEW_STATE_FAMILIES", "fixtures", "ids"]
