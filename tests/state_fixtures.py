@@ -22,7 +22,14 @@ FAMILIES["falcon_mamba"] = dict(SSM_BASE, hidden_size=45, state_size=11, num_hid
                                 use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-5, mixer_rms_eps=1e-6,
                                 tie_word_embeddings=True)
 
-NEW_STATE_FAMILIES = ["mamba", "falcon_mamba"]
+# LFM2: conv, attention, conv, conv, attention; the pattern declared by full_attn_idxs (the
+# reference writes layer_types from it on save, so the saved config carries both, agreeing)
+FAMILIES["lfm2"] = dict(SSM_BASE, hidden_size=48, num_hidden_layers=5, num_attention_heads=3, num_key_value_heads=1,
+                        intermediate_size=80, block_multiple_of=1, block_ffn_dim_multiplier=1.0, conv_L_cache=4,
+                        conv_bias=True, full_attn_idxs=[1, 4], norm_eps=1e-5, max_position_embeddings=512,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+
+NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2"]
 
 
 def _scale(model, gen, skip=(), head_gain=3.0) -> None:
@@ -63,6 +70,15 @@ def _mamba1(model) -> None:
                 lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
 
 
+def _lfm2(model) -> None:
+    """Matrices at unit gain; every norm (layer, q/k, final) and conv bias keeps its re-randomised
+    1 + 0.3·N(0, 1) from build_checkpoint."""
+    import torch
+
+    _scale(model, torch.Generator().manual_seed(2813))
+
+
+REFINE["lfm2"] = _lfm2
 REFINE["mamba"] = _mamba1
 REFINE["falcon_mamba"] = _mamba1
 

@@ -1,4 +1,5 @@
-"""More kinds of state: Mamba1 (``mamba``, ``falcon_mamba``), each family against transformers
+"""More kinds of state: Mamba1 (``mamba``, ``falcon_mamba``), LFM2's short convolutions
+(``lfm2``), each family against transformers
 5.24.0 (fp32, eager) on tiny random configs (tests/state_fixtures.py), prefill and token-by-token
 decode over 160 positions, greedy, Draft(L) bit-identical, speculation equal to greedy, state
 rollback by snapshot, state bytes from the declared parts, and the family's refusals.
@@ -11,6 +12,7 @@ against its prefill):
 |---|---|---|---|---|---|---|
 | mamba | 1.1e-05 | 1.2e-05 | 1.3e-05 | 2.5e-05 | 2.0e-05 | 1.4e-05 / 7.7e-06 |
 | falcon_mamba | 2.6e-05 | 4.6e-05 | 2.8e-05 | 5.3e-05 | 4.4e-05 | 2.7e-05 / 4.7e-05 |
+| lfm2 | 6.4e-06 | 1.0e-05 | 4.5e-06 | 7.2e-06 | 7.1e-06 | 5.8e-06 / 4.2e-06 |
 
 The bar is about twice the reference's own spread on the worst fixture;
 `test_reference_floor_is_below_the_bar` asserts that spread stays at most 6e-5 (a fixture whose
@@ -31,7 +33,7 @@ import vindex3
 from vindex3.admit import admit
 from vindex3.continuation import KV, LATENT, RECURRENT
 from vindex3.draft import greedy_generate, speculative_generate
-from vindex3.errors import AdmissionError, StateError
+from vindex3.errors import AdmissionError, ClosureError, StateError
 
 MODELS = list(sf.NEW_STATE_FAMILIES)
 IDS = sf.ids(160)
@@ -186,6 +188,23 @@ def test_mamba1_state_is_two_fixed_buffers(containers, family):
     assert st.state.nbytes == sum(g.fixed_bytes for g in c.continuation())
 
 
+def test_lfm2_state_is_a_short_window_beside_kv_rows(containers):
+    """Conv layers keep conv_L_cache - 1 rows of B·x, fixed; attention layers KV rows per position."""
+    c = vindex3.open(containers("lfm2"))
+    geoms = c.continuation()
+    assert [lp.operator for lp in c.graph.layers] == ["short_conv", "softmax", "short_conv", "short_conv", "softmax"]
+    for i in (0, 2, 3):
+        assert [(p.name, p.kind, p.shape, p.rollback) for p in geoms[i].parts] == [("conv", RECURRENT, (3, 48), "snapshot")]
+        assert geoms[i].bytes_at(1) == geoms[i].bytes_at(4096) == 3 * 48 * 4
+    for i in (1, 4):
+        assert [(p.kind, p.shape) for p in geoms[i].parts] == [(KV, (2, 16))] and geoms[i].fixed_bytes == 0
+    ex = c.executor(slice=vindex3.Draft(1))  # layer 0 alone: a conv window, no KV
+    st = ex.start()
+    st.prefill(IDS[:10])
+    assert st.state.nbytes == 3 * 48 * 4
+    assert not any(lbl.startswith("decoder_stack/1.") for lbl in ex.prepared.read_log)
+
+
 @pytest.mark.parametrize("family", MODELS)
 def test_no_byte_count_assumes_kv(containers, family):
     """Every byte STATS reports is the sum of the declared parts, at any position count, and
@@ -232,12 +251,23 @@ def test_every_config_key_is_graded(checkpoint_dirs, family):
     assert set(cfg) <= graded
 
 
+def test_lfm2_ffn_width_is_derived_as_the_reference_derives_it(checkpoint_dirs, tmp_path):
+    """A multiplier that changes the derived width no longer fits the tensors: refused by name."""
+    ck = _copy_with_config(checkpoint_dirs("lfm2"), tmp_path / "ck", block_ffn_dim_multiplier=2.0)
+    with pytest.raises(ClosureError, match="ffn_gate.*has shape \\[53, 48\\], the surface implies \\[106, 48\\]"):
+        vindex3.encode(ck, tmp_path / "c")
+
+
 @pytest.mark.parametrize("family, changes, names", [
     ("mamba", {"novel_key": 1}, "novel_key"),
     ("mamba", {"intermediate_size": 91}, "intermediate_size"),
     ("mamba", {"hidden_act": "gelu"}, "hidden_act"),
     ("mamba", {"time_step_rank": 0}, "time_step_rank"),
     ("falcon_mamba", {"mixer_rms_eps": -1.0}, "mixer_rms_eps"),
+    ("lfm2", {"-layer_types": None, "-full_attn_idxs": None}, "layer_types.*no layer pattern declared"),
+    ("lfm2", {"layer_types": None, "full_attn_idxs": None}, "layer_types.*no layer pattern declared"),
+    ("lfm2", {"full_attn_idxs": [1, 3]}, "full_attn_idxs.*disagrees with layer_types"),
+    ("lfm2", {"layer_types": ["conv", "sliding_attention", "conv", "conv", "full_attention"]}, "layer_types.*sliding_attention"),
 ])
 def test_refusals_name_the_key(checkpoint_dirs, tmp_path, family, changes, names):
     ck = _copy_with_config(checkpoint_dirs(family), tmp_path / "ck", **changes)

@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     deepseek_v3,
     granitemoehybrid,
     kimi_linear,
+    lfm2,
     mamba,
     mamba2,
     moe,
