@@ -29,7 +29,18 @@ FAMILIES["lfm2"] = dict(SSM_BASE, hidden_size=48, num_hidden_layers=5, num_atten
                         conv_bias=True, full_attn_idxs=[1, 4], norm_eps=1e-5, max_position_embeddings=512,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
 
-NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2"]
+# Falcon-H1: every multiplier away from 1 except the FFN's (refused by this build), an SSM width
+# (mamba_d_ssm) of its own, n_groups = 3, a chunk size the prompts exceed without dividing.
+FAMILIES["falcon_h1"] = dict(SSM_BASE, hidden_size=48, intermediate_size=70, num_hidden_layers=3, num_attention_heads=3,
+                             num_key_value_heads=1, mamba_d_ssm=90, mamba_n_heads=6, mamba_d_head="auto", mamba_n_groups=3,
+                             mamba_d_state=13, mamba_d_conv=3, mamba_chunk_size=8, mamba_proj_bias=True,
+                             projectors_bias=True, rms_norm_eps=1e-5, max_position_embeddings=512,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, embedding_multiplier=1.5,
+                             lm_head_multiplier=0.7, key_multiplier=0.8, attention_in_multiplier=1.2,
+                             attention_out_multiplier=0.9, ssm_in_multiplier=0.8, ssm_out_multiplier=1.1,
+                             ssm_multipliers=[0.9, 1.1, 0.7, 1.3, 0.6], mlp_multipliers=[1.0, 1.0], tie_word_embeddings=False)
+
+NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2", "falcon_h1"]
 
 
 def _scale(model, gen, skip=(), head_gain=3.0) -> None:
@@ -78,7 +89,28 @@ def _lfm2(model) -> None:
     _scale(model, torch.Generator().manual_seed(2813))
 
 
+def _falcon_h1(model) -> None:
+    """Matrices at unit gain; A_log, dt_bias, D and the conv and projection biases of the SSM
+    member re-randomised as for Mamba2 (tests/fixtures.py)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(2814)
+    _scale(model, gen)
+    for _, mod in sorted(model.named_modules(), key=lambda nm: nm[0]):
+        if not hasattr(mod, "A_log"):
+            continue
+        h = mod.A_log.shape[0]
+        mod.A_log.copy_(torch.empty(h).uniform_(math.log(0.3), math.log(4.0), generator=gen))
+        mod.dt_bias.copy_(torch.empty(h).uniform_(-3.0, 0.5, generator=gen))
+        mod.D.copy_(torch.randn(h, generator=gen))
+        mod.conv1d.bias.copy_(0.2 * torch.randn(mod.conv1d.bias.shape, generator=gen))
+        for lin in (mod.in_proj, mod.out_proj):
+            if lin.bias is not None:
+                lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
+
+
 REFINE["lfm2"] = _lfm2
+REFINE["falcon_h1"] = _falcon_h1
 REFINE["mamba"] = _mamba1
 REFINE["falcon_mamba"] = _mamba1
 

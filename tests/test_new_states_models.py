@@ -1,5 +1,6 @@
 """More kinds of state: Mamba1 (``mamba``, ``falcon_mamba``), LFM2's short convolutions
-(``lfm2``), each family against transformers
+(``lfm2``), Falcon-H1's attention beside a Mamba2 mixer in one layer (``falcon_h1``: a
+``parallel`` mixer whose state is KV rows and recurrent buffers at once), each family against transformers
 5.24.0 (fp32, eager) on tiny random configs (tests/state_fixtures.py), prefill and token-by-token
 decode over 160 positions, greedy, Draft(L) bit-identical, speculation equal to greedy, state
 rollback by snapshot, state bytes from the declared parts, and the family's refusals.
@@ -13,6 +14,7 @@ against its prefill):
 | mamba | 1.1e-05 | 1.2e-05 | 1.3e-05 | 2.5e-05 | 2.0e-05 | 1.4e-05 / 7.7e-06 |
 | falcon_mamba | 2.6e-05 | 4.6e-05 | 2.8e-05 | 5.3e-05 | 4.4e-05 | 2.7e-05 / 4.7e-05 |
 | lfm2 | 6.4e-06 | 1.0e-05 | 4.5e-06 | 7.2e-06 | 7.1e-06 | 5.8e-06 / 4.2e-06 |
+| falcon_h1 | 4.9e-06 | 4.1e-06 | 4.3e-06 | 4.3e-06 | 4.0e-06 | 4.5e-06 / 3.3e-06 |
 
 The bar is about twice the reference's own spread on the worst fixture;
 `test_reference_floor_is_below_the_bar` asserts that spread stays at most 6e-5 (a fixture whose
@@ -205,6 +207,71 @@ def test_lfm2_state_is_a_short_window_beside_kv_rows(containers):
     assert not any(lbl.startswith("decoder_stack/1.") for lbl in ex.prepared.read_log)
 
 
+def test_falcon_h1_layer_keeps_kv_rows_and_recurrent_buffers_at_once(containers):
+    """One parallel mixer per layer: its geometry is the union of its members' parts (KvAndRecurrent),
+    its state holds both, and truncation is refused before anything is cut."""
+    c = vindex3.open(containers("falcon_h1"))
+    for g in c.continuation():
+        assert [(p.name, p.kind, p.shape) for p in g.parts] == [
+            ("kv", KV, (2, 16)), ("ssm", RECURRENT, (6, 15, 13)), ("conv", RECURRENT, (2, 168))]
+        assert g.rollback == "snapshot" and g.describe().startswith("Kv{kv_dim=16} + Recurrent{")
+        assert g.bytes_at(100) == 100 * 2 * 16 * 4 + 4 * (6 * 15 * 13 + 2 * 168)
+    st = c.executor().start()
+    st.prefill(IDS[:30])
+    mixer = st.state.layers[0]["mixer"]
+    assert set(mixer.members) == {"attention", "ssm"}
+    assert st.state.layers[0].nbytes == c.continuation()[0].bytes_at(30)
+    kv_end = mixer.members["attention"].end
+    with pytest.raises(StateError, match="members ssm keep a recurrence"):
+        mixer.truncate(20)
+    assert mixer.members["attention"].end == kv_end == 30  # nothing was cut
+    s = lql.Session()
+    s.execute(f"OPEN '{containers('falcon_h1')}'")
+    (r,) = s.execute("SHOW LAYERS")
+    assert "Kv{kv_dim=16} + Recurrent{ssm[6, 15, 13]:f32, conv[2, 168]:f32}" in r.to_text(timing=False)
+
+
+def test_an_older_reader_refuses_a_parallel_layer_by_name(containers):
+    """A reader without the parallel operator (or without one of its members) refuses the whole
+    layer by name when the graph loads: it never runs half of it."""
+    from vindex3 import operators
+    from vindex3.errors import GraphSchemaError
+    from vindex3.operators.mamba2_mup import Mamba2Mup
+    from vindex3.operators.parallel import Parallel
+
+    path = containers("falcon_h1")
+    operators.unregister("parallel")
+    try:
+        with pytest.raises(GraphSchemaError, match="layer 0 has unknown operator 'parallel'"):
+            vindex3.open(path)
+    finally:
+        operators.register(Parallel)
+    operators.unregister("mamba2_mup")
+    try:
+        with pytest.raises(GraphSchemaError, match="member 'ssm' names operator 'mamba2_mup'"):
+            vindex3.open(path)
+    finally:
+        operators.register(Mamba2Mup)
+    assert vindex3.open(path).graph.layers[0].operator == "parallel"
+
+
+@pytest.mark.parametrize("rms, before", [(True, True), (True, False)])
+def test_falcon_h1_gated_norm_variants(refs, checkpoint_dirs, tmp_path, rms, before):
+    """mamba_rms_norm: true (a gated RMSNorm over n_groups groups), the norm before or after the
+    gate, against the reference (prefill and decode, 60 positions)."""
+    from fixtures import build_checkpoint
+
+    refs("falcon_h1")  # the module's oracles hold torch at one thread
+    ck = build_checkpoint("falcon_h1", tmp_path / "ck", tokenizer=False, mamba_rms_norm=rms, mamba_norm_before_gate=before)
+    ref = load_reference(ck)
+    ids = IDS[:60]
+    theirs = hf_logits(ref, ids)
+    ex = vindex3.open(vindex3.encode(ck, tmp_path / "c")).executor()
+    assert ex.plan.layers[0].ops[1].params.members[1].params.gated_norm == ("norm_then_gate" if before else "gate_then_norm")
+    assert np.abs(ex.forward(ids) - theirs).max() <= TOL
+    assert np.abs(token_by_token(ex, ids) - hf_decode(ref, ids)).max() <= TOL
+
+
 @pytest.mark.parametrize("family", MODELS)
 def test_no_byte_count_assumes_kv(containers, family):
     """Every byte STATS reports is the sum of the declared parts, at any position count, and
@@ -264,6 +331,9 @@ def test_lfm2_ffn_width_is_derived_as_the_reference_derives_it(checkpoint_dirs, 
     ("mamba", {"hidden_act": "gelu"}, "hidden_act"),
     ("mamba", {"time_step_rank": 0}, "time_step_rank"),
     ("falcon_mamba", {"mixer_rms_eps": -1.0}, "mixer_rms_eps"),
+    ("falcon_h1", {"mlp_multipliers": [2.0, 1.0]}, "mlp_multipliers.*carries no gate / down multipliers"),
+    ("falcon_h1", {"mamba_d_head": 16}, "mamba_d_head"),
+    ("falcon_h1", {"key_multiplier": -1.0}, "key_multiplier"),
     ("lfm2", {"-layer_types": None, "-full_attn_idxs": None}, "layer_types.*no layer pattern declared"),
     ("lfm2", {"layer_types": None, "full_attn_idxs": None}, "layer_types.*no layer pattern declared"),
     ("lfm2", {"full_attn_idxs": [1, 3]}, "full_attn_idxs.*disagrees with layer_types"),

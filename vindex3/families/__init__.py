@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     decoder,
     deepseek_v3,
+    falcon_h1,
     granitemoehybrid,
     kimi_linear,
     lfm2,

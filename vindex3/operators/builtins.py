@@ -1,3 +1,15 @@
 """The operators this build ships; importing this module registers them."""
 
-from . import gated_delta, gated_ffn, kda, mamba1, mamba2, mla, moe_ffn, short_conv, softmax  # noqa: F401
+from . import (  # noqa: F401
+    gated_delta,
+    gated_ffn,
+    kda,
+    mamba1,
+    mamba2,
+    mamba2_mup,
+    mla,
+    moe_ffn,
+    parallel,
+    short_conv,
+    softmax,
+)
