@@ -40,7 +40,17 @@ FAMILIES["falcon_h1"] = dict(SSM_BASE, hidden_size=48, intermediate_size=70, num
                              attention_out_multiplier=0.9, ssm_in_multiplier=0.8, ssm_out_multiplier=1.1,
                              ssm_multipliers=[0.9, 1.1, 0.7, 1.3, 0.6], mlp_multipliers=[1.0, 1.0], tie_word_embeddings=False)
 
-NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2", "falcon_h1"]
+# RecurrentGemma: recurrent, attention, recurrent, recurrent (block_types cycled), a local window
+# of 7 keys the prompts exceed, partial rotary. lru_width equals hidden_size: the reference's
+# first one-token decode step sizes its conv state by hidden_size and cannot run otherwise.
+FAMILIES["recurrent_gemma"] = dict(SSM_BASE, hidden_size=48, intermediate_size=140, num_hidden_layers=4,
+                                   num_attention_heads=3, num_key_value_heads=1, lru_width=48, attention_window_size=7,
+                                   conv1d_width=4, logits_soft_cap=15.0, rms_norm_eps=1e-6,
+                                   block_types=["recurrent", "attention", "recurrent"], attention_bias=True,
+                                   rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.5})
+
+NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2", "falcon_h1", "recurrent_gemma"]
 
 
 def _scale(model, gen, skip=(), head_gain=3.0) -> None:
@@ -109,7 +119,24 @@ def _falcon_h1(model) -> None:
                 lin.bias.copy_(0.1 * torch.randn(lin.bias.shape, generator=gen))
 
 
+def _recurrent_gemma(model) -> None:
+    """Matrices at unit gain; the RG-LRU's block gates at 1/sqrt(block width), their biases at
+    0.5·N(0, 1), Λ (recurrent_param) so that softplus(Λ) spans 0.1–2: decays from fast to slow."""
+    import torch
+
+    gen = torch.Generator().manual_seed(2815)
+    _scale(model, gen, skip=("gate_weight", "gate_bias"))
+    for name, p in sorted(model.named_parameters()):
+        if name.endswith("gate_weight"):
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+        elif name.endswith("gate_bias"):
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+        elif name.endswith("recurrent_param"):
+            p.copy_(torch.empty(p.shape).uniform_(-2.2, 1.8, generator=gen))
+
+
 REFINE["lfm2"] = _lfm2
+REFINE["recurrent_gemma"] = _recurrent_gemma
 REFINE["falcon_h1"] = _falcon_h1
 REFINE["mamba"] = _mamba1
 REFINE["falcon_mamba"] = _mamba1

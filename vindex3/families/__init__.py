@@ -11,4 +11,5 @@ from . import (  # noqa: F401
     mamba2,
     moe,
     qwen3_next,
+    recurrent_gemma,
 )

@@ -10,6 +10,7 @@ from . import (  # noqa: F401
     mla,
     moe_ffn,
     parallel,
+    rg_lru,
     short_conv,
     softmax,
 )
