@@ -385,3 +385,15 @@ def test_refusals_name_the_key(checkpoint_dirs, tmp_path, family, changes, names
     ck = _copy_with_config(checkpoint_dirs(family), tmp_path / "ck", **changes)
     with pytest.raises(AdmissionError, match=names):
         vindex3.encode(ck, tmp_path / "c")
+
+
+# -- shards ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", MODELS)
+def test_sharded_output_is_byte_identical_to_one_process(ray_cluster, containers, family):
+    """The new states live in their shard and travel nowhere: two layer-range shards give the
+    one-process bytes, prefill and token by token."""
+    c = vindex3.open(containers(family))
+    one, ex = c.executor(), c.executor(shards=2)
+    assert np.array_equal(ex.forward(IDS[:40]), one.forward(IDS[:40]))
+    assert np.array_equal(token_by_token(ex, IDS[:12]), token_by_token(one, IDS[:12]))
