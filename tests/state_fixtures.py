@@ -50,7 +50,13 @@ FAMILIES["recurrent_gemma"] = dict(SSM_BASE, hidden_size=48, intermediate_size=1
                                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                     "partial_rotary_factor": 0.5})
 
-NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2", "falcon_h1", "recurrent_gemma"]
+# Bamba: mamba2, attention, mamba2, mamba2 (attn_layer_indices), n_groups = 3, half rotary.
+FAMILIES["bamba"] = dict(SSM_BASE, hidden_size=48, intermediate_size=70, num_hidden_layers=4, num_attention_heads=3,
+                         num_key_value_heads=1, attn_layer_indices=[1], mamba_n_heads=6, mamba_n_groups=3, mamba_d_state=13,
+                         mamba_d_conv=3, mamba_chunk_size=8, mamba_expand=2, mamba_proj_bias=True, rms_norm_eps=1e-5,
+                         max_position_embeddings=512, rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+NEW_STATE_FAMILIES = ["mamba", "falcon_mamba", "lfm2", "falcon_h1", "recurrent_gemma", "bamba"]
 
 
 def _scale(model, gen, skip=(), head_gain=3.0) -> None:
@@ -138,6 +144,7 @@ def _recurrent_gemma(model) -> None:
 REFINE["lfm2"] = _lfm2
 REFINE["recurrent_gemma"] = _recurrent_gemma
 REFINE["falcon_h1"] = _falcon_h1
+REFINE["bamba"] = _falcon_h1  # the same Mamba2 parameters, the same treatment
 REFINE["mamba"] = _mamba1
 REFINE["falcon_mamba"] = _mamba1
 

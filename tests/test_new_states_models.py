@@ -1,7 +1,8 @@
 """More kinds of state: Mamba1 (``mamba``, ``falcon_mamba``), LFM2's short convolutions
 (``lfm2``), Falcon-H1's attention beside a Mamba2 mixer in one layer (``falcon_h1``: a
 ``parallel`` mixer whose state is KV rows and recurrent buffers at once), Griffin's RG-LRU beside
-local attention (``recurrent_gemma``: two bounded states, no unbounded one), each family against transformers
+local attention (``recurrent_gemma``: two bounded states, no unbounded one), and Bamba, which
+falls out of the existing ``mamba2`` and ``softmax`` operators (``bamba``), each family against transformers
 5.24.0 (fp32, eager) on tiny random configs (tests/state_fixtures.py), prefill and token-by-token
 decode over 160 positions, greedy, Draft(L) bit-identical, speculation equal to greedy, state
 rollback by snapshot, state bytes from the declared parts, and the family's refusals.
@@ -17,6 +18,7 @@ against its prefill):
 | lfm2 | 6.4e-06 | 1.0e-05 | 4.5e-06 | 7.2e-06 | 7.1e-06 | 5.8e-06 / 4.2e-06 |
 | falcon_h1 | 4.9e-06 | 4.1e-06 | 4.3e-06 | 4.3e-06 | 4.0e-06 | 4.5e-06 / 3.3e-06 |
 | recurrent_gemma | 1.0e-05 | 1.4e-05 | 8.4e-06 | 1.2e-05 | 1.1e-05 | 1.0e-05 / 5.7e-06 |
+| bamba | 4.0e-05 | 3.5e-05 | 1.6e-05 | 2.7e-05 | 2.6e-05 | 2.6e-05 / 2.0e-05 |
 
 The bar is about twice the reference's own spread on the worst fixture;
 `test_reference_floor_is_below_the_bar` asserts that spread stays at most 6e-5 (a fixture whose
@@ -58,6 +60,9 @@ def _hf_steps(model, ids, then=0):
     from transformers import DynamicCache
 
     griffin = model.config.model_type == "recurrent_gemma"
+    # Bamba derives decode positions from the cache's first layer, a Mamba2 mixer here that
+    # counts none: its rotary positions would all be 0. Positions are passed explicitly.
+    positions = griffin or model.config.model_type == "bamba"
     cache = None
     if griffin:
         model.model._setup_cache(model.config, 1, "cpu", torch.float32)
@@ -67,7 +72,7 @@ def _hf_steps(model, ids, then=0):
         for i in range(len(ids) + then):
             if i >= len(ids):
                 toks.append(int(rows[-1].argmax()))
-            kw = {"position_ids": torch.tensor([[i]])} if griffin else {}
+            kw = {"position_ids": torch.tensor([[i]])} if positions else {}
             out = model(torch.tensor([[toks[i]]]), cache=cache, use_cache=True, **kw)
             if not griffin:
                 cache = out.cache
@@ -376,6 +381,10 @@ def test_lfm2_ffn_width_is_derived_as_the_reference_derives_it(checkpoint_dirs, 
     ("recurrent_gemma", {"-block_types": None}, "block_types.*no layer pattern declared"),
     ("recurrent_gemma", {"hidden_activation": "gelu"}, "hidden_activation"),
     ("recurrent_gemma", {"head_dim": 15}, "head_dim"),
+    ("bamba", {"-attn_layer_indices": None}, "attn_layer_indices.*no layer pattern declared"),
+    ("bamba", {"attn_layer_indices": [1, 4]}, "attn_layer_indices.*distinct layer indices"),
+    ("bamba", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}},
+     "rope_parameters.*partial_rotary_factor 0.5"),
     ("lfm2", {"-layer_types": None, "-full_attn_idxs": None}, "layer_types.*no layer pattern declared"),
     ("lfm2", {"layer_types": None, "full_attn_idxs": None}, "layer_types.*no layer pattern declared"),
     ("lfm2", {"full_attn_idxs": [1, 3]}, "full_attn_idxs.*disagrees with layer_types"),

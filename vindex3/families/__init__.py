@@ -1,6 +1,7 @@
 """Model families known at the import boundary. Importing this package registers them."""
 
 from . import (  # noqa: F401
+    bamba,
     decoder,
     deepseek_v3,
     falcon_h1,
