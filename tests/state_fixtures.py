@@ -29,7 +29,7 @@ FAMILIES["lfm2"] = dict(SSM_BASE, hidden_size=48, num_hidden_layers=5, num_atten
                         conv_bias=True, full_attn_idxs=[1, 4], norm_eps=1e-5, max_position_embeddings=512,
                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
 
-# Falcon-H1: every multiplier away from 1 except the FFN's (refused by this build), an SSM width
+# Falcon-H1: every multiplier away from 1 (the FFN's too: the gated_ffn_mup operator), an SSM width
 # (mamba_d_ssm) of its own, n_groups = 3, a chunk size the prompts exceed without dividing.
 FAMILIES["falcon_h1"] = dict(SSM_BASE, hidden_size=48, intermediate_size=70, num_hidden_layers=3, num_attention_heads=3,
                              num_key_value_heads=1, mamba_d_ssm=90, mamba_n_heads=6, mamba_d_head="auto", mamba_n_groups=3,
@@ -38,7 +38,7 @@ FAMILIES["falcon_h1"] = dict(SSM_BASE, hidden_size=48, intermediate_size=70, num
                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, embedding_multiplier=1.5,
                              lm_head_multiplier=0.7, key_multiplier=0.8, attention_in_multiplier=1.2,
                              attention_out_multiplier=0.9, ssm_in_multiplier=0.8, ssm_out_multiplier=1.1,
-                             ssm_multipliers=[0.9, 1.1, 0.7, 1.3, 0.6], mlp_multipliers=[1.0, 1.0], tie_word_embeddings=False)
+                             ssm_multipliers=[0.9, 1.1, 0.7, 1.3, 0.6], mlp_multipliers=[1.3, 0.8], tie_word_embeddings=False)
 
 # RecurrentGemma: recurrent, attention, recurrent, recurrent (block_types cycled), a local window
 # of 7 keys the prompts exceed, partial rotary. lru_width equals hidden_size: the reference's

@@ -16,7 +16,7 @@ against its prefill):
 | mamba | 1.1e-05 | 1.2e-05 | 1.3e-05 | 2.5e-05 | 2.0e-05 | 1.4e-05 / 7.7e-06 |
 | falcon_mamba | 2.6e-05 | 4.6e-05 | 2.8e-05 | 5.3e-05 | 4.4e-05 | 2.7e-05 / 4.7e-05 |
 | lfm2 | 6.4e-06 | 1.0e-05 | 4.5e-06 | 7.2e-06 | 7.1e-06 | 5.8e-06 / 4.2e-06 |
-| falcon_h1 | 4.9e-06 | 4.1e-06 | 4.3e-06 | 4.3e-06 | 4.0e-06 | 4.5e-06 / 3.3e-06 |
+| falcon_h1 | 5.2e-06 | 7.2e-06 | 4.1e-06 | 4.5e-06 | 4.3e-06 | 3.8e-06 / 4.1e-06 |
 | recurrent_gemma | 1.0e-05 | 1.4e-05 | 8.4e-06 | 1.2e-05 | 1.1e-05 | 1.0e-05 / 5.7e-06 |
 | bamba | 4.0e-05 | 3.5e-05 | 1.6e-05 | 2.7e-05 | 2.6e-05 | 2.6e-05 / 2.0e-05 |
 
@@ -259,6 +259,17 @@ def test_falcon_h1_layer_keeps_kv_rows_and_recurrent_buffers_at_once(containers)
     assert "Kv{kv_dim=16} + Recurrent{ssm[6, 15, 13]:f32, conv[2, 168]:f32}" in r.to_text(timing=False)
 
 
+def test_falcon_h1_ffn_multipliers_choose_the_ffn_operator(containers, checkpoint_dirs, tmp_path):
+    """mlp_multipliers other than [1, 1] run the gated_ffn_mup operator (the fixture: [1.3, 0.8]);
+    [1, 1] is the plain gated FFN, the same function."""
+    c = vindex3.open(containers("falcon_h1"))
+    ffn = c.op_plan().layers[0].ops[4]
+    assert (ffn.kind, ffn.params.gate_multiplier, ffn.params.down_multiplier) == ("gated_ffn_mup", 1.3, 0.8)
+    ck = _copy_with_config(checkpoint_dirs("falcon_h1"), tmp_path / "ck", mlp_multipliers=[1.0, 1.0])
+    plain = vindex3.open(vindex3.encode(ck, tmp_path / "c"))
+    assert plain.op_plan().layers[0].ops[4].kind == "gated_ffn" and "ffn" in plain.graph.surface
+
+
 def test_an_older_reader_refuses_a_parallel_layer_by_name(containers):
     """A reader without the parallel operator (or without one of its members) refuses the whole
     layer by name when the graph loads: it never runs half of it."""
@@ -375,7 +386,7 @@ def test_lfm2_ffn_width_is_derived_as_the_reference_derives_it(checkpoint_dirs, 
     ("mamba", {"hidden_act": "gelu"}, "hidden_act"),
     ("mamba", {"time_step_rank": 0}, "time_step_rank"),
     ("falcon_mamba", {"mixer_rms_eps": -1.0}, "mixer_rms_eps"),
-    ("falcon_h1", {"mlp_multipliers": [2.0, 1.0]}, "mlp_multipliers.*carries no gate / down multipliers"),
+    ("falcon_h1", {"mlp_multipliers": [2.0]}, "mlp_multipliers.*expected 2 finite numbers"),
     ("falcon_h1", {"mamba_d_head": 16}, "mamba_d_head"),
     ("falcon_h1", {"key_multiplier": -1.0}, "key_multiplier"),
     ("recurrent_gemma", {"-block_types": None}, "block_types.*no layer pattern declared"),

@@ -13,8 +13,8 @@ lowered as one ``parallel`` mixer with two members, ``attention`` (``softmax``) 
 optional gated norm). ``key_multiplier`` scales k before the scores; since k only meets q in the
 scores, it is lowered as a factor of the score scale (head_dim^-½ · key_multiplier): the same
 function, rounded once more or less. ``embedding_multiplier`` and ``lm_head_multiplier`` are the
-embedding's and the head's multipliers. ``mlp_multipliers`` other than [1, 1] are refused by
-name: the gated FFN operator carries no multipliers in this build.
+embedding's and the head's multipliers. ``mlp_multipliers`` (gate, down) other than [1, 1] make
+the FFN the ``gated_ffn_mup`` operator.
 """
 
 from __future__ import annotations
@@ -132,10 +132,6 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
                 chunk, rms, limit, emb_mult, head_mult, key_mult, a_in, a_out, s_in, s_out, ssm_mult, mlp_mult, gated) \
             or not ctx_ok:
         return None
-    if mlp_mult != [1.0, 1.0]:
-        r.refuse("mlp_multipliers", f"{mlp_mult}: the gated FFN operator of this build carries no gate / down "
-                                    "multipliers; only [1.0, 1.0] is executed")
-        return None
     if isinstance(nkv, bool) or not isinstance(nkv, int) or nkv < 1 or nh % nkv:
         r.refuse("num_key_value_heads", f"expected a positive divisor of {nh} query heads, found {nkv!r}")
         return None
@@ -186,8 +182,6 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             "query_scale": 1.0, "score_scale": float(hd) ** -0.5 * key_mult,
             "bias": {k: bool(attn_bias) for k in ("q", "k", "v", "o")}, "qk_norm": None, "qkv_clip": None, "sinks": None,
         },
-        "ffn": {"kind": "gated", "activation": "silu", "intermediate_size": inter, "bias": bool(mlp_bias),
-                "fused_gate_up": False},
         "norms": {"kind": "rms", "eps": float(eps), "weight_offset": 0.0, "placement": "pre_mixer"},
         "head": {"vocab": vocab, "tied": bool(tied), "multiplier": head_mult, "softcap": None},
         "operators": {
@@ -199,7 +193,17 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         },
         "context_length": ctx,
     }
-    layers = [{"index": i, "operator": "parallel", "span": "full", "window": None, "position": position, "ffn": "dense",
+    # µP FFN multipliers other than 1 need the gated_ffn_mup operator; without them the plain
+    # gated FFN (whose features the internals queries read) is the same function
+    if mlp_mult == [1.0, 1.0]:
+        ffn = "dense"
+        surface["ffn"] = {"kind": "gated", "activation": "silu", "intermediate_size": inter, "bias": bool(mlp_bias),
+                          "fused_gate_up": False}
+    else:
+        ffn = "dense_mup"
+        surface["operators"]["gated_ffn_mup"] = {"activation": "silu", "intermediate_size": inter, "bias": bool(mlp_bias),
+                                                 "gate_multiplier": mlp_mult[0], "down_multiplier": mlp_mult[1]}
+    layers = [{"index": i, "operator": "parallel", "span": "full", "window": None, "position": position, "ffn": ffn,
                "operands": {}} for i in range(L)]
     graph = assemble_graph(src.name, "falcon_h1", bool(tied), layers, surface)
     placements, dropped = place_tensors(src, graph, r, bool(tied), PREFIXES, lambda i: ("parallel", LAYER_ROLES))

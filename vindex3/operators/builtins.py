@@ -3,6 +3,7 @@
 from . import (  # noqa: F401
     gated_delta,
     gated_ffn,
+    gated_ffn_mup,
     kda,
     mamba1,
     mamba2,
