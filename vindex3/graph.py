@@ -314,13 +314,14 @@ class Graph:
                 if value is None:
                     continue
                 op = self._operators[i].get(slot)
-                group = op.surface_group if op is not None else (SCHEMA_OPERATORS if slot == ops_registry.MIXER else SCHEMA_FFNS).get(value)
-                if group:
+                if op is not None:
+                    groups, under_operators = op.reads_groups(self.layer_params[i][slot])
+                else:
+                    described = (SCHEMA_OPERATORS if slot == ops_registry.MIXER else SCHEMA_FFNS).get(value)
+                    groups, under_operators = ((described,) if described else ()), (value,)  # a described operator may keep its facts there
+                for group in groups:
                     needed.setdefault(group, []).append(i)
-                if op is not None and op.operator_group:
-                    op_groups.add(op.operator_group)
-                elif op is None:
-                    op_groups.add(value)  # a described operator may keep its facts there
+                op_groups.update(under_operators)
         known_groups = set(CORE_SURFACE) | {"attention", "ffn"} | {o.surface_group for o in ops_registry.all_operators() if o.surface_group}
         for key in self.surface:
             if key not in known_groups:

@@ -171,6 +171,13 @@ class Operator:
         """Typed parameters of this op in ``layer`` (a `vindex3.graph.LayerPolicy`)."""
         raise NotImplementedError
 
+    def reads_groups(self, p: Params) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The surface groups this op reads with parameters ``p``: (top-level groups, keys under
+        surface.operators). The graph checks that a group exists exactly when some op reads it.
+        The default is the class's ``surface_group`` and ``operator_group``; an op composed of
+        others (a parallel mixer) reads its members' groups too."""
+        return ((self.surface_group,) if self.surface_group else (), (self.operator_group,) if self.operator_group else ())
+
     def roles(self, p: Params) -> list[Role]:
         raise NotImplementedError
 
