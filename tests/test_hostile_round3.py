@@ -244,3 +244,35 @@ def test_14_no_statement_writes_into_any_container(tiny_llama_container, tmp_pat
             s.execute(f"DUMP LOGITS 'Hi' INTO '{target}' OVERWRITE")
     assert (other / "index.json").read_bytes() == before
     s.execute(f"DUMP LOGITS 'Hi' INTO '{tmp_path / 'beside.f32'}'")  # beside it is fine
+
+
+# ---- 7 and 11: OBSERVE and TRACE ... FOR are bounded before they run --------------------------
+
+
+def test_7_observe_generate_is_bounded_by_max_generate_and_the_context(tiny_llama_container, tmp_path):
+    import lql
+    from lql.errors import LimitError
+
+    s = lql.connect(tiny_llama_container)
+    t0 = time.monotonic()
+    with pytest.raises(LimitError, match="max_generate"):
+        s.execute(f"OBSERVE 'Hi' GENERATE 10000000 RECORD INTO '{tmp_path / 'r.jsonl'}'")
+    s.execute("SET max_generate = 100000")
+    with pytest.raises(LimitError, match="positions"):
+        s.execute(f"OBSERVE 'Hi' GENERATE 99999 RECORD INTO '{tmp_path / 'r.jsonl'}'")
+    assert time.monotonic() - t0 < 5 and not (tmp_path / "r.jsonl").exists()
+
+
+def test_11_trace_for_is_bounded_by_memory_limit_before_it_runs(tiny_llama_container):
+    import lql
+    from lql.errors import LimitError
+
+    s = lql.connect(tiny_llama_container)
+    s.execute("SET memory_limit = '1 MiB'")
+    prompt = "TOKENS (" + ", ".join(["5"] * 200) + ")"
+    t0 = time.monotonic()
+    with pytest.raises(LimitError, match="memory_limit"):
+        s.execute(f"TRACE {prompt} FOR 7 POSITIONS ALL")
+    assert time.monotonic() - t0 < 5
+    s.execute("SET memory_limit = '4 GiB'")
+    assert s.execute_one("TRACE TOKENS (5, 6) FOR 7").kind == "trace_for"  # within the limit it runs

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from .. import ast
+from .. import ast, limits
 from ..ast import dialect
 from ..binding import SliceBinding, check_output, internals, internals_data, with_text
 from ..layouts import intervention, prompt_text, share, time, token
@@ -20,6 +20,7 @@ from ..planner import (
     check_span,
     depth_of,
     err,
+    run_words,
 )
 from ..registry import family
 from ..results import Data, InternalsPrompt, Result, dump
@@ -157,9 +158,26 @@ def plan_trace_for(s: TraceFor, ctx: Context) -> Node:
     check_executed_layers(s, sl, layers, "TRACE ... LAYERS")
     ablation = cat.ablation(s.ablate, sl)
     target = cat.single_token(s.token, "TRACE ... FOR")
-    return TraceForPlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), target=target, layers=layers,
+    prompt = bind_prompt(ctx, s.prompt)
+    _check_trace_limits(s, ctx, sl, len(prompt.ids), layers)
+    return TraceForPlan(s, slice=sl, prompt=prompt, target=target, layers=layers,
                         positions=s.positions or "last", decompose=s.decompose, save=s.save,
                         overwrite=bool(s.overwrite or ctx.settings.overwrite), intervention=ablation)
+
+
+def _check_trace_limits(s: TraceFor, ctx: Context, sl: SliceBinding, p: int, layers) -> None:
+    """TRACE ... FOR's limits, before any work: the positions, and the arrays it keeps (the
+    prefill's own, a residual and a write per layer and position, and with POSITIONS ALL the
+    lens logits of every layer at every position)."""
+    cat = ctx.catalog
+    limits.check_positions(p, cat.context_length, ctx.settings, run_words("TRACE ... FOR", p))
+    n = len(layers) if layers is not None else len(sl.executed_layers)
+    shown = p if s.positions == "all" else 1
+    hidden = cat.op_plan.hidden_size
+    (limits.Need().add("the prefill", cat.estimate(p, sl.depth))
+     .add(f"residuals and writes [{n + 1} x 3, {p:,}, {hidden:,}]", extra=3 * (n + 1) * p * hidden * 4)
+     .add(f"lens logits [{n + 1}, {shown:,}, {cat.vocab:,}]", extra=(n + 1) * shown * cat.vocab * 4)
+     .check(ctx.settings, "TRACE ... FOR"))
 
 
 # ---- results (mirrors of vindex3.internals' models, see `lql.results.Data`) ----------------

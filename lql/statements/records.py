@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from .. import ast
+from .. import ast, limits
 from ..binding import SliceBinding, check_output, internals, internals_data, with_text
 from ..layouts import intervention, prompt_text, time
-from ..planner import BoundPrompt, Context, Node, bind_prompt, depth_of, err
+from ..planner import BoundPrompt, Context, Node, bind_prompt, depth_of, err, run_words
 from ..registry import family
 from ..results import InternalsPrompt, Result
 from ..syntax import Children, Clause
@@ -81,10 +81,16 @@ class ObservePlan(Node):
 @fam.plans(Observe)
 def plan_observe(s: Observe, ctx: Context) -> Node:
     cat = ctx.catalog
+    limits.check_count(s.generate, "max_generate", ctx.settings, "GENERATE", "tokens")  # before anything runs
     sl = cat.bind_slice(depth_of(ctx, s.depth))
     ablation = cat.ablation(s.ablate, sl)
     lens = tuple(cat.single_token(t, "OBSERVE ... LENS") for t in s.lens)
-    return ObservePlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), generate=s.generate or 0, lens=lens,
+    prompt = bind_prompt(ctx, s.prompt)
+    p, g = len(prompt.ids), s.generate or 0
+    limits.check_positions(p + g, cat.context_length, ctx.settings, run_words("OBSERVE", p, g))
+    steps = cat.estimate(1, sl.depth, start=p + g - 2) if g > 1 else None
+    limits.Need().add("the largest pass", limits.largest(cat.estimate(p, sl.depth), steps)).check(ctx.settings, "OBSERVE")
+    return ObservePlan(s, slice=sl, prompt=prompt, generate=g, lens=lens,
                        into=s.into, overwrite=bool(s.overwrite or ctx.settings.overwrite),
                        intervention=ablation)
 
