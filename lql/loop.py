@@ -191,6 +191,9 @@ def execute_statement(session: Session, stmt: ast.Statement, *,
     from .planner import plan
 
     with boundary(session, stmt):
+        bound = getattr(session, "base_container", None)
+        if bound is not None and hasattr(bound, "check_unchanged"):
+            bound.check_unchanged()  # a segment changed on disk since OPEN: refused by name, before anything
         node = plan(stmt, session.context())
         if before_run is not None:
             before_run(node)

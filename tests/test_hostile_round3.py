@@ -276,3 +276,33 @@ def test_11_trace_for_is_bounded_by_memory_limit_before_it_runs(tiny_llama_conta
     assert time.monotonic() - t0 < 5
     s.execute("SET memory_limit = '4 GiB'")
     assert s.execute_one("TRACE TOKENS (5, 6) FOR 7").kind == "trace_for"  # within the limit it runs
+
+
+# ---- 9: a container modified in place while open -----------------------------------------------
+
+
+def test_9_a_segment_changed_while_open_is_refused_before_the_next_statement(tiny_llama_container, tmp_path):
+    import os
+    import shutil
+
+    import lql
+    from lql.errors import EngineRefusal
+
+    c = tmp_path / "c.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    s = lql.connect(c)
+    before = s.execute_one("INFER 'Hi' TOP 1").logits.copy()
+    seg = sorted((c / "segments").glob("*.bin"))[-1]
+    data = bytearray(seg.read_bytes())
+    data[-8:] = b"\x00\x00\x80\x7f" * 2  # rewrite the last bytes in place (same size)
+    st = seg.stat()
+    seg.write_bytes(bytes(data))
+    os.utime(seg, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # a modification time that moved
+    with pytest.raises(EngineRefusal, match="was modified on disk while the container was open"):
+        s.execute("INFER 'Hi' TOP 1")
+    with pytest.raises(EngineRefusal):
+        s.execute("STATS")
+    s2 = lql.Session()
+    with pytest.raises(EngineRefusal):  # reopened, it is verified: the altered tensor is refused at first use
+        s2.execute(f"OPEN '{c}'; INFER 'Hi' TOP 1")
+    assert before is not None

@@ -138,6 +138,14 @@ def _confined_file(root: Path, rel: str, what: str) -> Path:
         raise IntegrityError(f"{INDEX} names {e.message}", hint=REENCODE) from None
 
 
+def _stamp(p: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 class Container:
     """An opened container. Cheap: holds headers and memory maps, never tensor copies."""
 
@@ -181,6 +189,23 @@ class Container:
         # segment was hashed (containers without per-tensor hashes)
         self._checked: set[tuple[str, str]] = set()
         self._segment_checked: set[str] = set()
+        # what the executable files were when opened: (size, mtime_ns, inode) each
+        self._stamps = {p: _stamp(p) for p in self._executable_files()}
+
+    def _executable_files(self) -> list[Path]:
+        return [self.path / GRAPH] + [seg.path for seg in self.segments.values()]
+
+    def check_unchanged(self) -> None:
+        """Refuse by name when a file the model computes from (the graph or a segment) changed
+        on disk since the container was opened (its size, modification time or inode): the open
+        container would compute with bytes nobody verified. A few stat calls; no data read."""
+        for p, was in self._stamps.items():
+            now = _stamp(p)
+            if now != was:
+                what = "is gone" if now is None else "was replaced" if now[2] != was[2] else "was modified"
+                raise IntegrityError(f"{self.path.name}: {p.name} {what} on disk while the container was open; "
+                                     "refusing to compute with bytes that were not verified",
+                                     hint="open the container again (OPEN 'path') to verify and use what is there now")
 
     def _open(self, gbytes: bytes, altered: list[str]) -> None:
         m = self.manifest
