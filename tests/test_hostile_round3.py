@@ -292,7 +292,7 @@ def test_9_a_segment_changed_while_open_is_refused_before_the_next_statement(tin
     shutil.copytree(tiny_llama_container, c)
     s = lql.connect(c)
     before = s.execute_one("INFER 'Hi' TOP 1").logits.copy()
-    seg = sorted((c / "segments").glob("*.bin"))[-1]
+    seg = max((c / "segments").glob("*.bin"))
     data = bytearray(seg.read_bytes())
     data[-8:] = b"\x00\x00\x80\x7f" * 2  # rewrite the last bytes in place (same size)
     st = seg.stat()
