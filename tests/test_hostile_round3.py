@@ -306,3 +306,35 @@ def test_9_a_segment_changed_while_open_is_refused_before_the_next_statement(tin
     with pytest.raises(EngineRefusal):  # reopened, it is verified: the altered tensor is refused at first use
         s2.execute(f"OPEN '{c}'; INFER 'Hi' TOP 1")
     assert before is not None
+
+
+# ---- 8: huge but finite weights never give silent zeros -----------------------------------------
+
+
+def test_8_a_huge_finite_weight_is_a_named_refusal_not_zero_logits(tiny_llama_container, tmp_path):
+    import shutil
+    import struct
+
+    import numpy as np
+    from fixtures import reseal
+
+    import vindex3
+    from vindex3.errors import NonFiniteActivation
+
+    c = tmp_path / "huge.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    seg = c / "segments" / "decoder_stack.bin"
+    raw = bytearray(seg.read_bytes())
+    hlen = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + hlen])
+    start = 8 + hlen
+    t = next(x for x in header["tensors"] if x["name"].endswith("0.mlp.down_proj.weight") and x["dtype"] == "f32")
+    arr = np.frombuffer(raw, dtype=np.float32, count=t["len"] // 4, offset=start + t["offset"]).copy()
+    arr[:] = np.float32(3e38)  # finite, and far past anything float32 arithmetic survives
+    raw[start + t["offset"]:start + t["offset"] + t["len"]] = arr.tobytes()
+    seg.write_bytes(bytes(raw))
+    reseal(c)
+    ex = vindex3.open(c).executor()
+    with pytest.raises(NonFiniteActivation, match=r"^layer [01]: ") as e:  # where float32 first breaks
+        ex.forward([1, 2, 3])
+    assert e.value.layer in (0, 1) and e.value.site in ("norm", "residual_post")

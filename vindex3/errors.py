@@ -125,3 +125,19 @@ class LimitExceeded(VindexError):
 
 class ContextLengthExceeded(LimitExceeded):
     """More positions than the model's context length (or an explicit override) allows."""
+
+
+class NonFiniteActivation(VindexError):
+    """A run produced NaN or infinity (or a norm whose mean of squares overflowed float32): the
+    weights or the input drive float32 past its range. Names the layer and the site where seen."""
+
+    def __init__(self, message: str, *, layer: int | None = None, site: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint or "the container's weights (or this input) overflow float32 here; "
+                                               "`vindex3 verify` checks the stored bytes, and the model's source may be damaged")
+        self.layer, self.site = layer, site
+
+    def at(self, layer: int) -> NonFiniteActivation:
+        """The same refusal, located at ``layer`` (when a kernel raised it without knowing)."""
+        if self.layer is not None:
+            return self
+        return NonFiniteActivation(f"layer {layer}: {self.message}", layer=layer, site=self.site, hint=self.hint)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import codecs
 from ..codecs import Weight
-from ..errors import SliceError, StateError, UnsupportedOperator
+from ..errors import NonFiniteActivation, SliceError, StateError, UnsupportedOperator
 from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
 from .intervention import Intervention
@@ -101,6 +101,13 @@ class PreparedOperands:
     def array(self, ref: OperandRef) -> np.ndarray:
         """The operand whole, as float32 (norm weights, biases, small operands)."""
         return self.weight(ref).dense()
+
+
+def _check_finite(h: np.ndarray, layer: int) -> None:
+    """The residual leaving a layer holds no NaN or infinity (one pass over [positions, hidden])."""
+    if not np.isfinite(h).all():
+        raise NonFiniteActivation(f"layer {layer}: the residual leaving it holds NaN or infinity", layer=layer,
+                                  site="residual_post")
 
 
 # A bound op: (h residual, x current activation, layer state, first position, one position?, the
@@ -377,6 +384,7 @@ class Executor:
                     h = h + w
                     x = h
                     obs.write(i, site[0], p0, w, h)
+            _check_finite(h, i)
             ran.append(i)
         trace.executed_layers = ran
         return h, touched
@@ -389,9 +397,13 @@ class Executor:
         x = h
         for i, fns in self._kernels:
             ls = state.layers[i]
-            for fn in fns:
-                h, x, n = fn(h, x, ls, p0, one, trace)
-                touched += n
+            try:
+                for fn in fns:
+                    h, x, n = fn(h, x, ls, p0, one, trace)
+                    touched += n
+            except NonFiniteActivation as e:
+                raise e.at(i) from None
+            _check_finite(h, i)
             ran.append(i)
         trace.executed_layers = ran
         return h, touched

@@ -18,9 +18,21 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
     # x: [..., d]. The mean is np.mean's own two ufunc calls (a float32 sum, then a division by
     # the count as an intp, in place), so the bytes are np.mean's; its Python wrapper cost
     # ~10 us a call, 61 calls a decode step on SmolLM2.
-    var = _sum(np.square(x), axis=-1, dtype=np.float32, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by name just below
+        var = _sum(np.square(x), axis=-1, dtype=np.float32, keepdims=True)
     np.true_divide(var, np.intp(x.shape[-1]), out=var, casting="unsafe")
+    _finite(var)
     return weight * (x * (np.float32(1.0) / np.sqrt(var + eps)))
+
+
+def _finite(var: np.ndarray) -> None:
+    """A norm's mean of squares (one value per row) must be finite: an overflow here would make
+    the norm's output exactly 0 and the model's logits silently 0."""
+    if not np.isfinite(var).all():
+        from ...errors import NonFiniteActivation
+
+        raise NonFiniteActivation("a norm's mean of squares is not finite in float32 (an activation past float32's "
+                                  "range, or NaN, reached it)", site="norm")
 
 
 def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: np.float32) -> np.ndarray:
@@ -29,8 +41,10 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, eps: 
     mean = _sum(x, axis=-1, dtype=np.float32, keepdims=True)
     np.true_divide(mean, n, out=mean, casting="unsafe")
     c = x - mean
-    var = _sum(np.square(c), axis=-1, dtype=np.float32, keepdims=True)
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused by name just below
+        var = _sum(np.square(c), axis=-1, dtype=np.float32, keepdims=True)
     np.true_divide(var, n, out=var, casting="unsafe")
+    _finite(var)
     y = weight * (c * (np.float32(1.0) / np.sqrt(var + eps)))
     return y if bias is None else y + bias
 
