@@ -152,8 +152,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from vindex3.errors import ClosureError, StateError, UnsupportedOperator
+from vindex3.errors import ClosureError, UnsupportedOperator
 
+from .checks import check_buffers, check_input, conv_2d, expect_array, expect_weight
 from .mamba2 import _causal_conv_silu, _exp_f32, _silu_f32
 
 __all__ = [
@@ -312,35 +313,8 @@ class GatedDeltaState:
 # --------------------------------------------------------------------------- checks
 
 
-def _expect_array(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-        return
-    if not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-        return
-    if arr.dtype != F32:
-        defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-    if arr.shape != shape:
-        defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _expect_matrix(name: str, w, shape: tuple[int, int], defects: list[str]) -> None:
-    if w is None:
-        defects.append(f"{name}: missing, expected a weight {list(shape)}")
-        return
-    if not callable(getattr(w, "mm", None)):
-        defects.append(f"{name}: not a weight object with mm() ({type(w).__name__})")
-        return
-    if tuple(w.shape) != shape:
-        defects.append(f"{name}: shape {list(w.shape)}, expected {list(shape)}")
-
-
 def _conv_weight_2d(w: GatedDeltaWeights) -> np.ndarray:
-    cw = w.conv_weight
-    if isinstance(cw, np.ndarray) and cw.ndim == 3 and cw.shape[1] == 1:
-        cw = cw.reshape(cw.shape[0], cw.shape[2])  # a view, also of a memmap
-    return cw
+    return conv_2d(w.conv_weight)
 
 
 def _check(w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState) -> np.ndarray:
@@ -350,49 +324,23 @@ def _check(w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState) 
     for layout, fields in _LAYOUT_FIELDS.items():
         for f in fields:
             if layout == g.projection_layout:
-                _expect_matrix(f, getattr(w, f), wanted[f], defects)
+                expect_weight(f, getattr(w, f), wanted[f], defects)
             elif getattr(w, f) is not None:
                 defects.append(
                     f"{f}: present, but the geometry declares the {g.projection_layout!r} "
                     f"projection layout (which reads {', '.join(wanted)})"
                 )
-    _expect_matrix("out_proj", w.out_proj, (g.hidden_size, g.value_dim), defects)
+    expect_weight("out_proj", w.out_proj, (g.hidden_size, g.value_dim), defects)
     cw = _conv_weight_2d(w)
-    _expect_array("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
-    _expect_array("A_log", w.A_log, (g.num_value_heads,), defects)
-    _expect_array("dt_bias", w.dt_bias, (g.num_value_heads,), defects)
-    _expect_array("norm_weight", w.norm_weight, (g.value_head_dim,), defects)
+    expect_array("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
+    expect_array("A_log", w.A_log, (g.num_value_heads,), defects)
+    expect_array("dt_bias", w.dt_bias, (g.num_value_heads,), defects)
+    expect_array("norm_weight", w.norm_weight, (g.value_head_dim,), defects)
     if defects:
         raise ClosureError("gated_delta operands do not match the layer geometry", defects)
 
-    for name, shape, _ in g.buffers():
-        buf = getattr(state, name, None)
-        if (
-            not isinstance(buf, np.ndarray)
-            or buf.dtype != F32
-            or buf.shape != shape
-            or not buf.flags.writeable
-            or not buf.flags.c_contiguous
-        ):
-            desc = (
-                f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-            )
-            raise StateError(
-                f"gated_delta state buffer '{name}' is {desc}; expected a writable, contiguous "
-                f"float32 {list(shape)}"
-            )
+    check_buffers("gated_delta", state, ((name, shape) for name, shape, _ in g.buffers()), contiguous=True)
     return cw
-
-
-def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        dt = getattr(x, "dtype", type(x).__name__)
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(
-            f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}"
-        )
 
 
 # --------------------------------------------------------------------------- projections
@@ -714,7 +662,7 @@ def gated_delta_prefill(
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``, in the
     chunked form; return [T, hidden] float32 and leave ``state`` where a following prefill or
     step continues. Works from a zero state and from one left by an earlier call."""
-    _check_input(x, 2, g.hidden_size, "gated_delta_prefill")
+    check_input(x, 2, g.hidden_size, "gated_delta_prefill")
     cw = _check(w, g, state)
     T = x.shape[0]
     if T == 0:
@@ -741,7 +689,7 @@ def gated_delta_step(
 ) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place with the
     single-step recurrence (transformers' path for one token on a started cache)."""
-    _check_input(x, 1, g.hidden_size, "gated_delta_step")
+    check_input(x, 1, g.hidden_size, "gated_delta_step")
     cw = _check(w, g, state)
     qkv, z, b, a = _project(x[None], w, g)
     mixed = np.empty(qkv.shape, F32)

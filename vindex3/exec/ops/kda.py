@@ -198,8 +198,9 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from vindex3.errors import ClosureError, StateError, UnsupportedOperator
+from vindex3.errors import ClosureError, UnsupportedOperator
 
+from .checks import check_buffers, check_input, expect_array, expect_weight, squeeze
 from .mamba2 import _exp_f32, _silu_f32
 
 __all__ = [
@@ -337,73 +338,33 @@ class KdaState:
 # --------------------------------------------------------------------------- checks
 
 
-def _expect_array(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-    elif not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-    else:
-        if arr.dtype != F32:
-            defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-        if arr.shape != shape:
-            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _expect_weight(name: str, w, shape: tuple[int, ...], defects: list[str]) -> None:
-    if w is None:
-        defects.append(f"{name}: missing, expected a weight {list(shape)}")
-    elif not callable(getattr(w, "mm", None)) or not hasattr(w, "shape"):
-        defects.append(f"{name}: not a weight object with mm() ({type(w).__name__})")
-    elif tuple(w.shape) != shape:
-        defects.append(f"{name}: shape {list(w.shape)}, expected {list(shape)}")
-
-
-def _squeeze(arr, shape: tuple[int, ...]):
-    """Accept the checkpoint's layouts ([C, 1, K] conv weights, [1, 1, H, 1] A_log) as views."""
-    if isinstance(arr, np.ndarray) and arr.shape != shape and arr.size == math.prod(shape):
-        return arr.reshape(shape)
-    return arr
-
-
 def _check(w: KdaWeights, g: KdaGeometry, state: KdaState) -> tuple[np.ndarray, np.ndarray]:
     """Validate operands and state; return (conv weight as [K, 3·key_dim], A_log as [H])."""
     defects: list[str] = []
     kd, hid, H, D, K = g.key_dim, g.hidden_size, g.num_heads, g.head_dim, g.conv_kernel
     for name in ("q_proj", "k_proj", "v_proj"):
-        _expect_weight(name, getattr(w, name), (kd, hid), defects)
+        expect_weight(name, getattr(w, name), (kd, hid), defects)
     convs = []
     for name in ("q_conv", "k_conv", "v_conv"):
-        cw = _squeeze(getattr(w, name), (kd, K))
-        _expect_array(name, cw, (kd, K), defects)
+        cw = squeeze(getattr(w, name), (kd, K))
+        expect_array(name, cw, (kd, K), defects)
         convs.append(cw)
-    _expect_weight("f_a_proj", w.f_a_proj, (g.forget_rank, hid), defects)
-    _expect_weight("f_b_proj", w.f_b_proj, (kd, g.forget_rank), defects)
-    A_log = _squeeze(w.A_log, (H,))
-    _expect_array("A_log", A_log, (H,), defects)
-    _expect_array("dt_bias", w.dt_bias, (kd,), defects)
-    _expect_weight("b_proj", w.b_proj, (H, hid), defects)
-    _expect_weight("g_a_proj", w.g_a_proj, (g.gate_rank, hid), defects)
-    _expect_weight("g_b_proj", w.g_b_proj, (kd, g.gate_rank), defects)
-    _expect_array("o_norm", w.o_norm, (D,), defects)
-    _expect_weight("o_proj", w.o_proj, (hid, kd), defects)
+    expect_weight("f_a_proj", w.f_a_proj, (g.forget_rank, hid), defects)
+    expect_weight("f_b_proj", w.f_b_proj, (kd, g.forget_rank), defects)
+    A_log = squeeze(w.A_log, (H,))
+    expect_array("A_log", A_log, (H,), defects)
+    expect_array("dt_bias", w.dt_bias, (kd,), defects)
+    expect_weight("b_proj", w.b_proj, (H, hid), defects)
+    expect_weight("g_a_proj", w.g_a_proj, (g.gate_rank, hid), defects)
+    expect_weight("g_b_proj", w.g_b_proj, (kd, g.gate_rank), defects)
+    expect_array("o_norm", w.o_norm, (D,), defects)
+    expect_weight("o_proj", w.o_proj, (hid, kd), defects)
     if defects:
         raise ClosureError("kda operands do not match the layer geometry", defects)
 
-    for name, shape, _ in g.buffers():
-        buf = getattr(state, name, None)
-        if not isinstance(buf, np.ndarray) or buf.dtype != F32 or buf.shape != shape or not buf.flags.writeable:
-            desc = f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-            raise StateError(f"kda state buffer '{name}' is {desc}; expected a writable float32 {list(shape)}")
+    check_buffers("kda", state, ((name, shape) for name, shape, _ in g.buffers()))
     cw_t = np.ascontiguousarray(np.concatenate(convs, axis=0).T)  # [K, 3·key_dim]
     return cw_t, A_log
-
-
-def _check_input(x, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
 
 
 # --------------------------------------------------------------------------- conv
@@ -677,7 +638,7 @@ def kda_prefill(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState) -
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``, chunked;
     return [T, hidden] float32 and leave ``state`` where a following prefill or step continues
     (a prompt fed in several calls gives what one call gives, to rounding)."""
-    _check_input(x, 2, g.hidden_size, "kda_prefill")
+    check_input(x, 2, g.hidden_size, "kda_prefill")
     if x.shape[0] == 0:
         _check(w, g, state)
         return np.zeros((0, g.hidden_size), F32)
@@ -687,5 +648,5 @@ def kda_prefill(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState) -
 def kda_step(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place by the
     recurrence itself (the reference's path for one token on a started cache)."""
-    _check_input(x, 1, g.hidden_size, "kda_step")
+    check_input(x, 1, g.hidden_size, "kda_step")
     return _mix(x[None], w, g, state, chunked=False)[0]

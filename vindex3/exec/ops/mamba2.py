@@ -46,8 +46,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from vindex3.codecs import Weight
-from vindex3.errors import ClosureError, StateError
+from vindex3.errors import ClosureError
+
+from .checks import check_buffers, check_input, conv_2d, expect_operand
 
 __all__ = [
     "Mamba2Geometry",
@@ -183,30 +184,6 @@ def _mm(w, x: np.ndarray) -> np.ndarray:
     return x @ w.T if isinstance(w, np.ndarray) else w.mm(x)
 
 
-def _expect(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-        return
-    if isinstance(arr, Weight):
-        if arr.shape != shape:
-            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-        return
-    if not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-        return
-    if arr.dtype != F32:
-        defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-    if arr.shape != shape:
-        defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _conv_weight_2d(w: Mamba2Weights) -> np.ndarray:
-    cw = w.conv_weight
-    if isinstance(cw, np.ndarray) and cw.ndim == 3 and cw.shape[1] == 1:
-        cw = cw.reshape(cw.shape[0], cw.shape[2])  # a view, also of a memmap
-    return cw
-
-
 def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
     """Validate operands and state against the geometry; return the 2-D conv weight."""
     defects: list[str] = []
@@ -218,13 +195,13 @@ def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarra
             f"Mamba2Mixer has none)"
         )
     else:
-        _expect("in_proj", w.in_proj, (g.in_proj_dim, g.hidden_size), defects)
-    cw = _conv_weight_2d(w)
-    _expect("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
+        expect_operand("in_proj", w.in_proj, (g.in_proj_dim, g.hidden_size), defects)
+    cw = conv_2d(w.conv_weight)
+    expect_operand("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
     for name, n in (("A_log", g.num_heads), ("D", g.num_heads), ("dt_bias", g.num_heads)):
-        _expect(name, getattr(w, name), (n,), defects)
-    _expect("norm_weight", w.norm_weight, (g.intermediate,), defects)
-    _expect("out_proj", w.out_proj, (g.hidden_size, g.intermediate), defects)
+        expect_operand(name, getattr(w, name), (n,), defects)
+    expect_operand("norm_weight", w.norm_weight, (g.intermediate,), defects)
+    expect_operand("out_proj", w.out_proj, (g.hidden_size, g.intermediate), defects)
     for name, flag, n in (
         ("in_proj_bias", g.use_bias, g.in_proj_dim),
         ("out_proj_bias", g.use_bias, g.hidden_size),
@@ -232,42 +209,14 @@ def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarra
     ):
         arr = getattr(w, name)
         if flag:
-            _expect(name, arr, (n,), defects)
+            expect_operand(name, arr, (n,), defects)
         elif arr is not None:
             defects.append(f"{name}: present, but the geometry declares no such bias")
     if defects:
         raise ClosureError("mamba2 operands do not match the layer geometry", defects)
 
-    for name, shape in (
-        ("ssm", (g.num_heads, g.head_dim, g.state_size)),
-        ("conv", (g.conv_dim, g.conv_kernel)),
-    ):
-        buf = getattr(state, name, None)
-        if (
-            not isinstance(buf, np.ndarray)
-            or buf.dtype != F32
-            or buf.shape != shape
-            or not buf.flags.writeable
-        ):
-            desc = (
-                f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-            )
-            raise StateError(
-                f"mamba2 state buffer '{name}' is {desc}; expected a writable float32 "
-                f"{list(shape)}"
-            )
+    check_buffers("mamba2", state, (("ssm", (g.num_heads, g.head_dim, g.state_size)), ("conv", (g.conv_dim, g.conv_kernel))))
     return cw
-
-
-def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        dt = getattr(x, "dtype", type(x).__name__)
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(
-            f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}"
-        )
 
 
 # --------------------------------------------------------------------------- elementwise
@@ -538,7 +487,7 @@ def mamba2_prefill(
     call on an already-started cache to its unclamped recurrent path instead, so a caller
     that wants that behaviour for T == 1 continuations uses ``mamba2_step``.
     """
-    _check_input(x, 2, g.hidden_size, "mamba2_prefill")
+    check_input(x, 2, g.hidden_size, "mamba2_prefill")
     cw = _check(w, g, state)
     T = x.shape[0]
     if T == 0:
@@ -566,7 +515,7 @@ def mamba2_step(
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place.
 
     Δ is not clamped to ``time_step_limit`` here, as in transformers' recurrent path."""
-    _check_input(x, 1, g.hidden_size, "mamba2_step")
+    check_input(x, 1, g.hidden_size, "mamba2_step")
     cw = _check(w, g, state)
     ni, cd = g.intermediate, g.conv_dim
 

@@ -170,6 +170,8 @@ import numpy as np
 from vindex3.errors import ClosureError, GraphSchemaError, StateError
 from vindex3.exec.state import OpState
 
+from .checks import check_input, expect_absent, expect_array, expect_weight
+
 __all__ = [
     "DECODE_MODE",
     "MODES",
@@ -519,59 +521,33 @@ class LatentRows(OpState):
 # --------------------------------------------------------------------------- checks
 
 
-def _expect_array(name: str, arr, shape, defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-    elif not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-    else:
-        if arr.dtype != F32:
-            defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-        if arr.shape != tuple(shape):
-            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _expect_weight(name: str, w, shape, defects: list[str]) -> None:
-    if w is None:
-        defects.append(f"{name}: missing, expected a weight {list(shape)}")
-    elif not callable(getattr(w, "mm", None)) or not hasattr(w, "shape"):
-        defects.append(f"{name}: not a weight object with mm() ({type(w).__name__})")
-    elif tuple(w.shape) != tuple(shape):
-        defects.append(f"{name}: shape {list(w.shape)}, expected {list(shape)}")
-
-
-def _expect_absent(name: str, v, why: str, defects: list[str]) -> None:
-    if v is not None:
-        defects.append(f"{name}: present, but {why}")
-
-
 def _check(w: MlaWeights, g: MlaGeometry, rows: LatentRows) -> None:
     d: list[str] = []
     H, hid, r, dr = g.num_heads, g.hidden_size, g.kv_lora_rank, g.qk_rope_head_dim
     qdim = H * g.qk_head_dim
     if g.q_lora_rank is None:
-        _expect_weight("q_proj", w.q_proj, (qdim, hid), d)
+        expect_weight("q_proj", w.q_proj, (qdim, hid), d)
         for n in ("q_a_proj", "q_a_bias", "q_a_norm", "q_b_proj"):
-            _expect_absent(n, getattr(w, n), "the geometry has no q_lora_rank", d)
+            expect_absent(n, getattr(w, n), "the geometry has no q_lora_rank", d)
     else:
         ql = g.q_lora_rank
-        _expect_absent("q_proj", w.q_proj, "the geometry has a q_lora_rank (q_a -> q_b path)", d)
-        _expect_weight("q_a_proj", w.q_a_proj, (ql, hid), d)
-        _expect_array("q_a_norm", w.q_a_norm, (ql,), d)
-        _expect_weight("q_b_proj", w.q_b_proj, (qdim, ql), d)
+        expect_absent("q_proj", w.q_proj, "the geometry has a q_lora_rank (q_a -> q_b path)", d)
+        expect_weight("q_a_proj", w.q_a_proj, (ql, hid), d)
+        expect_array("q_a_norm", w.q_a_norm, (ql,), d)
+        expect_weight("q_b_proj", w.q_b_proj, (qdim, ql), d)
         if g.attention_bias:
-            _expect_array("q_a_bias", w.q_a_bias, (ql,), d)
+            expect_array("q_a_bias", w.q_a_bias, (ql,), d)
         else:
-            _expect_absent("q_a_bias", w.q_a_bias, "the geometry declares no attention bias", d)
-    _expect_weight("kv_a_proj", w.kv_a_proj, (r + dr, hid), d)
-    _expect_array("kv_a_norm", w.kv_a_norm, (r,), d)
-    _expect_weight("kv_b_proj", w.kv_b_proj, (H * (g.qk_nope_head_dim + g.v_head_dim), r), d)
-    _expect_weight("o_proj", w.o_proj, (hid, H * g.v_head_dim), d)
+            expect_absent("q_a_bias", w.q_a_bias, "the geometry declares no attention bias", d)
+    expect_weight("kv_a_proj", w.kv_a_proj, (r + dr, hid), d)
+    expect_array("kv_a_norm", w.kv_a_norm, (r,), d)
+    expect_weight("kv_b_proj", w.kv_b_proj, (H * (g.qk_nope_head_dim + g.v_head_dim), r), d)
+    expect_weight("o_proj", w.o_proj, (hid, H * g.v_head_dim), d)
     for name, n in (("kv_a_bias", r + dr), ("o_bias", hid)):
         if g.attention_bias:
-            _expect_array(name, getattr(w, name), (n,), d)
+            expect_array(name, getattr(w, name), (n,), d)
         else:
-            _expect_absent(name, getattr(w, name), "the geometry declares no attention bias", d)
+            expect_absent(name, getattr(w, name), "the geometry declares no attention bias", d)
     if d:
         raise ClosureError("mla operands do not match the layer geometry", d)
     if not isinstance(rows, LatentRows) or rows.width != g.latent_width:
@@ -579,14 +555,6 @@ def _check(w: MlaWeights, g: MlaGeometry, rows: LatentRows) -> None:
             f"mla state is {rows!r}; expected LatentRows of width {g.latent_width} "
             f"(kv_lora_rank {r} + qk_rope_head_dim {dr})"
         )
-
-
-def _check_input(x, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
 
 
 def _check_mode(mode: str, what: str) -> None:
@@ -762,7 +730,7 @@ def mla_prefill(
 ) -> np.ndarray:
     """Attend ``x`` [T, hidden] (the normed layer input) at positions len(rows) ..
     len(rows)+T−1; append their T latent rows; return [T, hidden] float32."""
-    _check_input(x, 2, g.hidden_size, "mla_prefill")
+    check_input(x, 2, g.hidden_size, "mla_prefill")
     _check_mode(mode, "mla_prefill")
     if x.shape[0] == 0:
         _check(w, g, rows)
@@ -774,6 +742,6 @@ def mla_step(
     x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, *, mode: str = DECODE_MODE
 ) -> np.ndarray:
     """One token ``x`` [hidden] at position len(rows) -> [hidden] float32; appends its row."""
-    _check_input(x, 1, g.hidden_size, "mla_step")
+    check_input(x, 1, g.hidden_size, "mla_step")
     _check_mode(mode, "mla_step")
     return _mla(x[None], w, g, rows, mode)[0]
