@@ -39,7 +39,10 @@ class BufferState(OpState):
 
     names: tuple[str, ...] = ()
 
-    def __init__(self, **buffers: np.ndarray):
+    def __init__(self, *arrays: np.ndarray, **buffers: np.ndarray):
+        if len(arrays) > len(self.names):
+            raise StateError(f"{type(self).__name__} holds {len(self.names)} buffers ({', '.join(self.names)}); got {len(arrays)}")
+        buffers = {**dict(zip(self.names, arrays)), **buffers}
         if set(buffers) != set(self.names):
             raise StateError(f"{type(self).__name__} holds buffers {', '.join(self.names)}; got {', '.join(sorted(buffers))}")
         for k, v in buffers.items():
