@@ -52,6 +52,14 @@ class BufferState(OpState):
     def nbytes(self) -> int:
         return sum(getattr(self, n).nbytes for n in self.names)
 
+    def copy(self) -> BufferState:
+        """An independent state of the same kind: buffers copied, everything else carried."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        for n in self.names:
+            setattr(new, n, getattr(self, n).copy())
+        return new
+
     def _extra(self) -> dict:
         """State beyond the buffers that a snapshot must carry (e.g. whether the layer ran)."""
         return {}

@@ -56,31 +56,44 @@ class Role:
 class RoleSpec:
     """An operand role declared once, its shape in words: ``"key_dim hidden_size"`` is
     [p.key_dim, p.hidden_size] of the op's params ``p`` (an integer stands for itself).
-    ``view``: the shape the kernel reads an ARRAY role as, where the checkpoint's layout
-    differs ([C, 1, K] conv weights read as [C, K]). `roles_of` gives the `Role` list,
-    `operands_class` the kernel's operand record, `check_operands` the kernel's checks."""
+    ``kind``: MATRIX or ARRAY; ``when``: the name of a boolean param that makes the role
+    required (None: always); ``view``: the shape the kernel reads an ARRAY role as, where the
+    checkpoint's layout differs ([C, 1, K] conv weights read as [C, K]); ``field``: the kernel's
+    name for it, where it differs. `roles_of` gives the `Role` list, `operands_class` the
+    kernel's operand record, `check_operands` the kernel's checks."""
 
     name: str
     shape: str
     kind: str = MATRIX
+    when: str | None = None
     view: str | None = None
+    field: str | None = None
+
+    @property
+    def attr(self) -> str:
+        return self.field or self.name
 
     def dims(self, p: Any, view: bool = False) -> tuple[int, ...]:
         words = (self.view if view and self.view is not None else self.shape).split()
         return tuple(int(w) if w.isdigit() else int(getattr(p, w)) for w in words)
 
+    def required(self, p: Any) -> bool:
+        return self.when is None or bool(getattr(p, self.when))
+
 
 def roles_of(specs: Sequence[RoleSpec], p: Any) -> list[Role]:
-    return [Role(s.name, s.dims(p), True, s.kind) for s in specs]
+    return [Role(s.name, s.dims(p), s.required(p), s.kind) for s in specs]
 
 
 def operands_class(name: str, specs: Sequence[RoleSpec], doc: str) -> type:
-    """A plain dataclass with one field per role, in role order: what a kernel receives (weight
-    objects for MATRIX roles, float32 arrays for ARRAY roles). ``of(operands)`` builds it from
-    the executor's role -> operand mapping."""
-    cls = dataclasses.make_dataclass(name, [(s.name, Any) for s in specs])
+    """A plain dataclass with one field per role, in role order (optional roles default to
+    None): what a kernel receives (weight objects for MATRIX roles, float32 arrays for ARRAY
+    roles). ``of(operands)`` builds it from the executor's role -> operand mapping."""
+    fields = [(s.attr, Any) for s in specs if s.when is None]
+    fields += [(s.attr, Any, dataclasses.field(default=None)) for s in specs if s.when is not None]
+    cls = dataclasses.make_dataclass(name, fields)
     cls.__doc__ = doc
-    cls.of = classmethod(lambda c, operands: c(**{s.name: operands.get(s.name) for s in specs}))
+    cls.of = classmethod(lambda c, operands: c(**{s.attr: operands.get(s.name) for s in specs}))
     return cls
 
 
@@ -93,14 +106,17 @@ def check_operands(op: str, specs: Sequence[RoleSpec], w: Any, p: Any) -> dict[s
     defects: list[str] = []
     out: dict[str, Any] = {}
     for s in specs:
-        v = getattr(w, s.name)
-        if s.kind == MATRIX:
+        v = getattr(w, s.attr)
+        if not s.required(p):
+            if v is not None:
+                defects.append(f"{s.name}: present, but the params leave it out ({s.when} is false)")
+        elif s.kind == MATRIX:
             expect_weight(s.name, v, s.dims(p), defects)
         else:
             shape = s.dims(p, view=True)
             v = squeeze(v, shape)
             expect_array(s.name, v, shape, defects)
-        out[s.name] = v
+        out[s.attr] = v
     if defects:
         raise ClosureError(f"{op} operands do not match the layer geometry", defects)
     return out

@@ -37,9 +37,6 @@ written; only the small conv weight is re-laid out per call.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 from llvmlite import ir
@@ -47,6 +44,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from vindex3.errors import ClosureError
+from vindex3.operators.mamba2 import Mamba2Params, Mamba2State, Mamba2Weights
 
 from .checks import check_buffers, check_input, conv_2d, expect_operand
 
@@ -63,117 +61,9 @@ _ZERO = F32(0.0)
 _NO_BIAS = np.zeros(1, F32)
 
 
-@dataclass(frozen=True)
-class Mamba2Geometry:
-    hidden_size: int
-    num_heads: int
-    head_dim: int
-    state_size: int
-    n_groups: int
-    conv_kernel: int
-    chunk_size: int
-    time_step_limit: tuple[float, float]  # the upper bound may be math.inf
-    norm_eps: float  # gated RMSNorm eps
-    use_conv_bias: bool
-    use_bias: bool
-
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_heads",
-            "head_dim",
-            "state_size",
-            "n_groups",
-            "conv_kernel",
-            "chunk_size",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"Mamba2Geometry.{name} must be a positive int, got {v!r}")
-        if self.num_heads % self.n_groups:
-            raise ValueError(
-                f"Mamba2Geometry: num_heads ({self.num_heads}) must be a multiple of "
-                f"n_groups ({self.n_groups})"
-            )
-        lim = tuple(float(v) for v in self.time_step_limit)
-        if len(lim) != 2 or math.isnan(lim[0]) or math.isnan(lim[1]):
-            raise ValueError(
-                f"Mamba2Geometry.time_step_limit must be two numbers (lower, upper), "
-                f"got {self.time_step_limit!r}"
-            )
-        object.__setattr__(self, "time_step_limit", lim)
-        if not (float(self.norm_eps) >= 0.0):
-            raise ValueError(f"Mamba2Geometry.norm_eps must be >= 0, got {self.norm_eps!r}")
-
-    @property
-    def intermediate(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.intermediate + 2 * self.n_groups * self.state_size
-
-    @property
-    def in_proj_dim(self) -> int:
-        return self.intermediate + self.conv_dim + self.num_heads
-
-    @property
-    def heads_per_group(self) -> int:
-        return self.num_heads // self.n_groups
-
-    @property
-    def norm_group_size(self) -> int:
-        """Channels per gated-RMSNorm group (transformers: ``intermediate // n_groups``)."""
-        return self.intermediate // self.n_groups
-
-    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
-        return [
-            ("ssm", (self.num_heads, self.head_dim, self.state_size), "f32"),
-            ("conv", (self.conv_dim, self.conv_kernel), "f32"),
-        ]
-
-
-@dataclass
-class Mamba2Weights:
-    """Operands of one mixer. The two projections are float32 arrays or weight objects
-    (vindex3.codecs: ``mm(x) = x @ W.T``, any encoding); the rest are float32 arrays. May be
-    read-only memory-mapped views: never written."""
-
-    in_proj: np.ndarray  # [in_proj_dim, hidden]
-    in_proj_bias: np.ndarray | None  # [in_proj_dim]
-    conv_weight: np.ndarray  # [conv_dim, kernel] or [conv_dim, 1, kernel]
-    conv_bias: np.ndarray | None  # [conv_dim]
-    A_log: np.ndarray  # [heads]
-    D: np.ndarray  # [heads]
-    dt_bias: np.ndarray  # [heads]
-    norm_weight: np.ndarray  # [intermediate]
-    out_proj: np.ndarray  # [hidden, intermediate]
-    out_proj_bias: np.ndarray | None  # [hidden]
-
-
-class Mamba2State:
-    """A layer's recurrent buffers, float32: ``ssm`` [heads, head_dim, state_size] and
-    ``conv`` [conv_dim, kernel] (the last ``kernel`` conv inputs, oldest first)."""
-
-    __slots__ = ("conv", "ssm")
-
-    def __init__(self, ssm: np.ndarray, conv: np.ndarray):
-        self.ssm = ssm
-        self.conv = conv
-
-    @classmethod
-    def zeros(cls, geometry: Mamba2Geometry) -> Mamba2State:
-        g = geometry
-        return cls(
-            np.zeros((g.num_heads, g.head_dim, g.state_size), dtype=F32),
-            np.zeros((g.conv_dim, g.conv_kernel), dtype=F32),
-        )
-
-    def copy(self) -> Mamba2State:
-        return Mamba2State(self.ssm.copy(), self.conv.copy())
-
-    def __repr__(self) -> str:
-        return f"Mamba2State(ssm={self.ssm.shape}, conv={self.conv.shape})"
+# The kernels take the operator's own params; Mamba2Geometry builds them from the facts a kernel
+# caller states (the written-out widths computed).
+Mamba2Geometry = Mamba2Params.kernel_facts
 
 
 # --------------------------------------------------------------------------- checks
@@ -184,7 +74,7 @@ def _mm(w, x: np.ndarray) -> np.ndarray:
     return x @ w.T if isinstance(w, np.ndarray) else w.mm(x)
 
 
-def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
+def _check(w: Mamba2Weights, g: Mamba2Params, state: Mamba2State) -> np.ndarray:
     """Validate operands and state against the geometry; return the 2-D conv weight."""
     defects: list[str] = []
     rows = w.in_proj.shape[0] if getattr(w.in_proj, "ndim", 0) == 2 else 0
@@ -215,7 +105,7 @@ def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarra
     if defects:
         raise ClosureError("mamba2 operands do not match the layer geometry", defects)
 
-    check_buffers("mamba2", state, (("ssm", (g.num_heads, g.head_dim, g.state_size)), ("conv", (g.conv_dim, g.conv_kernel))))
+    check_buffers("mamba2", state, ((name, shape) for name, shape, _ in g.buffers()))
     return cw
 
 
@@ -291,7 +181,7 @@ def _gated_rmsnorm_kernel(y, gate, weight, n_groups, eps, out):  # pragma: no co
 
 
 def _gated_rmsnorm(
-    y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry
+    y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Params
 ) -> np.ndarray:
     """Gate first, then RMS over n_groups groups (not the whole width), then the weight."""
     out = np.empty(y.shape, F32)
@@ -449,7 +339,7 @@ def _ssm_norm(
     zxbcdt: np.ndarray,  # [T, in_proj_dim] the projection (gate and dt are read from it)
     xbc: np.ndarray,  # [T, conv_dim] the conv output after SiLU
     w: Mamba2Weights,
-    g: Mamba2Geometry,
+    g: Mamba2Params,
     ssm: np.ndarray,  # [H, P, N], advanced in place
     clamp_dt: bool,
 ) -> np.ndarray:
@@ -476,7 +366,7 @@ def _ssm_norm(
 
 
 def mamba2_prefill(
-    x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
+    x: np.ndarray, w: Mamba2Weights, g: Mamba2Params, state: Mamba2State
 ) -> np.ndarray:
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``; return
     [T, hidden] float32 and leave ``state`` where a following prefill or step continues.
@@ -510,7 +400,7 @@ def mamba2_prefill(
 
 
 def mamba2_step(
-    x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
+    x: np.ndarray, w: Mamba2Weights, g: Mamba2Params, state: Mamba2State
 ) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place.
 
