@@ -147,12 +147,17 @@ keys under ``text_config`` and add ``vision_config`` and the image/video token i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 
-from vindex3.errors import ClosureError, UnsupportedOperator
+from vindex3.errors import ClosureError
+from vindex3.operators.gated_delta import (
+    LAYOUT_GROUPED,
+    LAYOUT_SPLIT,
+    GatedDeltaParams,
+    GatedDeltaState,
+    GatedDeltaWeights,
+)
 
 from .checks import check_buffers, check_input, conv_2d, expect_array, expect_weight
 from .mamba2 import _causal_conv_silu, _exp_f32, _silu_f32
@@ -170,144 +175,14 @@ __all__ = [
 F32 = np.float32
 _NO_BIAS = np.zeros(1, F32)
 
-LAYOUT_GROUPED = "qkvz_ba_grouped"  # in_proj_qkvz + in_proj_ba, grouped per key head
-LAYOUT_SPLIT = "qkv_z_b_a"  # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
-LAYOUTS = (LAYOUT_GROUPED, LAYOUT_SPLIT)
-ACTIVATIONS = ("silu",)
-
 _LAYOUT_FIELDS = {
     LAYOUT_GROUPED: ("in_proj_qkvz", "in_proj_ba"),
     LAYOUT_SPLIT: ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
 }
 
-
-@dataclass(frozen=True)
-class GatedDeltaGeometry:
-    hidden_size: int
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int
-    chunk_size: int  # prefill chunk length (64 in the reference)
-    norm_eps: float  # the gated RMSNorm's eps
-    qk_l2norm_eps: float  # the q/k L2 normalisation's eps (1e-6 in the reference)
-    projection_layout: str  # LAYOUT_GROUPED | LAYOUT_SPLIT
-    conv_activation: str  # "silu"
-
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_key_heads",
-            "num_value_heads",
-            "key_head_dim",
-            "value_head_dim",
-            "conv_kernel",
-            "chunk_size",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"GatedDeltaGeometry.{name} must be a positive int, got {v!r}")
-        if self.num_value_heads % self.num_key_heads:
-            raise ValueError(
-                f"GatedDeltaGeometry: num_value_heads ({self.num_value_heads}) must be a multiple "
-                f"of num_key_heads ({self.num_key_heads})"
-            )
-        for name in ("norm_eps", "qk_l2norm_eps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (float(v) >= 0.0):
-                raise ValueError(f"GatedDeltaGeometry.{name} must be a number >= 0, got {v!r}")
-            object.__setattr__(self, name, float(v))
-        if self.projection_layout not in LAYOUTS:
-            raise UnsupportedOperator(
-                f"gated_delta projection layout {self.projection_layout!r} has no executor "
-                f"(supported: {', '.join(LAYOUTS)})"
-            )
-        if self.conv_activation not in ACTIVATIONS:
-            raise UnsupportedOperator(
-                f"gated_delta conv activation {self.conv_activation!r} has no executor "
-                f"(supported: {', '.join(ACTIVATIONS)})"
-            )
-
-    @property
-    def heads_per_key(self) -> int:
-        """r: value heads served by one key head."""
-        return self.num_value_heads // self.num_key_heads
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_value_heads * self.value_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
-
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """The input projections this layout reads, with their shapes [out, hidden]."""
-        h, nv = self.hidden_size, self.num_value_heads
-        if self.projection_layout == LAYOUT_GROUPED:
-            return {
-                "in_proj_qkvz": (2 * self.key_dim + 2 * self.value_dim, h),
-                "in_proj_ba": (2 * nv, h),
-            }
-        return {
-            "in_proj_qkv": (self.conv_dim, h),
-            "in_proj_z": (self.value_dim, h),
-            "in_proj_b": (nv, h),
-            "in_proj_a": (nv, h),
-        }
-
-    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
-        return [
-            ("recurrent", (self.num_value_heads, self.key_head_dim, self.value_head_dim), "f32"),
-            ("conv", (self.conv_dim, self.conv_kernel), "f32"),
-        ]
-
-
-@dataclass
-class GatedDeltaWeights:
-    """Operands of one mixer. Matrices are weight objects (``vindex3.codecs``: ``mm(x)`` is
-    x @ W.T); the small tensors are float32 arrays, possibly read-only memory-mapped views:
-    never written. Exactly the projections of the geometry's layout are present."""
-
-    conv_weight: np.ndarray  # [conv_dim, K] or [conv_dim, 1, K]
-    A_log: np.ndarray  # [Hv]
-    dt_bias: np.ndarray  # [Hv]
-    norm_weight: np.ndarray  # [dv], plain (not 1 + w)
-    out_proj: object  # Weight [hidden, value_dim]
-    in_proj_qkvz: object | None = None  # Weight [2 key_dim + 2 value_dim, hidden]  (grouped)
-    in_proj_ba: object | None = None  # Weight [2 Hv, hidden]                       (grouped)
-    in_proj_qkv: object | None = None  # Weight [conv_dim, hidden]                  (split)
-    in_proj_z: object | None = None  # Weight [value_dim, hidden]                   (split)
-    in_proj_b: object | None = None  # Weight [Hv, hidden]                          (split)
-    in_proj_a: object | None = None  # Weight [Hv, hidden]                          (split)
-
-
-class GatedDeltaState:
-    """A layer's recurrent buffers, float32: ``recurrent`` [Hv, dk, dv] (the delta-rule
-    matrix of every value head) and ``conv`` [conv_dim, K] (the last K conv inputs, oldest
-    first)."""
-
-    __slots__ = ("conv", "recurrent")
-
-    def __init__(self, recurrent: np.ndarray, conv: np.ndarray):
-        self.recurrent = recurrent
-        self.conv = conv
-
-    @classmethod
-    def zeros(cls, geometry: GatedDeltaGeometry) -> GatedDeltaState:
-        (_, rs, _), (_, cs, _) = geometry.buffers()
-        return cls(np.zeros(rs, dtype=F32), np.zeros(cs, dtype=F32))
-
-    def copy(self) -> GatedDeltaState:
-        return GatedDeltaState(self.recurrent.copy(), self.conv.copy())
-
-    def __repr__(self) -> str:
-        return f"GatedDeltaState(recurrent={self.recurrent.shape}, conv={self.conv.shape})"
+# The kernels take the operator's own params; GatedDeltaGeometry builds them from the facts a
+# kernel caller states (the written-out widths computed).
+GatedDeltaGeometry = GatedDeltaParams.kernel_facts
 
 
 # --------------------------------------------------------------------------- checks
@@ -317,7 +192,7 @@ def _conv_weight_2d(w: GatedDeltaWeights) -> np.ndarray:
     return conv_2d(w.conv_weight)
 
 
-def _check(w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState) -> np.ndarray:
+def _check(w: GatedDeltaWeights, g: GatedDeltaParams, state: GatedDeltaState) -> np.ndarray:
     """Validate operands and state against the geometry; return the 2-D conv weight."""
     defects: list[str] = []
     wanted = g.projections()
@@ -346,7 +221,7 @@ def _check(w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState) 
 # --------------------------------------------------------------------------- projections
 
 
-def _project(x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry):
+def _project(x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams):
     """x [T, hidden] -> qkv [T, conv_dim] (channels [q | k | v]), z [T, Hv, dv], b and a
     [T, Hv], whatever the on-disk layout."""
     T = x.shape[0]
@@ -433,7 +308,7 @@ def _gated_norm_kernel(o, z, weight, eps, out):  # pragma: no cover - compiled
                 out[t, base + i] = ((oh[i] * rs) * weight[i]) * _silu_f32(zh[i])
 
 
-def _gated_norm(o: np.ndarray, z: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry):
+def _gated_norm(o: np.ndarray, z: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams):
     T = z.shape[0]
     out = np.empty((T, g.value_dim), F32)
     _gated_norm_kernel(o, z, w.norm_weight, g.norm_eps, out)
@@ -657,7 +532,7 @@ def _recurrent_kernel(qkv, beta, gl, S, nk, dk, eps, scale, out):  # pragma: no 
 
 
 def gated_delta_prefill(
-    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState
+    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams, state: GatedDeltaState
 ) -> np.ndarray:
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``, in the
     chunked form; return [T, hidden] float32 and leave ``state`` where a following prefill or
@@ -685,7 +560,7 @@ def gated_delta_prefill(
 
 
 def gated_delta_step(
-    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState
+    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams, state: GatedDeltaState
 ) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place with the
     single-step recurrence (transformers' path for one token on a started cache)."""
