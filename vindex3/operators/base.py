@@ -85,13 +85,15 @@ def roles_of(specs: Sequence[RoleSpec], p: Any) -> list[Role]:
     return [Role(s.name, s.dims(p), s.required(p), s.kind) for s in specs]
 
 
-def operands_class(name: str, specs: Sequence[RoleSpec], doc: str) -> type:
+def operands_class(name: str, specs: Sequence[RoleSpec], doc: str, bases: tuple[type, ...] = (),
+                   extra: Sequence[tuple] = ()) -> type:
     """A plain dataclass with one field per role, in role order (optional roles default to
     None): what a kernel receives (weight objects for MATRIX roles, float32 arrays for ARRAY
-    roles). ``of(operands)`` builds it from the executor's role -> operand mapping."""
+    roles). ``of(operands)`` builds it from the executor's role -> operand mapping. ``bases``
+    and ``extra`` (dataclass field tuples) add the kernel's own methods and caches."""
     fields = [(s.attr, Any) for s in specs if s.when is None]
     fields += [(s.attr, Any, dataclasses.field(default=None)) for s in specs if s.when is not None]
-    cls = dataclasses.make_dataclass(name, fields)
+    cls = dataclasses.make_dataclass(name, [*fields, *extra], bases=bases)
     cls.__doc__ = doc
     cls.of = classmethod(lambda c, operands: c(**{s.attr: operands.get(s.name) for s in specs}))
     return cls
@@ -152,7 +154,8 @@ class DataParams:
     HIDDEN: ClassVar[frozenset[str]] = frozenset({"hidden_size"})
 
     def items(self) -> list[tuple[str, Any]]:
-        return [(f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in self.HIDDEN]
+        """Fields in declaration order, nested params as plain dicts (as `Params` shows them)."""
+        return [(k, v) for k, v in dataclasses.asdict(self).items() if k not in self.HIDDEN]
 
     def __iter__(self) -> Iterator[tuple[str, Any]]:
         return iter(self.items())
