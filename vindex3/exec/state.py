@@ -80,6 +80,25 @@ class BufferState(OpState):
         )
 
 
+class RecurrentState(BufferState):
+    """A recurrence's fixed buffers (``names``, shapes from its params' ``buffers()``) and
+    whether the layer has run (transformers' "the cache holds a state for this layer"): the
+    choice between a chunked pass and a single step depends on the state alone, and a snapshot
+    carries it."""
+
+    def __init__(self, *buffers: np.ndarray, started: bool = False, **named: np.ndarray):
+        super().__init__(*buffers, **named)
+        self.started = started
+
+    @classmethod
+    def zeros(cls, p: Any) -> RecurrentState:
+        """Zero buffers of the shapes ``p.buffers()`` states: (name, shape, dtype)."""
+        return cls(**{name: np.zeros(shape, np.float32) for name, shape, _ in p.buffers()})
+
+    def _extra(self) -> dict:
+        return {"started": self.started}
+
+
 class LayerState:
     """The state of one layer: op slot -> that op's state."""
 

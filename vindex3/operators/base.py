@@ -266,6 +266,24 @@ class Kernel:
         return self.prefill(x, state, p0)
 
 
+class RecurrentKernel(Kernel):
+    """A recurrence bound to its params ``p`` and operand record ``w``: a pass of one position on
+    a layer that has already run takes ``step(x[0], w, p, state)``, any other pass (several
+    positions, or a layer's very first pass even of one position) ``prefill(x, w, p, state)`` —
+    transformers' rule for its recurrent mixers. The state is a `RecurrentState`."""
+
+    def __init__(self, p: Any, w: Any, prefill, step):
+        self.p, self.w, self._prefill, self._step = p, w, prefill, step
+
+    def prefill(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
+        if x.shape[0] == 1 and state.started:
+            y = self._step(x[0], self.w, self.p, state)[None]
+        else:
+            y = self._prefill(x, self.w, self.p, state)
+        state.started = True
+        return y
+
+
 class Operator:
     """Base of every operator. Subclasses set the class attributes and implement the methods."""
 

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
 from pydantic import field_validator, model_validator
 
 from ..continuation import Geometry, buffer
 from ..errors import GraphSchemaError, UnsupportedOperator
-from ..exec.state import BufferState
+from ..exec.state import RecurrentState
 from .base import (
     ARRAY,
     MIXER,
@@ -40,6 +39,7 @@ from .base import (
     NonNegative,
     Operator,
     PositiveInt,
+    RecurrentKernel,
     Role,
     RoleSpec,
     operands_class,
@@ -152,23 +152,12 @@ class GatedDeltaParams(DataParams):
                 ("conv", (self.conv_dim, self.conv_kernel), "f32")]
 
 
-class GatedDeltaState(BufferState):
+class GatedDeltaState(RecurrentState):
     """recurrent [Hv, dk, dv] (the delta-rule matrix of each value head), conv [conv_dim, K]
     (the last K conv inputs, oldest first), and whether the layer has run (transformers' "the
     cache holds a state for this layer")."""
 
     names = ("recurrent", "conv")
-
-    def __init__(self, *buffers: np.ndarray, started: bool = False, **named: np.ndarray):
-        super().__init__(*buffers, **named)
-        self.started = started
-
-    @classmethod
-    def zeros(cls, p: GatedDeltaParams) -> GatedDeltaState:
-        return cls(**{name: np.zeros(shape, np.float32) for name, shape, _ in p.buffers()})
-
-    def _extra(self) -> dict:
-        return {"started": self.started}
 
 
 # The operands, declared once: closure's roles (the chosen layout's input projections only: the
@@ -192,21 +181,6 @@ GatedDeltaWeights = operands_class("GatedDeltaWeights", ROLES, """Operands of on
     one field per role (`ROLES`; the gated norm's weight is ``norm_weight``). Matrices are weight objects
     (``vindex3.codecs``: ``mm(x)`` is x @ W.T); the small tensors are float32 arrays, possibly read-only
     memory-mapped views: never written. Exactly the projections of the params' layout are present.""")
-
-
-class _Bound(Kernel):
-    def __init__(self, p: GatedDeltaParams, operands: dict):
-        from ..exec.ops import gated_delta as k
-
-        self.k, self.p, self.w = k, p, GatedDeltaWeights.of(operands)
-
-    def prefill(self, x: np.ndarray, state: GatedDeltaState, p0: int) -> np.ndarray:
-        if x.shape[0] == 1 and state.started:
-            y = self.k.gated_delta_step(x[0], self.w, self.p, state)[None]
-        else:
-            y = self.k.gated_delta_prefill(x, self.w, self.p, state)
-        state.started = True
-        return y
 
 
 class GatedDelta(Operator):
@@ -237,7 +211,9 @@ class GatedDelta(Operator):
         return {k: p[k] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "conv_kernel")}
 
     def bind(self, p: GatedDeltaParams, operands: dict) -> Kernel:
-        return _Bound(p, operands)
+        from ..exec.ops import gated_delta as k
+
+        return RecurrentKernel(p, GatedDeltaWeights.of(operands), k.gated_delta_prefill, k.gated_delta_step)
 
 
 register(GatedDelta)

@@ -36,12 +36,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 from pydantic import field_validator
 
 from ..continuation import Geometry, buffer
 from ..errors import GraphSchemaError, UnsupportedOperator
-from ..exec.state import BufferState
+from ..exec.state import RecurrentState
 from .base import (
     ARRAY,
     MIXER,
@@ -50,6 +49,7 @@ from .base import (
     NonNegative,
     Operator,
     PositiveInt,
+    RecurrentKernel,
     Role,
     RoleSpec,
     operands_class,
@@ -127,37 +127,11 @@ KdaWeights = operands_class("KdaWeights", ROLES, """Operands of one KDA mixer, o
     or the kernel's: nothing here is ever written.""")
 
 
-class KdaState(BufferState):
+class KdaState(RecurrentState):
     """recurrent [H, D, D], conv_q / conv_k / conv_v [K − 1, H·D] (oldest row first), float32,
     and whether the layer has run (transformers' "the cache holds a state for this layer")."""
 
     names = ("recurrent", "conv_q", "conv_k", "conv_v")
-
-    def __init__(self, *buffers: np.ndarray, started: bool = False, **named: np.ndarray):
-        super().__init__(*buffers, **named)
-        self.started = started
-
-    @classmethod
-    def zeros(cls, p: KdaParams) -> KdaState:
-        return cls(**{name: np.zeros(shape, np.float32) for name, shape, _ in p.buffers()})
-
-    def _extra(self) -> dict:
-        return {"started": self.started}
-
-
-class _Bound(Kernel):
-    def __init__(self, p: KdaParams, operands: dict):
-        from ..exec.ops import kda as k
-
-        self.k, self.p, self.w = k, p, KdaWeights.of(operands)
-
-    def prefill(self, x: np.ndarray, state: KdaState, p0: int) -> np.ndarray:
-        if x.shape[0] == 1 and state.started:
-            y = self.k.kda_step(x[0], self.w, self.p, state)[None]
-        else:
-            y = self.k.kda_prefill(x, self.w, self.p, state)
-        state.started = True
-        return y
 
 
 JUDGMENTS = "judgments"  # fact -> why the family fixed it (no config states it): provenance, not a kernel fact
@@ -201,7 +175,9 @@ class Kda(Operator):
         return {k: p[k] for k in ("num_heads", "head_dim", "conv_kernel", "forget_rank", "gate_rank")}
 
     def bind(self, p: KdaParams, operands: dict) -> Kernel:
-        return _Bound(p, operands)
+        from ..exec.ops import kda as k
+
+        return RecurrentKernel(p, KdaWeights.of(operands), k.kda_prefill, k.kda_step)
 
 
 register(Kda)

@@ -21,12 +21,11 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from ..continuation import Geometry, buffer
 from ..errors import GraphSchemaError
-from ..exec.state import BufferState
+from ..exec.state import RecurrentState
 from .base import (
     ARRAY,
     MIXER,
@@ -35,6 +34,7 @@ from .base import (
     NonNegative,
     Operator,
     PositiveInt,
+    RecurrentKernel,
     Role,
     RoleSpec,
     operands_class,
@@ -116,22 +116,11 @@ class Mamba2Params(DataParams):
                 ("conv", (self.conv_dim, self.conv_kernel), "f32")]
 
 
-class Mamba2State(BufferState):
+class Mamba2State(RecurrentState):
     """ssm [heads, head_dim, state], conv [conv_dim, kernel] (the last inputs, oldest first), and
     whether the layer has run (transformers' "the cache holds a state for this layer")."""
 
     names = ("ssm", "conv")
-
-    def __init__(self, *buffers: np.ndarray, started: bool = False, **named: np.ndarray):
-        super().__init__(*buffers, **named)
-        self.started = started
-
-    @classmethod
-    def zeros(cls, p: Mamba2Params) -> Mamba2State:
-        return cls(**{name: np.zeros(shape, np.float32) for name, shape, _ in p.buffers()})
-
-    def _extra(self) -> dict:
-        return {"started": self.started}
 
 
 # The operands, declared once: closure's roles and the kernel's operand record.
@@ -152,21 +141,6 @@ Mamba2Weights = operands_class("Mamba2Weights", ROLES, """Operands of one Mamba2
     (`ROLES`; the gated norm's weight is ``norm_weight``). The two projections are float32 arrays or weight
     objects (vindex3.codecs: ``mm(x) = x @ W.T``, any encoding); the rest are float32 arrays, the conv weight
     [conv_dim, kernel] or [conv_dim, 1, kernel]. May be read-only memory-mapped views: never written.""")
-
-
-class _Bound(Kernel):
-    def __init__(self, p: Mamba2Params, operands: dict):
-        from ..exec.ops import mamba2 as k
-
-        self.k, self.p, self.w = k, p, Mamba2Weights.of(operands)
-
-    def prefill(self, x: np.ndarray, state: Mamba2State, p0: int) -> np.ndarray:
-        if x.shape[0] == 1 and state.started:
-            y = self.k.mamba2_step(x[0], self.w, self.p, state)[None]
-        else:
-            y = self.k.mamba2_prefill(x, self.w, self.p, state)
-        state.started = True
-        return y
 
 
 class Mamba2(Operator):
@@ -202,7 +176,9 @@ class Mamba2(Operator):
                     + 4 * T * p.intermediate_size + T * p.hidden_size + 4 * T * p.num_heads)
 
     def bind(self, p: Mamba2Params, operands: dict) -> Kernel:
-        return _Bound(p, operands)
+        from ..exec.ops import mamba2 as k
+
+        return RecurrentKernel(p, Mamba2Weights.of(operands), k.mamba2_prefill, k.mamba2_step)
 
 
 register(Mamba2)
