@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from ..errors import SliceError, StateError, UnsupportedOperator, VindexError
+from ..generate import Sampler, generate_step
 from .slices import make_executor, open_container, recurrent_layers, resolve_slice
 
 
@@ -129,15 +130,10 @@ def greedy_generate(container: Any, token_ids: Sequence[int], n: int, *, ex: Any
     out: list[int] = []
     t0 = time.perf_counter()
     if n > 0:
-        st = ex.start()
-        tok = _argmax(np.asarray(st.prefill(prompt))[-1])
-        while True:
-            out.append(tok)
+        for step in generate_step(ex.start(), prompt, sampler=Sampler.greedy(), max_tokens=n):
+            out.append(step.token)
             if on_token:
-                on_token(tok)
-            if len(out) == n:
-                break
-            tok = _argmax(st.step(tok))
+                on_token(step.token)
     secs = time.perf_counter() - t0
     return PlainResult(tokens=out, seconds=secs, tokens_per_second=len(out) / secs if secs > 0 else 0.0)
 

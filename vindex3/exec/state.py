@@ -39,7 +39,10 @@ class BufferState(OpState):
 
     names: tuple[str, ...] = ()
 
-    def __init__(self, **buffers: np.ndarray):
+    def __init__(self, *arrays: np.ndarray, **buffers: np.ndarray):
+        if len(arrays) > len(self.names):
+            raise StateError(f"{type(self).__name__} holds {len(self.names)} buffers ({', '.join(self.names)}); got {len(arrays)}")
+        buffers = {**dict(zip(self.names, arrays)), **buffers}
         if set(buffers) != set(self.names):
             raise StateError(f"{type(self).__name__} holds buffers {', '.join(self.names)}; got {', '.join(sorted(buffers))}")
         for k, v in buffers.items():
@@ -48,6 +51,14 @@ class BufferState(OpState):
     @property
     def nbytes(self) -> int:
         return sum(getattr(self, n).nbytes for n in self.names)
+
+    def copy(self) -> BufferState:
+        """An independent state of the same kind: buffers copied, everything else carried."""
+        new = type(self).__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        for n in self.names:
+            setattr(new, n, getattr(self, n).copy())
+        return new
 
     def _extra(self) -> dict:
         """State beyond the buffers that a snapshot must carry (e.g. whether the layer ran)."""
@@ -67,6 +78,25 @@ class BufferState(OpState):
             f"{type(self).__name__} keeps a recurrence ({', '.join(self.names)}), which cannot be truncated to "
             f"position {position}; it rolls back only through snapshot() and restore()"
         )
+
+
+class RecurrentState(BufferState):
+    """A recurrence's fixed buffers (``names``, shapes from its params' ``buffers()``) and
+    whether the layer has run (transformers' "the cache holds a state for this layer"): the
+    choice between a chunked pass and a single step depends on the state alone, and a snapshot
+    carries it."""
+
+    def __init__(self, *buffers: np.ndarray, started: bool = False, **named: np.ndarray):
+        super().__init__(*buffers, **named)
+        self.started = started
+
+    @classmethod
+    def zeros(cls, p: Any) -> RecurrentState:
+        """Zero buffers of the shapes ``p.buffers()`` states: (name, shape, dtype)."""
+        return cls(**{name: np.zeros(shape, np.float32) for name, shape, _ in p.buffers()})
+
+    def _extra(self) -> dict:
+        return {"started": self.started}
 
 
 class LayerState:

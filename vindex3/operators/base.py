@@ -24,15 +24,17 @@ Nothing outside the module names its kind. See docs/operators.md#adding-an-opera
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+import pydantic.dataclasses
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..continuation import Geometry
-from ..errors import GraphSchemaError
+from ..errors import GraphSchemaError, UnsupportedOperator
 
 MIXER = "mixer"
 FFN = "ffn"
@@ -48,6 +50,78 @@ class Role:
     shape: tuple[int, ...]
     required: bool = True
     kind: str = MATRIX
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """An operand role declared once, its shape in words: ``"key_dim hidden_size"`` is
+    [p.key_dim, p.hidden_size] of the op's params ``p`` (an integer stands for itself).
+    ``kind``: MATRIX or ARRAY; ``when``: the name of a boolean param that makes the role
+    required (None: always); ``view``: the shape the kernel reads an ARRAY role as, where the
+    checkpoint's layout differs ([C, 1, K] conv weights read as [C, K]); ``field``: the kernel's
+    name for it, where it differs. `roles_of` gives the `Role` list, `operands_class` the
+    kernel's operand record, `check_operands` the kernel's checks."""
+
+    name: str
+    shape: str
+    kind: str = MATRIX
+    when: str | None = None
+    view: str | None = None
+    field: str | None = None
+
+    @property
+    def attr(self) -> str:
+        return self.field or self.name
+
+    def dims(self, p: Any, view: bool = False) -> tuple[int, ...]:
+        words = (self.view if view and self.view is not None else self.shape).split()
+        return tuple(int(w) if w.isdigit() else int(getattr(p, w)) for w in words)
+
+    def required(self, p: Any) -> bool:
+        return self.when is None or bool(getattr(p, self.when))
+
+
+def roles_of(specs: Sequence[RoleSpec], p: Any) -> list[Role]:
+    return [Role(s.name, s.dims(p), s.required(p), s.kind) for s in specs]
+
+
+def operands_class(name: str, specs: Sequence[RoleSpec], doc: str, bases: tuple[type, ...] = (),
+                   extra: Sequence[tuple] = ()) -> type:
+    """A plain dataclass with one field per role, in role order (optional roles default to
+    None): what a kernel receives (weight objects for MATRIX roles, float32 arrays for ARRAY
+    roles). ``of(operands)`` builds it from the executor's role -> operand mapping. ``bases``
+    and ``extra`` (dataclass field tuples) add the kernel's own methods and caches."""
+    fields = [(s.attr, Any) for s in specs if s.when is None]
+    fields += [(s.attr, Any, dataclasses.field(default=None)) for s in specs if s.when is not None]
+    cls = dataclasses.make_dataclass(name, [*fields, *extra], bases=bases)
+    cls.__doc__ = doc
+    cls.of = classmethod(lambda c, operands: c(**{s.attr: operands.get(s.name) for s in specs}))
+    return cls
+
+
+def check_operands(op: str, specs: Sequence[RoleSpec], w: Any, p: Any) -> dict[str, Any]:
+    """Every role of ``w`` against its shape under ``p``: a `ClosureError` naming every defect,
+    or role -> operand, ARRAY roles as their kernel view."""
+    from ..errors import ClosureError
+    from ..exec.ops.checks import expect_array, expect_weight, squeeze
+
+    defects: list[str] = []
+    out: dict[str, Any] = {}
+    for s in specs:
+        v = getattr(w, s.attr)
+        if not s.required(p):
+            if v is not None:
+                defects.append(f"{s.name}: present, but the params leave it out ({s.when} is false)")
+        elif s.kind == MATRIX:
+            expect_weight(s.name, v, s.dims(p), defects)
+        else:
+            shape = s.dims(p, view=True)
+            v = squeeze(v, shape)
+            expect_array(s.name, v, shape, defects)
+        out[s.attr] = v
+    if defects:
+        raise ClosureError(f"{op} operands do not match the layer geometry", defects)
+    return out
 
 
 class Params(BaseModel):
@@ -72,17 +146,55 @@ class Params(BaseModel):
         return getattr(self, key, default)
 
 
-def parse_params(cls: type[Params], raw: Mapping[str, Any], where: str) -> Params:
+class DataParams:
+    """Base of params declared as a pydantic dataclass (`params_dataclass`): the one params type
+    of an operator whose kernels take it directly (derived quantities are its properties, and
+    ``dataclasses.replace`` re-validates). Reads like `Params` for display."""
+
+    HIDDEN: ClassVar[frozenset[str]] = frozenset({"hidden_size"})
+
+    def items(self) -> list[tuple[str, Any]]:
+        """Fields in declaration order, nested params as plain dicts (as `Params` shows them)."""
+        return [(k, v) for k, v in dataclasses.asdict(self).items() if k not in self.HIDDEN]
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(self.items())
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
+
+PositiveInt = Annotated[int, Field(gt=0)]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+# strict: a number spelled as a string or a bool where an integer belongs is refused
+PARAMS_CONFIG = ConfigDict(strict=True, extra="forbid")
+
+
+def params_dataclass(cls: type) -> type:
+    """Declare ``cls`` (a `DataParams` with annotated fields) as frozen, strictly validated
+    params: unknown keys, missing facts and ill-typed values are refused on construction."""
+    return pydantic.dataclasses.dataclass(frozen=True, config=PARAMS_CONFIG)(cls)
+
+
+def parse_params(cls: type[Params | DataParams], raw: Mapping[str, Any], where: str) -> Params | DataParams:
     """Validate ``raw`` into ``cls``; every problem is named (key and what was expected)."""
     try:
+        if dataclasses.is_dataclass(cls):
+            return cls(**dict(raw))
         return cls.model_validate(dict(raw))
+    except UnsupportedOperator as e:
+        raise GraphSchemaError(f"system_graph.json: {where}: {e}") from None
     except ValidationError as e:
         problems = []
         for err in e.errors():
             key = ".".join(str(x) for x in err["loc"]) or "(params)"
-            if err["type"] == "missing":
+            if err["type"] in ("missing", "missing_argument"):
                 problems.append(f"'{key}' is missing (absence is not a default)")
-            elif err["type"] == "extra_forbidden":
+            elif err["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
                 problems.append(f"'{key}' is not a parameter of this operator")
             else:
                 problems.append(f"'{key}' {err['msg'].lower()} (found {err.get('input')!r})")
@@ -152,6 +264,24 @@ class Kernel:
 
     def step(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
         return self.prefill(x, state, p0)
+
+
+class RecurrentKernel(Kernel):
+    """A recurrence bound to its params ``p`` and operand record ``w``: a pass of one position on
+    a layer that has already run takes ``step(x[0], w, p, state)``, any other pass (several
+    positions, or a layer's very first pass even of one position) ``prefill(x, w, p, state)`` —
+    transformers' rule for its recurrent mixers. The state is a `RecurrentState`."""
+
+    def __init__(self, p: Any, w: Any, prefill, step):
+        self.p, self.w, self._prefill, self._step = p, w, prefill, step
+
+    def prefill(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
+        if x.shape[0] == 1 and state.started:
+            y = self._step(x[0], self.w, self.p, state)[None]
+        else:
+            y = self._prefill(x, self.w, self.p, state)
+        state.started = True
+        return y
 
 
 class Operator:

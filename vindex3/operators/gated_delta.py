@@ -26,38 +26,75 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-from pydantic import Field, model_validator
+from pydantic import field_validator, model_validator
 
 from ..continuation import Geometry, buffer
 from ..errors import GraphSchemaError, UnsupportedOperator
-from ..exec.state import BufferState
-from .base import ARRAY, MIXER, Kernel, Operator, Params, Role, parse_params, register
+from ..exec.state import RecurrentState
+from .base import (
+    ARRAY,
+    MIXER,
+    DataParams,
+    Kernel,
+    NonNegative,
+    Operator,
+    PositiveInt,
+    RecurrentKernel,
+    Role,
+    RoleSpec,
+    operands_class,
+    params_dataclass,
+    parse_params,
+    register,
+    roles_of,
+)
 
 NAME = "gated_delta"
 LAYOUT_GROUPED = "qkvz_ba_grouped"  # Qwen3-Next: in_proj_qkvz + in_proj_ba, grouped per key head
 LAYOUT_SPLIT = "qkv_z_b_a"  # Qwen3.5: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+LAYOUTS = (LAYOUT_GROUPED, LAYOUT_SPLIT)
+ACTIVATIONS = ("silu",)
 
 
-class GatedDeltaParams(Params):
-    hidden_size: int = Field(gt=0)
-    num_key_heads: int = Field(gt=0)
-    num_value_heads: int = Field(gt=0)
-    key_head_dim: int = Field(gt=0)
-    value_head_dim: int = Field(gt=0)
-    key_dim: int = Field(gt=0)  # num_key_heads * key_head_dim, written out for readers
-    value_dim: int = Field(gt=0)  # num_value_heads * value_head_dim
-    conv_dim: int = Field(gt=0)  # 2 * key_dim + value_dim: the conv's [q | k | v] channels
-    conv_kernel: int = Field(gt=0)
-    conv_activation: Literal["silu"]
+@params_dataclass
+class GatedDeltaParams(DataParams):
+    """The facts of one Gated DeltaNet layer, validated once and handed to the kernels as they
+    are. The graph writes the derived widths out for readers (checked against the head counts)
+    and states the constants the kernel runs with; `kernel_facts` builds the whole from the facts
+    a kernel caller knows."""
+
+    hidden_size: PositiveInt
+    num_key_heads: PositiveInt
+    num_value_heads: PositiveInt
+    key_head_dim: PositiveInt
+    value_head_dim: PositiveInt
+    key_dim: PositiveInt  # num_key_heads * key_head_dim, written out for readers
+    value_dim: PositiveInt  # num_value_heads * value_head_dim
+    conv_dim: PositiveInt  # 2 * key_dim + value_dim: the conv's [q | k | v] channels
+    conv_kernel: PositiveInt
+    conv_activation: str  # only "silu" has an executor
     conv_bias: Literal[False]  # neither family has one; a bias would need a role and a kernel
-    chunk_size: int = Field(gt=0)  # the prefill's chunk length (the reference's 64)
-    projection_layout: Literal["qkvz_ba_grouped", "qkv_z_b_a"]
+    chunk_size: PositiveInt  # the prefill's chunk length (the reference's 64)
+    projection_layout: str  # LAYOUT_GROUPED | LAYOUT_SPLIT
     head_mapping: Literal["repeat_interleave"]  # value head h reads key head h // (Hv / Hk)
-    qk_l2norm_eps: float = Field(ge=0, allow_inf_nan=False)
-    norm_eps: float = Field(ge=0, allow_inf_nan=False)  # the gated output norm's
+    qk_l2norm_eps: NonNegative  # the q/k L2 normalisation's eps (1e-6 in the reference)
+    norm_eps: NonNegative  # the gated output norm's
     norm_weight_offset: Literal[0.0]  # the gated norm's weight is plain (not 1 + w)
     norm_before_gate: Literal[True]  # rms_norm(o) * w * silu(z)
+
+    @field_validator("conv_activation")
+    @classmethod
+    def _activation(cls, v: str) -> str:
+        if v not in ACTIVATIONS:
+            raise UnsupportedOperator(f"{NAME} conv activation {v!r} has no executor (supported: {', '.join(ACTIVATIONS)})")
+        return v
+
+    @field_validator("projection_layout")
+    @classmethod
+    def _layout(cls, v: str) -> str:
+        if v not in LAYOUTS:
+            raise UnsupportedOperator(f"{NAME} projection layout {v!r} has no executor (supported: {', '.join(LAYOUTS)})")
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> GatedDeltaParams:
@@ -70,60 +107,80 @@ class GatedDeltaParams(Params):
                 raise ValueError(f"{key} is {getattr(self, key)}, but the head counts and widths make it {want}")
         return self
 
+    @classmethod
+    def kernel_facts(cls, **facts) -> GatedDeltaParams:
+        """The params from the facts a kernel caller states: the written-out widths computed, the
+        constants the kernel runs with (no conv bias, repeat-interleaved heads, a plain norm
+        weight, norm before gate) stated."""
+        try:
+            kd = facts["num_key_heads"] * facts["key_head_dim"]
+            vd = facts["num_value_heads"] * facts["value_head_dim"]
+            widths = {"key_dim": kd, "value_dim": vd, "conv_dim": 2 * kd + vd}
+        except (KeyError, TypeError):
+            widths = {}  # the constructor names what is missing or ill-typed
+        constants = {"conv_bias": False, "head_mapping": "repeat_interleave", "norm_weight_offset": 0.0,
+                     "norm_before_gate": True}
+        return cls(**{**widths, **constants, **facts})
 
-class GatedDeltaState(BufferState):
+    @property
+    def grouped(self) -> bool:
+        return self.projection_layout == LAYOUT_GROUPED
+
+    @property
+    def split(self) -> bool:
+        return self.projection_layout == LAYOUT_SPLIT
+
+    @property
+    def heads_per_key(self) -> int:
+        """r: value heads served by one key head."""
+        return self.num_value_heads // self.num_key_heads
+
+    @property
+    def qkvz_dim(self) -> int:
+        return 2 * self.key_dim + 2 * self.value_dim
+
+    @property
+    def ba_dim(self) -> int:
+        return 2 * self.num_value_heads
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """The input projections this layout reads, with their shapes [out, hidden]."""
+        return {s.name: s.dims(self) for s in ROLES if s.when == ("grouped" if self.grouped else "split")}
+
+    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return [("recurrent", (self.num_value_heads, self.key_head_dim, self.value_head_dim), "f32"),
+                ("conv", (self.conv_dim, self.conv_kernel), "f32")]
+
+
+class GatedDeltaState(RecurrentState):
     """recurrent [Hv, dk, dv] (the delta-rule matrix of each value head), conv [conv_dim, K]
     (the last K conv inputs, oldest first), and whether the layer has run (transformers' "the
     cache holds a state for this layer")."""
 
     names = ("recurrent", "conv")
 
-    def __init__(self, recurrent: np.ndarray, conv: np.ndarray, started: bool = False):
-        super().__init__(recurrent=recurrent, conv=conv)
-        self.started = started
 
-    def _extra(self) -> dict:
-        return {"started": self.started}
+# The operands, declared once: closure's roles (the chosen layout's input projections only: the
+# other layout's are not roles of this op, so closure refuses them by name if a checkpoint
+# carries them) and the kernel's operand record.
+ROLES = (
+    RoleSpec("in_proj_qkvz", "qkvz_dim hidden_size", when="grouped"),
+    RoleSpec("in_proj_ba", "ba_dim hidden_size", when="grouped"),
+    RoleSpec("in_proj_qkv", "conv_dim hidden_size", when="split"),
+    RoleSpec("in_proj_z", "value_dim hidden_size", when="split"),
+    RoleSpec("in_proj_b", "num_value_heads hidden_size", when="split"),
+    RoleSpec("in_proj_a", "num_value_heads hidden_size", when="split"),
+    RoleSpec("conv_weight", "conv_dim 1 conv_kernel", ARRAY, view="conv_dim conv_kernel"),
+    RoleSpec("A_log", "num_value_heads", ARRAY),
+    RoleSpec("dt_bias", "num_value_heads", ARRAY),
+    RoleSpec("gated_norm", "value_head_dim", ARRAY, field="norm_weight"),
+    RoleSpec("out_proj", "hidden_size value_dim"),
+)
 
-
-# role -> GatedDeltaWeights field
-ROLE_TO_FIELD = {
-    "in_proj_qkvz": "in_proj_qkvz",
-    "in_proj_ba": "in_proj_ba",
-    "in_proj_qkv": "in_proj_qkv",
-    "in_proj_z": "in_proj_z",
-    "in_proj_b": "in_proj_b",
-    "in_proj_a": "in_proj_a",
-    "conv_weight": "conv_weight",
-    "A_log": "A_log",
-    "dt_bias": "dt_bias",
-    "gated_norm": "norm_weight",
-    "out_proj": "out_proj",
-}
-
-
-class _Bound(Kernel):
-    def __init__(self, p: GatedDeltaParams, operands: dict):
-        from ..exec.ops import gated_delta as k
-
-        self.k = k
-        try:
-            self.g = k.GatedDeltaGeometry(
-                hidden_size=p.hidden_size, num_key_heads=p.num_key_heads, num_value_heads=p.num_value_heads,
-                key_head_dim=p.key_head_dim, value_head_dim=p.value_head_dim, conv_kernel=p.conv_kernel,
-                chunk_size=p.chunk_size, norm_eps=p.norm_eps, qk_l2norm_eps=p.qk_l2norm_eps,
-                projection_layout=p.projection_layout, conv_activation=p.conv_activation)
-        except ValueError as e:
-            raise UnsupportedOperator(f"{NAME} operator geometry is not executable: {e}") from None
-        self.w = k.GatedDeltaWeights(**{f: operands.get(role) for role, f in ROLE_TO_FIELD.items()})
-
-    def prefill(self, x: np.ndarray, state: GatedDeltaState, p0: int) -> np.ndarray:
-        if x.shape[0] == 1 and state.started:
-            y = self.k.gated_delta_step(x[0], self.w, self.g, state)[None]
-        else:
-            y = self.k.gated_delta_prefill(x, self.w, self.g, state)
-        state.started = True
-        return y
+GatedDeltaWeights = operands_class("GatedDeltaWeights", ROLES, """Operands of one Gated DeltaNet mixer,
+    one field per role (`ROLES`; the gated norm's weight is ``norm_weight``). Matrices are weight objects
+    (``vindex3.codecs``: ``mm(x)`` is x @ W.T); the small tensors are float32 arrays, possibly read-only
+    memory-mapped views: never written. Exactly the projections of the params' layout are present.""")
 
 
 class GatedDelta(Operator):
@@ -142,35 +199,21 @@ class GatedDelta(Operator):
         return parse_params(GatedDeltaParams, {**g, "hidden_size": surface.get("hidden_size")}, f"layer {layer.index} ({NAME})")
 
     def roles(self, p: GatedDeltaParams) -> list[Role]:
-        """The chosen layout's input projections only: the other layout's are not roles of this op,
-        so closure refuses them by name if a checkpoint carries them."""
-        H, nv = p.hidden_size, p.num_value_heads
-        if p.projection_layout == LAYOUT_GROUPED:
-            proj = [Role("in_proj_qkvz", (2 * p.key_dim + 2 * p.value_dim, H)), Role("in_proj_ba", (2 * nv, H))]
-        else:
-            proj = [Role("in_proj_qkv", (p.conv_dim, H)), Role("in_proj_z", (p.value_dim, H)),
-                    Role("in_proj_b", (nv, H)), Role("in_proj_a", (nv, H))]
-        return proj + [
-            Role("conv_weight", (p.conv_dim, 1, p.conv_kernel), True, ARRAY),
-            Role("A_log", (nv,), True, ARRAY),
-            Role("dt_bias", (nv,), True, ARRAY),
-            Role("gated_norm", (p.value_head_dim,), True, ARRAY),
-            Role("out_proj", (H, p.value_dim)),
-        ]
+        return [r for r in roles_of(ROLES, p) if r.required]  # the other layout's projections are no roles
 
     def geometry(self, p: GatedDeltaParams) -> Geometry:
-        return Geometry((buffer("recurrent", (p.num_value_heads, p.key_head_dim, p.value_head_dim)),
-                         buffer("conv", (p.conv_dim, p.conv_kernel))))
+        return Geometry(tuple(buffer(name, shape, dtype) for name, shape, dtype in p.buffers()))
 
     def new_state(self, p: GatedDeltaParams) -> GatedDeltaState:
-        return GatedDeltaState(np.zeros((p.num_value_heads, p.key_head_dim, p.value_head_dim), np.float32),
-                               np.zeros((p.conv_dim, p.conv_kernel), np.float32))
+        return GatedDeltaState.zeros(p)
 
     def summary(self, p: GatedDeltaParams) -> dict:
         return {k: p[k] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim", "conv_kernel")}
 
     def bind(self, p: GatedDeltaParams, operands: dict) -> Kernel:
-        return _Bound(p, operands)
+        from ..exec.ops import gated_delta as k
+
+        return RecurrentKernel(p, GatedDeltaWeights.of(operands), k.gated_delta_prefill, k.gated_delta_step)
 
 
 register(GatedDelta)

@@ -33,79 +33,108 @@ one function and differ only in rounding; the state remembers whether its layer 
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import math
 
-import numpy as np
-from pydantic import Field, model_validator
+from pydantic import field_validator
 
 from ..continuation import Geometry, buffer
 from ..errors import GraphSchemaError, UnsupportedOperator
-from ..exec.state import BufferState
-from .base import ARRAY, MIXER, Kernel, Operator, Params, Role, parse_params, register
+from ..exec.state import RecurrentState
+from .base import (
+    ARRAY,
+    MIXER,
+    DataParams,
+    Kernel,
+    NonNegative,
+    Operator,
+    PositiveInt,
+    RecurrentKernel,
+    Role,
+    RoleSpec,
+    operands_class,
+    params_dataclass,
+    parse_params,
+    register,
+    roles_of,
+)
 
 
-class KdaParams(Params):
-    HIDDEN = frozenset({"hidden_size", "judgments"})
+@params_dataclass
+class KdaParams(DataParams):
+    """The facts of one KDA layer, validated once (when the graph loads, or when a caller builds
+    them) and handed to the kernels as they are; the derived widths are properties."""
 
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    conv_kernel: int = Field(gt=0)
-    forget_rank: int = Field(gt=0)
-    gate_rank: int = Field(gt=0)
-    chunk_size: int = Field(gt=0)
-    norm_eps: float = Field(ge=0, allow_inf_nan=False)
-    l2norm_eps: float = Field(ge=0, allow_inf_nan=False)
-    conv_activation: Literal["silu"]
-    judgments: dict[str, str]  # fact -> why the family fixed it (no config states it)
+    hidden_size: PositiveInt
+    num_heads: PositiveInt  # H
+    head_dim: PositiveInt  # D (keys and values)
+    conv_kernel: PositiveInt  # K
+    forget_rank: PositiveInt  # f_a_proj rows = f_b_proj columns (read from the tensor's shape)
+    gate_rank: PositiveInt  # g_a_proj rows = g_b_proj columns (read from the tensor's shape)
+    chunk_size: PositiveInt  # prefill tiling (the reference: 64); changes rounding only
+    norm_eps: NonNegative  # o_norm (gated RMSNorm over D) eps: the layer's rms_norm_eps
+    l2norm_eps: NonNegative  # q/k L2-norm eps: the reference kernel's constant 1e-6
+    conv_activation: str  # the config's hidden_act; only "silu" has an executor
 
-    @model_validator(mode="after")
-    def _judged_facts_exist(self) -> KdaParams:
-        unknown = sorted(set(self.judgments) - (set(type(self).model_fields) - {"judgments"}))
-        if unknown:
-            raise ValueError(f"judgments name facts this operator does not have: {', '.join(unknown)}")
-        return self
+    @field_validator("conv_activation")
+    @classmethod
+    def _executable(cls, v: str) -> str:
+        if v != "silu":
+            raise UnsupportedOperator(f"kda conv activation {v!r} has no executor (supported: silu)")
+        return v
 
     @property
     def key_dim(self) -> int:
         return self.num_heads * self.head_dim
 
+    @property
+    def conv_window(self) -> int:
+        """Raw projection rows each conv keeps between calls (K − 1)."""
+        return self.conv_kernel - 1
 
-class KdaState(BufferState):
-    """recurrent [H, D, D], conv_q / conv_k / conv_v [K − 1, H·D], float32, and whether the
-    layer has run (transformers' "the cache holds a state for this layer")."""
+    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """The state parts: (name, shape, dtype), all fixed size."""
+        kd, w = self.key_dim, self.conv_window
+        return [("recurrent", (self.num_heads, self.head_dim, self.head_dim), "f32"),
+                ("conv_q", (w, kd), "f32"), ("conv_k", (w, kd), "f32"), ("conv_v", (w, kd), "f32")]
+
+    def state_nbytes(self) -> int:
+        return sum(4 * math.prod(shape) for _, shape, _ in self.buffers())
+
+
+# The operands, declared once: closure's roles, the kernel's operand record and its checks.
+ROLES = (
+    RoleSpec("q_proj", "key_dim hidden_size"),
+    RoleSpec("k_proj", "key_dim hidden_size"),
+    RoleSpec("v_proj", "key_dim hidden_size"),
+    RoleSpec("q_conv", "key_dim 1 conv_kernel", ARRAY, view="key_dim conv_kernel"),
+    RoleSpec("k_conv", "key_dim 1 conv_kernel", ARRAY, view="key_dim conv_kernel"),
+    RoleSpec("v_conv", "key_dim 1 conv_kernel", ARRAY, view="key_dim conv_kernel"),
+    RoleSpec("f_a_proj", "forget_rank hidden_size"),
+    RoleSpec("f_b_proj", "key_dim forget_rank"),
+    RoleSpec("A_log", "1 1 num_heads 1", ARRAY, view="num_heads"),  # per head, in the checkpoint's layout
+    RoleSpec("dt_bias", "key_dim", ARRAY),  # per channel
+    RoleSpec("b_proj", "num_heads hidden_size"),
+    RoleSpec("g_a_proj", "gate_rank hidden_size"),
+    RoleSpec("g_b_proj", "key_dim gate_rank"),
+    RoleSpec("o_norm", "head_dim", ARRAY),
+    RoleSpec("o_proj", "hidden_size key_dim"),
+)
+
+KdaWeights = operands_class("KdaWeights", ROLES, """Operands of one KDA mixer, one field per role
+    (`ROLES`). Matrices are weight objects (``w.mm(x) = x @ W.T``, see vindex3.codecs); the small
+    tensors are float32 arrays, possibly read-only memory-mapped views, in the checkpoint's layout
+    or the kernel's: nothing here is ever written.""")
+
+
+class KdaState(RecurrentState):
+    """recurrent [H, D, D], conv_q / conv_k / conv_v [K − 1, H·D] (oldest row first), float32,
+    and whether the layer has run (transformers' "the cache holds a state for this layer")."""
 
     names = ("recurrent", "conv_q", "conv_k", "conv_v")
 
-    def __init__(self, started: bool = False, **buffers: np.ndarray):
-        super().__init__(**buffers)
-        self.started = started
 
-    def _extra(self) -> dict:
-        return {"started": self.started}
-
-
-class _Bound(Kernel):
-    def __init__(self, p: KdaParams, operands: dict):
-        from ..exec.ops import kda as k
-
-        self.k = k
-        try:
-            self.g = k.KdaGeometry(
-                hidden_size=p.hidden_size, num_heads=p.num_heads, head_dim=p.head_dim, conv_kernel=p.conv_kernel,
-                forget_rank=p.forget_rank, gate_rank=p.gate_rank, chunk_size=p.chunk_size, norm_eps=p.norm_eps,
-                l2norm_eps=p.l2norm_eps, conv_activation=p.conv_activation)
-        except ValueError as e:
-            raise UnsupportedOperator(f"kda operator geometry is not executable: {e}") from None
-        self.w = k.KdaWeights(**{name: operands.get(name) for name in k.KdaWeights.__dataclass_fields__})
-
-    def prefill(self, x: np.ndarray, state: KdaState, p0: int) -> np.ndarray:
-        if x.shape[0] == 1 and state.started:
-            y = self.k.kda_step(x[0], self.w, self.g, state)[None]
-        else:
-            y = self.k.kda_prefill(x, self.w, self.g, state)
-        state.started = True
-        return y
+JUDGMENTS = "judgments"  # fact -> why the family fixed it (no config states it): provenance, not a kernel fact
 
 
 class Kda(Operator):
@@ -118,43 +147,37 @@ class Kda(Operator):
     def params(self, surface, layer) -> KdaParams:
         ops = surface.get("operators")
         g = ops.get("kda") if isinstance(ops, dict) else None
+        where = f"layer {layer.index} (kda)"
         if not isinstance(g, dict):
             raise GraphSchemaError(f"system_graph.json: layer {layer.index} runs kda but surface.operators has no kda group")
-        return parse_params(KdaParams, {**g, "hidden_size": surface.get("hidden_size")}, f"layer {layer.index} (kda)")
+        facts = dict(g)
+        judged = facts.pop(JUDGMENTS, None)
+        if not isinstance(judged, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in judged.items()):
+            what = "is missing (absence is not a default)" if JUDGMENTS not in g else f"must map facts to reasons (found {judged!r})"
+            raise GraphSchemaError(f"system_graph.json: {where}: '{JUDGMENTS}' {what}")
+        p = parse_params(KdaParams, {**facts, "hidden_size": surface.get("hidden_size")}, where)
+        unknown = sorted(set(judged) - {f.name for f in dataclasses.fields(p)})
+        if unknown:
+            raise GraphSchemaError(f"system_graph.json: {where}: judgments name facts this operator does not have: "
+                                   f"{', '.join(unknown)}")
+        return p
 
     def roles(self, p: KdaParams) -> list[Role]:
-        H, hid, kd, K = p.num_heads, p.hidden_size, p.key_dim, p.conv_kernel
-        return [
-            Role("q_proj", (kd, hid)),
-            Role("k_proj", (kd, hid)),
-            Role("v_proj", (kd, hid)),
-            Role("q_conv", (kd, 1, K), True, ARRAY),
-            Role("k_conv", (kd, 1, K), True, ARRAY),
-            Role("v_conv", (kd, 1, K), True, ARRAY),
-            Role("f_a_proj", (p.forget_rank, hid)),
-            Role("f_b_proj", (kd, p.forget_rank)),
-            Role("A_log", (1, 1, H, 1), True, ARRAY),  # per head, in the checkpoint's layout
-            Role("dt_bias", (kd,), True, ARRAY),  # per channel
-            Role("b_proj", (H, hid)),
-            Role("g_a_proj", (p.gate_rank, hid)),
-            Role("g_b_proj", (kd, p.gate_rank)),
-            Role("o_norm", (p.head_dim,), True, ARRAY),
-            Role("o_proj", (hid, kd)),
-        ]
+        return roles_of(ROLES, p)
 
     def geometry(self, p: KdaParams) -> Geometry:
-        H, D, kd, w = p.num_heads, p.head_dim, p.key_dim, p.conv_kernel - 1
-        return Geometry((buffer("recurrent", (H, D, D)), buffer("conv_q", (w, kd)), buffer("conv_k", (w, kd)),
-                         buffer("conv_v", (w, kd))))
+        return Geometry(tuple(buffer(name, shape, dtype) for name, shape, dtype in p.buffers()))
 
     def new_state(self, p: KdaParams) -> KdaState:
-        return KdaState(**{part.name: np.zeros(part.shape, np.float32) for part in self.geometry(p).parts})
+        return KdaState.zeros(p)
 
     def summary(self, p: KdaParams) -> dict:
         return {k: p[k] for k in ("num_heads", "head_dim", "conv_kernel", "forget_rank", "gate_rank")}
 
     def bind(self, p: KdaParams, operands: dict) -> Kernel:
-        return _Bound(p, operands)
+        from ..exec.ops import kda as k
+
+        return RecurrentKernel(p, KdaWeights.of(operands), k.kda_prefill, k.kda_step)
 
 
 register(Kda)

@@ -19,31 +19,52 @@ restore carry it along.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from ..continuation import Geometry, buffer
-from ..errors import GraphSchemaError, UnsupportedOperator
-from ..exec.state import BufferState
-from .base import ARRAY, MIXER, Kernel, Operator, Params, Role, parse_params, register
+from ..errors import GraphSchemaError
+from ..exec.state import RecurrentState
+from .base import (
+    ARRAY,
+    MIXER,
+    DataParams,
+    Kernel,
+    NonNegative,
+    Operator,
+    PositiveInt,
+    RecurrentKernel,
+    Role,
+    RoleSpec,
+    operands_class,
+    params_dataclass,
+    parse_params,
+    register,
+    roles_of,
+)
 
 
-class Mamba2Params(Params):
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    head_dim: int = Field(gt=0)
-    state_size: int = Field(gt=0)
-    n_groups: int = Field(gt=0)
-    conv_kernel: int = Field(gt=0)
-    chunk_size: int = Field(gt=0)
-    intermediate_size: int = Field(gt=0)
-    conv_dim: int = Field(gt=0)
-    in_proj_dim: int = Field(gt=0)
-    time_step_limit: tuple[float, float] = Field(strict=False)  # a JSON list; its numbers stay strict
+@params_dataclass
+class Mamba2Params(DataParams):
+    """The facts of one Mamba2 layer, validated once and handed to the kernels as they are. The
+    graph writes the derived widths out for readers (checked against the head counts) and states
+    the one activation and norm order the kernel runs; `kernel_facts` builds the whole from the
+    facts a kernel caller knows."""
+
+    hidden_size: PositiveInt
+    num_heads: PositiveInt
+    head_dim: PositiveInt
+    state_size: PositiveInt
+    n_groups: PositiveInt
+    conv_kernel: PositiveInt
+    chunk_size: PositiveInt
+    intermediate_size: PositiveInt  # num_heads * head_dim
+    conv_dim: PositiveInt  # intermediate + 2 * n_groups * state_size: the conv's [x | B | C] channels
+    in_proj_dim: PositiveInt  # intermediate + conv_dim + num_heads: [z | xBC | dt]
+    time_step_limit: Annotated[tuple[float, float], Field(strict=False)]  # a JSON list; its numbers stay strict
     activation: Literal["silu"]
-    norm_eps: float = Field(ge=0, allow_inf_nan=False)
+    norm_eps: NonNegative  # gated RMSNorm eps
     norm_before_gate: Literal[False]
     use_conv_bias: bool
     use_bias: bool
@@ -58,66 +79,68 @@ class Mamba2Params(Params):
 
     @model_validator(mode="after")
     def _consistent(self) -> Mamba2Params:
+        if self.num_heads % self.n_groups:
+            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of n_groups ({self.n_groups})")
         inter = self.num_heads * self.head_dim
         conv = inter + 2 * self.n_groups * self.state_size
         for key, want in (("intermediate_size", inter), ("conv_dim", conv), ("in_proj_dim", inter + conv + self.num_heads)):
             if getattr(self, key) != want:
                 raise ValueError(f"{key} is {getattr(self, key)}, but the other widths make it {want}")
-        if self.num_heads % self.n_groups:
-            raise ValueError(f"num_heads ({self.num_heads}) must be a multiple of n_groups ({self.n_groups})")
         return self
 
+    @classmethod
+    def kernel_facts(cls, *, num_heads: int, head_dim: int, n_groups: int, state_size: int, **facts) -> Mamba2Params:
+        """The params from the facts a kernel caller states: the written-out widths computed,
+        the activation and norm order the kernel runs (SiLU, norm after the gate) stated."""
+        inter = num_heads * head_dim if isinstance(num_heads, int) and isinstance(head_dim, int) else 0
+        conv = inter + 2 * n_groups * state_size if isinstance(n_groups, int) and isinstance(state_size, int) else 0
+        derived = {"intermediate_size": inter, "conv_dim": conv, "in_proj_dim": inter + conv + (num_heads if inter else 0),
+                   "activation": "silu", "norm_before_gate": False}
+        return cls(num_heads=num_heads, head_dim=head_dim, n_groups=n_groups, state_size=state_size, **{**derived, **facts})
 
-class Mamba2State(BufferState):
+    @property
+    def intermediate(self) -> int:
+        return self.intermediate_size
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.n_groups
+
+    @property
+    def norm_group_size(self) -> int:
+        """Channels per gated-RMSNorm group (transformers: ``intermediate // n_groups``)."""
+        return self.intermediate_size // self.n_groups
+
+    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
+        return [("ssm", (self.num_heads, self.head_dim, self.state_size), "f32"),
+                ("conv", (self.conv_dim, self.conv_kernel), "f32")]
+
+
+class Mamba2State(RecurrentState):
     """ssm [heads, head_dim, state], conv [conv_dim, kernel] (the last inputs, oldest first), and
     whether the layer has run (transformers' "the cache holds a state for this layer")."""
 
     names = ("ssm", "conv")
 
-    def __init__(self, ssm: np.ndarray, conv: np.ndarray, started: bool = False):
-        super().__init__(ssm=ssm, conv=conv)
-        self.started = started
 
-    def _extra(self) -> dict:
-        return {"started": self.started}
+# The operands, declared once: closure's roles and the kernel's operand record.
+ROLES = (
+    RoleSpec("in_proj", "in_proj_dim hidden_size"),
+    RoleSpec("in_proj_bias", "in_proj_dim", ARRAY, when="use_bias"),
+    RoleSpec("conv_weight", "conv_dim 1 conv_kernel", ARRAY, view="conv_dim conv_kernel"),
+    RoleSpec("conv_bias", "conv_dim", ARRAY, when="use_conv_bias"),
+    RoleSpec("A_log", "num_heads", ARRAY),
+    RoleSpec("D", "num_heads", ARRAY),
+    RoleSpec("dt_bias", "num_heads", ARRAY),
+    RoleSpec("gated_norm", "intermediate_size", ARRAY, field="norm_weight"),
+    RoleSpec("out_proj", "hidden_size intermediate_size"),
+    RoleSpec("out_proj_bias", "hidden_size", ARRAY, when="use_bias"),
+)
 
-
-ROLE_TO_FIELD = {
-    "in_proj": "in_proj",
-    "in_proj_bias": "in_proj_bias",
-    "conv_weight": "conv_weight",
-    "conv_bias": "conv_bias",
-    "A_log": "A_log",
-    "D": "D",
-    "dt_bias": "dt_bias",
-    "gated_norm": "norm_weight",
-    "out_proj": "out_proj",
-    "out_proj_bias": "out_proj_bias",
-}
-
-
-class _Bound(Kernel):
-    def __init__(self, p: Mamba2Params, operands: dict):
-        from ..exec.ops import mamba2 as k
-
-        self.k = k
-        try:
-            self.g = k.Mamba2Geometry(
-                hidden_size=p.hidden_size, num_heads=p.num_heads, head_dim=p.head_dim, state_size=p.state_size,
-                n_groups=p.n_groups, conv_kernel=p.conv_kernel, chunk_size=p.chunk_size,
-                time_step_limit=p.time_step_limit, norm_eps=p.norm_eps, use_conv_bias=p.use_conv_bias,
-                use_bias=p.use_bias)
-        except ValueError as e:
-            raise UnsupportedOperator(f"mamba2 operator geometry is not executable: {e}") from None
-        self.w = k.Mamba2Weights(**{f: operands.get(role) for role, f in ROLE_TO_FIELD.items()})
-
-    def prefill(self, x: np.ndarray, state: Mamba2State, p0: int) -> np.ndarray:
-        if x.shape[0] == 1 and state.started:
-            y = self.k.mamba2_step(x[0], self.w, self.g, state)[None]
-        else:
-            y = self.k.mamba2_prefill(x, self.w, self.g, state)
-        state.started = True
-        return y
+Mamba2Weights = operands_class("Mamba2Weights", ROLES, """Operands of one Mamba2 mixer, one field per role
+    (`ROLES`; the gated norm's weight is ``norm_weight``). The two projections are float32 arrays or weight
+    objects (vindex3.codecs: ``mm(x) = x @ W.T``, any encoding); the rest are float32 arrays, the conv weight
+    [conv_dim, kernel] or [conv_dim, 1, kernel]. May be read-only memory-mapped views: never written.""")
 
 
 class Mamba2(Operator):
@@ -134,26 +157,13 @@ class Mamba2(Operator):
         return parse_params(Mamba2Params, {**m, "hidden_size": surface.get("hidden_size")}, f"layer {layer.index} (mamba2)")
 
     def roles(self, p: Mamba2Params) -> list[Role]:
-        H, inter, conv, nh = p.hidden_size, p.intermediate_size, p.conv_dim, p.num_heads
-        return [
-            Role("in_proj", (p.in_proj_dim, H)),
-            Role("in_proj_bias", (p.in_proj_dim,), p.use_bias, ARRAY),
-            Role("conv_weight", (conv, 1, p.conv_kernel), True, ARRAY),
-            Role("conv_bias", (conv,), p.use_conv_bias, ARRAY),
-            Role("A_log", (nh,), True, ARRAY),
-            Role("D", (nh,), True, ARRAY),
-            Role("dt_bias", (nh,), True, ARRAY),
-            Role("gated_norm", (inter,), True, ARRAY),
-            Role("out_proj", (H, inter)),
-            Role("out_proj_bias", (H,), p.use_bias, ARRAY),
-        ]
+        return roles_of(ROLES, p)
 
     def geometry(self, p: Mamba2Params) -> Geometry:
-        return Geometry((buffer("ssm", (p.num_heads, p.head_dim, p.state_size)), buffer("conv", (p.conv_dim, p.conv_kernel))))
+        return Geometry(tuple(buffer(name, shape, dtype) for name, shape, dtype in p.buffers()))
 
     def new_state(self, p: Mamba2Params) -> Mamba2State:
-        return Mamba2State(np.zeros((p.num_heads, p.head_dim, p.state_size), np.float32),
-                           np.zeros((p.conv_dim, p.conv_kernel), np.float32))
+        return Mamba2State.zeros(p)
 
     def summary(self, p: Mamba2Params) -> dict:
         return {k: p[k] for k in ("num_heads", "head_dim", "state_size", "n_groups", "conv_kernel")}
@@ -166,7 +176,9 @@ class Mamba2(Operator):
                     + 4 * T * p.intermediate_size + T * p.hidden_size + 4 * T * p.num_heads)
 
     def bind(self, p: Mamba2Params, operands: dict) -> Kernel:
-        return _Bound(p, operands)
+        from ..exec.ops import mamba2 as k
+
+        return RecurrentKernel(p, Mamba2Weights.of(operands), k.mamba2_prefill, k.mamba2_step)
 
 
 register(Mamba2)

@@ -40,58 +40,121 @@ against 4.2k absorbed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Annotated, Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..continuation import Geometry, latent_rows
 from ..errors import GraphSchemaError, StateError, UnsupportedOperator
-from .base import ARRAY, MIXER, Kernel, Operator, Params, Role, parse_params, register
+from .base import (
+    ARRAY,
+    MIXER,
+    DataParams,
+    Kernel,
+    NonNegative,
+    Operator,
+    PositiveInt,
+    Role,
+    RoleSpec,
+    operands_class,
+    params_dataclass,
+    parse_params,
+    register,
+    roles_of,
+)
 
 EPS_FACTS = ("kv_a_norm_eps", "q_a_norm_eps")
+Finite = Annotated[float, Field(allow_inf_nan=False)]
 
 
-class YarnParams(BaseModel):
-    """Yarn scaling of the rope, every value explicit (the reference's defaults for absent keys
-    are resolved at admission and recorded). ``mscale`` / ``mscale_all_dim`` /
-    ``attention_factor`` are null when the config does not state them (the reference then
-    derives the attention factor from factor and the mscales)."""
+def _yarn_mscale(scale: float, m: float) -> float:
+    """The reference's ``get_mscale``: 0.1·m·ln(scale) + 1 above scale 1, else 1."""
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    factor: float = Field(gt=0, allow_inf_nan=False)
-    original_max_position_embeddings: int = Field(gt=0)
-    beta_fast: float = Field(allow_inf_nan=False)
-    beta_slow: float = Field(allow_inf_nan=False)
-    mscale: float | None = Field(allow_inf_nan=False)
-    mscale_all_dim: float | None = Field(allow_inf_nan=False)
-    attention_factor: float | None = Field(allow_inf_nan=False)
+
+@params_dataclass
+class YarnParams(DataParams):
+    """Yarn scaling of the rope, every value explicit (the reference's defaults — beta_fast 32,
+    beta_slow 1, truncate true — are resolved at admission and recorded). ``mscale`` /
+    ``mscale_all_dim`` are null when the config does not state them (the reference then reads
+    them as 0); ``attention_factor`` null means the config did not state it, and the reference's
+    formula applies: mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both are set
+    and non-zero, else mscale(factor, 1)."""
+
+    factor: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    original_max_position_embeddings: PositiveInt
+    beta_fast: Finite
+    beta_slow: Finite
+    mscale: Finite | None
+    mscale_all_dim: Finite | None
+    attention_factor: Finite | None
     truncate: bool
 
+    def cos_sin_factor(self) -> float:
+        """The factor transformers multiplies onto cos and sin (its ``attention_scaling``)."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        if self.mscale and self.mscale_all_dim:
+            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor, self.mscale_all_dim)
+        return _yarn_mscale(self.factor, 1.0)
 
-class RopeParams(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    theta: float = Field(gt=0, allow_inf_nan=False)
-    interleave: bool  # pairs (x0, x1), (x2, x3), ... (DeepSeek's rope_interleave) or rotate-half
+    def softmax_factor(self) -> float:
+        """The correction of the softmax scale: mscale(factor, mscale_all_dim)² when
+        mscale_all_dim is set and non-zero, else 1 (transformers' ``yarn_apply_mscale``)."""
+        if self.mscale_all_dim:
+            m = _yarn_mscale(self.factor, self.mscale_all_dim)
+            return m * m
+        return 1.0
+
+
+def _nested(cls: type, v: Any) -> Any:
+    """A nested params object read from the graph's JSON (a dict) or given as one."""
+    return cls(**v) if isinstance(v, dict) else v
+
+
+@params_dataclass
+class RopeParams(DataParams):
+    """Rope on the dr channels: base ``theta``, pair layout ``interleave`` (pairs (x0, x1), (x2,
+    x3), ... as DeepSeek's rope_interleave, or rotate-half), and yarn scaling or null."""
+
+    theta: Annotated[float, Field(gt=0, allow_inf_nan=False)]
+    interleave: bool
     yarn: YarnParams | None
 
+    @field_validator("yarn", mode="before")
+    @classmethod
+    def _yarn(cls, v: Any) -> Any:
+        return _nested(YarnParams, v)
 
-class MlaParams(Params):
+
+@params_dataclass
+class MlaParams(DataParams):
+    """The facts of one MLA layer as the graph holds them, validated once and handed to the
+    kernels (as `JudgedMlaParams`, which the kernels require: no unjudged eps)."""
+
     HIDDEN = frozenset({"hidden_size", "judgments"})
 
-    hidden_size: int = Field(gt=0)
-    num_heads: int = Field(gt=0)
-    q_lora_rank: int | None = Field(gt=0)
-    kv_lora_rank: int = Field(gt=0)
-    qk_nope_head_dim: int = Field(gt=0)
-    qk_rope_head_dim: int = Field(ge=0)
-    v_head_dim: int = Field(gt=0)
-    q_a_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)  # null: unjudged (refused at preparation)
-    kv_a_norm_eps: float | None = Field(ge=0, allow_inf_nan=False)  # null: unjudged (refused at preparation)
-    attention_bias: bool
-    rope: RopeParams | None
-    softmax_scale: float = Field(gt=0, allow_inf_nan=False)
+    hidden_size: PositiveInt
+    num_heads: PositiveInt  # H
+    q_lora_rank: PositiveInt | None  # null: the plain q_proj path
+    kv_lora_rank: PositiveInt  # r
+    qk_nope_head_dim: PositiveInt  # dn
+    qk_rope_head_dim: Annotated[int, Field(ge=0)]  # dr (0 allowed only without rope)
+    v_head_dim: PositiveInt  # dv
+    q_a_norm_eps: NonNegative | None  # null: unjudged (refused at preparation)
+    kv_a_norm_eps: NonNegative | None  # null: unjudged (refused at preparation)
+    attention_bias: bool  # q_a_proj, kv_a_proj_with_mqa and o_proj carry biases
+    rope: RopeParams | None  # null: no rope at all (Kimi)
+    softmax_scale: Annotated[float, Field(gt=0, allow_inf_nan=False)]  # derived, written out for readers
     judgments: dict[str, str]  # fact -> why the family fixed it (no config states it)
+
+    @field_validator("rope", mode="before")
+    @classmethod
+    def _rope(cls, v: Any) -> Any:
+        return _nested(RopeParams, v)
 
     @model_validator(mode="after")
     def _consistent(self) -> MlaParams:
@@ -113,13 +176,152 @@ class MlaParams(Params):
             raise ValueError(f"softmax_scale is {self.softmax_scale!r}, but the widths and the rope make it {want!r}")
         return self
 
+    @classmethod
+    def kernel_facts(cls, **facts) -> JudgedMlaParams:
+        """The kernels' params from the facts a kernel caller states: the softmax scale computed
+        from the widths and the rope, no judgments recorded."""
+        rope = _nested(RopeParams, facts.get("rope"))
+        y = rope.yarn if isinstance(rope, RopeParams) else None
+        try:
+            scale = expected_softmax_scale(facts["qk_nope_head_dim"] + facts["qk_rope_head_dim"], y and y.factor,
+                                           y and y.mscale_all_dim)
+        except (KeyError, TypeError):
+            scale = None  # the constructor names what is missing or ill-typed
+        return JudgedMlaParams(**{"softmax_scale": scale, "judgments": {}, **facts})
+
+    def judged(self) -> JudgedMlaParams:
+        """These facts as the kernels take them (refuses an unjudged eps by name)."""
+        return self if isinstance(self, JudgedMlaParams) else JudgedMlaParams(**{
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
     @property
     def qk_head_dim(self) -> int:
         return self.qk_nope_head_dim + self.qk_rope_head_dim
 
     @property
     def latent_width(self) -> int:
+        """Floats kept per position: the normalised latent and the shared rope key."""
         return self.kv_lora_rank + self.qk_rope_head_dim
+
+    @property
+    def latent_nbytes_per_position(self) -> int:
+        return 4 * self.latent_width
+
+    @property
+    def kv_nbytes_per_position(self) -> int:
+        """What a K/V cache of the same attention would keep per position (float32): every
+        head's key (dn + dr) and value (dv)."""
+        return 4 * self.num_heads * (self.qk_head_dim + self.v_head_dim)
+
+    @property
+    def attention_scale(self) -> float:
+        """The scale the kernels apply: (dn + dr)^-½ times yarn's softmax factor (equal to
+        ``softmax_scale`` within 1e-9; computed here as the kernels always have)."""
+        s = self.qk_head_dim ** -0.5
+        if self.rope is not None and self.rope.yarn is not None:
+            s = s * self.rope.yarn.softmax_factor()
+        return s
+
+    def parts(self) -> list[tuple[str, int, str]]:
+        """The state parts: (name, floats per position, dtype); rolled back by truncation."""
+        return [("latent", self.latent_width, "f32")]
+
+    # shapes of the roles, in the words `ROLES` uses
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.qk_head_dim
+
+    @property
+    def q_rank(self) -> int:
+        return self.q_lora_rank or 0
+
+    @property
+    def kv_b_rows(self) -> int:
+        return self.num_heads * (self.qk_nope_head_dim + self.v_head_dim)
+
+    @property
+    def o_cols(self) -> int:
+        return self.num_heads * self.v_head_dim
+
+    @property
+    def plain_q(self) -> bool:
+        return self.q_lora_rank is None
+
+    @property
+    def lora_q(self) -> bool:
+        return self.q_lora_rank is not None
+
+    @property
+    def lora_q_bias(self) -> bool:
+        return self.q_lora_rank is not None and self.attention_bias
+
+
+@params_dataclass
+class JudgedMlaParams(MlaParams):
+    """`MlaParams` whose norm eps are judged: what the kernels run (an unjudged eps loads, for
+    STATS and EXPLAIN, but never executes)."""
+
+    @model_validator(mode="after")
+    def _judged(self) -> JudgedMlaParams:
+        if self.kv_a_norm_eps is None:
+            raise GraphSchemaError(
+                "mla op has no kv_a_norm_eps: the eps of kv_a_layernorm is an architecture judgment of "
+                "the family (the reference's norm class default, 1e-6), which no config states and which "
+                "is never the layer's rms_norm_eps",
+                hint="re-encode the container so that its mla operator records kv_a_norm_eps",
+            )
+        if self.q_lora_rank is not None and self.q_a_norm_eps is None:
+            raise GraphSchemaError(
+                "mla op with q_lora_rank has no q_a_norm_eps: the eps of q_a_layernorm is an "
+                "architecture judgment of the family (the reference's norm class default, 1e-6), "
+                "never the layer's rms_norm_eps",
+                hint="re-encode the container so that its mla operator records q_a_norm_eps",
+            )
+        return self
+
+
+# The operands, declared once: closure's roles and the kernel's operand record.
+ROLES = (
+    RoleSpec("q_proj", "q_dim hidden_size", when="plain_q"),
+    RoleSpec("q_a_proj", "q_rank hidden_size", when="lora_q"),
+    RoleSpec("q_a_bias", "q_rank", ARRAY, when="lora_q_bias"),
+    RoleSpec("q_a_norm", "q_rank", ARRAY, when="lora_q"),
+    RoleSpec("q_b_proj", "q_dim q_rank", when="lora_q"),
+    RoleSpec("kv_a_proj", "latent_width hidden_size"),
+    RoleSpec("kv_a_bias", "latent_width", ARRAY, when="attention_bias"),
+    RoleSpec("kv_a_norm", "kv_lora_rank", ARRAY),
+    RoleSpec("kv_b_proj", "kv_b_rows kv_lora_rank"),
+    RoleSpec("o_proj", "hidden_size o_cols"),
+    RoleSpec("o_bias", "hidden_size", ARRAY, when="attention_bias"),
+)
+
+
+class _AbsorbedFactors:
+    def absorbed_factors(self, g: MlaParams) -> tuple:
+        """kv_b split per head for the absorbed form, computed once per weights object. Stored
+        as float32: W_k [H, dn, r] and W_v [H, dv, r], views of the mapped kv_b (no copy). In any
+        other encoding: per head, weight objects over kv_b's own rows (``sub_rows``), so no float32
+        copy of kv_b is ever made; the kernel then multiplies head by head (``mm_t`` for W_k, a
+        few tiles decoded per call; ``mm`` for W_v)."""
+        if self._absorbed is None:
+            H, dn, dv, r = g.num_heads, g.qk_nope_head_dim, g.v_head_dim, g.kv_lora_rank
+            kvb = self.kv_b_proj
+            if isinstance(kvb, np.ndarray) or getattr(kvb, "encoding", None) == "f32":
+                full = np.asarray(kvb if isinstance(kvb, np.ndarray) else kvb.dense(), dtype=np.float32).reshape(H, dn + dv, r)
+                self._absorbed = (full[:, :dn], full[:, dn:])
+            else:
+                step = dn + dv
+                self._absorbed = ([kvb.sub_rows(h * step, h * step + dn) for h in range(H)],
+                                  [kvb.sub_rows(h * step + dn, (h + 1) * step) for h in range(H)])
+        return self._absorbed
+
+
+MlaWeights = operands_class(
+    "MlaWeights", ROLES, """Operands of one MLA layer, one field per role (`ROLES`; the q path's and the
+    biases' are None where the params leave them out). Matrices are weight objects (``w.mm(x) = x @ W.T``,
+    see vindex3.codecs); norms and biases are float32 arrays; nothing here is ever written.""",
+    bases=(_AbsorbedFactors,),
+    extra=[("_absorbed", tuple | None, dataclasses.field(default=None, init=False, repr=False, compare=False))])
 
 
 def expected_softmax_scale(qk_head_dim: int, yarn_factor: float | None, mscale_all_dim: float | None) -> float:
@@ -142,30 +344,13 @@ def attention_form(p, T: int, p0: int) -> str:
     return "absorbed" if absorbed <= reconstruct else "reconstruct"
 
 
-def kernel_geometry(p: MlaParams):
-    """The kernel's MlaGeometry for these facts (refuses an unjudged eps by name)."""
-    from ..exec.ops.mla import MlaGeometry, MlaRope, MlaYarn
-
-    rope = None
-    if p.rope is not None:
-        y = p.rope.yarn
-        rope = MlaRope(theta=p.rope.theta, interleave=p.rope.interleave,
-                       yarn=None if y is None else MlaYarn(**y.model_dump()))
-    return MlaGeometry(
-        hidden_size=p.hidden_size, num_heads=p.num_heads, q_lora_rank=p.q_lora_rank, kv_lora_rank=p.kv_lora_rank,
-        qk_nope_head_dim=p.qk_nope_head_dim, qk_rope_head_dim=p.qk_rope_head_dim, v_head_dim=p.v_head_dim,
-        q_a_norm_eps=p.q_a_norm_eps, kv_a_norm_eps=p.kv_a_norm_eps, rope=rope, attention_bias=p.attention_bias)
-
-
 class _Bound(Kernel):
     def __init__(self, p: MlaParams, operands: dict):
         from ..exec.ops import mla as k
 
         self.k, self.p = k, p
-        self.g = kernel_geometry(p)
-        self.w = k.MlaWeights(**{name: operands.get(name) for name in
-                                 ("q_proj", "q_a_proj", "q_a_bias", "q_a_norm", "q_b_proj", "kv_a_proj", "kv_a_bias",
-                                  "kv_a_norm", "kv_b_proj", "o_proj", "o_bias")})
+        self.g = p.judged()
+        self.w = MlaWeights.of(operands)
 
     def _rows(self, rows, p0: int):
         if len(rows) != p0:
@@ -196,22 +381,7 @@ class Mla(Operator):
         return parse_params(MlaParams, {**g, "hidden_size": surface.get("hidden_size")}, f"layer {layer.index} (mla)")
 
     def roles(self, p: MlaParams) -> list[Role]:
-        H, hid, r, dr, ql, b = p.num_heads, p.hidden_size, p.kv_lora_rank, p.qk_rope_head_dim, p.q_lora_rank, p.attention_bias
-        q = H * p.qk_head_dim
-        lora = ql is not None
-        return [
-            Role("q_proj", (q, hid), not lora),
-            Role("q_a_proj", (ql or 0, hid), lora),
-            Role("q_a_bias", (ql or 0,), lora and b, ARRAY),
-            Role("q_a_norm", (ql or 0,), lora, ARRAY),
-            Role("q_b_proj", (q, ql or 0), lora),
-            Role("kv_a_proj", (r + dr, hid)),
-            Role("kv_a_bias", (r + dr,), b, ARRAY),
-            Role("kv_a_norm", (r,), True, ARRAY),
-            Role("kv_b_proj", (H * (p.qk_nope_head_dim + p.v_head_dim), r)),
-            Role("o_proj", (hid, H * p.v_head_dim)),
-            Role("o_bias", (hid,), b, ARRAY),
-        ]
+        return roles_of(ROLES, p)
 
     def geometry(self, p: MlaParams) -> Geometry:
         return Geometry((latent_rows(p.latent_width),))
@@ -219,7 +389,7 @@ class Mla(Operator):
     def new_state(self, p: MlaParams):
         from ..exec.ops.mla import LatentRows
 
-        return LatentRows(p.latent_width)
+        return LatentRows.for_geometry(p)
 
     def summary(self, p: MlaParams) -> dict:
         return {"heads": p.num_heads, "q_lora_rank": p.q_lora_rank, "kv_lora_rank": p.kv_lora_rank,
@@ -237,7 +407,7 @@ class Mla(Operator):
                     hint=f"re-encode the container from its checkpoint so that the mla operator records {key}",
                 )
         try:
-            kernel_geometry(p)
+            p.judged()
         except (ValueError, TypeError, GraphSchemaError) as e:
             raise UnsupportedOperator(f"{where}: the mla geometry is not executable: {e}") from None
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import GraphSchemaError
 from .base import (
@@ -110,6 +110,43 @@ class MoeFfnParams(Params):
             raise ValueError(str(e).replace("MoeGeometry.", "")) from None
 
 
+class RouterFacts(BaseModel):
+    """How a routed layer picks and weighs its experts: the router facts of one op, typed and
+    JSON-able, so that a reader (SHOW EXPERTS, EXPLAIN) never looks parameters up by name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    router: Literal["softmax_topk", "topk_softmax", "sigmoid_group_topk"]
+    renormalize: bool
+    router_bias: bool
+    correction_bias: bool
+    n_group: int | None  # sigmoid_group_topk: groups the experts fall into
+    topk_group: int | None  # sigmoid_group_topk: groups kept
+    routed_scaling_factor: float | None  # multiplies the routed weights
+
+    @classmethod
+    def of(cls, p: MoeFfnParams) -> RouterFacts:
+        return cls(router=p.router, renormalize=p.renormalize, router_bias=p.router_bias,
+                   correction_bias=p.correction_bias, n_group=p.n_group, topk_group=p.topk_group,
+                   routed_scaling_factor=p.routed_scaling_factor)
+
+    def phrase(self) -> str:
+        """'softmax_topk, renormalised', 'sigmoid_group_topk, 2 of 4 groups, correction bias,
+        renormalised, x2.5'."""
+        parts = [self.router]
+        if self.router_bias:
+            parts.append("bias")
+        if self.n_group is not None:
+            parts.append(f"{self.topk_group} of {self.n_group} groups")
+        if self.correction_bias:
+            parts.append("correction bias")
+        if self.renormalize:
+            parts.append("renormalised")
+        if self.routed_scaling_factor is not None:
+            parts.append(f"x{self.routed_scaling_factor:g}")
+        return ", ".join(parts)
+
+
 def _f32_weight(a: np.ndarray):
     from ..codecs.f32 import DenseF32
 
@@ -171,6 +208,10 @@ class MoeFfn(Operator):
 
     def summary(self, p: MoeFfnParams) -> dict:
         return {"experts": p.num_experts, "top_k": p.top_k, "router": p.router}
+
+    def router_facts(self, p: MoeFfnParams) -> RouterFacts:
+        """The layer's router, as a typed object (what SHOW EXPERTS phrases)."""
+        return RouterFacts.of(p)
 
     def read_profile(self, p: MoeFfnParams, operands) -> ReadProfile:
         """Always read: the router (+ biases) and the shared expert (+ its gate). Banks: every

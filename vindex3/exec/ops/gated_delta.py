@@ -147,13 +147,19 @@ keys under ``text_config`` and add ``vision_config`` and the image/video token i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 
-from vindex3.errors import ClosureError, StateError, UnsupportedOperator
+from vindex3.errors import ClosureError
+from vindex3.operators.gated_delta import (
+    LAYOUT_GROUPED,
+    LAYOUT_SPLIT,
+    GatedDeltaParams,
+    GatedDeltaState,
+    GatedDeltaWeights,
+)
 
+from .checks import check_buffers, check_input, conv_2d, expect_array, expect_weight
 from .mamba2 import _causal_conv_silu, _exp_f32, _silu_f32
 
 __all__ = [
@@ -169,236 +175,53 @@ __all__ = [
 F32 = np.float32
 _NO_BIAS = np.zeros(1, F32)
 
-LAYOUT_GROUPED = "qkvz_ba_grouped"  # in_proj_qkvz + in_proj_ba, grouped per key head
-LAYOUT_SPLIT = "qkv_z_b_a"  # in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
-LAYOUTS = (LAYOUT_GROUPED, LAYOUT_SPLIT)
-ACTIVATIONS = ("silu",)
-
 _LAYOUT_FIELDS = {
     LAYOUT_GROUPED: ("in_proj_qkvz", "in_proj_ba"),
     LAYOUT_SPLIT: ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a"),
 }
 
-
-@dataclass(frozen=True)
-class GatedDeltaGeometry:
-    hidden_size: int
-    num_key_heads: int
-    num_value_heads: int
-    key_head_dim: int
-    value_head_dim: int
-    conv_kernel: int
-    chunk_size: int  # prefill chunk length (64 in the reference)
-    norm_eps: float  # the gated RMSNorm's eps
-    qk_l2norm_eps: float  # the q/k L2 normalisation's eps (1e-6 in the reference)
-    projection_layout: str  # LAYOUT_GROUPED | LAYOUT_SPLIT
-    conv_activation: str  # "silu"
-
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_key_heads",
-            "num_value_heads",
-            "key_head_dim",
-            "value_head_dim",
-            "conv_kernel",
-            "chunk_size",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"GatedDeltaGeometry.{name} must be a positive int, got {v!r}")
-        if self.num_value_heads % self.num_key_heads:
-            raise ValueError(
-                f"GatedDeltaGeometry: num_value_heads ({self.num_value_heads}) must be a multiple "
-                f"of num_key_heads ({self.num_key_heads})"
-            )
-        for name in ("norm_eps", "qk_l2norm_eps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (float(v) >= 0.0):
-                raise ValueError(f"GatedDeltaGeometry.{name} must be a number >= 0, got {v!r}")
-            object.__setattr__(self, name, float(v))
-        if self.projection_layout not in LAYOUTS:
-            raise UnsupportedOperator(
-                f"gated_delta projection layout {self.projection_layout!r} has no executor "
-                f"(supported: {', '.join(LAYOUTS)})"
-            )
-        if self.conv_activation not in ACTIVATIONS:
-            raise UnsupportedOperator(
-                f"gated_delta conv activation {self.conv_activation!r} has no executor "
-                f"(supported: {', '.join(ACTIVATIONS)})"
-            )
-
-    @property
-    def heads_per_key(self) -> int:
-        """r: value heads served by one key head."""
-        return self.num_value_heads // self.num_key_heads
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_key_heads * self.key_head_dim
-
-    @property
-    def value_dim(self) -> int:
-        return self.num_value_heads * self.value_head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return 2 * self.key_dim + self.value_dim
-
-    def projections(self) -> dict[str, tuple[int, int]]:
-        """The input projections this layout reads, with their shapes [out, hidden]."""
-        h, nv = self.hidden_size, self.num_value_heads
-        if self.projection_layout == LAYOUT_GROUPED:
-            return {
-                "in_proj_qkvz": (2 * self.key_dim + 2 * self.value_dim, h),
-                "in_proj_ba": (2 * nv, h),
-            }
-        return {
-            "in_proj_qkv": (self.conv_dim, h),
-            "in_proj_z": (self.value_dim, h),
-            "in_proj_b": (nv, h),
-            "in_proj_a": (nv, h),
-        }
-
-    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
-        return [
-            ("recurrent", (self.num_value_heads, self.key_head_dim, self.value_head_dim), "f32"),
-            ("conv", (self.conv_dim, self.conv_kernel), "f32"),
-        ]
-
-
-@dataclass
-class GatedDeltaWeights:
-    """Operands of one mixer. Matrices are weight objects (``vindex3.codecs``: ``mm(x)`` is
-    x @ W.T); the small tensors are float32 arrays, possibly read-only memory-mapped views:
-    never written. Exactly the projections of the geometry's layout are present."""
-
-    conv_weight: np.ndarray  # [conv_dim, K] or [conv_dim, 1, K]
-    A_log: np.ndarray  # [Hv]
-    dt_bias: np.ndarray  # [Hv]
-    norm_weight: np.ndarray  # [dv], plain (not 1 + w)
-    out_proj: object  # Weight [hidden, value_dim]
-    in_proj_qkvz: object | None = None  # Weight [2 key_dim + 2 value_dim, hidden]  (grouped)
-    in_proj_ba: object | None = None  # Weight [2 Hv, hidden]                       (grouped)
-    in_proj_qkv: object | None = None  # Weight [conv_dim, hidden]                  (split)
-    in_proj_z: object | None = None  # Weight [value_dim, hidden]                   (split)
-    in_proj_b: object | None = None  # Weight [Hv, hidden]                          (split)
-    in_proj_a: object | None = None  # Weight [Hv, hidden]                          (split)
-
-
-class GatedDeltaState:
-    """A layer's recurrent buffers, float32: ``recurrent`` [Hv, dk, dv] (the delta-rule
-    matrix of every value head) and ``conv`` [conv_dim, K] (the last K conv inputs, oldest
-    first)."""
-
-    __slots__ = ("conv", "recurrent")
-
-    def __init__(self, recurrent: np.ndarray, conv: np.ndarray):
-        self.recurrent = recurrent
-        self.conv = conv
-
-    @classmethod
-    def zeros(cls, geometry: GatedDeltaGeometry) -> GatedDeltaState:
-        (_, rs, _), (_, cs, _) = geometry.buffers()
-        return cls(np.zeros(rs, dtype=F32), np.zeros(cs, dtype=F32))
-
-    def copy(self) -> GatedDeltaState:
-        return GatedDeltaState(self.recurrent.copy(), self.conv.copy())
-
-    def __repr__(self) -> str:
-        return f"GatedDeltaState(recurrent={self.recurrent.shape}, conv={self.conv.shape})"
+# The kernels take the operator's own params; GatedDeltaGeometry builds them from the facts a
+# kernel caller states (the written-out widths computed).
+GatedDeltaGeometry = GatedDeltaParams.kernel_facts
 
 
 # --------------------------------------------------------------------------- checks
 
 
-def _expect_array(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-        return
-    if not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-        return
-    if arr.dtype != F32:
-        defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-    if arr.shape != shape:
-        defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _expect_matrix(name: str, w, shape: tuple[int, int], defects: list[str]) -> None:
-    if w is None:
-        defects.append(f"{name}: missing, expected a weight {list(shape)}")
-        return
-    if not callable(getattr(w, "mm", None)):
-        defects.append(f"{name}: not a weight object with mm() ({type(w).__name__})")
-        return
-    if tuple(w.shape) != shape:
-        defects.append(f"{name}: shape {list(w.shape)}, expected {list(shape)}")
-
-
 def _conv_weight_2d(w: GatedDeltaWeights) -> np.ndarray:
-    cw = w.conv_weight
-    if isinstance(cw, np.ndarray) and cw.ndim == 3 and cw.shape[1] == 1:
-        cw = cw.reshape(cw.shape[0], cw.shape[2])  # a view, also of a memmap
-    return cw
+    return conv_2d(w.conv_weight)
 
 
-def _check(w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState) -> np.ndarray:
+def _check(w: GatedDeltaWeights, g: GatedDeltaParams, state: GatedDeltaState) -> np.ndarray:
     """Validate operands and state against the geometry; return the 2-D conv weight."""
     defects: list[str] = []
     wanted = g.projections()
     for layout, fields in _LAYOUT_FIELDS.items():
         for f in fields:
             if layout == g.projection_layout:
-                _expect_matrix(f, getattr(w, f), wanted[f], defects)
+                expect_weight(f, getattr(w, f), wanted[f], defects)
             elif getattr(w, f) is not None:
                 defects.append(
                     f"{f}: present, but the geometry declares the {g.projection_layout!r} "
                     f"projection layout (which reads {', '.join(wanted)})"
                 )
-    _expect_matrix("out_proj", w.out_proj, (g.hidden_size, g.value_dim), defects)
+    expect_weight("out_proj", w.out_proj, (g.hidden_size, g.value_dim), defects)
     cw = _conv_weight_2d(w)
-    _expect_array("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
-    _expect_array("A_log", w.A_log, (g.num_value_heads,), defects)
-    _expect_array("dt_bias", w.dt_bias, (g.num_value_heads,), defects)
-    _expect_array("norm_weight", w.norm_weight, (g.value_head_dim,), defects)
+    expect_array("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
+    expect_array("A_log", w.A_log, (g.num_value_heads,), defects)
+    expect_array("dt_bias", w.dt_bias, (g.num_value_heads,), defects)
+    expect_array("norm_weight", w.norm_weight, (g.value_head_dim,), defects)
     if defects:
         raise ClosureError("gated_delta operands do not match the layer geometry", defects)
 
-    for name, shape, _ in g.buffers():
-        buf = getattr(state, name, None)
-        if (
-            not isinstance(buf, np.ndarray)
-            or buf.dtype != F32
-            or buf.shape != shape
-            or not buf.flags.writeable
-            or not buf.flags.c_contiguous
-        ):
-            desc = (
-                f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-            )
-            raise StateError(
-                f"gated_delta state buffer '{name}' is {desc}; expected a writable, contiguous "
-                f"float32 {list(shape)}"
-            )
+    check_buffers("gated_delta", state, ((name, shape) for name, shape, _ in g.buffers()), contiguous=True)
     return cw
-
-
-def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        dt = getattr(x, "dtype", type(x).__name__)
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(
-            f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}"
-        )
 
 
 # --------------------------------------------------------------------------- projections
 
 
-def _project(x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry):
+def _project(x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams):
     """x [T, hidden] -> qkv [T, conv_dim] (channels [q | k | v]), z [T, Hv, dv], b and a
     [T, Hv], whatever the on-disk layout."""
     T = x.shape[0]
@@ -485,7 +308,7 @@ def _gated_norm_kernel(o, z, weight, eps, out):  # pragma: no cover - compiled
                 out[t, base + i] = ((oh[i] * rs) * weight[i]) * _silu_f32(zh[i])
 
 
-def _gated_norm(o: np.ndarray, z: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry):
+def _gated_norm(o: np.ndarray, z: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams):
     T = z.shape[0]
     out = np.empty((T, g.value_dim), F32)
     _gated_norm_kernel(o, z, w.norm_weight, g.norm_eps, out)
@@ -709,12 +532,12 @@ def _recurrent_kernel(qkv, beta, gl, S, nk, dk, eps, scale, out):  # pragma: no 
 
 
 def gated_delta_prefill(
-    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState
+    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams, state: GatedDeltaState
 ) -> np.ndarray:
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``, in the
     chunked form; return [T, hidden] float32 and leave ``state`` where a following prefill or
     step continues. Works from a zero state and from one left by an earlier call."""
-    _check_input(x, 2, g.hidden_size, "gated_delta_prefill")
+    check_input(x, 2, g.hidden_size, "gated_delta_prefill")
     cw = _check(w, g, state)
     T = x.shape[0]
     if T == 0:
@@ -737,11 +560,11 @@ def gated_delta_prefill(
 
 
 def gated_delta_step(
-    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaGeometry, state: GatedDeltaState
+    x: np.ndarray, w: GatedDeltaWeights, g: GatedDeltaParams, state: GatedDeltaState
 ) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place with the
     single-step recurrence (transformers' path for one token on a started cache)."""
-    _check_input(x, 1, g.hidden_size, "gated_delta_step")
+    check_input(x, 1, g.hidden_size, "gated_delta_step")
     cw = _check(w, g, state)
     qkv, z, b, a = _project(x[None], w, g)
     mixed = np.empty(qkv.shape, F32)

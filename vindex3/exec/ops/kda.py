@@ -193,13 +193,14 @@ dropout, output_router_logits
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numba
 import numpy as np
 
-from vindex3.errors import ClosureError, StateError, UnsupportedOperator
+from vindex3.operators.base import check_operands
+from vindex3.operators.kda import ROLES, KdaParams, KdaState, KdaWeights
 
+from .checks import check_buffers, check_input
 from .mamba2 import _exp_f32, _silu_f32
 
 __all__ = [
@@ -215,195 +216,19 @@ _ONE = F32(1.0)
 _SOFTPLUS_THRESHOLD = F32(20.0)  # the reference: x above 20 passes through unchanged
 
 
-@dataclass(frozen=True)
-class KdaGeometry:
-    """Everything the KDA mixer needs to know about one layer; every field is a graph fact
-    (no defaults: absence is refused by whoever lowers the graph)."""
-
-    hidden_size: int
-    num_heads: int  # H
-    head_dim: int  # D (keys and values)
-    conv_kernel: int  # K
-    forget_rank: int  # f_a_proj rows = f_b_proj columns (read from the tensor's shape)
-    gate_rank: int  # g_a_proj rows = g_b_proj columns (read from the tensor's shape)
-    chunk_size: int  # prefill tiling (the reference: 64); changes rounding only
-    norm_eps: float  # o_norm (gated RMSNorm over D) eps: the layer's rms_norm_eps
-    l2norm_eps: float  # q/k L2-norm eps: the reference kernel's constant 1e-6
-    conv_activation: str  # the config's hidden_act; only "silu" has an executor
-
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_heads",
-            "head_dim",
-            "conv_kernel",
-            "forget_rank",
-            "gate_rank",
-            "chunk_size",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"KdaGeometry.{name} must be a positive int, got {v!r}")
-        for name in ("norm_eps", "l2norm_eps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (float(v) >= 0.0):
-                raise ValueError(f"KdaGeometry.{name} must be a number >= 0, got {v!r}")
-        if self.conv_activation != "silu":
-            raise UnsupportedOperator(
-                f"kda conv activation {self.conv_activation!r} has no executor (supported: silu)"
-            )
-
-    @property
-    def key_dim(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_window(self) -> int:
-        """Raw projection rows each conv keeps between calls (K − 1)."""
-        return self.conv_kernel - 1
-
-    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
-        """The state parts: (name, shape, dtype), all fixed size."""
-        kd = self.key_dim
-        return [
-            ("recurrent", (self.num_heads, self.head_dim, self.head_dim), "f32"),
-            ("conv_q", (self.conv_window, kd), "f32"),
-            ("conv_k", (self.conv_window, kd), "f32"),
-            ("conv_v", (self.conv_window, kd), "f32"),
-        ]
-
-    def state_nbytes(self) -> int:
-        return sum(4 * math.prod(shape) for _, shape, _ in self.buffers())
-
-
-@dataclass
-class KdaWeights:
-    """Operands of one KDA mixer. Matrices are weight objects (``w.mm(x) = x @ W.T``, see
-    vindex3.codecs); the small tensors are float32 arrays, possibly read-only memory-mapped
-    views: nothing here is ever written."""
-
-    q_proj: object  # [H·D, hidden]
-    k_proj: object  # [H·D, hidden]
-    v_proj: object  # [H·D, hidden]
-    q_conv: np.ndarray  # [H·D, K] or [H·D, 1, K]
-    k_conv: np.ndarray
-    v_conv: np.ndarray
-    f_a_proj: object  # [forget_rank, hidden]
-    f_b_proj: object  # [H·D, forget_rank]
-    A_log: np.ndarray  # [H] or [1, 1, H, 1]
-    dt_bias: np.ndarray  # [H·D]
-    b_proj: object  # [H, hidden]
-    g_a_proj: object  # [gate_rank, hidden]
-    g_b_proj: object  # [H·D, gate_rank]
-    o_norm: np.ndarray  # [D]
-    o_proj: object  # [hidden, H·D]
-
-
-class KdaState:
-    """A KDA layer's fixed buffers, float32: ``recurrent`` [H, D, D] and the three conv windows
-    ``conv_q`` / ``conv_k`` / ``conv_v`` [K − 1, H·D] (oldest row first)."""
-
-    __slots__ = ("conv_k", "conv_q", "conv_v", "recurrent")
-
-    def __init__(self, recurrent: np.ndarray, conv_q: np.ndarray, conv_k: np.ndarray, conv_v: np.ndarray):
-        self.recurrent = recurrent
-        self.conv_q = conv_q
-        self.conv_k = conv_k
-        self.conv_v = conv_v
-
-    @classmethod
-    def zeros(cls, geometry: KdaGeometry) -> KdaState:
-        return cls(*(np.zeros(shape, F32) for _, shape, _ in geometry.buffers()))
-
-    def copy(self) -> KdaState:
-        return KdaState(self.recurrent.copy(), self.conv_q.copy(), self.conv_k.copy(), self.conv_v.copy())
-
-    # snapshot / restore are what speculative rollback uses: the recurrence cannot be truncated
-    def snapshot(self) -> KdaState:
-        return self.copy()
-
-    def restore(self, snap: KdaState) -> None:
-        for name in self.__slots__:
-            getattr(self, name)[...] = getattr(snap, name)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(getattr(self, n).nbytes for n in self.__slots__)
-
-    def __repr__(self) -> str:
-        return f"KdaState(recurrent={self.recurrent.shape}, conv={self.conv_q.shape} x3)"
+# The kernels take the operator's own params; KdaGeometry is their name at this level.
+KdaGeometry = KdaParams
 
 
 # --------------------------------------------------------------------------- checks
 
 
-def _expect_array(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-    elif not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-    else:
-        if arr.dtype != F32:
-            defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-        if arr.shape != shape:
-            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _expect_weight(name: str, w, shape: tuple[int, ...], defects: list[str]) -> None:
-    if w is None:
-        defects.append(f"{name}: missing, expected a weight {list(shape)}")
-    elif not callable(getattr(w, "mm", None)) or not hasattr(w, "shape"):
-        defects.append(f"{name}: not a weight object with mm() ({type(w).__name__})")
-    elif tuple(w.shape) != shape:
-        defects.append(f"{name}: shape {list(w.shape)}, expected {list(shape)}")
-
-
-def _squeeze(arr, shape: tuple[int, ...]):
-    """Accept the checkpoint's layouts ([C, 1, K] conv weights, [1, 1, H, 1] A_log) as views."""
-    if isinstance(arr, np.ndarray) and arr.shape != shape and arr.size == math.prod(shape):
-        return arr.reshape(shape)
-    return arr
-
-
-def _check(w: KdaWeights, g: KdaGeometry, state: KdaState) -> tuple[np.ndarray, np.ndarray]:
+def _check(w: KdaWeights, g: KdaParams, state: KdaState) -> tuple[np.ndarray, np.ndarray]:
     """Validate operands and state; return (conv weight as [K, 3·key_dim], A_log as [H])."""
-    defects: list[str] = []
-    kd, hid, H, D, K = g.key_dim, g.hidden_size, g.num_heads, g.head_dim, g.conv_kernel
-    for name in ("q_proj", "k_proj", "v_proj"):
-        _expect_weight(name, getattr(w, name), (kd, hid), defects)
-    convs = []
-    for name in ("q_conv", "k_conv", "v_conv"):
-        cw = _squeeze(getattr(w, name), (kd, K))
-        _expect_array(name, cw, (kd, K), defects)
-        convs.append(cw)
-    _expect_weight("f_a_proj", w.f_a_proj, (g.forget_rank, hid), defects)
-    _expect_weight("f_b_proj", w.f_b_proj, (kd, g.forget_rank), defects)
-    A_log = _squeeze(w.A_log, (H,))
-    _expect_array("A_log", A_log, (H,), defects)
-    _expect_array("dt_bias", w.dt_bias, (kd,), defects)
-    _expect_weight("b_proj", w.b_proj, (H, hid), defects)
-    _expect_weight("g_a_proj", w.g_a_proj, (g.gate_rank, hid), defects)
-    _expect_weight("g_b_proj", w.g_b_proj, (kd, g.gate_rank), defects)
-    _expect_array("o_norm", w.o_norm, (D,), defects)
-    _expect_weight("o_proj", w.o_proj, (hid, kd), defects)
-    if defects:
-        raise ClosureError("kda operands do not match the layer geometry", defects)
-
-    for name, shape, _ in g.buffers():
-        buf = getattr(state, name, None)
-        if not isinstance(buf, np.ndarray) or buf.dtype != F32 or buf.shape != shape or not buf.flags.writeable:
-            desc = f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-            raise StateError(f"kda state buffer '{name}' is {desc}; expected a writable float32 {list(shape)}")
-    cw_t = np.ascontiguousarray(np.concatenate(convs, axis=0).T)  # [K, 3·key_dim]
-    return cw_t, A_log
-
-
-def _check_input(x, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
+    ops = check_operands("kda", ROLES, w, g)
+    check_buffers("kda", state, ((name, shape) for name, shape, _ in g.buffers()))
+    cw_t = np.ascontiguousarray(np.concatenate([ops["q_conv"], ops["k_conv"], ops["v_conv"]], axis=0).T)  # [K, 3·key_dim]
+    return cw_t, ops["A_log"]
 
 
 # --------------------------------------------------------------------------- conv
@@ -454,7 +279,7 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return _ONE / (_ONE + np.exp(-z))
 
 
-def _forget_gate(x: np.ndarray, w: KdaWeights, g: KdaGeometry, A_log: np.ndarray) -> np.ndarray:
+def _forget_gate(x: np.ndarray, w: KdaWeights, g: KdaParams, A_log: np.ndarray) -> np.ndarray:
     """g = -exp(A_log) · softplus(f_b(f_a(x)) + dt_bias), as [T, H, D] float32."""
     T = x.shape[0]
     z = (w.f_b_proj.mm(w.f_a_proj.mm(x)) + w.dt_bias).reshape(T, g.num_heads, g.head_dim)
@@ -644,7 +469,7 @@ def _kda_recurrent(S, q, k, v, g, beta, out):  # pragma: no cover - compiled
 # --------------------------------------------------------------------------- mixer
 
 
-def _mix(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState, chunked: bool) -> np.ndarray:
+def _mix(x: np.ndarray, w: KdaWeights, g: KdaParams, state: KdaState, chunked: bool) -> np.ndarray:
     cw_t, A_log = _check(w, g, state)
     T = x.shape[0]
     H, D, kdim = g.num_heads, g.head_dim, g.key_dim
@@ -673,19 +498,19 @@ def _mix(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState, chunked:
     return w.o_proj.mm(y.reshape(T, kdim))
 
 
-def kda_prefill(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState) -> np.ndarray:
+def kda_prefill(x: np.ndarray, w: KdaWeights, g: KdaParams, state: KdaState) -> np.ndarray:
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``, chunked;
     return [T, hidden] float32 and leave ``state`` where a following prefill or step continues
     (a prompt fed in several calls gives what one call gives, to rounding)."""
-    _check_input(x, 2, g.hidden_size, "kda_prefill")
+    check_input(x, 2, g.hidden_size, "kda_prefill")
     if x.shape[0] == 0:
         _check(w, g, state)
         return np.zeros((0, g.hidden_size), F32)
     return _mix(x, w, g, state, chunked=True)
 
 
-def kda_step(x: np.ndarray, w: KdaWeights, g: KdaGeometry, state: KdaState) -> np.ndarray:
+def kda_step(x: np.ndarray, w: KdaWeights, g: KdaParams, state: KdaState) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place by the
     recurrence itself (the reference's path for one token on a started cache)."""
-    _check_input(x, 1, g.hidden_size, "kda_step")
+    check_input(x, 1, g.hidden_size, "kda_step")
     return _mix(x[None], w, g, state, chunked=False)[0]

@@ -37,17 +37,16 @@ written; only the small conv weight is re-laid out per call.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from vindex3.codecs import Weight
-from vindex3.errors import ClosureError, StateError
+from vindex3.errors import ClosureError
+from vindex3.operators.mamba2 import Mamba2Params, Mamba2State, Mamba2Weights
+
+from .checks import check_buffers, check_input, conv_2d, expect_operand
 
 __all__ = [
     "Mamba2Geometry",
@@ -62,117 +61,9 @@ _ZERO = F32(0.0)
 _NO_BIAS = np.zeros(1, F32)
 
 
-@dataclass(frozen=True)
-class Mamba2Geometry:
-    hidden_size: int
-    num_heads: int
-    head_dim: int
-    state_size: int
-    n_groups: int
-    conv_kernel: int
-    chunk_size: int
-    time_step_limit: tuple[float, float]  # the upper bound may be math.inf
-    norm_eps: float  # gated RMSNorm eps
-    use_conv_bias: bool
-    use_bias: bool
-
-    def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_heads",
-            "head_dim",
-            "state_size",
-            "n_groups",
-            "conv_kernel",
-            "chunk_size",
-        ):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"Mamba2Geometry.{name} must be a positive int, got {v!r}")
-        if self.num_heads % self.n_groups:
-            raise ValueError(
-                f"Mamba2Geometry: num_heads ({self.num_heads}) must be a multiple of "
-                f"n_groups ({self.n_groups})"
-            )
-        lim = tuple(float(v) for v in self.time_step_limit)
-        if len(lim) != 2 or math.isnan(lim[0]) or math.isnan(lim[1]):
-            raise ValueError(
-                f"Mamba2Geometry.time_step_limit must be two numbers (lower, upper), "
-                f"got {self.time_step_limit!r}"
-            )
-        object.__setattr__(self, "time_step_limit", lim)
-        if not (float(self.norm_eps) >= 0.0):
-            raise ValueError(f"Mamba2Geometry.norm_eps must be >= 0, got {self.norm_eps!r}")
-
-    @property
-    def intermediate(self) -> int:
-        return self.num_heads * self.head_dim
-
-    @property
-    def conv_dim(self) -> int:
-        return self.intermediate + 2 * self.n_groups * self.state_size
-
-    @property
-    def in_proj_dim(self) -> int:
-        return self.intermediate + self.conv_dim + self.num_heads
-
-    @property
-    def heads_per_group(self) -> int:
-        return self.num_heads // self.n_groups
-
-    @property
-    def norm_group_size(self) -> int:
-        """Channels per gated-RMSNorm group (transformers: ``intermediate // n_groups``)."""
-        return self.intermediate // self.n_groups
-
-    def buffers(self) -> list[tuple[str, tuple[int, ...], str]]:
-        return [
-            ("ssm", (self.num_heads, self.head_dim, self.state_size), "f32"),
-            ("conv", (self.conv_dim, self.conv_kernel), "f32"),
-        ]
-
-
-@dataclass
-class Mamba2Weights:
-    """Operands of one mixer. The two projections are float32 arrays or weight objects
-    (vindex3.codecs: ``mm(x) = x @ W.T``, any encoding); the rest are float32 arrays. May be
-    read-only memory-mapped views: never written."""
-
-    in_proj: np.ndarray  # [in_proj_dim, hidden]
-    in_proj_bias: np.ndarray | None  # [in_proj_dim]
-    conv_weight: np.ndarray  # [conv_dim, kernel] or [conv_dim, 1, kernel]
-    conv_bias: np.ndarray | None  # [conv_dim]
-    A_log: np.ndarray  # [heads]
-    D: np.ndarray  # [heads]
-    dt_bias: np.ndarray  # [heads]
-    norm_weight: np.ndarray  # [intermediate]
-    out_proj: np.ndarray  # [hidden, intermediate]
-    out_proj_bias: np.ndarray | None  # [hidden]
-
-
-class Mamba2State:
-    """A layer's recurrent buffers, float32: ``ssm`` [heads, head_dim, state_size] and
-    ``conv`` [conv_dim, kernel] (the last ``kernel`` conv inputs, oldest first)."""
-
-    __slots__ = ("conv", "ssm")
-
-    def __init__(self, ssm: np.ndarray, conv: np.ndarray):
-        self.ssm = ssm
-        self.conv = conv
-
-    @classmethod
-    def zeros(cls, geometry: Mamba2Geometry) -> Mamba2State:
-        g = geometry
-        return cls(
-            np.zeros((g.num_heads, g.head_dim, g.state_size), dtype=F32),
-            np.zeros((g.conv_dim, g.conv_kernel), dtype=F32),
-        )
-
-    def copy(self) -> Mamba2State:
-        return Mamba2State(self.ssm.copy(), self.conv.copy())
-
-    def __repr__(self) -> str:
-        return f"Mamba2State(ssm={self.ssm.shape}, conv={self.conv.shape})"
+# The kernels take the operator's own params; Mamba2Geometry builds them from the facts a kernel
+# caller states (the written-out widths computed).
+Mamba2Geometry = Mamba2Params.kernel_facts
 
 
 # --------------------------------------------------------------------------- checks
@@ -183,31 +74,7 @@ def _mm(w, x: np.ndarray) -> np.ndarray:
     return x @ w.T if isinstance(w, np.ndarray) else w.mm(x)
 
 
-def _expect(name: str, arr, shape: tuple[int, ...], defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-        return
-    if isinstance(arr, Weight):
-        if arr.shape != shape:
-            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-        return
-    if not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-        return
-    if arr.dtype != F32:
-        defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-    if arr.shape != shape:
-        defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _conv_weight_2d(w: Mamba2Weights) -> np.ndarray:
-    cw = w.conv_weight
-    if isinstance(cw, np.ndarray) and cw.ndim == 3 and cw.shape[1] == 1:
-        cw = cw.reshape(cw.shape[0], cw.shape[2])  # a view, also of a memmap
-    return cw
-
-
-def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarray:
+def _check(w: Mamba2Weights, g: Mamba2Params, state: Mamba2State) -> np.ndarray:
     """Validate operands and state against the geometry; return the 2-D conv weight."""
     defects: list[str] = []
     rows = w.in_proj.shape[0] if getattr(w.in_proj, "ndim", 0) == 2 else 0
@@ -218,13 +85,13 @@ def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarra
             f"Mamba2Mixer has none)"
         )
     else:
-        _expect("in_proj", w.in_proj, (g.in_proj_dim, g.hidden_size), defects)
-    cw = _conv_weight_2d(w)
-    _expect("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
+        expect_operand("in_proj", w.in_proj, (g.in_proj_dim, g.hidden_size), defects)
+    cw = conv_2d(w.conv_weight)
+    expect_operand("conv_weight", cw, (g.conv_dim, g.conv_kernel), defects)
     for name, n in (("A_log", g.num_heads), ("D", g.num_heads), ("dt_bias", g.num_heads)):
-        _expect(name, getattr(w, name), (n,), defects)
-    _expect("norm_weight", w.norm_weight, (g.intermediate,), defects)
-    _expect("out_proj", w.out_proj, (g.hidden_size, g.intermediate), defects)
+        expect_operand(name, getattr(w, name), (n,), defects)
+    expect_operand("norm_weight", w.norm_weight, (g.intermediate,), defects)
+    expect_operand("out_proj", w.out_proj, (g.hidden_size, g.intermediate), defects)
     for name, flag, n in (
         ("in_proj_bias", g.use_bias, g.in_proj_dim),
         ("out_proj_bias", g.use_bias, g.hidden_size),
@@ -232,42 +99,14 @@ def _check(w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State) -> np.ndarra
     ):
         arr = getattr(w, name)
         if flag:
-            _expect(name, arr, (n,), defects)
+            expect_operand(name, arr, (n,), defects)
         elif arr is not None:
             defects.append(f"{name}: present, but the geometry declares no such bias")
     if defects:
         raise ClosureError("mamba2 operands do not match the layer geometry", defects)
 
-    for name, shape in (
-        ("ssm", (g.num_heads, g.head_dim, g.state_size)),
-        ("conv", (g.conv_dim, g.conv_kernel)),
-    ):
-        buf = getattr(state, name, None)
-        if (
-            not isinstance(buf, np.ndarray)
-            or buf.dtype != F32
-            or buf.shape != shape
-            or not buf.flags.writeable
-        ):
-            desc = (
-                f"{buf.dtype} {list(buf.shape)}" if isinstance(buf, np.ndarray) else repr(buf)
-            )
-            raise StateError(
-                f"mamba2 state buffer '{name}' is {desc}; expected a writable float32 "
-                f"{list(shape)}"
-            )
+    check_buffers("mamba2", state, ((name, shape) for name, shape, _ in g.buffers()))
     return cw
-
-
-def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        dt = getattr(x, "dtype", type(x).__name__)
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(
-            f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}"
-        )
 
 
 # --------------------------------------------------------------------------- elementwise
@@ -342,7 +181,7 @@ def _gated_rmsnorm_kernel(y, gate, weight, n_groups, eps, out):  # pragma: no co
 
 
 def _gated_rmsnorm(
-    y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry
+    y: np.ndarray, gate: np.ndarray, w: Mamba2Weights, g: Mamba2Params
 ) -> np.ndarray:
     """Gate first, then RMS over n_groups groups (not the whole width), then the weight."""
     out = np.empty(y.shape, F32)
@@ -500,7 +339,7 @@ def _ssm_norm(
     zxbcdt: np.ndarray,  # [T, in_proj_dim] the projection (gate and dt are read from it)
     xbc: np.ndarray,  # [T, conv_dim] the conv output after SiLU
     w: Mamba2Weights,
-    g: Mamba2Geometry,
+    g: Mamba2Params,
     ssm: np.ndarray,  # [H, P, N], advanced in place
     clamp_dt: bool,
 ) -> np.ndarray:
@@ -527,7 +366,7 @@ def _ssm_norm(
 
 
 def mamba2_prefill(
-    x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
+    x: np.ndarray, w: Mamba2Weights, g: Mamba2Params, state: Mamba2State
 ) -> np.ndarray:
     """Run the mixer over ``x`` [T, hidden] (the normed layer input) from ``state``; return
     [T, hidden] float32 and leave ``state`` where a following prefill or step continues.
@@ -538,7 +377,7 @@ def mamba2_prefill(
     call on an already-started cache to its unclamped recurrent path instead, so a caller
     that wants that behaviour for T == 1 continuations uses ``mamba2_step``.
     """
-    _check_input(x, 2, g.hidden_size, "mamba2_prefill")
+    check_input(x, 2, g.hidden_size, "mamba2_prefill")
     cw = _check(w, g, state)
     T = x.shape[0]
     if T == 0:
@@ -561,12 +400,12 @@ def mamba2_prefill(
 
 
 def mamba2_step(
-    x: np.ndarray, w: Mamba2Weights, g: Mamba2Geometry, state: Mamba2State
+    x: np.ndarray, w: Mamba2Weights, g: Mamba2Params, state: Mamba2State
 ) -> np.ndarray:
     """One token: ``x`` [hidden] -> [hidden] float32, advancing ``state`` in place.
 
     Δ is not clamped to ``time_step_limit`` here, as in transformers' recurrent path."""
-    _check_input(x, 1, g.hidden_size, "mamba2_step")
+    check_input(x, 1, g.hidden_size, "mamba2_step")
     cw = _check(w, g, state)
     ni, cd = g.intermediate, g.conv_dim
 

@@ -163,12 +163,14 @@ from __future__ import annotations
 import functools
 import math
 import weakref
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from vindex3.errors import ClosureError, GraphSchemaError, StateError
+from vindex3.errors import ClosureError, StateError
 from vindex3.exec.state import OpState
+from vindex3.operators.mla import MlaParams, MlaWeights, RopeParams, YarnParams
+
+from .checks import check_input, expect_absent, expect_array, expect_weight
 
 __all__ = [
     "DECODE_MODE",
@@ -191,206 +193,12 @@ DECODE_MODE = "absorbed"
 QUERY_BLOCK = 128  # causal query blocks in prefill: the masked upper triangle is never computed
 
 
-def _num(v, name: str, *, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or math.isnan(float(v)):
-        raise ValueError(f"{name} must be a number, got {v!r}")
-    if positive and not float(v) > 0:
-        raise ValueError(f"{name} must be > 0, got {v!r}")
-    return float(v)
-
-
-def _yarn_mscale(scale: float, m: float) -> float:
-    """The reference's ``get_mscale``: 0.1·m·ln(scale) + 1 above scale 1, else 1."""
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-
-@dataclass(frozen=True)
-class MlaYarn:
-    """Yarn rope scaling, every value explicit (the reference's defaults — beta_fast 32,
-    beta_slow 1, truncate true — are resolved by whoever lowers the config, and recorded).
-    ``mscale`` / ``mscale_all_dim`` may be None (absent in the config: the reference then
-    reads them as 0). ``attention_factor`` None means the config did not state it, and the
-    reference's formula applies: mscale(factor, mscale) / mscale(factor, mscale_all_dim) when
-    both are set and non-zero, else mscale(factor, 1)."""
-
-    factor: float
-    original_max_position_embeddings: int
-    beta_fast: float
-    beta_slow: float
-    mscale: float | None
-    mscale_all_dim: float | None
-    attention_factor: float | None
-    truncate: bool
-
-    def __post_init__(self) -> None:
-        _num(self.factor, "MlaYarn.factor", positive=True)
-        o = self.original_max_position_embeddings
-        if isinstance(o, bool) or not isinstance(o, int) or o < 1:
-            raise ValueError(f"MlaYarn.original_max_position_embeddings must be a positive int, got {o!r}")
-        _num(self.beta_fast, "MlaYarn.beta_fast")
-        _num(self.beta_slow, "MlaYarn.beta_slow")
-        for name in ("mscale", "mscale_all_dim", "attention_factor"):
-            v = getattr(self, name)
-            if v is not None:
-                _num(v, f"MlaYarn.{name}")
-        if not isinstance(self.truncate, bool):
-            raise TypeError(f"MlaYarn.truncate must be a bool, got {self.truncate!r}")
-
-    def cos_sin_factor(self) -> float:
-        """The factor transformers multiplies onto cos and sin (its ``attention_scaling``)."""
-        if self.attention_factor is not None:
-            return float(self.attention_factor)
-        if self.mscale and self.mscale_all_dim:
-            return _yarn_mscale(self.factor, self.mscale) / _yarn_mscale(self.factor, self.mscale_all_dim)
-        return _yarn_mscale(self.factor, 1.0)
-
-    def softmax_factor(self) -> float:
-        """The correction of the softmax scale: mscale(factor, mscale_all_dim)² when
-        mscale_all_dim is set and non-zero, else 1 (transformers' ``yarn_apply_mscale``)."""
-        if self.mscale_all_dim:
-            m = _yarn_mscale(self.factor, self.mscale_all_dim)
-            return m * m
-        return 1.0
-
-
-@dataclass(frozen=True)
-class MlaRope:
-    """Rope on the dr channels: base ``theta``, pair layout ``interleave`` (the config's
-    ``rope_interleave``), and yarn scaling or None (plain rope)."""
-
-    theta: float
-    interleave: bool
-    yarn: MlaYarn | None
-
-    def __post_init__(self) -> None:
-        _num(self.theta, "MlaRope.theta", positive=True)
-        if not isinstance(self.interleave, bool):
-            raise TypeError(f"MlaRope.interleave must be a bool, got {self.interleave!r}")
-        if self.yarn is not None and not isinstance(self.yarn, MlaYarn):
-            raise TypeError(f"MlaRope.yarn must be an MlaYarn or None, got {type(self.yarn).__name__}")
-
-
-@dataclass(frozen=True)
-class MlaGeometry:
-    """Everything MLA needs to know about one layer; every field is a graph fact."""
-
-    hidden_size: int
-    num_heads: int  # H
-    q_lora_rank: int | None  # None: the plain q_proj path
-    kv_lora_rank: int  # r
-    qk_nope_head_dim: int  # dn
-    qk_rope_head_dim: int  # dr (0 allowed only without rope)
-    v_head_dim: int  # dv
-    q_a_norm_eps: float | None  # required iff q_lora_rank is set (the norm class default 1e-6)
-    kv_a_norm_eps: float | None  # required (the norm class default 1e-6, not rms_norm_eps)
-    rope: MlaRope | None  # None: no rope at all (Kimi)
-    attention_bias: bool  # q_a_proj, kv_a_proj_with_mqa and o_proj carry biases
-
-    def __post_init__(self) -> None:
-        for name in ("hidden_size", "num_heads", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"MlaGeometry.{name} must be a positive int, got {v!r}")
-        dr = self.qk_rope_head_dim
-        if isinstance(dr, bool) or not isinstance(dr, int) or dr < 0:
-            raise ValueError(f"MlaGeometry.qk_rope_head_dim must be an int >= 0, got {dr!r}")
-        ql = self.q_lora_rank
-        if ql is not None and (isinstance(ql, bool) or not isinstance(ql, int) or ql < 1):
-            raise ValueError(f"MlaGeometry.q_lora_rank must be a positive int or None, got {ql!r}")
-        if not isinstance(self.attention_bias, bool):
-            raise TypeError(f"MlaGeometry.attention_bias must be a bool, got {self.attention_bias!r}")
-        if self.kv_a_norm_eps is None:
-            raise GraphSchemaError(
-                "mla op has no kv_a_norm_eps: the eps of kv_a_layernorm is an architecture judgment of "
-                "the family (the reference's norm class default, 1e-6), which no config states and which "
-                "is never the layer's rms_norm_eps",
-                hint="re-encode the container so that its mla operator records kv_a_norm_eps",
-            )
-        if ql is not None and self.q_a_norm_eps is None:
-            raise GraphSchemaError(
-                "mla op with q_lora_rank has no q_a_norm_eps: the eps of q_a_layernorm is an "
-                "architecture judgment of the family (the reference's norm class default, 1e-6), "
-                "never the layer's rms_norm_eps",
-                hint="re-encode the container so that its mla operator records q_a_norm_eps",
-            )
-        if ql is None and self.q_a_norm_eps is not None:
-            raise ValueError("MlaGeometry.q_a_norm_eps is set but q_lora_rank is None (no q_a_layernorm)")
-        for name in ("kv_a_norm_eps", "q_a_norm_eps"):
-            v = getattr(self, name)
-            if v is not None and not _num(v, f"MlaGeometry.{name}") >= 0:
-                raise ValueError(f"MlaGeometry.{name} must be >= 0, got {v!r}")
-        if self.rope is not None:
-            if not isinstance(self.rope, MlaRope):
-                raise TypeError(f"MlaGeometry.rope must be an MlaRope or None, got {type(self.rope).__name__}")
-            if dr < 2 or dr % 2:
-                raise ValueError(f"MlaGeometry: rope needs an even qk_rope_head_dim >= 2, got {dr}")
-
-    @property
-    def qk_head_dim(self) -> int:
-        return self.qk_nope_head_dim + self.qk_rope_head_dim
-
-    @property
-    def latent_width(self) -> int:
-        """Floats kept per position: the normalised latent and the shared rope key."""
-        return self.kv_lora_rank + self.qk_rope_head_dim
-
-    @property
-    def latent_nbytes_per_position(self) -> int:
-        return 4 * self.latent_width
-
-    @property
-    def kv_nbytes_per_position(self) -> int:
-        """What a K/V cache of the same attention would keep per position (float32): every
-        head's key (dn + dr) and value (dv)."""
-        return 4 * self.num_heads * (self.qk_head_dim + self.v_head_dim)
-
-    @property
-    def softmax_scale(self) -> float:
-        s = self.qk_head_dim ** -0.5
-        if self.rope is not None and self.rope.yarn is not None:
-            s = s * self.rope.yarn.softmax_factor()
-        return s
-
-    def parts(self) -> list[tuple[str, int, str]]:
-        """The state parts: (name, floats per position, dtype); rolled back by truncation."""
-        return [("latent", self.latent_width, "f32")]
-
-
-@dataclass
-class MlaWeights:
-    """Operands of one MLA layer. Matrices are weight objects (``w.mm(x) = x @ W.T``, see
-    vindex3.codecs); norms and biases are float32 arrays; nothing here is ever written."""
-
-    q_proj: object | None  # [H·(dn+dr), hidden]       (q_lora_rank None)
-    q_a_proj: object | None  # [q_lora_rank, hidden]     (q_lora_rank set)
-    q_a_bias: np.ndarray | None  # [q_lora_rank]         (q_lora_rank set and attention_bias)
-    q_a_norm: np.ndarray | None  # [q_lora_rank]         (q_lora_rank set)
-    q_b_proj: object | None  # [H·(dn+dr), q_lora_rank]  (q_lora_rank set)
-    kv_a_proj: object  # [r + dr, hidden]
-    kv_a_bias: np.ndarray | None  # [r + dr]             (attention_bias)
-    kv_a_norm: np.ndarray  # [r]
-    kv_b_proj: object  # [H·(dn+dv), r]
-    o_proj: object  # [hidden, H·dv]
-    o_bias: np.ndarray | None  # [hidden]                (attention_bias)
-    _absorbed: tuple | None = field(default=None, init=False, repr=False, compare=False)
-
-    def absorbed_factors(self, g: MlaGeometry) -> tuple:
-        """kv_b split per head for the absorbed form, computed once per weights object. Stored
-        as float32: W_k [H, dn, r] and W_v [H, dv, r], views of the mapped kv_b (no copy). In any
-        other encoding: per head, weight objects over kv_b's own rows (``sub_rows``), so no float32
-        copy of kv_b is ever made; the kernel then multiplies head by head (``mm_t`` for W_k, a
-        few tiles decoded per call; ``mm`` for W_v)."""
-        if self._absorbed is None:
-            H, dn, dv, r = g.num_heads, g.qk_nope_head_dim, g.v_head_dim, g.kv_lora_rank
-            kvb = self.kv_b_proj
-            if isinstance(kvb, np.ndarray) or getattr(kvb, "encoding", None) == "f32":
-                full = np.asarray(kvb if isinstance(kvb, np.ndarray) else kvb.dense(), dtype=F32).reshape(H, dn + dv, r)
-                self._absorbed = (full[:, :dn], full[:, dn:])
-            else:
-                step = dn + dv
-                self._absorbed = ([kvb.sub_rows(h * step, h * step + dn) for h in range(H)],
-                                  [kvb.sub_rows(h * step + dn, (h + 1) * step) for h in range(H)])
-        return self._absorbed
+# The kernels take the operator's own params (its judged form); MlaGeometry builds them from the
+# facts a kernel caller states (the softmax scale computed). MlaRope and MlaYarn are the params'
+# rope and yarn.
+MlaGeometry = MlaParams.kernel_facts
+MlaRope = RopeParams
+MlaYarn = YarnParams
 
 
 class _Mark:
@@ -426,7 +234,7 @@ class LatentRows(OpState):
         self._marks: weakref.WeakSet[_Mark] = weakref.WeakSet()
 
     @classmethod
-    def for_geometry(cls, g: MlaGeometry, capacity: int = 0) -> LatentRows:
+    def for_geometry(cls, g: MlaParams, capacity: int = 0) -> LatentRows:
         return cls(g.latent_width, capacity)
 
     def __len__(self) -> int:
@@ -519,59 +327,33 @@ class LatentRows(OpState):
 # --------------------------------------------------------------------------- checks
 
 
-def _expect_array(name: str, arr, shape, defects: list[str]) -> None:
-    if arr is None:
-        defects.append(f"{name}: missing, expected float32 {list(shape)}")
-    elif not isinstance(arr, np.ndarray):
-        defects.append(f"{name}: not an array ({type(arr).__name__})")
-    else:
-        if arr.dtype != F32:
-            defects.append(f"{name}: dtype {arr.dtype}, expected float32")
-        if arr.shape != tuple(shape):
-            defects.append(f"{name}: shape {list(arr.shape)}, expected {list(shape)}")
-
-
-def _expect_weight(name: str, w, shape, defects: list[str]) -> None:
-    if w is None:
-        defects.append(f"{name}: missing, expected a weight {list(shape)}")
-    elif not callable(getattr(w, "mm", None)) or not hasattr(w, "shape"):
-        defects.append(f"{name}: not a weight object with mm() ({type(w).__name__})")
-    elif tuple(w.shape) != tuple(shape):
-        defects.append(f"{name}: shape {list(w.shape)}, expected {list(shape)}")
-
-
-def _expect_absent(name: str, v, why: str, defects: list[str]) -> None:
-    if v is not None:
-        defects.append(f"{name}: present, but {why}")
-
-
-def _check(w: MlaWeights, g: MlaGeometry, rows: LatentRows) -> None:
+def _check(w: MlaWeights, g: MlaParams, rows: LatentRows) -> None:
     d: list[str] = []
     H, hid, r, dr = g.num_heads, g.hidden_size, g.kv_lora_rank, g.qk_rope_head_dim
     qdim = H * g.qk_head_dim
     if g.q_lora_rank is None:
-        _expect_weight("q_proj", w.q_proj, (qdim, hid), d)
+        expect_weight("q_proj", w.q_proj, (qdim, hid), d)
         for n in ("q_a_proj", "q_a_bias", "q_a_norm", "q_b_proj"):
-            _expect_absent(n, getattr(w, n), "the geometry has no q_lora_rank", d)
+            expect_absent(n, getattr(w, n), "the geometry has no q_lora_rank", d)
     else:
         ql = g.q_lora_rank
-        _expect_absent("q_proj", w.q_proj, "the geometry has a q_lora_rank (q_a -> q_b path)", d)
-        _expect_weight("q_a_proj", w.q_a_proj, (ql, hid), d)
-        _expect_array("q_a_norm", w.q_a_norm, (ql,), d)
-        _expect_weight("q_b_proj", w.q_b_proj, (qdim, ql), d)
+        expect_absent("q_proj", w.q_proj, "the geometry has a q_lora_rank (q_a -> q_b path)", d)
+        expect_weight("q_a_proj", w.q_a_proj, (ql, hid), d)
+        expect_array("q_a_norm", w.q_a_norm, (ql,), d)
+        expect_weight("q_b_proj", w.q_b_proj, (qdim, ql), d)
         if g.attention_bias:
-            _expect_array("q_a_bias", w.q_a_bias, (ql,), d)
+            expect_array("q_a_bias", w.q_a_bias, (ql,), d)
         else:
-            _expect_absent("q_a_bias", w.q_a_bias, "the geometry declares no attention bias", d)
-    _expect_weight("kv_a_proj", w.kv_a_proj, (r + dr, hid), d)
-    _expect_array("kv_a_norm", w.kv_a_norm, (r,), d)
-    _expect_weight("kv_b_proj", w.kv_b_proj, (H * (g.qk_nope_head_dim + g.v_head_dim), r), d)
-    _expect_weight("o_proj", w.o_proj, (hid, H * g.v_head_dim), d)
+            expect_absent("q_a_bias", w.q_a_bias, "the geometry declares no attention bias", d)
+    expect_weight("kv_a_proj", w.kv_a_proj, (r + dr, hid), d)
+    expect_array("kv_a_norm", w.kv_a_norm, (r,), d)
+    expect_weight("kv_b_proj", w.kv_b_proj, (H * (g.qk_nope_head_dim + g.v_head_dim), r), d)
+    expect_weight("o_proj", w.o_proj, (hid, H * g.v_head_dim), d)
     for name, n in (("kv_a_bias", r + dr), ("o_bias", hid)):
         if g.attention_bias:
-            _expect_array(name, getattr(w, name), (n,), d)
+            expect_array(name, getattr(w, name), (n,), d)
         else:
-            _expect_absent(name, getattr(w, name), "the geometry declares no attention bias", d)
+            expect_absent(name, getattr(w, name), "the geometry declares no attention bias", d)
     if d:
         raise ClosureError("mla operands do not match the layer geometry", d)
     if not isinstance(rows, LatentRows) or rows.width != g.latent_width:
@@ -579,14 +361,6 @@ def _check(w: MlaWeights, g: MlaGeometry, rows: LatentRows) -> None:
             f"mla state is {rows!r}; expected LatentRows of width {g.latent_width} "
             f"(kv_lora_rank {r} + qk_rope_head_dim {dr})"
         )
-
-
-def _check_input(x, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {getattr(x, 'dtype', type(x).__name__)}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
 
 
 def _check_mode(mode: str, what: str) -> None:
@@ -598,7 +372,7 @@ def _check_mode(mode: str, what: str) -> None:
 
 
 @functools.lru_cache(maxsize=64)
-def _inv_freq(rope: MlaRope, dim: int) -> np.ndarray:
+def _inv_freq(rope: RopeParams, dim: int) -> np.ndarray:
     """Inverse frequencies [dim / 2] float32, as transformers computes them (plain or yarn)."""
     y = rope.yarn
     base = rope.theta
@@ -625,7 +399,7 @@ def _inv_freq(rope: MlaRope, dim: int) -> np.ndarray:
     return (inter * (_ONE - extra_factor) + extra * extra_factor).astype(F32)
 
 
-def _cos_sin(rope: MlaRope, dim: int, p0: int, T: int) -> tuple[np.ndarray, np.ndarray]:
+def _cos_sin(rope: RopeParams, dim: int, p0: int, T: int) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin [T, dim / 2] for positions p0 .. p0 + T − 1, times the attention factor."""
     inv = _inv_freq(rope, dim)
     freqs = np.arange(p0, p0 + T, dtype=np.int64).astype(F32)[:, None] * inv[None, :]
@@ -694,7 +468,7 @@ def _attend(qk: np.ndarray, keys: np.ndarray, vals: np.ndarray, p0: int, scale: 
     return out
 
 
-def _mla(x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, mode: str) -> np.ndarray:
+def _mla(x: np.ndarray, w: MlaWeights, g: MlaParams, rows: LatentRows, mode: str) -> np.ndarray:
     _check(w, g, rows)
     T = x.shape[0]
     H, r, dn, dr, dv = g.num_heads, g.kv_lora_rank, g.qk_nope_head_dim, g.qk_rope_head_dim, g.v_head_dim
@@ -724,7 +498,7 @@ def _mla(x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, mode: s
     rows.append(new)
     L = rows.view()  # [S, r + dr], S = p0 + T
     S = L.shape[0]
-    scale = F32(g.softmax_scale)
+    scale = F32(g.attention_scale)
 
     if mode == "reconstruct":
         kv = w.kv_b_proj.mm(L[:, :r]).reshape(S, H, dn + dv)
@@ -758,11 +532,11 @@ def _mla(x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, mode: s
 
 
 def mla_prefill(
-    x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, *, mode: str = PREFILL_MODE
+    x: np.ndarray, w: MlaWeights, g: MlaParams, rows: LatentRows, *, mode: str = PREFILL_MODE
 ) -> np.ndarray:
     """Attend ``x`` [T, hidden] (the normed layer input) at positions len(rows) ..
     len(rows)+T−1; append their T latent rows; return [T, hidden] float32."""
-    _check_input(x, 2, g.hidden_size, "mla_prefill")
+    check_input(x, 2, g.hidden_size, "mla_prefill")
     _check_mode(mode, "mla_prefill")
     if x.shape[0] == 0:
         _check(w, g, rows)
@@ -771,9 +545,9 @@ def mla_prefill(
 
 
 def mla_step(
-    x: np.ndarray, w: MlaWeights, g: MlaGeometry, rows: LatentRows, *, mode: str = DECODE_MODE
+    x: np.ndarray, w: MlaWeights, g: MlaParams, rows: LatentRows, *, mode: str = DECODE_MODE
 ) -> np.ndarray:
     """One token ``x`` [hidden] at position len(rows) -> [hidden] float32; appends its row."""
-    _check_input(x, 1, g.hidden_size, "mla_step")
+    check_input(x, 1, g.hidden_size, "mla_step")
     _check_mode(mode, "mla_step")
     return _mla(x[None], w, g, rows, mode)[0]

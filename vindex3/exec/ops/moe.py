@@ -120,6 +120,7 @@ import numpy as np
 
 from ...codecs.base import Weight
 from ...errors import ClosureError, UnsupportedOperator
+from .checks import check_input
 from .ffn import ACTIVATIONS
 from .moe_router import router_logits, sigmoid, sigmoid_group_topk, softmax_topk, topk_softmax
 
@@ -526,13 +527,7 @@ def prepare_moe(w: MoeWeights, g: MoeGeometry) -> PreparedMoe:
 # --------------------------------------------------------------------------- kernels
 
 
-def _check_input(x: np.ndarray, ndim: int, hidden: int, what: str) -> None:
-    if not isinstance(x, np.ndarray) or x.dtype != F32:
-        dt = getattr(x, "dtype", type(x).__name__)
-        raise TypeError(f"{what}: input must be a float32 ndarray, got {dt}")
-    if x.ndim != ndim or x.shape[-1] != hidden:
-        want = "[T, hidden]" if ndim == 2 else "[hidden]"
-        raise ValueError(f"{what}: input shape {list(x.shape)}, expected {want} with hidden={hidden}")
+
 
 
 def _act(name: str):
@@ -643,7 +638,7 @@ def _run(x: np.ndarray, p: PreparedMoe) -> tuple[np.ndarray, MoeRecord]:
 def moe_prefill(x: np.ndarray, p: PreparedMoe) -> tuple[np.ndarray, MoeRecord]:
     """Run the MoE FFN over ``x`` [T, hidden] (the normed layer input): returns the output
     [T, hidden] float32 and the record. Stateless: positions do not see each other."""
-    _check_input(x, 2, p.geometry.hidden_size, "moe_prefill")
+    check_input(x, 2, p.geometry.hidden_size, "moe_prefill")
     if x.shape[0] == 0:
         k = p.geometry.top_k
         none = MoeRecord(np.zeros((0, k), np.int64), np.zeros((0, k), F32), (), 0)
@@ -654,6 +649,6 @@ def moe_prefill(x: np.ndarray, p: PreparedMoe) -> tuple[np.ndarray, MoeRecord]:
 def moe_step(x: np.ndarray, p: PreparedMoe) -> tuple[np.ndarray, MoeRecord]:
     """One position: ``x`` [hidden] -> [hidden] float32 and the record; only the k experts
     the router picks are multiplied."""
-    _check_input(x, 1, p.geometry.hidden_size, "moe_step")
+    check_input(x, 1, p.geometry.hidden_size, "moe_step")
     out, rec = _run(x[None], p)
     return out[0], rec
