@@ -108,13 +108,12 @@ def ref_f64(kind, w, x) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run(kind, w, x, path, parallel=False) -> np.ndarray:
-    XQ, XD, XC, XS = I.quantized(x)
     y = np.empty((x.shape[0], w.rows), F32)
     k = I.rows_kernel(kind, path, parallel)
     if kind == "i8":
-        k(w.q, w.s, XQ, XD, XC, y, I.ROWS_PER_TASK)
+        k(w.q, w.s, x, y, I.ROWS_PER_TASK)
     else:
-        k(w.qs, w.d, w.m, F16_TABLE, XQ, XD, XS, y, I.ROWS_PER_TASK)
+        k(w.qs, w.d, w.m, F16_TABLE, x, y, I.ROWS_PER_TASK)
     return y
 
 

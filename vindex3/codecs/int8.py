@@ -73,8 +73,7 @@ class Int8BlocksQ8(Int8Blocks):
 
     def _rows(self, x, y):
         I = intdot()
-        XQ, XD, XC, _ = I.quantized(x)
-        I.rows_kernel("i8", parallel=threads.count() > 1)(self.q, self.s, XQ, XD, XC, y, I.ROWS_PER_TASK)
+        I.rows_kernel("i8", parallel=threads.count() > 1)(self.q, self.s, x, y, I.ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
         return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)

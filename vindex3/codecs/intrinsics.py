@@ -473,9 +473,15 @@ def dot(kind: str, path: str):
 # row kernels over a whole weight: one output element per (token, row), each by one thread
 def _make_rows_i8(rowdot, parallel):
     @njit(parallel=parallel)
-    def rows(Q, S, XQ, XD, XC, Y, rpt):
+    def rows(Q, S, X, Y, rpt):
+        """Y[t, o] = row o of int8 blocks (codes Q, scales S) . q8(X[t])."""
         O = Q.shape[0]
-        T = XQ.shape[0]
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
             for o in range(k * rpt, min(O, (k + 1) * rpt)):
@@ -487,10 +493,16 @@ def _make_rows_i8(rowdot, parallel):
 
 def _make_rows_q4(rowdot, parallel):
     @njit(parallel=parallel)
-    def rows(QS, D, M, table, XQ, XD, XS, Y, rpt):
+    def rows(QS, D, M, table, X, Y, rpt):
+        """Y[t, o] = row o of q4 (codes QS, f16 scales D and offsets M) . q8(X[t])."""
         O = QS.shape[0]
         nb = D.shape[1]
-        T = XQ.shape[0]
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
             dr = np.empty(nb, F32)

@@ -73,8 +73,7 @@ class Q4WeightQ8(Q4Weight):
 
     def _rows(self, x, y):
         I = intdot()
-        XQ, XD, _, XS = I.quantized(x)
-        I.rows_kernel("q4", parallel=threads.count() > 1)(self.qs, self.d, self.m, kernels().F16_TABLE, XQ, XD, XS, y,
+        I.rows_kernel("q4", parallel=threads.count() > 1)(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
                                                            I.ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
