@@ -92,10 +92,12 @@ def ref_rows(kind, w, x) -> np.ndarray:
     v8 = acc[..., :8] + acc[..., 8:]
     v4 = v8[..., :4] + v8[..., 4:]
     y = (v4[..., 0] + v4[..., 2]) + (v4[..., 1] + v4[..., 3])
-    if kind == "q4":
+    if kind == "q4":  # the offsets' term, summed block by block from zero, added last
         m = F16_TABLE[w.m]
+        mt = np.zeros_like(y)
         for b in range(K // 32):
-            y = y + m[None, :, b] * XS[:, None, b]
+            mt = mt + m[None, :, b] * XS[:, None, b]
+        y = y + mt
     return y.astype(F32)
 
 

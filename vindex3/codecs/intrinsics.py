@@ -30,13 +30,14 @@ no fused multiply-add and no reassociation:
 
 the tail block touching lanes 0..7 only. A row's result is the fixed tree
 ``v8 = acc[:8] + acc[8:]; v4 = v8[:4] + v8[4:]; v2 = v4[:2] + v4[2:]; v2[0] + v2[1]``, plus,
-for q4, the offsets' term added block by block in order. The integer lanes are exact on every
+for q4, the offsets' term ``mt`` (from 0, ``mt = mt + m_b * xs_b`` block by block) added last. The integer lanes are exact on every
 path and the float steps are the same operations in the same order, so the paths, the targets
 and the thread counts all give identical bytes (each output element is computed by one thread).
 
-bf16 (``bf16_dot``): a row of bf16 bit patterns dotted with float32 x, widened in registers (a
-16-bit shift per lane, never a widened row in memory), the same 16-accumulator / tree order.
-The ``dpbf16ps`` instruction would round x to bf16, i.e. change the numbers; it is not used.
+bf16 (`rows_bf16`): a row of bf16 bit patterns dotted with float32 x, widened in registers (a
+16-bit shift per lane, never a widened row in memory), 64 accumulators and a tree of halves, in
+plain LLVM vector IR (any target). The ``dpbf16ps`` instruction would round x to bf16, i.e.
+change the numbers (an activation treatment of its own); it is not used.
 """
 
 from __future__ import annotations
@@ -347,22 +348,34 @@ def _make_i8_dot(path):
 
 
 def _make_q4_dot(path):
-    """row_dot(qs uint8[K/2], d f32[K/32], qx int8[K], xd f32[K/32]) -> float32 (the d-term;
-    the offsets' term is added by the caller). Byte l of a block's 16 holds element l (low
-    nibble) and l + 16 (high nibble)."""
+    """row_dot(qs uint8[K/2], d uint16[K/32], m uint16[K/32] (f16 bits), table f32[65536],
+    qx int8[K], xd f32[K/32], xs f32[K/32]) -> float32. Byte l of a block's 16 holds element
+    l (low nibble) and l + 16 (high nibble). The offsets' term ``mt`` is summed block by block
+    from 0 (mt = mt + m_b * xs_b) and added to the tree last."""
 
     @intrinsic
-    def dot(typingctx, qs, d, qx, xd):
-        _check_rows("q4 dot", qs, d, qx, xd)
-        sig = types.float32(qs, d, qx, xd)
+    def dot(typingctx, qs, d, m, table, qx, xd, xs):
+        _check_rows("q4 dot", qs, d, m, table, qx, xd, xs)
+        sig = types.float32(qs, d, m, table, qx, xd, xs)
 
         def codegen(context, builder, sig, args):
-            aq, ad, ax, axd = _arrays(context, builder, sig, args)
+            aq, ad, am, at, ax, axd, axs = _arrays(context, builder, sig, args)
             H = builder.extract_value(aq.shape, 0)
-            pq, pd, px, pxd = aq.data, ad.data, ax.data, axd.data
-            pq = builder.bitcast(pq, _i8.as_pointer())
+            pq = builder.bitcast(aq.data, _i8.as_pointer())
+            pd, pm, pt, px, pxd, pxs = ad.data, am.data, at.data, ax.data, axd.data, axs.data
             acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0))
+            mt = cgutils.alloca_once_value(builder, ir.Constant(_f32, 0.0))
             nchunk = builder.ashr(H, ir.Constant(H.type, 5))
+
+            def f16(ptr, blk):
+                bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
+                return builder.load(builder.gep(pt, [bits]))
+
+            def block(blk):
+                """(d_b * xd_b) and mt += m_b * xs_b, in block order."""
+                mb = builder.fmul(f16(pm, blk), builder.load(builder.gep(pxs, [blk])))
+                builder.store(builder.fadd(builder.load(mt), mb), mt)
+                return builder.fmul(f16(pd, blk), builder.load(builder.gep(pxd, [blk])))
 
             def chunk(qoff, blk, n):  # n elements: 64 (32 code bytes) or 32 (16)
                 v = _load(builder, pq, qoff, _vec(_i8, n // 2))
@@ -375,10 +388,9 @@ def _make_q4_dot(path):
                 w = _shuffle(builder, lo, hi, idx)
                 x = _load(builder, px, builder.shl(qoff, ir.Constant(H.type, 1)), _vec(_i8, n))
                 lanes = _lanes(builder, path, w, x, None, False, n)
-                s0 = builder.fmul(builder.load(builder.gep(pd, [blk])), builder.load(builder.gep(pxd, [blk])))
+                s0 = block(blk)
                 if n == 64:
-                    b1 = builder.add(blk, ir.Constant(H.type, 1))
-                    s1 = builder.fmul(builder.load(builder.gep(pd, [b1])), builder.load(builder.gep(pxd, [b1])))
+                    s1 = block(builder.add(blk, ir.Constant(H.type, 1)))
                 else:
                     lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
                     s1 = ir.Constant(_f32, 0.0)
@@ -391,7 +403,7 @@ def _make_q4_dot(path):
             has_tail = builder.icmp_signed("!=", builder.and_(H, ir.Constant(H.type, 16)), ir.Constant(H.type, 0))
             with builder.if_then(has_tail):
                 chunk(builder.shl(nchunk, ir.Constant(H.type, 5)), builder.shl(nchunk, ir.Constant(H.type, 1)), 32)
-            return _tree16(builder, builder.load(acc))
+            return builder.fadd(_tree16(builder, builder.load(acc)), builder.load(mt))
 
         return sig, codegen
 
@@ -432,14 +444,19 @@ def _i8_dot_plain(qw, sw, qx, xd, xc):
 
 
 @njit
-def _q4_dot_plain(qs, d, qx, xd):
+def _q4_dot_plain(qs, d, m, table, qx, xd, xs):
     H = qs.shape[0]
     acc = np.zeros(16, F32)
+    mt = F32(0.0)
     nchunk = H >> 5
     for c in range(nchunk + ((H >> 4) & 1)):
         n = 16 if c < nchunk else 8
-        s0 = d[2 * c] * xd[2 * c]
-        s1 = d[2 * c + 1] * xd[2 * c + 1] if n == 16 else F32(0.0)
+        mt = mt + table[m[2 * c]] * xs[2 * c]
+        s0 = table[d[2 * c]] * xd[2 * c]
+        s1 = F32(0.0)
+        if n == 16:
+            mt = mt + table[m[2 * c + 1]] * xs[2 * c + 1]
+            s1 = table[d[2 * c + 1]] * xd[2 * c + 1]
         for i in range(n):
             lane = np.int32(0)
             for k in range(4):
@@ -450,7 +467,7 @@ def _q4_dot_plain(qs, d, qx, xd):
                 code = np.int32(byte & np.uint8(15)) if el < 16 else np.int32(byte >> np.uint8(4))
                 lane += code * np.int32(qx[64 * c + e])
             acc[i] = acc[i] + F32(lane) * (s0 if i < 8 else s1)
-    return _tree_plain(acc)
+    return _tree_plain(acc) + mt
 
 
 _DOTS: dict[tuple[str, str], object] = {}
@@ -496,7 +513,6 @@ def _make_rows_q4(rowdot, parallel):
     def rows(QS, D, M, table, X, Y, rpt):
         """Y[t, o] = row o of q4 (codes QS, f16 scales D and offsets M) . q8(X[t])."""
         O = QS.shape[0]
-        nb = D.shape[1]
         T, K = X.shape
         XQ = np.empty((T, K), np.int8)
         XD = np.empty((T, K // 32), F32)
@@ -505,15 +521,9 @@ def _make_rows_q4(rowdot, parallel):
         quantize_x(X, XQ, XD, XC, XS)
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
-            dr = np.empty(nb, F32)
             for o in range(k * rpt, min(O, (k + 1) * rpt)):
-                for b in range(nb):
-                    dr[b] = table[D[o, b]]
                 for t in range(T):
-                    s = rowdot(QS[o], dr, XQ[t], XD[t])
-                    for b in range(nb):
-                        s = s + table[M[o, b]] * XS[t, b]
-                    Y[t, o] = s
+                    Y[t, o] = rowdot(QS[o], D[o], M[o], table, XQ[t], XD[t], XS[t])
 
     return rows
 
@@ -528,3 +538,131 @@ def rows_kernel(kind: str, path: str | None = None, parallel: bool = False):
     if key not in _ROWS:
         _ROWS[key] = (_make_rows_i8 if kind == "i8" else _make_rows_q4)(dot(kind, key[1]), parallel)
     return _ROWS[key]
+
+
+# --------------------------------------------------------------------------------------------
+# bf16 rows: a row of bf16 bit patterns times float32 x, widened in registers. 64 accumulators:
+# acc[i] = acc[i] + widen(h[64c + i]) * x[64c + i] chunk by chunk (the tail chunk touches lanes
+# 0 .. K%64 - 1), then the tree of halves 64 -> 32 -> ... -> 1. Plain LLVM vector IR (no x86
+# intrinsic), so it compiles for any target; `_bf16_chunks_plain` is the same in numba loops.
+BF16_LANES = 64
+
+
+def _tree_halves(builder, v, n):
+    """v (<n x float>) summed as the tree of halves: v[i] + v[i + n/2], ... down to one."""
+    while n > 1:
+        lo, hi = _split(builder, v, n // 2)
+        v = builder.fadd(lo, hi)
+        n //= 2
+    return builder.extract_element(v, ir.Constant(_i32, 0))
+
+
+def _bf16_chunk_loop(builder, ah, ax, cur, nchunk, K):
+    vf = _vec(_f32, BF16_LANES)
+    with cgutils.for_range(builder, nchunk) as loop:
+        off = builder.mul(loop.index, ir.Constant(K.type, BF16_LANES))
+        hv = _load(builder, ah.data, off, _vec(_i16, BF16_LANES))
+        wide = builder.shl(builder.zext(hv, _vec(_i32, BF16_LANES)), _consts(_i32, [16] * BF16_LANES))
+        xv = _load(builder, ax.data, off, vf)
+        builder.store(builder.fadd(builder.load(cur), builder.fmul(builder.bitcast(wide, vf), xv)), cur)
+
+
+@intrinsic
+def _bf16_dot_whole(typingctx, h, x):
+    """The whole documented bf16 dot of a row whose length is a multiple of 64."""
+    _check_rows("bf16 dot", h, x)
+    sig = types.float32(h, x)
+
+    def codegen(context, builder, sig, args):
+        ah, ax = _arrays(context, builder, sig, args)
+        K = builder.extract_value(ah.shape, 0)
+        cur = cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, BF16_LANES), 0.0))
+        _bf16_chunk_loop(builder, ah, ax, cur, builder.udiv(K, ir.Constant(K.type, BF16_LANES)), K)
+        return _tree_halves(builder, builder.load(cur), BF16_LANES)
+
+    return sig, codegen
+
+
+@intrinsic
+def _bf16_chunks_vec(typingctx, h, x, acc):
+    """acc[0:64] (float32, in and out) += the full chunks of row h (uint16) times x."""
+    _check_rows("bf16 dot", h, x, acc)
+    sig = types.void(h, x, acc)
+
+    def codegen(context, builder, sig, args):
+        ah, ax, aacc = _arrays(context, builder, sig, args)
+        K = builder.extract_value(ah.shape, 0)
+        pacc = builder.bitcast(aacc.data, _vec(_f32, BF16_LANES).as_pointer())
+        cur = cgutils.alloca_once_value(builder, builder.load(pacc, align=4))
+        _bf16_chunk_loop(builder, ah, ax, cur, builder.udiv(K, ir.Constant(K.type, BF16_LANES)), K)
+        builder.store(builder.load(cur), pacc, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit
+def _bf16_chunks_plain(h, x, acc):
+    K = h.shape[0]
+    for c in range(K // 64):
+        for i in range(64):
+            w = np.array([np.uint32(h[64 * c + i]) << np.uint32(16)], np.uint32).view(F32)[0]
+            acc[i] = acc[i] + w * x[64 * c + i]
+
+
+def _make_bf16_dot(chunks):
+    @njit
+    def dot(h, x, acc):
+        for i in range(64):
+            acc[i] = F32(0.0)
+        chunks(h, x, acc)
+        K = h.shape[0]
+        base = (K // 64) * 64
+        wb = np.empty(1, np.uint32)
+        wf = wb.view(F32)
+        for i in range(K - base):
+            wb[0] = np.uint32(h[base + i]) << np.uint32(16)
+            acc[i] = acc[i] + wf[0] * x[base + i]
+        n = 32
+        while n >= 1:
+            for i in range(n):
+                acc[i] = acc[i] + acc[i + n]
+            n //= 2
+        return acc[0]
+
+    return dot
+
+
+def _make_rows_bf16(rowdot, whole, parallel):
+    @njit(parallel=parallel)
+    def rows(H, X, Y, rpt):
+        """Y[t, o] = widen(H[o]) . X[t] in the documented order."""
+        O, K = H.shape
+        T = X.shape[0]
+        fast = whole and K % 64 == 0
+        ntask = (O + rpt - 1) // rpt
+        for k in prange(ntask):
+            acc = np.empty(64, F32)
+            for o in range(k * rpt, min(O, (k + 1) * rpt)):
+                for t in range(T):
+                    if fast:
+                        Y[t, o] = _bf16_dot_whole(H[o], X[t])
+                    else:
+                        Y[t, o] = rowdot(H[o], X[t], acc)
+
+    return rows
+
+
+_BF16: dict[tuple[str, bool], object] = {}
+
+
+def rows_bf16(path: str = "vector", parallel: bool = False):
+    """The bf16 rows kernel: ``vector`` (LLVM vector IR, any target) or ``plain`` (numba loops),
+    the same bytes."""
+    key = (path, parallel)
+    if key not in _BF16:
+        if path not in ("vector", "plain"):
+            raise ValueError(f"unknown bf16 dot path {path!r} (known: vector, plain)")
+        chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
+        _BF16[key] = _make_rows_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
+    return _BF16[key]
