@@ -337,3 +337,36 @@ def test_smollm2_in_int8_and_q4_answers_paris_under_both_activation_treatments(s
         logits = st.step(ids[-1])  # the last position through the decode path
         assert c.tokenizer.decode([int(np.argmax(logits))]) == " Paris", act
         assert st.trace.activations == act
+
+
+# -- bf16 rows, widened in registers --------------------------------------------------------------
+def ref_bf16(h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """64 float32 accumulators chunk by chunk, then the tree of halves (intrinsics.py)."""
+    O, K = h.shape
+    w = (h.astype(np.uint32) << 16).view(F32)
+    y = np.empty((x.shape[0], O), F32)
+    for t in range(x.shape[0]):
+        acc = np.zeros((O, 64), F32)
+        for c in range(0, K, 64):
+            n = min(64, K - c)
+            acc[:, :n] = acc[:, :n] + w[:, c : c + n] * x[t, c : c + n]
+        n = 32
+        while n >= 1:
+            acc[:, :n] = acc[:, :n] + acc[:, n : 2 * n]
+            n //= 2
+        y[t] = acc[:, 0]
+    return y
+
+
+@pytest.mark.parametrize("K", [7, 64, 100, 576])
+def test_bf16_rows_vector_and_plain_are_the_documented_order(K):
+    W = rng.standard_normal((21, K)).astype(F32)
+    w = codecs.get("bf16").weight(codecs.get("bf16").encode(W), W.shape)
+    x = _x(2, K) if K >= 64 else rng.standard_normal((2, K)).astype(F32)
+    want = ref_bf16(w.h, x)
+    for path in ("vector", "plain"):
+        y = np.empty((2, 21), F32)
+        I.rows_bf16(path)(w.h, x, y, I.ROWS_PER_TASK)
+        assert np.array_equal(y, want), path
+    with pytest.raises(ValueError, match="unknown bf16 dot path 'avx'"):
+        I.rows_bf16("avx")
