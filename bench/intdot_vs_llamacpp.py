@@ -133,7 +133,9 @@ def arm_llama(path: str, threads: int, steps: int, repeats: int) -> dict:
 def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str | None) -> dict:
     cmd = [sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(threads),
            "--steps", str(steps), "--repeats", str(repeats)]
-    env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads), PYTHONPATH=str(HERE.parent))
+    extra = os.environ.get("PYTHONPATH")  # e.g. where a bench-only llama-cpp-python build lives
+    env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads),
+               PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
     if path_force:
         env["VINDEX3_INTDOT_PATH"] = path_force
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800, env=env)
