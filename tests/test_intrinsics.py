@@ -320,6 +320,10 @@ def test_activations_are_in_the_dump_sidecar_and_the_observe_record(int_reps, tm
     res = Internals(c).observe(IDS[:4], tmp_path / "run.jsonl", activations="q8")
     head = json.loads(Path(res.path).read_text().splitlines()[0])
     assert head["activations"] == "q8"
+    view = Internals(c)
+    view.trace(IDS[:4], IDS[4], save=str(tmp_path / "t.npz"), activations="q8")
+    with np.load(tmp_path / "t.npz") as z:
+        assert json.loads(str(z["provenance"]))["activations"] == "q8"
 
 
 # -- the real model ----------------------------------------------------------------------------
