@@ -172,19 +172,20 @@ def cmd_exec(a) -> int:
     if a.logit_dump:
         from .draft import dump_logits
 
-        meta = dump_logits(c, ids, sl, a.logit_dump, overwrite=a.overwrite)
+        meta = dump_logits(c, ids, sl, a.logit_dump, overwrite=a.overwrite, activations=a.activations)
         if a.json:
             _print_json(meta)
         else:
             print(f"wrote {meta.get('positions')} x {meta.get('vocab')} logits to {a.logit_dump} (+ sidecar)")
         return 0
-    ex = c.executor(slice=sl)
+    ex = c.executor(slice=sl, activations=a.activations)
     logits = ex.forward(ids)
     top = np.argsort(-logits[-1])[: a.top]
     out = {
         "tokens": ids,
         "slice": sl.describe(),
         "executed_layers": ex.trace.executed_layers,
+        "activations": ex.trace.activations,
         "next_token": int(top[0]),
         "top": [{"id": int(t), "logit": float(logits[-1][t])} for t in top],
         "prepare_seconds": ex.trace.prepare_seconds,
@@ -395,6 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top", type=int, default=5)
     s.add_argument("--logit-dump", metavar="FILE")
     s.add_argument("--overwrite", action="store_true", help="replace an existing --logit-dump file")
+    s.add_argument("--activations", choices=["exact", "q8"], default="exact",
+                   help="how int8/q4 decode products treat activations (q8: per-block int8, integer dots)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_exec)
 

@@ -449,13 +449,14 @@ class Container:
         return SegmentSource(self.segments, self.check_tensor)
 
     def executor(self, slice: ExecutionSlice | None = None, intervention: Intervention | None = None, *,
-                 shards=None, max_positions: int | None = None) -> Executor:
+                 shards=None, max_positions: int | None = None, activations: str = "exact") -> Executor:
         """An executor for ``slice`` (default Full()) over this container's segments.
         ``intervention`` (e.g. a `vindex3.exec.intervention.FeatureAblation`) changes what every
         pass computes. Positions are limited to the graph's context length, or to
         ``max_positions`` when given (an explicit override, which may exceed the context length;
-        see vindex3.limits). With ``shards`` (a count, a ranges string "0-14,15-29" or a list of
-        LayerRanges) the layers run as Ray actors and the ends here: a
+        see vindex3.limits). ``activations`` ('exact' | 'q8', vindex3.codecs.base.ACTIVATIONS) is how
+        int8 and q4 decode products treat activations; the trace records it. With ``shards`` (a
+        count, a ranges string "0-14,15-29" or a list of LayerRanges) the layers run as Ray actors and the ends here: a
         `vindex3.shards.ShardedExecutor`, byte-identical to one process (docs/distributed.md)."""
         from .exec.engine import Executor
         from .exec.slice import Full
@@ -464,10 +465,14 @@ class Container:
             if intervention is not None:
                 raise SliceError("an intervention cannot run over shards in this build (the actors run the "
                                  "container's own weights)", hint="run the intervention in one process")
+            if activations != "exact":
+                raise SliceError(f"activations {activations!r} cannot run over shards in this build (the actors "
+                                 "multiply with exact activations)", hint="run it in one process")
             from .shards import sharded
 
             return sharded(self, shards).executor(slice or Full())
-        return Executor(self._op_plan, self.tensor_source(), slice or Full(), intervention, max_positions=max_positions)
+        return Executor(self._op_plan, self.tensor_source(), slice or Full(), intervention, max_positions=max_positions,
+                        activations=activations)
 
     def estimate_prefill(self, positions: int, slice: ExecutionSlice | None = None, *, start: int = 0,
                          last_only: bool = False):

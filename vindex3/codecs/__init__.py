@@ -5,7 +5,18 @@ import below; nothing in the operators or the executor changes. The numba kernel
 (kernels.py) are imported only when a weight is first multiplied or decoded."""
 
 from . import f32, half, int8, q4  # noqa: F401  (register on import)
-from .base import Codec, Weight, WeightShapeError, cannot_execute, get, is_known, known, register
+from .base import (
+    ACTIVATIONS,
+    Codec,
+    Weight,
+    WeightShapeError,
+    cannot_execute,
+    check_activations,
+    get,
+    is_known,
+    known,
+    register,
+)
 from .fidelity import Fidelity, measure
 
-__all__ = ["Codec", "Fidelity", "Weight", "WeightShapeError", "cannot_execute", "get", "is_known", "known", "measure", "register"]
+__all__ = ["ACTIVATIONS", "Codec", "Fidelity", "Weight", "WeightShapeError", "cannot_execute", "check_activations", "get", "is_known", "known", "measure", "register"]

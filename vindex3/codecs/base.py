@@ -27,6 +27,23 @@ import numpy as np
 
 from ..errors import UnsupportedEncoding, VindexError
 
+# How a matrix product treats its float32 activations (an executor choice, recorded in traces):
+#   exact  every product multiplies the float32 activation as it is (the default);
+#   q8     an int8 or q4 weight's decode-sized product (the rows kernels) quantizes each
+#          activation row per block of 32 (d = max|x| / 127, codes round(x / d)) and sums
+#          integer products (vindex3.codecs.intrinsics); other encodings and prefill tiles are
+#          unchanged.
+ACTIVATIONS = ("exact", "q8")
+
+
+def check_activations(mode) -> str:
+    """``mode`` if it is one of ACTIVATIONS, else a refusal naming it."""
+    if not isinstance(mode, str) or mode not in ACTIVATIONS:
+        from ..errors import ConfigError
+
+        raise ConfigError(f"activations {mode!r} is not a known activation treatment (known: {', '.join(ACTIVATIONS)})")
+    return mode
+
 
 class WeightShapeError(VindexError):
     """A weight verb was called with an operand it cannot take (shape, dtype, row id, expert)."""
@@ -36,6 +53,7 @@ class Weight:
     """A logical tensor in one physical encoding. Subclasses implement the verbs they can."""
 
     encoding: ClassVar[str] = "?"
+    activations: ClassVar[str] = "exact"  # see ACTIVATIONS
 
     def __init__(self, shape: tuple[int, ...], nbytes: int):
         self.shape = tuple(int(s) for s in shape)
@@ -70,6 +88,13 @@ class Weight:
         """How many stored values are NaN or infinite (None: this encoding cannot say without
         decoding, which it does not do here)."""
         return None
+
+    def with_activations(self, mode: str) -> Weight:
+        """This weight with its products treating activations as ``mode`` (see ACTIVATIONS): a
+        view over the same bytes, or the weight itself when ``mode`` changes nothing for its
+        encoding."""
+        check_activations(mode)
+        return self
 
     def expert(self, e: int) -> Weight:
         """Of a stacked expert bank [E, out, in]: expert ``e`` as a 2-D weight [out, in]."""

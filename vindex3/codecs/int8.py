@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedEncoding
-from .base import Codec, register
+from . import threads
+from .base import Codec, check_activations, register
 from .rowwise import (
     F32,
     BlockCodec,
@@ -30,7 +31,7 @@ from .rowwise import (
     sections_nbytes,
     split_sections,
 )
-from .threads import kernels
+from .threads import intdot, kernels
 
 BLOCK = 32  # the kernel indexes scales with j >> 5
 
@@ -59,6 +60,26 @@ class Int8Blocks(RowWeight):
         from . import kernels as K
 
         return int(K.nonfinite_i8_block_scale(self.q, self.s, BLOCK)) if self.rows else 0
+
+    def with_activations(self, mode):
+        return Int8BlocksQ8(self.q, self.s, self.shape) if check_activations(mode) == "q8" else self
+
+
+class Int8BlocksQ8(Int8Blocks):
+    """int8 blocks whose decode-sized products quantize the activation per block of 32 and sum
+    integer products (vindex3.codecs.intrinsics); tiles, gathers and dense() are unchanged."""
+
+    activations = "q8"
+
+    def _rows(self, x, y):
+        I = intdot()
+        I.rows_kernel("i8", parallel=threads.count() > 1)(self.q, self.s, x, y, I.ROWS_PER_TASK)
+
+    def _sub(self, r0, r1, shape):
+        return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)
+
+    def with_activations(self, mode):
+        return Int8Blocks(self.q, self.s, self.shape) if check_activations(mode) == "exact" else self
 
 
 class Int8Rows(RowWeight):

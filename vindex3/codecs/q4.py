@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedEncoding
-from .base import register
+from . import threads
+from .base import check_activations, register
 from .rowwise import (
     F32,
     BlockCodec,
@@ -27,7 +28,7 @@ from .rowwise import (
     sections_nbytes,
     split_sections,
 )
-from .threads import kernels
+from .threads import intdot, kernels
 
 BLOCK = 32
 HALF = BLOCK // 2
@@ -59,6 +60,27 @@ class Q4Weight(RowWeight):
         from . import kernels as K
 
         return int(K.nonfinite_q4(self.qs, self.d, self.m, K.F16_TABLE)) if self.rows else 0
+
+    def with_activations(self, mode):
+        return Q4WeightQ8(self.qs, self.d, self.m, self.shape) if check_activations(mode) == "q8" else self
+
+
+class Q4WeightQ8(Q4Weight):
+    """q4 whose decode-sized products quantize the activation per block of 32 and sum integer
+    products of codes (vindex3.codecs.intrinsics); tiles, gathers and dense() are unchanged."""
+
+    activations = "q8"
+
+    def _rows(self, x, y):
+        I = intdot()
+        I.rows_kernel("q4", parallel=threads.count() > 1)(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
+                                                           I.ROWS_PER_TASK)
+
+    def _sub(self, r0, r1, shape):
+        return Q4WeightQ8(self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], shape)
+
+    def with_activations(self, mode):
+        return Q4Weight(self.qs, self.d, self.m, self.shape) if check_activations(mode) == "exact" else self
 
 
 def quantize_blocks(blocks: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

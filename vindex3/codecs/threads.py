@@ -105,3 +105,15 @@ def kernels():
 
         _kernels.append(k)
     return _kernels[0]
+
+
+_intdot: list = []
+
+
+def intdot():
+    """vindex3.codecs.intrinsics, imported on first use (as `kernels`)."""
+    if not _intdot:
+        from . import intrinsics as k
+
+        _intdot.append(k)
+    return _intdot[0]

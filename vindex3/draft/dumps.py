@@ -161,16 +161,19 @@ def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.
         "blas": blas_identity(),
         "thread_count": decode_thread_count(),  # threads the decode passes ran with
         "intervention": ex.intervention.record() if ex.intervention is not None else None,
+        "activations": getattr(ex, "activations", "exact"),  # how products treated activations
     }
     return write_dump(path, logits, meta, overwrite=overwrite, forbid_inside=forbid)
 
 
 def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike,
-                intervention: Any = None, *, overwrite: bool = False, max_positions: int | None = None) -> dict:
+                intervention: Any = None, *, overwrite: bool = False, max_positions: int | None = None,
+                activations: str = "exact") -> dict:
     """Dump the logits of ``token_ids`` under ``slice`` (``vindex3.Full()``, ``vindex3.Draft(n)``,
     or None for full) into ``path`` and its ``.meta.json`` sidecar; return the sidecar dict.
     ``intervention`` (a `vindex3.exec.intervention.FeatureAblation`) changes the run and is
-    named in the sidecar.
+    named in the sidecar, and so is ``activations`` ('exact' | 'q8', how int8 and q4 products
+    treat activations).
 
     The rows are computed through the incremental decode path (one-token prefill, then a step
     per token), which is what a drafter actually runs. The target is checked before anything
@@ -181,7 +184,7 @@ def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str 
     forbid = [container.path] if getattr(container, "path", None) is not None else []
     check_target(path, overwrite=overwrite, forbid_inside=forbid)
     slice_obj, depth = resolve_slice(container, slice)
-    ex, prepare_seconds = make_executor(container, slice_obj, intervention, max_positions)
+    ex, prepare_seconds = make_executor(container, slice_obj, intervention, max_positions, activations)
     return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth,
                      overwrite=overwrite)
 

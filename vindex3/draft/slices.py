@@ -40,11 +40,21 @@ def resolve_slice(container: Any, slice: Any) -> tuple[Any, int | None]:
 
 
 def make_executor(container: Any, slice_obj: Any, intervention: Any = None,
-                  max_positions: int | None = None) -> tuple[Any, float]:
+                  max_positions: int | None = None, activations: str = "exact") -> tuple[Any, float]:
     """Prepare an executor for a slice (and intervention; positions limited to the model's
     context length, or to an explicit ``max_positions``); return it with the seconds
     preparation took."""
-    ex = container.executor(slice=slice_obj, intervention=intervention, max_positions=max_positions)
+    kw = {}
+    if activations != "exact":
+        import inspect
+
+        if "activations" not in inspect.signature(container.executor).parameters:
+            from ..errors import SliceError
+
+            raise SliceError(f"activations {activations!r} cannot run on {type(container).__name__} in this build "
+                             "(its layers multiply with exact activations)", hint="run it in one process")
+        kw["activations"] = activations
+    ex = container.executor(slice=slice_obj, intervention=intervention, max_positions=max_positions, **kw)
     return ex, float(ex.prepare_seconds)
 
 

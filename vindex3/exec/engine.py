@@ -81,8 +81,9 @@ class PreparedOperands:
     reference resolved counts as one read; bytes count each distinct tensor once, at its stored
     (encoded) size."""
 
-    def __init__(self, source: TensorSource):
+    def __init__(self, source: TensorSource, activations: str = "exact"):
         self._source = source
+        self.activations = codecs.check_activations(activations)
         self._cache: dict[str, Weight] = {}
         self.reads = 0
         self.bytes = 0
@@ -94,6 +95,8 @@ class PreparedOperands:
         w = self._cache.get(ref.label)
         if w is None:
             w = self._source.weight(ref)
+            if self.activations != "exact":
+                w = w.with_activations(self.activations)
             self._cache[ref.label] = w
             self.bytes += ref.nbytes
         return w
@@ -284,9 +287,12 @@ class Executor:
     same question up front."""
 
     def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice, intervention: Intervention | None = None,
-                 *, max_positions: int | None = None):
+                 *, max_positions: int | None = None, activations: str = "exact"):
         from ..limits import context_limit
 
+        # how products treat activations ('exact' | 'q8', vindex3.codecs.base.ACTIVATIONS):
+        # a choice of the run, recorded in every trace and record it writes
+        self.activations = codecs.check_activations(activations)
         self.plan = plan
         self.slice = sl
         self.max_positions, self.limit_source = context_limit(plan.context_length, max_positions)
@@ -296,7 +302,7 @@ class Executor:
         ablate = resolve_intervention(intervention, plan, self.layers, sl.describe())
         self.intervention = intervention
         t0 = time.perf_counter()
-        W = PreparedOperands(source)
+        W = PreparedOperands(source, self.activations)
         self.has_ends = self.slice_plan.has_ends
         self.readout: Readout | None = None
         if self.has_ends:
@@ -336,7 +342,7 @@ class Executor:
 
     def new_trace(self) -> ExecutionTrace:
         return ExecutionTrace(prepare_seconds=self.prepare_seconds, operand_reads=self.operand_reads,
-                              bytes_read=self.bytes_read)
+                              bytes_read=self.bytes_read, activations=self.activations)
 
     @property
     def trace(self) -> ExecutionTrace:

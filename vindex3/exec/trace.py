@@ -40,6 +40,8 @@ class ExecutionTrace:
     # what it said it read; the embedding counts the rows it gathered.
     step_bytes: list[int] = field(default_factory=list)
     op_calls: list[OpCall] = field(default_factory=list)  # calls of reporting ops, in order
+    # how the products treated activations ('exact' | 'q8', vindex3.codecs.base.ACTIVATIONS)
+    activations: str = "exact"
 
     @property
     def total_step_seconds(self) -> float:

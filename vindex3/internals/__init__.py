@@ -85,9 +85,9 @@ class Internals:
         self._executors: dict = {}
 
     # -- runs ----------------------------------------------------------------------------------
-    def executor(self, slice=None, intervention: Intervention | None = None):
+    def executor(self, slice=None, intervention: Intervention | None = None, activations: str = "exact"):
         """A prepared executor for ``slice`` (None: full; an int or ``Draft(n)``: a draft) with
-        ``intervention``; kept for reuse."""
+        ``intervention`` and ``activations`` ('exact' | 'q8'); kept for reuse."""
         from ..errors import SliceError
         from ..exec.slice import Draft, Full
 
@@ -101,10 +101,10 @@ class Internals:
             raise SliceError(f"looking inside runs the full model or a draft (Draft(n)); got {slice!r}",
                              hint="a layer range has no embedding or head to read tokens in and logits out")
         self.container.plan_slice(sl)  # a depth the model does not have is refused here, by name
-        key = (sl, intervention)
+        key = (sl, intervention, activations)
         ex = self._executors.get(key)
         if ex is None:
-            ex = self._executors[key] = self.container.executor(sl, intervention)
+            ex = self._executors[key] = self.container.executor(sl, intervention, activations=activations)
         return ex, depth
 
     # -- feature metadata ----------------------------------------------------------------------
@@ -129,21 +129,23 @@ class Internals:
         return show_features(self.view, self.metadata, layer, limit=limit, tokens=tokens)
 
     def feature_activity(self, text: str | Sequence[int], *, top: int = 5, layers: Iterable[int] | None = None,
-                         tokens: int = 3, slice=None, intervention: Intervention | None = None) -> ActivityResult:
-        ex, _ = self.executor(slice, intervention)
+                         tokens: int = 3, slice=None, intervention: Intervention | None = None,
+                         activations: str = "exact") -> ActivityResult:
+        ex, _ = self.executor(slice, intervention, activations)
         prompt = self.view.prompt(text, "EXPLAIN INFER ... FEATURES")
         return feature_activity(self.view, self.metadata, ex, prompt, top=top, layers=layers, tokens=tokens)
 
     # -- tracing -------------------------------------------------------------------------------
     def trace(self, text: str | Sequence[int], token: str | int, *, layers: Iterable[int] | None = None,
               positions: Literal["last", "all"] = "last", decompose: bool = False, save: str | None = None,
-              overwrite: bool = False, slice=None, intervention: Intervention | None = None) -> TraceResult:
+              overwrite: bool = False, slice=None, intervention: Intervention | None = None,
+              activations: str = "exact") -> TraceResult:
         """TRACE 'text' FOR 'token' [LAYERS] [POSITIONS] [DECOMPOSE] [SAVE INTO]."""
         from .capture import capture
         from .common import output_path
 
         t0 = time.perf_counter()
-        ex, depth = self.executor(slice, intervention)
+        ex, depth = self.executor(slice, intervention, activations)
         prompt = self.view.prompt(text, "TRACE")
         target = self.view.token(token, "TRACE ... FOR")
         if save is not None:  # refuse a bad path before running anything
@@ -157,7 +159,7 @@ class Internals:
             prov = {"container": c.name, "container_digest": c.digest, "component": c.graph.component.name,
                     "slice": ex.slice.describe(), "draft_depth": depth, "executed_layers": run.executed,
                     "intervention": ex.intervention.record() if ex.intervention is not None else None,
-                    "token_ids": prompt.ids, "target_id": target, "positions": positions}
+                    "activations": ex.activations, "token_ids": prompt.ids, "target_id": target, "positions": positions}
             from .record import library_versions
 
             prov["library_versions"] = library_versions()
@@ -170,9 +172,10 @@ class Internals:
 
     # -- records -------------------------------------------------------------------------------
     def observe(self, text: str | Sequence[int], path, *, generate: int = 0, lens_tokens: Sequence[str | int] = (),
-                overwrite: bool = False, slice=None, intervention: Intervention | None = None) -> ObserveResult:
+                overwrite: bool = False, slice=None, intervention: Intervention | None = None,
+                activations: str = "exact") -> ObserveResult:
         """OBSERVE 'text' [GENERATE n] RECORD INTO 'run.jsonl'."""
-        ex, depth = self.executor(slice, intervention)
+        ex, depth = self.executor(slice, intervention, activations)
         prompt = self.view.prompt(text, "OBSERVE")
         ids = [self.view.token(t, "OBSERVE lens token") for t in lens_tokens]
         return observe(self.view, ex, prompt, path, generate=generate, lens_ids=ids, overwrite=overwrite, draft_depth=depth)

@@ -179,6 +179,7 @@ def observe(view: ModelView, ex: Executor, prompt: Prompt, path, *, generate: in
         "model_layers": c.graph.num_layers, "slice": ex.slice.describe(), "draft_depth": draft_depth,
         "executed_layers": list(ex.layers), "prompt_ids": prompt.ids, "prompt_text": prompt.text, "generate": generate,
         "intervention": ex.intervention.record() if ex.intervention is not None else None,
+        "activations": ex.activations,
         "lens_tokens": [{"id": int(t), "text": view.text(int(t))} for t in lens_ids],
         "library_versions": library_versions(), "numerics": "float32",
     }

@@ -1,0 +1,251 @@
+"""Decode of SmolLM2-135M-Instruct: vindex3's encodings under ``activations = 'exact' | 'q8'``
+against llama.cpp at equal bits (int8 vs Q8_0, q4 vs Q4_1, f32 vs F32) and bf16 against our
+own f32, at 1 and 2 threads. Every arm runs in its own process; arms are interleaved (round r
+runs every arm once) and each reports its best over ``--repeats`` inside the process; ratios
+are of medians over rounds. Our arms also report weight-product calls per token (numba
+launches), operand bytes per token and the fraction of the measured streaming bandwidth.
+
+Decode: prefill 16 prompt tokens, then ``--steps`` greedy steps (argmax in numpy, as the peer
+arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without llama-cpp-python
+(scripts/bench-setup) the peer arms are skipped and the ratios are against our own
+float-lane kernels (activations = 'exact').
+
+    python bench/intdot_vs_llamacpp.py [--rounds 3] [--threads 1 2] [--steps 32] [--path vnni512]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+from machine import facts, pin_threads
+
+TEXT = " ".join(["The quick brown fox jumps over the lazy dog while the model keeps counting tokens."] * 8)
+
+
+def stream_bandwidth() -> float:
+    """Bytes/s one thread moves copying a 256 MiB float32 array into another (read + write
+    counted, best of 3): the memory ceiling a decode step that streams its weights once runs
+    against. Measured in the driver, before the arms."""
+    import numpy as np
+
+    a = np.ones(1 << 26, np.float32)
+    b = np.empty_like(a)
+    best = 1e9
+    for _ in range(3):
+        t = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.nbytes / best
+
+
+def arm_ours(path: str, activations: str, steps: int, repeats: int) -> dict:
+    import numpy as np
+
+    import vindex3
+    from vindex3.codecs import base, intrinsics
+
+    c = vindex3.open(path)
+    ex = c.executor(activations=activations)
+    ids = c.tokenizer.encode(TEXT)[:16]
+    out: dict = {"weight_bytes": c.weight_bytes, "intdot_path": intrinsics.chosen() if activations == "q8" else None}
+    # one untimed pass counting the weight products of a step (each is one numba launch or one
+    # BLAS call) and the operand bytes it touched
+    calls = [0]
+    orig = {}
+    for cls in _weight_classes(base.Weight):
+        if "mm" in cls.__dict__:
+            orig[cls] = cls.__dict__["mm"]
+
+            def counted(self, x, _f=cls.__dict__["mm"]):
+                calls[0] += 1
+                return _f(self, x)
+
+            cls.mm = counted
+    st = ex.start()
+    logits = st.prefill(ids, last_only=True)[-1]
+    calls[0] = 0
+    st.step(int(np.argmax(logits)))
+    out["calls_per_token"] = calls[0]
+    out["bytes_per_token"] = st.trace.step_bytes[-1]
+    for cls, f in orig.items():
+        cls.mm = f
+    best = best_cpu = 1e9
+    for _ in range(repeats + 1):  # the first is a warm-up (compiles)
+        st = ex.start()
+        logits = st.prefill(ids, last_only=True)[-1]
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(steps):
+            logits = st.step(int(np.argmax(logits)))
+        best = min(best, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    out["decode_tok_s"] = steps / best
+    out["decode_tok_per_cpu_s"] = steps / best_cpu
+    out["answer_ok"] = None
+    if activations in ("exact", "q8"):
+        q = c.tokenizer.encode("The capital of France is")
+        out["answer_ok"] = c.tokenizer.decode([int(np.argmax(ex.start().prefill(q, last_only=True)[-1]))]) == " Paris"
+    return out
+
+
+def _weight_classes(root):
+    seen, todo = [], [root]
+    while todo:
+        k = todo.pop()
+        seen.append(k)
+        todo.extend(k.__subclasses__())
+    return seen
+
+
+def arm_llama(path: str, threads: int, steps: int, repeats: int) -> dict:
+    import llama_cpp
+    import numpy as np
+
+    m = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=threads,
+                        n_threads_batch=threads, verbose=False, seed=0)
+    V = m.n_vocab()
+    ids = m.tokenize(TEXT.encode(), add_bos=False)[:16]
+
+    def last_logits():
+        return np.ctypeslib.as_array(m._ctx.get_logits(), shape=(V,))
+
+    best = best_cpu = 1e9
+    for _ in range(repeats + 1):
+        m.reset()
+        m.eval(ids)
+        nxt = int(np.argmax(last_logits()))
+        c0, t0 = time.process_time(), time.perf_counter()
+        for _ in range(steps):
+            m.eval([nxt])
+            nxt = int(np.argmax(last_logits()))
+        best = min(best, time.perf_counter() - t0)
+        best_cpu = min(best_cpu, time.process_time() - c0)
+    return {"decode_tok_s": steps / best, "decode_tok_per_cpu_s": steps / best_cpu}
+
+
+def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str | None) -> dict:
+    cmd = [sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(threads),
+           "--steps", str(steps), "--repeats", str(repeats)]
+    extra = os.environ.get("PYTHONPATH")  # e.g. where a bench-only llama-cpp-python build lives
+    env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads),
+               PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
+    if path_force:
+        env["VINDEX3_INTDOT_PATH"] = path_force
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800, env=env)
+    if p.returncode:
+        raise SystemExit(f"arm {spec} t={threads} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--path", help="force an integer dot path (vnni512 | vnni256 | avx2 | plain)")
+    ap.add_argument("--no-peer", action="store_true")
+    ap.add_argument("--dir", help="peer GGUF directory (default: <vindex3 cache>/peer-ggufs)")
+    ap.add_argument("--out", default=str(HERE / "results" / "intdot_vs_llamacpp.json"))
+    ap.add_argument("--arm", help=argparse.SUPPRESS)
+    ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.arm:
+        pin_threads(a.arm_threads)
+        spec = json.loads(a.arm)
+        r = (arm_llama(spec["path"], a.arm_threads, a.steps, a.repeats) if spec["kind"] == "llama"
+             else arm_ours(spec["path"], spec["activations"], a.steps, a.repeats))
+        print(json.dumps(r))
+        return 0
+
+    from llamacpp_peer import _llama_version, our_containers
+    from make_peer_ggufs import peer_dir, peer_files
+
+    arms: list[tuple[str, dict]] = []
+    peer = not a.no_peer and _llama_version() != "not installed"
+    if peer:
+        files = peer_files(peer_dir(a.dir))
+        for t in ("F32", "Q8_0", "Q4_1"):
+            if files[t].exists():
+                arms.append((f"llama.cpp {t}", {"kind": "llama", "path": str(files[t])}))
+            else:
+                print(f"peer GGUF {t} missing: run bench/make_peer_ggufs.py", file=sys.stderr)
+    ours = our_containers(["f32", "bf16", "int8", "q4"], peer_dir(a.dir))
+    for enc, acts in (("f32", ["exact"]), ("bf16", ["exact"]), ("int8", ["exact", "q8"]), ("q4", ["exact", "q8"])):
+        for act in acts:
+            arms.append((f"vindex3 {enc} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
+    bw = stream_bandwidth()
+    runs: dict = {}
+    for r in range(a.rounds):
+        for th in a.threads:
+            for name, spec in arms:
+                res = run_arm(spec, th, a.steps, a.repeats, a.path)
+                res["loadavg"] = os.getloadavg()[0]
+                runs.setdefault(name, {}).setdefault(f"threads_{th}", []).append(res)
+                extra = f", {res['calls_per_token']} calls/token" if "calls_per_token" in res else ""
+                print(f"round {r} t={th} {name}: {res['decode_tok_s']:.1f} tok/s, "
+                      f"{res['decode_tok_per_cpu_s']:.1f} tok/cpu-s{extra} (load {res['loadavg']:.1f})", flush=True)
+    summary: dict = {}
+    for name, by_t in runs.items():
+        for tk, lst in by_t.items():
+            s = {}
+            for k in ("decode_tok_s", "decode_tok_per_cpu_s"):
+                vals = [x[k] for x in lst]
+                s[k + "_best"] = max(vals)
+                s[k + "_median"] = statistics.median(vals)
+            for k in ("calls_per_token", "bytes_per_token", "intdot_path", "answer_ok"):
+                if k in lst[0]:
+                    s[k] = lst[0][k]
+            if "bytes_per_token" in s:  # operand bytes read per CPU-second, against the copy rate
+                s["weight_bytes_per_cpu_s"] = s["bytes_per_token"] * s["decode_tok_per_cpu_s_median"]
+                s["bandwidth_fraction_per_cpu_s"] = s["weight_bytes_per_cpu_s"] / bw
+            summary.setdefault(name, {})[tk] = s
+    pairs = [("vindex3 int8 q8", "llama.cpp Q8_0"), ("vindex3 q4 q8", "llama.cpp Q4_1"),
+             ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
+             ("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 bf16 exact", "vindex3 f32 exact"),
+             ("vindex3 int8 q8", "vindex3 int8 exact"), ("vindex3 q4 q8", "vindex3 q4 exact")]
+    ratios: dict = {}
+    for mine, other in pairs:
+        if mine in summary and other in summary:
+            for tk in summary[mine]:
+                if tk in summary[other]:
+                    ratios.setdefault(f"{mine} / {other}", {})[tk] = {
+                        k: summary[mine][tk][k + "_median"] / summary[other][tk][k + "_median"]
+                        for k in ("decode_tok_s", "decode_tok_per_cpu_s")}
+    doc = {
+        "benchmark": "intdot_vs_llamacpp",
+        "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
+        "llama_cpp_python": _llama_version(),
+        "decode_steps": a.steps, "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
+        "stream_bandwidth_bytes_per_s": bw,
+        "machine": facts(None) | {"loadavg_end": os.getloadavg()},
+        "summary": summary, "ratios": ratios, "runs": runs,
+    }
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"{'arm':<24}{'thr':>4}{'tok/s med':>11}{'tok/cpu-s med':>15}{'calls':>7}{'MB/tok':>8}{'GB/cpu-s':>9}{'bw frac':>8}")
+    for name, by_t in summary.items():
+        for tk, s in by_t.items():
+            mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else "-"
+            gb = f"{s['weight_bytes_per_cpu_s'] / 1e9:.1f}" if "bytes_per_token" in s else "-"
+            fr = f"{s['bandwidth_fraction_per_cpu_s']:.2f}" if "bytes_per_token" in s else "-"
+            print(f"{name:<24}{tk[-1]:>4}{s['decode_tok_s_median']:>11.1f}{s['decode_tok_per_cpu_s_median']:>15.1f}"
+                  f"{s.get('calls_per_token', '-'):>7}{mb:>8}{gb:>9}{fr:>8}")
+    for pair, by_t in ratios.items():
+        for tk, r in by_t.items():
+            print(f"{pair:<42} t={tk[-1]}  decode {r['decode_tok_s']:.2f}x  per cpu-s {r['decode_tok_per_cpu_s']:.2f}x")
+    print("wrote", a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
