@@ -17,7 +17,6 @@ NUMERIC_FILES = (
     "test_executor.py", "test_codecs.py", "test_representations.py", "test_internals_*.py", "test_draft_*.py",
     "test_lql_internals.py", "test_plugin_core.py", "test_gguf_import.py", "test_golden_compare.py", "test_families_*.py",
     "test_generate*.py", "test_new_states_*.py", "test_intrinsics.py", "test_operator_facts.py", "test_moe_router_facts.py",
-    "test_hostile_round3.py",
 )
 
 
