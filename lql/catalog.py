@@ -143,6 +143,9 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("pager", bool, True, "in the shell, page output longer than the screen ($PAGER, else less -SRXF)", _switch),
     SettingDoc("threshold", FiniteFloat, 3.0, "DESCRIBE keeps features whose gate score exceeds this (3: a SiLU gate 95% open)",
                _number),
+    SettingDoc("activations", Literal["exact", "q8"], "exact",
+               "int8 and q4 decode products: exact float32 activations, or q8 (per-block int8 activations and "
+               "integer dot products, as llama.cpp; faster, less faithful: docs/container.md)", _choice("exact", "q8")),
     SettingDoc("stale", Literal["rebuild", "refuse"], "rebuild", "feature metadata built from another state of the container: rebuild it, or refuse",
                _choice("rebuild", "refuse")),
     # ---- what a statement may do (issue 10): named limits, each refused by name before any work

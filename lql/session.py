@@ -153,14 +153,16 @@ class Session:
         self.remote = remote
 
     def executor(self, depth: int | None, intervention: Any = None) -> tuple[Any, bool]:
-        """The executor for a depth, an intervention (ABLATE FEATURES) and the position limit
-        (prepared once per session), and whether it was prepared now. Its streams are limited to
-        the model's context length, or to the ``max_positions`` setting when one is set (an
-        explicit override)."""
+        """The executor for a depth, an intervention (ABLATE FEATURES), the position limit and the
+        ``activations`` setting (prepared once per session), and whether it was prepared now. Its
+        streams are limited to the model's context length, or to the ``max_positions`` setting
+        when one is set (an explicit override)."""
         limit = self.settings.max_positions
-        # keyed by depth alone without an intervention or a limit: a server shares this table
-        # with its completions endpoint (lql.server.models.ModelHost.executors)
-        key = depth if intervention is None and limit is None else (depth, limit, intervention)
+        activations = self.settings.activations
+        # keyed by depth alone without an intervention, a limit or q8 activations: a server shares
+        # this table with its completions endpoint (lql.server.models.ModelHost.executors)
+        plain = intervention is None and limit is None and activations == "exact"
+        key = depth if plain else (depth, limit, intervention, activations)
         ex = self._executors.get(key)
         if ex is not None:
             return ex, False
@@ -169,6 +171,13 @@ class Session:
             kw["intervention"] = intervention
         if limit is not None:
             kw["max_positions"] = limit
+        if activations != "exact":
+            from vindex3.shards import ShardedModel
+
+            if isinstance(self.container, ShardedModel):
+                raise StatementError("activations = 'q8' runs the integer kernels in this process, and the model runs "
+                                     "as shards", hint="SET activations = 'exact', or SET shards = 0")
+            kw["activations"] = activations
         ex = self.container.executor(slice=slice_of(depth), **kw)
         self._executors[key] = ex
         return ex, True

@@ -14,8 +14,8 @@ whose pick is a stop id, or that picked the ``max_tokens``-th token, is the last
 never fed back. A call runs only when the caller asks for its record, so a caller that stops
 early (a stop string, Ctrl-C, a closed connection) costs no call it did not use.
 
-The sampler reproduces exactly what the server samples with: temperature 0 is the argmax of
-the float32 logits; above 0, softmax(logits / temperature) in float64, cut to the smallest set
+The sampler is what every front end samples with: temperature 0 is the argmax of the float32
+logits; above 0, softmax((logits - max) / temperature) in float64, cut to the smallest set
 of tokens (by probability, stable order) whose cumulative probability reaches ``top_p``,
 renormalised and drawn with ``numpy.random.default_rng(seed)``.
 """
@@ -76,8 +76,11 @@ class Sampler:
         temperature, top_p = self.temperature, self.top_p
 
         def pick(logits: np.ndarray) -> int:
-            x = np.asarray(logits, dtype=np.float64) / temperature
-            x -= x.max()
+            x = np.asarray(logits, dtype=np.float64)
+            # the maximum first, then the division: every value is <= 0, so a tiny temperature
+            # gives -inf (probability 0) instead of inf - inf = NaN
+            with np.errstate(over="ignore"):
+                x = (x - x.max()) / temperature
             p = np.exp(x)
             p /= p.sum()
             if top_p < 1.0:

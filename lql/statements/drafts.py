@@ -337,7 +337,8 @@ def run_dump(session, node: Dump) -> DumpResult:
     path = Path(node.into)
     try:
         meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path, overwrite=node.overwrite,
-                                 max_positions=session.settings.max_positions, intervention=node.intervention)
+                                 max_positions=session.settings.max_positions, intervention=node.intervention,
+                                 activations=session.settings.activations)
     except OSError as e:
         raise FileRefusal(f"cannot write {path}: {e.strerror or e}") from None
     sidecar = draft.sidecar_path(path) if hasattr(draft, "sidecar_path") else Path(f"{path}.meta.json")

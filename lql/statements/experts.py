@@ -11,14 +11,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel
 
+from vindex3.operators.moe_ffn import RouterFacts
+
 from .. import ast
-from ..binding import expert_ops, jsonable, reads_info
+from ..binding import expert_ops, reads_info
 from ..layouts import reads
 from ..planner import Context, Node, routed_or_refuse
 from ..registry import family
 from ..results import ReadsInfo, Result, dump, flat
 from ..syntax import Children
-from ..text import fmt_int, fmt_value, num, table
+from ..text import fmt_int, num, table
 
 fam = family("experts", module=__name__, statements=("show_experts",), grammar=r"""
 show_experts: SHOW EXPERTS [AT LAYER INT]     // the expert banks of routed layers
@@ -91,15 +93,12 @@ def plan_show_experts(s: ShowExperts, ctx: Context) -> Node:
     return ShowExpertsPlan(s, layers=(s.layer,) if s.layer is not None else tuple(routed), layer=s.layer)
 
 
-ROUTER_FACTS = ("renormalize", "router_bias", "correction_bias", "n_group", "topk_group", "routed_scaling_factor")
-
-
 def bank_row(layer: int, op) -> ExpertBankRow:
     d = op.reads.detail
     p = dict(op.params)
     return ExpertBankRow(
         layer=layer, op=op.kind, experts=int(d["experts"]), top_k=int(d["top_k"]), router=str(d["router"]),
-        router_facts={k: jsonable(p[k]) for k in ROUTER_FACTS if k in p},
+        router_facts=op.operator.router_facts(op.params).model_dump(mode="json", exclude={"router"}),
         expert_width=int(p["expert_intermediate"]), expert_act=str(p["expert_act"]), shared=str(p.get("shared", "none")),
         shared_width=p.get("shared_intermediate"), bytes_per_expert=int(d["bytes_per_expert"]),
         expert_bank_bytes=int(d["expert_bank_bytes"]), always_bytes=int(d["always_bytes"]),
@@ -116,20 +115,9 @@ def run_show_experts(session, node: ShowExpertsPlan) -> ExpertsResult:
 
 
 def router_phrase(router: str, facts: dict[str, Any]) -> str:
-    """'softmax_topk, renormalised', 'sigmoid_group_topk, 2 of 4 groups, correction bias,
-    renormalised, x2.5'."""
-    parts = [router]
-    if facts.get("router_bias"):
-        parts.append("bias")
-    if facts.get("n_group") is not None:
-        parts.append(f"{facts.get('topk_group')} of {facts['n_group']} groups")
-    if facts.get("correction_bias"):
-        parts.append("correction bias")
-    if facts.get("renormalize"):
-        parts.append("renormalised")
-    if facts.get("routed_scaling_factor") is not None:
-        parts.append(f"x{fmt_value(facts['routed_scaling_factor'])}")
-    return ", ".join(parts)
+    """The router in words, as the operator phrases its typed facts (`RouterFacts.phrase`):
+    'softmax_topk, renormalised', 'sigmoid_group_topk, 2 of 4 groups, correction bias, ...'."""
+    return RouterFacts(router=router, **facts).phrase()
 
 
 @fam.layout(ExpertsResult)

@@ -861,7 +861,8 @@ def run_show_features(session, node: ShowFeaturesPlan) -> ShowFeaturesResult:
 @fam.runs(ExplainFeaturesPlan)
 def run_explain_features(session, node: ExplainFeaturesPlan) -> FeatureActivityResult:
     r = internals(session).feature_activity(list(node.prompt.ids), top=node.top, layers=node.layers,
-                                            slice=node.slice.depth, intervention=node.intervention)
+                                            slice=node.slice.depth, intervention=node.intervention,
+                                            activations=session.settings.activations)
     return FeatureActivityResult.model_validate(with_text(internals_data(r), node.prompt))
 
 

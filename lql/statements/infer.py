@@ -12,6 +12,8 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, Field, PrivateAttr
 
+from vindex3.generate import Sampler, generate_step, top_probabilities
+
 from .. import ast, limits
 from .. import results as R
 from ..ast import dialect
@@ -260,6 +262,7 @@ class ExplainResult(Result):
     reads: ReadCost
     placement: PlacementInfo | None = None  # when the model runs as shards
     per_position: ReadsInfo | None = None  # what one position of this slice reads
+    activations: Literal["exact", "q8"] = "exact"  # how int8 / q4 decode products treat activations
 
 
 # ---- running the model ----------------------------------------------------------------
@@ -291,6 +294,7 @@ class InferResult(Result):
     prefill_bytes: int | None = None
     decode_bytes: list[int] | None = None
     expert_layers: list[int] = Field(default_factory=list)  # routed layers the slice ran (their reads depend on the routing)
+    activations: Literal["exact", "q8"] = "exact"  # the executor's choice for int8 / q4 decode products, as its trace records
     timing: Timing | None = None
     _logits: Any = PrivateAttr(default=None)
 
@@ -551,7 +555,7 @@ def run_explain(session, node: ExplainPlan) -> ExplainResult:
         prompt=prompt, state_bytes_after_prompt=state,
         operation=target.describe() if target is not None else None, steps=steps, reads=sl.reads,
         placement=placement_info(c, slice_of(sl.depth), len(prompt.ids) if prompt is not None else 0),
-        per_position=reads_info(op_plan, executed),
+        per_position=reads_info(op_plan, executed), activations=session.settings.activations,
     )
 
 
@@ -561,9 +565,13 @@ def run_infer(session, node: Run) -> InferResult:
     prompt = prompt_info(node.prompt)
     ex, fresh = session.executor(node.slice.depth, node.intervention)
     st = ex.start()
+    # the one decode step (vindex3.generate): the prefill's record first, then one per token
+    calls = generate_step(st, node.prompt.ids, sampler=Sampler.greedy(), max_tokens=node.generate or 0,
+                          stop_ids=node.stop_ids, logits=True)
     t0 = time.perf_counter()
-    last = np.asarray(st.prefill(list(node.prompt.ids))[-1])
+    first = next(calls)
     prefill_s = time.perf_counter() - t0
+    last = np.asarray(first.logits)
     executed = [int(i) for i in ex.trace.executed_layers]
     top = None
     if node.top is not None:
@@ -573,20 +581,18 @@ def run_infer(session, node: Run) -> InferResult:
     timing = R.Timing(prepare_seconds=ex.trace.prepare_seconds if fresh else None, prefill_seconds=prefill_s)
     if node.generate is not None:
         gen_ids = []
-        stop = set(node.stop_ids)
         t1 = time.perf_counter()
-        logits = last
+        record = first
         try:
-            for k in range(node.generate):
-                tok = int(np.argmax(logits))
+            while record is not None:
+                tok = record.token
                 gen_ids.append(tok)
                 if session.on_token is not None:
                     session.on_token(tok, cat.token_text(tok))
-                if tok in stop:
+                if record.stop:
                     stopped = tok
                     break
-                if k + 1 < node.generate:
-                    logits = np.asarray(st.step(tok))
+                record = next(calls, None)
         except KeyboardInterrupt:  # Ctrl-C: keep what was generated
             interrupted = True
         decode_s = time.perf_counter() - t1
@@ -602,7 +608,8 @@ def run_infer(session, node: Run) -> InferResult:
                            prepared_reads=int(ex.trace.operand_reads), prepared_bytes=int(ex.trace.bytes_read),
                            intervention=node.intervention.record() if node.intervention is not None else None,
                            prefill_bytes=steps[0] if steps else None, decode_bytes=steps[1:] if steps else None,
-                           expert_layers=expert_layers(session.catalog.op_plan, executed), timing=timing)
+                           expert_layers=expert_layers(session.catalog.op_plan, executed), timing=timing,
+                           activations=getattr(st.trace, "activations", "exact"))
     result._logits = last
     return result
 
@@ -642,15 +649,10 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
 
 
 def top_candidates(logits: np.ndarray, n: int, token_text: Callable[[int], str | None]) -> list[Candidate]:
-    x = logits.astype(np.float64)
-    x = x - x.max()
-    p = np.exp(x)
-    p /= p.sum()
-    n = min(n, p.shape[0])
-    # stable order: probability descending, then id ascending, so ties never depend on the sort
-    order = np.lexsort((np.arange(p.shape[0]), -p))[:n]
-    return [Candidate(rank=k + 1, token=token_text(int(i)), id=int(i), probability=float(p[i]))
-            for k, i in enumerate(order)]
+    """The ``n`` most likely next tokens (vindex3's `top_probabilities`: probability descending,
+    then id ascending, so ties never depend on a sort), with their text."""
+    return [Candidate(rank=k + 1, token=token_text(i), id=i, probability=p)
+            for k, (i, p) in enumerate(top_probabilities(logits, n))]
 
 
 @fam.runs(TracePlan)
@@ -668,16 +670,14 @@ def run_trace(session, node: TracePlan) -> TraceResult:
     labels = [lp.label() for lp in c.graph.layers]
     st = ex.start()
     rows = []
-    for pos, tok in enumerate(prompt.ids):
-        logits = np.asarray(st.step(tok))  # one position at a time: the trace of that position
-        ran = [int(i) for i in st.trace.executed_layers]
-        nxt = int(np.argmax(logits))
+    # one position at a time (the one decode step, fed step by step): the trace of each position
+    for pos, r in enumerate(generate_step(st, prompt.ids, sampler=Sampler.greedy(), max_tokens=0, feed="step",
+                                          logits=True)):
+        tok, ran = r.fed[0], list(r.executed_layers or ())
+        nxt = int(np.argmax(r.logits))
         rows.append(TraceRow(position=pos, token_id=tok, token=cat.token_text(tok), layers=ran,
-                               operators=[labels[i] for i in ran], next_id=nxt, next_token=cat.token_text(nxt)))
-    step_bytes = list(getattr(st.trace, "step_bytes", []) or [])
-    if len(step_bytes) == len(rows):
-        for row, n in zip(rows, step_bytes):
-            row.bytes_read = int(n)
+                             operators=[labels[i] for i in ran], next_id=nxt, next_token=cat.token_text(nxt),
+                             bytes_read=r.bytes_read))
     shown = None
     if node.experts is not None:
         from vindex3.operators.moe_ffn import routing_from_trace
@@ -708,6 +708,8 @@ def layout_explain(r: ExplainResult, timing: bool) -> list[str]:
 def _explain_plan(r: ExplainResult) -> list[str]:
     head = f"plan: {r.slice}, {layers_phrase(r.executed_layers)} of {r.model_layers}"
     out = [head]
+    if r.activations != "exact":  # an executor choice that changes numbers: said wherever it applies
+        out.append(f"activations: {r.activations} (int8 and q4 decode products quantize activations per block of 32)")
     if r.skipped_layers:
         out.append(f"not run: {layers_phrase(r.skipped_layers)}")
     if r.prompt is not None:
@@ -766,7 +768,8 @@ _LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON
 @fam.layout(InferResult)
 def layout_infer(r: InferResult, timing: bool) -> list[str]:
     out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *prompt_fields(r.prompt),
-                  ("ablated", intervention(r.intervention))])
+                  ("ablated", intervention(r.intervention)),
+                  ("activations", r.activations if r.activations != "exact" else None)])
     if r.top is not None:
         out += [""] + table(
             [num("rank"), "token", num("id"), num("probability")],

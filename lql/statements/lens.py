@@ -249,7 +249,8 @@ def run_trace_for(session, node: TraceForPlan) -> TraceForResult:
         check_output(session, node.save, "TRACE ... SAVE INTO", node.overwrite)
     r = internals(session).trace(list(node.prompt.ids), node.target, layers=node.layers, positions=node.positions,
                                  decompose=node.decompose, save=node.save, overwrite=node.overwrite,
-                                 slice=node.slice.depth, intervention=node.intervention)
+                                 slice=node.slice.depth, intervention=node.intervention,
+                                 activations=session.settings.activations)
     return TraceForResult.model_validate(with_text(internals_data(r), node.prompt))
 
 

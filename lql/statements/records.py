@@ -121,7 +121,7 @@ def run_observe(session, node: ObservePlan) -> ObserveResult:
     check_output(session, node.into, "OBSERVE ... RECORD INTO", node.overwrite)
     r = internals(session).observe(list(node.prompt.ids), node.into, generate=node.generate,
                                    lens_tokens=list(node.lens), overwrite=node.overwrite, slice=node.slice.depth,
-                                   intervention=node.intervention)
+                                   intervention=node.intervention, activations=session.settings.activations)
     return ObserveResult.model_validate(with_text(internals_data(r), node.prompt))
 
 
