@@ -1,0 +1,184 @@
+"""numba kernels for the GGML block encodings (vindex3.codecs.ggml): decoders that turn one
+block of a file's bytes into float32 exactly as ``gguf.quants.dequantize`` does, and a rows
+kernel that multiplies by a weight straight from those blocks.
+
+Arithmetic
+----------
+Each decoder performs, element by element, the float32 operations of gguf 0.19's numpy
+dequantizer for that type, in the same order and with the same roundings: an f16 scale widened
+exactly (a table of all 65536 values), sub-block scales formed as ``d * sc`` (one rounding),
+then ``d * q`` or ``d * q + m`` / ``d * q - dm`` (a rounding after each operation; no fused
+multiply-add: the decoders are compiled without fastmath, so LLVM may not contract them). The
+values are therefore exact functions of the bytes and identical on every machine
+(tests/test_codecs_ggml.py compares them bit for bit with ``gguf.quants.dequantize``).
+
+The rows kernel decodes one weight row into an L1 scratch row (the exact values above) and
+dots it with every activation row with ``fastmath={"reassoc"}`` (as vindex3.codecs.kernels
+does: the order of one dot's additions is LLVM's, fixed in the compiled code); each output
+element is computed by one thread, so results do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+F32 = np.float32
+_FM = {"reassoc"}
+
+# f16 bit patterns -> float32 values, exact.
+F16 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+# e2m1 values doubled (gguf.quants.MXFP4.kvalues), indexed by the 4-bit code
+KVALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+
+# kind ids (vindex3.codecs.ggml.KINDS holds the same numbers)
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, MXFP4 = range(9)
+# (elements, bytes) of one block, by kind id
+BLOCK = np.array([(32, 34), (32, 18), (32, 20), (32, 22), (32, 24), (256, 144), (256, 176), (256, 210), (32, 17)],
+                 dtype=np.int64)
+
+
+@njit(inline="always")
+def _h(b, p, table):
+    """The f16 value stored little-endian at bytes p, p+1."""
+    return table[np.int64(b[p]) | (np.int64(b[p + 1]) << 8)]
+
+
+@njit(inline="always")
+def _k_scale_min(b, p, j):
+    """Q4_K / Q5_K: the 6-bit scale and min of sub-block j from the 12 bytes at p."""
+    if j < 4:
+        sc = np.int64(b[p + j]) & 63
+        mn = np.int64(b[p + 4 + j]) & 63
+    else:
+        sc = (np.int64(b[p + 8 + j - 4]) & 15) | ((np.int64(b[p + j - 4]) >> 2) & 0x30)
+        mn = (np.int64(b[p + 8 + j - 4]) >> 4) | ((np.int64(b[p + 4 + j - 4]) >> 2) & 0x30)
+    return sc, mn
+
+
+@njit(cache=True)
+def decode_block(kind, b, p, out, o, table, kv):
+    """Block of ``kind`` at bytes b[p:] -> out[o : o + block elements] (float32)."""
+    if kind == Q8_0:
+        d = _h(b, p, table)
+        for i in range(32):
+            v = np.int64(b[p + 2 + i])
+            if v >= 128:
+                v -= 256
+            out[o + i] = F32(v) * d
+    elif kind == Q4_0:
+        d = _h(b, p, table)
+        for i in range(16):
+            v = np.int64(b[p + 2 + i])
+            out[o + i] = d * F32((v & 15) - 8)
+            out[o + 16 + i] = d * F32((v >> 4) - 8)
+    elif kind == Q4_1:
+        d = _h(b, p, table)
+        m = _h(b, p + 2, table)
+        for i in range(16):
+            v = np.int64(b[p + 4 + i])
+            out[o + i] = d * F32(v & 15) + m
+            out[o + 16 + i] = d * F32(v >> 4) + m
+    elif kind == Q5_0 or kind == Q5_1:
+        d = _h(b, p, table)
+        m = F32(0.0)
+        q = p + 2
+        if kind == Q5_1:
+            m = _h(b, p + 2, table)
+            q = p + 4
+        qh = np.int64(b[q]) | (np.int64(b[q + 1]) << 8) | (np.int64(b[q + 2]) << 16) | (np.int64(b[q + 3]) << 24)
+        for i in range(32):
+            v = np.int64(b[q + 4 + (i & 15)])
+            lo = (v & 15) if i < 16 else (v >> 4)
+            c = lo | (((qh >> i) & 1) << 4)
+            if kind == Q5_0:
+                out[o + i] = d * F32(c - 16)
+            else:
+                out[o + i] = d * F32(c) + m
+    elif kind == Q4_K or kind == Q5_K:
+        d = _h(b, p, table)
+        dmin = _h(b, p + 2, table)
+        qs = p + 16 if kind == Q4_K else p + 48
+        for s in range(8):
+            sc, mn = _k_scale_min(b, p + 4, s)
+            ds = d * F32(sc)
+            dm = dmin * F32(mn)
+            g = s >> 1
+            sh = 4 * (s & 1)
+            for l in range(32):
+                c = (np.int64(b[qs + 32 * g + l]) >> sh) & 15
+                if kind == Q5_K:
+                    c = c | (((np.int64(b[p + 16 + l]) >> s) & 1) << 4)
+                out[o + 32 * s + l] = ds * F32(c) - dm
+    elif kind == Q6_K:
+        d = _h(b, p + 208, table)
+        for k in range(16):
+            sv = np.int64(b[p + 192 + k])
+            if sv >= 128:
+                sv -= 256
+            ds = d * F32(sv)
+            for l in range(16):
+                e = 16 * k + l
+                g = e >> 7
+                r = e & 127
+                lo = (np.int64(b[p + 64 * g + (r & 63)]) >> (4 * (r >> 6))) & 15
+                hi = (np.int64(b[p + 128 + 32 * g + (r & 31)]) >> (2 * (r >> 5))) & 3
+                out[o + e] = ds * F32((lo | (hi << 4)) - 32)
+    elif kind == MXFP4:
+        e = np.int64(b[p])
+        if e < 2:
+            bits = np.uint32(0x00200000) << np.uint32(e)
+        else:
+            bits = np.uint32(e - 1) << np.uint32(23)
+        d = np.array([bits], dtype=np.uint32).view(np.float32)[0]
+        for i in range(16):
+            v = np.int64(b[p + 1 + i])
+            out[o + i] = d * kv[v & 15]
+            out[o + 16 + i] = d * kv[v >> 4]
+
+
+@njit(cache=True)
+def decode_row(kind, b, out, table, kv, be, bb):
+    """One row of blocks (bytes ``b``) -> ``out`` float32 [blocks * be]."""
+    nb = out.shape[0] // be
+    for k in range(nb):
+        decode_block(kind, b, k * bb, out, k * be, table, kv)
+
+
+@njit(cache=True)
+def decode_rows(kind, B, rows, out, table, kv, be, bb):
+    """Rows ``rows`` of B [R, row bytes] -> out [len(rows), cols] (one thread: see kernels.py)."""
+    for r in range(rows.shape[0]):
+        decode_row(kind, B[rows[r]], out[r], table, kv, be, bb)
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def rows_blocks(kind, B, X, Y, rpt, table, kv, be, bb):
+    """Y[t, o] = decode(B[o]) . X[t]; B [O, row bytes] uint8 blocks of ``kind``."""
+    O = B.shape[0]
+    I = X.shape[1]
+    T = X.shape[0]
+    ntask = (O + rpt - 1) // rpt
+    for k in prange(ntask):
+        w = np.empty(I, F32)
+        for o in range(k * rpt, min(O, (k + 1) * rpt)):
+            decode_row(kind, B[o], w, table, kv, be, bb)
+            for t in range(T):
+                s = F32(0.0)
+                for j in range(I):
+                    s += w[j] * X[t, j]
+                Y[t, o] = s
+
+
+@njit(cache=True)
+def nonfinite_blocks(kind, B, table, kv, be, bb):
+    """Elements whose decoded value is NaN or infinite."""
+    I = B.shape[1] // bb * be
+    w = np.empty(I, F32)
+    bad = 0
+    for o in range(B.shape[0]):
+        decode_row(kind, B[o], w, table, kv, be, bb)
+        for j in range(I):
+            if not np.isfinite(w[j]):
+                bad += 1
+    return bad
