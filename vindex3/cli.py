@@ -36,7 +36,7 @@ def cmd_encode(a) -> int:
 
     t0 = time.perf_counter()
     with terminal_progress(f"encoding {Path(a.src).name}", enabled=not a.json) as cb:
-        r = encode_detailed(a.src, a.out, progress=cb, keep_dtype=a.keep_dtype)
+        r = encode_detailed(a.src, a.out, progress=cb, keep_dtype=a.keep_dtype, native=a.widen is None)
     secs = time.perf_counter() - t0
     if a.json:
         _print_json({"path": str(r.path), "tensors": r.tensors, "bytes": r.bytes, "seconds": round(secs, 3),
@@ -330,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out")
     s.add_argument("--keep-dtype", action="store_true",
                    help="keep bf16/f16 matrices 16-bit (exactly) instead of widening them to f32")
+    s.add_argument("--widen", choices=["f32"], default=None,
+                   help="write every tensor float32 (dequantized exactly), instead of keeping the matrices a GGUF "
+                        "file stores in block encodings (q4_1, q6_k, ...) or 16-bit floats as they are")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_encode)
 

@@ -56,93 +56,132 @@ def _k_scale_min(b, p, j):
     return sc, mn
 
 
-@njit(cache=True)
-def decode_block(kind, b, p, out, o, table, kv):
-    """Block of ``kind`` at bytes b[p:] -> out[o : o + block elements] (float32)."""
-    if kind == Q8_0:
-        d = _h(b, p, table)
-        for i in range(32):
-            v = np.int64(b[p + 2 + i])
-            if v >= 128:
-                v -= 256
-            out[o + i] = F32(v) * d
-    elif kind == Q4_0:
-        d = _h(b, p, table)
-        for i in range(16):
-            v = np.int64(b[p + 2 + i])
-            out[o + i] = d * F32((v & 15) - 8)
-            out[o + 16 + i] = d * F32((v >> 4) - 8)
-    elif kind == Q4_1:
-        d = _h(b, p, table)
+@njit(inline="always")
+def _q8_0(b, p, out, o, table):
+    d = _h(b, p, table)
+    for i in range(32):
+        out[o + i] = F32(np.int8(b[p + 2 + i])) * d
+
+
+@njit(inline="always")
+def _q4_0(b, p, out, o, table):
+    d = _h(b, p, table)
+    for i in range(16):
+        v = b[p + 2 + i]
+        out[o + i] = d * F32(np.int8(v & np.uint8(15)) - np.int8(8))
+        out[o + 16 + i] = d * F32(np.int8(v >> np.uint8(4)) - np.int8(8))
+
+
+@njit(inline="always")
+def _q4_1(b, p, out, o, table):
+    d = _h(b, p, table)
+    m = _h(b, p + 2, table)
+    for i in range(16):
+        v = b[p + 4 + i]
+        out[o + i] = d * F32(np.uint8(v & np.uint8(15))) + m
+        out[o + 16 + i] = d * F32(np.uint8(v >> np.uint8(4))) + m
+
+
+@njit(inline="always")
+def _q5(b, p, out, o, table, with_min):
+    d = _h(b, p, table)
+    m = F32(0.0)
+    q = p + 2
+    if with_min:
         m = _h(b, p + 2, table)
-        for i in range(16):
-            v = np.int64(b[p + 4 + i])
-            out[o + i] = d * F32(v & 15) + m
-            out[o + 16 + i] = d * F32(v >> 4) + m
-    elif kind == Q5_0 or kind == Q5_1:
-        d = _h(b, p, table)
-        m = F32(0.0)
-        q = p + 2
-        if kind == Q5_1:
-            m = _h(b, p + 2, table)
-            q = p + 4
-        qh = np.int64(b[q]) | (np.int64(b[q + 1]) << 8) | (np.int64(b[q + 2]) << 16) | (np.int64(b[q + 3]) << 24)
-        for i in range(32):
-            v = np.int64(b[q + 4 + (i & 15)])
-            lo = (v & 15) if i < 16 else (v >> 4)
-            c = lo | (((qh >> i) & 1) << 4)
-            if kind == Q5_0:
-                out[o + i] = d * F32(c - 16)
-            else:
-                out[o + i] = d * F32(c) + m
-    elif kind == Q4_K or kind == Q5_K:
-        d = _h(b, p, table)
-        dmin = _h(b, p + 2, table)
-        qs = p + 16 if kind == Q4_K else p + 48
-        for s in range(8):
-            sc, mn = _k_scale_min(b, p + 4, s)
-            ds = d * F32(sc)
-            dm = dmin * F32(mn)
-            g = s >> 1
-            sh = 4 * (s & 1)
-            for l in range(32):
-                c = (np.int64(b[qs + 32 * g + l]) >> sh) & 15
-                if kind == Q5_K:
-                    c = c | (((np.int64(b[p + 16 + l]) >> s) & 1) << 4)
-                out[o + 32 * s + l] = ds * F32(c) - dm
-    elif kind == Q6_K:
-        d = _h(b, p + 208, table)
-        for k in range(16):
-            sv = np.int64(b[p + 192 + k])
-            if sv >= 128:
-                sv -= 256
-            ds = d * F32(sv)
-            for l in range(16):
-                e = 16 * k + l
-                g = e >> 7
-                r = e & 127
-                lo = (np.int64(b[p + 64 * g + (r & 63)]) >> (4 * (r >> 6))) & 15
-                hi = (np.int64(b[p + 128 + 32 * g + (r & 31)]) >> (2 * (r >> 5))) & 3
-                out[o + e] = ds * F32((lo | (hi << 4)) - 32)
-    elif kind == MXFP4:
-        e = np.int64(b[p])
-        if e < 2:
-            bits = np.uint32(0x00200000) << np.uint32(e)
+        q = p + 4
+    qh = np.uint32(b[q]) | (np.uint32(b[q + 1]) << np.uint32(8)) | (np.uint32(b[q + 2]) << np.uint32(16)) | (
+        np.uint32(b[q + 3]) << np.uint32(24))
+    for i in range(16):
+        v = b[q + 4 + i]
+        lo = np.int32(v & np.uint8(15)) | (np.int32((qh >> np.uint32(i)) & np.uint32(1)) << 4)
+        hi = np.int32(v >> np.uint8(4)) | (np.int32((qh >> np.uint32(i + 16)) & np.uint32(1)) << 4)
+        if with_min:
+            out[o + i] = d * F32(lo) + m
+            out[o + 16 + i] = d * F32(hi) + m
         else:
-            bits = np.uint32(e - 1) << np.uint32(23)
-        d = np.array([bits], dtype=np.uint32).view(np.float32)[0]
-        for i in range(16):
-            v = np.int64(b[p + 1 + i])
-            out[o + i] = d * kv[v & 15]
-            out[o + 16 + i] = d * kv[v >> 4]
+            out[o + i] = d * F32(lo - 16)
+            out[o + 16 + i] = d * F32(hi - 16)
+
+
+@njit(inline="always")
+def _qk(b, p, out, o, table, five):
+    d = _h(b, p, table)
+    dmin = _h(b, p + 2, table)
+    qs = p + 48 if five else p + 16
+    for s in range(8):
+        sc, mn = _k_scale_min(b, p + 4, s)
+        ds = d * F32(sc)
+        dm = dmin * F32(mn)
+        g = s >> 1
+        sh = np.uint8(4 * (s & 1))
+        for l in range(32):
+            c = np.int32((b[qs + 32 * g + l] >> sh) & np.uint8(15))
+            if five:
+                c = c | (np.int32((b[p + 16 + l] >> np.uint8(s)) & np.uint8(1)) << 4)
+            out[o + 32 * s + l] = ds * F32(c) - dm
+
+
+@njit(inline="always")
+def _q6_k(b, p, out, o, table):
+    d = _h(b, p + 208, table)
+    for k in range(16):
+        ds = d * F32(np.int8(b[p + 192 + k]))
+        g = k >> 3
+        r0 = (k & 7) * 16
+        for l in range(16):
+            r = r0 + l
+            lo = (b[p + 64 * g + (r & 63)] >> np.uint8(4 * (r >> 6))) & np.uint8(15)
+            hi = (b[p + 128 + 32 * g + (r & 31)] >> np.uint8(2 * (r >> 5))) & np.uint8(3)
+            out[o + 16 * k + l] = ds * F32(np.int32(lo | (hi << np.uint8(4))) - 32)
+
+
+@njit(inline="always")
+def _mxfp4(b, p, out, o, kv):
+    e = np.uint32(b[p])
+    if e < np.uint32(2):
+        bits = np.uint32(0x00200000) << e
+    else:
+        bits = (e - np.uint32(1)) << np.uint32(23)
+    d = np.array([bits], dtype=np.uint32).view(np.float32)[0]
+    for i in range(16):
+        v = b[p + 1 + i]
+        out[o + i] = d * kv[v & np.uint8(15)]
+        out[o + 16 + i] = d * kv[v >> np.uint8(4)]
 
 
 @njit(cache=True)
 def decode_row(kind, b, out, table, kv, be, bb):
-    """One row of blocks (bytes ``b``) -> ``out`` float32 [blocks * be]."""
+    """One row of blocks (bytes ``b``) -> ``out`` float32 [blocks * be]. The type is chosen
+    once per row; each block decoder is inlined into its own loop."""
     nb = out.shape[0] // be
-    for k in range(nb):
-        decode_block(kind, b, k * bb, out, k * be, table, kv)
+    if kind == Q8_0:
+        for k in range(nb):
+            _q8_0(b, k * bb, out, k * be, table)
+    elif kind == Q4_0:
+        for k in range(nb):
+            _q4_0(b, k * bb, out, k * be, table)
+    elif kind == Q4_1:
+        for k in range(nb):
+            _q4_1(b, k * bb, out, k * be, table)
+    elif kind == Q5_0:
+        for k in range(nb):
+            _q5(b, k * bb, out, k * be, table, False)
+    elif kind == Q5_1:
+        for k in range(nb):
+            _q5(b, k * bb, out, k * be, table, True)
+    elif kind == Q4_K:
+        for k in range(nb):
+            _qk(b, k * bb, out, k * be, table, False)
+    elif kind == Q5_K:
+        for k in range(nb):
+            _qk(b, k * bb, out, k * be, table, True)
+    elif kind == Q6_K:
+        for k in range(nb):
+            _q6_k(b, k * bb, out, k * be, table)
+    elif kind == MXFP4:
+        for k in range(nb):
+            _mxfp4(b, k * bb, out, k * be, kv)
 
 
 @njit(cache=True)

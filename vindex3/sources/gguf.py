@@ -507,6 +507,33 @@ class GgufCheckpoint(CheckpointSource):
             w = _unpermute_rotary(w, self.config["num_key_value_heads"])
         return np.array(w, dtype=np.float32, order="C", copy=True)
 
+    def native_encoding(self, name: str) -> tuple[str, int] | None:
+        """The GGUF type as a container encoding: F32/F16/BF16 as f32/f16/bf16, a block type as
+        its lower-cased name (q4_1, q6_k, iq4_nl, ...; vindex3.codecs.ggml executes some of them,
+        the others are carried), with the tensor's byte count."""
+        spec = self._specs.get(name)
+        if spec is None:
+            return None
+        t = self._tensors[name]
+        return spec.dtype.lower(), int(t.n_bytes)
+
+    def encoded(self, name: str) -> np.ndarray:
+        """The tensor's bytes as the file stores them (rows of blocks, or 16/32-bit floats), q/k
+        rows put back in Hugging Face order: every block lies within one row, so that is a
+        permutation of whole rows of bytes, exactly what `load` does to the values."""
+        spec = self._specs.get(name)
+        if spec is None:
+            raise ConfigError(f"{self.path.name}: no tensor {name!r} (it has {len(self._specs)} tensors)")
+        t = self._tensors[name]
+        raw = np.asarray(t.data).view(np.uint8)
+        rows = int(np.prod(spec.shape[:-1]))
+        b = raw.reshape(rows, -1)
+        if name.endswith(".self_attn.q_proj.weight"):
+            b = _unpermute_rotary(b, self.config["num_attention_heads"])
+        elif name.endswith(".self_attn.k_proj.weight"):
+            b = _unpermute_rotary(b, self.config["num_key_value_heads"])
+        return np.array(b, dtype=np.uint8, order="C", copy=True).reshape(-1)
+
     def capability_files(self) -> dict[str, bytes]:
         if self._capabilities is None:
             self._capabilities = self._build_capabilities()
