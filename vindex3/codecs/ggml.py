@@ -123,3 +123,19 @@ class GgmlCodec(BlockCodec):
 
 for _name in KINDS:
     register(GgmlCodec(_name))
+
+
+def mxfp4_from_blocks(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """gpt-oss's MXFP4 tensors -> mxfp4 bytes, losslessly: ``blocks`` uint8 [..., G, 16] (byte i
+    holds element 2i in its low nibble, 2i + 1 in its high nibble) and ``scales`` uint8 [..., G]
+    (e8m0 exponents, value 2^(s - 127)) become GGML blocks [..., G, 17]: the exponent byte, then
+    16 bytes whose byte j holds element j (low nibble) and element j + 16 (high nibble). The
+    values are the same: e2m1(q) * 2^(s - 127) = (2 e2m1(q)) * 2^(s - 128)."""
+    b = np.ascontiguousarray(blocks, dtype=np.uint8)
+    s = np.ascontiguousarray(scales, dtype=np.uint8)
+    if b.shape[-1] != 16 or b.shape[:-1] != s.shape:
+        raise WeightShapeError(f"mxfp4: blocks of shape {list(b.shape)} and scales of shape {list(s.shape)} are not "
+                               "[..., G, 16] and [..., G]")
+    codes = np.stack([b & np.uint8(15), b >> np.uint8(4)], axis=-1).reshape(*b.shape[:-1], 32)
+    packed = codes[..., :16] | (codes[..., 16:] << np.uint8(4))
+    return np.concatenate([s[..., None], packed], axis=-1).reshape(-1)
