@@ -194,9 +194,14 @@ def _native_encodings(source: CheckpointSource, lowering, shapes) -> dict[tuple[
     """(object, tensor) -> (encoding, stored bytes) for every matrix operand a native encode
     writes as the source stores it: one source tensor, no transform, in a form the source names
     (`CheckpointSource.native_encoding`) other than float32."""
+    from .codecs.packing import encodable
+
     matrices = _matrix_operands(lowering, shapes)
     out = {}
     for p in lowering.placements:
+        if p.codec and (p.object, p.name) in matrices and encodable(p.codec, p.transform):
+            out[(p.object, p.name)] = (p.codec, codecs.get(p.codec).nbytes(tuple(p.shape(shapes))))
+            continue
         if p.sources or p.transform or (p.object, p.name) not in matrices:
             continue
         got = source.native_encoding(p.source_name)
@@ -210,10 +215,18 @@ def _native_encodings(source: CheckpointSource, lowering, shapes) -> dict[tuple[
     return out
 
 
-def _native_tensor(source: CheckpointSource, label: str, name: str, enc: str, shape: tuple[int, ...]) -> Encoded:
-    """A native tensor's bytes, refused by name when a codec decodes them to NaN or infinity
-    (an encoding without a codec is carried unchecked)."""
-    raw = source.encoded(name)
+def _native_tensor(source: CheckpointSource, label: str, p: TensorPlacement, enc: str, shape: tuple[int, ...]) -> Encoded:
+    """A native tensor's bytes (the source's own, or a quantized matrix's parts packed and
+    assembled as bytes), refused by name when a codec decodes them to NaN or infinity (an
+    encoding without a codec is carried unchecked)."""
+    if p.codec:
+        from .codecs.packing import steps_encoded
+
+        parts = p.packed_parts(source.load_stored)
+        raw = steps_encoded(p.codec, p.transform, [r for r, _ in parts], parts[0][1])
+        assert raw is not None  # _native_encodings kept only placements whose steps apply to bytes
+    else:
+        raw = source.encoded(p.source_name)
     if codecs.is_known(enc):
         bad = codecs.get(enc).weight(raw, shape).nonfinite()
         if bad:
@@ -265,9 +278,8 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         def load(rel: str, names=names, obj=obj):
             p = names[rel]
             if (obj, rel) in natives:
-                return _native_tensor(source, _source_label(p), p.source_name, natives[(obj, rel)][0],
-                                      tuple(p.shape(shapes)))
-            return _finite(_source_label(p), p.assemble(source.load))
+                return _native_tensor(source, _source_label(p), p, natives[(obj, rel)][0], tuple(p.shape(shapes)))
+            return _finite(_source_label(p), p.assemble(source.load, source.load_stored))
 
         info = write_segment(tmp / rel_path, key, seg_specs, load, tick)
         representations[key] = {
@@ -313,7 +325,8 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         }
     )
     # container tensors made from several source tensors, or transformed: what from, and how
-    assembled = [{"tensor": f"{p.object}/{p.name}", "sources": list(p.inputs), "transform": list(p.transform)}
+    assembled = [{"tensor": f"{p.object}/{p.name}", "sources": list(p.inputs), "transform": list(p.transform),
+                  **({"packed_as": p.codec} if p.codec else {})}
                  for p in lowering.placements if p.sources or p.transform]
     if assembled:
         provenance["assembled_tensors"] = assembled
@@ -325,7 +338,8 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
             "kept": by_native,
             "not_executable": sorted(e for e in by_native if not codecs.is_known(e)),
             "rule": "matrix operands that are one source tensor stored in an encoding the container names keep "
-                    "those bytes; norms, biases, assembled or transformed tensors and float32 are written f32",
+                    "those bytes, and quantized matrices (blocks and scales) are packed losslessly into their codec; "
+                    "norms, biases, other assembled or transformed tensors and float32 are written f32",
         }
     if keep_dtype:  # what --keep-dtype kept, by encoding (everything else was widened to float32)
         by_enc: dict[str, list[str]] = {}

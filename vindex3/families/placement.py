@@ -31,6 +31,7 @@ class Part:
     count: int
     shape: tuple[int, ...]
     transform: tuple[str, ...] = ()
+    codec: str = ""  # parts of a quantized matrix packed into this encoding (vindex3.codecs.packing)
 
 
 @dataclass(frozen=True)
@@ -119,9 +120,9 @@ def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[t
     """One container tensor from its parts: every index present exactly once, all parts agreeing
     on role, count and transform; else a blocking finding naming the missing or extra tensor."""
     first, name0 = parts[0]
-    count, role, steps = first.count, first.role, first.transform
+    count, role, steps, codec = first.count, first.role, first.transform, first.codec
     for p, name in parts:
-        if (p.count, p.role, p.transform) != (count, role, steps):
+        if (p.count, p.role, p.transform, p.codec) != (count, role, steps, codec):
             r.refuse(name, f"disagrees with {name0} on how {target} of layer {idx} is assembled", category="structure")
             return None
     by_index: dict[int, str] = {}
@@ -149,9 +150,10 @@ def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[t
         return None
     ops[role] = rel
     sources = tuple(by_index[i] for i in range(count))
-    if count == 1 and not steps:
+    if count == 1 and not steps and not codec:
         return TensorPlacement(sources[0], obj, rel, role, idx)
-    return TensorPlacement(sources[0], obj, rel, role, idx, sources=sources if count > 1 else (), transform=steps)
+    return TensorPlacement(sources[0], obj, rel, role, idx, sources=sources if count > 1 else (), transform=steps,
+                           codec=codec)
 
 
 
