@@ -72,7 +72,7 @@ def pair(tmp_path_factory):
 def test_mxfp4_gpt_oss_is_admitted_and_keeps_its_banks_packed(pair, tmp_path):
     mx, twin = pair
     plan = vindex3.admit(mx)
-    assert plan.admissible, plan.to_text()
+    assert plan.admissible, [f.text() for f in plan.blocking()]
     r = encode_detailed(mx, tmp_path / "n.vindex3", native=True)
     c = vindex3.open(r.path)
     seg = c.segments["decoder_stack"]

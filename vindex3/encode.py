@@ -190,6 +190,13 @@ def _matrix_operands(lowering, shapes) -> set[tuple[str, str]]:
             if (u := uses.get(f"{p.object}/{p.name}")) is not None and u.kind == "matrix"}
 
 
+def _part_shape(p: TensorPlacement, shapes) -> tuple[int, ...]:
+    """The shape of one packed part of a quantized matrix (before its transform steps)."""
+    from .codecs.packing import groups, part_shape
+
+    return part_shape(p.codec, [tuple(shapes[n]) for n in groups(p.codec, p.inputs)[0]])
+
+
 def _native_encodings(source: CheckpointSource, lowering, shapes) -> dict[tuple[str, str], tuple[str, int]]:
     """(object, tensor) -> (encoding, stored bytes) for every matrix operand a native encode
     writes as the source stores it: one source tensor, no transform, in a form the source names
@@ -199,7 +206,7 @@ def _native_encodings(source: CheckpointSource, lowering, shapes) -> dict[tuple[
     matrices = _matrix_operands(lowering, shapes)
     out = {}
     for p in lowering.placements:
-        if p.codec and (p.object, p.name) in matrices and encodable(p.codec, p.transform):
+        if p.codec and (p.object, p.name) in matrices and encodable(p.codec, p.transform, _part_shape(p, shapes)):
             out[(p.object, p.name)] = (p.codec, codecs.get(p.codec).nbytes(tuple(p.shape(shapes))))
             continue
         if p.sources or p.transform or (p.object, p.name) not in matrices:

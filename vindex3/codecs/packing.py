@@ -58,10 +58,25 @@ def row_bytes(codec: str, shape: tuple[int, ...]) -> int:
     return shape[-1] // be * bb
 
 
-def encodable(codec: str, steps: tuple[str, ...]) -> bool:
-    """Whether `steps_encoded` applies ``steps`` to this codec's bytes (else the tensor is widened)."""
+def _merge_in_place(codec: str, shape: tuple[int, ...]) -> bool:
+    """Whether merging consecutive matrices [2E, o, i] into [E, 2o, i] leaves this codec's bytes
+    as they are: always for a row-wise codec; for fp8's 128 x 128 scale grid when o is a whole
+    number of blocks (each section is then already in the merged order)."""
+    if PACKERS[codec].row_wise:
+        return True
+    return codec == "fp8_e4m3_b128" and len(shape) >= 2 and shape[-2] % 128 == 0
+
+
+def encodable(codec: str, steps: tuple[str, ...], shape: tuple[int, ...]) -> bool:
+    """Whether `steps_encoded` applies ``steps`` to this codec's bytes for parts of ``shape``
+    (else the tensor is widened)."""
     row_wise = PACKERS[codec].row_wise
-    return all(s == "stack" or (row_wise and s in ("uninterleave_axis1", "merge_pairs")) for s in steps)
+    for s in steps:
+        if s == "merge_pairs" and not _merge_in_place(codec, shape):
+            return False
+        if s not in ("stack", "merge_pairs") and not (row_wise and s == "uninterleave_axis1"):
+            return False
+    return True
 
 
 def steps_encoded(codec: str, steps: tuple[str, ...], parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray | None:
@@ -81,7 +96,7 @@ def steps_encoded(codec: str, steps: tuple[str, ...], parts: list[np.ndarray], s
             rb = row_bytes(codec, shp)
             b = xs[0].reshape(shp[0], shp[1], rb)
             xs = [np.ascontiguousarray(np.concatenate([b[:, 0::2], b[:, 1::2]], axis=1)).reshape(-1)]
-        elif step == "merge_pairs" and packer.row_wise and len(xs) == 1:
+        elif step == "merge_pairs" and len(xs) == 1 and _merge_in_place(codec, shp[1:]):
             shp = (shp[0] // 2, 2 * shp[1], *shp[2:])  # C-order rows: the bytes do not move
         else:
             return None

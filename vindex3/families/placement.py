@@ -23,13 +23,14 @@ class Part:
     """Source tensor ``index`` of ``count`` that make the container tensor ``target`` (a name
     relative to the layer) under ``role``, assembled by ``transform`` (steps of
     `vindex3.families.base.TRANSFORMS`; with several sources the first step stacks them). The
-    source must have exactly ``shape``."""
+    source must have exactly ``shape`` (None: a quantized part, a block scale, whose shape the
+    codec checks when it packs it)."""
 
     role: str
     target: str
     index: int
     count: int
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
     transform: tuple[str, ...] = ()
     codec: str = ""  # parts of a quantized matrix packed into this encoding (vindex3.codecs.packing)
 
@@ -77,7 +78,7 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
                 continue
             if isinstance(role, Part):
                 shape = tuple(specs[name].shape)
-                if shape != tuple(role.shape):
+                if role.shape is not None and shape != tuple(role.shape):
                     r.refuse(name, f"has shape {list(shape)}; as part of {role.role} ({role.target}) of layer {idx} "
                                    f"it must be {list(role.shape)}", category="structure")
                     rejected.add((int(idx), role.target))  # the bank is refused already; no second finding
