@@ -375,8 +375,8 @@ def test_tiny_metadata_only_open_and_provenance(tiny, monkeypatch):
 
 
 def test_refuses_other_architecture_by_name(tmp_path):
-    path = tmp_path / "qwen.gguf"
-    w = gguf.GGUFWriter(path, "qwen2")
+    path = tmp_path / "falcon.gguf"
+    w = gguf.GGUFWriter(path, "falcon")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     w.write_header_to_file()
@@ -385,7 +385,7 @@ def test_refuses_other_architecture_by_name(tmp_path):
     w.close()
     with pytest.raises(AdmissionError) as e:
         open_source(path)
-    assert "'qwen2'" in str(e.value) and "llama" in str(e.value) and "qwen.gguf" in str(e.value)
+    assert "'falcon'" in str(e.value) and "llama" in str(e.value) and "falcon.gguf" in str(e.value)
     assert e.value.findings and e.value.findings[0]["key"] == "general.architecture"
 
 
