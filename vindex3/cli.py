@@ -257,6 +257,22 @@ def _print_result(res, as_json: bool) -> None:
 
 
 def cmd_represent(a) -> int:
+    if (a.permute_experts is None) == (a.encoding is None):
+        from .errors import ConfigError
+
+        raise ConfigError("represent takes either --encoding or --permute-experts (one container per run)")
+    if a.permute_experts is not None:
+        from .permute import permute_experts
+
+        p = permute_experts(a.src, a.out, a.permute_experts)
+        if a.json:
+            _print_json({"path": str(p.path), "tensors": p.tensors, "prompts": p.prompts,
+                         "layers": {str(k): v for k, v in p.layers.items()}, "cleaned": p.cleaned})
+        else:
+            print(f"wrote {p.path}: {len(p.tensors)} expert banks reordered from {p.prompts} prompts")
+            for k, v in sorted(p.layers.items()):
+                print(f"  layer {k}: stored order {v}")
+        return 0
     from lql.commands.representations import represent_result
 
     from .progress import terminal_progress
@@ -339,7 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("represent", help="write a container in another weight encoding (same graph and objects)")
     s.add_argument("src")
     s.add_argument("out")
-    s.add_argument("--encoding", required=True, choices=["f32", "bf16", "f16", "int8", "q4"])
+    s.add_argument("--encoding", choices=["f32", "bf16", "f16", "int8", "q4"])
+    s.add_argument("--permute-experts", metavar="PROMPTS", default=None,
+                   help="instead of re-encoding: store every routed layer's expert banks most-used first, from router "
+                        "statistics on this JSONL prompt bank (outputs identical; the order is recorded)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_represent)
 
