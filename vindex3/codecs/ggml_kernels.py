@@ -59,27 +59,35 @@ def _k_scale_min(b, p, j):
 @njit(inline="always")
 def _q8_0(b, p, out, o, table):
     d = _h(b, p, table)
+    q = b[p + 2 : p + 34]
+    w = out[o : o + 32]
     for i in range(32):
-        out[o + i] = F32(np.int8(b[p + 2 + i])) * d
+        w[i] = F32(np.int8(q[i])) * d
 
 
 @njit(inline="always")
 def _q4_0(b, p, out, o, table):
     d = _h(b, p, table)
+    q = b[p + 2 : p + 18]
+    lo = out[o : o + 16]
+    hi = out[o + 16 : o + 32]
     for i in range(16):
-        v = b[p + 2 + i]
-        out[o + i] = d * F32(np.int8(v & np.uint8(15)) - np.int8(8))
-        out[o + 16 + i] = d * F32(np.int8(v >> np.uint8(4)) - np.int8(8))
+        v = q[i]
+        lo[i] = d * F32(np.int8(v & np.uint8(15)) - np.int8(8))
+        hi[i] = d * F32(np.int8(v >> np.uint8(4)) - np.int8(8))
 
 
 @njit(inline="always")
 def _q4_1(b, p, out, o, table):
     d = _h(b, p, table)
     m = _h(b, p + 2, table)
+    q = b[p + 4 : p + 20]  # views: indices from range() need no negative-index handling
+    lo = out[o : o + 16]
+    hi = out[o + 16 : o + 32]
     for i in range(16):
-        v = b[p + 4 + i]
-        out[o + i] = d * F32(np.uint8(v & np.uint8(15))) + m
-        out[o + 16 + i] = d * F32(np.uint8(v >> np.uint8(4))) + m
+        v = q[i]
+        lo[i] = d * F32(np.uint8(v & np.uint8(15))) + m
+        hi[i] = d * F32(np.uint8(v >> np.uint8(4))) + m
 
 
 @njit(inline="always")
@@ -92,16 +100,19 @@ def _q5(b, p, out, o, table, with_min):
         q = p + 4
     qh = np.uint32(b[q]) | (np.uint32(b[q + 1]) << np.uint32(8)) | (np.uint32(b[q + 2]) << np.uint32(16)) | (
         np.uint32(b[q + 3]) << np.uint32(24))
+    qs = b[q + 4 : q + 20]
+    wl = out[o : o + 16]
+    wh = out[o + 16 : o + 32]
     for i in range(16):
-        v = b[q + 4 + i]
+        v = qs[i]
         lo = np.int32(v & np.uint8(15)) | (np.int32((qh >> np.uint32(i)) & np.uint32(1)) << 4)
         hi = np.int32(v >> np.uint8(4)) | (np.int32((qh >> np.uint32(i + 16)) & np.uint32(1)) << 4)
         if with_min:
-            out[o + i] = d * F32(lo) + m
-            out[o + 16 + i] = d * F32(hi) + m
+            wl[i] = d * F32(lo) + m
+            wh[i] = d * F32(hi) + m
         else:
-            out[o + i] = d * F32(lo - 16)
-            out[o + 16 + i] = d * F32(hi - 16)
+            wl[i] = d * F32(lo - 16)
+            wh[i] = d * F32(hi - 16)
 
 
 @njit(inline="always")
@@ -115,11 +126,14 @@ def _qk(b, p, out, o, table, five):
         dm = dmin * F32(mn)
         g = s >> 1
         sh = np.uint8(4 * (s & 1))
+        q = b[qs + 32 * g : qs + 32 * g + 32]
+        qh = b[p + 16 : p + 48]
+        w = out[o + 32 * s : o + 32 * s + 32]
         for l in range(32):
-            c = np.int32((b[qs + 32 * g + l] >> sh) & np.uint8(15))
+            c = np.int32((q[l] >> sh) & np.uint8(15))
             if five:
-                c = c | (np.int32((b[p + 16 + l] >> np.uint8(s)) & np.uint8(1)) << 4)
-            out[o + 32 * s + l] = ds * F32(c) - dm
+                c = c | (np.int32((qh[l] >> np.uint8(s)) & np.uint8(1)) << 4)
+            w[l] = ds * F32(c) - dm
 
 
 @njit(inline="always")
@@ -144,10 +158,13 @@ def _mxfp4(b, p, out, o, kv):
     else:
         bits = (e - np.uint32(1)) << np.uint32(23)
     d = np.array([bits], dtype=np.uint32).view(np.float32)[0]
+    q = b[p + 1 : p + 17]
+    lo = out[o : o + 16]
+    hi = out[o + 16 : o + 32]
     for i in range(16):
-        v = b[p + 1 + i]
-        out[o + i] = d * kv[v & np.uint8(15)]
-        out[o + 16 + i] = d * kv[v >> np.uint8(4)]
+        v = q[i]
+        lo[i] = d * kv[v & np.uint8(15)]
+        hi[i] = d * kv[v >> np.uint8(4)]
 
 
 @njit(cache=True)
