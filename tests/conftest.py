@@ -16,6 +16,7 @@ NUMERIC_FILES = (
     "test_*_models.py", "test_*_kernels.py", "test_*_op.py", "test_*_statements.py", "test_*_docs.py",
     "test_executor.py", "test_codecs.py", "test_representations.py", "test_internals_*.py", "test_draft_*.py",
     "test_lql_internals.py", "test_plugin_core.py", "test_gguf_*.py", "test_golden_compare.py", "test_codecs_*.py",
+    "test_permuted_experts.py",
 )
 
 

@@ -113,8 +113,10 @@ def test_native_encode_keeps_every_matrix_as_the_file_stores_it(tiny_all, tmp_pa
 
 def test_cli_encodes_gguf_natively_and_widens_on_request(tiny_exec, tmp_path, capsys):
     assert cli.main(["encode", str(tiny_exec), str(tmp_path / "n.vindex3"), "--json"]) == 0
+    kept = json.loads(capsys.readouterr().out)["kept_as_stored"]
+    assert kept["q8_0"] == 3 and kept["q6_k"] == 2 and kept["f16"] == 1 and "f32" not in kept
     assert cli.main(["encode", str(tiny_exec), str(tmp_path / "w.vindex3"), "--widen", "f32", "--json"]) == 0
-    capsys.readouterr()
+    assert json.loads(capsys.readouterr().out)["kept_as_stored"] == {}
     n, w = vindex3.open(tmp_path / "n.vindex3"), vindex3.open(tmp_path / "w.vindex3")
     assert {e.dtype for s in w.segments.values() for e in s.entries.values()} == {"f32"}
     assert "native" not in w.provenance

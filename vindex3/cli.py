@@ -41,9 +41,16 @@ def cmd_encode(a) -> int:
     if a.json:
         _print_json({"path": str(r.path), "tensors": r.tensors, "bytes": r.bytes, "seconds": round(secs, 3),
                      "dropped": [{"tensor": n, "why": w} for n, w in r.dropped], "not_carried": r.not_carried,
+                     "kept_as_stored": r.native,
                      "cleaned": r.cleaned})
     else:
         print(f"encoded {a.src} -> {r.path}: {r.tensors} tensors, {r.bytes:,} bytes in {secs:.1f}s")
+        if r.native:
+            from . import codecs
+
+            kept = ", ".join(f"{e} {n}" + ("" if codecs.is_known(e) else " (carried: no codec executes it)")
+                             for e, n in sorted(r.native.items()))
+            print(f"  kept as stored: {kept}; every other tensor written f32 (--widen f32 widens them all)")
         for n, w in r.dropped:
             print(f"  dropped {n}: {w}")
         if r.not_carried:

@@ -42,6 +42,7 @@ class EncodeResult:
         self.dropped = dropped
         self.not_carried = not_carried
         self.cleaned = list(cleaned or [])  # temporary directories of killed encodes, removed first
+        self.native: dict[str, int] = {}  # encoding -> tensors a native encode kept as the source stores them
 
 
 # An encode writes into ``.<out name>.encoding-<pid>`` beside its output, with this marker file
@@ -371,4 +372,7 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         index["provenance"]["components_not_carried"] = lowering.not_carried_components
     jsonio.write_atomic(tmp / INDEX, seal(index))  # last: its presence means the container is complete
     total_bytes = sum(r["payload_bytes"] for r in representations.values())
-    return EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)
+    result = EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)
+    for enc, _ in natives.values():
+        result.native[enc] = result.native.get(enc, 0) + 1
+    return result
