@@ -39,13 +39,15 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
 )
-SPLITS = {"qwen2": _QWEN2_SPLIT}
+# Llama 3's published split: Qwen2's with digits in runs of up to three
+_LLAMA3_SPLIT = _QWEN2_SPLIT.replace(r"\p{N}|", r"\p{N}{1,3}|", 1)
+SPLITS = {"qwen2": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
 
 # Tokenizers that are rebuilt from the GGUF vocabulary exactly as transformers builds them.
 # tokenizer.ggml.model -> the tokenizer.ggml.pre values for which transformers keeps the plain
 # GPT-2 byte-level split (it swaps in other split regexes for llama-bpe, qwen2, ... which are not
 # reproduced here and so are refused by name).
-SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2")}
+SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2", "llama-bpe")}
 
 # llama.* metadata keys read into the config.
 _CONSUMED_ARCH_KEYS = {
