@@ -47,7 +47,7 @@ SPLITS = {"qwen2": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
 # tokenizer.ggml.model -> the tokenizer.ggml.pre values for which transformers keeps the plain
 # GPT-2 byte-level split (it swaps in other split regexes for llama-bpe, qwen2, ... which are not
 # reproduced here and so are refused by name).
-SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2", "llama-bpe")}
+SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2", "llama-bpe"), "llama": (None, "default")}
 
 # llama.* metadata keys read into the config.
 _CONSUMED_ARCH_KEYS = {
@@ -503,7 +503,7 @@ class GgufCheckpoint(CheckpointSource):
         pre = self._meta.get("tokenizer.ggml.pre")
         if model not in SUPPORTED_TOKENIZERS or pre not in SUPPORTED_TOKENIZERS[model]:
             supported = "; ".join(
-                f"{m} with pre {', '.join(p)}" for m, p in SUPPORTED_TOKENIZERS.items()
+                f"{m} with pre {', '.join(x or '(absent)' for x in p)}" for m, p in SUPPORTED_TOKENIZERS.items()
             )
             raise AdmissionError(
                 f"{self.path.name}: tokenizer.ggml.model {model!r} with tokenizer.ggml.pre {pre!r} "
@@ -517,9 +517,19 @@ class GgufCheckpoint(CheckpointSource):
                     }
                 ],
             )
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if self.architecture != "llama" and model == "llama":
+            raise AdmissionError(
+                f"{self.path.name}: a SentencePiece vocabulary on a {self.architecture} file: transformers builds "
+                "it with that architecture's own rules, which this importer does not reproduce",
+                [{"category": "tokenizer", "key": "tokenizer.ggml.model", "value": model, "blocks": True}],
+            )
+        need = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if model == "gpt2" else ("tokenizer.ggml.tokens",)
+        if model == "llama" and "tokenizer.ggml.merges" not in self._meta:
+            need = (*need, "tokenizer.ggml.scores")  # merges are recovered from the scores
+        for key in need:
             if key not in self._meta:
-                raise AdmissionError(f"{self.path.name}: byte-level BPE tokenizer without {key}")
+                kind = "byte-level BPE" if model == "gpt2" else "SentencePiece"
+                raise AdmissionError(f"{self.path.name}: {kind} tokenizer without {key}")
         n_tokens = len(self._reader.fields["tokenizer.ggml.tokens"].data)
         if n_tokens > self.config["vocab_size"]:
             raise AdmissionError(
@@ -635,7 +645,7 @@ class GgufCheckpoint(CheckpointSource):
     def build_tokenizer(self):
         """The byte-level BPE tokenizer the GGUF vocabulary describes, as a ``tokenizers.Tokenizer``,
         built the way transformers builds it for ``AutoTokenizer.from_pretrained(gguf_file=...)``."""
-        from tokenizers import AddedToken, Regex, Tokenizer, decoders, pre_tokenizers, processors
+        from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
         from tokenizers.models import BPE
 
         if self._meta.get("tokenizer.ggml.model") is None:
@@ -643,8 +653,10 @@ class GgufCheckpoint(CheckpointSource):
                 f"{self.path.name} carries no tokenizer (tokenizer.ggml.model is absent)"
             )
         tokens = self._array("tokenizer.ggml.tokens")
-        merges_raw = self._array("tokenizer.ggml.merges")
         token_types = self._array("tokenizer.ggml.token_type") or []
+        if self._meta.get("tokenizer.ggml.model") == "llama":
+            return self._sentencepiece(tokens, token_types)
+        merges_raw = self._array("tokenizer.ggml.merges")
 
         spelling = _byte_alphabet()
         alphabet = set(spelling)
@@ -695,6 +707,43 @@ class GgufCheckpoint(CheckpointSource):
         for token, ttype in zip(tokens, token_types):
             if ttype == _CONTROL and set(token) <= alphabet and token not in specials:
                 specials.append(token)
+        return self._finish_tokenizer(tk, tokens, token_types, vocab, specials)
+
+    def _sentencepiece(self, tokens: list[str], token_types: list[int]):
+        """A SentencePiece vocabulary (tokenizer.ggml.model llama) as transformers builds it: BPE over
+        the tokens as spelled, byte fallback, unknown pieces fused; merges from the file, or recovered
+        from the scores (`_merges_from_scores`); "▁" prepended to the first word only, no split."""
+        from tokenizers import Tokenizer, decoders, pre_tokenizers
+        from tokenizers.models import BPE
+
+        vocab = {token: index for index, token in enumerate(tokens)}
+        if "tokenizer.ggml.merges" in self._meta:
+            merges = []
+            for merge in self._array("tokenizer.ggml.merges"):
+                pair = merge.split(" ")
+                if len(pair) != 2:
+                    raise ConfigError(f"{self.path.name}: tokenizer.ggml.merges entry {merge!r} is not a pair")
+                merges.append((pair[0], pair[1]))
+        else:
+            merges = _merges_from_scores(vocab, dict(zip(tokens, self._array("tokenizer.ggml.scores"))))
+        tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+        tk.normalizer = None
+        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+        tk.decoder = decoders.Sequence([
+            decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
+        ])
+        specials = [t for t, ty in zip(tokens, token_types) if ty == _CONTROL]
+        return self._finish_tokenizer(tk, tokens, token_types, vocab, specials)
+
+    def _add_bos_default(self) -> bool:
+        """add_bos_token when the file does not say: llama.cpp (and transformers) add BOS to a
+        SentencePiece vocabulary, not to a byte-level one."""
+        return self._meta.get("tokenizer.ggml.model") == "llama"
+
+    def _finish_tokenizer(self, tk, tokens, token_types, vocab, specials):
+        """Special and added tokens, and the post-processor adding bos / eos, as the file states."""
+        from tokenizers import AddedToken, processors
+
         named = {
             name: self._special_token(key, tokens)
             for name, key in (
@@ -717,7 +766,7 @@ class GgufCheckpoint(CheckpointSource):
             tk.add_tokens(user_defined)
 
         add_bos = (
-            bool(self._meta.get("tokenizer.ggml.add_bos_token", False))
+            bool(self._meta.get("tokenizer.ggml.add_bos_token", self._add_bos_default()))
             and named["bos_token"] is not None
         )
         add_eos = (
@@ -756,6 +805,8 @@ class GgufCheckpoint(CheckpointSource):
         for key in ("add_bos_token", "add_eos_token"):
             if f"tokenizer.ggml.{key}" in self._meta:
                 tok_config[key] = bool(self._meta[f"tokenizer.ggml.{key}"])
+        if "add_bos_token" not in tok_config and self._add_bos_default():
+            tok_config["add_bos_token"] = True
         tok_config.update(special)
         template = self._meta.get("tokenizer.chat_template")
         if template is not None:
@@ -776,6 +827,20 @@ class GgufCheckpoint(CheckpointSource):
         if gen:
             files["generation_config.json"] = (jsonio.dumps(gen) + "\n").encode("utf-8")
         return files
+
+
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """The BPE merges a SentencePiece vocabulary implies (its file lists none): every split of a
+    token into two tokens of the vocabulary, ordered by the token's score (highest first), then by
+    the longer left piece, then the longer right piece; splits of one token in the order of their
+    pieces' ids; ties keep the vocabulary's order (the rule transformers and tokenizers apply)."""
+    found = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in found]
 
 
 def _unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
