@@ -73,8 +73,8 @@ def _q4_0(b, p, out, o, table):
     hi = out[o + 16 : o + 32]
     for i in range(16):
         v = q[i]
-        lo[i] = d * F32(np.int8(v & np.uint8(15)) - np.int8(8))
-        hi[i] = d * F32(np.int8(v >> np.uint8(4)) - np.int8(8))
+        lo[i] = d * F32(np.int32(v & np.uint8(15)) - 8)
+        hi[i] = d * F32(np.int32(v >> np.uint8(4)) - 8)
 
 
 @njit(inline="always")
@@ -86,8 +86,8 @@ def _q4_1(b, p, out, o, table):
     hi = out[o + 16 : o + 32]
     for i in range(16):
         v = q[i]
-        lo[i] = d * F32(np.uint8(v & np.uint8(15))) + m
-        hi[i] = d * F32(np.uint8(v >> np.uint8(4))) + m
+        lo[i] = d * F32(np.int32(v & np.uint8(15))) + m
+        hi[i] = d * F32(np.int32(v >> np.uint8(4))) + m
 
 
 @njit(inline="always")
@@ -138,16 +138,32 @@ def _qk(b, p, out, o, table, five):
 
 @njit(inline="always")
 def _q6_k(b, p, out, o, table):
+    # element 128 g + 32 j + l (j = 0..3, l = 0..31) takes the low (j = 0, 1) or high (j = 2, 3)
+    # nibble of ql[64 g + 32 (j & 1) + l] and bits 2 j, 2 j + 1 of qh[32 g + l]; its scale is
+    # sub-block (128 g + 32 j + l) // 16
     d = _h(b, p + 208, table)
-    for k in range(16):
-        ds = d * F32(np.int8(b[p + 192 + k]))
-        g = k >> 3
-        r0 = (k & 7) * 16
-        for l in range(16):
-            r = r0 + l
-            lo = (b[p + 64 * g + (r & 63)] >> np.uint8(4 * (r >> 6))) & np.uint8(15)
-            hi = (b[p + 128 + 32 * g + (r & 31)] >> np.uint8(2 * (r >> 5))) & np.uint8(3)
-            out[o + 16 * k + l] = ds * F32(np.int32(lo | (hi << np.uint8(4))) - 32)
+    sc = b[p + 192 : p + 208]
+    for g in range(2):
+        ql = b[p + 64 * g : p + 64 * g + 64]
+        qh = b[p + 128 + 32 * g : p + 128 + 32 * g + 32]
+        for j in range(4):
+            w = out[o + 128 * g + 32 * j : o + 128 * g + 32 * j + 32]
+            q = ql[32 * (j & 1) : 32 * (j & 1) + 32]
+            sh = 4 * (j >> 1)
+            for half in range(2):
+                ds = d * F32(np.int8(sc[8 * g + 2 * j + half]))
+                for l in range(16 * half, 16 * half + 16):
+                    c = ((np.int32(q[l]) >> sh) & 15) | (((np.int32(qh[l]) >> (2 * j)) & 3) << 4)
+                    w[l] = ds * F32(c - 32)
+
+
+@njit(inline="always")
+def _kv(c):
+    """KVALUES[c] as an integer (e2m1 doubled: 0 1 2 3 4 6 8 12, code 8 and up negative, code 8
+    itself +0 as gguf reads it), computed instead of looked up so the loop needs no gather."""
+    m = c & 7
+    v = m if m < 4 else (2 + (m & 1)) << ((m >> 1) - 1)
+    return -v if c & 8 else v
 
 
 @njit(inline="always")
@@ -163,8 +179,8 @@ def _mxfp4(b, p, out, o, kv):
     hi = out[o + 16 : o + 32]
     for i in range(16):
         v = q[i]
-        lo[i] = d * kv[v & np.uint8(15)]
-        hi[i] = d * kv[v >> np.uint8(4)]
+        lo[i] = d * F32(_kv(np.int32(v & np.uint8(15))))
+        hi[i] = d * F32(_kv(np.int32(v >> np.uint8(4))))
 
 
 @njit(cache=True)
