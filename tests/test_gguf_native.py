@@ -173,3 +173,17 @@ def test_smollm2_q4_1_encodes_natively_and_answers_paris(smollm2_gguf, smollm2_c
     print(f"SmolLM2 native q4_1 vs f32 container: max|d| = {diff:.3g}")
     assert diff <= 8 * np.finfo(F32).eps * float(np.abs(lw).max())
     json.dumps(c.provenance["native"])  # serialisable record of what was kept
+
+
+def test_shards_of_a_native_container_copy_the_blocks(tiny_all, tmp_path):
+    from vindex3.shards import ShardContainer, write_shards
+    from vindex3.shards.store import read_manifest
+
+    c = vindex3.open(encode(tiny_all, tmp_path / "n.vindex3", native=True))
+    out = write_shards(c, tmp_path / "set", 2)
+    for e in read_manifest(out)["shards"]:
+        member = ShardContainer(out / e["path"])
+        for obj, seg in member.segments.items():
+            for name in seg.entries:
+                assert seg.entries[name].dtype == c.segments[obj].entries[name].dtype
+                assert np.array_equal(np.asarray(seg.raw(name)), np.asarray(c.segments[obj].raw(name)))

@@ -95,3 +95,30 @@ def test_a_permutation_that_does_not_fit_is_refused_by_name(containers, bank, tm
     (bad / "index.json").write_text(json.dumps(seal(index)))
     with pytest.raises(IntegrityError, match="permutation"):
         Container(bad)
+
+
+def test_represent_and_shards_keep_a_permuted_bank_permuted(containers, bank, tmp_path):
+    from vindex3.shards import ShardContainer, write_shards
+    from vindex3.shards.store import HeldSource, read_manifest
+
+    src = containers("qwen3_moe")
+    perm = permute_experts(src, tmp_path / "perm.vindex3", bank).path
+    # re-encoded in stored order, the permutation carried: the same outputs as the unpermuted int8
+    a = vindex3.open(represent(src, tmp_path / "a8.vindex3", "int8").path)
+    b = vindex3.open(represent(perm, tmp_path / "b8.vindex3", "int8").path)
+    assert any(r.permutation for r in b.manifest.representations.values())
+    assert np.array_equal(b.executor().forward(IDS), a.executor().forward(IDS))
+    # shard members copy the stored bytes and hand out the logical banks
+    c = vindex3.open(perm)
+    out = write_shards(c, tmp_path / "set", 2)
+    plan, parent = c.op_plan(), c.tensor_source()
+    seen = 0
+    for e in read_manifest(out)["shards"]:
+        member = ShardContainer(out / e["path"])
+        held = HeldSource(member)
+        for i in range(*e["layers"]):
+            for ref in plan.layers[i].operands():
+                if len(ref.shape) == 3:
+                    assert np.array_equal(held.weight(ref).dense(), parent.weight(ref).dense())
+                    seen += 1
+    assert seen
