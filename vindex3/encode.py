@@ -103,9 +103,11 @@ def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progres
     source tensors are all bf16 (or all f16) stays bf16 (f16), exactly; norms, biases and other
     arrays are widened to float32 as always. With ``native``, a matrix operand that is one
     source tensor the source stores in a container encoding (`CheckpointSource.native_encoding`:
-    a GGUF file's block types, F16 and BF16) keeps those very bytes; an encoding this build has
-    no codec for is carried and refused when executed. The choice per tensor is recorded in
-    provenance."""
+    a GGUF file's block types, F16 and BF16) keeps those very bytes, and a quantized matrix a
+    family places with a codec (gpt-oss's MXFP4 blocks and scales, DeepSeek-V3's FP8 weights
+    and block scales: vindex3.codecs.packing) is packed into that codec; an encoding this build
+    has no codec for is carried and refused when executed. Without ``native`` such quantized
+    matrices are decoded exactly to float32. The choice per tensor is recorded in provenance."""
     try:
         out = output_dir(out, "encode output")
     except PathRefused as e:
