@@ -30,7 +30,7 @@ F32 = np.float32
 EXECUTABLE_TYPES = {
     0: {"attn_q": Q.Q4_0, "attn_k": Q.Q5_1, "attn_v": Q.Q8_0, "attn_output": Q.Q4_1,
         "ffn_gate": Q.Q6_K, "ffn_up": Q.Q4_K, "ffn_down": Q.Q5_0},
-    1: {"attn_q": Q.F16, "attn_k": Q.BF16, "attn_v": Q.Q5_0, "attn_output": Q.Q8_0,
+    1: {"attn_q": Q.F16, "attn_k": Q.BF16, "attn_v": Q.MXFP4, "attn_output": Q.Q8_0,
         "ffn_gate": Q.Q5_K, "ffn_up": Q.Q4_1, "ffn_down": Q.F32},
 }
 
@@ -114,7 +114,7 @@ def test_native_encode_keeps_every_matrix_as_the_file_stores_it(tiny_all, tmp_pa
 def test_cli_encodes_gguf_natively_and_widens_on_request(tiny_exec, tmp_path, capsys):
     assert cli.main(["encode", str(tiny_exec), str(tmp_path / "n.vindex3"), "--json"]) == 0
     kept = json.loads(capsys.readouterr().out)["kept_as_stored"]
-    assert kept["q8_0"] == 3 and kept["q6_k"] == 2 and kept["f16"] == 1 and "f32" not in kept
+    assert kept["q8_0"] == 3 and kept["q6_k"] == 2 and kept["f16"] == 1 and kept["mxfp4"] == 1 and "f32" not in kept
     assert cli.main(["encode", str(tiny_exec), str(tmp_path / "w.vindex3"), "--widen", "f32", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["kept_as_stored"] == {}
     n, w = vindex3.open(tmp_path / "n.vindex3"), vindex3.open(tmp_path / "w.vindex3")
