@@ -15,8 +15,9 @@ from fixtures import FAMILIES, bounded, build_checkpoint
 NUMERIC_FILES = (
     "test_*_models.py", "test_*_kernels.py", "test_*_op.py", "test_*_statements.py", "test_*_docs.py",
     "test_executor.py", "test_codecs.py", "test_representations.py", "test_internals_*.py", "test_draft_*.py",
-    "test_lql_internals.py", "test_plugin_core.py", "test_gguf_import.py", "test_golden_compare.py", "test_families_*.py",
+    "test_lql_internals.py", "test_plugin_core.py", "test_gguf_*.py", "test_golden_compare.py", "test_families_*.py",
     "test_generate*.py", "test_new_states_*.py", "test_intrinsics.py", "test_operator_facts.py", "test_moe_router_facts.py",
+    "test_codecs_*.py", "test_permuted_experts.py", "test_lql_activations.py",
 )
 
 

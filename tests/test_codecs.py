@@ -78,9 +78,9 @@ def test_registered_encodings():
 
 def test_unknown_encoding_is_refused_by_name():
     with pytest.raises(UnsupportedEncoding) as e:
-        codecs.get("nvfp4", what="representation decoder_stack@nvfp4 of object decoder_stack")
+        codecs.get("iq2_xxs", what="representation decoder_stack@iq2_xxs of object decoder_stack")
     msg = str(e.value)
-    assert "'nvfp4'" in msg and "decoder_stack@nvfp4" in msg
+    assert "'iq2_xxs'" in msg and "decoder_stack@iq2_xxs" in msg
     for n in ALL:
         assert n in msg  # what this build can execute
 

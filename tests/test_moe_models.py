@@ -424,7 +424,8 @@ def _copy(src, dst, **changes):
 
 
 @pytest.mark.parametrize("family, changes, key, needle", [
-    ("gpt_oss", {"quantization_config": {"quant_method": "mxfp4"}}, "quantization_config", "quantized checkpoint ('mxfp4')"),
+    ("gpt_oss", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantization_config",
+     "quantized checkpoint ('bitsandbytes')"),
     ("gpt_oss", {"experts_per_token": 2}, "experts_per_token", "disagrees with num_experts_per_tok"),
     ("olmoe", {"num_local_experts": 4}, "num_local_experts", "name one value and disagree"),
     ("olmoe", {"head_dim": 10}, "head_dim", "q norm is hidden_size (42) wide"),
@@ -455,9 +456,9 @@ def _edit_tensors(ck, edit):
 
 
 @pytest.mark.parametrize("family, edit, name, needle", [
-    # the released MXFP4 spelling of gpt-oss experts
+    # the released MXFP4 spelling of gpt-oss experts, in a shape the config does not imply
     ("gpt_oss", lambda t: t.update({"model.layers.0.mlp.experts.gate_up_proj_blocks": np.zeros((8, 46, 2, 16), np.uint8)}),
-     "model.layers.0.mlp.experts.gate_up_proj_blocks", "MXFP4-quantized expert tensor"),
+     "model.layers.0.mlp.experts.gate_up_proj_blocks", "as part of moe_gate_up"),
     # an expert missing from a stacked bank is named
     ("qwen3_moe", lambda t: t.pop("model.layers.2.mlp.experts.7.up_proj.weight"),
      "model.layers.2.mlp.experts.7.up_proj.weight", "is assembled from 20 tensors; 1 missing"),

@@ -285,7 +285,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_an_unknown_encoding_is_carried_and_refused_only_at_preparation(tiny_llama_container, tmp_path):
-    """A hand-written 'nvfp4' tensor opens (STATS needs no decoding) and is refused by name only
+    """A hand-written 'iq2_xxs' tensor opens (STATS needs no decoding) and is refused by name only
     when an executor must decode it; a draft that never reads it runs."""
     from vindex3.segments import Segment
 
@@ -295,15 +295,15 @@ def test_an_unknown_encoding_is_carried_and_refused_only_at_preparation(tiny_lla
     hlen = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + hlen])
     entry = next(t for t in header["tensors"] if t["name"] == "3.mlp.down_proj.weight")
-    entry["dtype"] = "nvfp4"
+    entry["dtype"] = "iq2_xxs"
     text = json.dumps(header, separators=(",", ":")).encode()
     assert len(text) <= hlen
     seg.write_bytes(raw[:8] + text + b" " * (hlen - len(text)) + raw[8 + hlen:])
-    assert Segment(seg).entries["3.mlp.down_proj.weight"].dtype == "nvfp4"
+    assert Segment(seg).entries["3.mlp.down_proj.weight"].dtype == "iq2_xxs"
     reseal(c)  # a hand-written segment: the index records its hashes
     opened = vindex3.open(c)
-    assert "nvfp4" in {r.dtype for lo in opened.op_plan().layers for r in lo.operands()}
-    with pytest.raises(UnsupportedEncoding, match=r"representation decoder_stack@f32 of object decoder_stack has encoding 'nvfp4', "
+    assert "iq2_xxs" in {r.dtype for lo in opened.op_plan().layers for r in lo.operands()}
+    with pytest.raises(UnsupportedEncoding, match=r"representation decoder_stack@f32 of object decoder_stack has encoding 'iq2_xxs', "
                        r"which this build cannot execute .*its tensor 3\.mlp\.down_proj\.weight"):
         opened.executor()
     assert opened.executor(slice=vindex3.Draft(3)).forward(IDS).shape == (len(IDS), VOCAB)

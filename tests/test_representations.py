@@ -227,14 +227,14 @@ def test_unknown_index_fields_survive_every_rewrite(tiny_llama_container, tmp_pa
     assert Container(cand).generation == g + 3
 
 
-def _with_nvfp4(src: Path, dst: Path, tensor: str = "3.mlp.down_proj.weight") -> Path:
+def _with_iq2_xxs(src: Path, dst: Path, tensor: str = "3.mlp.down_proj.weight") -> Path:
     """A container whose `tensor` is declared in an encoding this build does not know."""
     shutil.copytree(src, dst)
     seg = dst / "segments" / "decoder_stack.bin"
     raw = seg.read_bytes()
     hlen = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8:8 + hlen])
-    next(t for t in header["tensors"] if t["name"] == tensor)["dtype"] = "nvfp4"
+    next(t for t in header["tensors"] if t["name"] == tensor)["dtype"] = "iq2_xxs"
     text = json.dumps(header, separators=(",", ":")).encode()
     seg.write_bytes(raw[:8] + text + b" " * (hlen - len(text)) + raw[8 + hlen:])
     reseal(dst)
@@ -244,30 +244,30 @@ def _with_nvfp4(src: Path, dst: Path, tensor: str = "3.mlp.down_proj.weight") ->
 def test_an_unknown_encoding_is_carried_by_every_tool_and_refused_only_to_run(tiny_llama_container, tmp_path):
     from vindex3.cli import main as vx
 
-    src = _with_nvfp4(tiny_llama_container, tmp_path / "src.vindex3")
+    src = _with_iq2_xxs(tiny_llama_container, tmp_path / "src.vindex3")
     label = "decoder_stack/3.mlp.down_proj.weight"
     seg = Container(src).segments["decoder_stack"]
     payload = bytes(seg.raw("3.mlp.down_proj.weight"))
     assert vx(["verify", str(src)]) == 0
     assert vx(["inspect", str(src)]) == 0
-    assert vx(["label", str(src), "--name", "still-nvfp4"]) == 0
+    assert vx(["label", str(src), "--name", "still-iq2_xxs"]) == 0
     import lql
 
     s = lql.Session()
     s.execute(f"OPEN '{src}'")
     shown = s.execute_one("SHOW REPRESENTATIONS").to_text()
-    assert "encoding nvfp4 has no codec in this build" in shown
+    assert "encoding iq2_xxs has no codec in this build" in shown
     outs = {"compact": compact(src, tmp_path / "c.vindex3").path,
             "represent": represent(src, tmp_path / "r.vindex3", "int8").path}
     for how, out in outs.items():
         c = Container(out)
         e = c.segments["decoder_stack"].entries["3.mlp.down_proj.weight"]
-        assert e.dtype == "nvfp4", how
+        assert e.dtype == "iq2_xxs", how
         assert bytes(c.segments["decoder_stack"].raw("3.mlp.down_proj.weight")) == payload, how
-        with pytest.raises(UnsupportedEncoding, match="has encoding 'nvfp4', which this build cannot execute"):
+        with pytest.raises(UnsupportedEncoding, match="has encoding 'iq2_xxs', which this build cannot execute"):
             vindex3.open(out).executor()
     rec = Container(outs["represent"]).provenance["representation"]["tensors"][label]
-    assert rec["encoding"] == "nvfp4" and "carried byte-identically" in rec["reason"]
+    assert rec["encoding"] == "iq2_xxs" and "carried byte-identically" in rec["reason"]
     assert diff(src, outs["compact"]).physically_identical
 
 

@@ -35,14 +35,21 @@ def cmd_encode(a) -> int:
 
     t0 = time.perf_counter()
     with terminal_progress(f"encoding {Path(a.src).name}", enabled=not a.json) as cb:
-        r = encode_detailed(a.src, a.out, progress=cb, keep_dtype=a.keep_dtype)
+        r = encode_detailed(a.src, a.out, progress=cb, keep_dtype=a.keep_dtype, native=a.widen is None)
     secs = time.perf_counter() - t0
     if a.json:
         _print_json({"path": str(r.path), "tensors": r.tensors, "bytes": r.bytes, "seconds": round(secs, 3),
                      "dropped": [{"tensor": n, "why": w} for n, w in r.dropped], "not_carried": r.not_carried,
+                     "kept_as_stored": r.native,
                      "cleaned": r.cleaned})
     else:
         print(f"encoded {a.src} -> {r.path}: {r.tensors} tensors, {r.bytes:,} bytes in {secs:.1f}s")
+        if r.native:
+            from . import codecs
+
+            kept = ", ".join(f"{e} {n}" + ("" if codecs.is_known(e) else " (carried: no codec executes it)")
+                             for e, n in sorted(r.native.items()))
+            print(f"  kept as stored: {kept}; every other tensor written f32 (--widen f32 widens them all)")
         for n, w in r.dropped:
             print(f"  dropped {n}: {w}")
         if r.not_carried:
@@ -276,6 +283,22 @@ def _print_report(kind: str, report, as_json: bool, *, file=None) -> None:
 
 
 def cmd_represent(a) -> int:
+    if (a.permute_experts is None) == (a.encoding is None):
+        from .errors import ConfigError
+
+        raise ConfigError("represent takes either --encoding or --permute-experts (one container per run)")
+    if a.permute_experts is not None:
+        from .permute import permute_experts
+
+        p = permute_experts(a.src, a.out, a.permute_experts)
+        if a.json:
+            _print_json({"path": str(p.path), "tensors": p.tensors, "prompts": p.prompts,
+                         "layers": {str(k): v for k, v in p.layers.items()}, "cleaned": p.cleaned})
+        else:
+            print(f"wrote {p.path}: {len(p.tensors)} expert banks reordered from {p.prompts} prompts")
+            for k, v in sorted(p.layers.items()):
+                print(f"  layer {k}: stored order {v}")
+        return 0
     from .progress import terminal_progress
     from .represent import represent
 
@@ -341,13 +364,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("out")
     s.add_argument("--keep-dtype", action="store_true",
                    help="keep bf16/f16 matrices 16-bit (exactly) instead of widening them to f32")
+    s.add_argument("--widen", choices=["f32"], default=None,
+                   help="write every tensor float32 (dequantized exactly), instead of keeping the matrices a GGUF "
+                        "file stores in block encodings (q4_1, q6_k, ...) or 16-bit floats as they are")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_encode)
 
     s = sub.add_parser("represent", help="write a container in another weight encoding (same graph and objects)")
     s.add_argument("src")
     s.add_argument("out")
-    s.add_argument("--encoding", required=True, choices=["f32", "bf16", "f16", "int8", "q4"])
+    s.add_argument("--encoding", choices=["f32", "bf16", "f16", "int8", "q4"])
+    s.add_argument("--permute-experts", metavar="PROMPTS", default=None,
+                   help="instead of re-encoding: store every routed layer's expert banks most-used first, from router "
+                        "statistics on this JSONL prompt bank (outputs identical; the order is recorded)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_represent)
 

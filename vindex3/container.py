@@ -238,6 +238,12 @@ class Container:
             seg = Segment(_confined_file(self.path, rep.segment, f"segment {rep.segment!r} of {key}"),
                           what=f"segment {rep.segment} ({key})")
             self._check_header(key, rep, seg, altered)
+            for name, perm in (rep.permutation or {}).items():
+                e = seg.entries.get(name)
+                if e is None or len(e.shape) != 3 or e.shape[0] != len(perm):
+                    what = "no such tensor" if e is None else f"shape {list(e.shape)}"
+                    raise IntegrityError(f"{INDEX}: representation {key!r} permutes {name!r} over {len(perm)} experts, "
+                                         f"but its segment has {what} (a permutation orders a stacked bank [E, out, in])")
             self.segments[obj] = seg
             self._reps[obj] = rep
         for name, cap in sorted(m.capabilities.items()):
@@ -446,7 +452,8 @@ class Container:
     def tensor_source(self) -> SegmentSource:
         """Where an executor reads this container's operands: its mapped segments, each tensor
         checked on first use (`check_tensor`)."""
-        return SegmentSource(self.segments, self.check_tensor)
+        return SegmentSource(self.segments, self.check_tensor,
+                             {o: dict(r.permutation) for o, r in self._reps.items() if r.permutation})
 
     def executor(self, slice: ExecutionSlice | None = None, intervention: Intervention | None = None, *,
                  shards=None, max_positions: int | None = None, activations: str = "exact") -> Executor:
@@ -499,14 +506,21 @@ class SegmentSource:
     """Operands as weight objects over memory-mapped segments, keyed by object; ``check(object,
     tensor)`` runs before a tensor is first handed out."""
 
-    def __init__(self, segments: dict[str, Segment], check=None):
+    def __init__(self, segments: dict[str, Segment], check=None, permutations: dict | None = None):
         self._segments = segments
         self._check = check
+        self._perms = permutations or {}  # object -> tensor -> stored order of a permuted expert bank
 
     def weight(self, ref):
         if self._check is not None:
             self._check(ref.object, ref.tensor)
-        return self._segments[ref.object].weight(ref.tensor)
+        w = self._segments[ref.object].weight(ref.tensor)
+        perm = self._perms.get(ref.object, {}).get(ref.tensor)
+        if perm is not None:
+            from .codecs.permuted import PermutedBank
+
+            w = PermutedBank(w, perm)
+        return w
 
     def representation_key(self, obj: str) -> str:
         """The representation (``object@encoding``) the object's operands are read from."""

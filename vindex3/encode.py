@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, closure, jsonio
+from . import __version__, closure, codecs, jsonio
 from .admit import lower, require_admissible
 from .container import FORMAT, FORMAT_VERSION, GRAPH, INDEX
 from .errors import ClosureError, EncodeError, PathRefused, VindexError
@@ -27,7 +27,7 @@ from .families.base import TensorPlacement
 from .graph import Graph
 from .manifest import seal
 from .paths import hidden_sibling, output_dir
-from .segments import Segment, write_segment
+from .segments import Encoded, Segment, write_segment
 from .sources import CheckpointSource, open_source
 
 Progress = Callable[[int, int, str], None]
@@ -42,6 +42,7 @@ class EncodeResult:
         self.dropped = dropped
         self.not_carried = not_carried
         self.cleaned = list(cleaned or [])  # temporary directories of killed encodes, removed first
+        self.native: dict[str, int] = {}  # encoding -> tensors a native encode kept as the source stores them
 
 
 # An encode writes into ``.<out name>.encoding-<pid>`` beside its output, with this marker file
@@ -86,8 +87,8 @@ def clean_stale_temporaries(parent: Path) -> list[str]:
 
 
 def encode(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None, *,
-           keep_dtype: bool = False) -> Path:
-    return encode_detailed(src, out, progress, keep_dtype=keep_dtype).path
+           keep_dtype: bool = False, native: bool = False) -> Path:
+    return encode_detailed(src, out, progress, keep_dtype=keep_dtype, native=native).path
 
 
 # --keep-dtype: a matrix operand whose every source tensor is stored in one of these keeps that
@@ -96,11 +97,17 @@ KEEP_DTYPES = {"BF16": "bf16", "F16": "f16"}
 
 
 def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progress: Progress | None = None, *,
-                    keep_dtype: bool = False) -> EncodeResult:
+                    keep_dtype: bool = False, native: bool = False) -> EncodeResult:
     """Encode ``src`` into ``out``. Every tensor is written float32, except with ``keep_dtype``:
     a matrix operand (read by products or row gathers; see `vindex3.opplan.operand_uses`) whose
     source tensors are all bf16 (or all f16) stays bf16 (f16), exactly; norms, biases and other
-    arrays are widened to float32 as always. The choice per tensor is recorded in provenance."""
+    arrays are widened to float32 as always. With ``native``, a matrix operand that is one
+    source tensor the source stores in a container encoding (`CheckpointSource.native_encoding`:
+    a GGUF file's block types, F16 and BF16) keeps those very bytes, and a quantized matrix a
+    family places with a codec (gpt-oss's MXFP4 blocks and scales, DeepSeek-V3's FP8 weights
+    and block scales: vindex3.codecs.packing) is packed into that codec; an encoding this build
+    has no codec for is carried and refused when executed. Without ``native`` such quantized
+    matrices are decoded exactly to float32. The choice per tensor is recorded in provenance."""
     try:
         out = output_dir(out, "encode output")
     except PathRefused as e:
@@ -118,7 +125,7 @@ def encode_detailed(src: str | Path | CheckpointSource, out: str | Path, progres
     if tmp.exists():
         shutil.rmtree(tmp)
     try:
-        result = _write(source, lowering, tmp, progress, keep_dtype)
+        result = _write(source, lowering, tmp, progress, keep_dtype, native)
         if out.exists():  # another process won the race while we wrote
             raise EncodeError(f"output {out} appeared while encoding; refusing to overwrite it")
         (tmp / MARKER).unlink()
@@ -172,7 +179,74 @@ def _kept_encodings(lowering, specs, shapes) -> dict[tuple[str, str], str]:
     return kept
 
 
-def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | None, keep_dtype: bool = False) -> EncodeResult:
+def _matrix_operands(lowering, shapes) -> set[tuple[str, str]]:
+    """(object, tensor) of every container tensor the plan reads as a matrix (products, gathers)."""
+    from .opplan import build_op_plan, operand_uses
+    from .segments import TensorEntry
+
+    tables: dict[str, dict[str, TensorEntry]] = {}
+    for p in lowering.placements:
+        shape = tuple(p.shape(shapes))
+        tables.setdefault(p.object, {})[p.name] = TensorEntry(p.name, "f32", shape, 0, 4 * math.prod(shape))
+    uses = operand_uses(build_op_plan(Graph(lowering.graph), tables))
+    return {(p.object, p.name) for p in lowering.placements
+            if (u := uses.get(f"{p.object}/{p.name}")) is not None and u.kind == "matrix"}
+
+
+def _part_shape(p: TensorPlacement, shapes) -> tuple[int, ...]:
+    """The shape of one packed part of a quantized matrix (before its transform steps)."""
+    from .codecs.packing import groups, part_shape
+
+    return part_shape(p.codec, [tuple(shapes[n]) for n in groups(p.codec, p.inputs)[0]])
+
+
+def _native_encodings(source: CheckpointSource, lowering, shapes) -> dict[tuple[str, str], tuple[str, int]]:
+    """(object, tensor) -> (encoding, stored bytes) for every matrix operand a native encode
+    writes as the source stores it: one source tensor, no transform, in a form the source names
+    (`CheckpointSource.native_encoding`) other than float32."""
+    from .codecs.packing import encodable
+
+    matrices = _matrix_operands(lowering, shapes)
+    out = {}
+    for p in lowering.placements:
+        if p.codec and (p.object, p.name) in matrices and encodable(p.codec, p.transform, _part_shape(p, shapes)):
+            out[(p.object, p.name)] = (p.codec, codecs.get(p.codec).nbytes(tuple(p.shape(shapes))))
+            continue
+        if p.sources or p.transform or (p.object, p.name) not in matrices:
+            continue
+        got = source.native_encoding(p.source_name)
+        if got is None or got[0] == "f32":
+            continue
+        enc, nbytes = got
+        if codecs.is_known(enc) and (codecs.get(enc).accepts(tuple(p.shape(shapes))) is not None
+                                     or codecs.get(enc).nbytes(tuple(p.shape(shapes))) != nbytes):
+            continue  # a shape the codec cannot hold: widened
+        out[(p.object, p.name)] = (enc, nbytes)
+    return out
+
+
+def _native_tensor(source: CheckpointSource, label: str, p: TensorPlacement, enc: str, shape: tuple[int, ...]) -> Encoded:
+    """A native tensor's bytes (the source's own, or a quantized matrix's parts packed and
+    assembled as bytes), refused by name when a codec decodes them to NaN or infinity (an
+    encoding without a codec is carried unchecked)."""
+    if p.codec:
+        from .codecs.packing import steps_encoded
+
+        parts = p.packed_parts(source.load_stored)
+        raw = steps_encoded(p.codec, p.transform, [r for r, _ in parts], parts[0][1])
+        assert raw is not None  # _native_encodings kept only placements whose steps apply to bytes
+    else:
+        raw = source.encoded(p.source_name)
+    if codecs.is_known(enc):
+        bad = codecs.get(enc).weight(raw, shape).nonfinite()
+        if bad:
+            raise EncodeError(f"tensor {label} ({enc}) decodes to {bad} NaN or infinite value(s); "
+                              "refusing to encode weights that compute NaN")
+    return Encoded(raw)
+
+
+def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | None, keep_dtype: bool = False,
+           native: bool = False) -> EncodeResult:
     Graph(lowering.graph)  # validate what we are about to write
     tmp.mkdir()
     jsonio.write_atomic(tmp / MARKER, {"pid": os.getpid(), "host": socket.gethostname()})
@@ -192,19 +266,32 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
             progress(done, total, name)
 
     kept = _kept_encodings(lowering, specs, shapes) if keep_dtype else {}
+    natives = _native_encodings(source, lowering, shapes) if native else {}
     representations = {}
     segments_list = []
     for obj in sorted(by_object):
         names = by_object[obj]
-        seg_specs = {rel: (kept.get((obj, rel), "f32"), p.shape(shapes)) for rel, p in names.items()}
+        seg_specs: dict = {}
+        for rel, p in names.items():
+            if (obj, rel) in natives:
+                enc, nbytes = natives[(obj, rel)]
+                seg_specs[rel] = (enc, tuple(p.shape(shapes)), nbytes)
+            else:
+                seg_specs[rel] = (kept.get((obj, rel), "f32"), p.shape(shapes))
         counts: dict[str, int] = {}
-        for enc, shape in seg_specs.values():
+        for enc, shape, *_ in seg_specs.values():
             counts[enc] = counts.get(enc, 0) + math.prod(shape)
         encoding = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0] if counts else "f32"  # most elements
         rel_path = f"segments/{obj}.bin"
         key = f"{obj}@{encoding}"
-        info = write_segment(tmp / rel_path, key, seg_specs,
-                             lambda rel, names=names: _finite(_source_label(names[rel]), names[rel].assemble(source.load)), tick)
+
+        def load(rel: str, names=names, obj=obj):
+            p = names[rel]
+            if (obj, rel) in natives:
+                return _native_tensor(source, _source_label(p), p, natives[(obj, rel)][0], tuple(p.shape(shapes)))
+            return _finite(_source_label(p), p.assemble(source.load, source.load_stored))
+
+        info = write_segment(tmp / rel_path, key, seg_specs, load, tick)
         representations[key] = {
             "object": obj,
             "encoding": encoding,
@@ -248,10 +335,22 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         }
     )
     # container tensors made from several source tensors, or transformed: what from, and how
-    assembled = [{"tensor": f"{p.object}/{p.name}", "sources": list(p.inputs), "transform": list(p.transform)}
+    assembled = [{"tensor": f"{p.object}/{p.name}", "sources": list(p.inputs), "transform": list(p.transform),
+                  **({"packed_as": p.codec} if p.codec else {})}
                  for p in lowering.placements if p.sources or p.transform]
     if assembled:
         provenance["assembled_tensors"] = assembled
+    if native:  # what a native encode kept as the source stores it (everything else: f32 or --keep-dtype)
+        by_native: dict[str, list[str]] = {}
+        for (obj, name), (enc, _) in sorted(natives.items()):
+            by_native.setdefault(enc, []).append(f"{obj}/{name}")
+        provenance["native"] = {
+            "kept": by_native,
+            "not_executable": sorted(e for e in by_native if not codecs.is_known(e)),
+            "rule": "matrix operands that are one source tensor stored in an encoding the container names keep "
+                    "those bytes, and quantized matrices (blocks and scales) are packed losslessly into their codec; "
+                    "norms, biases, other assembled or transformed tensors and float32 are written f32",
+        }
     if keep_dtype:  # what --keep-dtype kept, by encoding (everything else was widened to float32)
         by_enc: dict[str, list[str]] = {}
         for (obj, name), enc in sorted(kept.items()):
@@ -275,4 +374,7 @@ def _write(source: CheckpointSource, lowering, tmp: Path, progress: Progress | N
         index["provenance"]["components_not_carried"] = lowering.not_carried_components
     jsonio.write_atomic(tmp / INDEX, seal(index))  # last: its presence means the container is complete
     total_bytes = sum(r["payload_bytes"] for r in representations.values())
-    return EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)
+    result = EncodeResult(tmp, total, total_bytes, lowering.dropped, not_carried)
+    for enc, _ in natives.values():
+        result.native[enc] = result.native.get(enc, 0) + 1
+    return result

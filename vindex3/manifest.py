@@ -80,6 +80,20 @@ class Representation(_Strict):
     segment_bytes: int = Field(ge=8)
     header_sha256: str | None = None  # absent in containers written before it was recorded
     tensor_sha256: dict[str, str] | None = None  # ditto
+    # stacked expert banks stored in another order than the logical one: tensor -> the logical
+    # expert held by each stored slot (slot s holds expert permutation[s]). Additive: a reader
+    # without this field refuses it by name (extra keys are forbidden), never runs experts in
+    # the wrong order.
+    permutation: dict[str, list[int]] | None = None
+
+    @field_validator("permutation")
+    @classmethod
+    def _perm(cls, v: dict[str, list[int]] | None) -> dict[str, list[int]] | None:
+        if v is not None:
+            for name, p in v.items():
+                if sorted(p) != list(range(len(p))):
+                    raise ValueError(f"permutation[{name!r}] is not a permutation of 0 .. {len(p) - 1}")
+        return v
 
     @field_validator("payload_sha256", "segment_sha256", "header_sha256")
     @classmethod

@@ -175,6 +175,10 @@ def represent(src: str | Path, out: str | Path, encoding: str, progress: Progres
                 "segment_sha256": info.segment_sha256, "segment_bytes": info.segment_bytes,
                 "header_sha256": info.header_sha256, "tensor_sha256": info.tensor_sha256,
             }
+            perm = source.manifest.representations[next(k for k, r in source.manifest.representations.items()
+                                                         if r.object == obj)].permutation
+            if perm:  # every tensor is re-encoded in its stored order: a permuted bank stays permuted
+                reps[key]["permutation"] = dict(perm)
             segs.append({"path": rel, "bytes": info.segment_bytes, "sha256": info.segment_sha256})
 
         # the graph and the capability files, byte for byte (their hashes checked on the way)

@@ -4,7 +4,7 @@ Adding an encoding is one module here (a `Codec` and its `Weight` with its kerne
 import below; nothing in the operators or the executor changes. The numba kernels
 (kernels.py) are imported only when a weight is first multiplied or decoded."""
 
-from . import f32, half, int8, q4  # noqa: F401  (register on import)
+from . import f32, fp8, ggml, half, int8, nvfp4, q4  # noqa: F401  (register on import)
 from .base import (
     ACTIVATIONS,
     Codec,

@@ -210,6 +210,9 @@ class TensorPlacement:
     layer: int | None
     sources: tuple[str, ...] = ()  # empty: the one tensor ``source_name``
     transform: tuple[str, ...] = ()
+    # a quantized matrix: the sources are groups of parts (blocks and scales, ...) that
+    # vindex3.codecs.packing packs into this encoding, group by group, before ``transform``
+    codec: str = ""
 
     @property
     def inputs(self) -> tuple[str, ...]:
@@ -217,11 +220,33 @@ class TensorPlacement:
 
     def shape(self, source_shapes: dict[str, tuple[int, ...]]) -> tuple[int, ...]:
         """The container tensor's shape, from the sources' shapes (headers only)."""
-        shapes = [tuple(source_shapes[n]) for n in self.inputs]
+        if self.codec:
+            from ..codecs.packing import groups, part_shape
+
+            shapes = [part_shape(self.codec, [tuple(source_shapes[n]) for n in g]) for g in groups(self.codec, self.inputs)]
+        else:
+            shapes = [tuple(source_shapes[n]) for n in self.inputs]
         return apply_steps(self.transform, shapes, shape_only=True)
 
-    def assemble(self, load: Callable[[str], Any]) -> Any:
-        """The container tensor: the sources loaded (float32) and transformed."""
+    def packed_parts(self, load_stored: Callable[[str], Any]) -> list[tuple[Any, tuple[int, ...]]]:
+        """Of a quantized matrix: each group of sources packed into ``codec``'s bytes, with its shape."""
+        from ..codecs.packing import PACKERS, groups
+
+        out = []
+        for g in groups(self.codec, self.inputs):
+            arrays = [load_stored(n) for n in g]
+            out.append((PACKERS[self.codec].pack(arrays), tuple(PACKERS[self.codec].shape([a.shape for a in arrays]))))
+        return out
+
+    def assemble(self, load: Callable[[str], Any], load_stored: Callable[[str], Any] | None = None) -> Any:
+        """The container tensor: the sources loaded (float32) and transformed; a quantized
+        matrix's parts are packed (``load_stored`` reads them as stored) and decoded exactly."""
+        if self.codec:
+            from .. import codecs
+
+            c = codecs.get(self.codec)
+            xs = [np.array(c.weight(raw, shape).dense()) for raw, shape in self.packed_parts(load_stored or load)]
+            return apply_steps(self.transform, xs)
         return apply_steps(self.transform, [load(n) for n in self.inputs])
 
 

@@ -413,6 +413,78 @@ def refuse_fp8(r: ConfigReader, src: CheckpointSource) -> bool:
     return ok
 
 
+FP8_CODEC = "fp8_e4m3_b128"
+FP8_CONFIG = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+
+
+def read_fp8(r: ConfigReader, src: CheckpointSource) -> bool | None:
+    """DeepSeek-V3's released FP8 weights: ``quantization_config`` {quant_method fp8, fmt e4m3,
+    weight_block_size [128, 128], activation_scheme dynamic}, e4m3 ``weight`` tensors, each with a
+    float32 ``weight_scale_inv`` per 128 x 128 block. Returns True when the checkpoint is such an
+    FP8 checkpoint (its linears are then packed into the ``fp8_e4m3_b128`` encoding by
+    `fp8_table`), False when it is not quantized, None when it is refused (by name)."""
+    specs = src.tensor_specs()
+    fp8 = sorted(n for n, s in specs.items() if str(s.dtype).upper() in FP8_DTYPES)
+    if not r.has("quantization_config"):
+        if fp8:
+            r.refuse(fp8[0], f"dtype {specs[fp8[0]].dtype} (and {len(fp8) - 1} more FP8 tensors) without a "
+                             "quantization_config saying how they are scaled", category="structure")
+            return None
+        return False
+    q = r.config["quantization_config"]
+    want = ", ".join(f"{k} {v!r}" for k, v in FP8_CONFIG.items())
+    if not isinstance(q, dict) or any(q.get(k) != v for k, v in FP8_CONFIG.items()):
+        method = q.get("quant_method") if isinstance(q, dict) else q
+        r.refuse("quantization_config", f"quantized weights ({method!r}): this build reads FP8 block-scaled weights "
+                                        f"({want}) and no other quantization")
+        return None
+    extra = sorted(set(q) - set(FP8_CONFIG) - {"activation_scheme"})
+    if extra or q.get("activation_scheme", "dynamic") != "dynamic":
+        r.refuse("quantization_config", f"FP8 settings this build does not judge: "
+                                        f"{', '.join(extra) or 'activation_scheme ' + repr(q.get('activation_scheme'))}")
+        return None
+    if not fp8:
+        r.refuse("quantization_config", "declares FP8 weights, but no tensor is stored in e4m3 (the reference would "
+                                        "quantize the weights itself on loading, which this build does not do)")
+        return None
+    wrong = sorted(n for n in fp8 if str(specs[n].dtype).upper() != "F8_E4M3")
+    if wrong:
+        r.refuse(wrong[0], f"dtype {specs[wrong[0]].dtype}: the quantization_config declares e4m3", category="structure")
+        return None
+    r.meta("quantization_config", "FP8 e4m3 weights with a float32 scale per 128 x 128 block: packed into the "
+                                  "fp8_e4m3_b128 encoding and multiplied as stored (weight * scale_inv); activations "
+                                  "stay float32 (the reference's dynamic activation quantization belongs to its FP8 "
+                                  "kernels, not to the model: transformers' dequantized reading)")
+    return True
+
+
+def fp8_table(table: dict, src: CheckpointSource, prefix: str = "model.layers.") -> dict:
+    """``table`` with every layer linear the checkpoint stores in e4m3 (``<suffix>`` beside
+    ``<suffix>_scale_inv``) turned into the two parts of one fp8_e4m3_b128 tensor: a plain role
+    becomes a two-part tensor, a part of an expert bank becomes two parts (weight, then scale) of
+    the same bank."""
+    from dataclasses import replace
+
+    from .placement import Part
+
+    specs = src.tensor_specs()
+    quantized = set()
+    for name, s in specs.items():
+        if str(s.dtype).upper() == "F8_E4M3" and name.startswith(prefix):
+            quantized.add(name[len(prefix):].partition(".")[2])
+    out = dict(table)
+    for suffix, v in table.items():
+        if suffix not in quantized:
+            continue
+        if isinstance(v, str):
+            out[suffix] = Part(v, suffix, 0, 2, None, (), FP8_CODEC)
+            out[suffix + "_scale_inv"] = Part(v, suffix, 1, 2, None, (), FP8_CODEC)
+        elif isinstance(v, Part):
+            out[suffix] = replace(v, index=2 * v.index, count=2 * v.count, codec=FP8_CODEC)
+            out[suffix + "_scale_inv"] = replace(v, index=2 * v.index + 1, count=2 * v.count, shape=None, codec=FP8_CODEC)
+    return out
+
+
 class WithoutTensors:
     """A view of a checkpoint source without the tensors set aside (placement never sees them)."""
 

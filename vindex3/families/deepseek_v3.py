@@ -15,8 +15,10 @@ the mla operator's ``softmax_scale``. Released checkpoints also carry
 decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward pass, and
 neither does this build: they are set aside by name and recorded in the container's provenance
 as dropped tensors, never classified as decoder layers and never dropped silently. The released
-weights are FP8 with a ``weight_scale_inv`` per linear and a ``quantization_config``: refused
-by name, an encoding this build cannot execute. Routed layers run the ``moe_ffn`` operator
+weights are FP8 (e4m3) with a float32 ``weight_scale_inv`` per 128 x 128 block of each linear and
+a ``quantization_config`` (vindex3.families.deepseek_common.read_fp8): each linear's two tensors
+are packed into the ``fp8_e4m3_b128`` encoding and run as stored (a widening encode decodes
+them exactly); any other quantization is refused by name. Routed layers run the ``moe_ffn`` operator
 (router ``sigmoid_group_topk``; facts and tensors in vindex3.families.deepseek_common):
 ``mlp.gate.weight``, ``mlp.gate.e_score_correction_bias``, ``mlp.experts.{e}.{gate,up,down}_proj.weight``
 (or the fused ``mlp.experts.gate_up_proj`` / ``down_proj``) and ``mlp.shared_experts.*``.
@@ -102,8 +104,8 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
                 ok = False
     for key, why in HUB_IGNORED.items():
         r.ignore(key, why)
-    ok = ds.refuse_fp8(r, src) and ok
-    if not ok:
+    fp8 = ds.read_fp8(r, src)
+    if not ok or fp8 is None:
         return None
 
     aside, dropped = ds.set_aside_layers(r, src, L, mtp, "multi-token-prediction (MTP)", "num_nextn_predict_layers")
@@ -125,6 +127,8 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         tables["routed"] = ("mla + moe_ffn", {**ds.NORM_ROLES, **ds.MLA_ROLES, **ds.routed_roles(
             moe["num_experts"], H, moe["expert_intermediate"], released="mlp", runtime="mlp",
             names=("gate_proj", "up_proj", "down_proj"))})
+    if fp8:
+        tables = {k: (op, ds.fp8_table(t, src)) for k, (op, t) in tables.items()}
     graph = assemble_graph(src.name, "deepseek_v3", bool(tied), layers, surface)
     placements, more = place_tensors(ds.WithoutTensors(src, aside), graph, r, bool(tied), ds.PREFIXES,
                                      lambda i: tables[kinds[i]])

@@ -34,7 +34,9 @@ gpt_oss       (none)                                                 mlp.router.
 ============  =====================================================  ==========================
 
 The released gpt-oss checkpoints store their experts in MXFP4 (``*_blocks`` / ``*_scales`` and a
-``quantization_config``): refused by name; an f32 / bf16 gpt-oss checkpoint is admitted.
+``quantization_config`` with quant_method mxfp4): the two tensors of each bank are packed into the
+``mxfp4`` encoding losslessly (vindex3.codecs.packing) and run as stored; a widening encode
+decodes them exactly to float32. Any other quantization_config is refused by name.
 
 Every config key is graded; the routing rules become facts of the op (nothing is inferred from
 ``model_type`` past this module):
@@ -63,13 +65,10 @@ from dataclasses import dataclass
 from ..sources import CheckpointSource
 from .base import ConfigReader, Lowering, register_family
 from .decoder import ACTIVATIONS, ATTENTION_ROLES, PREFIXES, rope_policy
-from .placement import Part, Refusal, assemble_graph, place_tensors
+from .placement import Part, assemble_graph, place_tensors
 
 NORM_ROLES = {"input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm"}
 DENSE_ROLES = {"mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up", "mlp.down_proj.weight": "ffn_down"}
-MXFP4 = Refusal("an MXFP4-quantized expert tensor (the released gpt-oss encoding): this build executes f32 and reads "
-                "f32 / f16 / bf16 checkpoints; dequantize the experts to bf16 or f32 first")
-
 
 def experts_per_tensor(E: int, H: int, In: int, module: str, gate: str, up: str, down: str) -> dict:
     """Parts of the two banks from one tensor per expert: gate and up [I, H] stacked in pairs into
@@ -333,9 +332,15 @@ class GptOss(Spec):
         if r.has("quantization_config"):
             q = r.config["quantization_config"]
             method = q.get("quant_method") if isinstance(q, dict) else q
-            r.refuse("quantization_config", f"quantized checkpoint ({method!r}): an encoding this build does not read "
-                                            "(f32 / f16 / bf16 checkpoints are admitted); dequantize it first")
-            ok = False
+            extra = sorted(set(q) - {"quant_method", "modules_to_not_convert"}) if isinstance(q, dict) else []
+            if method == "mxfp4" and not extra:
+                # which tensors are quantized is read from the tensors themselves (*_blocks / *_scales)
+                r.meta("quantization_config", "MXFP4 experts: their *_blocks / *_scales are packed into the mxfp4 encoding")
+            else:
+                r.refuse("quantization_config", f"quantized checkpoint ({method!r}"
+                                                f"{'; keys ' + ', '.join(extra) if extra else ''}): an encoding this build "
+                                                "does not read (MXFP4 experts, f32 / f16 / bf16 checkpoints are admitted)")
+                ok = False
         r.meta("initial_context_length", "not read by the reference")
         if r.has("experts_per_token"):
             if r.config.get("experts_per_token") != r.config.get("num_experts_per_tok"):
@@ -370,7 +375,12 @@ class GptOss(Spec):
             gu + "_bias": Part("moe_gate_up_bias", gu + "_bias", 0, 1, (E, 2 * In), ("uninterleave_axis1",)),
             dn: Part("moe_down", dn, 0, 1, (E, In, H), ("swap_last2",)),
             dn + "_bias": Part("moe_down_bias", dn + "_bias", 0, 1, (E, H)),
-            **{f"mlp.experts.{n}_{x}": MXFP4 for n in ("gate_up_proj", "down_proj") for x in ("blocks", "scales")},
+            # the released MXFP4 spelling (vindex3.codecs.packing): [E, out, in/32, 16] codes and
+            # [E, out, in/32] e8m0 exponents, already out-major, packed into mxfp4 losslessly
+            gu + "_blocks": Part("moe_gate_up", gu, 0, 2, (E, 2 * In, H // 32, 16), ("uninterleave_axis1",), "mxfp4"),
+            gu + "_scales": Part("moe_gate_up", gu, 1, 2, (E, 2 * In, H // 32), ("uninterleave_axis1",), "mxfp4"),
+            dn + "_blocks": Part("moe_down", dn, 0, 2, (E, H, In // 32, 16), (), "mxfp4"),
+            dn + "_scales": Part("moe_down", dn, 1, 2, (E, H, In // 32), (), "mxfp4"),
         }
 
 

@@ -23,14 +23,16 @@ class Part:
     """Source tensor ``index`` of ``count`` that make the container tensor ``target`` (a name
     relative to the layer) under ``role``, assembled by ``transform`` (steps of
     `vindex3.families.base.TRANSFORMS`; with several sources the first step stacks them). The
-    source must have exactly ``shape``."""
+    source must have exactly ``shape`` (None: a quantized part, a block scale, whose shape the
+    codec checks when it packs it)."""
 
     role: str
     target: str
     index: int
     count: int
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | None
     transform: tuple[str, ...] = ()
+    codec: str = ""  # parts of a quantized matrix packed into this encoding (vindex3.codecs.packing)
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,7 @@ def place_tensors(src: CheckpointSource, graph: dict, r: ConfigReader, tied: boo
                 continue
             if isinstance(role, Part):
                 shape = tuple(specs[name].shape)
-                if shape != tuple(role.shape):
+                if role.shape is not None and shape != tuple(role.shape):
                     r.refuse(name, f"has shape {list(shape)}; as part of {role.role} ({role.target}) of layer {idx} "
                                    f"it must be {list(role.shape)}", category="structure")
                     rejected.add((int(idx), role.target))  # the bank is refused already; no second finding
@@ -157,9 +159,9 @@ def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[t
     """One container tensor from its parts: every index present exactly once, all parts agreeing
     on role, count and transform; else a blocking finding naming the missing or extra tensor."""
     first, name0 = parts[0]
-    count, role, steps = first.count, first.role, first.transform
+    count, role, steps, codec = first.count, first.role, first.transform, first.codec
     for p, name in parts:
-        if (p.count, p.role, p.transform) != (count, role, steps):
+        if (p.count, p.role, p.transform, p.codec) != (count, role, steps, codec):
             r.refuse(name, f"disagrees with {name0} on how {target} of layer {idx} is assembled", category="structure")
             return None
     by_index: dict[int, str] = {}
@@ -187,9 +189,10 @@ def _assemble(r: ConfigReader, graph: dict, idx: int, target: str, parts: list[t
         return None
     ops[role] = rel
     sources = tuple(by_index[i] for i in range(count))
-    if count == 1 and not steps:
+    if count == 1 and not steps and not codec:
         return TensorPlacement(sources[0], obj, rel, role, idx)
-    return TensorPlacement(sources[0], obj, rel, role, idx, sources=sources if count > 1 else (), transform=steps)
+    return TensorPlacement(sources[0], obj, rel, role, idx, sources=sources if count > 1 else (), transform=steps,
+                           codec=codec)
 
 
 

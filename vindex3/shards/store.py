@@ -38,7 +38,7 @@ from ..exec.slice import LayerRange
 from ..graph import Graph
 from ..manifest import seal
 from ..paths import hidden_sibling
-from ..segments import Segment, TensorEntry, sha256_file, write_segment
+from ..segments import Encoded, Segment, TensorEntry, sha256_file, write_segment
 from . import split
 from .errors import ShardError
 
@@ -65,7 +65,13 @@ class HeldSource:
         if seg is None or ref.tensor not in seg.entries:
             raise ShardError(f"{self._m.label} does not hold {ref.label} (it holds {self._m.holds_text()})",
                              hint="run each layer on the shard that holds it")
-        return seg.weight(ref.tensor)
+        w = seg.weight(ref.tensor)
+        perm = self._m.permutations.get(ref.object, {}).get(ref.tensor)
+        if perm is not None:
+            from ..codecs.permuted import PermutedBank
+
+            w = PermutedBank(w, perm)
+        return w
 
     def representation_key(self, obj: str) -> str:
         seg = self._m.segments.get(obj)
@@ -97,11 +103,14 @@ class ShardContainer:
             raise GraphSchemaError(f"{self.path.name}/{GRAPH} is unreadable: {e.message}") from None
         _ = self.graph.component  # exactly one primary_text, or a named refusal
         self.segments: dict[str, Segment] = {}
+        self.permutations: dict[str, dict[str, list[int]]] = {}  # object -> permuted expert banks
         for key, rep in sorted(self.index.get("representations", {}).items()):
             obj = rep["object"]
             if obj in self.segments:
                 raise IntegrityError(f"{self.path.name}/{INDEX}: object {obj!r} has two representations")
             self.segments[obj] = Segment(self.path / rep["segment"])
+            if rep.get("permutation"):
+                self.permutations[obj] = dict(rep["permutation"])
         # The parent's tables: the op plan and closure are the parent's.
         self.parent_tables: dict[str, dict[str, TensorEntry]] = {}
         for obj, names in rec["parent_tables"].items():
@@ -369,9 +378,10 @@ def _write(c: Container, plan, ranges: list[LayerRange], tmp: Path) -> None:
         for obj, names in sorted(held.items()):
             key, prep = reps_by_obj[obj]
             seg = c.segments[obj]
-            specs = {n: (seg.entries[n].dtype, seg.entries[n].shape) for n in names}
+            # the stored bytes, as they are (an encoding may have no writer here, or none at all)
+            specs = {n: (seg.entries[n].dtype, seg.entries[n].shape, seg.entries[n].nbytes) for n in names}
             rel = prep["segment"]
-            info = write_segment(d / rel, key, specs, seg.tensor)
+            info = write_segment(d / rel, key, specs, lambda n, seg=seg: Encoded(np.asarray(seg.raw(n))))
             written = Segment(d / rel)
             for n in names:  # the bytes are the parent's bytes, tensor for tensor
                 if not np.array_equal(written.raw(n), seg.raw(n)):
@@ -380,6 +390,9 @@ def _write(c: Container, plan, ranges: list[LayerRange], tmp: Path) -> None:
                          "payload_bytes": info.payload_bytes, "payload_sha256": info.payload_sha256,
                          "segment_sha256": info.segment_sha256, "segment_bytes": info.segment_bytes,
                          "header_sha256": info.header_sha256, "tensor_sha256": info.tensor_sha256}
+            perm = {n: p for n, p in (prep.get("permutation") or {}).items() if n in names}
+            if perm:  # a permuted bank stays permuted, and says so
+                reps[key]["permutation"] = perm
             segs.append({"path": rel, "bytes": info.segment_bytes, "sha256": info.segment_sha256})
         jsonio.write_atomic(d / INDEX, seal(index_for(name, "layers", [r.start, r.end], reps, segs, {}, {})))
         entries.append((name, [r.start, r.end], name, d))

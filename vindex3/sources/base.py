@@ -47,6 +47,23 @@ class CheckpointSource:
         """The tensor as float32, exactly (widening only; quantized formats dequantized)."""
         raise NotImplementedError
 
+    def load_stored(self, name: str) -> np.ndarray:
+        """The tensor as stored, for packing a quantized matrix (vindex3.codecs.packing): 1-byte
+        codes (U8, I8, F8_*) as uint8 arrays of the tensor's shape, anything else as `load` gives it."""
+        return self.load(name)
+
+    def native_encoding(self, name: str) -> tuple[str, int] | None:
+        """(container encoding, stored bytes) the tensor's own bytes are, read from headers only,
+        when a native encode can write them as they are (a codec may or may not exist for that
+        encoding: one without is carried and refused when executed); None when the source stores
+        the tensor in no such form (it is then widened with `load`)."""
+        return None
+
+    def encoded(self, name: str) -> np.ndarray:
+        """The tensor's bytes in its `native_encoding`, as a 1-D uint8 array in the container's
+        layout for that encoding (the same values `load` gives, exactly)."""
+        raise NotImplementedError
+
     def capability_files(self) -> dict[str, bytes]:
         raise NotImplementedError
 

@@ -1,11 +1,14 @@
-"""GGUF import: a llama-architecture GGUF file as a checkpoint source.
+"""GGUF import: a llama, qwen2 or qwen3 GGUF file as a checkpoint source.
 
 The numerical and tokenizer reference is Hugging Face ``transformers==5.24.0`` loading the same
 file with ``gguf_file=``. For llama files transformers takes its legacy GGUF path: the config comes
 from the ``llama.*`` and ``tokenizer.ggml.*`` metadata, every tensor is dequantized with
 ``gguf.quants.dequantize`` and the q/k projections are un-permuted from llama.cpp's rotary layout
-back to the Hugging Face one. This module does the same, written here, and refuses by name whatever
-that path would silently misread (rope scaling, partial rotary, unmapped tensors, sharded files, ...).
+back to the Hugging Face one. qwen2 and qwen3 files take the same path without the un-permutation
+(llama.cpp stores their q/k rows in Hugging Face order); qwen2's q/k/v biases and qwen3's per-head
+q/k norms are mapped to their Hugging Face names. This module does the same, written here, and
+refuses by name whatever that path would silently misread (rope scaling, partial rotary, a qwen3
+head width other than the 128 the reference assumes, unmapped tensors, sharded files, ...).
 
 Opening a file reads metadata and tensor infos only: ``gguf.GGUFReader`` memory-maps the file and
 no tensor is dequantized until ``load()`` asks for it.
@@ -25,13 +28,26 @@ from .. import jsonio
 from ..errors import AdmissionError, ConfigError
 from .base import CheckpointSource, TensorSpec
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# qwen3: transformers 5.24's GGUF config mapping does not read qwen3.attention.key_length, so the
+# reference model takes Qwen3Config's default head width; a file of another width is refused.
+QWEN3_REFERENCE_HEAD_DIM = 128
+
+# The pre-tokenizer split that transformers puts before the byte-level step for a
+# tokenizer.ggml.pre value (Qwen2's published split pattern).
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+# Llama 3's published split: Qwen2's with digits in runs of up to three
+_LLAMA3_SPLIT = _QWEN2_SPLIT.replace(r"\p{N}|", r"\p{N}{1,3}|", 1)
+SPLITS = {"qwen2": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
 
 # Tokenizers that are rebuilt from the GGUF vocabulary exactly as transformers builds them.
 # tokenizer.ggml.model -> the tokenizer.ggml.pre values for which transformers keeps the plain
 # GPT-2 byte-level split (it swaps in other split regexes for llama-bpe, qwen2, ... which are not
 # reproduced here and so are refused by name).
-SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm")}
+SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2", "llama-bpe"), "llama": (None, "default")}
 
 # llama.* metadata keys read into the config.
 _CONSUMED_ARCH_KEYS = {
@@ -83,7 +99,14 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_LAYER_RE = re.compile(r"blk\.(\d+)\.([a-z_]+)\.weight")
+_LAYER_RE = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(weight|bias)")
+# per architecture: extra per-layer tensors (GGUF name -> HF module) and which of them have biases
+_ARCH_LAYER_TENSORS = {
+    "llama": {},
+    "qwen2": {},
+    "qwen3": {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"},
+}
+_ARCH_BIASES = {"llama": (), "qwen2": ("attn_q", "attn_k", "attn_v"), "qwen3": ()}
 
 # token_type values in tokenizer.ggml.token_type (llama.cpp's llama_token_type)
 _CONTROL = 3
@@ -106,7 +129,7 @@ def _byte_alphabet() -> list[str]:
 
 
 class GgufCheckpoint(CheckpointSource):
-    """A single-file llama GGUF checkpoint."""
+    """A single-file llama, qwen2 or qwen3 GGUF checkpoint."""
 
     kind = "gguf"
 
@@ -189,7 +212,7 @@ class GgufCheckpoint(CheckpointSource):
                     }
                 ],
             )
-        if self._meta.get("general.name") == "mistral":
+        if arch == "llama" and self._meta.get("general.name") == "mistral":
             # transformers reads a llama file whose general.name is exactly "mistral" as a Mistral
             # model, with that family's own defaults: not the llama this importer describes.
             raise AdmissionError(
@@ -241,7 +264,7 @@ class GgufCheckpoint(CheckpointSource):
             raise AdmissionError(
                 f"{self.path.name}: metadata this importer cannot judge: {'; '.join(parts)}",
                 findings,
-                hint="unknown llama.* keys (rope scaling, experts, ...) change the model and are refused "
+                hint=f"unknown {prefix}* keys (rope scaling, experts, ...) change the model and are refused "
                 "rather than ignored; required keys are never defaulted",
             )
 
@@ -270,6 +293,17 @@ class GgufCheckpoint(CheckpointSource):
                 f"{prefix}attention.head_count_kv {kv_heads}"
             )
         head_dim = hidden // heads
+        if arch == "qwen3":
+            # qwen3's head width is its own (attention.key_length), not hidden / heads
+            head_dim = get("attention.key_length", int) if f"{prefix}attention.key_length" in self._meta else head_dim
+            if head_dim != QWEN3_REFERENCE_HEAD_DIM:
+                raise AdmissionError(
+                    f"{self.path.name}: qwen3 head width {head_dim} (qwen3.attention.key_length, else "
+                    f"embedding_length / head_count) is not {QWEN3_REFERENCE_HEAD_DIM}, the width the reference "
+                    "loader assumes (transformers 5.24 does not read qwen3.attention.key_length from a GGUF)",
+                    [{"category": "unsupported", "key": f"{prefix}attention.key_length", "value": head_dim,
+                      "blocks": True}],
+                )
         if head_dim % 2:
             raise AdmissionError(
                 f"{self.path.name}: head width {head_dim} is odd; rotary q/k rows come in pairs"
@@ -314,24 +348,28 @@ class GgufCheckpoint(CheckpointSource):
 
         tensor_names = {t.name for t in self._reader.tensors}
         config: dict[str, Any] = {
-            "model_type": "llama",
+            "model_type": arch,
             "vocab_size": vocab,
             "hidden_size": hidden,
             "intermediate_size": get("feed_forward_length", int),
             "num_hidden_layers": get("block_count", int),
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
-            "head_dim": head_dim,
+            "head_dim": head_dim,  # dropped below for qwen2, whose config has no such key
             "hidden_act": "silu",
             "max_position_embeddings": get("context_length", int),
             "rms_norm_eps": eps,
             "rope_parameters": {"rope_theta": theta, "rope_type": "default"},
             # llama.cpp writes output.weight only when the head is not the embedding matrix
             "tie_word_embeddings": "output.weight" not in tensor_names,
-            # bias tensors are refused as unmapped, so their absence is established
-            "attention_bias": False,
-            "mlp_bias": False,
         }
+        self.head_dim = head_dim
+        if arch == "qwen2":
+            del config["head_dim"]
+        if arch == "llama":  # bias tensors are refused as unmapped, so their absence is established
+            config.update({"attention_bias": False, "mlp_bias": False})
+        elif arch == "qwen3":  # qwen3's q/k/v/o biases are unmapped too; qwen2's q/k/v biases are fixed
+            config["attention_bias"] = False
         # Token ids the file states; an absent one stays absent (transformers would fall back to
         # LlamaConfig's defaults 1 and 2 for bos/eos, which are facts about other checkpoints).
         for gguf_key, hf_key in (
@@ -350,7 +388,7 @@ class GgufCheckpoint(CheckpointSource):
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
         c = self.config
-        h, inter, hd = c["hidden_size"], c["intermediate_size"], c["head_dim"]
+        h, inter, hd = c["hidden_size"], c["intermediate_size"], self.head_dim
         q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
         per_layer = {
             "input_layernorm": (h,),
@@ -363,10 +401,15 @@ class GgufCheckpoint(CheckpointSource):
             "mlp.up_proj": (inter, h),
             "mlp.down_proj": (h, inter),
         }
+        if self.architecture == "qwen3":
+            per_layer.update({"self_attn.q_norm": (hd,), "self_attn.k_norm": (hd,)})
+        biases = {"qwen2": {"self_attn.q_proj": (q,), "self_attn.k_proj": (kv,), "self_attn.v_proj": (kv,)}}
         shapes = {"model.embed_tokens.weight": (c["vocab_size"], h)}
         for i in range(c["num_hidden_layers"]):
             for suffix, shape in per_layer.items():
                 shapes[f"model.layers.{i}.{suffix}.weight"] = shape
+            for suffix, shape in biases.get(self.architecture, {}).items():
+                shapes[f"model.layers.{i}.{suffix}.bias"] = shape
         shapes["model.norm.weight"] = (h,)
         if not c["tie_word_embeddings"]:
             shapes["lm_head.weight"] = (c["vocab_size"], h)
@@ -376,12 +419,15 @@ class GgufCheckpoint(CheckpointSource):
         n_layers = self.config["num_hidden_layers"]
         by_hf: dict[str, Any] = {}
         unmapped: list[str] = []
+        layer_tensors = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS[self.architecture]}
+        biased = _ARCH_BIASES[self.architecture]
         for t in self._reader.tensors:
             hf = _GLOBAL_TENSORS.get(t.name)
             if hf is None:
                 m = _LAYER_RE.fullmatch(t.name)
-                if m and m.group(2) in _LAYER_TENSORS and int(m.group(1)) < n_layers:
-                    hf = f"model.layers.{int(m.group(1))}.{_LAYER_TENSORS[m.group(2)]}.weight"
+                if (m and m.group(2) in layer_tensors and int(m.group(1)) < n_layers
+                        and (m.group(3) == "weight" or m.group(2) in biased)):
+                    hf = f"model.layers.{int(m.group(1))}.{layer_tensors[m.group(2)]}.{m.group(3)}"
             if hf is None:
                 unmapped.append(t.name)
                 continue
@@ -390,7 +436,7 @@ class GgufCheckpoint(CheckpointSource):
         defects: list[str] = []
         if unmapped:
             defects.append(
-                f"{len(unmapped)} tensor(s) with no llama role: {', '.join(unmapped[:8])}"
+                f"{len(unmapped)} tensor(s) with no {self.architecture} role: {', '.join(unmapped[:8])}"
                 + (" ..." if len(unmapped) > 8 else "")
             )
         missing = [n for n in expected if n not in by_hf]
@@ -419,7 +465,7 @@ class GgufCheckpoint(CheckpointSource):
             specs[name] = TensorSpec(name, t.tensor_type.name, hf_shape)
         if defects:
             raise AdmissionError(
-                f"{self.path.name}: tensors do not close over the llama config: "
+                f"{self.path.name}: tensors do not close over the {self.architecture} config: "
                 + "; ".join(defects),
                 [{"category": "tensors", "defect": d, "blocks": True} for d in defects],
             )
@@ -457,7 +503,7 @@ class GgufCheckpoint(CheckpointSource):
         pre = self._meta.get("tokenizer.ggml.pre")
         if model not in SUPPORTED_TOKENIZERS or pre not in SUPPORTED_TOKENIZERS[model]:
             supported = "; ".join(
-                f"{m} with pre {', '.join(p)}" for m, p in SUPPORTED_TOKENIZERS.items()
+                f"{m} with pre {', '.join(x or '(absent)' for x in p)}" for m, p in SUPPORTED_TOKENIZERS.items()
             )
             raise AdmissionError(
                 f"{self.path.name}: tokenizer.ggml.model {model!r} with tokenizer.ggml.pre {pre!r} "
@@ -471,9 +517,19 @@ class GgufCheckpoint(CheckpointSource):
                     }
                 ],
             )
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        if self.architecture != "llama" and model == "llama":
+            raise AdmissionError(
+                f"{self.path.name}: a SentencePiece vocabulary on a {self.architecture} file: transformers builds "
+                "it with that architecture's own rules, which this importer does not reproduce",
+                [{"category": "tokenizer", "key": "tokenizer.ggml.model", "value": model, "blocks": True}],
+            )
+        need = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if model == "gpt2" else ("tokenizer.ggml.tokens",)
+        if model == "llama" and "tokenizer.ggml.merges" not in self._meta:
+            need = (*need, "tokenizer.ggml.scores")  # merges are recovered from the scores
+        for key in need:
             if key not in self._meta:
-                raise AdmissionError(f"{self.path.name}: byte-level BPE tokenizer without {key}")
+                kind = "byte-level BPE" if model == "gpt2" else "SentencePiece"
+                raise AdmissionError(f"{self.path.name}: {kind} tokenizer without {key}")
         n_tokens = len(self._reader.fields["tokenizer.ggml.tokens"].data)
         if n_tokens > self.config["vocab_size"]:
             raise AdmissionError(
@@ -501,11 +557,40 @@ class GgufCheckpoint(CheckpointSource):
                 f"{self.path.name}: tensor {t.name} dequantized to {w.dtype}, not float32"
             )
         w = w.reshape(spec.shape)
-        if name.endswith(".self_attn.q_proj.weight"):
-            w = _unpermute_rotary(w, self.config["num_attention_heads"])
-        elif name.endswith(".self_attn.k_proj.weight"):
-            w = _unpermute_rotary(w, self.config["num_key_value_heads"])
+        if self.architecture == "llama":  # qwen2 / qwen3 files keep Hugging Face's q/k order
+            if name.endswith(".self_attn.q_proj.weight"):
+                w = _unpermute_rotary(w, self.config["num_attention_heads"])
+            elif name.endswith(".self_attn.k_proj.weight"):
+                w = _unpermute_rotary(w, self.config["num_key_value_heads"])
         return np.array(w, dtype=np.float32, order="C", copy=True)
+
+    def native_encoding(self, name: str) -> tuple[str, int] | None:
+        """The GGUF type as a container encoding: F32/F16/BF16 as f32/f16/bf16, a block type as
+        its lower-cased name (q4_1, q6_k, iq4_nl, ...; vindex3.codecs.ggml executes some of them,
+        the others are carried), with the tensor's byte count."""
+        spec = self._specs.get(name)
+        if spec is None:
+            return None
+        t = self._tensors[name]
+        return spec.dtype.lower(), int(t.n_bytes)
+
+    def encoded(self, name: str) -> np.ndarray:
+        """The tensor's bytes as the file stores them (rows of blocks, or 16/32-bit floats), q/k
+        rows put back in Hugging Face order: every block lies within one row, so that is a
+        permutation of whole rows of bytes, exactly what `load` does to the values."""
+        spec = self._specs.get(name)
+        if spec is None:
+            raise ConfigError(f"{self.path.name}: no tensor {name!r} (it has {len(self._specs)} tensors)")
+        t = self._tensors[name]
+        raw = np.asarray(t.data).view(np.uint8)
+        rows = int(np.prod(spec.shape[:-1]))
+        b = raw.reshape(rows, -1)
+        if self.architecture == "llama":
+            if name.endswith(".self_attn.q_proj.weight"):
+                b = _unpermute_rotary(b, self.config["num_attention_heads"])
+            elif name.endswith(".self_attn.k_proj.weight"):
+                b = _unpermute_rotary(b, self.config["num_key_value_heads"])
+        return np.array(b, dtype=np.uint8, order="C", copy=True).reshape(-1)
 
     def capability_files(self) -> dict[str, bytes]:
         if self._capabilities is None:
@@ -560,7 +645,7 @@ class GgufCheckpoint(CheckpointSource):
     def build_tokenizer(self):
         """The byte-level BPE tokenizer the GGUF vocabulary describes, as a ``tokenizers.Tokenizer``,
         built the way transformers builds it for ``AutoTokenizer.from_pretrained(gguf_file=...)``."""
-        from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers, processors
+        from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers
         from tokenizers.models import BPE
 
         if self._meta.get("tokenizer.ggml.model") is None:
@@ -568,8 +653,10 @@ class GgufCheckpoint(CheckpointSource):
                 f"{self.path.name} carries no tokenizer (tokenizer.ggml.model is absent)"
             )
         tokens = self._array("tokenizer.ggml.tokens")
-        merges_raw = self._array("tokenizer.ggml.merges")
         token_types = self._array("tokenizer.ggml.token_type") or []
+        if self._meta.get("tokenizer.ggml.model") == "llama":
+            return self._sentencepiece(tokens, token_types)
+        merges_raw = self._array("tokenizer.ggml.merges")
 
         spelling = _byte_alphabet()
         alphabet = set(spelling)
@@ -600,7 +687,14 @@ class GgufCheckpoint(CheckpointSource):
                 fuse_unk=False,
             )
         )
-        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        split = SPLITS.get(self._meta.get("tokenizer.ggml.pre"))
+        if split is None:
+            tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        else:  # the split the vocabulary's merges were learned with, then bytes
+            tk.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ])
         tk.decoder = decoders.ByteLevel()
 
         specials: list[str] = []
@@ -613,6 +707,43 @@ class GgufCheckpoint(CheckpointSource):
         for token, ttype in zip(tokens, token_types):
             if ttype == _CONTROL and set(token) <= alphabet and token not in specials:
                 specials.append(token)
+        return self._finish_tokenizer(tk, tokens, token_types, vocab, specials)
+
+    def _sentencepiece(self, tokens: list[str], token_types: list[int]):
+        """A SentencePiece vocabulary (tokenizer.ggml.model llama) as transformers builds it: BPE over
+        the tokens as spelled, byte fallback, unknown pieces fused; merges from the file, or recovered
+        from the scores (`_merges_from_scores`); "▁" prepended to the first word only, no split."""
+        from tokenizers import Tokenizer, decoders, pre_tokenizers
+        from tokenizers.models import BPE
+
+        vocab = {token: index for index, token in enumerate(tokens)}
+        if "tokenizer.ggml.merges" in self._meta:
+            merges = []
+            for merge in self._array("tokenizer.ggml.merges"):
+                pair = merge.split(" ")
+                if len(pair) != 2:
+                    raise ConfigError(f"{self.path.name}: tokenizer.ggml.merges entry {merge!r} is not a pair")
+                merges.append((pair[0], pair[1]))
+        else:
+            merges = _merges_from_scores(vocab, dict(zip(tokens, self._array("tokenizer.ggml.scores"))))
+        tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+        tk.normalizer = None
+        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+        tk.decoder = decoders.Sequence([
+            decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
+        ])
+        specials = [t for t, ty in zip(tokens, token_types) if ty == _CONTROL]
+        return self._finish_tokenizer(tk, tokens, token_types, vocab, specials)
+
+    def _add_bos_default(self) -> bool:
+        """add_bos_token when the file does not say: llama.cpp (and transformers) add BOS to a
+        SentencePiece vocabulary, not to a byte-level one."""
+        return self._meta.get("tokenizer.ggml.model") == "llama"
+
+    def _finish_tokenizer(self, tk, tokens, token_types, vocab, specials):
+        """Special and added tokens, and the post-processor adding bos / eos, as the file states."""
+        from tokenizers import AddedToken, processors
+
         named = {
             name: self._special_token(key, tokens)
             for name, key in (
@@ -635,7 +766,7 @@ class GgufCheckpoint(CheckpointSource):
             tk.add_tokens(user_defined)
 
         add_bos = (
-            bool(self._meta.get("tokenizer.ggml.add_bos_token", False))
+            bool(self._meta.get("tokenizer.ggml.add_bos_token", self._add_bos_default()))
             and named["bos_token"] is not None
         )
         add_eos = (
@@ -674,6 +805,8 @@ class GgufCheckpoint(CheckpointSource):
         for key in ("add_bos_token", "add_eos_token"):
             if f"tokenizer.ggml.{key}" in self._meta:
                 tok_config[key] = bool(self._meta[f"tokenizer.ggml.{key}"])
+        if "add_bos_token" not in tok_config and self._add_bos_default():
+            tok_config["add_bos_token"] = True
         tok_config.update(special)
         template = self._meta.get("tokenizer.chat_template")
         if template is not None:
@@ -694,6 +827,20 @@ class GgufCheckpoint(CheckpointSource):
         if gen:
             files["generation_config.json"] = (jsonio.dumps(gen) + "\n").encode("utf-8")
         return files
+
+
+def _merges_from_scores(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
+    """The BPE merges a SentencePiece vocabulary implies (its file lists none): every split of a
+    token into two tokens of the vocabulary, ordered by the token's score (highest first), then by
+    the longer left piece, then the longer right piece; splits of one token in the order of their
+    pieces' ids; ties keep the vocabulary's order (the rule transformers and tokenizers apply)."""
+    found = []
+    for token, score in scores.items():
+        local = [(token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab]
+        local.sort(key=lambda m: (vocab[m[0]], vocab[m[1]]))
+        found.extend(local)
+    found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in found]
 
 
 def _unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:

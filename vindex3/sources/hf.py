@@ -20,7 +20,8 @@ from .base import CAPABILITY_FILES, CheckpointSource, TensorSpec
 
 _ST_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": None, "F64": np.float64, "I64": np.int64, "I32": np.int32}
 _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-             "U16": 2, "U32": 4, "U64": 8}
+             "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
+_BYTE_CODES = ("U8", "I8", "F8_E4M3", "F8_E5M2", "F8_E8M0")  # read as stored by load_stored
 MAX_ST_HEADER = 100 << 20  # safetensors' own reader refuses headers above 100 MB
 
 
@@ -164,6 +165,18 @@ class HfCheckpoint(CheckpointSource):
                 raise ConfigError(f"tensor {name} is {spec.dtype} and {int(lossy.sum())} of its values have no exact float32 "
                                   f"(first at flat index {first}: {int(arr.reshape(-1)[first])}); refusing a lossy widening")
         return out
+
+    def load_stored(self, name: str) -> np.ndarray:
+        spec = self.tensor_specs()[name]
+        if spec.dtype not in _BYTE_CODES:
+            return self.load(name)
+        shard, off, n = self._where[name]
+        with open_regular(shard, f"safetensors file {shard.name}") as f:
+            f.seek(off)
+            raw = f.read(n)
+        if len(raw) != n:
+            raise ConfigError(f"{shard.name}: tensor {name} is cut short ({len(raw)} of {n} bytes); the file is truncated")
+        return np.frombuffer(raw, dtype=np.uint8).reshape(spec.shape).copy()
 
     def capability_files(self) -> dict[str, bytes]:
         out = {}
