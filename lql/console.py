@@ -24,7 +24,7 @@ from prompt_toolkit.shortcuts import print_formatted_text
 
 from . import ast, loop, render, text
 from . import results as R
-from .errors import FileRefusal, InternalError, LqlError, LqlSyntaxError
+from .errors import FileRefusal, InternalError, LqlError, LqlSyntaxError, MetaError
 from .repl_lexer import STYLE
 
 # What running a piece of text came to.
@@ -76,14 +76,6 @@ def _expand(path: str) -> str:
         return os.path.expanduser(path)
     except (ValueError, UnicodeError):
         return path
-
-
-class MetaError(Exception):
-    """A shell command refused its argument; the message says what it takes."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.message, self.hint = message, hint
 
 
 class Console:

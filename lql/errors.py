@@ -70,9 +70,7 @@ class LqlSyntaxError(LqlError):
         return f"  {shown}\n  {pad}^"
 
     def __str__(self) -> str:
-        from .render import error_text  # the one formatter
-
-        return error_text(self)
+        return error_text(self)  # the one formatter, below
 
 
 def caret_window(line: str, column: int, width: int = 120) -> tuple[str, int]:
@@ -167,3 +165,62 @@ def describe_exception(err: BaseException, limit: int = 500) -> str:
     if len(text) > limit:
         text = text[: limit - 20] + "…" + text[-12:]
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+# ---- errors as text: the one formatter ------------------------------------------------
+
+
+def error_fragments(err: BaseException, *, where: str = "", show_statement: bool = False) -> list[tuple[str, str]]:
+    """An error as styled fragments (style class, text): a syntax error with its line and a
+    caret, a refusal with its message, the statement (with ``where`` or ``show_statement``)
+    and its hint. ``where`` (a file name, ``<-e>``) prefixes ``where:line:column:``."""
+    if isinstance(err, LqlSyntaxError):
+        head = (f"{where}:{err.line}:{err.column}: syntax error: " if where
+                else f"syntax error at line {err.line}, column {err.column}: ")
+        shown, col = caret_window(err.source_line, err.column)
+        pad = "".join("\t" if ch == "\t" else " " for ch in shown[: col - 1])
+        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {shown}\n"),
+                 ("class:error.caret", f"  {pad}^")]
+        if err.hint:
+            frags.append(("class:warning", f"\n  hint: {err.hint}"))
+        return frags
+    if isinstance(err, LqlError):
+        loc = (f"{where}:{err.line}:{err.column}: " if where and err.line is not None
+               else (f"{where}: " if where else ""))
+        frags = [("class:error", f"{loc}error: {err.message}")]
+        if err.statement and (show_statement or where):
+            frags.append(("", f"\n  in: {clip_statement(err.statement)}"))
+        if err.hint:
+            frags.append(("class:warning", f"\n  hint: {err.hint}"))
+        return frags
+    return [("class:error", f"internal error: {describe_exception(err)}")]
+
+
+def clip_statement(text: str, limit: int = 300) -> str:
+    """A statement's text as an error shows it: at most ``limit`` characters."""
+    return text if len(text) <= limit else text[: limit - 40] + " … " + text[-30:]
+
+
+def error_text(err: BaseException, *, where: str = "", show_statement: bool = False) -> str:
+    """`error_fragments` as plain text."""
+    return "".join(t for _, t in error_fragments(err, where=where, show_statement=show_statement))
+
+
+def internal_error_text(err: BaseException, *, where: str = "", line: int | None = None, column: int | None = None,
+                        statement: str | None = None, debug: bool = False) -> str:
+    """A bug's one-line report (the traceback is shown separately, with --debug)."""
+    loc = f"{where}:{line}:{column}: " if where and line is not None else (f"{where}: " if where else "")
+    out = f"{loc}internal error: {describe_exception(err)}"
+    if statement:
+        out += f"\n  in: {clip_statement(statement)}"
+    if not debug:
+        out += "\n  this is a bug in lql or vindex3; run with --debug for the traceback"
+    return out
+
+
+class MetaError(Exception):
+    """A shell command refused its argument; the message says what it takes."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message, self.hint = message, hint

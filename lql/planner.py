@@ -15,7 +15,7 @@ context, the plan-node base, prompt binding, the limits' words and the checks of
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from . import ast, catalog
 from .binding import Catalog, SliceBinding
@@ -94,6 +94,8 @@ def positive(stmt: ast.Statement, value: int | None, what: str, example: str) ->
 class Identity(Node):
     """The plan of a statement that binds nothing: the statement itself (its runner is found by
     the statement's class)."""
+
+    runs_statement: ClassVar[bool] = True  # registry.run looks its runner up by the statement's class
 
 
 @dataclass(frozen=True, eq=False)

@@ -195,9 +195,7 @@ def runner_for(node_type: type) -> Callable | None:
 def run(session, node):
     """Run one plan node: the runner its family registered for the node's class (for the
     identity plan, for the statement's class). A node no family runs is a bug, named."""
-    from .planner import Identity
-
-    key = type(node.statement) if type(node) is Identity else type(node)
+    key = type(node.statement) if getattr(type(node), "runs_statement", False) else type(node)
     fn = runner_for(key)
     if fn is None:
         raise NotImplementedError(f"no statement family runs {type(node).__name__}")

@@ -15,9 +15,11 @@ import html
 import io
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from . import results as R
+if TYPE_CHECKING:  # pragma: no cover - types only: results call the renderer, not the reverse
+    from . import results as R
+from .errors import clip_statement, error_fragments, error_text, internal_error_text  # noqa: F401  (the one formatter)
 
 #: Output formats, as ``SET format``, ``\T`` and ``lql --format`` name them.
 FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
@@ -108,63 +110,6 @@ def error_json(err: BaseException, statement: R.StatementRef | None) -> dict:
     }
 
 
-# ---- errors as text: the one formatter ------------------------------------------------
-
-
-def error_fragments(err: BaseException, *, where: str = "", show_statement: bool = False) -> list[tuple[str, str]]:
-    """An error as styled fragments (style class, text): a syntax error with its line and a
-    caret, a refusal with its message, the statement (with ``where`` or ``show_statement``)
-    and its hint. ``where`` (a file name, ``<-e>``) prefixes ``where:line:column:``."""
-    from .errors import LqlError, LqlSyntaxError, caret_window
-
-    if isinstance(err, LqlSyntaxError):
-        head = (f"{where}:{err.line}:{err.column}: syntax error: " if where
-                else f"syntax error at line {err.line}, column {err.column}: ")
-        shown, col = caret_window(err.source_line, err.column)
-        pad = "".join("\t" if ch == "\t" else " " for ch in shown[: col - 1])
-        frags = [("class:error", f"{head}{err.message}\n"), ("", f"  {shown}\n"),
-                 ("class:error.caret", f"  {pad}^")]
-        if err.hint:
-            frags.append(("class:warning", f"\n  hint: {err.hint}"))
-        return frags
-    if isinstance(err, LqlError):
-        loc = (f"{where}:{err.line}:{err.column}: " if where and err.line is not None
-               else (f"{where}: " if where else ""))
-        frags = [("class:error", f"{loc}error: {err.message}")]
-        if err.statement and (show_statement or where):
-            frags.append(("", f"\n  in: {clip_statement(err.statement)}"))
-        if err.hint:
-            frags.append(("class:warning", f"\n  hint: {err.hint}"))
-        return frags
-    from .errors import describe_exception
-
-    return [("class:error", f"internal error: {describe_exception(err)}")]
-
-
-def clip_statement(text: str, limit: int = 300) -> str:
-    """A statement's text as an error shows it: at most ``limit`` characters."""
-    return text if len(text) <= limit else text[: limit - 40] + " … " + text[-30:]
-
-
-def error_text(err: BaseException, *, where: str = "", show_statement: bool = False) -> str:
-    """`error_fragments` as plain text."""
-    return "".join(t for _, t in error_fragments(err, where=where, show_statement=show_statement))
-
-
-def internal_error_text(err: BaseException, *, where: str = "", line: int | None = None, column: int | None = None,
-                        statement: str | None = None, debug: bool = False) -> str:
-    """A bug's one-line report (the traceback is shown separately, with --debug)."""
-    from .errors import describe_exception
-
-    loc = f"{where}:{line}:{column}: " if where and line is not None else (f"{where}: " if where else "")
-    out = f"{loc}internal error: {describe_exception(err)}"
-    if statement:
-        out += f"\n  in: {clip_statement(statement)}"
-    if not debug:
-        out += "\n  this is a bug in lql or vindex3; run with --debug for the traceback"
-    return out
-
-
 # ---- rows: CSV, TSV, Markdown, JSON lines, pandas, HTML -------------------------------
 
 _RECORDS: dict[type, Callable[[Any], list[dict[str, Any]]]] = {}
@@ -178,7 +123,6 @@ def _records_of(cls: type):
     return deco
 
 
-_flat, _dump = R.flat, R.dump
 
 
 def records(result: R.Result) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .console import MetaError
+from .errors import MetaError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .console import Console as Shell

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .text import dump, flat  # noqa: F401  (families import them from here too)
+
 
 class StatementRef(BaseModel):
     """Which statement a result answers: its kind, position and source text (kind is None
@@ -83,23 +85,6 @@ class Result(BaseModel):
         """The result's rows as flat dicts (CSV, TSV, Markdown, JSON lines, pandas); by default one
         row of every field."""
         return [flat(self.model_dump(mode="json", exclude={"statement", "kind"}))]
-
-
-def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one level of dotted keys."""
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def dump(m: Any) -> dict[str, Any]:
-    """A model (or a mapping) as a JSON-ready dict."""
-    return m.model_dump(mode="json") if hasattr(m, "model_dump") else dict(m)
 
 
 # ---- shared pieces --------------------------------------------------------------------

@@ -214,3 +214,23 @@ def table(columns: Sequence[str | Col], rows: Iterable[Sequence[Any]]) -> list[s
         return "  ".join(out).rstrip()
 
     return [line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows]
+
+
+# ---- rows ------------------------------------------------------------------------------
+
+
+def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def dump(m: Any) -> dict[str, Any]:
+    """A model (or a mapping) as a JSON-ready dict."""
+    return m.model_dump(mode="json") if hasattr(m, "model_dump") else dict(m)
