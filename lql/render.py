@@ -14,7 +14,6 @@ import csv
 import html
 import io
 import re
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - types only: results call the renderer, not the reverse
@@ -24,42 +23,7 @@ from .errors import clip_statement, error_fragments, error_text, internal_error_
 #: Output formats, as ``SET format``, ``\T`` and ``lql --format`` name them.
 FORMATS = ("text", "json", "csv", "tsv", "markdown", "jsonl")
 
-from .text import (  # noqa: F401
-    Col,
-    _wants_vertical,
-    binary_size,
-    fields,
-    fitting,
-    fmt_bpw,
-    fmt_bytes,
-    fmt_int,
-    fmt_layers,
-    fmt_mix,
-    fmt_mixed,
-    fmt_params,
-    fmt_prob,
-    fmt_seconds,
-    fmt_shape,
-    fmt_text,
-    fmt_value,
-    layers_phrase,
-    num,
-    table,
-    vertical,
-)
-
-# ---- per-result layouts ---------------------------------------------------------------
-
-_LAYOUTS: dict[type, Callable[[Any, bool], list[str]]] = {}
-
-
-def _layout(cls: type):
-    def deco(fn):
-        _LAYOUTS[cls] = fn
-        return fn
-
-    return deco
-
+from .text import fitting
 
 # ---- entry points ---------------------------------------------------------------------
 
@@ -68,9 +32,8 @@ def to_text(result: R.Result, *, timing: bool = True, width: int | None = None, 
     """The result as aligned text (no trailing newline). ``width``: fit tables to it (cells
     cut with an ellipsis, never wrapped); ``expanded``: on, off or auto (one field per line
     when a table does not fit)."""
-    layout = _LAYOUTS.get(type(result))
     with fitting(width, expanded):
-        lines = layout(result, timing) if layout is not None else result.layout(timing)
+        lines = result.layout(timing)  # each result class has its family's layout
         lines += [f"note: {n}" for n in getattr(result, "notes", None) or []]
         return "\n".join(lines)
 
@@ -112,26 +75,12 @@ def error_json(err: BaseException, statement: R.StatementRef | None) -> dict:
 
 # ---- rows: CSV, TSV, Markdown, JSON lines, pandas, HTML -------------------------------
 
-_RECORDS: dict[type, Callable[[Any], list[dict[str, Any]]]] = {}
-
-
-def _records_of(cls: type):
-    def deco(fn):
-        _RECORDS[cls] = fn
-        return fn
-
-    return deco
-
-
-
-
 def records(result: R.Result) -> list[dict[str, Any]]:
     """The result's rows as flat dicts: one per layer for SHOW LAYERS, one per candidate for
     INFER ... TOP, one per generated token for GENERATE alone, one per position for TRACE and
     SCORE DRAFT, one per depth for DRAFT LADDER, one per operand for SHOW OPERANDS and
     EXPLAIN, one per finding for PLAN; a single row of fields otherwise."""
-    fn = _RECORDS.get(type(result))
-    return fn(result) if fn is not None else result.records()
+    return result.records()
 
 
 def _columns(rows: list[dict[str, Any]]) -> list[str]:

@@ -70,17 +70,14 @@ def test_every_statement_class_declares_its_policy():
 
 
 def test_every_result_class_has_a_layout():
-    from lql import render
-
     def subclasses(c):
         for s in c.__subclasses__():
             yield s
             yield from subclasses(s)
 
-    legacy = getattr(render, "_LAYOUTS", {})  # layouts not yet moved into their family
     for cls in subclasses(results.Result):
         if cls.__module__.startswith("lql.") or cls.__module__ == __name__:
-            assert cls.layout is not results.Result.layout or cls in legacy, f"{cls.__name__} has no text layout"
+            assert cls.layout is not results.Result.layout, f"{cls.__name__} has no text layout"
 
 
 def test_unregistering_a_family_removes_it_everywhere():
