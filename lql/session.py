@@ -50,6 +50,7 @@ class Session:
         self.on_notice = on_notice
         self._executors: dict[Any, Any] = {}
         self._internals = None  # vindex3.internals.Internals of the bound container, made on first use
+        self.shared_internals = None  # a server's maker of its model's shared Internals (None: the session's own)
         self.writes_derived = True  # feature metadata built here is kept in the container (False: in memory only)
         if path is not None:
             from .parser import parse_one
@@ -132,6 +133,7 @@ class Session:
         self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth, \
             self._internals = (model, container, Catalog(model), bool(default_model), {}, None, None)
         self.settings.shards = shards
+        self.shared_internals = None  # another model: its own internals
         self.remote = None
         self._release(old)
 
@@ -183,17 +185,23 @@ class Session:
         return ex, True
 
     def internals(self):
-        """The bound container's `vindex3.internals.Internals` (made once per binding): feature
-        metadata, the lens, records. Builds report progress through ``on_progress``. A model
-        run as shards is looked inside here, in this process, on the same weights."""
+        """The bound container's `vindex3.internals.Internals` (made once per binding, or shared:
+        a server hands every session on a served model the model's own, so feature metadata built
+        for one request serves the next): feature metadata, the lens, records. Builds report
+        progress through this session's ``on_progress``. A model run as shards is looked inside
+        here, in this process, on the same weights."""
+
+        def progress(done: int, total: int, label: str) -> None:
+            if self.on_progress is not None:
+                self.on_progress(done, total, label)
+
+        if self._internals is None and self.shared_internals is not None:
+            self._internals = self.shared_internals()
         if self._internals is None:
             from vindex3.internals import Internals
 
-            def progress(done: int, total: int, label: str) -> None:
-                if self.on_progress is not None:
-                    self.on_progress(done, total, label)
-
             self._internals = Internals(self.base_container, progress=progress)
+        self._internals.metadata.progress = progress  # this session's hook, also on a shared one
         return self._internals
 
     def close(self) -> None:

@@ -338,3 +338,17 @@ def test_8_a_huge_finite_weight_is_a_named_refusal_not_zero_logits(tiny_llama_co
     with pytest.raises(NonFiniteActivation, match=r"^layer [01]: ") as e:  # where float32 first breaks
         ex.forward([1, 2, 3])
     assert e.value.layer in (0, 1) and e.value.site in ("norm", "residual_post")
+
+
+# ---- 10: a read-only server keeps the feature metadata it built ------------------------------
+
+
+def test_10_walk_on_a_read_only_server_builds_metadata_once(tiny_llama_container):
+    with TestClient(create_app(config(tiny_llama_container, profile="read-only"))) as c:
+        first = query(c, "WALK 'Paris' TOP 2;")[0]
+        second = query(c, "WALK 'Paris' TOP 2;")[0]  # another request, another session
+        assert first["ok"] and second["ok"], (first, second)
+        built = [json.dumps(x) for x in (first["result"].get("metadata"), second["result"].get("metadata"))]
+        assert "built" in built[0] and "built now" not in built[1], built
+        host = c.app.state.server.host(None)
+        assert host._internals is not None  # the model's one Internals, kept in memory

@@ -21,7 +21,16 @@ class ModelHost:
         self.catalog = Catalog(self.container)
         self.worker = ModelWorker(spec.id)
         self.executors: dict[int | None, Any] = {}
+        self._internals = None  # vindex3.internals.Internals, shared by every session on the model
         self.info = self._info()
+
+    def internals(self):
+        """The model's `vindex3.internals.Internals`, made on first use (on the worker thread)."""
+        if self._internals is None:
+            from vindex3.internals import Internals
+
+            self._internals = Internals(self.container)
+        return self._internals
 
     def executor(self, depth: int | None):
         """The executor of a draft depth (None: the full model); on the worker thread only."""

@@ -74,4 +74,7 @@ def _new_session(host):
     # Prepared executors are shared by every session on the model: all of them run on its one
     # worker thread, so sharing is safe, and a session does not prepare the model again.
     s._executors = host.executors
+    # and so is the model's Internals: feature metadata a read-only server builds (in memory, it
+    # writes nothing) is kept for the next request instead of rebuilt by every one
+    s.shared_internals = host.internals  # made on first use, on the worker thread
     return s
