@@ -494,6 +494,8 @@ async def _completion(request: Request, chat: bool) -> Response:
         usage_wanted = bool(req.stream_options and req.stream_options.include_usage)
         gen = _stream_events(events, srv, chat, rid, created, model_id, usage_wanted)
         return EventStream(gen, close, {"X-Request-Id": rid})  # type: ignore[return-value]
+    want_logprobs = g.top_logprobs is not None
+    entries: list[dict] = []
     try:
         async with watching(request, ctx.cancel):
             text, finish, usage = "", None, None
@@ -504,19 +506,56 @@ async def _completion(request: Request, chat: bool) -> Response:
                         raise _as_error(item, srv)
                     break
                 text += item.get("delta", "")
+                entries += item.get("logprobs", ())
                 if "finish_reason" in item:
                     finish, usage = item["finish_reason"], item["usage"]
     finally:
         close()
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        lp = _chat_logprobs(entries) if want_logprobs else None
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish}
         obj = {"id": rid, "object": "chat.completion", "created": created, "model": model_id, "choices": [choice],
                "usage": usage}
     else:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        lp = _completion_logprobs(entries, 0) if want_logprobs else None
+        choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}
         obj = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice],
                "usage": usage}
     return json_response(obj)
+
+
+def _top_dict(top: list | None) -> dict[str, float] | None:
+    """Alternatives keyed by their text, most probable first; two tokens with the same text
+    (e.g. two halves of UTF-8 characters, both shown as U+FFFD) keep the more probable one."""
+    if top is None:
+        return None
+    out: dict[str, float] = {}
+    for _i, t, lp in top:
+        out.setdefault(t, lp)
+    return out
+
+
+def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    """The legacy completions shape: parallel lists; ``text_offset`` counts characters of the
+    returned text from ``offset`` (the characters sent before these tokens). The chat shape
+    (a list per position) keeps every alternative; this one is a dict keyed by text."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [_top_dict(e["top"]) for e in entries], "text_offset": offsets}
+
+
+def _chat_logprobs(entries: list[dict]) -> dict:
+    """The chat shape: one object per token, its alternatives as objects (bytes: the UTF-8 of
+    the token's text)."""
+
+    def one(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**one(e["token"], e["logprob"]), "top_logprobs": [one(t, lp) for _i, t, lp in e["top"]]}
+                        for e in entries], "refusal": None}
 
 
 def _as_error(exc: BaseException, srv: Server) -> LqlError:
@@ -534,17 +573,21 @@ def _as_error(exc: BaseException, srv: Server) -> LqlError:
 async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: str, created: int, model_id: str,
                          usage_wanted: bool) -> AsyncIterator[bytes]:
     obj_kind = "chat.completion.chunk" if chat else "text_completion"
+    sent = [0]  # characters of text sent so far: the completions shape's text_offset
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+    def chunk(delta: str | None, finish: str | None, first: bool = False, entries: list[dict] | None = None) -> dict:
         if chat:
             d: dict[str, Any] = {}
             if first:
                 d["role"] = "assistant"
             if delta is not None:
                 d["content"] = delta
-            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": d, "logprobs": _chat_logprobs(entries) if entries else None,
+                      "finish_reason": finish}
         else:
-            choice = {"text": delta or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            lp = _completion_logprobs(entries, sent[0]) if entries else None
+            choice = {"text": delta or "", "index": 0, "logprobs": lp, "finish_reason": finish}
+        sent[0] += len(delta or "")
         return {"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [choice]}
 
     if chat:
@@ -558,13 +601,14 @@ async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: st
                 return
             break
         delta = item.get("delta", "")
+        entries = item.get("logprobs")
         if "finish_reason" in item:
             usage = item["usage"]
-            if delta:
-                yield _sse(chunk(delta, None))
+            if delta or entries:
+                yield _sse(chunk(delta, None, entries=entries))
             yield _sse(chunk(None if chat else "", item["finish_reason"]))
-        elif delta:
-            yield _sse(chunk(delta, None))
+        elif delta or entries:
+            yield _sse(chunk(delta, None, entries=entries))
     if usage_wanted:
         yield _sse({"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [],
                     "usage": usage})
@@ -586,9 +630,12 @@ def _bind_generation(host: ModelHost, req: C._Common, max_tokens: int, srv: Serv
         if is_engine_error(e):
             raise engine_refusal(e) from None
         raise
+    echo = None
+    if isinstance(req, C.CompletionRequest) and req.echo:
+        echo = req.prompt if isinstance(req.prompt, str) else (host.catalog.decode(ids) or "")
     return C.Generation(ids=ids, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                         stops=C.stops_of(req), stop_ids=tuple(host.catalog.eos_ids()), depth=req.draft_depth,
-                        speculate=req.speculate)
+                        speculate=req.speculate, top_logprobs=C.top_logprobs_of(req), echo=echo)
 
 
 @boundary
