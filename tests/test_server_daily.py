@@ -56,7 +56,7 @@ def test_logprobs_equal_infer_top_through_the_openai_client(tiny_llama_container
         first = lp.top_logprobs[0]
         assert _close(first, local.top)
         assert lp.tokens[0] == local.top[0].token  # greedy picks the most probable
-        assert lp.token_logprobs[0] == list(first.values())[0]
+        assert lp.token_logprobs[0] == next(iter(first.values()))
 
         # chat: logprobs + top_logprobs in the chat shape, equal to INFER ... CHAT TOP 3
         local_chat = s.execute_one("INFER 'Say hi' CHAT TOP 3")
