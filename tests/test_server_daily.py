@@ -133,3 +133,90 @@ def test_echo_scores_the_prompt_with_no_tokens_and_refusals(tiny_llama_container
                                              "temperature": 0, "echo": True, "stream": True})
         chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
         assert chunks[0]["choices"][0]["text"] == "Water boils"
+
+
+# ---- tokenizer, embeddings, health, metrics ---------------------------------------------
+
+
+def test_tokenize_detokenize_and_health_at_the_top(tiny_llama_container):
+    s = lql.connect(tiny_llama_container)
+    want = list(s.execute_one("INFER 'Water boils' TOP 1").prompt.ids)
+    with TestClient(create_app(config(tiny_llama_container, api_key="k"))) as c:
+        assert c.get("/health").json() == {"status": "ok"}  # no key needed, as /v1/health
+        assert c.post("/tokenize", json={"prompt": "Water boils"}).status_code == 401
+        auth = {"Authorization": "Bearer k"}
+        r = c.post("/tokenize", headers=auth, json={"model": "tiny", "prompt": "Water boils"}).json()
+        assert r == {"model": "tiny", "tokens": want, "count": len(want)}
+        bare = c.post("/tokenize", headers=auth, json={"prompt": "Water boils", "add_special": False}).json()
+        assert bare["tokens"] == s.catalog.tokenize("Water boils", special=False)
+        r = c.post("/detokenize", headers=auth, json={"tokens": bare["tokens"]}).json()
+        assert r == {"model": "tiny", "prompt": s.catalog.decode(bare["tokens"])}
+        for path, body, word in (("/detokenize", {"tokens": [10**9]}, "outside the vocabulary"),
+                                 ("/tokenize", {"prompt": "x", "special": True}, "'special'"),
+                                 ("/tokenize", {"prompt": 3}, "'prompt'"),
+                                 ("/tokenize", {"prompt": "x", "model": "nope"}, "nope")):
+            r = c.post(path, headers=auth, json=body)
+            assert r.status_code in (400, 404) and word in r.json()["error"]["message"], r.text
+
+
+def test_embeddings_are_the_final_hidden_state(tiny_llama_container):
+    openai = pytest.importorskip("openai", reason="SKIPPED LOUDLY: the openai client is a dev dependency")
+    s = lql.connect(tiny_llama_container)
+    texts = ["Water boils", "The capital of France is"]
+
+    def hidden(text):
+        st = s.container.executor().start()
+        st.prefill(s.catalog.tokenize(text))
+        return np.asarray(st.last_hidden)
+
+    with live_server(config(tiny_llama_container)) as (url, _app):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=30)
+        r = client.embeddings.create(model="tiny", input=texts)  # the client asks for base64 and decodes it
+        assert [d.index for d in r.data] == [0, 1]
+        assert r.model_extra["pooling"] == "mean" and "before the final norm" in r.model_extra["hidden"]
+        for d, t in zip(r.data, texts):
+            h = hidden(t)
+            # the same prefill on the same executor code: bit-identical
+            assert np.array_equal(np.asarray(d.embedding, dtype=np.float32), h.mean(axis=0, dtype=np.float32))
+        assert r.usage.prompt_tokens == sum(len(s.catalog.tokenize(t)) for t in texts)
+        last = client.embeddings.create(model="tiny", input=texts[0], encoding_format="float",
+                                        extra_body={"pooling": "last"})
+        assert np.array_equal(np.asarray(last.data[0].embedding, dtype=np.float32), hidden(texts[0])[-1])
+        with pytest.raises(openai.BadRequestError, match="dimensions"):
+            client.embeddings.create(model="tiny", input="x", dimensions=8)
+
+
+def test_metrics_count_a_known_request_sequence(tiny_llama_container):
+    with TestClient(create_app(config(tiny_llama_container))) as c:
+        for _ in range(2):
+            assert c.post("/v1/completions", json={"prompt": "Water boils", "max_tokens": 3, "temperature": 0}).status_code == 200
+        streamed = c.post("/v1/completions", json={"prompt": "Water boils", "max_tokens": 3, "temperature": 0,
+                                                    "stream": True})
+        assert streamed.status_code == 200
+        assert c.post("/v1/completions", json={"prompt": "x", "n": 2}).status_code == 400
+        c.post("/tokenize", json={"prompt": "Water boils"})
+        c.post("/v1/embeddings", json={"input": "Water boils"})
+        c.get("/v1/models/tiny")
+        c.get("/v1/models/no/such/thing/at/all")
+        r = c.get("/metrics")
+        assert r.headers["content-type"].startswith("text/plain")
+        text = r.text
+    assert sse_events(streamed.text)[-1] == "[DONE]"
+    lines = dict(ln.rsplit(" ", 1) for ln in text.splitlines() if ln and not ln.startswith("#"))
+    assert lines['lql_requests_total{route="/v1/completions",method="POST",status="200"}'] == "3"
+    assert lines['lql_requests_total{route="/v1/completions",method="POST",status="400"}'] == "1"
+    assert lines['lql_requests_total{route="/tokenize",method="POST",status="200"}'] == "1"
+    assert lines['lql_requests_total{route="/v1/models/{id}",method="GET",status="200"}'] == "1"
+    assert lines['lql_requests_total{route="/v1/models/{id}",method="GET",status="404"}'] == "1"
+    assert lines['lql_request_duration_seconds_count{route="/v1/completions"}'] == "4"
+    assert lines['lql_request_duration_seconds_bucket{route="/v1/completions",le="+Inf"}'] == "4"
+    s = lql.connect(tiny_llama_container)
+    n_prompt = len(s.catalog.tokenize("Water boils"))
+    assert lines['lql_prompt_tokens_total{model="tiny"}'] == str(3 * n_prompt)
+    assert lines['lql_completion_tokens_total{model="tiny"}'] == "9"
+    assert lines['lql_embedding_tokens_total{model="tiny"}'] == str(n_prompt)
+    assert lines["lql_requests_running"] == "0" and lines["lql_requests_waiting"] == "0"
+    assert lines['lql_generations_active{model="tiny"}'] == "0"
+    # buckets are cumulative
+    buckets = [int(v) for k, v in lines.items() if k.startswith('lql_request_duration_seconds_bucket{route="/v1/completions"')]
+    assert buckets == sorted(buckets)

@@ -33,8 +33,9 @@ from .. import results as R
 from ..errors import LqlError, LqlSyntaxError
 from ..parser import parse_one
 from . import completions as C
-from . import policy
+from . import policy, service
 from .config import ServerConfig
+from .metrics import Measure, Metrics
 from .models import ModelHost
 from .sessions import SessionStore, TooManySessions
 from .worker import JobContext, Stopped
@@ -184,6 +185,7 @@ class Server:
         self.hosts = {h.id: h for h in (hosts if hosts is not None else [ModelHost(m) for m in config.models])}
         self.sessions = SessionStore(config.limits.session_ttl, config.limits.max_sessions)
         self.gate = Gate(config.limits.max_concurrent, config.limits.max_queue, config.limits.retry_after)
+        self.metrics = Metrics()
         self._blas = None
 
     def host(self, model: Any) -> ModelHost:
@@ -511,6 +513,7 @@ async def _completion(request: Request, chat: bool) -> Response:
                     finish, usage = item["finish_reason"], item["usage"]
     finally:
         close()
+    srv.metrics.usage(model_id, usage)
     if chat:
         lp = _chat_logprobs(entries) if want_logprobs else None
         choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish}
@@ -604,6 +607,7 @@ async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: st
         entries = item.get("logprobs")
         if "finish_reason" in item:
             usage = item["usage"]
+            srv.metrics.usage(model_id, usage)
             if delta or entries:
                 yield _sse(chunk(delta, None, entries=entries))
             yield _sse(chunk(None if chat else "", item["finish_reason"]))
@@ -648,14 +652,78 @@ async def chat_completions(request: Request) -> Response:
     return await _completion(request, chat=True)
 
 
+# ---- tokenizer, embeddings, metrics ------------------------------------------------------
+
+
+async def _on_worker(host: ModelHost, fn):
+    """``fn()`` on the model's worker; vindex3's refusals (no tokenizer, ...) as typed refusals."""
+    from ..binding import engine_refusal, is_engine_error
+
+    try:
+        return await asyncio.wrap_future(host.worker.call(fn))
+    except Exception as e:
+        if is_engine_error(e):
+            raise engine_refusal(e) from None
+        raise
+
+
+@boundary
+async def tokenize(request: Request) -> Response:
+    srv = _server(request)
+    req = C.validate(service.TokenizeRequest, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    out = await _on_worker(host, partial(service.tokenize, host.catalog, req))
+    return json_response({"model": host.id, **out})
+
+
+@boundary
+async def detokenize(request: Request) -> Response:
+    srv = _server(request)
+    req = C.validate(service.DetokenizeRequest, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    out = await _on_worker(host, partial(service.detokenize, host.catalog, req))
+    return json_response({"model": host.id, **out})
+
+
+@boundary
+async def embeddings(request: Request) -> Response:
+    srv = _server(request)
+    req = C.validate(service.EmbeddingRequest, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    service.inputs_of(req)  # refused before a slot is taken
+    release = await srv.gate.acquire()
+    try:
+        ctx = JobContext(deadline=time.monotonic() + srv.limits.time_limit)
+        async with watching(request, ctx.cancel):
+            try:
+                out = await _on_worker(host, partial(service.embed, host, req, srv.limits, ctx.check))
+            except Stopped as s:
+                raise stopped_error(s, srv.limits.time_limit) from None
+    finally:
+        release()
+    srv.metrics.embedding_tokens[host.id] += out["usage"]["prompt_tokens"]
+    return json_response(out)
+
+
+@boundary
+async def metrics(request: Request) -> Response:
+    srv = _server(request)
+    gauges = {
+        "lql_requests_running": [({}, srv.gate.running)],
+        "lql_requests_waiting": [({}, srv.gate.waiting)],
+        "lql_generations_active": [({"model": h.id}, h.worker.active_generations) for h in srv.hosts.values()],
+    }
+    return Response(srv.metrics.text(gauges), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 # ---- the application ------------------------------------------------------------------------
 
 
 class KeyCheck:
-    """Bearer keys: every path but /v1/health needs ``Authorization: Bearer KEY`` when the server
-    has a key; compared in constant time."""
+    """Bearer keys: every path but /health and /v1/health needs ``Authorization: Bearer KEY`` when
+    the server has a key (/metrics too: a scraper sends the key); compared in constant time."""
 
-    OPEN_PATHS = ("/v1/health",)
+    OPEN_PATHS = ("/health", "/v1/health")
 
     def __init__(self, app, key: str | None):
         self.app = app
@@ -687,8 +755,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         if exc.status_code == 405:
             return json_response(error_body(NotFound(f"{what}: this endpoint does not take {request.method}")), 405)
         return json_response(error_body(NotFound(f"{what}: no such endpoint",
-                                                 hint="endpoints: /v1/health, /v1/models, /v1/models/{id}/stats, "
-                                                      "/v1/query, /v1/completions, /v1/chat/completions")),
+                                                 hint="endpoints: /health, /metrics, /tokenize, /detokenize, /v1/health, "
+                                                      "/v1/models, /v1/models/{id}/stats, /v1/query, /v1/completions, "
+                                                      "/v1/chat/completions, /v1/embeddings")),
                              exc.status_code)
     return error_response(internal(exc, f"{request.method} {request.url.path}"))
 
@@ -707,6 +776,11 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
             server.stop()
 
     routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}/stats", model_stats, methods=["GET"]),
@@ -719,4 +793,5 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
                     exception_handlers={HTTPException: _http_error, Exception: _http_error})
     app.state.server = server
     app.add_middleware(KeyCheck, key=config.api_key)
+    app.add_middleware(Measure, metrics=server.metrics)  # outermost: refused keys are counted too
     return app

@@ -107,12 +107,12 @@ _UNSUPPORTED_DEFAULTS = {
 }
 
 
-def parse_request(cls: type[_Common], body: Any) -> _Common:
-    """The request, validated; a field this server does not implement is refused by name."""
+def validate(cls: type[BaseModel], body: Any) -> Any:
+    """``body`` as the strict model ``cls``; an unknown field or a wrong value refused by name."""
     if not isinstance(body, dict):
         raise RequestRefusal("the request body must be a JSON object")
     try:
-        req = cls.model_validate(body)
+        return cls.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ())) or "body"
@@ -120,6 +120,11 @@ def parse_request(cls: type[_Common], body: Any) -> _Common:
             raise RequestRefusal(f"field {where!r} is not supported by this server",
                                  hint="supported: " + ", ".join(sorted(cls.model_fields))) from None
         raise RequestRefusal(f"field {where!r}: {err.get('msg')}") from None
+
+
+def parse_request(cls: type[_Common], body: Any) -> _Common:
+    """The request, validated; a field this server does not implement is refused by name."""
+    req = validate(cls, body)
     for name, neutral in _UNSUPPORTED_DEFAULTS.items():
         v = getattr(req, name, neutral)
         if v in (None, neutral) or (name == "logit_bias" and not v):
