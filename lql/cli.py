@@ -46,6 +46,9 @@ def _arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format of results (default text; json is one object per statement per line)")
     p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("-t", "--tuples-only", action="store_true",
+                   help="print only the last statement's rows: no earlier results (OPEN's), no CSV/TSV header, "
+                        "no time line; nothing when it failed (for pipes: lql -t --format csv -e ...)")
     p.add_argument("--keep-going", action="store_true",
                    help="run every statement even after one fails (the exit status still reports the failure)")
     p.add_argument("--no-timing", action="store_true", help="leave machine-dependent timings out of text output")
@@ -114,7 +117,8 @@ def _main(args: argparse.Namespace, stdin: TextIO, out: TextIO, err: TextIO) -> 
     session = Session()
     session.settings.format = args.format or ("json" if args.json else "text")
     session.settings.timing = not args.no_timing
-    con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug)
+    con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug,
+                    tuples_only=args.tuples_only)
     try:
         return _run(con, sources, args.container, err)
     finally:

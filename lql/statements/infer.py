@@ -293,6 +293,7 @@ class InferResult(Result):
     expert_layers: list[int] = Field(default_factory=list)  # routed layers the slice ran (their reads depend on the routing)
     timing: Timing | None = None
     _logits: Any = PrivateAttr(default=None)
+    _tokens: Any = PrivateAttr(default=None)  # the generated tokens' text, for the rows of CSV/TSV/Markdown
 
     @property
     def logits(self):
@@ -604,6 +605,8 @@ def run_infer(session, node: Run) -> InferResult:
                            prefill_bytes=steps[0] if steps else None, decode_bytes=steps[1:] if steps else None,
                            expert_layers=expert_layers(session.catalog.op_plan, executed), timing=timing)
     result._logits = last
+    if gen_ids is not None:
+        result._tokens = [cat.token_text(t) for t in gen_ids]
     return result
 
 
@@ -880,7 +883,10 @@ def _rec_explain(r: ExplainResult) -> list[dict[str, Any]]:
 def _rec_infer(r: InferResult) -> list[dict[str, Any]]:
     if r.top is not None:
         return [dump(c) for c in r.top]
-    return [{"position": i, "id": t} for i, t in enumerate(r.generated_ids or [])]
+    # the token's text (as INFER ... TOP shows it); None when the container carries no
+    # tokenizer, or the result came back as JSON (USE REMOTE) without it
+    tokens = r._tokens or [None] * len(r.generated_ids or [])
+    return [{"position": i, "id": t, "token": tok} for i, (t, tok) in enumerate(zip(r.generated_ids or [], tokens))]
 
 
 @fam.records(TraceResult)
