@@ -99,7 +99,7 @@ def test_query_returns_what_lql_json_prints(client, tiny_llama_container, tmp_pa
     import io
 
     out, err = io.StringIO(), io.StringIO()
-    rc = lql.cli.main(["--json", "--no-timing", "-c", str(tiny_llama_container), str(p)], stdout=out, stderr=err)
+    rc = lql.cli.main(["--json", "--no-timing", "--container", str(tiny_llama_container), str(p)], stdout=out, stderr=err)
     assert rc == 1
     want = [json.loads(line) for line in out.getvalue().splitlines()][1:]  # after the -c OPEN
     assert len(got) == len(want) == 4  # the failing statement stops the rest, as in lql
