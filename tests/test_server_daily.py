@@ -69,6 +69,13 @@ def test_logprobs_equal_infer_top_through_the_openai_client(tiny_llama_container
         assert max(abs(np.exp(a.logprob) - c.probability) for a, c in zip(alts, local_chat.top)) <= TOL
         assert content[0].bytes == list(content[0].token.encode("utf-8"))
 
+        stream = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Say hi"}],
+                                                max_tokens=4, temperature=0, logprobs=True, top_logprobs=3,
+                                                stream=True)
+        streamed_chat = [e for ch in stream if ch.choices and ch.choices[0].logprobs
+                         for e in ch.choices[0].logprobs.content]
+        assert [(e.token, e.logprob) for e in streamed_chat] == [(e.token, e.logprob) for e in content]
+
         # a stream carries the same entries, token by token
         chunks = list(client.completions.create(model="tiny", prompt="Water boils", max_tokens=6, temperature=0,
                                                 logprobs=5, stream=True))
