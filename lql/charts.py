@@ -14,7 +14,7 @@ def require_matplotlib(what: str) -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise NotAvailable(f"{what} needs matplotlib, which is not installed",
-                           hint="pip install 'lql-vindex3[notebook]' (or matplotlib)") from None
+                           hint="from a clone of the source: pip install -e '.[notebook]' (or pip install matplotlib)") from None
 
 
 def ladder_figure(result):

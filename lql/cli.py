@@ -1,5 +1,8 @@
-"""The ``lql`` command. Batch use: ``lql script.lql``, ``lql -e "OPEN 'm'; STATS;"``, or
-statements on standard input; with no arguments at a terminal it opens the REPL.
+"""The ``lql`` command. Batch use: ``lql script.lql``, ``lql -c "OPEN 'm'; STATS;"`` (``-c``
+runs a command, as psql's and duckdb's do; ``-e`` is the same), or statements on standard
+input; with no arguments at a terminal it opens the REPL. A container is opened first with
+``--container PATH`` or by giving its directory as the argument (``lql model.vindex3``: the
+shell at a terminal, else standard input's statements against it).
 
 Results go to stdout in the chosen format (``--format text|json|csv|tsv|markdown|jsonl``;
 ``--json`` is ``--format json``, one object per statement per line); diagnostics go to stderr,
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 from typing import TextIO
@@ -39,13 +43,17 @@ def _arg_parser() -> argparse.ArgumentParser:
     from vindex3 import __version__
 
     p.add_argument("--version", action="version", version=f"lql {__version__}")
-    p.add_argument("script", nargs="?", help="a .lql script to run ('-' for standard input)")
-    p.add_argument("-e", "--execute", action="append", metavar="TEXT", default=[],
-                   help="run these statements (may be given more than once)")
-    p.add_argument("-c", "--container", metavar="PATH", help="open this container before running anything")
+    p.add_argument("script", nargs="?",
+                   help="a .lql script to run ('-' for standard input), or a container directory to open")
+    p.add_argument("-c", "--command", "-e", "--execute", dest="execute", action="append", metavar="TEXT", default=[],
+                   help="run these statements, as psql -c does (may be given more than once)")
+    p.add_argument("--container", metavar="PATH", help="open this container before running anything")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format of results (default text; json is one object per statement per line)")
     p.add_argument("--json", action="store_true", help="the same as --format json")
+    p.add_argument("-t", "--tuples-only", action="store_true",
+                   help="print only the last statement's rows: no earlier results (OPEN's), no CSV/TSV header, "
+                        "no time line; nothing when it failed (for pipes: lql -t --format csv -e ...)")
     p.add_argument("--keep-going", action="store_true",
                    help="run every statement even after one fails (the exit status still reports the failure)")
     p.add_argument("--no-timing", action="store_true", help="leave machine-dependent timings out of text output")
@@ -53,6 +61,15 @@ def _arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--repl", nargs="?", const="", metavar="PATH", default=None,
                    help="open the interactive shell (optionally on a container)")
     return p
+
+
+def _looks_like_a_path(text: str) -> bool:
+    """A -c argument from before -c meant a command: one word naming a file or directory that
+    exists, or a container's name (``m.vindex3``, ``m.gguf``). No statement is such a word."""
+    t = text.strip()
+    if not t or any(ch.isspace() for ch in t) or ";" in t or "'" in t:
+        return False
+    return t.endswith((".vindex3", ".vindex3/", ".gguf")) or os.path.exists(t)
 
 
 def _start_repl(path: str | None, debug: bool, err: TextIO) -> int:
@@ -78,6 +95,17 @@ def main(argv: list[str] | None = None, *, stdin: TextIO | None = None, stdout: 
 
         return serve(argv[1:], stderr=err)
     args = _arg_parser().parse_args(argv)
+    old = next((t for t in args.execute if _looks_like_a_path(t)), None)
+    if old is not None:
+        print(f"lql: -c runs a command now, as psql -c does (it used to open a container); {old!r} looks like "
+              f"a container path: open it with --container {old} (or give it as the argument: lql {old})", file=err)
+        return EXIT_USAGE
+    if args.script is not None and args.script != "-" and os.path.isdir(args.script):
+        if args.container is not None:
+            print(f"lql: both --container {args.container} and the container {args.script} are given; give one",
+                  file=err)
+            return EXIT_USAGE
+        args.container, args.script = args.script, None
 
     if args.repl is not None:
         return _start_repl(args.repl or args.container, args.debug, err)
@@ -114,7 +142,8 @@ def _main(args: argparse.Namespace, stdin: TextIO, out: TextIO, err: TextIO) -> 
     session = Session()
     session.settings.format = args.format or ("json" if args.json else "text")
     session.settings.timing = not args.no_timing
-    con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug)
+    con = C.Console(session, stdout=out, stderr=err, keep_going=args.keep_going, debug=args.debug,
+                    tuples_only=args.tuples_only)
     try:
         return _run(con, sources, args.container, err)
     finally:

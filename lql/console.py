@@ -84,11 +84,17 @@ class Console:
     ``interactive``: the REPL (a pager and terminal-width fitting when standard output is a
     terminal, indented JSON, a blank line after each result); otherwise batch (a blank line
     between results, one JSON object per line). ``keep_going``: a script runs on after a
-    failure. ``color``: styled diagnostics on a terminal (NO_COLOR respected)."""
+    failure. ``color``: styled diagnostics on a terminal (NO_COLOR respected). ``tuples_only``
+    (batch): print only the last statement's result, when it succeeded, as rows alone (CSV and
+    TSV without their header line, text without a time line), so that one statement's rows can
+    be piped; earlier results (OPEN's) are not printed."""
 
     def __init__(self, session, *, stdout: TextIO | None = None, stderr: TextIO | None = None,
-                 interactive: bool = False, keep_going: bool = False, debug: bool = False, color: bool = False):
+                 interactive: bool = False, keep_going: bool = False, debug: bool = False, color: bool = False,
+                 tuples_only: bool = False):
         self.session = session
+        self.tuples_only = tuples_only and not interactive
+        self._held: R.Result | None = None  # tuples-only: the last statement's result, printed at close
         self._stdout, self._stderr = stdout, stderr
         self.interactive, self.keep_going, self.debug, self.color = interactive, keep_going, debug, color
         self.ran = self.failed = 0
@@ -176,6 +182,9 @@ class Console:
                 raise FileRefusal(f"\\once: cannot write {once}: {e.strerror or e}") from None
             self.print_info(f"result written to {once}")
             return
+        if self.tuples_only:
+            self._held = result
+            return
         out, screen = self._results_stream()
         width = None
         if screen and self.interactive and isatty(out):
@@ -206,9 +215,10 @@ class Console:
     def _should_page(self, text: str, out: TextIO) -> bool:
         if not (self.interactive and self.session.settings.pager and isatty(out)):
             return False
-        cols, rows = terminal_size(out)
-        lines = text.split("\n")
-        return len(lines) > rows - 2 or any(len(ln) > cols for ln in lines)
+        # taller than the screen only: a short result with one wide line (a long prompt's ids)
+        # is printed and wraps, instead of waiting in the pager for a key
+        _cols, rows = terminal_size(out)
+        return text.count("\n") + 1 > rows - 2
 
     def _page(self, text: str, out: TextIO) -> bool:
         """Send ``text`` through $PAGER (default ``less -SRXF``); False if it could not run."""
@@ -245,6 +255,7 @@ class Console:
                    show_statement: bool = False) -> None:
         """A failure: the diagnostic on standard error; in json/jsonl format also its JSON
         object in the results, where a program reading them will look."""
+        self._held = None
         if self.debug and isinstance(err, LqlError):
             traceback.print_exception(err, file=self.stderr)
         self.print_lql_error(err, where=where, show_statement=show_statement)
@@ -317,6 +328,14 @@ class Console:
         return self._redirect_path
 
     def close(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            fmt = self.format
+            body = render.format_result(held, fmt, timing=False, header=False)
+            out, _screen = self._results_stream()
+            if body:
+                write_text(out, render.escape_surrogates(body) + "\n")
+                out.flush()
         self.redirect(None)
 
     # ---- hooks a front end fills ------------------------------------------------------------
@@ -369,6 +388,7 @@ class Console:
 
     def run_statement(self, stmt: ast.Statement, *, where: str = "", show_statement: bool = False) -> str:
         """Execute one parsed statement and print its outcome."""
+        self._held = None  # tuples-only: this statement's result replaces the last one, or its failure does
         t0 = time.perf_counter()
         try:
             result = self.shell_statement(stmt)

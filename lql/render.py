@@ -104,8 +104,9 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
-def to_delimited(result: R.Result, delimiter: str = ",") -> str:
-    """CSV (or TSV with a tab) of `records`: a header line, then one line per row."""
+def to_delimited(result: R.Result, delimiter: str = ",", *, header: bool = True) -> str:
+    """CSV (or TSV with a tab) of `records`: a header line (unless ``header`` is false), then
+    one line per row."""
     rows = records(result)
     if not rows:
         return ""
@@ -113,12 +114,14 @@ def to_delimited(result: R.Result, delimiter: str = ",") -> str:
     buf = io.StringIO()
     if delimiter == "\t":  # TSV: no quoting; tabs and newlines inside a value are escaped
         esc = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r", "\\": "\\\\"})
-        buf.write("\t".join(cols) + "\n")
+        if header:
+            buf.write("\t".join(cols) + "\n")
         for row in rows:
             buf.write("\t".join(_cell(row.get(c)).translate(esc) for c in cols) + "\n")
     else:
         w = csv.writer(buf, delimiter=delimiter, lineterminator="\n")
-        w.writerow(cols)
+        if header:
+            w.writerow(cols)
         for row in rows:
             w.writerow([_cell(row.get(c)) for c in cols])
     return buf.getvalue().rstrip("\n")
@@ -145,16 +148,17 @@ def to_jsonl(result: R.Result) -> str:
 
 
 def format_result(result: R.Result, fmt: str, *, timing: bool = True, width: int | None = None,
-                  expanded: str = "off", indent: int | None = None) -> str:
-    """The result in one of `FORMATS` (no trailing newline)."""
+                  expanded: str = "off", indent: int | None = None, header: bool = True) -> str:
+    """The result in one of `FORMATS` (no trailing newline); ``header`` false leaves CSV's and
+    TSV's header line out (tuples-only)."""
     if fmt == "json":
         return dumps_json(to_json(result), indent=indent)
     if fmt == "jsonl":
         return to_jsonl(result)
     if fmt == "csv":
-        return to_delimited(result, ",")
+        return to_delimited(result, ",", header=header)
     if fmt == "tsv":
-        return to_delimited(result, "\t")
+        return to_delimited(result, "\t", header=header)
     if fmt == "markdown":
         return to_markdown(result)
     return to_text(result, timing=timing, width=width, expanded=expanded)
@@ -168,7 +172,7 @@ def to_pandas(result: R.Result):
         import pandas as pd
     except ImportError:
         raise NotAvailable("to_pandas() needs pandas, which is not installed",
-                           hint="pip install 'lql-vindex3[notebook]' (or pandas)") from None
+                           hint="from a clone of the source: pip install -e '.[notebook]' (or pip install pandas)") from None
     return pd.DataFrame.from_records(records(result), columns=_columns(records(result)) or None)
 
 

@@ -4,7 +4,7 @@
 In a notebook a result shows itself as an HTML table (``_repr_html_``) and ``str(result)`` is
 its text; ``to_dict()`` / ``to_json()`` give the JSON object ``lql --format json`` prints,
 ``to_records()`` its rows as dicts, and ``to_pandas()`` those rows as a DataFrame (pandas is
-an optional extra: ``pip install 'lql-vindex3[notebook]'``)."""
+an optional extra: ``pip install -e '.[notebook]'`` from a clone)."""
 
 from __future__ import annotations
 

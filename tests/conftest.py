@@ -122,7 +122,7 @@ def ray_cluster():
     try:
         import ray
     except ImportError as e:
-        pytest.skip(f"SKIPPED LOUDLY: Ray is not installed ({e}); install the extra: pip install 'lql-vindex3[ray]'")
+        pytest.skip(f"SKIPPED LOUDLY: Ray is not installed ({e}); install the extra: pip install -e '.[ray]'")
     from vindex3.shards import loopback_only
 
     loopback_only()

@@ -484,7 +484,7 @@ class Sandbox:
 
         t0 = time.perf_counter()
         out, err = io.StringIO(), io.StringIO()
-        argv = ["-c", "tiny.vindex3", "--no-timing", "--format", fmt] + (["--keep-going"] if keep_going else [])
+        argv = ["--container", "tiny.vindex3", "--no-timing", "--format", fmt] + (["--keep-going"] if keep_going else [])
         argv += ["-"] if stdin is not None else ["--execute=" + text]
         inp = io.TextIOWrapper(io.BytesIO(stdin if stdin is not None else b""), encoding="utf-8")
         try:

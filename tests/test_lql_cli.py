@@ -39,8 +39,23 @@ def test_execute_option(c):
 
 
 def test_container_option_opens_first(c):
-    rc, out, _err = run(["-c", c, "-e", "SHOW COMPONENTS"])
+    rc, out, _err = run(["--container", c, "-e", "SHOW COMPONENTS"])
     assert rc == 0 and out.count("opened llama") == 1
+
+
+def test_c_runs_a_command_as_in_psql(c, tmp_path):
+    rc, out, err = run(["-c", f"OPEN '{c}'; SHOW COMPONENTS;"])
+    assert rc == 0 and err == "" and out.startswith("opened llama\n") and "primary_text" in out
+    rc, out, _ = run(["--command", "STATS", "-c", "VERIFY", "--container", c])
+    assert rc == 0 and "verified" in out
+    rc, out, _ = run([c], stdin="VERIFY;")  # a container directory as the argument: opened, then stdin
+    assert rc == 0 and out.count("opened llama") == 1 and "verified" in out
+    rc, _, err = run([c, "--container", c])
+    assert rc == 2 and "give one" in err
+    # an old script's `lql -c PATH ...` is told what changed, and runs nothing
+    for old in (c, "model.vindex3", "m.gguf"):
+        rc, out, err = run(["-c", old, "-e", "VERIFY"])
+        assert rc == 2 and out == "" and "-c runs a command now" in err and f"--container {old}" in err
 
 
 def test_script_stops_at_the_first_error_naming_its_line(c, tmp_path):

@@ -112,7 +112,7 @@ def test_hybrid_example_runs_on_a_container_given_with_c(family, containers, tmp
 
     monkeypatch.chdir(tmp_path)
     out, err = io.StringIO(), io.StringIO()
-    rc = main(["-c", str(containers(family)), "--no-timing", str(EXAMPLES / "hybrid.lql")], stdout=out, stderr=err)
+    rc = main(["--container", str(containers(family)), "--no-timing", str(EXAMPLES / "hybrid.lql")], stdout=out, stderr=err)
     assert rc == 0, err.getvalue()
     text = out.getvalue()
     assert "same as greedy    yes" in text and "rollback by snapshot" in text

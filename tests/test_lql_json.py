@@ -27,7 +27,7 @@ STATEMENTS = [
     ("SHOW OPERANDS LAYER 0", "show_operands", ["layer", "operands", "total_bytes"]),
     ("SHOW SETTINGS", "show_settings", ["settings"]),
     ("INFER 'x' TOP 2 GENERATE 2", "infer", ["slice", "depth", "executed_layers", "prompt", "top",
-                                             "generated_ids", "generated_text", "stopped_at", "interrupted",
+                                             "generated_ids", "generated_text", "generated_tokens", "stopped_at", "interrupted",
                                              "prepared_reads", "prepared_bytes", "intervention", "prefill_bytes",
                                              "decode_bytes", "expert_layers", "activations", "timing"]),
     ("INFER 'x' GENERATE 3 SPECULATE DEPTH 1", "speculate", None),

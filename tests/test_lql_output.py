@@ -174,6 +174,17 @@ def test_long_output_goes_through_the_pager(c, tmp_path, monkeypatch):
     assert max(len(ln) for ln in text.splitlines()[:-2]) <= 100  # fitted to the terminal first
 
 
+def test_a_short_wide_result_is_printed_not_paged(c, tmp_path, monkeypatch):
+    paged = tmp_path / "paged.txt"
+    monkeypatch.setenv("PAGER", f"cat > {paged}")
+    monkeypatch.setenv("COLUMNS", "40")
+    monkeypatch.setenv("LINES", "40")
+    prompt = "water boils at one hundred degrees " * 4
+    out, _ = drive(f"OPEN {q(c)};{ENTER}INFER {prompt!r} TOP 2;{ENTER}", tmp_path, stdout=Tty())
+    assert not paged.exists()  # a line wider than the terminal, but not taller: printed
+    assert "prompt ids" in out and max(len(ln) for ln in out.splitlines()) > 40
+
+
 def test_pager_off(c, tmp_path, monkeypatch):
     paged = tmp_path / "paged.txt"
     monkeypatch.setenv("PAGER", f"cat > {paged}")
@@ -421,3 +432,33 @@ def test_lql_lays_out_vindex3_reports_through_the_entry_point(tiny_llama_dir, c)
     assert reports.render("verify", vindex3.open(c).verify()).startswith("verified ")
     with pytest.raises(KeyError, match="no vindex3 report of kind"):
         reports.render("nonsense", plan)
+
+
+# ---- tuples-only, GENERATE rows -----------------------------------------------------------
+
+
+def test_tuples_only_prints_the_last_statements_rows(c):
+    rc, out, _ = run_cli(["-t", "--format", "csv", "-e", f"OPEN {q(c)}; SHOW LAYERS;"])
+    rows = list(csv.reader(io.StringIO(out)))
+    assert rc == 0 and len(rows) == 4 and [r[0] for r in rows] == ["0", "1", "2", "3"]  # no header, no OPEN
+    _, full, _ = run_cli(["--format", "csv", "-e", f"OPEN {q(c)}; SHOW LAYERS;"])
+    assert full.endswith(out) and "layer,operator" in full
+    rc, out, _ = run_cli(["--tuples-only", "--format", "tsv", "-e", f"OPEN {q(c)}; SHOW LAYERS RANGE 1"])
+    assert out.split("\t")[0] == "1" and out.count("\n") == 1
+    rc, out, _ = run_cli(["-t", "-e", f"OPEN {q(c)}; VERIFY"])
+    assert "verified" in out and "time:" not in out and "opened" not in out.lower()
+    rc, out, err = run_cli(["-t", "--format", "csv", "-e", f"OPEN {q(c)}; SHOW OPERANDS LAYER 9"])
+    assert rc == 1 and out == "" and "layer 9" in err  # the last statement failed: nothing to pipe
+    rc, out, _ = run_cli(["-t", "--json", "-e", f"OPEN {q(c)}; DRAFT DEPTH 1"])
+    assert [json.loads(ln)["kind"] for ln in out.splitlines()] == ["draft"]
+
+
+def test_generate_rows_carry_the_token_text(c):
+    s = lql.connect(c)
+    r = s.execute_one("INFER 'Water boils' GENERATE 5")
+    want = [s.catalog.token_text(t) for t in r.generated_ids]
+    _, out, _ = run_cli(["-t", "--format", "csv", "-e", f"OPEN {q(c)}; INFER 'Water boils' GENERATE 5"])
+    rows = list(csv.reader(io.StringIO(out)))
+    assert [int(x[1]) for x in rows] == r.generated_ids and [x[2] for x in rows] == want
+    _, out, _ = run_cli(["--format", "markdown", "-e", f"OPEN {q(c)}; INFER 'Water boils' GENERATE 5"])
+    assert "| position | id | token |" in out

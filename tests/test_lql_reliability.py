@@ -89,7 +89,7 @@ def test_a_bug_in_the_parser_is_an_internal_error_not_a_visit_error(s, monkeypat
     assert "ZeroDivisionError: parser bug" in e.value.message and e.value.statement == "VERIFY"
     with pytest.raises(InternalError):
         s.plan("VERIFY")
-    rc, _out, err = run_cli(["-c", "tiny.vindex3", "-e", "VERIFY"])
+    rc, _out, err = run_cli(["--container", "tiny.vindex3", "-e", "VERIFY"])
     assert rc == 3 and "internal error: ZeroDivisionError: parser bug" in err and "Traceback" not in err
 
 
@@ -287,12 +287,13 @@ def test_shell_outputs_refuse_an_existing_file_unless_overwrite_is_on(work):
     assert "overwrite" in (work / "keep.txt").read_text()
 
 
-def test_a_script_that_is_a_fifo_or_a_directory_is_refused_without_waiting(work):
+def test_a_script_that_is_a_fifo_is_refused_without_waiting_and_a_directory_is_a_container(work):
     os.mkfifo(work / "fifo")
     rc, _, err = run_cli(["fifo"])
     assert rc == 1 and "FIFO" in err
-    rc, _, err = run_cli(["tiny.vindex3"])
-    assert rc == 1 and "directory" in err
+    (work / "notes").mkdir()
+    rc, _, err = run_cli(["notes"])  # a directory is opened as a container, and this one is not
+    assert rc == 1 and "not a VINDEX3 container" in err
     with pytest.raises(LqlError, match="FIFO"):
         lql.Session().run_file(work / "fifo")
 

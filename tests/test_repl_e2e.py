@@ -141,6 +141,32 @@ def test_the_lql_binary_runs_an_interactive_session(screen, tiny_llama_container
     assert child.exitstatus == 0
 
 
+def test_a_short_infer_with_a_wide_line_is_not_paged_in_a_real_terminal(tiny_llama_container, tmp_path):
+    """A 120x40 terminal: an INFER whose prompt ids line is wider than the screen prints straight
+    (the pager is for output taller than the screen)."""
+    paged = tmp_path / "paged.txt"
+    env = dict(os.environ)
+    env.update(TERM="xterm", HOME=str(tmp_path), LQL_RC="", LQL_HISTORY=str(tmp_path / "history"),
+               NO_COLOR="1", PAGER=f"cat > {paged}",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # this tree's lql, whichever is installed
+    for name in ("LESS", "COLUMNS", "LINES", "LQL_EDITING_MODE"):
+        env.pop(name, None)
+    child = pexpect.spawn(_lql(), ["--repl", str(tiny_llama_container)], env=env, cwd=str(tmp_path),
+                          encoding="utf-8", codec_errors="replace", timeout=TIMEOUT, dimensions=(40, 120))
+    screen = Screen(child)
+    try:
+        screen.prompt()
+        child.send("INFER '" + "water boils at one hundred degrees " * 6 + "' TOP 2;\r")
+        screen.expect(r"prompt ids")
+        screen.prompt()
+        assert not paged.exists()
+        child.send("\\q\r")
+        child.expect(pexpect.EOF, timeout=TIMEOUT)
+    finally:
+        if child.isalive():
+            child.terminate(force=True)
+
+
 def test_long_output_goes_through_a_real_pager(tiny_llama_container, tmp_path):
     """less -SRXF (the default pager) shows the first screen and waits; G shows the end, q
     returns to the prompt. With \\pager off the same output is printed straight."""

@@ -152,6 +152,25 @@ def test_score_representation_measures_and_stores_evidence(tiny_llama_container,
     assert entry["kl_p95"] == pytest.approx(s.kl_p95)
 
 
+def test_score_representation_against_default_is_the_default_models_path(tiny_llama_container, reps, tmp_path,
+                                                                          monkeypatch):
+    """AGAINST DEFAULT scores against what OPEN DEFAULT opens (here the fixture stands in for the
+    default model, so that nothing is encoded or downloaded)."""
+    import lql
+    from vindex3 import default_model
+
+    bank = tmp_path / "bank.jsonl"
+    bank.write_text(json.dumps({"id": "p", "category": "c", "text": "Water boils at"}) + "\n")
+    cand = tmp_path / "bf16.vindex3"
+    shutil.copytree(reps["bf16"], cand)
+    asked = []
+    monkeypatch.setattr(default_model, "ensure", lambda *a, **k: asked.append(1) or tiny_llama_container)
+    s = lql.Session()
+    by_default = s.execute_one(f"SCORE REPRESENTATION '{cand}' AGAINST DEFAULT ON '{bank}' GREEDY 2")
+    by_path = s.execute_one(f"SCORE REPRESENTATION '{cand}' AGAINST '{tiny_llama_container}' ON '{bank}' GREEDY 2")
+    assert asked == [1] and by_default.kl_p95 == by_path.kl_p95 and by_default.prompts == 1
+
+
 def test_score_representation_refuses_a_different_model(tiny_llama_container, containers, tmp_path):
     bank = tmp_path / "bank.jsonl"
     bank.write_text(json.dumps({"id": "p", "category": "c", "text": "x"}) + "\n")

@@ -133,7 +133,7 @@ def test_use_remote_from_the_lql_command_prints_what_local_prints(tiny_llama_con
             return rc, out.getvalue(), err.getvalue()
 
         text = "SHOW LAYERS; INFER 'Water' TOP 3; DRAFT DEPTH 7"
-        rc_l, out_l, err_l = run("-c", str(tiny_llama_container), "-e", text)
+        rc_l, out_l, err_l = run("--container", str(tiny_llama_container), "-e", text)
         rc_r, out_r, err_r = run("-e", f"USE REMOTE '{url}'; " + text)
         assert rc_l == rc_r == 1
         assert out_r.split("\n\n", 1)[1] == out_l.split("\n\n", 1)[1]  # after OPEN / USE REMOTE

@@ -33,8 +33,9 @@ from .. import results as R
 from ..errors import LqlError, LqlSyntaxError
 from ..parser import parse_one
 from . import completions as C
-from . import policy
+from . import policy, service
 from .config import ServerConfig
+from .metrics import Measure, Metrics
 from .models import ModelHost
 from .sessions import SessionStore, TooManySessions
 from .worker import JobContext, Stopped
@@ -184,6 +185,7 @@ class Server:
         self.hosts = {h.id: h for h in (hosts if hosts is not None else [ModelHost(m) for m in config.models])}
         self.sessions = SessionStore(config.limits.session_ttl, config.limits.max_sessions)
         self.gate = Gate(config.limits.max_concurrent, config.limits.max_queue, config.limits.retry_after)
+        self.metrics = Metrics()
         self._blas = None
 
     def host(self, model: Any) -> ModelHost:
@@ -494,6 +496,8 @@ async def _completion(request: Request, chat: bool) -> Response:
         usage_wanted = bool(req.stream_options and req.stream_options.include_usage)
         gen = _stream_events(events, srv, chat, rid, created, model_id, usage_wanted)
         return EventStream(gen, close, {"X-Request-Id": rid})  # type: ignore[return-value]
+    want_logprobs = g.top_logprobs is not None
+    entries: list[dict] = []
     try:
         async with watching(request, ctx.cancel):
             text, finish, usage = "", None, None
@@ -504,19 +508,57 @@ async def _completion(request: Request, chat: bool) -> Response:
                         raise _as_error(item, srv)
                     break
                 text += item.get("delta", "")
+                entries += item.get("logprobs", ())
                 if "finish_reason" in item:
                     finish, usage = item["finish_reason"], item["usage"]
     finally:
         close()
+    srv.metrics.usage(model_id, usage)
     if chat:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish}
+        lp = _chat_logprobs(entries) if want_logprobs else None
+        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish}
         obj = {"id": rid, "object": "chat.completion", "created": created, "model": model_id, "choices": [choice],
                "usage": usage}
     else:
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        lp = _completion_logprobs(entries, 0) if want_logprobs else None
+        choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}
         obj = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice],
                "usage": usage}
     return json_response(obj)
+
+
+def _top_dict(top: list | None) -> dict[str, float] | None:
+    """Alternatives keyed by their text, most probable first; two tokens with the same text
+    (e.g. two halves of UTF-8 characters, both shown as U+FFFD) keep the more probable one."""
+    if top is None:
+        return None
+    out: dict[str, float] = {}
+    for _i, t, lp in top:
+        out.setdefault(t, lp)
+    return out
+
+
+def _completion_logprobs(entries: list[dict], offset: int) -> dict:
+    """The legacy completions shape: parallel lists; ``text_offset`` counts characters of the
+    returned text from ``offset`` (the characters sent before these tokens). The chat shape
+    (a list per position) keeps every alternative; this one is a dict keyed by text."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e["token"])
+    return {"tokens": [e["token"] for e in entries], "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [_top_dict(e["top"]) for e in entries], "text_offset": offsets}
+
+
+def _chat_logprobs(entries: list[dict]) -> dict:
+    """The chat shape: one object per token, its alternatives as objects (bytes: the UTF-8 of
+    the token's text)."""
+
+    def one(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    return {"content": [{**one(e["token"], e["logprob"]), "top_logprobs": [one(t, lp) for _i, t, lp in e["top"]]}
+                        for e in entries], "refusal": None}
 
 
 def _as_error(exc: BaseException, srv: Server) -> LqlError:
@@ -534,17 +576,21 @@ def _as_error(exc: BaseException, srv: Server) -> LqlError:
 async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: str, created: int, model_id: str,
                          usage_wanted: bool) -> AsyncIterator[bytes]:
     obj_kind = "chat.completion.chunk" if chat else "text_completion"
+    sent = [0]  # characters of text sent so far: the completions shape's text_offset
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+    def chunk(delta: str | None, finish: str | None, first: bool = False, entries: list[dict] | None = None) -> dict:
         if chat:
             d: dict[str, Any] = {}
             if first:
                 d["role"] = "assistant"
             if delta is not None:
                 d["content"] = delta
-            choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            choice = {"index": 0, "delta": d, "logprobs": _chat_logprobs(entries) if entries else None,
+                      "finish_reason": finish}
         else:
-            choice = {"text": delta or "", "index": 0, "logprobs": None, "finish_reason": finish}
+            lp = _completion_logprobs(entries, sent[0]) if entries else None
+            choice = {"text": delta or "", "index": 0, "logprobs": lp, "finish_reason": finish}
+        sent[0] += len(delta or "")
         return {"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [choice]}
 
     if chat:
@@ -558,13 +604,15 @@ async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: st
                 return
             break
         delta = item.get("delta", "")
+        entries = item.get("logprobs")
         if "finish_reason" in item:
             usage = item["usage"]
-            if delta:
-                yield _sse(chunk(delta, None))
+            srv.metrics.usage(model_id, usage)
+            if delta or entries:
+                yield _sse(chunk(delta, None, entries=entries))
             yield _sse(chunk(None if chat else "", item["finish_reason"]))
-        elif delta:
-            yield _sse(chunk(delta, None))
+        elif delta or entries:
+            yield _sse(chunk(delta, None, entries=entries))
     if usage_wanted:
         yield _sse({"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [],
                     "usage": usage})
@@ -586,9 +634,12 @@ def _bind_generation(host: ModelHost, req: C._Common, max_tokens: int, srv: Serv
         if is_engine_error(e):
             raise engine_refusal(e) from None
         raise
+    echo = None
+    if isinstance(req, C.CompletionRequest) and req.echo:
+        echo = req.prompt if isinstance(req.prompt, str) else (host.catalog.decode(ids) or "")
     return C.Generation(ids=ids, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
                         stops=C.stops_of(req), stop_ids=tuple(host.catalog.eos_ids()), depth=req.draft_depth,
-                        speculate=req.speculate)
+                        speculate=req.speculate, top_logprobs=C.top_logprobs_of(req), echo=echo)
 
 
 @boundary
@@ -601,14 +652,78 @@ async def chat_completions(request: Request) -> Response:
     return await _completion(request, chat=True)
 
 
+# ---- tokenizer, embeddings, metrics ------------------------------------------------------
+
+
+async def _on_worker(host: ModelHost, fn):
+    """``fn()`` on the model's worker; vindex3's refusals (no tokenizer, ...) as typed refusals."""
+    from ..binding import engine_refusal, is_engine_error
+
+    try:
+        return await asyncio.wrap_future(host.worker.call(fn))
+    except Exception as e:
+        if is_engine_error(e):
+            raise engine_refusal(e) from None
+        raise
+
+
+@boundary
+async def tokenize(request: Request) -> Response:
+    srv = _server(request)
+    req = C.validate(service.TokenizeRequest, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    out = await _on_worker(host, partial(service.tokenize, host.catalog, req))
+    return json_response({"model": host.id, **out})
+
+
+@boundary
+async def detokenize(request: Request) -> Response:
+    srv = _server(request)
+    req = C.validate(service.DetokenizeRequest, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    out = await _on_worker(host, partial(service.detokenize, host.catalog, req))
+    return json_response({"model": host.id, **out})
+
+
+@boundary
+async def embeddings(request: Request) -> Response:
+    srv = _server(request)
+    req = C.validate(service.EmbeddingRequest, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    service.inputs_of(req)  # refused before a slot is taken
+    release = await srv.gate.acquire()
+    try:
+        ctx = JobContext(deadline=time.monotonic() + srv.limits.time_limit)
+        async with watching(request, ctx.cancel):
+            try:
+                out = await _on_worker(host, partial(service.embed, host, req, srv.limits, ctx.check))
+            except Stopped as s:
+                raise stopped_error(s, srv.limits.time_limit) from None
+    finally:
+        release()
+    srv.metrics.embedding_tokens[host.id] += out["usage"]["prompt_tokens"]
+    return json_response(out)
+
+
+@boundary
+async def metrics(request: Request) -> Response:
+    srv = _server(request)
+    gauges = {
+        "lql_requests_running": [({}, srv.gate.running)],
+        "lql_requests_waiting": [({}, srv.gate.waiting)],
+        "lql_generations_active": [({"model": h.id}, h.worker.active_generations) for h in srv.hosts.values()],
+    }
+    return Response(srv.metrics.text(gauges), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 # ---- the application ------------------------------------------------------------------------
 
 
 class KeyCheck:
-    """Bearer keys: every path but /v1/health needs ``Authorization: Bearer KEY`` when the server
-    has a key; compared in constant time."""
+    """Bearer keys: every path but /health and /v1/health needs ``Authorization: Bearer KEY`` when
+    the server has a key (/metrics too: a scraper sends the key); compared in constant time."""
 
-    OPEN_PATHS = ("/v1/health",)
+    OPEN_PATHS = ("/health", "/v1/health")
 
     def __init__(self, app, key: str | None):
         self.app = app
@@ -640,8 +755,9 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         if exc.status_code == 405:
             return json_response(error_body(NotFound(f"{what}: this endpoint does not take {request.method}")), 405)
         return json_response(error_body(NotFound(f"{what}: no such endpoint",
-                                                 hint="endpoints: /v1/health, /v1/models, /v1/models/{id}/stats, "
-                                                      "/v1/query, /v1/completions, /v1/chat/completions")),
+                                                 hint="endpoints: /health, /metrics, /tokenize, /detokenize, /v1/health, "
+                                                      "/v1/models, /v1/models/{id}/stats, /v1/query, /v1/completions, "
+                                                      "/v1/chat/completions, /v1/embeddings")),
                              exc.status_code)
     return error_response(internal(exc, f"{request.method} {request.url.path}"))
 
@@ -660,6 +776,11 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
             server.stop()
 
     routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/health", health, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model:path}/stats", model_stats, methods=["GET"]),
@@ -672,4 +793,5 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
                     exception_handlers={HTTPException: _http_error, Exception: _http_error})
     app.state.server = server
     app.add_middleware(KeyCheck, key=config.api_key)
+    app.add_middleware(Measure, metrics=server.metrics)  # outermost: refused keys are counted too
     return app

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None, *, stderr: TextIO | None = None) -> int:
         from .app import create_app
     except ImportError as e:
         print(f"lql serve: the server is an optional part of lql ({e.name} is not installed); "
-              "pip install 'lql-vindex3[server]'", file=err)
+              "from a clone of the source: pip install -e '.[server]'", file=err)
         return EXIT_USAGE
     from ..binding import is_engine_error
 

@@ -9,7 +9,14 @@ to the smallest set of tokens whose probability reaches ``top_p``, with a ``seed
 reproducible stream. Generation stops at the container's end-of-sequence ids (their text is
 not part of the output), at a ``stop`` string (cut before it), or after ``max_tokens``.
 ``draft_depth`` runs a draft slice; ``speculate: {depth, lookahead}`` generates by
-self-speculative decoding, whose output is the full model's greedy output by construction."""
+self-speculative decoding, whose output is the full model's greedy output by construction.
+
+Log-probabilities (``logprobs`` on completions, ``logprobs`` + ``top_logprobs`` on chat) are the
+model's own distribution at each position -- softmax of the float32 logits computed in float64,
+exactly as ``INFER ... TOP k`` computes its probabilities, whatever the sampling temperature --
+one entry per generated token (an end-of-sequence token that stopped generation has none).
+``echo`` (completions) puts the prompt's text before the completion, and with ``logprobs`` the
+prompt's tokens' entries before the generated ones (the first prompt token has none)."""
 
 from __future__ import annotations
 
@@ -36,6 +43,9 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 #: bound applies before anything is allocated for the round.
 MAX_LOOKAHEAD = 64
 
+#: The most alternatives a log-probability entry lists (OpenAI's chat limit).
+MAX_TOP_LOGPROBS = 20
+
 
 class Speculation(BaseModel):
     model_config = _STRICT
@@ -52,7 +62,7 @@ class _Common(BaseModel):
     model_config = _STRICT
 
     model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=0)  # 0 only with echo: score the prompt
     # strict floats still take a JSON integer (0, 1): a whole number is a number
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
@@ -73,7 +83,7 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str]
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
@@ -89,21 +99,20 @@ class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
 
 _UNSUPPORTED_DEFAULTS = {
-    "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "echo": False, "logprobs": None,
-    "best_of": None, "suffix": None, "top_logprobs": None,
+    "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "best_of": None, "suffix": None,
 }
 
 
-def parse_request(cls: type[_Common], body: Any) -> _Common:
-    """The request, validated; a field this server does not implement is refused by name."""
+def validate(cls: type[BaseModel], body: Any) -> Any:
+    """``body`` as the strict model ``cls``; an unknown field or a wrong value refused by name."""
     if not isinstance(body, dict):
         raise RequestRefusal("the request body must be a JSON object")
     try:
-        req = cls.model_validate(body)
+        return cls.model_validate(body)
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err.get("loc", ())) or "body"
@@ -111,9 +120,14 @@ def parse_request(cls: type[_Common], body: Any) -> _Common:
             raise RequestRefusal(f"field {where!r} is not supported by this server",
                                  hint="supported: " + ", ".join(sorted(cls.model_fields))) from None
         raise RequestRefusal(f"field {where!r}: {err.get('msg')}") from None
+
+
+def parse_request(cls: type[_Common], body: Any) -> _Common:
+    """The request, validated; a field this server does not implement is refused by name."""
+    req = validate(cls, body)
     for name, neutral in _UNSUPPORTED_DEFAULTS.items():
         v = getattr(req, name, neutral)
-        if v in (None, neutral) or (name == "logprobs" and v is False) or (name == "logit_bias" and not v):
+        if v in (None, neutral) or (name == "logit_bias" and not v):
             continue
         raise RequestRefusal(f"field {name!r} = {v!r} is not supported by this server",
                              hint=f"leave {name} out (only {neutral!r} is implemented)")
@@ -128,11 +142,26 @@ def parse_request(cls: type[_Common], body: Any) -> _Common:
         if req.draft_depth is not None:
             raise RequestRefusal("draft_depth and speculate cannot be combined: speculation verifies with the full model",
                                  hint="the draft that proposes tokens is speculate.depth")
+    if req.max_tokens == 0 and not (isinstance(req, CompletionRequest) and req.echo):
+        raise RequestRefusal("max_tokens 0 generates nothing; it is taken only with echo (to score the prompt)",
+                             hint="ask for at least 1 token, or send \"echo\": true")
+    if isinstance(req, ChatRequest) and req.top_logprobs is not None and not req.logprobs:
+        raise RequestRefusal("top_logprobs needs logprobs: true", hint='send "logprobs": true with "top_logprobs"')
+    if req.speculate is not None and top_logprobs_of(req) is not None:
+        raise RequestRefusal("logprobs cannot be combined with speculate: speculation keeps no distribution per token",
+                             hint="leave out speculate to get log-probabilities")
     if req.stop is not None:
         stops = [req.stop] if isinstance(req.stop, str) else list(req.stop)
         if len(stops) > 4 or any(not s for s in stops):
             raise RequestRefusal("stop takes up to 4 non-empty strings")
     return req
+
+
+def top_logprobs_of(req: _Common) -> int | None:
+    """How many alternatives each log-probability entry lists; None when none are asked for."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return getattr(req, "logprobs", None)
 
 
 def stops_of(req: _Common) -> list[str]:
@@ -218,6 +247,23 @@ def pick(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Ge
     return int(rng.choice(p.shape[0], p=p))
 
 
+def logprob_entry(logits: np.ndarray, tok: int, k: int, token_text: Callable[[int], str | None]) -> dict[str, Any]:
+    """The chosen token's log-probability and the ``k`` most probable tokens', from the model's
+    distribution at one position: softmax of the float32 logits in float64, as ``INFER ... TOP``
+    computes it (ties ordered by id, as there)."""
+    x = np.asarray(logits, dtype=np.float64)
+    x = x - x.max()
+    p = np.exp(x)
+    p /= p.sum()
+    top: list[tuple[int, str, float]] = []
+    if k:
+        k = min(k, p.shape[0])
+        cand = np.argpartition(-p, k - 1)[:k] if k < p.shape[0] else np.arange(p.shape[0])
+        cand = cand[np.lexsort((cand, -p[cand]))]
+        top = [(int(i), token_text(int(i)) or "", float(np.log(p[i]))) for i in cand]
+    return {"id": int(tok), "token": token_text(int(tok)) or "", "logprob": float(np.log(p[tok])), "top": top}
+
+
 class TextStream:
     """Generated ids → text deltas that never need taking back: a trailing incomplete UTF-8
     character (decoded as U+FFFD) and a tail that could begin a stop string are held back
@@ -282,6 +328,8 @@ class Generation:
     stop_ids: tuple[int, ...]
     depth: int | None = None
     speculate: Speculation | None = None
+    top_logprobs: int | None = None  # None: no log-probabilities
+    echo: str | None = None  # the prompt's text, sent before the completion
 
 
 class _Finished(BaseException):
@@ -297,8 +345,10 @@ def run(host, g: Generation, ctx: JobContext) -> Iterator[dict[str, Any]]:
     stop_ids = set(g.stop_ids)
     produced = 0
     finish = "length"
+    k = g.top_logprobs
     if g.speculate is not None:
-        yield {"delta": ""}  # a turn for the other streams before the whole speculation runs
+        # the echo, and a turn for the other streams before the whole speculation runs
+        yield {"delta": g.echo or ""}
         from vindex3.draft import speculative_generate
 
         state = {"n": 0, "finish": "length"}
@@ -325,21 +375,32 @@ def run(host, g: Generation, ctx: JobContext) -> Iterator[dict[str, Any]]:
     else:
         rng = np.random.default_rng(g.seed) if g.temperature > 0 else None
         st = host.executor(g.depth).start()
-        logits = np.asarray(st.prefill(list(g.ids)))[-1]
-        for k in range(g.max_tokens):
+        every = np.asarray(st.prefill(list(g.ids)))
+        logits = every[-1].copy()
+        if g.echo is not None:
+            ev: dict[str, Any] = {"delta": g.echo}
+            if k is not None:
+                first = cat.token_text(g.ids[0]) or ""
+                ev["logprobs"] = [{"id": g.ids[0], "token": first, "logprob": None, "top": None}] + [
+                    logprob_entry(every[i - 1], g.ids[i], k, cat.token_text) for i in range(1, len(g.ids))]
+            yield ev
+        del every
+        for step in range(g.max_tokens):
             tok = pick(logits, g.temperature, g.top_p, rng)
             produced += 1
             if tok in stop_ids:
                 finish = "stop"
                 break
             delta, hit = ts.push(tok)
+            ev = {"delta": delta}
+            if k is not None:
+                ev["logprobs"] = [logprob_entry(logits, tok, k, cat.token_text)]
             if hit:
                 finish = "stop"
-                if delta:
-                    yield {"delta": delta}
+                yield ev
                 break
-            yield {"delta": delta}
-            if k + 1 < g.max_tokens:
+            yield ev
+            if step + 1 < g.max_tokens:
                 logits = st.step(tok)
     yield {"delta": ts.finish(), "finish_reason": finish,
            "usage": {"prompt_tokens": len(g.ids), "completion_tokens": produced, "total_tokens": len(g.ids) + produced}}

@@ -284,6 +284,8 @@ class InferResult(Result):
     top: list[Candidate] | None = None
     generated_ids: list[int] | None = None
     generated_text: str | None = None
+    # each generated token's text (as INFER ... TOP shows a token); None without a tokenizer
+    generated_tokens: list[str | None] | None = None
     stopped_at: int | None = None  # the end-of-sequence id generation stopped at, if it did
     interrupted: bool = False  # Ctrl-C stopped the generation: the tokens so far
     prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
@@ -604,6 +606,7 @@ def run_infer(session, node: Run) -> InferResult:
     steps = [int(n) for n in (getattr(st.trace, "step_bytes", None) or [])]
     result = InferResult(slice=node.slice.label, depth=node.slice.depth, executed_layers=executed,
                            prompt=prompt, top=top, generated_ids=gen_ids, generated_text=gen_text,
+                           generated_tokens=[cat.token_text(t) for t in gen_ids] if gen_ids is not None else None,
                            stopped_at=stopped, interrupted=interrupted,
                            prepared_reads=int(ex.trace.operand_reads), prepared_bytes=int(ex.trace.bytes_read),
                            intervention=node.intervention.record() if node.intervention is not None else None,
@@ -883,7 +886,8 @@ def _rec_explain(r: ExplainResult) -> list[dict[str, Any]]:
 def _rec_infer(r: InferResult) -> list[dict[str, Any]]:
     if r.top is not None:
         return [dump(c) for c in r.top]
-    return [{"position": i, "id": t} for i, t in enumerate(r.generated_ids or [])]
+    tokens = r.generated_tokens or [None] * len(r.generated_ids or [])
+    return [{"position": i, "id": t, "token": tok} for i, (t, tok) in enumerate(zip(r.generated_ids or [], tokens))]
 
 
 @fam.records(TraceResult)

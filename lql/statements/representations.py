@@ -39,7 +39,7 @@ diff_layer_clause: LAYER INT
 physical_clause: PHYSICAL
 into_patch_clause: INTO PATCH STRING
 
-score_representation_stmt: SCORE REPRESENTATION STRING AGAINST STRING ON STRING [GREEDY INT]
+score_representation_stmt: SCORE REPRESENTATION STRING AGAINST (STRING | DEFAULT) ON STRING [GREEDY INT]
 """)
 
 fam.doc('REPRESENT',
@@ -47,7 +47,7 @@ fam.doc('REPRESENT',
         'write the bound container in another weight encoding: same graph and objects, new segments, fidelity per tensor in provenance',
         "REPRESENT INTO 'model-int8.vindex3' ENCODING 'int8';", order=260)
 fam.doc('SCORE REPRESENTATION',
-        "SCORE REPRESENTATION 'candidate' AGAINST 'reference' ON 'prompts.jsonl' [GREEDY n]",
+        "SCORE REPRESENTATION 'candidate' AGAINST 'reference' | DEFAULT ON 'prompts.jsonl' [GREEDY n]",
         "a representation's behaviour against the same model: KL p50/p95, top-1, greedy-n agreement; stored in the candidate's provenance",
         "SCORE REPRESENTATION 'model-int8.vindex3' AGAINST 'model.vindex3' ON 'prompts.jsonl';", order=270)
 fam.doc('COMPACT',
@@ -102,7 +102,7 @@ def into_patch_clause(c: Children) -> Clause:
 @fam.rule
 def score_representation_stmt(c: Children) -> ScoreRepresentation:
     return ScoreRepresentation(candidate=c.string("SCORE", "REPRESENTATION"), reference=c.string("AGAINST"),
-                               prompts=c.string("ON"), greedy=c.int("GREEDY"))
+                               reference_default=c.has("DEFAULT"), prompts=c.string("ON"), greedy=c.int("GREEDY"))
 
 
 # ---- statements -------------------------------------------------------------------------
@@ -149,7 +149,8 @@ class Diff(ast.Statement):
 
 
 class ScoreRepresentation(ast.Statement):
-    """SCORE REPRESENTATION 'cand' AGAINST 'ref' ON 'prompts.jsonl' [GREEDY n]."""
+    """SCORE REPRESENTATION 'cand' AGAINST 'ref' ON 'prompts.jsonl' [GREEDY n]; AGAINST DEFAULT
+    scores against the built-in default model (encoded on first use, as OPEN DEFAULT does)."""
 
     keyword: ClassVar[str] = "SCORE REPRESENTATION"
     paths: ClassVar[tuple[str, ...]] = ("candidate", "reference", "prompts")
@@ -157,9 +158,10 @@ class ScoreRepresentation(ast.Statement):
                                        "the server")
     kind: Literal["score_representation"] = "score_representation"
     candidate: str
-    reference: str
+    reference: str | None  # None with reference_default
     prompts: str
     greedy: int | None = None
+    reference_default: bool = dialect(False)  # AGAINST DEFAULT
 
 
 # ---- results (vindex3.represent, .compact, .diff, .evidence) ----------------------------
@@ -273,7 +275,7 @@ class DiffPlan(Node):
 @dataclass(frozen=True, eq=False)
 class ScoreRepresentationPlan(Node):
     candidate: str
-    reference: str
+    reference: str | None  # None: the default model
     prompts: str
     greedy: int
 
@@ -409,7 +411,12 @@ def run_score_representation(session, node: ScoreRepresentationPlan) -> Represen
     t0 = time.perf_counter()
     bound = session.base_container
     cand = bound if bound is not None and _same(bound.path, node.candidate) else node.candidate
-    s = run(cand, node.reference, node.prompts, greedy=node.greedy, progress=session.on_progress)
+    reference = node.reference
+    if reference is None:  # AGAINST DEFAULT
+        from vindex3 import default_model
+
+        reference = str(default_model.ensure(session.on_progress, notice=session.on_notice))
+    s = run(cand, reference, node.prompts, greedy=node.greedy, progress=session.on_progress)
     out = score_result(s)
     out.seconds = time.perf_counter() - t0
     return out

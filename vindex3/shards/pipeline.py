@@ -49,7 +49,7 @@ def _ray():
         import ray
     except ImportError as e:
         raise ShardError(f"sharded execution runs layer ranges as Ray actors, and Ray is not installed ({e})",
-                         hint="pip install 'lql-vindex3[ray]'") from None
+                         hint="from a clone of the source: pip install -e '.[ray]'") from None
     return ray
 
 
