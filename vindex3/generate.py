@@ -73,25 +73,24 @@ class Sampler:
         if self.is_greedy:
             return lambda logits: int(np.argmax(logits))
         rng = np.random.default_rng(self.seed)
-        temperature, top_p = self.temperature, self.top_p
+        return lambda logits: self.draw(logits, rng)
 
-        def pick(logits: np.ndarray) -> int:
-            x = np.asarray(logits, dtype=np.float64)
-            # the maximum first, then the division: every value is <= 0, so a tiny temperature
-            # gives -inf (probability 0) instead of inf - inf = NaN
-            with np.errstate(over="ignore"):
-                x = (x - x.max()) / temperature
-            p = np.exp(x)
-            p /= p.sum()
-            if top_p < 1.0:
-                order = np.argsort(-p, kind="stable")
-                keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
-                q = np.zeros_like(p)
-                q[keep] = p[keep]
-                p = q / q.sum()
-            return int(rng.choice(p.shape[0], p=p))
-
-        return pick
+    def draw(self, logits: np.ndarray, rng: np.random.Generator) -> int:
+        """One nucleus sample from ``logits`` with ``rng`` (temperature above 0)."""
+        x = np.asarray(logits, dtype=np.float64)
+        # the maximum first, then the division: every value is <= 0, so a tiny temperature
+        # gives -inf (probability 0) instead of inf - inf = NaN
+        with np.errstate(over="ignore"):
+            x = (x - x.max()) / self.temperature
+        p = np.exp(x)
+        p /= p.sum()
+        if self.top_p < 1.0:
+            order = np.argsort(-p, kind="stable")
+            keep = order[: int(np.searchsorted(np.cumsum(p[order]), self.top_p)) + 1]
+            q = np.zeros_like(p)
+            q[keep] = p[keep]
+            p = q / q.sum()
+        return int(rng.choice(p.shape[0], p=p))
 
 
 def top_probabilities(logits: np.ndarray, n: int) -> tuple[tuple[int, float], ...]:
@@ -130,6 +129,7 @@ class Step:
     executed_layers: tuple[int, ...] | None
     bytes_read: int | None
     seconds: float
+    prompt_rows: np.ndarray | None = None  # the prefill's logits at every prompt position, on request
 
 
 def _count(name: str, v: Any, lo: int) -> int:
@@ -147,6 +147,7 @@ def generate_step(
     stop_ids: Iterable[int] = (),
     feed: Literal["prefill", "step"] = "prefill",
     logits: bool = False,
+    prompt_logits: bool = False,
     top: int = 0,
     observe: Callable[[Step], None] | None = None,
 ) -> Iterator[Step]:
@@ -155,7 +156,8 @@ def generate_step(
     ``sampler``, one `Step` per model call (see the module docstring). ``stop_ids`` end the
     generation on the token that is one (it is reported, never fed). ``observe`` sees every
     record before it is yielded. Arguments are checked when this is called, not when the
-    first record is asked for."""
+    first record is asked for. ``prompt_logits``: the prefill's record also carries the logits
+    of every prompt position (``prompt_rows`` [positions, vocab]; what scoring a prompt reads)."""
     if not isinstance(sampler, Sampler):
         raise VindexError(f"generate_step takes a Sampler; got {type(sampler).__name__}")
     prompt = [int(t) for t in prompt_ids]
@@ -166,10 +168,10 @@ def generate_step(
     if feed not in ("prefill", "step"):
         raise VindexError(f"generate_step feed must be 'prefill' or 'step'; got {feed!r}")
     stops = frozenset(int(t) for t in stop_ids)
-    return _run(stream, prompt, sampler, max_tokens, stops, feed, logits, top, observe)
+    return _run(stream, prompt, sampler, max_tokens, stops, feed, logits, prompt_logits, top, observe)
 
 
-def _run(stream, prompt, sampler, max_tokens, stops, feed, want_logits, top, observe) -> Iterator[Step]:
+def _run(stream, prompt, sampler, max_tokens, stops, feed, want_logits, want_rows, top, observe) -> Iterator[Step]:
     pick = sampler.start()
     trace = getattr(stream, "trace", None)
     prompt_calls = [prompt] if feed == "prefill" else [[t] for t in prompt]
@@ -180,8 +182,10 @@ def _run(stream, prompt, sampler, max_tokens, stops, feed, want_logits, top, obs
         from_prompt = index < len(prompt_calls)
         fed = prompt_calls[index] if from_prompt else [token]
         t0 = time.perf_counter()
+        rows = None
         if from_prompt and feed == "prefill":
-            row = np.asarray(stream.prefill(fed))[-1]
+            rows = np.asarray(stream.prefill(fed))
+            row = rows[-1]
         else:
             row = np.asarray(stream.step(fed[0]))
         seconds = time.perf_counter() - t0
@@ -192,6 +196,7 @@ def _run(stream, prompt, sampler, max_tokens, stops, feed, want_logits, top, obs
         step = Step(
             index=index, fed=tuple(fed), prompt=from_prompt, position=int(stream.position), token=token, stop=stop,
             logits=row if want_logits else None, top=top_probabilities(row, top) if top else None,
+            prompt_rows=rows if want_rows and rows is not None else None,
             executed_layers=tuple(int(i) for i in trace.executed_layers) if trace is not None else None,
             bytes_read=int(trace.step_bytes[-1]) if trace is not None and trace.step_bytes else None,
             seconds=seconds,

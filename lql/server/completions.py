@@ -227,24 +227,13 @@ def prompt_ids(catalog, req: _Common, limits: Limits) -> list[int]:
 
 
 def pick(logits: np.ndarray, temperature: float, top_p: float, rng: np.random.Generator | None) -> int:
-    """The next token: argmax at temperature 0, else a nucleus sample."""
+    """One draw of vindex3's `Sampler` with the given generator (the sampling every front end
+    uses; kept for the distribution test, which draws many times from one generator)."""
+    from vindex3.generate import Sampler
+
     if temperature == 0:
         return int(np.argmax(logits))
-    x = np.asarray(logits, dtype=np.float64)
-    # the maximum first, then the division: every value is <= 0, so a tiny temperature gives
-    # -inf (probability 0) instead of inf - inf = NaN
-    with np.errstate(over="ignore"):  # -inf is the intended value for a tiny temperature
-        x = (x - x.max()) / temperature
-    p = np.exp(x)
-    p /= p.sum()
-    if top_p < 1.0:
-        order = np.argsort(-p, kind="stable")
-        keep = order[: int(np.searchsorted(np.cumsum(p[order]), top_p)) + 1]
-        q = np.zeros_like(p)
-        q[keep] = p[keep]
-        p = q / q.sum()
-    assert rng is not None
-    return int(rng.choice(p.shape[0], p=p))
+    return Sampler(temperature, top_p).draw(logits, rng)
 
 
 def logprob_entry(logits: np.ndarray, tok: int, k: int, token_text: Callable[[int], str | None]) -> dict[str, Any]:
@@ -373,35 +362,37 @@ def run(host, g: Generation, ctx: JobContext) -> Iterator[dict[str, Any]]:
             pass
         produced, finish = state["n"], state["finish"]
     else:
-        rng = np.random.default_rng(g.seed) if g.temperature > 0 else None
+        from vindex3.generate import Sampler, generate_step
+
         st = host.executor(g.depth).start()
-        every = np.asarray(st.prefill(list(g.ids)))
-        logits = every[-1].copy()
+        # the one decode step (vindex3.generate): the prefill's record, then one per token
+        calls = generate_step(st, g.ids, sampler=Sampler(g.temperature, g.top_p, g.seed), max_tokens=g.max_tokens,
+                              stop_ids=stop_ids, logits=k is not None, prompt_logits=g.echo is not None and k is not None)
+        record = next(calls)
         if g.echo is not None:
             ev: dict[str, Any] = {"delta": g.echo}
             if k is not None:
+                every = record.prompt_rows
                 first = cat.token_text(g.ids[0]) or ""
                 ev["logprobs"] = [{"id": g.ids[0], "token": first, "logprob": None, "top": None}] + [
                     logprob_entry(every[i - 1], g.ids[i], k, cat.token_text) for i in range(1, len(g.ids))]
             yield ev
-        del every
-        for step in range(g.max_tokens):
-            tok = pick(logits, g.temperature, g.top_p, rng)
+        while record is not None and record.token is not None:
+            tok = record.token
             produced += 1
-            if tok in stop_ids:
+            if record.stop:
                 finish = "stop"
                 break
             delta, hit = ts.push(tok)
             ev = {"delta": delta}
             if k is not None:
-                ev["logprobs"] = [logprob_entry(logits, tok, k, cat.token_text)]
+                ev["logprobs"] = [logprob_entry(record.logits, tok, k, cat.token_text)]
             if hit:
                 finish = "stop"
                 yield ev
                 break
             yield ev
-            if step + 1 < g.max_tokens:
-                logits = st.step(tok)
+            record = next(calls, None)
     yield {"delta": ts.finish(), "finish_reason": finish,
            "usage": {"prompt_tokens": len(g.ids), "completion_tokens": produced, "total_tokens": len(g.ids) + produced}}
 
