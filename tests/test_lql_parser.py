@@ -218,6 +218,10 @@ CASES = [
      {'kind': 'diff', 'a': 'a', 'b': 'b', 'layer': 2, 'limit': 5, 'physical': True}),
     ("SELECT * FROM FEATURES WHERE layer IN (0, 1) AND token IN ('a', 'b')",
      {'kind': 'select_features', 'columns': None, 'layers': None, 'at_layer': False, 'nearest': None, 'where': [{'column': {'name': 'layer', 'line': 1, 'column': 30}, 'op': 'IN', 'value': [0, 1]}, {'column': {'name': 'token', 'line': 1, 'column': 50}, 'op': 'IN', 'value': ['a', 'b']}], 'order_by': None, 'descending': None, 'limit': None}),
+    ("PATCH SWEEP 'a' FROM 'b' FOR 'c' SITE RESIDUAL POST LAYERS 0-1",
+     {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None}),
+    ("CAPTURE 'x' SITES RESIDUAL, FFN DRAFT DEPTH 2 INTO 'a.npz' OVERWRITE",
+     {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
 ]
 
 
@@ -298,8 +302,8 @@ ERRORS = [
      "                       ^\n"
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2")),
     ("STAST",
-     ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, COMPACT, COMPILE, DELETE, "
-     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PLAN, "
+     ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, CAPTURE, COMPACT, COMPILE, DELETE, "
+     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PATCH, PLAN, "
      "REBALANCE, REMOVE, REPRESENT, SAVE, SCORE, SELECT, SET, SHOW, STATS, TRACE, UPDATE, USE, VERIFY, WALK) or "
      "';', found 'STAST'\n"
      "  STAST\n"

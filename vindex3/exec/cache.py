@@ -13,7 +13,8 @@ from .engine import Observer
 from .intervention import SITES, check_site, parse_site_key, site_key
 
 
-def wanted_sites(plan, executed: list[int], sites: Iterable[str], slice_desc: str) -> list[tuple[int, str]]:
+def wanted_sites(plan, executed: list[int], sites: Iterable[str], slice_desc: str,
+                 what: str = "CAPTURE") -> list[tuple[int, str]]:
     """(layer, site) pairs in layer order: a key names one (refused by name when the layer lacks
     it or the slice does not run it), a bare site name every executed layer that has it."""
     if isinstance(sites, str):
@@ -26,23 +27,25 @@ def wanted_sites(plan, executed: list[int], sites: Iterable[str], slice_desc: st
             pairs = []
             for i in executed:
                 try:
-                    check_site(plan, i, name, "CAPTURE")
+                    check_site(plan, i, name, what)
                 except QueryRefused:
                     continue
                 pairs.append((i, name))
             if not pairs:
-                raise QueryRefused(f"CAPTURE: no layer that the {slice_desc} executes has a {name.upper()} site")
+                ops = sorted({plan.layers[i].operator for i in executed})
+                raise QueryRefused(f"{what}: no layer that the {slice_desc} executes has a {name.upper()} site "
+                                   f"(its layers are {', '.join(ops)} layers)")
             out += pairs
             continue
         layer, name = parse_site_key(s)
-        check_site(plan, layer, name, f"CAPTURE {s}")
+        check_site(plan, layer, name, f"{what} {s}")
         if layer not in ran:
-            raise QueryRefused(f"CAPTURE {s} names layer {layer}, which {slice_desc} does not execute")
+            raise QueryRefused(f"{what} {s} names layer {layer}, which {slice_desc} does not execute")
         out.append((layer, name))
     for layer, name in out:
         if name == "heads":
-            raise UnsupportedOperator(f"CAPTURE L{layer}.heads: capturing each head's output has no executor in "
-                                      "this build (capture RESIDUAL, RESIDUAL POST, MIXER or FFN)")
+            raise UnsupportedOperator(f"{what} L{layer}.heads: reading each head's output has no executor in "
+                                      "this build (RESIDUAL, RESIDUAL POST, MIXER and FFN have one)")
     return sorted(set(out), key=lambda p: (p[0], SITES.index(p[1])))
 
 
