@@ -44,8 +44,10 @@ def wanted_sites(plan, executed: list[int], sites: Iterable[str], slice_desc: st
         out.append((layer, name))
     for layer, name in out:
         if name == "heads":
-            raise UnsupportedOperator(f"{what} L{layer}.heads: reading each head's output has no executor in "
-                                      "this build (RESIDUAL, RESIDUAL POST, MIXER and FFN have one)")
+            op = next(o for o in plan.layers[layer].slot_ops() if o.role == "mixer")
+            if op.kind != "softmax":
+                raise UnsupportedOperator(f"{what} L{layer}.heads: reading the heads of a {op.kind} mixer has no "
+                                          "executor in this build (softmax layers have one)")
     return sorted(set(out), key=lambda p: (p[0], SITES.index(p[1])))
 
 
@@ -69,12 +71,23 @@ class _Keep(Observer):
     def write(self, layer, site, p0, write, residual):
         self._keep(layer, site, write)
 
+    def slot_input(self, layer, site, p0, x):
+        if site == "mixer" and (layer, "heads") in self.want:
+            self.values[f"L{layer}.mixer_input"] = x
+
 
 def cache_run(ex, token_ids, sites, interventions=()) -> dict[str, np.ndarray]:
     want = wanted_sites(ex.plan, ex.layers, sites, ex.slice.describe())
     keep = _Keep(want)
     st = ex.start(observer=keep, interventions=interventions)
     logits = st.prefill(token_ids)
+    if any(s == "heads" for _, s in want):
+        from ..internals.attention import replay_attention
+
+        for layer, s in want:
+            if s == "heads":  # [T, heads, head_dim]: the layer's own kernel on the input the run gave it
+                x = keep.values.pop(f"L{layer}.mixer_input")
+                keep.values[site_key(layer, s)] = replay_attention(ex, layer, x, "CAPTURE")[1]
     out = {site_key(layer, s): keep.values[site_key(layer, s)] for layer, s in want}
     out["logits"] = np.asarray(logits)
     return out
