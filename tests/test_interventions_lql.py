@@ -130,3 +130,28 @@ def test_the_statements_are_registered_and_writing_is_declared():
     s = lql.Session()
     (o,) = list(s.run("HELP PATCH SWEEP;"))
     assert "PATCH SWEEP 'corrupted' FROM 'clean'" in o.result.to_text(timing=False)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "granitemoehybrid"])
+def test_show_attention_rows_are_the_layers_weights(containers, family):
+    from vindex3.internals.attention import attention
+
+    path = containers(family)
+    ex = vindex3.open(path).executor()
+    layer = next(lo.index for lo in ex.plan.layers if lo.operator == "softmax")
+    (o,) = run(path, f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER {layer};")
+    assert o.error is None, o.error
+    w, _ = attention(ex, CLEAN, layer)
+    rows = o.result.rows
+    assert len(rows) == w.shape[0] * len(CLEAN) * (len(CLEAN) + 1) // 2  # causal: keys up to the query
+    assert all(r.weight == float(w[r.head, r.query, r.key]) for r in rows)
+    (one,) = run(path, f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER {layer} HEAD 1;")
+    assert {r.head for r in one.result.rows} == {1}
+    assert one.result.to_text(timing=False).startswith(f"attention at layer {layer} (head 1), 7 positions")
+
+
+def test_show_attention_refuses_layers_without_heads(containers):
+    (o,) = run(containers("mamba2"), f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER 1;")
+    assert "layer 1 is a mamba2 layer, which has no attention heads" in str(o.error)
+    (o,) = run(containers("llama"), f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER 1 HEAD 9;")
+    assert "layer 1 has 4 heads (0..3); no head 9" in str(o.error)

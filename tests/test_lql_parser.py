@@ -222,6 +222,8 @@ CASES = [
      {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None}),
     ("CAPTURE 'x' SITES RESIDUAL, FFN DRAFT DEPTH 2 INTO 'a.npz' OVERWRITE",
      {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
+    ("SHOW ATTENTION 'x' AT LAYER 3 HEAD 2",
+     {'kind': 'show_attention', 'prompt': {'kind': 'text', 'text': 'x'}, 'layer': 3, 'head': 2, 'depth': None}),
 ]
 
 
@@ -316,7 +318,7 @@ ERRORS = [
      "            ^\n"
      "  hint: did you mean TOP?")),
     ("SHOW LAYER",
-     ("syntax error at line 1, column 6: expected COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
+     ("syntax error at line 1, column 6: expected ATTENTION, COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
      "MODELS, OPERANDS, PATCHES, PROVENANCE, RELATIONS, REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"

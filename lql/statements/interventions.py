@@ -27,7 +27,7 @@ from ..results import Data, Result, dump
 from ..syntax import Children
 from ..text import fields, fmt_bytes, layers_phrase, num, table
 
-fam = family("interventions", module=__name__, statements=("patch_sweep_stmt", "capture_stmt"),
+fam = family("interventions", module=__name__, statements=("patch_sweep_stmt", "capture_stmt", "show_attention_stmt"),
              path_keywords=("INTO",), grammar=r"""
 // PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE RESIDUAL [LAYERS a-b]: the causal-tracing grid
 patch_sweep_stmt: PATCH SWEEP prompt FROM prompt FOR token_ref SITE site_name sweep_option*
@@ -44,6 +44,9 @@ site_name: RESIDUAL [POST]
 
 // CAPTURE 'prompt' SITES RESIDUAL, MIXER [LAYERS a-b] INTO 'acts.npz': a run's values at named sites
 capture_stmt: CAPTURE prompt SITES site_name (_COMMA site_name)* sweep_option* INTO STRING [overwrite_clause]
+
+// SHOW ATTENTION 'prompt' AT LAYER n [HEAD h]: a softmax layer's weights as the model computes them
+show_attention_stmt: SHOW ATTENTION prompt AT LAYER INT [HEAD INT] [draft_clause]
 """)
 
 fam.doc('PATCH SWEEP',
@@ -56,6 +59,17 @@ fam.doc('CAPTURE',
         "CAPTURE 'prompt' SITES RESIDUAL [POST] | MIXER | FFN, ... [LAYERS a-b] [DRAFT DEPTH n] INTO 'acts.npz' [OVERWRITE]",
         "a run's values at named sites (L12.residual, ...) into an .npz, with a provenance sidecar",
         "CAPTURE 'Hello world' SITES RESIDUAL, MIXER, FFN LAYERS 0-1 INTO 'acts.npz';", order=126)
+
+
+fam.doc('SHOW ATTENTION',
+        "SHOW ATTENTION 'prompt' AT LAYER n [HEAD h] [DRAFT DEPTH n]",
+        "a softmax layer's attention weights for a prompt: rows (head, query, key, weight), as the model computes them",
+        "SHOW ATTENTION 'Hello world' AT LAYER 0 HEAD 1;", order=127)
+
+
+@fam.rule
+def show_attention_stmt(c: Children) -> ShowAttention:
+    return ShowAttention(prompt=c.get("ATTENTION"), layer=c.int("LAYER"), head=c.int("HEAD"), **c.options("SHOW ATTENTION"))
 
 
 @fam.rule
@@ -119,6 +133,28 @@ class Capture(ast.Statement):
             raise err(self, "CAPTURE names a site twice", hint="name each site once")
 
 
+class ShowAttention(ast.Statement):
+    """SHOW ATTENTION 'prompt' AT LAYER n [HEAD h] [DRAFT DEPTH n]."""
+
+    keyword: ClassVar[str] = "SHOW ATTENTION"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = True
+    needs_container: ClassVar[bool] = True
+    kind: Literal["show_attention"] = "show_attention"
+    prompt: ast.Prompt
+    layer: int
+    head: int | None = None
+    depth: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ShowAttentionPlan(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    layer: int
+    head: int | None
+
+
 @dataclass(frozen=True, eq=False)
 class PatchSweepPlan(Node):
     slice: SliceBinding
@@ -164,6 +200,24 @@ def plan_capture(s: Capture, ctx: Context) -> Node:
                        into=s.into, overwrite=bool(s.overwrite or ctx.settings.overwrite))
 
 
+@fam.plans(ShowAttention)
+def plan_show_attention(s: ShowAttention, ctx: Context) -> Node:
+    from vindex3.errors import QueryRefused
+    from vindex3.exec.intervention import check_site
+
+    cat = ctx.catalog
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    try:
+        check_site(cat.op_plan, s.layer, "heads", "SHOW ATTENTION")
+    except QueryRefused as e:  # said at this statement
+        raise err(s, str(e), hint="choose a softmax or MLA layer (SHOW LAYERS lists each layer's operator)") from None
+    check_executed_layers(s, sl, (s.layer,), "SHOW ATTENTION ... AT LAYER")
+    heads = cat.op_plan.layers[s.layer].params.get("heads")
+    if s.head is not None and heads is not None and not 0 <= s.head < int(heads):
+        raise err(s, f"SHOW ATTENTION: layer {s.layer} has {heads} heads (0..{int(heads) - 1}); no head {s.head}")
+    return ShowAttentionPlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), layer=s.layer, head=s.head)
+
+
 # ---- results ---------------------------------------------------------------------------------
 
 
@@ -202,6 +256,61 @@ class CaptureResult(Result):
     positions: int
     slice: str
     seconds: float
+
+
+class AttentionRow(Data):
+    head: int
+    query: int
+    key: int
+    weight: float
+
+
+class AttentionResult(Result):
+    """SHOW ATTENTION: one row per (head, query, key) with key <= query."""
+
+    kind: Literal["show_attention"] = "show_attention"
+    layer: int
+    head: int | None
+    heads: int
+    tokens: list[str | None]
+    ids: list[int]
+    slice: str
+    rows: list[AttentionRow]
+    seconds: float
+
+
+@fam.runs(ShowAttentionPlan)
+def run_show_attention(session, node: ShowAttentionPlan) -> AttentionResult:
+    import time as _time
+
+    from vindex3.internals.attention import attention
+
+    t0 = _time.perf_counter()
+    ex, _ = internals(session).executor(node.slice.depth)
+    ids = list(node.prompt.ids)
+    w, _ = attention(ex, ids, node.layer)
+    heads = [node.head] if node.head is not None else range(w.shape[0])
+    rows = [AttentionRow(head=h, query=q, key=k, weight=float(w[h, q, k]))
+            for h in heads for q in range(len(ids)) for k in range(q + 1)]
+    cat = session.catalog
+    return AttentionResult(layer=node.layer, head=node.head, heads=int(w.shape[0]), ids=ids,
+                           tokens=[cat.token_text(i) for i in ids], slice=ex.slice.describe(), rows=rows,
+                           seconds=_time.perf_counter() - t0)
+
+
+@fam.layout(AttentionResult)
+def layout_show_attention(r: AttentionResult, timing: bool) -> list[str]:
+    which = f"head {r.head}" if r.head is not None else f"{r.heads} heads"
+    out = [f"attention at layer {r.layer} ({which}), {len(r.ids)} positions: {r.slice}; keys after the query are masked"]
+    tok = [token(t, i) for t, i in zip(r.tokens, r.ids)]
+    out += table([num("head"), num("query"), "query token", num("key"), "key token", num("weight")],
+                 [[str(x.head), str(x.query), tok[x.query], str(x.key), tok[x.key], f"{x.weight:.4f}"] for x in r.rows])
+    return out + fields([time(r.seconds, timing)])
+
+
+@fam.records(AttentionResult)
+def records_show_attention(r: AttentionResult) -> list[dict[str, Any]]:
+    return [{"layer": r.layer, **dump(x)} for x in r.rows]
 
 
 def _keys(ex, sites, layers) -> list[str]:

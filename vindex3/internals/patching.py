@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from ..errors import QueryRefused
+from ..errors import QueryRefused, UnsupportedOperator
 from ..exec.cache import wanted_sites
 from ..exec.intervention import Patch, site_key
 
@@ -55,6 +55,9 @@ def patch_sweep(ex, clean: Sequence[int], corrupted: Sequence[int], target: int,
         keys = wanted_sites(ex.plan, ex.layers, [site], ex.slice.describe(), "PATCH SWEEP")
     else:
         keys = wanted_sites(ex.plan, ex.layers, [site_key(i, site) for i in layers], ex.slice.describe(), "PATCH SWEEP")
+    if site == "heads":
+        raise UnsupportedOperator(f"PATCH SWEEP ... SITE HEADS at layer {keys[0][0]}: patching HEADS has no executor "
+                                  "in this build (RESIDUAL, RESIDUAL POST, MIXER and FFN have one)")
     cache = ex.run_with_cache(clean, sites=[site_key(i, s) for i, s in keys])
     clean_logit = float(cache["logits"][-1, target])
     corrupted_logit = float(ex.forward(corrupted)[-1, target])
