@@ -221,6 +221,12 @@ CASES = [
      {'kind': 'diff', 'a': 'a', 'b': 'b', 'layer': 2, 'limit': 5, 'physical': True}),
     ("SELECT * FROM FEATURES WHERE layer IN (0, 1) AND token IN ('a', 'b')",
      {'kind': 'select_features', 'columns': None, 'layers': None, 'at_layer': False, 'nearest': None, 'where': [{'column': {'name': 'layer', 'line': 1, 'column': 30}, 'op': 'IN', 'value': [0, 1]}, {'column': {'name': 'token', 'line': 1, 'column': 50}, 'op': 'IN', 'value': ['a', 'b']}], 'order_by': None, 'descending': None, 'limit': None}),
+    ("PATCH SWEEP 'a' FROM 'b' FOR 'c' SITE RESIDUAL POST LAYERS 0-1",
+     {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None}),
+    ("CAPTURE 'x' SITES RESIDUAL, FFN DRAFT DEPTH 2 INTO 'a.npz' OVERWRITE",
+     {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
+    ("SHOW ATTENTION 'x' AT LAYER 3 HEAD 2",
+     {'kind': 'show_attention', 'prompt': {'kind': 'text', 'text': 'x'}, 'layer': 3, 'head': 2, 'depth': None}),
 ]
 
 
@@ -301,8 +307,8 @@ ERRORS = [
      "                       ^\n"
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2")),
     ("STAST",
-     ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, COMPACT, COMPILE, DELETE, "
-     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PLAN, "
+     ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, CAPTURE, COMPACT, COMPILE, DELETE, "
+     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PATCH, PLAN, "
      "REBALANCE, REMOVE, REPRESENT, SAVE, SCORE, SELECT, SET, SHOW, STATS, TRACE, UPDATE, USE, VERIFY, WALK) or "
      "';', found 'STAST'\n"
      "  STAST\n"
@@ -315,7 +321,7 @@ ERRORS = [
      "            ^\n"
      "  hint: did you mean TOP?")),
     ("SHOW LAYER",
-     ("syntax error at line 1, column 6: expected COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
+     ("syntax error at line 1, column 6: expected ATTENTION, COMPACT, COMPONENTS, ENTITIES, EXPERTS, FEATURES, LAYERS, "
      "MODELS, OPERANDS, PATCHES, PROVENANCE, RELATIONS, REPRESENTATIONS or SETTINGS, found keyword LAYER\n"
      "  SHOW LAYER\n"
      "       ^\n"

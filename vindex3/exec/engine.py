@@ -27,7 +27,7 @@ from ..codecs import Weight
 from ..errors import NonFiniteActivation, SliceError, StateError, UnsupportedOperator
 from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
-from .intervention import Intervention
+from .intervention import Intervention, resolve_stream
 from .intervention import resolve as resolve_intervention
 from .ops.norm import make_weight, norm_fn, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
@@ -141,6 +141,15 @@ class Observer:
 
     def write(self, layer: int, site: str, p0: int, write: np.ndarray, residual: np.ndarray) -> None:
         pass
+
+    def enter(self, layer: int, p0: int, h: np.ndarray) -> None:
+        """The residual entering ``layer`` (after any stream intervention there)."""
+
+    def leave(self, layer: int, p0: int, h: np.ndarray) -> None:
+        """The residual leaving ``layer`` (after any stream intervention there)."""
+
+
+_SILENT = Observer()
 
 
 @dataclass(frozen=True)
@@ -361,9 +370,12 @@ class Executor:
 
     # -- passes ------------------------------------------------------------------------------
     def _layers_observed(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace,
-                         obs: Observer) -> tuple[np.ndarray, int]:
-        """`_layers` with an observer: the same arithmetic in the same order (so the same bytes),
-        with each residual add spelled out so that the write it adds can be shown."""
+                         obs: Observer, ed=None) -> tuple[np.ndarray, int]:
+        """`_layers` with an observer and/or stream interventions (``ed``, a
+        `vindex3.exec.intervention.StreamEdits`): without edits the same arithmetic in the same
+        order (so the same bytes), with each residual add spelled out so that the write it adds
+        can be shown or replaced. At a layer boundary the current activation is the residual, so
+        an edited residual is both."""
         p0 = state.position
         one = h.shape[0] == 1
         ran = []
@@ -372,14 +384,21 @@ class Executor:
         obs.begin(p0, h)
         for i, fns in self._kernels:
             ls = state.layers[i]
+            if ed is not None and ed.has(i, "residual"):
+                h = x = ed.apply(i, "residual", p0, h)
+            obs.enter(i, p0, h)
             for fn, site in zip(fns, self._sites[i]):
                 if site is None:
                     h, x, n = fn(h, x, ls, p0, one, trace)
                     touched += n
                 elif len(site) == 3:  # a parallel fork: the mixer's write joins the residual here
                     w = x if site[1] == 1 else x * site[1]
+                    before = h
                     h, x, n = fn(h, x, ls, p0, one, trace)
                     touched += n
+                    if ed is not None and ed.has(i, site[0]):  # the fork's FFN input reads the layer input
+                        w = ed.apply(i, site[0], p0, w)
+                        h = before + w
                     obs.write(i, site[0], p0, w, h)
                 elif site[1] is None:
                     obs.slot_input(i, site[0], p0, x)
@@ -387,9 +406,14 @@ class Executor:
                     touched += n
                 else:
                     w = x if site[1] == 1 else x * site[1]
+                    if ed is not None and ed.has(i, site[0]):
+                        w = ed.apply(i, site[0], p0, w)
                     h = h + w
                     x = h
                     obs.write(i, site[0], p0, w, h)
+            if ed is not None and ed.has(i, "residual_post"):
+                h = x = ed.apply(i, "residual_post", p0, h)
+            obs.leave(i, p0, h)
             _check_finite(h, i)
             ran.append(i)
         trace.executed_layers = ran
@@ -451,16 +475,16 @@ class Executor:
             held = stream.state.position
             self.check_positions(held + T, f"a pass of {T} position(s)" + (f" after {held} held" if held else ""))
         out = None
-        obs = stream.observer
+        obs, ed = stream.observer, stream.edits
         if T <= SMALL_PASS:
             with _small_pass_limit():
-                h, touched = self._layers(h, stream.state, stream.trace) if obs is None else \
-                    self._layers_observed(h, stream.state, stream.trace, obs)
+                h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
+                    self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)
                 if ends:
                     out = self._logits(h[-1:] if last_only else h)
         else:
-            h, touched = self._layers(h, stream.state, stream.trace) if obs is None else \
-                self._layers_observed(h, stream.state, stream.trace, obs)
+            h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
+                self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)
             if ends:
                 out = self._logits(h[-1:] if last_only else h)
         stream.state.position += T
@@ -471,20 +495,32 @@ class Executor:
         self._last = stream
         return h if out is None else out
 
-    def forward(self, token_ids) -> np.ndarray:
-        """Batch prefill in a fresh stream: float32 logits [positions, vocab]."""
+    def forward(self, token_ids, interventions=()) -> np.ndarray:
+        """Batch prefill in a fresh stream: float32 logits [positions, vocab]. ``interventions``
+        (`vindex3.exec.intervention.Patch`, `Steer`) change this run only."""
         if not self.has_ends:
             raise SliceError(f"{self.slice.describe()} has no embedding or head; run hidden states through "
                              "start().prefill_hidden(h) on a layer range")
-        return self.start().prefill(token_ids)
+        return self.start(interventions=interventions).prefill(token_ids)
 
-    def start(self, observer: Observer | None = None) -> Stream | HiddenStream:
+    def start(self, observer: Observer | None = None, interventions=()) -> Stream | HiddenStream:
         """A new stream with its own state and trace: token ids in and logits out for a slice
         with ends, hidden states in and out for a `LayerRange`. An observer, if given, sees the
-        stream's residual stream (see `Observer`)."""
+        stream's residual stream (see `Observer`); ``interventions`` (Patch, Steer) change every
+        pass of this stream, checked against this slice before anything runs."""
+        edits = resolve_stream(interventions, self.plan, self.layers, self.slice.describe())
         if isinstance(self.slice, LayerRange) or not self.has_ends:
-            return HiddenStream(self, observer)
-        return Stream(self, observer)
+            return HiddenStream(self, observer, edits)
+        return Stream(self, observer, edits)
+
+    def run_with_cache(self, token_ids, sites=("residual",), interventions=()) -> dict[str, np.ndarray]:
+        """Prefill ``token_ids`` in one fresh stream and return the values at ``sites``, keyed
+        ``"L12.residual"`` ([positions, hidden] float32), plus ``"logits"``. A site is a key
+        (``"L3.ffn"``: refused by name when layer 3 lacks it) or a bare site name (``"ffn"``:
+        every executed layer that has it)."""
+        from .cache import cache_run
+
+        return cache_run(self, token_ids, sites, interventions)
 
 
 def _site(op: Op) -> tuple | None:
@@ -513,12 +549,18 @@ def _token_ids(token_ids, vocab: int) -> np.ndarray:
 
 
 class _StreamBase:
-    def __init__(self, ex: Executor, observer: Observer | None = None):
+    def __init__(self, ex: Executor, observer: Observer | None = None, edits=None):
         self.ex = ex
         self.state = ex.new_state()
         self.trace = ex.new_trace()
         self.last_hidden: np.ndarray | None = None
         self.observer = observer
+        self.edits = edits  # vindex3.exec.intervention.StreamEdits, or None for a clean stream
+
+    @property
+    def interventions(self) -> list[dict]:
+        """The stream interventions this stream runs, as records (empty for a clean stream)."""
+        return self.edits.records() if self.edits is not None else []
 
     @property
     def position(self) -> int:

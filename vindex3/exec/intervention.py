@@ -1,15 +1,25 @@
 """Interventions: changes to what a run computes, named and recorded.
 
-Today there is one: `FeatureAblation`, which zeroes named FFN features (``layer:feature`` pairs)
-for every pass of an executor. An FFN operator supports it by opting into
-`vindex3.operators.FeatureFfn`; anything else is refused by name when the executor is prepared,
-never approximated. A run that carries an intervention says so wherever its output goes (dump
-sidecars, record headers, results), through ``record()``.
+`FeatureAblation` zeroes named FFN features (``layer:feature`` pairs) for every pass of an
+executor. An FFN operator supports it by opting into `vindex3.operators.FeatureFfn`; anything else
+is refused by name when the executor is prepared, never approximated.
+
+`Patch` and `Steer` act on the residual stream at named, operator-neutral sites (`SITES`): they are
+values built before the run and given to a stream (``ex.start(interventions=[...])``,
+``ex.forward(ids, interventions=[...])``, ``ex.run_with_cache(...)``), so an executor is never
+rebound for them and a clean stream of the same executor runs the same bytes as before. A site a
+layer lacks is refused by name, naming the layer and its operator.
+
+A run that carries an intervention says so wherever its output goes (dump sidecars, record
+headers, results), through ``record()``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -128,3 +138,218 @@ def resolve(intervention: Intervention | None, plan, executed: list[int], slice_
         out[layer] = feats
     return out
 
+
+
+# ---- sites, patching and steering ------------------------------------------------------------
+
+# Per layer: the residual entering it, the residual leaving it, the mixer's write, the FFN's write
+# (each exactly what is added to the residual: after any post-norm and the residual multiplier),
+# and, on softmax / MLA layers, each head's output before the output projection.
+SITES = ("residual", "residual_post", "mixer", "ffn", "heads")
+ATTENTION_OPERATORS = ("softmax", "mla")
+_KEY = re.compile(r"^L(\d+)\.([a-z_]+)$")
+
+
+def site_key(layer: int, site: str) -> str:
+    """The stable name of a site: ``L12.residual``."""
+    return f"L{int(layer)}.{site}"
+
+
+def parse_site_key(key: str) -> tuple[int, str]:
+    """``"L12.residual"`` -> (12, "residual"); anything else is refused by name."""
+    m = _KEY.match(str(key).strip())
+    if m is None or m.group(2) not in SITES:
+        raise QueryRefused(f"{key!r} is not a site (write L<layer>.<site>, site one of {', '.join(SITES)})")
+    return int(m.group(1)), m.group(2)
+
+
+def check_site(plan, layer: int, site: str, what: str) -> None:
+    """Refuse by name a site that the model or the layer does not have."""
+    if site not in SITES:
+        raise QueryRefused(f"{what}: unknown site {site!r} (sites: {', '.join(SITES)})")
+    n = len(plan.layers)
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < n:
+        raise QueryRefused(f"{what} names layer {layer}, but the model has {n} layers (0..{n - 1})")
+    lo = plan.layers[int(layer)]
+    roles = [op.role for op in lo.slot_ops()]
+    if site in ("mixer", "ffn") and site not in roles:
+        have = [i for i, x in enumerate(plan.layers) if any(o.role == site for o in x.slot_ops())]
+        raise QueryRefused(f"{what}: layer {layer} is a {lo.operator} layer with no {site.upper()} "
+                           f"(layers with one: {runs(have) or 'none'})")
+    if site == "heads" and lo.operator not in ATTENTION_OPERATORS:
+        have = [i for i, x in enumerate(plan.layers) if x.operator in ATTENTION_OPERATORS]
+        raise QueryRefused(f"{what}: layer {layer} is a {lo.operator} layer, which has no attention heads "
+                           f"(HEADS exists on softmax and MLA layers: {runs(have) or 'none'})")
+
+
+def _digest(a: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+
+
+def _frozen_f32(a, what: str, ndim: int) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype != np.float32 or arr.ndim != ndim:
+        raise QueryRefused(f"{what} must be float32 with {ndim} dimension(s); got {arr.dtype} {list(arr.shape)}")
+    if not np.isfinite(arr).all():
+        raise QueryRefused(f"{what} holds a value that is not finite")
+    arr = arr.copy()
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class Patch:
+    """Replace a site's values at absolute positions with ``source_values`` [len(positions),
+    hidden] (float32), typically another prompt's values there (activation patching). Equal
+    patches (same site, layer, positions and value bytes) compare and hash equal."""
+
+    site: str
+    layer: int
+    positions: tuple[int, ...]
+    source_values: np.ndarray
+    source: str | None = None  # what the values came from, in words (a prompt), for the record
+    kind: str = field(default="patch", init=False)
+
+    def __post_init__(self):
+        if self.site not in SITES:
+            raise QueryRefused(f"PATCH: unknown site {self.site!r} (sites: {', '.join(SITES)})")
+        pos = tuple(int(p) for p in self.positions)
+        if not pos or any(p < 0 for p in pos) or len(set(pos)) != len(pos):
+            raise QueryRefused(f"PATCH: positions {list(self.positions)} must be distinct non-negative integers, at least one")
+        vals = _frozen_f32(self.source_values, "PATCH source values", 2)
+        if vals.shape[0] != len(pos):
+            raise QueryRefused(f"PATCH: {vals.shape[0]} rows of source values for {len(pos)} position(s)")
+        object.__setattr__(self, "positions", pos)
+        object.__setattr__(self, "source_values", vals)
+        object.__setattr__(self, "_digest", _digest(vals))
+
+    def _id(self):
+        return ("patch", self.site, int(self.layer), self.positions, self._digest)
+
+    def __eq__(self, other):
+        return isinstance(other, Patch) and self._id() == other._id()
+
+    def __hash__(self):
+        return hash(self._id())
+
+    def describe(self) -> str:
+        where = "POSITION" + ("S " if len(self.positions) > 1 else " ") + runs(self.positions)
+        src = f"'{self.source}'" if self.source is not None else f"values sha256:{self._digest[:12]}"
+        return f"PATCH {self.site.upper().replace('_', ' ')} AT LAYER {self.layer} {where} FROM {src}"
+
+    def record(self) -> dict:
+        return {"kind": self.kind, "site": self.site, "layer": int(self.layer), "positions": list(self.positions),
+                "source": self.source, "values_sha256": self._digest, "text": self.describe()}
+
+
+@dataclass(frozen=True, eq=False)
+class Steer:
+    """Add ``scale * vector`` ([hidden], float32) to the residual entering ``layer`` at every
+    position of every pass (activation addition)."""
+
+    layer: int
+    vector: np.ndarray
+    scale: float
+    source: str | None = None  # what the vector came from, in words ('Love' MINUS 'Hate', a file)
+    kind: str = field(default="steer", init=False)
+
+    def __post_init__(self):
+        vec = _frozen_f32(self.vector, "STEER vector", 1)
+        if isinstance(self.scale, bool) or not np.isfinite(float(self.scale)):
+            raise QueryRefused(f"STEER: scale {self.scale!r} is not a finite number")
+        object.__setattr__(self, "vector", vec)
+        object.__setattr__(self, "_digest", _digest(vec))
+        # the addend is formed once, in float32, so every pass adds the same bytes
+        add = (vec * np.float32(self.scale)).astype(np.float32)
+        add.setflags(write=False)
+        object.__setattr__(self, "addend", add)
+
+    site = "residual"
+
+    def _id(self):
+        return ("steer", int(self.layer), float(self.scale), self._digest)
+
+    def __eq__(self, other):
+        return isinstance(other, Steer) and self._id() == other._id()
+
+    def __hash__(self):
+        return hash(self._id())
+
+    def describe(self) -> str:
+        src = self.source if self.source is not None else f"VECTOR sha256:{self._digest[:12]}"
+        return f"STEER AT LAYER {self.layer} WITH {src} SCALE {self.scale:g}"
+
+    def record(self) -> dict:
+        return {"kind": self.kind, "layer": int(self.layer), "scale": float(self.scale), "source": self.source,
+                "vector_sha256": self._digest, "text": self.describe()}
+
+
+StreamIntervention = Patch | Steer
+Edit = Callable[[int, np.ndarray], np.ndarray]  # (p0, [T, hidden]) -> [T, hidden], a new array or the same
+
+
+def _patcher(p: Patch) -> Edit:
+    pos = np.asarray(p.positions, dtype=np.int64)
+    vals = p.source_values
+
+    def edit(p0: int, a: np.ndarray) -> np.ndarray:
+        hit = (pos >= p0) & (pos < p0 + a.shape[0])
+        if not hit.any():
+            return a
+        out = a.copy()
+        out[pos[hit] - p0] = vals[hit]
+        return out
+
+    return edit
+
+
+def _steerer(s: Steer) -> Edit:
+    add = s.addend
+    return lambda p0, a: a + add
+
+
+class StreamEdits:
+    """Resolved stream interventions: per (layer, site), the edits in the order given."""
+
+    def __init__(self, edits: dict[tuple[int, str], list[Edit]], interventions: tuple):
+        self._edits = edits
+        self.interventions = interventions
+
+    def apply(self, layer: int, site: str, p0: int, a: np.ndarray) -> np.ndarray:
+        for e in self._edits.get((layer, site), ()):
+            a = e(p0, a)
+        return a
+
+    def has(self, layer: int, site: str) -> bool:
+        return (layer, site) in self._edits
+
+    def records(self) -> list[dict]:
+        return [i.record() for i in self.interventions]
+
+
+def resolve_stream(interventions: Sequence | None, plan, executed: list[int], slice_desc: str) -> StreamEdits | None:
+    """Check stream interventions against the plan and the slice (a site the layer lacks, a layer
+    the slice does not run, a vector of the wrong width: each refused by name) and bind them."""
+    if not interventions:
+        return None
+    ran = set(executed)
+    hidden = plan.hidden_size
+    edits: dict[tuple[int, str], list[Edit]] = {}
+    for iv in interventions:
+        if isinstance(iv, FeatureAblation):
+            raise QueryRefused("ABLATE FEATURES binds the FFN kernels: give it to the executor "
+                               "(container.executor(intervention=...)), not to a stream")
+        if not isinstance(iv, (Patch, Steer)):
+            raise UnsupportedOperator(f"intervention {type(iv).__name__} has no executor (supported: Patch, Steer)")
+        what = iv.describe()
+        check_site(plan, iv.layer, iv.site, what)
+        if iv.layer not in ran:
+            raise QueryRefused(f"{what} names layer {iv.layer}, which {slice_desc} does not execute")
+        if iv.site == "heads":
+            raise UnsupportedOperator(f"{what}: patching HEADS has no executor in this build "
+                                      "(patch RESIDUAL, RESIDUAL POST, MIXER or FFN)")
+        width = (iv.source_values.shape[1] if isinstance(iv, Patch) else iv.vector.shape[0])
+        if width != hidden:
+            raise QueryRefused(f"{what}: values are {width} wide, the model's residual is {hidden}")
+        edits.setdefault((int(iv.layer), iv.site), []).append(_patcher(iv) if isinstance(iv, Patch) else _steerer(iv))
+    return StreamEdits(edits, tuple(interventions))

@@ -23,9 +23,13 @@ from .norm import make_weight, rms_norm
 QUERY_BLOCK = 128
 
 
-def make_attention(p, w: dict):
+def make_attention(p, w: dict, tap=None):
     """``p``: the softmax operator's params; ``w``: role -> Weight (projections) or float32 array
-    (biases, QK-norm weights). Returns ``run(x [T, hidden], kv: KvRows, p0) -> [T, hidden]``."""
+    (biases, QK-norm weights). Returns ``run(x [T, hidden], kv: KvRows, p0) -> [T, hidden]``.
+    ``tap`` (internals only; the executor binds without it) is told each block's attention
+    weights, ``tap("weights", q0, k0, w)`` with w [kv heads, group, queries, keys] for absolute
+    query positions from q0 and keys from k0, and the heads' output before the output
+    projection, ``tap("heads", p0, out)`` with out [T, heads * head_dim]."""
     nh, nkv, hd = p.heads, p.kv_heads, p.head_dim
     gated = p.output_gate
     g = nh // nkv
@@ -113,10 +117,14 @@ def make_attention(p, w: dict):
                 s -= m
                 np.exp(s, out=s)
                 s *= np.float32(1.0) / (s.sum(axis=-1, keepdims=True) + np.exp(sinks - m))
+            if tap is not None:
+                tap("weights", p0 + a, lo, s)
             out[:, :, a:b] = np.matmul(s.reshape(nkv, g * n, Sb), Vb).reshape(nkv, g, n, hd)
         out = out.reshape(nh, T, hd).transpose(1, 0, 2).reshape(T, nh * hd)
         if gated:
             out = gate_output(out, gate)
+        if tap is not None:
+            tap("heads", p0, out)
         y = Wo.mm(out)
         if ob is not None:
             y = y + ob

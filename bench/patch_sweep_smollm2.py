@@ -1,0 +1,64 @@
+"""A causal-tracing sweep on SmolLM2-135M-Instruct: PATCH SWEEP of the residual over every layer
+(30) and every position of a clean / corrupted prompt pair, as the LQL statement runs it (one
+prefill per cell, no prefix shared), with the recovered fraction of ' Paris' per cell.
+
+Writes bench/results/patch_sweep_smollm2.json with machine facts, the load average, the timing
+and the grid (layer x position recovered fractions, rounded to 2 decimals).
+
+    python bench/patch_sweep_smollm2.py [--container DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import lql
+from vindex3 import default_model, jsonio
+from vindex3.draft.machine import machine_facts
+
+CLEAN = "The Eiffel Tower is in the city of"
+CORRUPT = "The Colosseum is in the city of"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--container", default=None)
+    args = ap.parse_args()
+    path = args.container or str(default_model.container_path())
+    s = lql.Session()
+    list(s.run(f"OPEN '{path}';"))
+    tok = s.container.tokenizer
+    clean, corrupt = tok.encode(CLEAN), tok.encode(CORRUPT)
+    if len(clean) != len(corrupt):
+        sys.exit(f"the prompts tokenize to {len(clean)} and {len(corrupt)} tokens; choose a pair of equal length")
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    (out,) = list(s.run(f"PATCH SWEEP '{CORRUPT}' FROM '{CLEAN}' FOR ' Paris' SITE RESIDUAL;"))
+    wall = time.perf_counter() - t0
+    if out.error is not None:
+        sys.exit(str(out.error))
+    r = out.result
+    grid = {}
+    for c in r.cells:
+        grid.setdefault(str(c.layer), []).append(None if c.recovered is None else round(c.recovered, 2))
+    res = {"bench": "patch_sweep_smollm2", "clean": CLEAN, "corrupted": CORRUPT, "target": " Paris",
+           "layers": len(r.layers), "positions": r.positions, "cells": len(r.cells), "prefills": r.passes,
+           "seconds": wall, "ms_per_prefill": 1000 * wall / r.passes, "clean_logit": r.clean_logit,
+           "corrupted_logit": r.corrupted_logit, "grid_recovered": grid, "loadavg_before": load0,
+           "loadavg_after": os.getloadavg(), "machine": machine_facts()}
+    dest = ROOT / "bench" / "results" / "patch_sweep_smollm2.json"
+    jsonio.write_atomic(dest, res)
+    print(f"{len(r.layers)} layers x {r.positions} positions = {len(r.cells)} cells, {r.passes} prefills: "
+          f"{wall:.1f} s ({1000 * wall / r.passes:.1f} ms per prefill), load {load0[0]:.1f}")
+    print(out.result.to_text(timing=True).splitlines()[0])
+
+
+if __name__ == "__main__":
+    main()

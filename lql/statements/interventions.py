@@ -1,0 +1,383 @@
+"""Interventions on a run at named, operator-neutral sites (vindex3.exec.intervention): PATCH
+SWEEP (the causal-tracing grid: the corrupted run patched with the clean run's values one layer
+and position at a time) and CAPTURE (a run's values at named sites into an .npz with a
+provenance sidecar). A site a layer lacks (FFN on a mixer-only layer, HEADS off attention) is
+refused by name, naming the layer and its operator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from .. import ast
+from ..binding import SliceBinding, check_output, internals
+from ..layouts import time, token
+from ..planner import (
+    BoundPrompt,
+    Context,
+    Node,
+    bind_prompt,
+    check_executed_layers,
+    check_span,
+    depth_of,
+    err,
+)
+from ..registry import family
+from ..results import Data, Result, dump
+from ..syntax import Children
+from ..text import fields, fmt_bytes, layers_phrase, num, table
+
+fam = family("interventions", module=__name__, statements=("patch_sweep_stmt", "capture_stmt", "show_attention_stmt"),
+             path_keywords=("INTO",), grammar=r"""
+// PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE RESIDUAL [LAYERS a-b]: the causal-tracing grid
+patch_sweep_stmt: PATCH SWEEP prompt FROM prompt FOR token_ref SITE site_name sweep_option*
+
+?sweep_option: layers_clause
+             | draft_clause
+
+// a site of every layer: RESIDUAL (entering), RESIDUAL POST (leaving), MIXER / FFN (their writes),
+// HEADS (each attention head's output before the output projection)
+site_name: RESIDUAL [POST]
+         | MIXER
+         | FFN
+         | HEADS
+
+// CAPTURE 'prompt' SITES RESIDUAL, MIXER [LAYERS a-b] INTO 'acts.npz': a run's values at named sites
+capture_stmt: CAPTURE prompt SITES site_name (_COMMA site_name)* sweep_option* INTO STRING [overwrite_clause]
+
+// SHOW ATTENTION 'prompt' AT LAYER n [HEAD h]: a softmax layer's weights as the model computes them
+show_attention_stmt: SHOW ATTENTION prompt AT LAYER INT [HEAD INT] [draft_clause]
+""")
+
+fam.doc('PATCH SWEEP',
+        "PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE RESIDUAL | RESIDUAL POST | MIXER | FFN [LAYERS a-b] [DRAFT DEPTH n]",
+        "the corrupted run patched with the clean run's values at one layer and position at a time: the token's "
+        "logit and the recovered fraction",
+        "PATCH SWEEP 'The capital of Italy is' FROM 'The capital of France is' FOR ' Paris' SITE RESIDUAL;",
+        order=125, aliases=('PATCH',))
+fam.doc('CAPTURE',
+        "CAPTURE 'prompt' SITES RESIDUAL [POST] | MIXER | FFN, ... [LAYERS a-b] [DRAFT DEPTH n] INTO 'acts.npz' [OVERWRITE]",
+        "a run's values at named sites (L12.residual, ...) into an .npz, with a provenance sidecar",
+        "CAPTURE 'Hello world' SITES RESIDUAL, MIXER, FFN LAYERS 0-1 INTO 'acts.npz';", order=126)
+
+
+fam.doc('SHOW ATTENTION',
+        "SHOW ATTENTION 'prompt' AT LAYER n [HEAD h] [DRAFT DEPTH n]",
+        "a softmax layer's attention weights for a prompt: rows (head, query, key, weight), as the model computes them",
+        "SHOW ATTENTION 'Hello world' AT LAYER 0 HEAD 1;", order=127)
+
+
+@fam.rule
+def show_attention_stmt(c: Children) -> ShowAttention:
+    return ShowAttention(prompt=c.get("ATTENTION"), layer=c.int("LAYER"), head=c.int("HEAD"), **c.options("SHOW ATTENTION"))
+
+
+@fam.rule
+def site_name(c: Children) -> str:
+    if c.has("RESIDUAL"):
+        return "residual_post" if c.has("POST") else "residual"
+    return c.which("MIXER", "FFN", "HEADS")
+
+
+@fam.rule
+def patch_sweep_stmt(c: Children) -> PatchSweep:
+    return PatchSweep(corrupted=c.get("SWEEP"), clean=c.get("FROM"), token=c.get("FOR"), site=c.get("SITE"),
+                      **c.options("PATCH SWEEP"))
+
+
+@fam.rule
+def capture_stmt(c: Children) -> Capture:
+    return Capture(prompt=c.get("CAPTURE"), sites=list(c.all("SITES")), into=c.string("INTO"), **c.options("CAPTURE"))
+
+
+Site = Literal["residual", "residual_post", "mixer", "ffn", "heads"]
+
+
+class PatchSweep(ast.Statement):
+    """PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE s [LAYERS a-b] [DRAFT DEPTH n]."""
+
+    keyword: ClassVar[str] = "PATCH SWEEP"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = True
+    needs_container: ClassVar[bool] = True
+    kind: Literal["patch_sweep"] = "patch_sweep"
+    corrupted: ast.Prompt
+    clean: ast.Prompt
+    token: str | int
+    site: Site
+    layers: ast.LayerSpan | None = None
+    depth: int | None = None
+
+    def check(self) -> None:
+        check_span(self, self.layers)
+
+
+class Capture(ast.Statement):
+    """CAPTURE 'prompt' SITES s, ... [LAYERS a-b] [DRAFT DEPTH n] INTO 'acts.npz' [OVERWRITE]."""
+
+    keyword: ClassVar[str] = "CAPTURE"
+    paths: ClassVar[tuple[str, ...]] = ("into",)
+    read_only: ClassVar[bool | str] = "CAPTURE ... INTO writes a file on the server"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["capture"] = "capture"
+    prompt: ast.Prompt
+    sites: list[Site]
+    layers: ast.LayerSpan | None = None
+    depth: int | None = None
+    into: str
+    overwrite: bool = False
+
+    def check(self) -> None:
+        check_span(self, self.layers)
+        if len(set(self.sites)) != len(self.sites):
+            raise err(self, "CAPTURE names a site twice", hint="name each site once")
+
+
+class ShowAttention(ast.Statement):
+    """SHOW ATTENTION 'prompt' AT LAYER n [HEAD h] [DRAFT DEPTH n]."""
+
+    keyword: ClassVar[str] = "SHOW ATTENTION"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = True
+    needs_container: ClassVar[bool] = True
+    kind: Literal["show_attention"] = "show_attention"
+    prompt: ast.Prompt
+    layer: int
+    head: int | None = None
+    depth: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class ShowAttentionPlan(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    layer: int
+    head: int | None
+
+
+@dataclass(frozen=True, eq=False)
+class PatchSweepPlan(Node):
+    slice: SliceBinding
+    corrupted: BoundPrompt
+    clean: BoundPrompt
+    target: int
+    site: str
+    layers: tuple[int, ...] | None
+
+
+@dataclass(frozen=True, eq=False)
+class CapturePlan(Node):
+    slice: SliceBinding
+    prompt: BoundPrompt
+    sites: tuple[str, ...]
+    layers: tuple[int, ...] | None
+    into: str
+    overwrite: bool
+
+
+@fam.plans(PatchSweep)
+def plan_patch_sweep(s: PatchSweep, ctx: Context) -> Node:
+    cat = ctx.catalog
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    layers = cat.layer_span(s.layers, "LAYERS")
+    check_executed_layers(s, sl, layers, "PATCH SWEEP ... LAYERS")
+    corrupted, clean = bind_prompt(ctx, s.corrupted), bind_prompt(ctx, s.clean)
+    if len(corrupted.ids) != len(clean.ids):
+        raise err(s, f"PATCH SWEEP: the corrupted prompt is {len(corrupted.ids)} tokens and the clean one "
+                     f"{len(clean.ids)}; patching position by position needs the same length",
+                  hint="choose prompts that differ in tokens, not in length")
+    return PatchSweepPlan(s, slice=sl, corrupted=corrupted, clean=clean,
+                          target=cat.single_token(s.token, "PATCH SWEEP ... FOR"), site=s.site, layers=layers)
+
+
+@fam.plans(Capture)
+def plan_capture(s: Capture, ctx: Context) -> Node:
+    cat = ctx.catalog
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    layers = cat.layer_span(s.layers, "LAYERS")
+    check_executed_layers(s, sl, layers, "CAPTURE ... LAYERS")
+    return CapturePlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), sites=tuple(s.sites), layers=layers,
+                       into=s.into, overwrite=bool(s.overwrite or ctx.settings.overwrite))
+
+
+@fam.plans(ShowAttention)
+def plan_show_attention(s: ShowAttention, ctx: Context) -> Node:
+    from vindex3.errors import QueryRefused
+    from vindex3.exec.intervention import check_site
+
+    cat = ctx.catalog
+    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    try:
+        check_site(cat.op_plan, s.layer, "heads", "SHOW ATTENTION")
+    except QueryRefused as e:  # said at this statement
+        raise err(s, str(e), hint="choose a softmax or MLA layer (SHOW LAYERS lists each layer's operator)") from None
+    check_executed_layers(s, sl, (s.layer,), "SHOW ATTENTION ... AT LAYER")
+    heads = cat.op_plan.layers[s.layer].params.get("heads")
+    if s.head is not None and heads is not None and not 0 <= s.head < int(heads):
+        raise err(s, f"SHOW ATTENTION: layer {s.layer} has {heads} heads (0..{int(heads) - 1}); no head {s.head}")
+    return ShowAttentionPlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), layer=s.layer, head=s.head)
+
+
+# ---- results ---------------------------------------------------------------------------------
+
+
+class SweepCell(Data):
+    layer: int
+    position: int
+    token_id: int
+    token: str | None
+    logit: float
+    recovered: float | None
+
+
+class PatchSweepResult(Result):
+    """PATCH SWEEP: one row per (layer, position)."""
+
+    kind: Literal["patch_sweep"] = "patch_sweep"
+    site: str
+    target_id: int
+    target: str | None
+    slice: str
+    clean_logit: float
+    corrupted_logit: float
+    layers: list[int]
+    positions: int
+    cells: list[SweepCell]
+    passes: int
+    seconds: float
+
+
+class CaptureResult(Result):
+    kind: Literal["capture"] = "capture"
+    path: str
+    sidecar: str
+    arrays: list[str]
+    bytes: int
+    positions: int
+    slice: str
+    seconds: float
+
+
+class AttentionRow(Data):
+    head: int
+    query: int
+    key: int
+    weight: float
+
+
+class AttentionResult(Result):
+    """SHOW ATTENTION: one row per (head, query, key) with key <= query."""
+
+    kind: Literal["show_attention"] = "show_attention"
+    layer: int
+    head: int | None
+    heads: int
+    tokens: list[str | None]
+    ids: list[int]
+    slice: str
+    rows: list[AttentionRow]
+    seconds: float
+
+
+@fam.runs(ShowAttentionPlan)
+def run_show_attention(session, node: ShowAttentionPlan) -> AttentionResult:
+    import time as _time
+
+    from vindex3.internals.attention import attention
+
+    t0 = _time.perf_counter()
+    ex, _ = internals(session).executor(node.slice.depth)
+    ids = list(node.prompt.ids)
+    w, _ = attention(ex, ids, node.layer)
+    heads = [node.head] if node.head is not None else range(w.shape[0])
+    rows = [AttentionRow(head=h, query=q, key=k, weight=float(w[h, q, k]))
+            for h in heads for q in range(len(ids)) for k in range(q + 1)]
+    cat = session.catalog
+    return AttentionResult(layer=node.layer, head=node.head, heads=int(w.shape[0]), ids=ids,
+                           tokens=[cat.token_text(i) for i in ids], slice=ex.slice.describe(), rows=rows,
+                           seconds=_time.perf_counter() - t0)
+
+
+@fam.layout(AttentionResult)
+def layout_show_attention(r: AttentionResult, timing: bool) -> list[str]:
+    which = f"head {r.head}" if r.head is not None else f"{r.heads} heads"
+    out = [f"attention at layer {r.layer} ({which}), {len(r.ids)} positions: {r.slice}; keys after the query are masked"]
+    tok = [token(t, i) for t, i in zip(r.tokens, r.ids)]
+    out += table([num("head"), num("query"), "query token", num("key"), "key token", num("weight")],
+                 [[str(x.head), str(x.query), tok[x.query], str(x.key), tok[x.key], f"{x.weight:.4f}"] for x in r.rows])
+    return out + fields([time(r.seconds, timing)])
+
+
+@fam.records(AttentionResult)
+def records_show_attention(r: AttentionResult) -> list[dict[str, Any]]:
+    return [{"layer": r.layer, **dump(x)} for x in r.rows]
+
+
+def _keys(ex, sites, layers) -> list[str]:
+    from vindex3.exec.intervention import site_key
+
+    if layers is None:
+        return list(sites)
+    return [site_key(i, s) for s in sites for i in layers]
+
+
+@fam.runs(PatchSweepPlan)
+def run_patch_sweep(session, node: PatchSweepPlan) -> PatchSweepResult:
+    from vindex3.internals.patching import patch_sweep
+
+    ex, _ = internals(session).executor(node.slice.depth)
+    r = patch_sweep(ex, node.clean.ids, node.corrupted.ids, node.target, node.site, node.layers)
+    cat = session.catalog
+    cells = [SweepCell(**dump(c), token=cat.token_text(c.token_id)) for c in r.cells]
+    d = dump(r)
+    d.pop("cells")
+    return PatchSweepResult(**d, cells=cells, target=cat.token_text(node.target), slice=ex.slice.describe())
+
+
+@fam.runs(CapturePlan)
+def run_capture(session, node: CapturePlan) -> CaptureResult:
+    from vindex3.draft.slices import container_facts
+    from vindex3.internals.patching import write_capture
+    from vindex3.internals.record import library_versions
+
+    check_output(session, node.into, "CAPTURE ... INTO", node.overwrite)
+    ex, _ = internals(session).executor(node.slice.depth)
+    facts = container_facts(session.base_container)
+    prov = {"container_digest": facts["digest"], "component": facts["component"], "model_layers": facts["num_layers"],
+            "statement": node.statement.source, "interventions": [], "versions": library_versions()}
+    r = write_capture(ex, node.prompt.ids, _keys(ex, node.sites, node.layers), node.into, provenance=prov,
+                      overwrite=node.overwrite, forbid_inside=[session.base_container.path])
+    return CaptureResult(**dump(r), slice=ex.slice.describe())
+
+
+def _recovered(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "0.00" if round(x, 2) == 0 else f"{x:.2f}"  # never '-0.00' for a fraction that rounds to nothing
+
+
+@fam.layout(PatchSweepResult)
+def layout_patch_sweep(r: PatchSweepResult, timing: bool) -> list[str]:
+    site = r.site.upper().replace("_", " ")
+    out = [(f"patch sweep of {site} for {token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
+            f"{layers_phrase(r.layers)}, {r.positions} positions, {r.passes} prefills"),
+           ("each cell: the corrupted run with the clean run's values at that layer and position; recovered = "
+           "(patched - corrupted) / (clean - corrupted)")]
+    out += table([num("layer"), num("pos"), "token", num("logit"), num("recovered")],
+                 [[str(c.layer), str(c.position), token(c.token, c.token_id), f"{c.logit:.4f}", _recovered(c.recovered)]
+                  for c in r.cells])
+    out += fields([("clean logit", f"{r.clean_logit:.4f}"), ("corrupted logit", f"{r.corrupted_logit:.4f}"),
+                   time(r.seconds, timing)])
+    return out
+
+
+@fam.records(PatchSweepResult)
+def records_patch_sweep(r: PatchSweepResult) -> list[dict[str, Any]]:
+    return [{"site": r.site, "target_id": r.target_id, **dump(c)} for c in r.cells]
+
+
+@fam.layout(CaptureResult)
+def layout_capture(r: CaptureResult, timing: bool) -> list[str]:
+    sites = [a for a in r.arrays if a != "token_ids"]
+    return [f"captured {len(sites)} site(s) over {r.positions} positions ({r.slice}) into {r.path}"] + fields([
+        ("sites", ", ".join(sites)), ("bytes", fmt_bytes(r.bytes)), ("sidecar", r.sidecar), time(r.seconds, timing)])

@@ -1,0 +1,157 @@
+"""PATCH SWEEP and CAPTURE (lql/statements/interventions.py): their cells and files against the
+executor's own interventions and run-with-cache, and their refusals by name."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import lql
+import vindex3
+from vindex3.exec.intervention import Patch, site_key
+
+pytestmark = pytest.mark.numeric  # compares numbers: scripts/test runs it again under a second numba target
+
+CLEAN = [5, 17, 99, 3, 250, 42, 7]
+CORRUPT = [5, 17, 88, 3, 250, 42, 7]  # one token differs: position 2
+
+
+def _tokens(ids) -> str:
+    return "TOKENS (" + ", ".join(map(str, ids)) + ")"
+
+
+def run(path, *texts):
+    s = lql.Session()
+    out = []
+    for text in [f"OPEN '{path}';", *texts]:
+        out.extend(s.run(text))
+    return out[1:]
+
+
+def sweep_text(site: str, extra: str = "", target: int = 3) -> str:
+    return f"PATCH SWEEP {_tokens(CORRUPT)} FROM {_tokens(CLEAN)} FOR {target} SITE {site} {extra};"
+
+
+@pytest.mark.parametrize("family,site", [("llama", "RESIDUAL"), ("llama", "MIXER"), ("granitemoehybrid", "FFN"),
+                                         ("mamba2", "RESIDUAL POST")])
+def test_sweep_cells_are_the_executors_patched_runs(containers, family, site):
+    path = containers(family)
+    (o,) = run(path, sweep_text(site))
+    assert o.error is None, o.error
+    r = o.result
+    ex = vindex3.open(path).executor()
+    key_site = site.lower().replace(" ", "_")
+    plan = ex.plan
+    want_layers = [lo.index for lo in plan.layers if key_site not in ("mixer", "ffn")
+                   or any(op.role == key_site for op in lo.slot_ops())]
+    assert r.layers == want_layers
+    assert len(r.cells) == len(want_layers) * len(CORRUPT) and r.passes == 2 + len(r.cells)
+    clean = ex.run_with_cache(CLEAN, sites=[site_key(i, key_site) for i in want_layers])
+    corrupt = float(ex.forward(CORRUPT)[-1, 3])
+    assert r.clean_logit == float(clean["logits"][-1, 3]) and r.corrupted_logit == corrupt
+    for c in r.cells[:: max(1, len(r.cells) // 6)]:
+        vals = clean[site_key(c.layer, key_site)][c.position:c.position + 1]
+        got = float(ex.forward(CORRUPT, interventions=[Patch(key_site, c.layer, (c.position,), vals)])[-1, 3])
+        assert c.logit == got  # the same run, the same bytes
+        if c.position < 2:  # before the first differing token the clean values are the corrupted ones
+            assert c.recovered == 0.0
+    if key_site == "residual":  # the one differing position patched at layer 0: the whole residual is clean
+        first = next(c for c in r.cells if c.layer == 0 and c.position == 2)
+        assert first.recovered == 1.0
+    text = r.to_text(timing=False)
+    assert text.startswith(f"patch sweep of {site} for ")
+    assert "recovered = (patched - corrupted) / (clean - corrupted)" in text
+
+
+def test_a_hybrid_sweep_recovers_fully_at_the_differing_position(containers):
+    (o,) = run(containers("granitemoehybrid"), sweep_text("RESIDUAL", "LAYERS 0-1"))
+    assert o.error is None, o.error
+    cells = {(c.layer, c.position): c.recovered for c in o.result.cells}
+    assert cells[(0, 2)] == 1.0 and cells[(0, 0)] == 0.0 and set(o.result.layers) == {0, 1}
+
+
+def test_sweep_refusals_name_the_layer_and_its_operator(containers):
+    mamba = containers("mamba2")
+    (o,) = run(mamba, sweep_text("FFN"))
+    assert "no layer that the full model executes has a FFN site (its layers are mamba2 layers)" in str(o.error)
+    (o,) = run(mamba, sweep_text("HEADS", "LAYERS 1-1"))
+    assert "layer 1 is a mamba2 layer, which has no attention heads" in str(o.error)
+    hybrid = vindex3.open(containers("granitemoehybrid"))
+    ops = [lo.operator for lo in hybrid.op_plan().layers]
+    (o,) = run(containers("granitemoehybrid"), sweep_text("HEADS", f"LAYERS {ops.index('softmax')}-{ops.index('softmax')}"))
+    assert "patching HEADS has no executor in this build" in str(o.error)
+    (o,) = run(containers("llama"), f"PATCH SWEEP {_tokens(CORRUPT[:-1])} FROM {_tokens(CLEAN)} FOR 3 SITE RESIDUAL;")
+    assert "the corrupted prompt is 6 tokens and the clean one 7" in str(o.error)
+    (o,) = run(containers("llama"), sweep_text("RESIDUAL", "LAYERS 2-3 DRAFT DEPTH 2"))
+    assert "layer 2 is not run by the" in str(o.error)
+
+
+def test_capture_writes_the_cached_values_and_a_provenance_sidecar(containers, tmp_path):
+    path = containers("granitemoehybrid")
+    into = tmp_path / "acts.npz"
+    (o,) = run(path, f"CAPTURE {_tokens(CLEAN)} SITES RESIDUAL, MIXER, FFN LAYERS 0-1 INTO '{into}';")
+    assert o.error is None, o.error
+    ex = vindex3.open(path).executor()
+    keys = [site_key(i, s) for i in (0, 1) for s in ("residual", "mixer", "ffn")]
+    want = ex.run_with_cache(CLEAN, sites=keys)
+    with np.load(into) as z:
+        assert sorted(z.files) == sorted([*keys, "token_ids"])
+        for k in keys:
+            assert np.array_equal(z[k], want[k]), k
+        assert z["token_ids"].tolist() == CLEAN
+    meta = json.loads((tmp_path / "acts.meta.json").read_text())
+    import hashlib
+
+    assert meta["format"] == "vindex3-capture" and meta["data_sha256"] == hashlib.sha256(into.read_bytes()).hexdigest()
+    assert meta["container_digest"] == str(vindex3.open(path).digest) and meta["token_ids"] == CLEAN
+    assert meta["sites"] == sorted(keys) and meta["interventions"] == []
+    assert o.result.to_text(timing=False).startswith(f"captured 6 site(s) over 7 positions (full model) into {into}")
+    (again,) = run(path, f"CAPTURE {_tokens(CLEAN)} SITES RESIDUAL INTO '{into}';")
+    assert "already exists" in str(again.error)
+    (ok,) = run(path, f"CAPTURE {_tokens(CLEAN)} SITES RESIDUAL INTO '{into}' OVERWRITE;")
+    assert ok.error is None
+
+
+def test_capture_refuses_a_site_a_layer_lacks(containers, tmp_path):
+    (o,) = run(containers("mamba2"), f"CAPTURE {_tokens(CLEAN)} SITES FFN LAYERS 1-1 INTO '{tmp_path / 'a.npz'}';")
+    assert "layer 1 is a mamba2 layer with no FFN (layers with one: none)" in str(o.error)
+    assert not (tmp_path / "a.npz").exists()
+    (o,) = run(containers("llama"), f"CAPTURE {_tokens(CLEAN)} SITES MIXER, MIXER INTO '{tmp_path / 'b.npz'}';")
+    assert "names a site twice" in str(o.error)
+
+
+def test_the_statements_are_registered_and_writing_is_declared():
+    from lql.statements.interventions import Capture, PatchSweep
+
+    assert Capture.paths == ("into",) and isinstance(Capture.read_only, str)
+    assert PatchSweep.read_only is True
+    s = lql.Session()
+    (o,) = list(s.run("HELP PATCH SWEEP;"))
+    assert "PATCH SWEEP 'corrupted' FROM 'clean'" in o.result.to_text(timing=False)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "granitemoehybrid"])
+def test_show_attention_rows_are_the_layers_weights(containers, family):
+    from vindex3.internals.attention import attention
+
+    path = containers(family)
+    ex = vindex3.open(path).executor()
+    layer = next(lo.index for lo in ex.plan.layers if lo.operator == "softmax")
+    (o,) = run(path, f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER {layer};")
+    assert o.error is None, o.error
+    w, _ = attention(ex, CLEAN, layer)
+    rows = o.result.rows
+    assert len(rows) == w.shape[0] * len(CLEAN) * (len(CLEAN) + 1) // 2  # causal: keys up to the query
+    assert all(r.weight == float(w[r.head, r.query, r.key]) for r in rows)
+    (one,) = run(path, f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER {layer} HEAD 1;")
+    assert {r.head for r in one.result.rows} == {1}
+    assert one.result.to_text(timing=False).startswith(f"attention at layer {layer} (head 1), 7 positions")
+
+
+def test_show_attention_refuses_layers_without_heads(containers):
+    (o,) = run(containers("mamba2"), f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER 1;")
+    assert "layer 1 is a mamba2 layer, which has no attention heads" in str(o.error)
+    (o,) = run(containers("llama"), f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER 1 HEAD 9;")
+    assert "layer 1 has 4 heads (0..3); no head 9" in str(o.error)
