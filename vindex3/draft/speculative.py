@@ -35,10 +35,12 @@ class SpecResult(BaseModel):
     tokens: list[int]
     prompt_tokens: int
     n: int
-    depth: int
+    depth: int | None  # the draft slice's depth; None for a drafter without one (prompt lookup)
     lookahead: int
+    drafter: str = "depth"  # "depth": a reduced-depth draft of the same container; "lookup": prompt lookup
+    ngram: int | None = None  # prompt lookup: the longest n-gram matched
     rollback: str  # "truncate" | "snapshot"
-    rounds: int  # verification calls of the full model
+    rounds: int  # verification calls of the full model (with lookup: those that had proposals)
     proposed: int  # draft tokens offered for verification
     accepted: int  # of those, kept
     acceptance_rate: float  # accepted / proposed
