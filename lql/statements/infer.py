@@ -89,7 +89,7 @@ infer_stmt: INFER prompt infer_option*
              | compare_clause
 
 chat_clause: CHAT
-speculate_clause: SPECULATE DEPTH INT
+speculate_clause: SPECULATE DEPTH INT [VOCAB TOP INT]
                 | SPECULATE DRAFTER LOOKUP [NGRAM INT]
 lookahead_clause: LOOKAHEAD INT
 
@@ -111,7 +111,7 @@ fam.doc('EXPLAIN',
         'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
         'EXPLAIN DRAFT DEPTH 2;', order=30)
 fam.doc('INFER',
-        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
         'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth or prompt lookup)',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
@@ -125,6 +125,8 @@ def infer_stmt(c: Children) -> Infer:
     fields = c.options("INFER")
     if "generate" in fields:
         fields["generate"], fields["exactly"] = fields["generate"]
+    if "speculate" in fields:
+        fields["speculate"], fields["vocab_top"] = fields["speculate"]
     return Infer(prompt=c.get("INFER"), **fields)
 
 
@@ -136,8 +138,8 @@ def chat_clause(c: Children) -> Clause:
 @fam.rule
 def speculate_clause(c: Children) -> Clause:
     if c.has("LOOKUP"):
-        return c.clause("speculate", LookupDrafter(ngram=c.int("NGRAM")), "SPECULATE")
-    return c.clause("speculate", c.int("DEPTH"), "SPECULATE")
+        return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None), "SPECULATE")
+    return c.clause("speculate", (c.int("DEPTH"), c.int("TOP")), "SPECULATE")
 
 
 @fam.rule
@@ -207,6 +209,7 @@ class Infer(ast.Statement):
     depth: int | None = None
     speculate: int | LookupDrafter | None = None  # the draft depth, or the lookup drafter, that proposes tokens
     lookahead: int | None = None
+    vocab_top: int | None = None  # SPECULATE DEPTH d VOCAB TOP k: the draft's head over the k most frequent tokens
     exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
     chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
     ablate: ast.Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
@@ -216,6 +219,7 @@ class Infer(ast.Statement):
         check_infer(self)
         if isinstance(self.speculate, LookupDrafter):
             positive(self, self.speculate.ngram, "NGRAM", "NGRAM 3")
+        positive(self, self.vocab_top, "VOCAB TOP", "VOCAB TOP 8192")
 
 
 class ExpertsClause(ast.Node):
@@ -321,6 +325,8 @@ class SpeculateResult(Result):
     lookahead: int
     drafter: str = "depth"  # "depth": a reduced-depth draft; "lookup": prompt lookup
     ngram: int | None = None  # prompt lookup: the longest n-gram matched
+    vocab_top: int | None = None  # the draft's head over this many most frequent tokens
+    vocab_cut: dict[str, Any] | None = None  # the cut's provenance (corpus, digest, tokens counted, kept share)
     generated_ids: list[int]
     generated_text: str | None
     interrupted: bool = False  # Ctrl-C: the tokens so far, and no statistics
@@ -419,6 +425,7 @@ class Speculate(Node):
     lookahead: int
     compare: bool
     ngram: int | None = None
+    vocab_top: int | None = None
 
     def describe(self) -> str:
         if self.draft is None:
@@ -473,7 +480,8 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
-                         lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram)
+                         lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram,
+                         vocab_top=s.vocab_top)
         _check_speculate(node, ctx)
         return node
     sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
@@ -649,21 +657,27 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
 
     depth = node.draft.depth if node.draft is not None else None
     drafter = "depth" if node.draft is not None else "lookup"
+    cut = None
     try:
         if node.draft is None:
             res = draft.lookup_generate(c, list(node.prompt.ids), node.generate, node.lookahead, node.ngram,
                                         on_token=on_token, compare_plain=node.compare,
                                         max_positions=session.settings.max_positions)
         else:
+            if node.vocab_top is not None:  # counted on the built-in seed list (not the prompt bank)
+                from vindex3.draft.vocab import fit_vocab_cut
+
+                cut = fit_vocab_cut(c, node.vocab_top)
             res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, depth, node.lookahead,
                                              on_token=on_token, compare_plain=node.compare,
-                                             max_positions=session.settings.max_positions)
+                                             max_positions=session.settings.max_positions, vocab_cut=cut)
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
         return SpeculateResult(prompt=prompt, depth=depth, lookahead=node.lookahead, drafter=drafter, ngram=node.ngram,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)
     plain = res.plain
     return SpeculateResult(
         prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram,
+        vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut) if cut is not None else None,
         generated_ids=list(res.tokens),
         generated_text=cat.decode(list(res.tokens)), rounds=res.rounds, proposed=res.proposed,
         accepted=res.accepted, acceptance_rate=res.acceptance_rate, tokens_per_full_step=res.tokens_per_full_step,
@@ -825,9 +839,15 @@ def layout_infer(r: InferResult, timing: bool) -> list[str]:
     return out
 
 
+def _cut_facts(cut) -> dict[str, Any]:
+    return {k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted", "kept_share")}
+
+
 def _drafter_words(r: SpeculateResult) -> str:
     if r.drafter == "lookup":
         return f"prompt lookup (n-grams of up to {r.ngram} tokens), lookahead {r.lookahead}"
+    if r.vocab_top is not None:
+        return f"depth {r.depth} (head over the {r.vocab_top} most frequent tokens), lookahead {r.lookahead}"
     return f"depth {r.depth}, lookahead {r.lookahead}"
 
 

@@ -67,10 +67,11 @@ class LookupIndex:
 
 def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
                     ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *,
-                    compare_plain: bool = False, max_positions: int | None = None) -> SpecResult:
+                    compare_plain: bool = False, max_positions: int | None = None, ex: Any = None) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, proposing up to
     ``lookahead`` tokens per full-model call by prompt lookup over n-grams of at most ``ngram``
-    tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice)."""
+    tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice).
+    ``ex`` is a full-model executor to reuse (benches); None prepares one."""
     c = open_container(container)
     prompt = _check_prompt(token_ids)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -80,7 +81,10 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
         raise VindexError(f"NGRAM must be an integer ≥ 1; got {ngram!r}")
     full_slice, _ = resolve_slice(c, None)
-    full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
+    if ex is None:
+        full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
+    else:
+        full_ex, prep_full = ex, 0.0
     if n > 0:
         full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
 
