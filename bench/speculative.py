@@ -104,9 +104,9 @@ def lookup_main(args, c, full_ex) -> int:
                 # Alternate order so that neither arm always runs on a warmer cache.
                 if i % 2:
                     pl = greedy_generate(c, ids[p.id], args.n, ex=full_ex)
-                    sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex)
+                    sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram)
                 else:
-                    sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex)
+                    sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram)
                     pl = greedy_generate(c, ids[p.id], args.n, ex=full_ex)
                 match = sp.tokens == pl.tokens
                 all_match &= match
@@ -122,7 +122,7 @@ def lookup_main(args, c, full_ex) -> int:
             acc = sum(x["accepted"] for x in rows) / prop if prop else 0.0
             tps = sum(args.n for _ in rows) / sum(x["full_model_calls"] for x in rows)
             m = all(x["matches_plain"] for x in rows)
-            res = {"drafter": "lookup", "ngram": ng, "lookahead": k, "acceptance_rate": acc,
+            res = {"drafter": "lookup", "ngram": ng, "min_ngram": args.min_ngram, "lookahead": k, "acceptance_rate": acc,
                    "tokens_per_full_step": tps, "speedup_by_category": by_cat,
                    "speedup_code_long": ratio(cl) if cl else None, "speedup_overall": ratio(rows),
                    "all_match_plain": m, "prompts": rows}
@@ -153,6 +153,7 @@ def main() -> int:
     ap.add_argument("--lookaheads", default="1,2,4")
     ap.add_argument("--drafter", choices=("depth", "lookup"), default="depth")
     ap.add_argument("--ngrams", default="3", help="with --drafter lookup: the longest n-grams matched")
+    ap.add_argument("--min-ngram", type=int, default=1, help="with --drafter lookup: shorter matches propose nothing")
     ap.add_argument("--per-category", type=int, default=None, help="prompts per category (depth: 1, lookup: all)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=None)

@@ -113,3 +113,18 @@ def test_lql_speculate_lookup(c, tiny_llama_container):
     (r,) = s.execute(f"INFER TOKENS ({toks}) GENERATE 16 SPECULATE DRAFTER LOOKUP")
     assert r.ngram == 3 and r.lookahead == 4 and r.generated_ids == plain.generated_ids
     assert "prompt lookup" in r.to_text()
+
+
+def test_index_min_ngram_ignores_short_matches():
+    ix = LookupIndex(3, 2)
+    ix.extend([4, 1, 9, 1])
+    assert ix.propose(2) == []  # only the unigram (1) recurs
+    ix.extend([9])
+    assert ix.propose(2) == [1, 9]  # (1, 9) at 1..2, followed by 1, 9
+
+
+def test_lookup_with_min_ngram_equals_greedy(c):
+    r = lookup_generate(c, PROMPT, N, 4, 3, min_ngram=2)
+    assert r.tokens == greedy_generate(c, PROMPT, N).tokens
+    with pytest.raises(VindexError, match="shortest lookup match"):
+        lookup_generate(c, PROMPT, N, 4, 2, min_ngram=3)

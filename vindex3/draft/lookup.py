@@ -34,8 +34,9 @@ class LookupIndex:
     """The n-grams (n = 1..``ngram``) of a growing token list, each mapped to the position just
     after its most recent occurrence that is not the list's own suffix."""
 
-    def __init__(self, ngram: int):
+    def __init__(self, ngram: int, min_ngram: int = 1):
         self.ngram = ngram
+        self.min_ngram = min_ngram  # shorter matches propose nothing
         self.tokens: list[int] = []
         self._last: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram + 1)]
         self._indexed = 0  # n-grams ending before this position are in the index
@@ -58,7 +59,7 @@ class LookupIndex:
         if k <= 0 or size < 2:
             return []
         self._index_upto(size - 1)  # every n-gram that ends before the suffix's own end
-        for n in range(min(self.ngram, size - 1), 0, -1):
+        for n in range(min(self.ngram, size - 1), self.min_ngram - 1, -1):
             e = self._last[n].get(tuple(t[size - n:]))
             if e is not None:
                 return t[e:e + k]
@@ -66,11 +67,12 @@ class LookupIndex:
 
 
 def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
-                    ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *,
+                    ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *, min_ngram: int = 1,
                     compare_plain: bool = False, max_positions: int | None = None, ex: Any = None) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, proposing up to
     ``lookahead`` tokens per full-model call by prompt lookup over n-grams of at most ``ngram``
     tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice).
+    A match shorter than ``min_ngram`` tokens proposes nothing (a plain step instead).
     ``ex`` is a full-model executor to reuse (benches); None prepares one."""
     c = open_container(container)
     prompt = _check_prompt(token_ids)
@@ -93,7 +95,9 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
     rounds = proposed = accepted = 0
     calls = 0
-    index = LookupIndex(ngram)
+    if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or not 1 <= min_ngram <= ngram:
+        raise VindexError(f"the shortest lookup match must be an integer in 1..NGRAM ({ngram}); got {min_ngram!r}")
+    index = LookupIndex(ngram, min_ngram)
 
     def emit(tok: int) -> None:
         out.append(tok)
