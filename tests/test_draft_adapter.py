@@ -97,3 +97,18 @@ def test_adapter_refused_on_another_container_or_depth(c, containers):
         adapter_executor(c, 1, ad)
     with pytest.raises(DerivedStale, match="exit adapter was fitted on container"):
         adapter_executor(vindex3.open(containers("qwen3")), 2, ad)
+
+
+def test_speculation_with_a_fitted_adapter_equals_greedy(c, containers):
+    from vindex3.draft import greedy_generate, speculative_generate
+    from vindex3.draft.vocab import fit_vocab_cut
+
+    want = greedy_generate(c, PROMPT, 16).tokens
+    ad = fit_adapter(c, 2, CORPUS, ridge=1e-3)
+    r = speculative_generate(c, PROMPT, 16, 2, 3, adapter=ad)
+    assert r.tokens == want and r.adapter is True
+    cut = fit_vocab_cut(c, 64, [list(range(0, 320, 2))])
+    assert speculative_generate(c, PROMPT, 16, 2, 3, adapter=ad, vocab_cut=cut).tokens == want
+    fc = vindex3.open(containers("granitemoehybrid"))
+    r = speculative_generate(fc, PROMPT, 16, 1, 3, adapter=fit_adapter(fc, 1, CORPUS, ridge=1e-3))
+    assert r.rollback == "snapshot" and r.tokens == greedy_generate(fc, PROMPT, 16).tokens

@@ -145,12 +145,16 @@ class AdaptedReadout:
         return self.inner(self.adapter(h))
 
 
+def check_adapter(container: Any, depth: int, adapter: ExitAdapter) -> None:
+    adapter.check(container)
+    if adapter.facts.depth != depth:
+        raise VindexError(f"the adapter was fitted at depth {adapter.facts.depth}, not {depth}")
+
+
 def adapter_executor(container: Any, depth: int, adapter: ExitAdapter, max_positions: int | None = None) -> tuple[Any, float]:
     """An executor of Draft(depth) whose logits are read through the adapter."""
     c = open_container(container)
-    adapter.check(c)
-    if adapter.facts.depth != depth:
-        raise VindexError(f"the adapter was fitted at depth {adapter.facts.depth}, not {depth}")
+    check_adapter(c, depth, adapter)
     ex, secs = make_executor(c, resolve_slice(c, depth)[0], max_positions=max_positions)
     if ex.readout is None:
         raise UnsupportedOperator("an exit adapter needs a slice with a head")
