@@ -46,6 +46,7 @@ from ..planner import (
     check_infer,
     depth_of,
     err,
+    positive,
     routed_or_refuse,
     run_words,
 )
@@ -90,7 +91,8 @@ infer_stmt: INFER prompt infer_option*
              | compare_clause
 
 chat_clause: CHAT
-speculate_clause: SPECULATE DEPTH INT
+speculate_clause: SPECULATE DEPTH INT [VOCAB TOP INT]
+                | SPECULATE DRAFTER LOOKUP [NGRAM INT]
 lookahead_clause: LOOKAHEAD INT
 
 explain_stmt: EXPLAIN [draft_clause]
@@ -111,8 +113,8 @@ fam.doc('EXPLAIN',
         'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
         'EXPLAIN DRAFT DEPTH 2;', order=30)
 fam.doc('INFER',
-        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
-        'next-token distribution (TOP), greedy continuation (GENERATE), self-speculative decoding',
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
+        'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth or prompt lookup)',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
         "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)]",
@@ -125,6 +127,8 @@ def infer_stmt(c: Children) -> Infer:
     fields = c.options("INFER")
     if "generate" in fields:
         fields["generate"], fields["exactly"] = fields["generate"]
+    if "speculate" in fields:
+        fields["speculate"], fields["vocab_top"] = fields["speculate"]
     return Infer(prompt=c.get("INFER"), **fields)
 
 
@@ -135,7 +139,9 @@ def chat_clause(c: Children) -> Clause:
 
 @fam.rule
 def speculate_clause(c: Children) -> Clause:
-    return c.clause("speculate", c.int("DEPTH"), "SPECULATE DEPTH")
+    if c.has("LOOKUP"):
+        return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None), "SPECULATE")
+    return c.clause("speculate", (c.int("DEPTH"), c.int("TOP")), "SPECULATE")
 
 
 @fam.rule
@@ -184,6 +190,13 @@ class Explain(ast.Statement):
             check_infer(self.infer)
 
 
+class LookupDrafter(ast.Node):
+    """SPECULATE DRAFTER LOOKUP [NGRAM n]: proposals are the continuation of the longest earlier
+    n-gram (n ≤ NGRAM) of the prompt and the generated text; no weights."""
+
+    ngram: int | None = None  # None: vindex3.draft.lookup.DEFAULT_NGRAM
+
+
 class Infer(ast.Statement):
     """INFER: the next-token distribution, greedy generation, self-speculative decoding."""
 
@@ -196,8 +209,9 @@ class Infer(ast.Statement):
     top: int | None = None
     generate: int | None = None
     depth: int | None = None
-    speculate: int | None = None  # the draft depth that proposes tokens
+    speculate: int | LookupDrafter | None = None  # the draft depth, or the lookup drafter, that proposes tokens
     lookahead: int | None = None
+    vocab_top: int | None = None  # SPECULATE DEPTH d VOCAB TOP k: the draft's head over the k most frequent tokens
     exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
     chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
     ablate: ast.Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
@@ -205,6 +219,9 @@ class Infer(ast.Statement):
 
     def check(self) -> None:
         check_infer(self)
+        if isinstance(self.speculate, LookupDrafter):
+            positive(self, self.speculate.ngram, "NGRAM", "NGRAM 3")
+        positive(self, self.vocab_top, "VOCAB TOP", "VOCAB TOP 8192")
 
 
 class ExpertsClause(ast.Node):
@@ -310,8 +327,12 @@ class InferResult(Result):
 class SpeculateResult(Result):
     kind: Literal["speculate"] = "speculate"
     prompt: PromptInfo
-    depth: int
+    depth: int | None  # the draft's depth; None for prompt lookup
     lookahead: int
+    drafter: str = "depth"  # "depth": a reduced-depth draft; "lookup": prompt lookup
+    ngram: int | None = None  # prompt lookup: the longest n-gram matched
+    vocab_top: int | None = None  # the draft's head over this many most frequent tokens
+    vocab_cut: dict[str, Any] | None = None  # the cut's provenance (corpus, digest, tokens counted, kept share)
     generated_ids: list[int]
     generated_text: str | None
     interrupted: bool = False  # Ctrl-C: the tokens so far, and no statistics
@@ -405,12 +426,18 @@ class Speculate(Node):
 
     prompt: BoundPrompt
     target: SliceBinding
-    draft: SliceBinding
+    draft: SliceBinding | None  # None: prompt lookup proposes (``ngram``)
     generate: int
     lookahead: int
     compare: bool
+    ngram: int | None = None
+    vocab_top: int | None = None
 
     def describe(self) -> str:
+        if self.draft is None:
+            return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by prompt-lookup "
+                    f"speculation (n-grams of up to {self.ngram} tokens propose up to {self.lookahead} at a time, "
+                    f"the {self.target.label} verifies)")
         return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by self-speculation "
                 f"({self.draft.label} proposes {self.lookahead} at a time, the {self.target.label} verifies)")
 
@@ -450,11 +477,17 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
     if s.speculate is not None:
         lookahead = s.lookahead if s.lookahead is not None else ctx.settings.lookahead
         limits.check_count(lookahead, "max_lookahead", ctx.settings, "LOOKAHEAD", "draft tokens per round")
-        draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
+        ngram = None
+        if isinstance(s.speculate, LookupDrafter):
+            draft = None
+            ngram = s.speculate.ngram if s.speculate.ngram is not None else draft_module("SPECULATE DRAFTER LOOKUP").DEFAULT_NGRAM
+        else:
+            draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
-                         lookahead=lookahead, compare=bool(ctx.settings.compare))
+                         lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram,
+                         vocab_top=s.vocab_top)
         _check_speculate(node, ctx)
         return node
     sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
@@ -486,8 +519,9 @@ def _check_speculate(node: Speculate, ctx: Context) -> None:
     end = p + g - 2  # positions held before the last one-token pass
     need = limits.Need()
     need.add("full model", limits.largest(cat.estimate(p, None), cat.estimate(k + 1, None, start=p + g - k - 2)))
-    need.add(f"draft depth {node.draft.depth}", limits.largest(cat.estimate(p, node.draft.depth),
-                                                              cat.estimate(1, node.draft.depth, start=max(end, 0))))
+    if node.draft is not None:
+        need.add(f"draft depth {node.draft.depth}", limits.largest(cat.estimate(p, node.draft.depth),
+                                                                  cat.estimate(1, node.draft.depth, start=max(end, 0))))
     if node.compare:
         need.add("plain greedy", limits.largest(cat.estimate(p, None), cat.estimate(1, None, start=max(end, 0))))
     need.check(ctx.settings, "INFER ... SPECULATE")
@@ -631,16 +665,30 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
         if hook is not None:
             hook(int(tok), cat.token_text(int(tok)))
 
+    depth = node.draft.depth if node.draft is not None else None
+    drafter = "depth" if node.draft is not None else "lookup"
+    cut = None
     try:
-        res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, node.draft.depth, node.lookahead,
-                                         on_token=on_token, compare_plain=node.compare,
-                                         max_positions=session.settings.max_positions)
+        if node.draft is None:
+            res = draft.lookup_generate(c, list(node.prompt.ids), node.generate, node.lookahead, node.ngram,
+                                        on_token=on_token, compare_plain=node.compare,
+                                        max_positions=session.settings.max_positions)
+        else:
+            if node.vocab_top is not None:  # counted on the built-in seed list (not the prompt bank)
+                from vindex3.draft.vocab import fit_vocab_cut
+
+                cut = fit_vocab_cut(c, node.vocab_top)
+            res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, depth, node.lookahead,
+                                             on_token=on_token, compare_plain=node.compare,
+                                             max_positions=session.settings.max_positions, vocab_cut=cut)
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
-        return SpeculateResult(prompt=prompt, depth=node.draft.depth, lookahead=node.lookahead,
+        return SpeculateResult(prompt=prompt, depth=depth, lookahead=node.lookahead, drafter=drafter, ngram=node.ngram,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)
     plain = res.plain
     return SpeculateResult(
-        prompt=prompt, depth=res.depth, lookahead=res.lookahead, generated_ids=list(res.tokens),
+        prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram,
+        vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut) if cut is not None else None,
+        generated_ids=list(res.tokens),
         generated_text=cat.decode(list(res.tokens)), rounds=res.rounds, proposed=res.proposed,
         accepted=res.accepted, acceptance_rate=res.acceptance_rate, tokens_per_full_step=res.tokens_per_full_step,
         full_model_calls=res.full_model_calls, rollback=res.rollback, matches_plain=res.matches_plain,
@@ -797,19 +845,31 @@ def layout_infer(r: InferResult, timing: bool) -> list[str]:
     return out
 
 
+def _cut_facts(cut) -> dict[str, Any]:
+    return {k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted", "kept_share")}
+
+
+def _drafter_words(r: SpeculateResult) -> str:
+    if r.drafter == "lookup":
+        return f"prompt lookup (n-grams of up to {r.ngram} tokens), lookahead {r.lookahead}"
+    if r.vocab_top is not None:
+        return f"depth {r.depth} (head over the {r.vocab_top} most frequent tokens), lookahead {r.lookahead}"
+    return f"depth {r.depth}, lookahead {r.lookahead}"
+
+
 @fam.layout(SpeculateResult)
 def layout_speculate(r: SpeculateResult, timing: bool) -> list[str]:
     if r.interrupted:
         return fields([
             *prompt_fields(r.prompt),
-            ("draft", f"depth {r.depth}, lookahead {r.lookahead}"),
+            ("draft", _drafter_words(r)),
             ("generated", generated(len(r.generated_ids), True)),
             ("ids", fmt_value(r.generated_ids)),
             ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),
         ])
     out = fields([
         *prompt_fields(r.prompt),
-        ("draft", f"depth {r.depth}, lookahead {r.lookahead}, rollback by {r.rollback}"),
+        ("draft", f"{_drafter_words(r)}, rollback by {r.rollback}"),
         ("generated", f"{len(r.generated_ids)} tokens"),
         ("ids", fmt_value(r.generated_ids)),
         ("text", fmt_text(r.generated_text) if r.generated_text is not None else None),

@@ -36,10 +36,14 @@ class SpecResult(BaseModel):
     tokens: list[int]
     prompt_tokens: int
     n: int
-    depth: int
+    depth: int | None  # the draft slice's depth; None for a drafter without one (prompt lookup)
     lookahead: int
+    drafter: str = "depth"  # "depth": a reduced-depth draft of the same container; "lookup": prompt lookup
+    ngram: int | None = None  # prompt lookup: the longest n-gram matched
+    vocab_top: int | None = None  # the draft's head computed over this many most frequent tokens only
+    adapter: bool = False  # the draft's head read its residual through a fitted exit adapter
     rollback: str  # "truncate" | "snapshot"
-    rounds: int  # verification calls of the full model
+    rounds: int  # verification calls of the full model (with lookup: those that had proposals)
     proposed: int  # draft tokens offered for verification
     accepted: int  # of those, kept
     acceptance_rate: float  # accepted / proposed
@@ -147,7 +151,8 @@ def _check_prompt(token_ids: Sequence[int]) -> list[int]:
 
 def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth: int,
                          lookahead: int = 4, on_token: Callable[[int], None] | None = None, *,
-                         compare_plain: bool = False, max_positions: int | None = None) -> SpecResult:
+                         compare_plain: bool = False, max_positions: int | None = None,
+                         vocab_cut: Any = None, adapter: Any = None) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, using the draft of
     ``depth`` layers to propose ``lookahead`` tokens per full-model call.
 
@@ -158,6 +163,11 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
     Both streams hold at most ``len(token_ids) + n - 1`` positions (a round never proposes more
     than can be used), so a run fits the context length when prompt + ``n`` does; the executors
     are limited to the model's context length, or to ``max_positions`` (an explicit override).
+
+    ``vocab_cut`` (vindex3.draft.vocab.VocabCut): the draft's head computes logits over the kept
+    tokens only, so it proposes only those; the full model is untouched. ``adapter``
+    (vindex3.draft.adapter.ExitAdapter fitted at ``depth``): the draft's head reads the adapted
+    residual.
     """
     c = open_container(container)
     prompt = _check_prompt(token_ids)
@@ -170,7 +180,19 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         raise SliceError("SPECULATE needs a draft depth (1..L); the full model cannot draft for itself")
     full_slice, _ = resolve_slice(c, None)
     full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
-    draft_ex, prep_draft = make_executor(c, draft_slice, max_positions=max_positions)
+    cut_ids = None  # with a vocabulary cut: draft column i is token cut_ids[i]
+    if vocab_cut is None:
+        draft_ex, prep_draft = make_executor(c, draft_slice, max_positions=max_positions)
+    else:
+        from .vocab import cut_executor
+
+        draft_ex, prep_draft = cut_executor(c, draft_depth, vocab_cut, max_positions=max_positions)
+        cut_ids = vocab_cut.ids()
+    if adapter is not None:
+        from .adapter import AdaptedReadout, check_adapter
+
+        check_adapter(c, draft_depth, adapter)
+        draft_ex.readout = AdaptedReadout(draft_ex.readout, adapter)
     if n > 0:
         full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
 
@@ -205,7 +227,7 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
             props: list[int] = []
             tok = pending
             for _ in range(k):
-                tok = _argmax(dst.step(tok))
+                tok = _argmax(dst.step(tok)) if cut_ids is None else int(cut_ids[_argmax(dst.step(tok))])
                 props.append(tok)
             draft_steps += k
 
@@ -241,6 +263,7 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
 
     result = SpecResult(
         tokens=out, prompt_tokens=len(prompt), n=n, depth=draft_depth, lookahead=lookahead,
+        vocab_top=vocab_cut.k if vocab_cut is not None else None, adapter=adapter is not None,
         rollback=full.mode if full is not None else "truncate",
         rounds=rounds, proposed=proposed, accepted=accepted,
         acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,

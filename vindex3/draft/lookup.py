@@ -1,0 +1,162 @@
+"""Prompt-lookup speculation: a drafter with no weights. At each round it finds the longest
+suffix of the context (prompt + emitted tokens, up to ``ngram`` tokens) that occurred earlier in
+the context, and proposes the tokens that followed its most recent earlier occurrence. The full
+model verifies them in one batch call exactly as in self-speculation (vindex3.draft.speculative),
+so the output is the full model's greedy continuation; a round with no match is one plain step.
+
+Costs nothing to draft, so it earns its keep wherever text repeats itself (code, long documents,
+quoting the prompt) and costs one dictionary probe per token elsewhere.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import VindexError
+from .slices import make_executor, open_container, resolve_slice
+from .speculative import (
+    SpecResult,
+    _argmax,
+    _check_prompt,
+    _rollback_mode,
+    _Stream,
+    greedy_generate,
+)
+
+DEFAULT_NGRAM = 3
+
+
+class LookupIndex:
+    """The n-grams (n = 1..``ngram``) of a growing token list, each mapped to the position just
+    after its most recent occurrence that is not the list's own suffix."""
+
+    def __init__(self, ngram: int, min_ngram: int = 1):
+        self.ngram = ngram
+        self.min_ngram = min_ngram  # shorter matches propose nothing
+        self.tokens: list[int] = []
+        self._last: list[dict[tuple[int, ...], int]] = [{} for _ in range(ngram + 1)]
+        self._indexed = 0  # n-grams ending before this position are in the index
+
+    def extend(self, toks: Sequence[int]) -> None:
+        self.tokens.extend(int(t) for t in toks)
+
+    def _index_upto(self, end: int) -> None:
+        t = self.tokens
+        for e in range(self._indexed + 1, end + 1):  # n-grams ending at e (exclusive)
+            for n in range(1, min(self.ngram, e) + 1):
+                self._last[n][tuple(t[e - n:e])] = e
+        self._indexed = max(self._indexed, end)
+
+    def propose(self, k: int) -> list[int]:
+        """Up to ``k`` tokens that followed the longest earlier occurrence of the current suffix
+        (longest n first, then the most recent occurrence); [] when no suffix recurs."""
+        t = self.tokens
+        size = len(t)
+        if k <= 0 or size < 2:
+            return []
+        self._index_upto(size - 1)  # every n-gram that ends before the suffix's own end
+        for n in range(min(self.ngram, size - 1), self.min_ngram - 1, -1):
+            e = self._last[n].get(tuple(t[size - n:]))
+            if e is not None:
+                return t[e:e + k]
+        return []
+
+
+def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
+                    ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *, min_ngram: int = 1,
+                    compare_plain: bool = False, max_positions: int | None = None, ex: Any = None) -> SpecResult:
+    """Generate ``n`` greedy tokens after ``token_ids`` with the full model, proposing up to
+    ``lookahead`` tokens per full-model call by prompt lookup over n-grams of at most ``ngram``
+    tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice).
+    A match shorter than ``min_ngram`` tokens proposes nothing (a plain step instead).
+    ``ex`` is a full-model executor to reuse (benches); None prepares one."""
+    c = open_container(container)
+    prompt = _check_prompt(token_ids)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
+    if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
+        raise VindexError(f"NGRAM must be an integer ≥ 1; got {ngram!r}")
+    full_slice, _ = resolve_slice(c, None)
+    if ex is None:
+        full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
+    else:
+        full_ex, prep_full = ex, 0.0
+    if n > 0:
+        full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
+
+    full = None
+    out: list[int] = []
+    hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
+    rounds = proposed = accepted = 0
+    calls = 0
+    if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or not 1 <= min_ngram <= ngram:
+        raise VindexError(f"the shortest lookup match must be an integer in 1..NGRAM ({ngram}); got {min_ngram!r}")
+    index = LookupIndex(ngram, min_ngram)
+
+    def emit(tok: int) -> None:
+        out.append(tok)
+        index.extend((tok,))
+        if on_token:
+            on_token(tok)
+
+    t0 = time.perf_counter()
+    if n > 0:
+        fst = full_ex.start()
+        full = _Stream(fst, _rollback_mode(c, full_slice, fst, "full"))
+        index.extend(prompt)
+        pending = _argmax(np.asarray(fst.prefill(prompt))[-1])
+        calls += 1
+        emit(pending)
+        while len(out) < n:
+            k = min(lookahead, n - len(out) - 1)
+            props = index.propose(k)
+            calls += 1
+            if not props:
+                # nothing recurs: one plain greedy step (the same arithmetic as greedy decoding)
+                pending = _argmax(fst.step(pending))
+                emit(pending)
+                continue
+            k = len(props)
+            base = full.position
+            full.mark()
+            rows = np.asarray(fst.prefill([pending] + props))
+            rounds += 1
+            j = 0
+            while j < k and _argmax(rows[j]) == props[j]:
+                j += 1
+            nxt = _argmax(rows[j])
+            proposed += k
+            accepted += j
+            hist[j] += 1
+            for t in props[:j]:
+                emit(t)
+            emit(nxt)
+            if len(out) >= n:
+                break
+            full.rollback(base + 1 + j, [pending] + props[:j])
+            pending = nxt
+    secs = time.perf_counter() - t0
+    if full is not None:
+        calls += full.replays
+
+    result = SpecResult(
+        tokens=out, prompt_tokens=len(prompt), n=n, depth=None, drafter="lookup", ngram=ngram, lookahead=lookahead,
+        rollback=full.mode if full is not None else "truncate",
+        rounds=rounds, proposed=proposed, accepted=accepted,
+        acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,
+        full_model_calls=calls, tokens_per_full_step=len(out) / calls if calls else 0.0,
+        draft_steps=0, prepare_seconds=prep_full, seconds=secs,
+        tokens_per_second=len(out) / secs if secs > 0 else 0.0,
+    )
+    if compare_plain:
+        plain = greedy_generate(c, prompt, n, ex=full_ex)
+        result.plain = plain
+        result.matches_plain = plain.tokens == out
+        result.speedup = plain.seconds / secs if secs > 0 else None
+    return result
