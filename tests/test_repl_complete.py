@@ -242,6 +242,7 @@ def test_statement_names_after_help(completer):
     assert "SHOW LAYERS" in got and "DRAFT DEPTH" in got and "INFER" in got
     assert "LAYERS" not in got  # a statement's name, not any keyword
     assert texts(completer, "HELP SHOW ") == [
+        "ATTENTION",  # the interventions family's SHOW ATTENTION
         "COMPACT STATUS",
         "COMPONENTS",
         "ENTITIES",
