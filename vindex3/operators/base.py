@@ -266,6 +266,38 @@ class Kernel:
         return self.prefill(x, state, p0)
 
 
+class FeatureFfnKernel(Kernel):
+    """The kernel of a feature FFN (`FeatureFfn`): its write is ``down(activations(x))`` plus the
+    down bias. A subclass sets ``down`` and ``down_b`` and gives ``_activations`` (x [T, hidden]
+    -> [T, intermediate]); ``ablate`` (sorted feature indices, or None) zeroes those features'
+    activations before the down projection, which is what ``bind_ablated`` promises."""
+
+    down: Any
+    down_b: Any = None
+    ablate: np.ndarray | None = None
+
+    def _activations(self, x: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def activations(self, x: np.ndarray) -> np.ndarray:
+        """x [T, hidden] -> [T, intermediate]: what the down projection multiplies."""
+        a = self._activations(x)
+        if self.ablate is not None:
+            a[..., self.ablate] = 0
+        return a
+
+    def prefill(self, x: np.ndarray, state: Any, p0: int) -> np.ndarray:
+        y = self.down.mm(self.activations(x))
+        if self.down_b is not None:
+            y = y + self.down_b
+        return y
+
+    def ablated(self, features: np.ndarray) -> FeatureFfnKernel:
+        """This kernel with ``features`` contributing nothing."""
+        self.ablate = features
+        return self
+
+
 class RecurrentKernel(Kernel):
     """A recurrence bound to its params ``p`` and operand record ``w``: a pass of one position on
     a layer that has already run takes ``step(x[0], w, p, state)``, any other pass (several

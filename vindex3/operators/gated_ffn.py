@@ -18,6 +18,7 @@ from .base import (
     ARRAY,
     FFN,
     FeatureFfn,
+    FeatureFfnKernel,
     FeatureView,
     Kernel,
     Operator,
@@ -39,7 +40,7 @@ class GatedFfnParams(Params):
     fused_gate_up: bool
 
 
-class _Bound(Kernel):
+class _Bound(FeatureFfnKernel):
     def __init__(self, p: GatedFfnParams, w: dict):
         from ..exec.ops.ffn import activation
 
@@ -48,8 +49,7 @@ class _Bound(Kernel):
         self.gate_b, self.up_b, self.gate_up_b, self.down_b = (
             w.get(n) for n in ("ffn_gate_bias", "ffn_up_bias", "ffn_gate_up_bias", "ffn_down_bias"))
 
-    def activations(self, x: np.ndarray) -> np.ndarray:
-        """x [T, hidden] -> [T, intermediate]: what the down projection multiplies."""
+    def _activations(self, x: np.ndarray) -> np.ndarray:
         if self.gate_up is not None:
             gu = self.gate_up.mm(x)
             if self.gate_up_b is not None:
@@ -64,25 +64,6 @@ class _Bound(Kernel):
             if self.up_b is not None:
                 u = u + self.up_b
         return self.act(g) * u
-
-    def prefill(self, x: np.ndarray, state, p0: int) -> np.ndarray:
-        y = self.down.mm(self.activations(x))
-        if self.down_b is not None:
-            y = y + self.down_b
-        return y
-
-
-class _Ablated(_Bound):
-    """The same FFN with some features' activations set to zero before the down projection."""
-
-    def __init__(self, p: GatedFfnParams, w: dict, features: np.ndarray):
-        super().__init__(p, w)
-        self.features = features
-
-    def activations(self, x: np.ndarray) -> np.ndarray:
-        a = super().activations(x)
-        a[..., self.features] = 0
-        return a
 
 
 class GatedFfn(Operator, FeatureFfn):
@@ -131,7 +112,7 @@ class GatedFfn(Operator, FeatureFfn):
         return FeatureView(keys, operands["ffn_down"].dense(), b.activations)
 
     def bind_ablated(self, p: GatedFfnParams, operands: dict, features: np.ndarray) -> Kernel:
-        return _Ablated(p, operands, features)
+        return _Bound(p, operands).ablated(features)
 
 
 register(GatedFfn)

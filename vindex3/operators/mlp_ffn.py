@@ -17,6 +17,7 @@ from .base import (
     ARRAY,
     FFN,
     FeatureFfn,
+    FeatureFfnKernel,
     FeatureView,
     Kernel,
     Operator,
@@ -37,7 +38,7 @@ class MlpFfnParams(Params):
     bias: bool
 
 
-class _Bound(Kernel):
+class _Bound(FeatureFfnKernel):
     def __init__(self, p: MlpFfnParams, w: dict):
         from ..exec.ops.ffn import activation
 
@@ -45,29 +46,11 @@ class _Bound(Kernel):
         self.up, self.down = w["ffn_up"], w["ffn_down"]
         self.up_b, self.down_b = w.get("ffn_up_bias"), w.get("ffn_down_bias")
 
-    def activations(self, x: np.ndarray) -> np.ndarray:
-        """x [T, hidden] -> [T, intermediate]: what the down projection multiplies."""
+    def _activations(self, x: np.ndarray) -> np.ndarray:
         u = self.up.mm(x)
         if self.up_b is not None:
             u = u + self.up_b
         return self.act(u)
-
-    def prefill(self, x: np.ndarray, state, p0: int) -> np.ndarray:
-        y = self.down.mm(self.activations(x))
-        if self.down_b is not None:
-            y = y + self.down_b
-        return y
-
-
-class _Ablated(_Bound):
-    def __init__(self, p: MlpFfnParams, w: dict, features: np.ndarray):
-        super().__init__(p, w)
-        self.features = features
-
-    def activations(self, x: np.ndarray) -> np.ndarray:
-        a = super().activations(x)
-        a[..., self.features] = 0
-        return a
 
 
 class MlpFfn(Operator, FeatureFfn):
@@ -111,7 +94,7 @@ class MlpFfn(Operator, FeatureFfn):
         return FeatureView(operands["ffn_up"].dense(), operands["ffn_down"].dense(), b.activations)
 
     def bind_ablated(self, p: MlpFfnParams, operands: dict, features: np.ndarray) -> Kernel:
-        return _Ablated(p, operands, features)
+        return _Bound(p, operands).ablated(features)
 
 
 register(MlpFfn)
