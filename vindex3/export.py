@@ -241,6 +241,8 @@ class _Staging:
     def finish(self) -> bool:
         (self.tmp / self.marker).unlink()
         replaced = False
+        if self.target.is_dir() and not any(self.target.iterdir()):
+            os.rmdir(self.target)  # an empty directory is a place to write, not something replaced
         if self.target.exists():
             old = hidden_sibling(self.target, f".replaced-{os.getpid()}")
             os.rename(self.target, old)
