@@ -57,7 +57,7 @@ def test_compiled_container_equals_the_overlay_bit_for_bit(containers, tmp_path,
     c = vindex3.open(containers(family))
     before = _hashes(c.path)
     ov = _edits(c, labels)
-    r = compile(c.path, tmp_path / "out.vindex3", overrides=ov, provenance={"patch": "p", "edits": 1})
+    r = compile(c, tmp_path / "out.vindex3", overrides=ov, provenance={"patch": "p", "edits": 1})  # an open container
     out = vindex3.open(r.path)
     overlay = overridden_executor(c, ov)
     baked = out.executor()

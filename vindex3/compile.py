@@ -155,13 +155,18 @@ def _jsonable(provenance: Mapping[str, Any] | None) -> dict:
         raise EncodeError(f"COMPILE provenance is not JSON (strict, finite numbers): {e}") from None
 
 
-def compile(src: str | Path, out: str | Path, *, overrides: Mapping[str, np.ndarray] | None = None,
+def compile(src: str | Path | Container, out: str | Path, *, overrides: Mapping[str, np.ndarray] | None = None,
             provenance: Mapping[str, Any] | None = None) -> CompileResult:
     """Write ``out``: the container at ``src`` with ``overrides`` (labels ``"object/tensor"``,
     see the module docstring) baked in as float32 tensors of new segments of the edited objects,
     every other file carried byte for byte, generation + 1, ``provenance`` recorded under
-    ``provenance.compiled.patches``. Verified (opened and re-hashed) before it returns."""
-    source = Container(src)
+    ``provenance.compiled.patches``. ``src`` is a path or an open `Container` (checked unchanged
+    on disk since it was opened). Verified (opened and re-hashed) before it returns."""
+    if isinstance(src, Container):
+        src.check_unchanged()
+        source = src
+    else:
+        source = Container(src)
     edits = check_overrides(source, overrides)
     patch = _jsonable(provenance)
     by_obj: dict[str, dict[str, np.ndarray]] = {}

@@ -222,10 +222,11 @@ class _Staging:
     """A temporary sibling directory (with the encode's marker, so a dead writer's leftovers are
     cleaned by the next write into the same parent), renamed into place by ``finish``."""
 
-    def __init__(self, target: Path):
+    def __init__(self, target: Path, overwrite: bool):
         from .encode import MARKER, TMP_INFIX, clean_stale_temporaries
 
         self.target = target
+        self.overwrite = overwrite
         self.cleaned = clean_stale_temporaries(target.parent)
         self.tmp = hidden_sibling(target, f"{TMP_INFIX}{os.getpid()}")
         self.marker = MARKER
@@ -243,6 +244,8 @@ class _Staging:
         replaced = False
         if self.target.is_dir() and not any(self.target.iterdir()):
             os.rmdir(self.target)  # an empty directory is a place to write, not something replaced
+        if self.target.exists() and not self.overwrite:
+            raise OutputRefused(f"export target {self.target} appeared while writing; refusing to overwrite it")
         if self.target.exists():
             old = hidden_sibling(self.target, f".replaced-{os.getpid()}")
             os.rename(self.target, old)
@@ -284,6 +287,7 @@ def export_checkpoint(container: Container | str | os.PathLike, out_dir: str | o
         ok = ", ".join(PRECISIONS) if format == "gguf" else "f32"
         raise ExportRefused(f"export precision {precision!r} is not supported for {format} (supported: {ok})")
     c = container if isinstance(container, Container) else Container(container)
+    c.check_unchanged()  # an open container: its files are still the ones verified when it was opened
     edits = check_overrides(c, overrides)
     patch = _jsonable(provenance)
     plan = hf_plan(c)
@@ -301,7 +305,7 @@ def export_checkpoint(container: Container | str | os.PathLike, out_dir: str | o
             decoded.append(label)
         return np.ascontiguousarray(w.dense(), dtype=np.float32)
 
-    with _Staging(target) as st:
+    with _Staging(target, overwrite) as st:
         weights = st.tmp / WEIGHTS[format]
         tok_note = None
         if format == "safetensors":
