@@ -1,4 +1,5 @@
-"""GGUF import: a llama, qwen2 or qwen3 GGUF file as a checkpoint source.
+"""GGUF import: a llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2 or olmo2 GGUF file as a checkpoint
+source (the last five read through the tables in gguf_archs.py).
 
 The numerical and tokenizer reference is Hugging Face ``transformers==5.24.0`` loading the same
 file with ``gguf_file=``. For llama files transformers takes its legacy GGUF path: the config comes
@@ -27,8 +28,18 @@ import numpy as np
 from .. import jsonio
 from ..errors import AdmissionError, ConfigError
 from .base import CheckpointSource, TensorSpec
+from .gguf_archs import (
+    ARCHS,
+    Meta,
+    expected_shapes,
+    grade_keys,
+    hf_name,
+    is_offset_norm,
+    is_transposed,
+    read_values,
+)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", *ARCHS)
 # qwen3: transformers 5.24's GGUF config mapping does not read qwen3.attention.key_length, so the
 # reference model takes Qwen3Config's default head width; a file of another width is refused.
 QWEN3_REFERENCE_HEAD_DIM = 128
@@ -129,7 +140,7 @@ def _byte_alphabet() -> list[str]:
 
 
 class GgufCheckpoint(CheckpointSource):
-    """A single-file llama, qwen2 or qwen3 GGUF checkpoint."""
+    """A single-file GGUF checkpoint of one of SUPPORTED_ARCHITECTURES."""
 
     kind = "gguf"
 
@@ -239,6 +250,14 @@ class GgufCheckpoint(CheckpointSource):
             )
 
     def _build_config(self) -> dict:
+        if self.architecture in ARCHS:
+            grade_keys(self, ARCHS[self.architecture])
+            config = ARCHS[self.architecture].config(Meta(self, self.architecture))
+        else:
+            config = self._build_llama_config()
+        return self._token_ids(config)
+
+    def _build_llama_config(self) -> dict:
         arch = self.architecture
         prefix = f"{arch}."
         findings = []
@@ -370,6 +389,10 @@ class GgufCheckpoint(CheckpointSource):
             config.update({"attention_bias": False, "mlp_bias": False})
         elif arch == "qwen3":  # qwen3's q/k/v/o biases are unmapped too; qwen2's q/k/v biases are fixed
             config["attention_bias"] = False
+        return config
+
+    def _token_ids(self, config: dict) -> dict:
+        vocab = config["vocab_size"]
         # Token ids the file states; an absent one stays absent (transformers would fall back to
         # LlamaConfig's defaults 1 and 2 for bos/eos, which are facts about other checkpoints).
         for gguf_key, hf_key in (
@@ -387,6 +410,8 @@ class GgufCheckpoint(CheckpointSource):
         return config
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.architecture in ARCHS:
+            return expected_shapes(ARCHS[self.architecture], self.config)
         c = self.config
         h, inter, hd = c["hidden_size"], c["intermediate_size"], self.head_dim
         q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
@@ -416,14 +441,15 @@ class GgufCheckpoint(CheckpointSource):
         return shapes
 
     def _map_tensors(self):
-        n_layers = self.config["num_hidden_layers"]
+        arch = ARCHS.get(self.architecture)
+        n_layers = self.config["num_hidden_layers" if "num_hidden_layers" in self.config else "n_layer"]
         by_hf: dict[str, Any] = {}
         unmapped: list[str] = []
-        layer_tensors = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS[self.architecture]}
-        biased = _ARCH_BIASES[self.architecture]
+        layer_tensors = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get(self.architecture, {})}
+        biased = _ARCH_BIASES.get(self.architecture, ())
         for t in self._reader.tensors:
-            hf = _GLOBAL_TENSORS.get(t.name)
-            if hf is None:
+            hf = hf_name(arch, t.name, _LAYER_RE, n_layers) if arch else _GLOBAL_TENSORS.get(t.name)
+            if hf is None and arch is None:
                 m = _LAYER_RE.fullmatch(t.name)
                 if (m and m.group(2) in layer_tensors and int(m.group(1)) < n_layers
                         and (m.group(3) == "weight" or m.group(2) in biased)):
@@ -452,6 +478,8 @@ class GgufCheckpoint(CheckpointSource):
                 continue
             # GGUF lists dimensions innermost first; Hugging Face order is the reverse ([out, in]).
             hf_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if arch is not None and is_transposed(arch, t.name):  # stored [out, in], read [in, out]
+                hf_shape = hf_shape[::-1]
             if hf_shape != shape:
                 defects.append(
                     f"{t.name} ({name}) has shape {list(hf_shape)}, the config implies {list(shape)}"
@@ -556,6 +584,11 @@ class GgufCheckpoint(CheckpointSource):
             raise ConfigError(
                 f"{self.path.name}: tensor {t.name} dequantized to {w.dtype}, not float32"
             )
+        arch = ARCHS.get(self.architecture)
+        if arch is not None:
+            transposed = is_transposed(arch, t.name)
+            w = read_values(arch, t.name, w.reshape(spec.shape[::-1] if transposed else spec.shape))
+            return np.array(w, dtype=np.float32, order="C", copy=True)
         w = w.reshape(spec.shape)
         if self.architecture == "llama":  # qwen2 / qwen3 files keep Hugging Face's q/k order
             if name.endswith(".self_attn.q_proj.weight"):
@@ -572,6 +605,9 @@ class GgufCheckpoint(CheckpointSource):
         if spec is None:
             return None
         t = self._tensors[name]
+        arch = ARCHS.get(self.architecture)
+        if arch is not None and (is_transposed(arch, t.name) or is_offset_norm(arch, t.name)):
+            return None  # read with a change of values or layout: widened through `load`
         return spec.dtype.lower(), int(t.n_bytes)
 
     def encoded(self, name: str) -> np.ndarray:
