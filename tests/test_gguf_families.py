@@ -12,6 +12,7 @@ also checked to be exactly ours: config and every tensor, bit for bit."""
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -58,9 +59,9 @@ CASES = {
 CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
-def hf_model(arch: str):
+def hf_model(arch: str, vocab: int = V):
     mt, cfg, scale = CASES[arch]
-    config = transformers.AutoConfig.for_model(mt, vocab_size=V, **IDS_OF, **cfg)
+    config = transformers.AutoConfig.for_model(mt, vocab_size=vocab, **IDS_OF, **cfg)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
     rerandomise(model, **scale)
@@ -102,8 +103,10 @@ def _add(w, name, x, qtype, rng):
         w.add_tensor(name, gguf.quants.quantize(x, qtype), raw_dtype=qtype)
 
 
-def write_gguf(path, arch: str, model, *, meta: dict | None = None, extra_tensors: dict | None = None, seed: int = 1):
-    """The model as llama.cpp's converter writes ``arch``; ``meta`` overrides or (None) drops keys."""
+def write_gguf(path, arch: str, model, *, meta: dict | None = None, extra_tensors: dict | None = None, seed: int = 1,
+               spm: tuple | None = None):
+    """The model as llama.cpp's converter writes ``arch``; ``meta`` overrides or (None) drops keys;
+    ``spm``: a SentencePiece vocabulary (tokens, types, scores) instead of the byte-level one."""
     rng = np.random.default_rng(seed)
     c = model.config
     L = c.num_hidden_layers
@@ -138,15 +141,28 @@ def write_gguf(path, arch: str, model, *, meta: dict | None = None, extra_tensor
             w.add_string(f"{arch}.{k}", v)
         else:
             w.add_uint32(f"{arch}.{k}", int(v))
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(TOKENS)
-    w.add_token_types(TOKEN_TYPES)
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(IDS_OF["bos_token_id"])
-    w.add_eos_token_id(IDS_OF["eos_token_id"])
-    w.add_pad_token_id(IDS_OF["pad_token_id"])
-    w.add_add_bos_token(False)
+    if spm is None:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("qwen2")
+        w.add_token_list(TOKENS)
+        w.add_token_types(TOKEN_TYPES)
+        w.add_token_merges(MERGES)
+        w.add_bos_token_id(IDS_OF["bos_token_id"])
+        w.add_eos_token_id(IDS_OF["eos_token_id"])
+        w.add_pad_token_id(IDS_OF["pad_token_id"])
+        w.add_add_bos_token(False)
+    else:
+        toks, types, scores = spm
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(toks)
+        w.add_token_types(types)
+        w.add_token_scores(scores)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(toks.index("<unk>"))
+        w.add_pad_token_id(toks.index("<pad>"))
+        w.add_add_bos_token(True)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], L)
     k = 0
     state = {n: p.detach().numpy() for n, p in model.state_dict().items()}
@@ -298,4 +314,52 @@ def test_gemma2_head_tensor_is_refused_by_name(models, tmp_path):
     path = write_gguf(tmp_path / "g.gguf", "gemma2", models["gemma2"],
                       extra_tensors={"output.weight": np.zeros((V, 256), F32)})
     with pytest.raises(AdmissionError, match=r"no gemma2 role: output\.weight"):
+        GgufCheckpoint(path)
+
+
+# ---- SentencePiece vocabularies ----------------------------------------------------------------
+
+def _spm_vocab(arch: str):
+    from test_gguf_spm import spm_vocab
+
+    toks, types, scores = spm_vocab(False)
+    if arch.startswith("gemma"):  # Gemma's spellings, which its tokenizer class names by default
+        toks[1:3] = ["<bos>", "<eos>"]
+    # Gemma files store tokens of spaces as spaces; control <pad> and <mask> as Gemma's have
+    for t, ty, sc in (("  ", 1, -40.0), ("   ", 1, -41.0), ("<pad>", 3, 0.0), ("<mask>", 3, 0.0)):
+        toks.append(t)
+        types.append(ty)
+        scores.append(sc)
+    return toks, types, scores
+
+
+SPM_TEXTS = ["the thin in", " in the <think> é", "café x", "  hi  there ", "a   b", "naïve 東京 🙂", "<s>the</s>", ""]
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "phi3"])
+def test_sentencepiece_vocabulary_matches_transformers(arch, tmp_path):
+    """Gemma's and Phi-3's SentencePiece vocabularies rebuilt with each architecture's own rules,
+    as transformers 5.24.0 builds them from the same file: the same tokenizer.json, ids and text."""
+    import tokenizers
+    from transformers import AutoTokenizer
+
+    spm = _spm_vocab(arch)
+    path = write_gguf(tmp_path / f"{arch}.gguf", arch, hf_model(arch, len(spm[0])), spm=spm)
+    src = GgufCheckpoint(path)
+    tok = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    blob = src.capability_files()["tokenizer.json"].decode()
+    assert json.loads(blob) == json.loads(tok.backend_tokenizer.to_str())
+    ours = tokenizers.Tokenizer.from_str(blob)
+    for text in SPM_TEXTS:
+        ids = tok(text).input_ids
+        assert ours.encode(text).ids == ids, text
+        assert ours.decode(ids, skip_special_tokens=False) == tok.decode(ids)
+
+
+def test_gemma_vocabulary_without_gemmas_special_spellings_is_refused(tmp_path):
+    """transformers' Gemma tokenizer names <bos>, <eos>, <unk>, <pad> and <mask> whatever the file
+    says, and appends any the vocabulary lacks past the model's embedding rows: refused by name."""
+    spm = _spm_vocab("phi3")  # <s> and </s>, no <bos> / <eos>
+    path = write_gguf(tmp_path / "g.gguf", "gemma2", hf_model("gemma2", len(spm[0])), spm=spm)
+    with pytest.raises(AdmissionError, match=r"lacks <bos>, <eos>"):
         GgufCheckpoint(path)

@@ -60,6 +60,12 @@ SPLITS = {"qwen2": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
 # reproduced here and so are refused by name).
 SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2", "llama-bpe"), "llama": (None, "default")}
 
+# Architectures whose SentencePiece vocabularies (tokenizer.ggml.model llama) are rebuilt as
+# transformers 5.24 builds them: Llama's tokenizer; Phi-3's, whose prefix space comes from a
+# normalizer; Gemma's, with whitespace tokens respelled and merges ordered by position.
+SENTENCEPIECE_ARCHITECTURES = ("llama", "phi3", "gemma2", "gemma3")
+GEMMA_SPECIAL_SPELLINGS = ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>")
+
 # llama.* metadata keys read into the config.
 _CONSUMED_ARCH_KEYS = {
     "context_length",
@@ -545,12 +551,22 @@ class GgufCheckpoint(CheckpointSource):
                     }
                 ],
             )
-        if self.architecture != "llama" and model == "llama":
+        if self.architecture not in SENTENCEPIECE_ARCHITECTURES and model == "llama":
             raise AdmissionError(
                 f"{self.path.name}: a SentencePiece vocabulary on a {self.architecture} file: transformers builds "
-                "it with that architecture's own rules, which this importer does not reproduce",
+                "it with that architecture's own rules, which this importer does not reproduce (it does for "
+                f"{', '.join(SENTENCEPIECE_ARCHITECTURES)})",
                 [{"category": "tokenizer", "key": "tokenizer.ggml.model", "value": model, "blocks": True}],
             )
+        if model == "llama" and self.architecture in ("gemma2", "gemma3"):
+            have = set(self._array("tokenizer.ggml.tokens") or [])
+            lacking = [t for t in GEMMA_SPECIAL_SPELLINGS if t not in have]
+            if lacking:
+                raise AdmissionError(
+                    f"{self.path.name}: the SentencePiece vocabulary lacks {', '.join(lacking)}: transformers 5.24's Gemma "
+                    "tokenizer names these whatever the file says and appends a missing one past the model's "
+                    "embedding rows",
+                    [{"category": "tokenizer", "key": "tokenizer.ggml.tokens", "value": lacking, "blocks": True}])
         need = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if model == "gpt2" else ("tokenizer.ggml.tokens",)
         if model == "llama" and "tokenizer.ggml.merges" not in self._meta:
             need = (*need, "tokenizer.ggml.scores")  # merges are recovered from the scores
@@ -749,9 +765,12 @@ class GgufCheckpoint(CheckpointSource):
         """A SentencePiece vocabulary (tokenizer.ggml.model llama) as transformers builds it: BPE over
         the tokens as spelled, byte fallback, unknown pieces fused; merges from the file, or recovered
         from the scores (`_merges_from_scores`); "▁" prepended to the first word only, no split."""
-        from tokenizers import Tokenizer, decoders, pre_tokenizers
+        from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
         from tokenizers.models import BPE
 
+        gemma = self.architecture in ("gemma2", "gemma3")
+        if gemma:  # a token of spaces is stored as spaces; Gemma's tokenizer looks it up as "▁"s
+            tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
         vocab = {token: index for index, token in enumerate(tokens)}
         if "tokenizer.ggml.merges" in self._meta:
             merges = []
@@ -760,14 +779,28 @@ class GgufCheckpoint(CheckpointSource):
                 if len(pair) != 2:
                     raise ConfigError(f"{self.path.name}: tokenizer.ggml.merges entry {merge!r} is not a pair")
                 merges.append((pair[0], pair[1]))
+        elif gemma:  # Gemma's scores do not follow its merge order; the tokens' positions do
+            merges = _merges_from_scores(vocab, {t: -float(i) for i, t in enumerate(tokens)})
         else:
             merges = _merges_from_scores(vocab, dict(zip(tokens, self._array("tokenizer.ggml.scores"))))
-        tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
-        tk.normalizer = None
-        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-        tk.decoder = decoders.Sequence([
-            decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
-        ])
+        if gemma:  # transformers 5.24's GemmaTokenizer
+            tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token="<unk>", dropout=None,
+                               byte_fallback=True))
+            tk.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+            tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+            tk.normalizer = normalizers.Replace(" ", "\u2581")
+        else:
+            tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+            tk.normalizer = None
+            tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+            tk.decoder = decoders.Sequence([
+                decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                decoders.Strip(content=" ", left=1),
+            ])
+        if self.architecture == "phi3":  # the prefix space from a normalizer, no pre-tokenizer
+            tk.normalizer = normalizers.Sequence([normalizers.Prepend(prepend="\u2581"),
+                                                  normalizers.Replace(pattern=" ", content="\u2581")])
+            tk.pre_tokenizer = None
         specials = [t for t, ty in zip(tokens, token_types) if ty == _CONTROL]
         return self._finish_tokenizer(tk, tokens, token_types, vocab, specials)
 
