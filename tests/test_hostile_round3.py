@@ -352,3 +352,95 @@ def test_10_walk_on_a_read_only_server_builds_metadata_once(tiny_llama_container
         assert "built" in built[0] and "built now" not in built[1], built
         host = c.app.state.server.host(None)
         assert host._internals is not None  # the model's one Internals, kept in memory
+
+
+# ---- 4: sessions that open one container share it; a memory ceiling refuses new opens --------
+
+
+def test_4_sessions_opening_one_container_share_one_prepared_model(tiny_llama_container, tmp_path):
+    import gc
+    import os
+    import shutil
+
+    import numpy as np
+
+    import lql
+    from lql import prepared
+
+    c = tmp_path / "shared.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    s1, s2 = lql.connect(c), lql.Session()
+    s2.execute(f"OPEN '{c}{os.sep}'")  # another spelling of the same directory
+    assert s1.prepared is s2.prepared and s1.base_container is s2.base_container
+    a = s1.execute_one("INFER 'Hi' TOP 3").logits.copy()
+    checked = len(s1.base_container._checked)
+    assert not s2._executors  # per-session state: s1's executor is its own
+    b = s2.execute_one("INFER 'Hi' TOP 3").logits.copy()
+    assert np.array_equal(a, b)
+    assert len(s2.base_container._checked) == checked  # no tensor hashed or scanned again
+    assert s1._executors is not s2._executors
+    s1.execute("DRAFT DEPTH 1")
+    assert s2.draft_depth is None
+    s1.close()
+    assert s1.prepared is None and s2.prepared is not None
+    assert np.array_equal(s2.execute_one("INFER 'Hi' TOP 3").logits, a)  # closing one breaks nothing
+    s3 = lql.connect(c)
+    assert s3.prepared is s2.prepared
+    key = s2.prepared.key
+    s2.close()
+    s3.close()
+    del s1, s2, s3
+    gc.collect()
+    assert key not in [m.key for m in prepared.held()]  # forgotten when nobody holds it
+
+
+def test_4_a_container_changed_on_disk_is_opened_afresh(tiny_llama_container, tmp_path):
+    import shutil
+
+    import lql
+
+    c = tmp_path / "c.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    s1 = lql.connect(c)
+    seg = c / "segments" / "final_norm.bin"
+    seg.write_bytes(seg.read_bytes())  # the same bytes, written again: a changed file all the same
+    s2 = lql.connect(c)
+    assert s2.prepared is not s1.prepared  # verified afresh, never the stale one
+    s2.execute("INFER 'Hi' TOP 1")
+
+
+def test_4_a_memory_ceiling_refuses_a_new_open_by_name_before_anything_is_opened(tiny_llama_container, tmp_path):
+    import gc
+    import os
+    import shutil
+
+    from lql import prepared
+    from lql.server.config import ModelSpec
+    from lql.server.models import ModelHost
+    from lql.text import fmt_bytes
+
+    for name in ("a.vindex3", "b.vindex3"):
+        shutil.copytree(tiny_llama_container, tmp_path / name)
+    host = ModelHost(ModelSpec("tiny", tiny_llama_container))
+    gc.collect()
+    need = prepared.needs(tmp_path / "a.vindex3")
+    ceiling = prepared.in_use() + need  # room for exactly one more model
+    cfg = config(tiny_llama_container, data_dir=tmp_path, memory_ceiling=ceiling)
+    with TestClient(create_app(cfg, hosts=[host])) as c:
+        first = query(c, "OPEN 'a.vindex3';", **{"X-Session-Id": "one"})[0]
+        assert first["ok"], first
+        t0 = time.monotonic()
+        res = query(c, "OPEN 'b.vindex3';", **{"X-Session-Id": "two"})[0]
+        assert not res["ok"] and res["error"]["type"] == "MemoryCeiling", res
+        msg = res["error"]["message"]
+        assert f"needs {fmt_bytes(need)}" in msg and f"ceiling is {fmt_bytes(ceiling)}" in msg
+        assert f"{fmt_bytes(ceiling)} is in use" in msg
+        assert time.monotonic() - t0 < 5
+        b = os.path.realpath(tmp_path / "b.vindex3")
+        assert b not in [m.key for m in prepared.held()]  # refused before it was opened
+        # the container already open is shared: opening it again needs nothing more
+        again = query(c, "OPEN 'a.vindex3'; INFER 'Hi' TOP 1;", **{"X-Session-Id": "three"})
+        assert all(r["ok"] for r in again), again
+        srv = c.app.state.server
+        one, three = (srv.sessions.get(host, sid).session for sid in ("one", "three"))
+        assert one.prepared is three.prepared
