@@ -287,6 +287,42 @@ def _nan_into(rel: str, tensor: str, value: float, seal: bool) -> Callable[[Path
     return run
 
 
+def huge_into(rel: str, tensor: str, value: float, *, where: str = "one", seal: bool = True) -> Callable[[Path], None]:
+    """Write a finite but huge ``value`` into ``tensor`` through its own encoding, as a tool that
+    writes containers by hand would (resealed: every hash agrees): in f32, bf16 or f16 the
+    value itself; in int8 a block scale (the codes stay, so the weights it makes are ``value``
+    times them). ``where``: "one" value (or scale) in the middle, or "all" of them."""
+
+    def run(c: Path) -> None:
+        from vindex3 import codecs
+
+        p = c / rel
+        raw = bytearray(p.read_bytes())
+        hlen, header = segment_header(bytes(raw))
+        t = next(t for t in header["tensors"] if t["name"] == tensor)
+        buf = np.frombuffer(raw, np.uint8, count=t["len"], offset=8 + hlen + t["offset"])  # writable: over raw
+        w = codecs.get(t["dtype"]).weight(buf, tuple(t["shape"]))
+        if t["dtype"] == "f32":
+            target, v = w.a.reshape(-1), np.float32(value)
+        elif t["dtype"] in ("bf16", "f16"):
+            target = w.h.reshape(-1)
+            v = (np.float32(value).view(np.uint32) >> 16).astype(np.uint16) if t["dtype"] == "bf16" else \
+                np.float16(value).view(np.uint16)
+        elif t["dtype"] == "int8":
+            target, v = w.s.reshape(-1), np.float32(value)
+        else:
+            raise ValueError(f"huge_into does not write {t['dtype']}")
+        if where == "all":
+            target[:] = v
+        else:
+            target[target.size // 2] = v
+        p.write_bytes(bytes(raw))
+        if seal:
+            reseal(c)
+
+    return run
+
+
 def matrix(pristine: Path, outside: Path) -> list[Case]:
     """Every targeted case over every file of the tiny llama container at ``pristine``."""
     cases: list[Case] = []

@@ -311,30 +311,65 @@ def test_9_a_segment_changed_while_open_is_refused_before_the_next_statement(tin
 # ---- 8: huge but finite weights never give silent zeros -----------------------------------------
 
 
-def test_8_a_huge_finite_weight_is_a_named_refusal_not_zero_logits(tiny_llama_container, tmp_path):
+def _huge(tiny, tmp_path, encoding: str, tensor: str, value: float, where: str = "one"):
+    """A copy of the tiny container in ``encoding`` with ``value`` written into ``tensor`` of the
+    decoder stack through that encoding, resealed (every hash agrees with the bytes)."""
     import shutil
-    import struct
 
-    import numpy as np
-    from fixtures import reseal
+    from corruption import huge_into
 
+    from vindex3.represent import represent
+
+    c = tmp_path / f"{encoding}.vindex3"
+    if encoding == "f32":
+        shutil.copytree(tiny, c)
+    else:
+        represent(tiny, c, encoding)
+    huge_into("segments/decoder_stack.bin", tensor, value, where=where)(c)
+    return c
+
+
+@pytest.mark.parametrize("encoding,value", [("f32", 3e38), ("f32", -1e25), ("bf16", 3e38), ("int8", 1e30)])
+def test_8_the_first_use_scan_bounds_magnitudes_per_encoding(tiny_llama_container, tmp_path, encoding, value):
+    """One weight of 3e38 in bf16, or one int8 block scale of 1e30 (its codes make weights of
+    ~1e32), passes the NaN/inf scan; the magnitude scan refuses it by name at first use, before
+    anything is computed with it, and VERIFY names it too."""
+    import vindex3
+    from vindex3.errors import IntegrityError
+
+    c = _huge(tiny_llama_container, tmp_path, encoding, "0.mlp.down_proj.weight", value)
+    opened = vindex3.open(c)  # opening reads no tensor data
+    with pytest.raises(IntegrityError, match=rf"tensor 0\.mlp\.down_proj\.weight \({encoding}\) decodes to a magnitude "
+                                             r"of [0-9.e+]+, past the 1\.84e\+19"):
+        opened.executor()
+    rep = vindex3.verify(c)
+    assert not rep.ok and any("0.mlp.down_proj.weight" in p and "magnitude" in p for p in rep.problems)
+
+
+def test_8_the_scan_costs_one_bounded_pass_and_is_recorded(tiny_llama_container):
+    import vindex3
+    from vindex3.scan import CHUNK
+
+    c = vindex3.open(tiny_llama_container)
+    c.executor(slice=vindex3.Draft(1))
+    cost = c.first_use_cost()
+    assert [r["encoding"] for r in cost] == ["f32"]
+    used = {(ref.object, ref.tensor) for ref in c.plan_slice(vindex3.Draft(1)).operands}
+    assert cost[0]["tensors"] == len(used) < sum(len(s.entries) for s in c.segments.values())  # only what was read
+    assert 0 < cost[0]["max_abs"] < 1e3 and cost[0]["scan_seconds"] >= 0 and cost[0]["hash_seconds"] >= 0
+    assert CHUNK * 4 == 4 << 20  # the scan's temporaries: 4 MiB, whatever the tensor's size
+    c.executor()  # a second executor scans only what the first did not
+    assert c.first_use_cost()[0]["tensors"] == len(c._checked) > len(used)
+
+
+def test_8_a_huge_finite_weight_is_a_named_refusal_not_zero_logits(tiny_llama_container, tmp_path):
+    """A magnitude under the scan's bound can still carry a run past float32's range: the run is
+    refused by name at the layer and site where it breaks, never silent zero logits."""
     import vindex3
     from vindex3.errors import NonFiniteActivation
 
-    c = tmp_path / "huge.vindex3"
-    shutil.copytree(tiny_llama_container, c)
-    seg = c / "segments" / "decoder_stack.bin"
-    raw = bytearray(seg.read_bytes())
-    hlen = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + hlen])
-    start = 8 + hlen
-    t = next(x for x in header["tensors"] if x["name"].endswith("0.mlp.down_proj.weight") and x["dtype"] == "f32")
-    arr = np.frombuffer(raw, dtype=np.float32, count=t["len"] // 4, offset=start + t["offset"]).copy()
-    arr[:] = np.float32(3e38)  # finite, and far past anything float32 arithmetic survives
-    raw[start + t["offset"]:start + t["offset"] + t["len"]] = arr.tobytes()
-    seg.write_bytes(bytes(raw))
-    reseal(c)
-    ex = vindex3.open(c).executor()
+    c = _huge(tiny_llama_container, tmp_path, "f32", "0.mlp.down_proj.weight", 1e19, where="all")
+    ex = vindex3.open(c).executor()  # 1e19 is under the bound: the scan lets it through
     with pytest.raises(NonFiniteActivation, match=r"^layer [01]: ") as e:  # where float32 first breaks
         ex.forward([1, 2, 3])
     assert e.value.layer in (0, 1) and e.value.site in ("norm", "residual_post")
