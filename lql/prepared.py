@@ -29,7 +29,7 @@ from pathlib import Path
 
 from .errors import LimitError
 
-__all__ = ["MemoryCeiling", "PreparedModel", "acquire", "held", "in_use", "needs"]
+__all__ = ["MemoryCeiling", "PreparedModel", "acquire", "check", "held", "in_use", "needs"]
 
 
 class MemoryCeiling(LimitError):
@@ -100,35 +100,51 @@ class _Registry:
             return None
         return m
 
-    def acquire(self, path: str | Path, *, ceiling: int | None = None, what: str | None = None) -> PreparedModel:
-        import vindex3
+    @staticmethod
+    def _key(path: str | Path) -> str:
         from vindex3.errors import ContainerNotFound
 
         try:
-            key = os.path.realpath(os.fspath(path))
+            return os.path.realpath(os.fspath(path))
         except (OSError, ValueError) as e:  # a name the OS will not resolve: refused by name as open would
             raise ContainerNotFound(f"{path} cannot be opened ({e})") from None
+
+    def _fits(self, need: int, ceiling: int | None, what: str | None) -> None:
+        if ceiling is None:
+            return
+        used = self.in_use()
+        if used + need > ceiling:
+            gc.collect()  # sessions dropped without close() (a server's expired ones) let go here
+            used = self.in_use()
+        if used + need > ceiling:
+            from .text import fmt_bytes
+
+            n = len(self._live)
+            raise MemoryCeiling(
+                f"{what or 'OPEN'}: the model needs {fmt_bytes(need)} for its weights, {fmt_bytes(used)} "
+                f"{'is' if used else 'are'} in use by {n} open model{'s' if n != 1 else ''}, and the memory "
+                f"ceiling is {fmt_bytes(ceiling)}",
+                hint="open a model that is already open (it is shared), wait for sessions to close, or run "
+                     "the server with a higher --memory-ceiling")
+
+    def check(self, path: str | Path, *, ceiling: int | None, what: str | None = None) -> None:
+        """Refuse (`MemoryCeiling`) as `acquire` would, opening nothing."""
+        key = self._key(path)
+        with self._lock:
+            if self._current(key) is None:
+                self._fits(needs(path), ceiling, what)
+
+    def acquire(self, path: str | Path, *, ceiling: int | None = None, what: str | None = None) -> PreparedModel:
+        import vindex3
+
+        key = self._key(path)
         with self._lock:
             m = self._current(key)
             if m is not None:
                 return m
             stamp = _index_stamp(key)  # before the index is read: a rewrite after it is seen as one
             need = needs(path)
-            if ceiling is not None:
-                used = self.in_use()
-                if used + need > ceiling:
-                    gc.collect()  # sessions dropped without close() (a server's expired ones) let go here
-                    used = self.in_use()
-                if used + need > ceiling:
-                    from .text import fmt_bytes
-
-                    n = len(self._live)
-                    raise MemoryCeiling(
-                        f"{what or 'OPEN'}: the model needs {fmt_bytes(need)} for its weights, {fmt_bytes(used)} "
-                        f"{'is' if used else 'are'} in use by {n} open model{'s' if n != 1 else ''}, and the memory "
-                        f"ceiling is {fmt_bytes(ceiling)}",
-                        hint="open a model that is already open (it is shared), wait for sessions to close, or run "
-                             "the server with a higher --memory-ceiling")
+            self._fits(need, ceiling, what)
             m = PreparedModel(key, vindex3.open(path), need, stamp)
             self._by_key[key] = weakref.ref(m)
             self._live.add(m)
@@ -144,6 +160,11 @@ def acquire(path: str | Path, *, ceiling: int | None = None, what: str | None = 
     before anything is opened when ``ceiling`` is given and the weights held open would pass
     it. The caller keeps the model alive by holding the returned object."""
     return _REGISTRY.acquire(path, ceiling=ceiling, what=what)
+
+
+def check(path: str | Path, *, ceiling: int | None, what: str | None = None) -> None:
+    """Refuse by name (`MemoryCeiling`) what `acquire` would refuse for memory; opens nothing."""
+    _REGISTRY.check(path, ceiling=ceiling, what=what)
 
 
 def in_use() -> int:

@@ -479,3 +479,22 @@ def test_4_a_memory_ceiling_refuses_a_new_open_by_name_before_anything_is_opened
         srv = c.app.state.server
         one, three = (srv.sessions.get(host, sid).session for sid in ("one", "three"))
         assert one.prepared is three.prepared
+
+
+def test_4_open_default_is_checked_against_the_ceiling_before_the_cache_is_touched(monkeypatch, tmp_path, tiny_llama_container):
+    import shutil
+
+    import lql
+    from lql.prepared import MemoryCeiling
+    from vindex3 import default_model
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_llama_container, cache / default_model.CONTAINER_NAME)
+    monkeypatch.setenv("VINDEX3_CACHE", str(cache))
+    touched = []
+    monkeypatch.setattr(default_model, "ensure_detailed", lambda *a, **k: touched.append(1))
+    s = lql.Session()
+    s.memory_ceiling = 1  # no model fits
+    with pytest.raises(MemoryCeiling, match=r"OPEN DEFAULT: the model needs .* and the memory ceiling is 1 bytes"):
+        s.execute("OPEN DEFAULT")
+    assert not touched and s.prepared is None

@@ -204,16 +204,24 @@ def plan_use_model(s: UseModel, ctx: Context) -> Node:
 
 @fam.runs(OpenPlan)
 def run_open_container(session, node: OpenPlan) -> OpenResult:
+    from ..prepared import acquire, check
+
     rebuilt = None
     if node.default:
         from vindex3 import default_model
 
+        cached = default_model.container_path()
+        if session.memory_ceiling is not None and (cached / "index.json").is_file():
+            from vindex3.errors import VindexError
+
+            try:  # before the cache is verified or rebuilt; a damaged one is ensure's to rebuild
+                check(cached, ceiling=session.memory_ceiling, what="OPEN DEFAULT")
+            except VindexError:
+                pass
         ensured = default_model.ensure_detailed(session.on_progress, notice=session.on_notice)
         path, rebuilt = ensured.path, ensured.rebuilt_because
     else:
         path = node.path
-    from ..prepared import acquire
-
     # one container per directory in the process, shared by every session that opens it; a new
     # one is refused by name past the session's memory ceiling (a server's), before it is opened
     prepared = acquire(path, ceiling=session.memory_ceiling, what=f"OPEN {Path(path).name!r}")
