@@ -498,3 +498,12 @@ def test_4_open_default_is_checked_against_the_ceiling_before_the_cache_is_touch
     with pytest.raises(MemoryCeiling, match=r"OPEN DEFAULT: the model needs .* and the memory ceiling is 1 bytes"):
         s.execute("OPEN DEFAULT")
     assert not touched and s.prepared is None
+
+
+def test_4_the_memory_ceiling_is_a_flag(tiny_llama_container):
+    from lql.server.cli import UsageError, arg_parser, config_from_args
+
+    cfg, _, _ = config_from_args(arg_parser().parse_args([str(tiny_llama_container), "--memory-ceiling", "1048576"]))
+    assert cfg.limits.memory_ceiling == 1 << 20
+    with pytest.raises(UsageError, match="--memory-ceiling must be at least 1"):
+        config_from_args(arg_parser().parse_args([str(tiny_llama_container), "--memory-ceiling", "0"]))
