@@ -146,6 +146,8 @@ class _Registry:
             need = needs(path)
             self._fits(need, ceiling, what)
             m = PreparedModel(key, vindex3.open(path), need, stamp)
+            for k in [k for k, r in self._by_key.items() if r() is None]:  # directories nobody holds now
+                del self._by_key[k]
             self._by_key[key] = weakref.ref(m)
             self._live.add(m)
             return m
