@@ -507,3 +507,32 @@ def test_4_the_memory_ceiling_is_a_flag(tiny_llama_container):
     assert cfg.limits.memory_ceiling == 1 << 20
     with pytest.raises(UsageError, match="--memory-ceiling must be at least 1"):
         config_from_args(arg_parser().parse_args([str(tiny_llama_container), "--memory-ceiling", "0"]))
+
+
+def test_4_open_refuses_what_it_refused_before_it_shared(tiny_llama_container, tmp_path):
+    """The ceiling's look at the index comes first now; what OPEN refuses, and how, is unchanged."""
+    import lql
+    import vindex3
+    from lql.errors import EngineRefusal
+    from vindex3.shards import write_shards
+
+    out = write_shards(vindex3.open(tiny_llama_container), tmp_path / "set", 2)
+    s = lql.Session()
+    s.memory_ceiling = 1 << 40
+    for path, words in ((out / "shard-0", "is a member of a shard set"), (tmp_path / "nope", "does not exist"),
+                        (tmp_path, "has no index.json")):
+        with pytest.raises(EngineRefusal, match=words):
+            s.execute(f"OPEN '{path}'")
+
+
+def test_4_threads_opening_one_container_get_one_model(tiny_llama_container, tmp_path):
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lql import prepared
+
+    c = tmp_path / "t.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: prepared.acquire(c), range(8)))
+    assert all(m is got[0] for m in got)
