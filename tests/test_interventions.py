@@ -458,7 +458,7 @@ def test_the_reference_spread_justifies_the_heads_tolerance(checkpoint_dirs):
             hd = model.config.head_dim if getattr(model.config, "head_dim", None) else \
                 model.config.hidden_size // model.config.num_attention_heads
 
-            def pre(m, a, seen=seen, hd=hd):
+            def pre(m, a, seen=seen, hd=hd, heads=heads, positions=positions):
                 z = a[0].clone()
                 for hh in heads:
                     z[0, positions, hh * hd:(hh + 1) * hd] = seen["z"][0, positions, hh * hd:(hh + 1) * hd]
