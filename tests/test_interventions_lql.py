@@ -155,3 +155,87 @@ def test_show_attention_refuses_layers_without_heads(containers):
     assert "layer 1 is a mamba2 layer, which has no attention heads" in str(o.error)
     (o,) = run(containers("llama"), f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER 1 HEAD 9;")
     assert "layer 1 has 4 heads (0..3); no head 9" in str(o.error)
+
+
+# ---- INFER / TRACE ... PATCH / STEER ------------------------------------------------------------
+
+def test_infer_with_patch_is_the_executors_patched_run(containers, tmp_path):
+    path = containers("llama")
+    (o,) = run(path, f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 1 POSITION 2 FROM {_tokens(CLEAN)} TOP 3;")
+    assert o.error is None, o.error
+    r = o.result
+    ex = vindex3.open(path).executor()
+    key = site_key(1, "residual")
+    vals = ex.run_with_cache(CLEAN, sites=[key])[key][2:3]
+    want = ex.forward(CORRUPT, interventions=[Patch("residual", 1, (2,), vals)])[-1]
+    assert np.array_equal(r.logits, want)  # the same run, the same bytes
+    assert not np.array_equal(r.logits, ex.forward(CORRUPT)[-1])
+    (rec,) = r.interventions
+    assert rec["kind"] == "patch" and rec["layer"] == 1 and rec["positions"] == [2]
+    text = r.to_text(timing=False)
+    assert "intervened  PATCH RESIDUAL AT LAYER 1 POSITION 2 FROM 'TOKENS (5, 17, 99, 3, 250, 42, 7)'" in text
+    rows = r.records()
+    assert all(row["interventions"].startswith("PATCH RESIDUAL AT LAYER 1") for row in rows)
+    (clean,) = run(path, f"INFER {_tokens(CORRUPT)} TOP 3;")
+    assert clean.result.interventions is None and "interventions" not in clean.result.records()[0]
+
+
+@pytest.mark.parametrize("clause", ["PATCH HEADS 0, 2 AT LAYER 2 POSITIONS ALL FROM {clean}",
+                                    "PATCH MIXER AT LAYER 0 POSITIONS 2, 5 FROM {clean}",
+                                    "STEER AT LAYER 1 WITH {clean} MINUS TOKENS (4, 5, 6) SCALE 2.5"])
+def test_infer_generate_and_trace_run_under_the_clause(containers, clause):
+    path = containers("llama")
+    cl = clause.format(clean=_tokens(CLEAN))
+    plain, under, trace = run(path, f"INFER {_tokens(CORRUPT)} GENERATE 6 EXACTLY;",
+                              f"INFER {_tokens(CORRUPT)} GENERATE 6 EXACTLY {cl};", f"TRACE {_tokens(CORRUPT)} {cl};")
+    for o in (plain, under, trace):
+        assert o.error is None, o.error
+    (rec,) = under.result.interventions
+    assert rec["text"].split(" AT LAYER")[0] == cl.split(" AT LAYER")[0]
+    assert trace.result.interventions == under.result.interventions
+    assert trace.result.to_text(timing=False).splitlines()[1] == f"with {rec['text']}"
+    # the trace steps one position at a time under the same intervention: its last next token is
+    # the first one the patched INFER generates
+    assert [r.next_id for r in trace.result.rows][-1] == under.result.generated_ids[0]
+
+
+def test_patch_and_steer_refusals_name_the_thing(containers, tmp_path):
+    path = containers("granitemoehybrid")
+    ops = [lo.operator for lo in vindex3.open(path).op_plan().layers]
+    m = ops.index("mamba2")
+    short = _tokens(CLEAN[:4])
+    outs = run(path,
+               f"INFER {_tokens(CORRUPT)} PATCH HEADS 0 AT LAYER {m} POSITION 1 FROM {_tokens(CLEAN)};",
+               f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 0 POSITIONS ALL FROM {short};",
+               f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 0 POSITION 5 FROM {short};",
+               f"INFER {_tokens(CORRUPT)} PATCH HEADS 7 AT LAYER 0 POSITION 1 FROM {_tokens(CLEAN)};",
+               f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 3 POSITION 1 FROM {_tokens(CLEAN)} DRAFT DEPTH 2;",
+               f"INFER {_tokens(CORRUPT)} STEER AT LAYER 1 WITH VECTOR '{tmp_path / 'nope.npy'}' SCALE 2;",
+               f"INFER {_tokens(CORRUPT)} SPECULATE DEPTH 1 GENERATE 4 STEER AT LAYER 1 WITH {short} MINUS {short} SCALE 1;")
+    errors = [o.error for o in outs]
+    assert all(e is not None for e in errors), errors
+    assert f"layer {m} is a mamba2 layer, which has no attention heads" in str(errors[0])
+    assert "the prompt is 7 tokens and the source 4" in str(errors[1])
+    assert "position 5 is past the source prompt (4 tokens" in str(errors[2])
+    assert "layer 0 has 3 heads (0..2); no head 7" in str(errors[3])
+    assert "layer 3 is not run by the draft depth 2" in str(errors[4])
+    assert "nope.npy" in str(errors[5])
+    assert "PATCH and STEER change one run" in str(errors[6])
+
+
+def test_steer_with_a_vector_file_is_the_executors_steered_run(containers, tmp_path):
+    from vindex3.exec.intervention import Steer
+
+    path = containers("llama")
+    hidden = vindex3.open(path).op_plan().hidden_size
+    vec = np.linspace(-1, 1, hidden, dtype=np.float32)
+    f = tmp_path / "v.npy"
+    np.save(f, vec)
+    (o,) = run(path, f"INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH VECTOR '{f}' SCALE -3 TOP 2;")
+    assert o.error is None, o.error
+    ex = vindex3.open(path).executor()
+    assert np.array_equal(o.result.logits, ex.forward(CORRUPT, interventions=[Steer(2, vec, -3.0)])[-1])
+    assert o.result.interventions[0]["text"] == f"STEER AT LAYER 2 WITH VECTOR '{f}' SCALE -3"
+    np.save(f, vec.astype(np.float64))
+    (bad,) = run(path, f"INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH VECTOR '{f}' SCALE 1;")
+    assert "a steering vector is float32 [hidden]" in str(bad.error)

@@ -24,7 +24,7 @@ from ..planner import (
 )
 from ..registry import family
 from ..results import Data, Result, dump
-from ..syntax import Children
+from ..syntax import BuildError, Children, Clause
 from ..text import fields, fmt_bytes, layers_phrase, num, table
 
 fam = family("interventions", module=__name__, statements=("patch_sweep_stmt", "capture_stmt", "show_attention_stmt"),
@@ -47,6 +47,20 @@ capture_stmt: CAPTURE prompt SITES site_name (_COMMA site_name)* sweep_option* I
 
 // SHOW ATTENTION 'prompt' AT LAYER n [HEAD h]: a softmax layer's weights as the model computes them
 show_attention_stmt: SHOW ATTENTION prompt AT LAYER INT [HEAD INT] [draft_clause]
+
+// INFER / TRACE ... PATCH site AT LAYER n POSITION p | POSITIONS p, q | POSITIONS ALL FROM 'clean':
+// the run with the site's values at those positions taken from the other prompt's run
+patch_clause: PATCH patch_site AT LAYER INT patch_where FROM prompt
+?patch_site: site_name
+          | HEADS int_list                       -> heads_site
+patch_where: POSITION INT
+           | POSITIONS ALL
+           | POSITIONS int_list
+
+// INFER / TRACE ... STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x: activation addition
+steer_clause: STEER AT LAYER INT WITH steer_source SCALE literal
+steer_source: prompt MINUS prompt                -> steer_prompts
+            | VECTOR STRING                      -> steer_vector
 """)
 
 fam.doc('PATCH SWEEP',
@@ -91,6 +105,239 @@ def capture_stmt(c: Children) -> Capture:
 
 
 Site = Literal["residual", "residual_post", "mixer", "ffn", "heads"]
+
+
+# ---- PATCH and STEER clauses (INFER, TRACE) ----------------------------------------------------
+
+
+class PatchSpec(ast.Node):
+    """PATCH site AT LAYER n POSITION(S) ... FROM 'source': the site's values at those positions
+    taken from the source prompt's run (HEADS: the named heads' outputs)."""
+
+    site: Site
+    layer: int
+    positions: list[int] | Literal["all"]
+    heads: list[int] | None = None
+    source: ast.Prompt
+
+
+class SteerSpec(ast.Node):
+    """STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x: scale times the vector added
+    to the residual entering the layer at every position of the run. The vector file's path is
+    the statement's own field (``steer_vector``), so a server confines it."""
+
+    layer: int
+    plus: ast.Prompt | None = None
+    minus: ast.Prompt | None = None
+    scale: float
+
+
+@fam.rule
+def heads_site(c: Children) -> tuple[str, list[int]]:
+    return ("heads", c.get("HEADS"))
+
+
+@fam.rule
+def patch_where(c: Children) -> Clause:
+    if c.has("ALL"):
+        return c.clause("positions", "all")
+    if c.has("POSITION"):
+        return c.clause("positions", [c.int("POSITION")])
+    return c.clause("positions", list(c.get("POSITIONS")))
+
+
+@fam.rule
+def patch_clause(c: Children) -> Clause:
+    site = c.get("PATCH")
+    heads = None
+    if isinstance(site, tuple):
+        site, heads = site
+    elif site == "heads":
+        raise BuildError("PATCH HEADS names the heads it patches", c.first, hint="e.g. PATCH HEADS 4, 7 AT LAYER 3 ...")
+    where = c.options("PATCH")["positions"]
+    return c.clause("patch", PatchSpec(site=site, layer=c.int("LAYER"), positions=where, heads=heads,
+                                       source=c.get("FROM")), "PATCH")
+
+
+@fam.rule
+def steer_prompts(c: Children) -> tuple:
+    plus, minus = c.values(2)
+    return (plus, minus)
+
+
+@fam.rule
+def steer_vector(c: Children) -> str:
+    return c.string("VECTOR")
+
+
+@fam.rule
+def steer_clause(c: Children) -> Clause:
+    src = c.get("WITH")
+    scale = c.get("SCALE")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise BuildError(f"STEER ... SCALE takes a number, not {scale!r}", c.keyword("SCALE"), hint="e.g. SCALE 4")
+    if isinstance(src, tuple):
+        spec, vector = SteerSpec(layer=c.int("LAYER"), plus=src[0], minus=src[1], scale=float(scale)), None
+    else:
+        spec, vector = SteerSpec(layer=c.int("LAYER"), scale=float(scale)), src
+    return c.clause("steer", (spec, vector), "STEER")
+
+
+def intervention_fields(fields: dict) -> dict:
+    """A statement's clause fields with STEER's (spec, vector path) split into ``steer`` and
+    ``steer_vector``."""
+    if "steer" in fields:
+        fields["steer"], fields["steer_vector"] = fields["steer"]
+    return fields
+
+
+@dataclass(frozen=True, eq=False)
+class BoundPatch:
+    site: str
+    layer: int
+    positions: tuple[int, ...]
+    heads: tuple[int, ...] | None
+    source: BoundPrompt
+    words: str  # the source in words, for the record
+
+
+@dataclass(frozen=True, eq=False)
+class BoundSteer:
+    layer: int
+    plus: BoundPrompt | None
+    minus: BoundPrompt | None
+    vector: str | None
+    scale: float
+    words: str
+
+
+@dataclass(frozen=True, eq=False)
+class BoundInterventions:
+    """A statement's PATCH and STEER, bound against the container and the slice: checked, with
+    their prompts tokenized; the values are computed when the statement runs (`build`)."""
+
+    patch: BoundPatch | None
+    steer: BoundSteer | None
+
+    def describe(self) -> str:
+        out = []
+        if self.patch is not None:
+            p = self.patch
+            site = p.site.upper().replace("_", " ") + (" " + ", ".join(map(str, p.heads)) if p.heads else "")
+            pos = "POSITION" + ("S " if len(p.positions) > 1 else " ") + ", ".join(map(str, p.positions))
+            out.append(f"PATCH {site} AT LAYER {p.layer} {pos} FROM {p.words}")
+        if self.steer is not None:
+            out.append(f"STEER AT LAYER {self.steer.layer} WITH {self.steer.words} SCALE {self.steer.scale:g}")
+        return "; ".join(out)
+
+
+def _prompt_words(b: BoundPrompt) -> str:
+    return repr(b.text) if b.text is not None else f"TOKENS ({', '.join(map(str, b.ids))})"
+
+
+def bind_interventions(s: ast.Statement, ctx: Context, sl: SliceBinding, run: BoundPrompt,
+                       patch: PatchSpec | None, steer: SteerSpec | None, vector: str | None) -> BoundInterventions | None:
+    """PATCH / STEER of statement ``s`` bound: a site the layer lacks, a layer the slice does not
+    run, a head the layer lacks, positions the run's or the source's prompt does not have, and
+    prompts of different lengths under POSITIONS ALL are each refused by name."""
+    if patch is None and steer is None:
+        return None
+    from vindex3.errors import QueryRefused
+    from vindex3.exec.intervention import check_site
+
+    cat = ctx.catalog
+    kw = s.keyword
+    bp = bs = None
+    if patch is not None:
+        try:
+            check_site(cat.op_plan, patch.layer, patch.site, f"{kw} ... PATCH")
+        except QueryRefused as e:
+            raise err(s, str(e), hint="SHOW LAYERS lists each layer's operator") from None
+        check_executed_layers(s, sl, (patch.layer,), f"{kw} ... PATCH")
+        src = bind_prompt(ctx, patch.source)
+        n, m = len(run.ids), len(src.ids)
+        if patch.positions == "all":
+            if n != m:
+                raise err(s, f"{kw} ... PATCH POSITIONS ALL: the prompt is {n} tokens and the source {m}; patching "
+                             "every position needs the same length", hint="name positions, or prompts of one length")
+            positions = tuple(range(n))
+        else:
+            positions = tuple(patch.positions)
+            if len(set(positions)) != len(positions):
+                raise err(s, f"{kw} ... PATCH names a position twice", hint="name each position once")
+            for p in positions:
+                if p >= min(n, m):
+                    which = "prompt" if p >= n else "source prompt"
+                    raise err(s, f"{kw} ... PATCH: position {p} is past the {which} ({n if p >= n else m} tokens, "
+                                 f"positions 0..{(n if p >= n else m) - 1})",
+                              hint="a patched position is in both prompts")
+        heads = None
+        if patch.heads is not None:
+            nh = int(cat.op_plan.layers[patch.layer].params.get("heads") or 0)
+            heads = tuple(patch.heads)
+            if len(set(heads)) != len(heads):
+                raise err(s, f"{kw} ... PATCH HEADS names a head twice", hint="name each head once")
+            bad = [h for h in heads if h >= nh]
+            if bad:
+                raise err(s, f"{kw} ... PATCH HEADS: layer {patch.layer} has {nh} heads (0..{nh - 1}); no head {bad[0]}")
+        bp = BoundPatch(site=patch.site, layer=patch.layer, positions=positions, heads=heads, source=src,
+                        words=_prompt_words(src))
+    if steer is not None:
+        try:
+            check_site(cat.op_plan, steer.layer, "residual", f"{kw} ... STEER")
+        except QueryRefused as e:
+            raise err(s, str(e)) from None
+        check_executed_layers(s, sl, (steer.layer,), f"{kw} ... STEER")
+        if vector is not None:
+            from .. import files
+
+            files.input_file(vector, f"{kw} ... STEER ... VECTOR")
+            bs = BoundSteer(layer=steer.layer, plus=None, minus=None, vector=vector, scale=steer.scale,
+                            words=f"VECTOR {vector!r}")
+        else:
+            plus, minus = bind_prompt(ctx, steer.plus), bind_prompt(ctx, steer.minus)
+            bs = BoundSteer(layer=steer.layer, plus=plus, minus=minus, vector=None, scale=steer.scale,
+                            words=f"{_prompt_words(plus)} MINUS {_prompt_words(minus)}")
+    return BoundInterventions(patch=bp, steer=bs)
+
+
+def build_interventions(ex, bound: BoundInterventions | None) -> list:
+    """The `vindex3.exec.intervention` values a bound PATCH / STEER stands for, computed on ``ex``:
+    a patch's values from the source prompt's run there, a steering vector from the two prompts'
+    residuals entering the layer at their last positions (or read from the .npy file)."""
+    if bound is None:
+        return []
+    import numpy as np
+
+    from vindex3.errors import QueryRefused
+    from vindex3.exec.intervention import Patch, Steer, site_key
+
+    out = []
+    if bound.patch is not None:
+        p = bound.patch
+        key = site_key(p.layer, p.site)
+        vals = ex.run_with_cache(list(p.source.ids), sites=[key])[key][list(p.positions)]
+        if p.heads is not None:
+            vals = np.ascontiguousarray(vals[:, list(p.heads)])
+        out.append(Patch(p.site, p.layer, p.positions, vals, heads=p.heads,
+                         source=p.source.text if p.source.text is not None else p.words))
+    if bound.steer is not None:
+        st = bound.steer
+        if st.vector is not None:
+            try:
+                vec = np.load(st.vector, allow_pickle=False)
+            except (ValueError, OSError) as e:
+                raise QueryRefused(f"STEER ... VECTOR {st.vector!r} is not a .npy array this build reads ({e})") from None
+            if not isinstance(vec, np.ndarray) or vec.dtype != np.float32 or vec.ndim != 1:
+                raise QueryRefused(f"STEER ... VECTOR {st.vector!r} holds {getattr(vec, 'dtype', type(vec).__name__)} "
+                                   f"{list(getattr(vec, 'shape', []))}; a steering vector is float32 [hidden]")
+        else:
+            key = site_key(st.layer, "residual")
+            a = ex.run_with_cache(list(st.plus.ids), sites=[key])[key][-1]
+            b = ex.run_with_cache(list(st.minus.ids), sites=[key])[key][-1]
+            vec = (a - b).astype(np.float32)
+        out.append(Steer(st.layer, vec, st.scale, source=st.words))
+    return out
 
 
 class PatchSweep(ast.Statement):
