@@ -126,7 +126,11 @@ def test_the_statements_are_registered_and_writing_is_declared():
     from lql.statements.interventions import Capture, PatchSweep
 
     assert Capture.paths == ("into",) and isinstance(Capture.read_only, str)
-    assert PatchSweep.read_only is True
+    assert PatchSweep.paths == ("plot",) and isinstance(PatchSweep.read_only, str)
+    corrupted, clean = lql.ast.TokenPrompt(ids=[1]), lql.ast.TokenPrompt(ids=[2])
+    sweep = PatchSweep(corrupted=corrupted, clean=clean, token=3, site="residual")
+    assert sweep.refused_read_only() is None  # without PLOT INTO it only reads
+    assert "PLOT INTO writes a file" in sweep.model_copy(update={"plot": "g.png"}).refused_read_only()
     s = lql.Session()
     (o,) = list(s.run("HELP PATCH SWEEP;"))
     assert "PATCH SWEEP 'corrupted' FROM 'clean'" in o.result.to_text(timing=False)
@@ -239,3 +243,20 @@ def test_steer_with_a_vector_file_is_the_executors_steered_run(containers, tmp_p
     np.save(f, vec.astype(np.float64))
     (bad,) = run(path, f"INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH VECTOR '{f}' SCALE 1;")
     assert "a steering vector is float32 [hidden]" in str(bad.error)
+
+
+def test_sweep_plot_into_draws_the_grid(containers, tmp_path):
+    path = containers("llama")
+    svg = tmp_path / "grid.svg"
+    (o,) = run(path, sweep_text("RESIDUAL", f"LAYERS 0-1 PLOT INTO '{svg}'"))
+    assert o.error is None, o.error
+    body = svg.read_text()
+    assert body.lstrip().startswith("<?xml") and "<svg" in body and "patch sweep of RESIDUAL" in body
+    assert o.result.plot_path == str(svg) and f"plot             {svg}" in o.result.to_text(timing=False)
+    (again,) = run(path, sweep_text("RESIDUAL", f"LAYERS 0-1 PLOT INTO '{svg}'"))
+    assert "exists" in str(again.error)  # never replaced without OVERWRITE
+    (ok,) = run(path, sweep_text("RESIDUAL", f"LAYERS 0-1 PLOT INTO '{svg}' OVERWRITE"))
+    assert ok.error is None, ok.error
+    (bad,) = run(path, sweep_text("RESIDUAL", f"PLOT INTO '{tmp_path / 'grid.txt'}'"))
+    assert "PATCH SWEEP ... PLOT INTO writes .png or .svg, not 'grid.txt'" in str(bad.error)
+    assert o.result.layer_runs == 7 * (4 + 3)  # each cell runs from its layer on: 4 layers from 0, 3 from 1

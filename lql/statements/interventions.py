@@ -21,6 +21,7 @@ from ..planner import (
     check_span,
     depth_of,
     err,
+    may_overwrite,
 )
 from ..registry import family
 from ..results import Data, Result, dump
@@ -30,7 +31,7 @@ from ..text import fields, fmt_bytes, layers_phrase, num, table
 fam = family("interventions", module=__name__, statements=("patch_sweep_stmt", "capture_stmt", "show_attention_stmt"),
              path_keywords=("INTO",), grammar=r"""
 // PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE RESIDUAL [LAYERS a-b]: the causal-tracing grid
-patch_sweep_stmt: PATCH SWEEP prompt FROM prompt FOR token_ref SITE site_name sweep_option*
+patch_sweep_stmt: PATCH SWEEP prompt FROM prompt FOR token_ref SITE site_name sweep_option* [PLOT INTO STRING [overwrite_clause]]
 
 ?sweep_option: layers_clause
              | draft_clause
@@ -64,9 +65,9 @@ steer_source: prompt MINUS prompt                -> steer_prompts
 """)
 
 fam.doc('PATCH SWEEP',
-        "PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE RESIDUAL | RESIDUAL POST | MIXER | FFN [LAYERS a-b] [DRAFT DEPTH n]",
+        "PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE RESIDUAL | RESIDUAL POST | MIXER | FFN [LAYERS a-b] [DRAFT DEPTH n] [PLOT INTO 'grid.png' [OVERWRITE]]",
         "the corrupted run patched with the clean run's values at one layer and position at a time: the token's "
-        "logit and the recovered fraction",
+        "logit and the recovered fraction (PLOT INTO: the grid as a heatmap, .png or .svg)",
         "PATCH SWEEP 'The capital of Italy is' FROM 'The capital of France is' FOR ' Paris' SITE RESIDUAL;",
         order=125, aliases=('PATCH',))
 fam.doc('CAPTURE',
@@ -95,8 +96,9 @@ def site_name(c: Children) -> str:
 
 @fam.rule
 def patch_sweep_stmt(c: Children) -> PatchSweep:
+    fields = c.options("PATCH SWEEP")
     return PatchSweep(corrupted=c.get("SWEEP"), clean=c.get("FROM"), token=c.get("FOR"), site=c.get("SITE"),
-                      **c.options("PATCH SWEEP"))
+                      plot=c.string("PLOT", "INTO"), **fields)
 
 
 @fam.rule
@@ -344,8 +346,8 @@ class PatchSweep(ast.Statement):
     """PATCH SWEEP 'corrupted' FROM 'clean' FOR 'token' SITE s [LAYERS a-b] [DRAFT DEPTH n]."""
 
     keyword: ClassVar[str] = "PATCH SWEEP"
-    paths: ClassVar[tuple[str, ...]] = ()
-    read_only: ClassVar[bool | str] = True
+    paths: ClassVar[tuple[str, ...]] = ("plot",)
+    read_only: ClassVar[bool | str] = "PATCH SWEEP ... PLOT INTO writes a file on the server"
     needs_container: ClassVar[bool] = True
     kind: Literal["patch_sweep"] = "patch_sweep"
     corrupted: ast.Prompt
@@ -354,6 +356,11 @@ class PatchSweep(ast.Statement):
     site: Site
     layers: ast.LayerSpan | None = None
     depth: int | None = None
+    plot: str | None = None  # PLOT INTO 'grid.png' | 'grid.svg': the recovered fractions as a heatmap
+    overwrite: bool = False
+
+    def refused_read_only(self) -> str | None:
+        return None if self.plot is None else super().refused_read_only()
 
     def check(self) -> None:
         check_span(self, self.layers)
@@ -410,6 +417,8 @@ class PatchSweepPlan(Node):
     target: int
     site: str
     layers: tuple[int, ...] | None
+    plot: str | None = None
+    overwrite: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -433,8 +442,16 @@ def plan_patch_sweep(s: PatchSweep, ctx: Context) -> Node:
         raise err(s, f"PATCH SWEEP: the corrupted prompt is {len(corrupted.ids)} tokens and the clean one "
                      f"{len(clean.ids)}; patching position by position needs the same length",
                   hint="choose prompts that differ in tokens, not in length")
+    overwrite = may_overwrite(s, ctx)
+    if s.plot is not None:
+        from .. import files
+        from ..charts import check_chart_path
+
+        check_chart_path(s.plot, "PATCH SWEEP ... PLOT INTO")
+        files.output_file(s.plot, "PATCH SWEEP chart", overwrite=overwrite, inside=files.container_paths(cat))
     return PatchSweepPlan(s, slice=sl, corrupted=corrupted, clean=clean,
-                          target=cat.single_token(s.token, "PATCH SWEEP ... FOR"), site=s.site, layers=layers)
+                          target=cat.single_token(s.token, "PATCH SWEEP ... FOR"), site=s.site, layers=layers,
+                          plot=s.plot, overwrite=overwrite)
 
 
 @fam.plans(Capture)
@@ -491,7 +508,20 @@ class PatchSweepResult(Result):
     positions: int
     cells: list[SweepCell]
     passes: int
+    layer_runs: int = 0  # layer executions of the cells' passes (each runs from its layer on)
     seconds: float
+    plot_path: str | None = None  # the heatmap written with PLOT INTO
+
+    def plot(self, path: str | None = None):
+        """Draw the grid (recovered fraction by layer and position); with ``path`` also save it
+        (.png or .svg). Returns the matplotlib Figure (shown inline in a notebook). matplotlib is
+        an optional extra."""
+        from ..charts import save_figure, sweep_figure
+
+        fig = sweep_figure(self)
+        if path is not None:
+            save_figure(fig, path)
+        return fig
 
 
 class CaptureResult(Result):
@@ -572,13 +602,30 @@ def _keys(ex, sites, layers) -> list[str]:
 def run_patch_sweep(session, node: PatchSweepPlan) -> PatchSweepResult:
     from vindex3.internals.patching import patch_sweep
 
+    if node.plot is not None:
+        from ..charts import require_matplotlib
+
+        require_matplotlib("PATCH SWEEP ... PLOT INTO")  # before the sweep, not after it
     ex, _ = internals(session).executor(node.slice.depth)
     r = patch_sweep(ex, node.clean.ids, node.corrupted.ids, node.target, node.site, node.layers)
     cat = session.catalog
     cells = [SweepCell(**dump(c), token=cat.token_text(c.token_id)) for c in r.cells]
     d = dump(r)
     d.pop("cells")
-    return PatchSweepResult(**d, cells=cells, target=cat.token_text(node.target), slice=ex.slice.describe())
+    result = PatchSweepResult(**d, cells=cells, target=cat.token_text(node.target), slice=ex.slice.describe(),
+                              plot_path=node.plot)
+    if node.plot is not None:
+        from ..charts import save_figure, sweep_figure
+        from ..errors import FileRefusal
+        from ..files import container_paths, output_file
+
+        # checked again: the sweep ran for a while, and a file may have appeared meanwhile
+        output_file(node.plot, "PATCH SWEEP chart", overwrite=node.overwrite, inside=container_paths(session.container))
+        try:
+            save_figure(sweep_figure(result), node.plot)
+        except OSError as e:
+            raise FileRefusal(f"cannot write {node.plot}: {e.strerror or e}") from None
+    return result
 
 
 @fam.runs(CapturePlan)
@@ -608,13 +655,15 @@ def layout_patch_sweep(r: PatchSweepResult, timing: bool) -> list[str]:
     site = r.site.upper().replace("_", " ")
     out = [(f"patch sweep of {site} for {token(r.target, r.target_id)} (id {r.target_id}): {r.slice}, "
             f"{layers_phrase(r.layers)}, {r.positions} positions, {r.passes} prefills"),
+           ("each cell runs from its layer on, on the corrupted run's residual there (the layers before it are "
+            "the corrupted run's)"),
            ("each cell: the corrupted run with the clean run's values at that layer and position; recovered = "
            "(patched - corrupted) / (clean - corrupted)")]
     out += table([num("layer"), num("pos"), "token", num("logit"), num("recovered")],
                  [[str(c.layer), str(c.position), token(c.token, c.token_id), f"{c.logit:.4f}", _recovered(c.recovered)]
                   for c in r.cells])
     out += fields([("clean logit", f"{r.clean_logit:.4f}"), ("corrupted logit", f"{r.corrupted_logit:.4f}"),
-                   time(r.seconds, timing)])
+                   ("plot", r.plot_path), time(r.seconds, timing)])
     return out
 
 

@@ -37,7 +37,8 @@ class SweepResult(BaseModel):
     layers: list[int]
     positions: int
     cells: list[SweepCell]
-    passes: int  # prefills run: two uncut (clean, corrupted) and one per cell
+    passes: int  # prefills run: two whole (clean, corrupted) and one per cell, from the cell's layer on
+    layer_runs: int  # layer executions of the cells' passes (a whole prefill per cell would be cells x layers)
     seconds: float
 
 
@@ -60,19 +61,45 @@ def patch_sweep(ex, clean: Sequence[int], corrupted: Sequence[int], target: int,
                                   "in this build (RESIDUAL, RESIDUAL POST, MIXER and FFN have one)")
     cache = ex.run_with_cache(clean, sites=[site_key(i, s) for i, s in keys])
     clean_logit = float(cache["logits"][-1, target])
-    corrupted_logit = float(ex.forward(corrupted)[-1, target])
+    # the corrupted run, keeping the residual entering each swept layer: a patch at layer L changes
+    # nothing before L, so each cell runs from L on, on the corrupted residual there
+    entering = ex.run_with_cache(corrupted, sites=sorted({site_key(i, "residual") for i, _ in keys}))
+    corrupted_logit = float(entering["logits"][-1, target])
     span = clean_logit - corrupted_logit
     cells = []
+    runs = 0
     for layer, s in keys:
         vals = cache[site_key(layer, s)]
+        rest = _from_layer(ex, layer)
         for p in range(len(corrupted)):
-            st = ex.start(interventions=[Patch(s, layer, (p,), vals[p:p + 1], source="clean")])
-            got = float(st.prefill(corrupted, last_only=True)[-1, target])
+            patch = Patch(s, layer, (p,), vals[p:p + 1], source="clean")
+            if rest is None:  # the slice's layers after this one are not one run of layers
+                got = float(ex.start(interventions=[patch]).prefill(corrupted, last_only=True)[-1, target])
+                runs += len(ex.layers)
+            else:
+                h = rest.start(interventions=[patch]).prefill_hidden(entering[site_key(layer, "residual")])
+                got = float(ex.readout(h[-1:])[-1, target])
+                runs += len(rest.layers)
             cells.append(SweepCell(layer=layer, position=p, token_id=corrupted[p], logit=got,
                                    recovered=(got - corrupted_logit) / span + 0.0 if span != 0 else None))  # + 0.0: never -0.0
     return SweepResult(site=site, target_id=int(target), clean_logit=clean_logit, corrupted_logit=corrupted_logit,
                        layers=[i for i, _ in keys], positions=len(corrupted), cells=cells, passes=2 + len(cells),
-                       seconds=time.perf_counter() - t0)
+                       layer_runs=runs, seconds=time.perf_counter() - t0)
+
+
+def _from_layer(ex, layer: int):
+    """An executor over the same prepared operands running ``ex``'s layers from ``layer`` on
+    (hidden states in and out, the same kernels, so the same bytes), or None when those layers
+    are not one contiguous run."""
+    from ..exec.engine import Executor
+    from ..exec.slice import LayerRange
+
+    k = ex.layers.index(layer)
+    tail = list(ex.layers[k:])
+    if tail != list(range(layer, tail[-1] + 1)) or not ex.has_ends:
+        return None
+    return Executor(ex.plan, ex.prepared, LayerRange(layer, tail[-1] + 1), ex.intervention, max_positions=ex.max_positions,
+                    activations=ex.activations)
 
 
 class CaptureResult(BaseModel):
