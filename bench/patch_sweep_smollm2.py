@@ -5,7 +5,7 @@ with the recovered fraction of ' Paris' per cell.
 
 Writes bench/results/patch_sweep_smollm2.json with machine facts, the load average, the timing
 and the grid (layer x position recovered fractions, rounded to 2 decimals), and the heatmap
-bench/results/patch_sweep_smollm2.png (PLOT INTO).
+docs/images/patch_sweep_smollm2.png (PLOT INTO), which docs/internals.md shows.
 
     python bench/patch_sweep_smollm2.py [--container DIR]
 """
@@ -42,7 +42,7 @@ def main() -> None:
         sys.exit(f"the prompts tokenize to {len(clean)} and {len(corrupt)} tokens; choose a pair of equal length")
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    png = ROOT / "bench" / "results" / "patch_sweep_smollm2.png"
+    png = ROOT / "docs" / "images" / "patch_sweep_smollm2.png"
     (out,) = list(s.run(f"PATCH SWEEP '{CORRUPT}' FROM '{CLEAN}' FOR ' Paris' SITE RESIDUAL PLOT INTO '{png}' OVERWRITE;"))
     wall = time.perf_counter() - t0
     if out.error is not None:
