@@ -125,7 +125,7 @@ def test_capture_refuses_a_site_a_layer_lacks(containers, tmp_path):
 def test_the_statements_are_registered_and_writing_is_declared():
     from lql.statements.interventions import Capture, PatchSweep
 
-    assert Capture.paths == ("into",) and isinstance(Capture.read_only, str)
+    assert Capture.paths == ("into", "steer_vector") and isinstance(Capture.read_only, str)
     assert PatchSweep.paths == ("plot",) and isinstance(PatchSweep.read_only, str)
     corrupted, clean = lql.ast.TokenPrompt(ids=[1]), lql.ast.TokenPrompt(ids=[2])
     sweep = PatchSweep(corrupted=corrupted, clean=clean, token=3, site="residual")
@@ -260,3 +260,30 @@ def test_sweep_plot_into_draws_the_grid(containers, tmp_path):
     (bad,) = run(path, sweep_text("RESIDUAL", f"PLOT INTO '{tmp_path / 'grid.txt'}'"))
     assert "PATCH SWEEP ... PLOT INTO writes .png or .svg, not 'grid.txt'" in str(bad.error)
     assert o.result.layer_runs == 7 * (4 + 3)  # each cell runs from its layer on: 4 layers from 0, 3 from 1
+
+
+def test_dump_logits_and_capture_under_a_patch_name_it_in_their_sidecars(containers, tmp_path):
+    path = containers("llama")
+    cl = f"PATCH FFN AT LAYER 1 POSITIONS 2, 4 FROM {_tokens(CLEAN)}"
+    dump, plain, cap = (tmp_path / "p.f32", tmp_path / "c.f32", tmp_path / "a.npz")
+    outs = run(path, f"DUMP LOGITS {_tokens(CORRUPT)} {cl} INTO '{dump}';", f"DUMP LOGITS {_tokens(CORRUPT)} INTO '{plain}';",
+               f"CAPTURE {_tokens(CORRUPT)} SITES FFN LAYERS 1-1 {cl} INTO '{cap}';")
+    for o in outs:
+        assert o.error is None, o.error
+    ex = vindex3.open(path).executor()
+    key = site_key(1, "ffn")
+    vals = ex.run_with_cache(CLEAN, sites=[key])[key][[2, 4]]
+    patch = Patch("ffn", 1, (2, 4), vals, source="TOKENS (5, 17, 99, 3, 250, 42, 7)")
+    meta = json.loads((tmp_path / "p.meta.json").read_text())
+    assert meta["interventions"] == [patch.record()]
+    assert "interventions" not in json.loads((tmp_path / "c.meta.json").read_text())  # a clean dump is as before
+    got = np.fromfile(dump, dtype=np.float32).reshape(len(CORRUPT), -1)
+    want = ex.forward(CORRUPT, interventions=[patch])
+    # 2e-5: the dump decodes token by token, the forward is one prefill; our own prefill-vs-decode
+    # spread on this fixture, measured 1.5e-6
+    assert np.max(np.abs(got - want)) <= 2e-5
+    assert not np.allclose(got, np.fromfile(plain, dtype=np.float32).reshape(len(CORRUPT), -1), atol=1e-3)
+    side = json.loads(cap.with_suffix(".meta.json").read_text())
+    assert side["interventions"] == [patch.record()]
+    with np.load(cap) as z:
+        assert np.array_equal(z[key][[2, 4]], vals)  # the patched values are what the run wrote

@@ -44,7 +44,12 @@ site_name: RESIDUAL [POST]
          | HEADS
 
 // CAPTURE 'prompt' SITES RESIDUAL, MIXER [LAYERS a-b] INTO 'acts.npz': a run's values at named sites
-capture_stmt: CAPTURE prompt SITES site_name (_COMMA site_name)* sweep_option* INTO STRING [overwrite_clause]
+capture_stmt: CAPTURE prompt SITES site_name (_COMMA site_name)* capture_option* INTO STRING [overwrite_clause]
+
+?capture_option: layers_clause
+               | draft_clause
+               | patch_clause
+               | steer_clause
 
 // SHOW ATTENTION 'prompt' AT LAYER n [HEAD h]: a softmax layer's weights as the model computes them
 show_attention_stmt: SHOW ATTENTION prompt AT LAYER INT [HEAD INT] [draft_clause]
@@ -71,7 +76,7 @@ fam.doc('PATCH SWEEP',
         "PATCH SWEEP 'The capital of Italy is' FROM 'The capital of France is' FOR ' Paris' SITE RESIDUAL;",
         order=125, aliases=('PATCH',))
 fam.doc('CAPTURE',
-        "CAPTURE 'prompt' SITES RESIDUAL [POST] | MIXER | FFN, ... [LAYERS a-b] [DRAFT DEPTH n] INTO 'acts.npz' [OVERWRITE]",
+        "CAPTURE 'prompt' SITES RESIDUAL [POST] | MIXER | FFN | HEADS, ... [LAYERS a-b] [DRAFT DEPTH n] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x] INTO 'acts.npz' [OVERWRITE]",
         "a run's values at named sites (L12.residual, ...) into an .npz, with a provenance sidecar",
         "CAPTURE 'Hello world' SITES RESIDUAL, MIXER, FFN LAYERS 0-1 INTO 'acts.npz';", order=126)
 
@@ -103,7 +108,8 @@ def patch_sweep_stmt(c: Children) -> PatchSweep:
 
 @fam.rule
 def capture_stmt(c: Children) -> Capture:
-    return Capture(prompt=c.get("CAPTURE"), sites=list(c.all("SITES")), into=c.string("INTO"), **c.options("CAPTURE"))
+    return Capture(prompt=c.get("CAPTURE"), sites=list(c.all("SITES")), into=c.string("INTO"),
+                   **intervention_fields(c.options("CAPTURE")))
 
 
 Site = Literal["residual", "residual_post", "mixer", "ffn", "heads"]
@@ -370,7 +376,7 @@ class Capture(ast.Statement):
     """CAPTURE 'prompt' SITES s, ... [LAYERS a-b] [DRAFT DEPTH n] INTO 'acts.npz' [OVERWRITE]."""
 
     keyword: ClassVar[str] = "CAPTURE"
-    paths: ClassVar[tuple[str, ...]] = ("into",)
+    paths: ClassVar[tuple[str, ...]] = ("into", "steer_vector")
     read_only: ClassVar[bool | str] = "CAPTURE ... INTO writes a file on the server"
     needs_container: ClassVar[bool] = True
     kind: Literal["capture"] = "capture"
@@ -380,6 +386,9 @@ class Capture(ast.Statement):
     depth: int | None = None
     into: str
     overwrite: bool = False
+    patch: PatchSpec | None = None
+    steer: SteerSpec | None = None
+    steer_vector: str | None = None
 
     def check(self) -> None:
         check_span(self, self.layers)
@@ -429,6 +438,7 @@ class CapturePlan(Node):
     layers: tuple[int, ...] | None
     into: str
     overwrite: bool
+    stream: BoundInterventions | None = None
 
 
 @fam.plans(PatchSweep)
@@ -460,8 +470,10 @@ def plan_capture(s: Capture, ctx: Context) -> Node:
     sl = cat.bind_slice(depth_of(ctx, s.depth))
     layers = cat.layer_span(s.layers, "LAYERS")
     check_executed_layers(s, sl, layers, "CAPTURE ... LAYERS")
-    return CapturePlan(s, slice=sl, prompt=bind_prompt(ctx, s.prompt), sites=tuple(s.sites), layers=layers,
-                       into=s.into, overwrite=bool(s.overwrite or ctx.settings.overwrite))
+    prompt = bind_prompt(ctx, s.prompt)
+    return CapturePlan(s, slice=sl, prompt=prompt, sites=tuple(s.sites), layers=layers,
+                       into=s.into, overwrite=bool(s.overwrite or ctx.settings.overwrite),
+                       stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector))
 
 
 @fam.plans(ShowAttention)
@@ -637,10 +649,11 @@ def run_capture(session, node: CapturePlan) -> CaptureResult:
     check_output(session, node.into, "CAPTURE ... INTO", node.overwrite)
     ex, _ = internals(session).executor(node.slice.depth)
     facts = container_facts(session.base_container)
+    ivs = build_interventions(ex, node.stream)
     prov = {"container_digest": facts["digest"], "component": facts["component"], "model_layers": facts["num_layers"],
-            "statement": node.statement.source, "interventions": [], "versions": library_versions()}
+            "statement": node.statement.source, "versions": library_versions()}
     r = write_capture(ex, node.prompt.ids, _keys(ex, node.sites, node.layers), node.into, provenance=prov,
-                      overwrite=node.overwrite, forbid_inside=[session.base_container.path])
+                      overwrite=node.overwrite, forbid_inside=[session.base_container.path], interventions=ivs)
     return CaptureResult(**dump(r), slice=ex.slice.describe())
 
 

@@ -115,11 +115,12 @@ CAPTURE_FORMAT = "vindex3-capture"
 
 
 def write_capture(ex, ids: Sequence[int], sites: Sequence[str], path: str | os.PathLike, *,
-                  provenance: dict, overwrite: bool = False, forbid_inside=()) -> CaptureResult:
+                  provenance: dict, overwrite: bool = False, forbid_inside=(), interventions=()) -> CaptureResult:
     """One prefill of ``ids`` with its values at ``sites`` (keys or bare site names) written to an
     ``.npz`` (``"L3.residual"`` -> [positions, hidden] float32, ``token_ids``) and a
-    ``.meta.json`` sidecar naming the container, the run and the data's SHA-256. The sidecar is
-    written last."""
+    ``.meta.json`` sidecar naming the container, the run, its ``interventions`` (Patch, Steer:
+    the run is made under them, and the sidecar's ``interventions`` names them: empty for a clean run) and the
+    data's SHA-256. The sidecar is written last."""
     import hashlib
 
     from ..paths import hidden_sibling, output_file
@@ -129,7 +130,7 @@ def write_capture(ex, ids: Sequence[int], sites: Sequence[str], path: str | os.P
     side = p.with_suffix(".meta.json")
     output_file(side, "CAPTURE INTO sidecar", overwrite=overwrite, forbid_inside=forbid_inside)
     ids = [int(t) for t in ids]
-    cache = ex.run_with_cache(ids, sites=sites)
+    cache = ex.run_with_cache(ids, sites=sites, interventions=interventions)
     cache.pop("logits")
     arrays = {**cache, "token_ids": np.asarray(ids, dtype=np.int64)}
     buf = io.BytesIO()
@@ -137,6 +138,7 @@ def write_capture(ex, ids: Sequence[int], sites: Sequence[str], path: str | os.P
     data = buf.getvalue()
     meta = {"format": CAPTURE_FORMAT, "format_version": 1, **provenance, "token_ids": ids,
             "slice": ex.slice.describe(), "executed_layers": [int(i) for i in ex.layers],
+            "interventions": [iv.record() for iv in interventions],
             "sites": sorted(cache), "data_sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
     for target, body in ((p, data), (side, json.dumps(meta, indent=1, sort_keys=True).encode())):
         tmp = hidden_sibling(target, f".tmp-{os.getpid()}")
