@@ -116,3 +116,46 @@ def test_decompose_heads_in_lql_and_its_refusals(containers):
 
 def c_heads(path) -> int:
     return int(vindex3.open(path).op_plan().layers[0].params["heads"])
+
+
+@pytest.fixture(scope="module")
+def mla_models(tmp_path_factory):
+    """kimi (KDA beside MLA layers) and deepseek (MLA), built as tests/test_kda_mla_models.py builds them."""
+    from test_kda_mla_models import build_model
+
+    base = tmp_path_factory.mktemp("iv_mla")
+    out = {}
+    for name in ("kimi", "ds_plain"):
+        build_model(name, base / name)
+        out[name] = vindex3.encode(base / name, base / f"{name}.vindex3")
+    return out
+
+
+def test_mla_heads_are_refused_by_name_and_kda_layers_have_none(mla_models):
+    from vindex3.errors import UnsupportedOperator
+    from vindex3.exec.intervention import Patch, site_key
+
+    for name, path in mla_models.items():
+        c = vindex3.open(path)
+        ex = c.executor()
+        ops = [lo.operator for lo in c.op_plan().layers]
+        m = ops.index("mla")
+        z = np.zeros((1, 1, 4), np.float32)
+        with pytest.raises(UnsupportedOperator, match=rf"layer {m}'s mixer is 'mla'; its heads have no executor"):
+            ex.forward(IDS, interventions=[Patch("heads", m, (0,), z, heads=(0,))])
+        with pytest.raises(UnsupportedOperator, match="its heads have no executor"):
+            ex.run_with_cache(IDS, sites=[site_key(m, "heads")])
+        with pytest.raises(UnsupportedOperator, match="its heads have no executor"):
+            Internals(c).trace(IDS, TARGET, decompose="heads")
+        # patching the MLA layer's write runs, and changes the run
+        key = site_key(m, "mixer")
+        vals = ex.run_with_cache([9, 8, 7] + IDS[3:], sites=[key])[key][:3]
+        assert not np.array_equal(ex.forward(IDS, interventions=[Patch("mixer", m, (0, 1, 2), vals)]), ex.forward(IDS))
+        if "kda" in ops:
+            k = ops.index("kda")
+            with pytest.raises(QueryRefused, match=rf"layer {k} is a kda layer, which has no attention heads"):
+                ex.forward(IDS, interventions=[Patch("heads", k, (0,), z, heads=(0,))])
+            key = site_key(k, "residual_post")
+            vals = ex.run_with_cache([9, 8, 7] + IDS[3:], sites=[key])[key][:3]
+            assert not np.array_equal(ex.forward(IDS, interventions=[Patch("residual_post", k, (0, 1, 2), vals)]),
+                                      ex.forward(IDS))

@@ -287,3 +287,14 @@ def test_dump_logits_and_capture_under_a_patch_name_it_in_their_sidecars(contain
     assert side["interventions"] == [patch.record()]
     with np.load(cap) as z:
         assert np.array_equal(z[key][[2, 4]], vals)  # the patched values are what the run wrote
+
+
+def test_explain_infer_shows_the_intervention_it_would_run(containers):
+    path = containers("llama")
+    (o,) = run(path, f"EXPLAIN INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH {_tokens(CLEAN)} MINUS TOKENS (4, 5) "
+                     f"SCALE 0.5 PATCH HEADS 1 AT LAYER 3 POSITION 6 FROM {_tokens(CLEAN)} GENERATE 3;")
+    assert o.error is None, o.error
+    assert o.result.operation == (
+        "INFER: prefill 7 tokens, then 3 greedy tokens, stopping at end-of-sequence (2), with PATCH HEADS 1 AT LAYER 3 "
+        "POSITION 6 FROM TOKENS (5, 17, 99, 3, 250, 42, 7); STEER AT LAYER 2 WITH TOKENS (5, 17, 99, 3, 250, 42, 7) "
+        "MINUS TOKENS (4, 5) SCALE 0.5")
