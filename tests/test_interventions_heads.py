@@ -135,7 +135,7 @@ def test_mla_heads_are_refused_by_name_and_kda_layers_have_none(mla_models):
     from vindex3.errors import UnsupportedOperator
     from vindex3.exec.intervention import Patch, site_key
 
-    for name, path in mla_models.items():
+    for path in mla_models.values():
         c = vindex3.open(path)
         ex = c.executor()
         ops = [lo.operator for lo in c.op_plan().layers]
