@@ -81,7 +81,7 @@ def test_sweep_refusals_name_the_layer_and_its_operator(containers):
     hybrid = vindex3.open(containers("granitemoehybrid"))
     ops = [lo.operator for lo in hybrid.op_plan().layers]
     (o,) = run(containers("granitemoehybrid"), sweep_text("HEADS", f"LAYERS {ops.index('softmax')}-{ops.index('softmax')}"))
-    assert "patching HEADS has no executor in this build" in str(o.error)
+    assert "a sweep cell is one layer and position, and a HEADS patch names heads too" in str(o.error)
     (o,) = run(containers("llama"), f"PATCH SWEEP {_tokens(CORRUPT[:-1])} FROM {_tokens(CLEAN)} FOR 3 SITE RESIDUAL;")
     assert "the corrupted prompt is 6 tokens and the clean one 7" in str(o.error)
     (o,) = run(containers("llama"), sweep_text("RESIDUAL", "LAYERS 2-3 DRAFT DEPTH 2"))

@@ -281,6 +281,13 @@ def bind_interventions(s: ast.Statement, ctx: Context, sl: SliceBinding, run: Bo
                               hint="a patched position is in both prompts")
         heads = None
         if patch.heads is not None:
+            from vindex3.errors import UnsupportedOperator
+            from vindex3.exec.intervention import heads_op
+
+            try:
+                heads_op(cat.op_plan, patch.layer, f"{kw} ... PATCH HEADS")  # MLA heads: no executor, said here
+            except (QueryRefused, UnsupportedOperator) as e:
+                raise err(s, str(e), hint="choose a softmax layer (SHOW LAYERS lists each layer's operator)") from None
             nh = int(cat.op_plan.layers[patch.layer].params.get("heads") or 0)
             heads = tuple(patch.heads)
             if len(set(heads)) != len(heads):
@@ -320,6 +327,11 @@ def build_interventions(ex, bound: BoundInterventions | None) -> list:
     from vindex3.errors import QueryRefused
     from vindex3.exec.intervention import Patch, Steer, site_key
 
+    if not hasattr(ex, "run_with_cache"):
+        from ..errors import StatementError
+
+        raise StatementError("PATCH and STEER change a run in this process, and the model runs as shards",
+                             hint="SET shards = 0 (or OPEN without SHARDS)")
     out = []
     if bound.patch is not None:
         p = bound.patch

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from ..errors import QueryRefused, UnsupportedOperator
+from ..errors import QueryRefused
 from ..exec.cache import wanted_sites
 from ..exec.intervention import Patch, site_key
 
@@ -57,8 +57,9 @@ def patch_sweep(ex, clean: Sequence[int], corrupted: Sequence[int], target: int,
     else:
         keys = wanted_sites(ex.plan, ex.layers, [site_key(i, site) for i in layers], ex.slice.describe(), "PATCH SWEEP")
     if site == "heads":
-        raise UnsupportedOperator(f"PATCH SWEEP ... SITE HEADS at layer {keys[0][0]}: patching HEADS has no executor "
-                                  "in this build (RESIDUAL, RESIDUAL POST, MIXER and FFN have one)")
+        raise QueryRefused(f"PATCH SWEEP ... SITE HEADS at layer {keys[0][0]}: a sweep cell is one layer and position, "
+                           "and a HEADS patch names heads too; sweep RESIDUAL, RESIDUAL POST, MIXER or FFN, and patch "
+                           "heads with INFER ... PATCH HEADS h, ... AT LAYER n ...")
     cache = ex.run_with_cache(clean, sites=[site_key(i, s) for i, s in keys])
     clean_logit = float(cache["logits"][-1, target])
     # the corrupted run, keeping the residual entering each swept layer: a patch at layer L changes
