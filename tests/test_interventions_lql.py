@@ -298,3 +298,22 @@ def test_explain_infer_shows_the_intervention_it_would_run(containers):
         "INFER: prefill 7 tokens, then 3 greedy tokens, stopping at end-of-sequence (2), with PATCH HEADS 1 AT LAYER 3 "
         "POSITION 6 FROM TOKENS (5, 17, 99, 3, 250, 42, 7); STEER AT LAYER 2 WITH TOKENS (5, 17, 99, 3, 250, 42, 7) "
         "MINUS TOKENS (4, 5) SCALE 0.5")
+
+
+def test_a_server_confines_the_steering_vector_file(containers, tmp_path):
+    from server_fixtures import config
+
+    from lql.parser import parse_one
+    from lql.server.policy import check_statement  # the policy a server applies
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cfg = config(containers("llama"), data_dir=data)
+    for kw in ("INFER 'x'", "TRACE 'x'", "CAPTURE 'x' SITES RESIDUAL", "DUMP LOGITS 'x'"):
+        tail = " INTO 'o.npz'" if kw.startswith(("CAPTURE", "DUMP")) else ""
+        stmt = parse_one(f"{kw} STEER AT LAYER 1 WITH VECTOR '../v.npy' SCALE 1{tail};")
+        with pytest.raises(Exception, match="'..'") as e:
+            check_statement(stmt, cfg)
+        assert type(e.value).__name__ == "PathRefusal", kw
+        ok = check_statement(parse_one(f"{kw} STEER AT LAYER 1 WITH VECTOR 'v.npy' SCALE 1{tail};"), cfg)
+        assert ok.steer_vector == str(data / "v.npy")
