@@ -528,6 +528,91 @@ def _make_rows_q4(rowdot, parallel):
     return rows
 
 
+# Several weights against one activation (q/k/v, gate/up): one launch, the activation quantized
+# once, tasks of ``rpt`` rows laid end to end over the weights. Each output element is the same
+# row dot as `rows_kernel` computes, by one thread: the bytes equal one call per weight.
+@njit(inline="always")
+def _task_starts(n, rows_of, rpt):
+    starts = np.empty(n + 1, np.int64)
+    starts[0] = 0
+    for i in range(n):
+        starts[i + 1] = starts[i] + (rows_of[i] + rpt - 1) // rpt
+    return starts
+
+
+@njit(inline="always")
+def _which(starts, k):
+    i = 0
+    while k >= starts[i + 1]:
+        i += 1
+    return i
+
+
+def _make_group_i8(rowdot, parallel):
+    @njit(parallel=parallel)
+    def group(Qs, Ss, X, Ys, rpt):
+        """Ys[i][t, o] = row o of int8 weight i (Qs[i], Ss[i]) . q8(X[t]), q8(X) computed once."""
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
+        n = len(Qs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = Qs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        for k in prange(starts[n]):
+            i = _which(starts, k)
+            Q, S, Y = Qs[i], Ss[i], Ys[i]
+            k0 = k - starts[i]
+            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
+                for t in range(T):
+                    Y[t, o] = rowdot(Q[o], S[o], XQ[t], XD[t], XC[t])
+
+    return group
+
+
+def _make_group_q4(rowdot, parallel):
+    @njit(parallel=parallel)
+    def group(QSs, Ds, Ms, table, X, Ys, rpt):
+        """Ys[i][t, o] = row o of q4 weight i . q8(X[t]), q8(X) computed once."""
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
+        n = len(QSs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = QSs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        for k in prange(starts[n]):
+            i = _which(starts, k)
+            QS, D, M, Y = QSs[i], Ds[i], Ms[i], Ys[i]
+            k0 = k - starts[i]
+            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
+                for t in range(T):
+                    Y[t, o] = rowdot(QS[o], D[o], M[o], table, XQ[t], XD[t], XS[t])
+
+    return group
+
+
+_GROUPS: dict[tuple[str, str, bool], object] = {}
+
+
+def group_kernel(kind: str, path: str | None = None, parallel: bool = False):
+    """The kernel of ``kind`` ('i8' | 'q4') that multiplies a tuple of weights (tuples of their
+    arrays, of one array type each) by one activation in one launch: the bytes of `rows_kernel`
+    on each weight, with the activation quantized once."""
+    key = (kind, chosen() if path is None else path, parallel)
+    if key not in _GROUPS:
+        _GROUPS[key] = (_make_group_i8 if kind == "i8" else _make_group_q4)(dot(kind, key[1]), parallel)
+    return _GROUPS[key]
+
+
 _ROWS: dict[tuple[str, str, bool], object] = {}
 
 
