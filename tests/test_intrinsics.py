@@ -493,3 +493,16 @@ def test_a_q8_decode_with_fused_projections_is_the_decode_without_them(int_reps,
     assert np.array_equal(fused, apart)
     L = c.graph.num_layers
     assert n_apart - n_fused == 3 * L  # q/k/v: 3 launches become 1, gate/up: 2 become 1
+
+
+@pytest.mark.parametrize("K", [64, 100, 576])
+def test_fused_bf16_products_are_the_bytes_of_one_product_per_weight(K):
+    from vindex3.codecs.base import products
+
+    ws = _encoded("bf16", (21, 8, 8), K)
+    x = _x(2, K) if K % 32 == 0 else rng.standard_normal((2, K)).astype(F32)
+    f = products(ws)
+    assert f.__qualname__.startswith("RowWeight.fused")
+    for g, w in zip(f(x), ws):
+        assert np.array_equal(g, w.mm(x))
+        assert np.array_equal(g, ref_bf16(w.h, x))  # the wired kernel is the documented order

@@ -751,3 +751,43 @@ def rows_bf16(path: str = "vector", parallel: bool = False):
         chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
         _BF16[key] = _make_rows_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
     return _BF16[key]
+
+
+def _make_group_bf16(rowdot, whole, parallel):
+    @njit(parallel=parallel)
+    def group(Hs, X, Ys, rpt):
+        """Ys[i][t, o] = widen(Hs[i][o]) . X[t]: `rows_bf16` on each weight, in one launch."""
+        T, K = X.shape
+        fast = whole and K % 64 == 0
+        n = len(Hs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = Hs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        for k in prange(starts[n]):
+            i = _which(starts, k)
+            H, Y = Hs[i], Ys[i]
+            k0 = k - starts[i]
+            acc = np.empty(64, F32)
+            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
+                for t in range(T):
+                    if fast:
+                        Y[t, o] = _bf16_dot_whole(H[o], X[t])
+                    else:
+                        Y[t, o] = rowdot(H[o], X[t], acc)
+
+    return group
+
+
+_BF16_GROUPS: dict[tuple[str, bool], object] = {}
+
+
+def group_bf16(path: str = "vector", parallel: bool = False):
+    """`rows_bf16` over a tuple of weights (their bit patterns) and one activation, one launch."""
+    key = (path, parallel)
+    if key not in _BF16_GROUPS:
+        if path not in ("vector", "plain"):
+            raise ValueError(f"unknown bf16 dot path {path!r} (known: vector, plain)")
+        chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
+        _BF16_GROUPS[key] = _make_group_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
+    return _BF16_GROUPS[key]
