@@ -265,7 +265,8 @@ def int_reps(tiny_llama_container, tmp_path_factory):
     from vindex3.represent import represent
 
     base = tmp_path_factory.mktemp("intdot")
-    return {e: represent(tiny_llama_container, base / f"{e}.vindex3", e).path for e in ("int8", "q4", "bf16")}
+    reps = {e: represent(tiny_llama_container, base / f"{e}.vindex3", e).path for e in ("int8", "q4", "bf16")}
+    return reps | {"f32": tiny_llama_container}
 
 
 IDS = [1, 40, 41, 77, 9, 200, 13, 5]
@@ -441,10 +442,11 @@ def test_products_fall_back_to_one_product_per_weight_when_nothing_fuses():
     K = 96
     i8 = [w.with_activations("q8") for w in _encoded("int8", (8, 8), K)]
     q4 = _encoded("q4", (8,), K)[0].with_activations("q8")
-    exact = _encoded("int8", (8, 8), K)  # activations 'exact': no fused kernel, the bytes stay
     writable = codecs.get("int8").weight(codecs.get("int8").encode(rng.standard_normal((8, K)).astype(F32)), (8, K))
     x = _x(2, K)
-    for ws in ([i8[0], q4], exact, [i8[0], writable.with_activations("q8")], [i8[0]]):
+    exact = _encoded("int8", (8, 8), K)  # activations 'exact': no fused kernel, the bytes stay
+    for ws in ([i8[0], q4], exact, [i8[0], i8[1].with_activations("exact")], [i8[0], writable.with_activations("q8")],
+               [i8[0]]):
         f = products(ws)
         assert not f.__qualname__.startswith("RowWeight.fused"), ws
         got = f(x)
@@ -455,8 +457,9 @@ def test_products_fall_back_to_one_product_per_weight_when_nothing_fuses():
         assert all(np.array_equal(g, w.mm(xx)) for g, w in zip(f(xx), i8))
 
 
-@pytest.mark.parametrize("enc", ["int8", "q4"])
-def test_a_q8_decode_with_fused_projections_is_the_decode_without_them(int_reps, enc, monkeypatch):
+@pytest.mark.parametrize("act", ["exact", "q8"])
+@pytest.mark.parametrize("enc", ["f32", "int8", "q4", "bf16"])
+def test_a_decode_with_fused_projections_is_the_decode_without_them(int_reps, enc, act, monkeypatch):
     import vindex3.exec.ops.softmax as attn
     import vindex3.operators.gated_ffn as ffn
     from vindex3.codecs import threads
@@ -479,8 +482,8 @@ def test_a_q8_decode_with_fused_projections_is_the_decode_without_them(int_reps,
         st.step(IDS[3])
         return launches[0]
 
-    fused, _ = _decode(c.executor(activations="q8"), IDS)
-    n_fused = step_launches(c.executor(activations="q8"))
+    fused, _ = _decode(c.executor(activations=act), IDS)
+    n_fused = step_launches(c.executor(activations=act))
 
     def one_by_one(weights):
         ws = tuple(weights)
@@ -488,11 +491,14 @@ def test_a_q8_decode_with_fused_projections_is_the_decode_without_them(int_reps,
 
     monkeypatch.setattr(attn, "products", one_by_one)
     monkeypatch.setattr(ffn, "products", one_by_one)
-    apart, _ = _decode(c.executor(activations="q8"), IDS)
-    n_apart = step_launches(c.executor(activations="q8"))
+    apart, _ = _decode(c.executor(activations=act), IDS)
+    n_apart = step_launches(c.executor(activations=act))
     assert np.array_equal(fused, apart)
     L = c.graph.num_layers
-    assert n_apart - n_fused == 3 * L  # q/k/v: 3 launches become 1, gate/up: 2 become 1
+    # q/k/v: 3 launches become 1, gate/up: 2 become 1, for the fixed-order kernels (bf16, and
+    # int8/q4 under q8); f32 and int8/q4 under 'exact' keep one launch per weight
+    fuses = enc == "bf16" or (act == "q8" and enc in ("int8", "q4"))
+    assert n_apart - n_fused == (3 * L if fuses else 0)
 
 
 @pytest.mark.parametrize("K", [64, 100, 576])

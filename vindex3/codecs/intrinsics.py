@@ -51,6 +51,8 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from .kernels import _task_starts, _which
+
 F32 = np.float32
 BLOCK = 32
 ROWS_PER_TASK = 16  # output rows per parallel task (as kernels.py)
@@ -531,23 +533,6 @@ def _make_rows_q4(rowdot, parallel):
 # Several weights against one activation (q/k/v, gate/up): one launch, the activation quantized
 # once, tasks of ``rpt`` rows laid end to end over the weights. Each output element is the same
 # row dot as `rows_kernel` computes, by one thread: the bytes equal one call per weight.
-@njit(inline="always")
-def _task_starts(n, rows_of, rpt):
-    starts = np.empty(n + 1, np.int64)
-    starts[0] = 0
-    for i in range(n):
-        starts[i + 1] = starts[i] + (rows_of[i] + rpt - 1) // rpt
-    return starts
-
-
-@njit(inline="always")
-def _which(starts, k):
-    i = 0
-    while k >= starts[i + 1]:
-        i += 1
-    return i
-
-
 def _make_group_i8(rowdot, parallel):
     @njit(parallel=parallel)
     def group(Qs, Ss, X, Ys, rpt):
