@@ -37,7 +37,14 @@ and the thread counts all give identical bytes (each output element is computed 
 bf16 (`rows_bf16`): a row of bf16 bit patterns dotted with float32 x, widened in registers (a
 16-bit shift per lane, never a widened row in memory), 64 accumulators and a tree of halves, in
 plain LLVM vector IR (any target). The ``dpbf16ps`` instruction would round x to bf16, i.e.
-change the numbers (an activation treatment of its own); it is not used.
+change the numbers (an activation treatment of its own); it is not used. BF16Weight multiplies
+with it (vindex3.codecs.half).
+
+Groups (`group_kernel`, `group_bf16`): the weights that multiply one activation (a layer's
+q/k/v, an FFN's gate and up) in one launch, the activation quantized once, tasks of
+``ROWS_PER_TASK`` rows laid end to end over the weights. An output element is the same row dot,
+computed by one thread, so the bytes are those of one launch per weight (vindex3.codecs.base
+`products` binds them; tests/test_intrinsics.py compares).
 """
 
 from __future__ import annotations
