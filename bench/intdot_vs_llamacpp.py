@@ -2,8 +2,9 @@
 against llama.cpp at equal bits (int8 vs Q8_0, q4 vs Q4_1, f32 vs F32) and bf16 against our
 own f32, at 1 and 2 threads. Every arm runs in its own process; arms are interleaved (round r
 runs every arm once) and each reports its best over ``--repeats`` inside the process; ratios
-are of medians over rounds. Our arms also report weight-product calls per token (numba
-launches), operand bytes per token and the fraction of the measured streaming bandwidth.
+are of medians over rounds. Our arms also report kernel launches per token (numba calls of the
+rows kernels; q/k/v and gate/up are one fused launch each where the encoding has the kernel),
+operand bytes per token and the fraction of the measured streaming bandwidth.
 
 Decode: prefill 16 prompt tokens, then ``--steps`` greedy steps (argmax in numpy, as the peer
 arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without llama-cpp-python
@@ -58,25 +59,38 @@ def arm_ours(path: str, activations: str, steps: int, repeats: int) -> dict:
     ex = c.executor(activations=activations)
     ids = c.tokenizer.encode(TEXT)[:16]
     out: dict = {"weight_bytes": c.weight_bytes, "intdot_path": intrinsics.chosen() if activations == "q8" else None}
-    # one untimed pass counting the weight products of a step (each is one numba launch or one
-    # BLAS call) and the operand bytes it touched
-    calls = [0]
+    # one untimed pass counting the kernel launches of a step (every rows kernel, single or
+    # fused, enters vindex3.codecs.threads.launch() once), the weight products (Weight.mm, and
+    # fused groups from vindex3.codecs.base.products) and the operand bytes it touched
+    from vindex3.codecs import threads
+
+    launches, products = [0], [0]
+    real = threads._LAUNCH
+
+    class Counting(type(real)):
+        def __enter__(self):
+            launches[0] += 1
+            return real.__enter__()
+
     orig = {}
     for cls in _weight_classes(base.Weight):
         if "mm" in cls.__dict__:
             orig[cls] = cls.__dict__["mm"]
 
             def counted(self, x, _f=cls.__dict__["mm"]):
-                calls[0] += 1
+                products[0] += 1
                 return _f(self, x)
 
             cls.mm = counted
+    threads._LAUNCH = Counting()
     st = ex.start()
     logits = st.prefill(ids, last_only=True)[-1]
-    calls[0] = 0
+    launches[0] = products[0] = 0
     st.step(int(np.argmax(logits)))
-    out["calls_per_token"] = calls[0]
+    out["calls_per_token"] = launches[0]
+    out["mm_calls_per_token"] = products[0]  # single products; a fused group is one launch
     out["bytes_per_token"] = st.trace.step_bytes[-1]
+    threads._LAUNCH = real
     for cls, f in orig.items():
         cls.mm = f
     best = best_cpu = 1e9
@@ -202,7 +216,7 @@ def main() -> int:
                 vals = [x[k] for x in lst]
                 s[k + "_best"] = max(vals)
                 s[k + "_median"] = statistics.median(vals)
-            for k in ("calls_per_token", "bytes_per_token", "intdot_path", "answer_ok"):
+            for k in ("calls_per_token", "mm_calls_per_token", "bytes_per_token", "intdot_path", "answer_ok"):
                 if k in lst[0]:
                     s[k] = lst[0][k]
             if "bytes_per_token" in s:  # operand bytes read per CPU-second, against the copy rate

@@ -265,7 +265,8 @@ def int_reps(tiny_llama_container, tmp_path_factory):
     from vindex3.represent import represent
 
     base = tmp_path_factory.mktemp("intdot")
-    return {e: represent(tiny_llama_container, base / f"{e}.vindex3", e).path for e in ("int8", "q4", "bf16")}
+    reps = {e: represent(tiny_llama_container, base / f"{e}.vindex3", e).path for e in ("int8", "q4", "bf16")}
+    return reps | {"f32": tiny_llama_container}
 
 
 IDS = [1, 40, 41, 77, 9, 200, 13, 5]
@@ -374,3 +375,140 @@ def test_bf16_rows_vector_and_plain_are_the_documented_order(K):
         assert np.array_equal(y, want), path
     with pytest.raises(ValueError, match="unknown bf16 dot path 'avx'"):
         I.rows_bf16("avx")
+
+
+# -- several weights against one activation (q/k/v, gate/up) -------------------------------------
+def _encoded(enc: str, rows: tuple[int, ...], K: int):
+    c = codecs.get(enc)
+    out = []
+    for O in rows:
+        W = rng.standard_normal((O, K)).astype(F32)
+        raw = c.encode(W)
+        raw.flags.writeable = False  # as a mapped segment hands them out
+        out.append(c.weight(raw, (O, K)))
+    return out
+
+
+@pytest.mark.parametrize("enc", ["int8", "q4"])
+@pytest.mark.parametrize("K", [32, 96, 576])
+@pytest.mark.parametrize("path", RUNNABLE)
+def test_fused_q8_products_are_the_bytes_of_one_product_per_weight(enc, K, path):
+    from vindex3.codecs.base import products
+
+    ws = [w.with_activations("q8") for w in _encoded(enc, (37, 16, 16), K)]
+    x = _x(3, K)
+    I.use(path)
+    try:
+        fused = products(ws)
+        assert fused.__qualname__.startswith("RowWeight.fused")  # the one-launch kernel ran
+        got = fused(x)
+        want = tuple(w.mm(x) for w in ws)
+    finally:
+        I.use(None)
+    assert len(got) == 3
+    for g, w in zip(got, want):
+        assert g.dtype == F32 and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("kind", ["i8", "q4"])
+def test_fused_q8_products_do_not_depend_on_the_thread_count(kind):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(f"numba has {numba.config.NUMBA_NUM_THREADS} thread(s); thread independence needs 2")
+    ws = _encoded("int8" if kind == "i8" else "q4", (64, 33), 576)
+    x = _x(2, 576)
+    args = (tuple(w.q for w in ws), tuple(w.s for w in ws)) if kind == "i8" else (
+        tuple(w.qs for w in ws), tuple(w.d for w in ws), tuple(w.m for w in ws), F16_TABLE)
+
+    def run_group(parallel):
+        ys = tuple(np.empty((2, w.rows), F32) for w in ws)
+        I.group_kernel(kind, I.best(), parallel)(*args, x, ys, I.ROWS_PER_TASK)
+        return ys
+
+    serial = run_group(False)
+    before = numba.get_num_threads()
+    try:
+        for n in (1, 2):
+            numba.set_num_threads(n)
+            assert all(np.array_equal(a, b) for a, b in zip(run_group(True), serial))
+    finally:
+        numba.set_num_threads(before)
+
+
+def test_products_fall_back_to_one_product_per_weight_when_nothing_fuses():
+    from vindex3.codecs.base import products
+
+    K = 96
+    i8 = [w.with_activations("q8") for w in _encoded("int8", (8, 8), K)]
+    q4 = _encoded("q4", (8,), K)[0].with_activations("q8")
+    writable = codecs.get("int8").weight(codecs.get("int8").encode(rng.standard_normal((8, K)).astype(F32)), (8, K))
+    x = _x(2, K)
+    exact = _encoded("int8", (8, 8), K)  # activations 'exact': no fused kernel, the bytes stay
+    for ws in ([i8[0], q4], exact, [i8[0], i8[1].with_activations("exact")], [i8[0], writable.with_activations("q8")],
+               [i8[0]]):
+        f = products(ws)
+        assert not f.__qualname__.startswith("RowWeight.fused"), ws
+        got = f(x)
+        assert all(np.array_equal(g, w.mm(x)) for g, w in zip(got, ws))
+    # a fused kernel still takes what it cannot launch on (one activation row as 1-D, T > 8)
+    f = products(i8)
+    for xx in (x[0], _x(12, K)):
+        assert all(np.array_equal(g, w.mm(xx)) for g, w in zip(f(xx), i8))
+
+
+@pytest.mark.parametrize("act", ["exact", "q8"])
+@pytest.mark.parametrize("enc", ["f32", "int8", "q4", "bf16"])
+def test_a_decode_with_fused_projections_is_the_decode_without_them(int_reps, enc, act, monkeypatch):
+    import vindex3.exec.ops.softmax as attn
+    import vindex3.operators.gated_ffn as ffn
+    from vindex3.codecs import threads
+
+    c = vindex3.open(int_reps[enc])
+    launches = [0]
+    real = threads._LAUNCH
+
+    class Counting(type(real)):
+        def __enter__(self):
+            launches[0] += 1
+            return real.__enter__()
+
+    monkeypatch.setattr(threads, "_LAUNCH", Counting())
+
+    def step_launches(ex):
+        st = ex.start()
+        st.prefill(IDS[:3])
+        launches[0] = 0
+        st.step(IDS[3])
+        return launches[0]
+
+    fused, _ = _decode(c.executor(activations=act), IDS)
+    n_fused = step_launches(c.executor(activations=act))
+
+    def one_by_one(weights):
+        ws = tuple(weights)
+        return lambda x: tuple(w.mm(x) for w in ws)
+
+    monkeypatch.setattr(attn, "products", one_by_one)
+    monkeypatch.setattr(ffn, "products", one_by_one)
+    apart, _ = _decode(c.executor(activations=act), IDS)
+    n_apart = step_launches(c.executor(activations=act))
+    assert np.array_equal(fused, apart)
+    L = c.graph.num_layers
+    # q/k/v: 3 launches become 1, gate/up: 2 become 1, for the fixed-order kernels (bf16, and
+    # int8/q4 under q8); f32 and int8/q4 under 'exact' keep one launch per weight
+    fuses = enc == "bf16" or (act == "q8" and enc in ("int8", "q4"))
+    assert n_apart - n_fused == (3 * L if fuses else 0)
+
+
+@pytest.mark.parametrize("K", [64, 100, 576])
+def test_fused_bf16_products_are_the_bytes_of_one_product_per_weight(K):
+    from vindex3.codecs.base import products
+
+    ws = _encoded("bf16", (21, 8, 8), K)
+    x = _x(2, K) if K % 32 == 0 else rng.standard_normal((2, K)).astype(F32)
+    f = products(ws)
+    assert f.__qualname__.startswith("RowWeight.fused")
+    for g, w in zip(f(x), ws):
+        assert np.array_equal(g, w.mm(x))
+        assert np.array_equal(g, ref_bf16(w.h, x))  # the wired kernel is the documented order

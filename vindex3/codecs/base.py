@@ -21,6 +21,7 @@ them through, and only the operation that must decode one refuses, naming it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import ClassVar
 
 import numpy as np
@@ -100,8 +101,32 @@ class Weight:
         """Of a stacked expert bank [E, out, in]: expert ``e`` as a 2-D weight [out, in]."""
         raise UnsupportedEncoding(f"encoding {self.encoding!r} has no expert view in this build")
 
+    @classmethod
+    def fused(cls, weights: tuple[Weight, ...]) -> Callable[[np.ndarray], tuple[np.ndarray, ...]] | None:
+        """For ``weights``, all of this class: a function x -> ``tuple(w.mm(x) for w in
+        weights)``, the same bytes, in fewer kernel launches; None when the encoding has no
+        such kernel (see `products`)."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.encoding}, shape={list(self.shape)}, nbytes={self.nbytes})"
+
+
+def products(weights) -> Callable[[np.ndarray], tuple[np.ndarray, ...]]:
+    """x -> ``tuple(w.mm(x) for w in weights)`` for weights that multiply one activation (a
+    layer's q/k/v projections, an FFN's gate and up): one launch of a fused kernel when every
+    weight has the same class and that class has one (`Weight.fused`), else one product per
+    weight. Bound once, when a kernel binds its operands, so a step pays no choice."""
+    ws = tuple(weights)
+    if len(ws) > 1 and len({type(w) for w in ws}) == 1:
+        f = type(ws[0]).fused(ws)
+        if f is not None:
+            return f
+
+    def each(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(w.mm(x) for w in ws)
+
+    return each
 
 
 class Codec:

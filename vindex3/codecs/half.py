@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import UnsupportedEncoding
+from . import threads
 from .base import Codec, WeightShapeError, register
 from .rowwise import F32, RowWeight, rows_cols
-from .threads import kernels
+from .threads import intdot, kernels
 
 U16 = np.dtype("<u2")
 
@@ -45,8 +46,25 @@ class BF16Weight(Half):
     _special = 0x7F80
 
     def _rows(self, x, y):
-        K = kernels()
-        K.rows_bf16(self.h, x, y, K.ROWS_PER_TASK)
+        # widened in registers, 64 accumulators and a fixed tree (vindex3.codecs.intrinsics):
+        # about 2x the rate of widening the row into L1 scratch first (kernels.rows_bf16, still
+        # used by f16; bench/intdot_kernels.py), and an order of additions that no target or
+        # thread count changes. That order is not the one LLVM picked for the scratch kernel,
+        # so bf16 products moved in the last bits when this kernel was wired in.
+        I = intdot()
+        I.rows_bf16("vector", threads.count() > 1)(self.h, x, y, I.ROWS_PER_TASK)
+
+    @classmethod
+    def _group_rows(cls, weights):
+        H = tuple(w.h for w in weights)
+        if not threads.one_array_type(H):
+            return None  # a numba tuple indexed at run time holds one array type
+
+        def run(x, ys):
+            I = intdot()
+            I.group_bf16("vector", threads.count() > 1)(H, x, ys, I.ROWS_PER_TASK)
+
+        return run
 
     def _decode(self, rows, out):
         from . import kernels as K

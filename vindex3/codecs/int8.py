@@ -78,6 +78,18 @@ class Int8BlocksQ8(Int8Blocks):
     def _sub(self, r0, r1, shape):
         return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)
 
+    @classmethod
+    def _group_rows(cls, weights):
+        Q, S = tuple(w.q for w in weights), tuple(w.s for w in weights)
+        if not (threads.one_array_type(Q) and threads.one_array_type(S)):
+            return None  # a numba tuple indexed at run time holds one array type
+
+        def run(x, ys):
+            I = intdot()
+            I.group_kernel("i8", parallel=threads.count() > 1)(Q, S, x, ys, I.ROWS_PER_TASK)
+
+        return run
+
     def with_activations(self, mode):
         return Int8Blocks(self.q, self.s, self.shape) if check_activations(mode) == "exact" else self
 

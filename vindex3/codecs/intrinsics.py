@@ -37,7 +37,14 @@ and the thread counts all give identical bytes (each output element is computed 
 bf16 (`rows_bf16`): a row of bf16 bit patterns dotted with float32 x, widened in registers (a
 16-bit shift per lane, never a widened row in memory), 64 accumulators and a tree of halves, in
 plain LLVM vector IR (any target). The ``dpbf16ps`` instruction would round x to bf16, i.e.
-change the numbers (an activation treatment of its own); it is not used.
+change the numbers (an activation treatment of its own); it is not used. BF16Weight multiplies
+with it (vindex3.codecs.half).
+
+Groups (`group_kernel`, `group_bf16`): the weights that multiply one activation (a layer's
+q/k/v, an FFN's gate and up) in one launch, the activation quantized once, tasks of
+``ROWS_PER_TASK`` rows laid end to end over the weights. An output element is the same row dot,
+computed by one thread, so the bytes are those of one launch per weight (vindex3.codecs.base
+`products` binds them; tests/test_intrinsics.py compares).
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
+
+from .kernels import _task_starts, _which
 
 F32 = np.float32
 BLOCK = 32
@@ -528,6 +537,74 @@ def _make_rows_q4(rowdot, parallel):
     return rows
 
 
+# Several weights against one activation (q/k/v, gate/up): one launch, the activation quantized
+# once, tasks of ``rpt`` rows laid end to end over the weights. Each output element is the same
+# row dot as `rows_kernel` computes, by one thread: the bytes equal one call per weight.
+def _make_group_i8(rowdot, parallel):
+    @njit(parallel=parallel)
+    def group(Qs, Ss, X, Ys, rpt):
+        """Ys[i][t, o] = row o of int8 weight i (Qs[i], Ss[i]) . q8(X[t]), q8(X) computed once."""
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
+        n = len(Qs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = Qs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        for k in prange(starts[n]):
+            i = _which(starts, k)
+            Q, S, Y = Qs[i], Ss[i], Ys[i]
+            k0 = k - starts[i]
+            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
+                for t in range(T):
+                    Y[t, o] = rowdot(Q[o], S[o], XQ[t], XD[t], XC[t])
+
+    return group
+
+
+def _make_group_q4(rowdot, parallel):
+    @njit(parallel=parallel)
+    def group(QSs, Ds, Ms, table, X, Ys, rpt):
+        """Ys[i][t, o] = row o of q4 weight i . q8(X[t]), q8(X) computed once."""
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
+        n = len(QSs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = QSs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        for k in prange(starts[n]):
+            i = _which(starts, k)
+            QS, D, M, Y = QSs[i], Ds[i], Ms[i], Ys[i]
+            k0 = k - starts[i]
+            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
+                for t in range(T):
+                    Y[t, o] = rowdot(QS[o], D[o], M[o], table, XQ[t], XD[t], XS[t])
+
+    return group
+
+
+_GROUPS: dict[tuple[str, str, bool], object] = {}
+
+
+def group_kernel(kind: str, path: str | None = None, parallel: bool = False):
+    """The kernel of ``kind`` ('i8' | 'q4') that multiplies a tuple of weights (tuples of their
+    arrays, of one array type each) by one activation in one launch: the bytes of `rows_kernel`
+    on each weight, with the activation quantized once."""
+    key = (kind, chosen() if path is None else path, parallel)
+    if key not in _GROUPS:
+        _GROUPS[key] = (_make_group_i8 if kind == "i8" else _make_group_q4)(dot(kind, key[1]), parallel)
+    return _GROUPS[key]
+
+
 _ROWS: dict[tuple[str, str, bool], object] = {}
 
 
@@ -666,3 +743,43 @@ def rows_bf16(path: str = "vector", parallel: bool = False):
         chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
         _BF16[key] = _make_rows_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
     return _BF16[key]
+
+
+def _make_group_bf16(rowdot, whole, parallel):
+    @njit(parallel=parallel)
+    def group(Hs, X, Ys, rpt):
+        """Ys[i][t, o] = widen(Hs[i][o]) . X[t]: `rows_bf16` on each weight, in one launch."""
+        T, K = X.shape
+        fast = whole and K % 64 == 0
+        n = len(Hs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = Hs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        for k in prange(starts[n]):
+            i = _which(starts, k)
+            H, Y = Hs[i], Ys[i]
+            k0 = k - starts[i]
+            acc = np.empty(64, F32)
+            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
+                for t in range(T):
+                    if fast:
+                        Y[t, o] = _bf16_dot_whole(H[o], X[t])
+                    else:
+                        Y[t, o] = rowdot(H[o], X[t], acc)
+
+    return group
+
+
+_BF16_GROUPS: dict[tuple[str, bool], object] = {}
+
+
+def group_bf16(path: str = "vector", parallel: bool = False):
+    """`rows_bf16` over a tuple of weights (their bit patterns) and one activation, one launch."""
+    key = (path, parallel)
+    if key not in _BF16_GROUPS:
+        if path not in ("vector", "plain"):
+            raise ValueError(f"unknown bf16 dot path {path!r} (known: vector, plain)")
+        chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
+        _BF16_GROUPS[key] = _make_group_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
+    return _BF16_GROUPS[key]

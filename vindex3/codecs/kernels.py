@@ -220,6 +220,29 @@ def q4_split_x(X):
 
 
 # --------------------------------------------------------------------------------------------
+# groups: several weights against one activation (q/k/v, gate/up) in one launch, tasks of
+# ``rpt`` rows laid end to end over the weights (the fixed-order kernels of intrinsics.py use
+# these). The reassociating rows kernels above have no group form: a copy of their loop in
+# another kernel was measured to sum in another order (int8 at K = 32), so under
+# activations = 'exact' those encodings keep one launch per weight and their bytes.
+@njit(inline="always")
+def _task_starts(n, rows_of, rpt):
+    starts = np.empty(n + 1, np.int64)
+    starts[0] = 0
+    for i in range(n):
+        starts[i + 1] = starts[i] + (rows_of[i] + rpt - 1) // rpt
+    return starts
+
+
+@njit(inline="always")
+def _which(starts, k):
+    i = 0
+    while k >= starts[i + 1]:
+        i += 1
+    return i
+
+
+# --------------------------------------------------------------------------------------------
 # decoders: rows ``rows`` of W into float32 ``out`` [len(rows), I] (take, dense, prefill tiles).
 # Each writes exactly the value dense() promises, the documented dequantization. They run on
 # one thread: a prefill tile is decoded between two BLAS calls, and numba workers waking while

@@ -79,6 +79,18 @@ class Q4WeightQ8(Q4Weight):
     def _sub(self, r0, r1, shape):
         return Q4WeightQ8(self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], shape)
 
+    @classmethod
+    def _group_rows(cls, weights):
+        QS, D, M = (tuple(getattr(w, a) for w in weights) for a in ("qs", "d", "m"))
+        if not all(threads.one_array_type(t) for t in (QS, D, M)):
+            return None  # a numba tuple indexed at run time holds one array type
+
+        def run(x, ys):
+            I = intdot()
+            I.group_kernel("q4", parallel=threads.count() > 1)(QS, D, M, kernels().F16_TABLE, x, ys, I.ROWS_PER_TASK)
+
+        return run
+
     def with_activations(self, mode):
         return Q4Weight(self.qs, self.d, self.m, self.shape) if check_activations(mode) == "exact" else self
 

@@ -10,6 +10,7 @@ tensor's start (a segment starts every tensor 16-byte aligned, so typed views ar
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -81,6 +82,36 @@ class RowWeight(Weight):
     def _sub(self, r0: int, r1: int, shape: tuple[int, ...]) -> RowWeight:
         raise NotImplementedError
 
+    @classmethod
+    def _group_rows(cls, weights: tuple[RowWeight, ...]) -> Callable[[np.ndarray, tuple], None] | None:
+        """A function (x [T, in] float32 C-contiguous, ys) that writes row products of every
+        weight of ``weights`` into ``ys`` (one [T, rows] float32 array each) in one launch, the
+        bytes of `_rows` on each; None when the encoding has no such kernel."""
+        return None
+
+    @classmethod
+    def fused(cls, weights):
+        ws = tuple(weights)
+        if any(w.ndim != 2 or w.cols != ws[0].cols for w in ws):
+            return None
+        kernel = cls._group_rows(ws)
+        if kernel is None:
+            return None
+        cols, small = ws[0].cols, min(w.small_t for w in ws)
+        sizes = tuple(w.rows for w in ws)
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+            if (type(x) is np.ndarray and x.ndim == 2 and x.dtype == F32 and x.shape[1] == cols
+                    and 0 < x.shape[0] <= small and x.flags.c_contiguous):
+                T = x.shape[0]
+                ys = tuple(np.empty((T, r), F32) for r in sizes)
+                with launch():
+                    kernel(x, ys)
+                return ys
+            return tuple(w.mm(x) for w in ws)
+
+        return run
+
     # -- the verbs ---------------------------------------------------------------------------
     def _check_x(self, x: np.ndarray) -> tuple[np.ndarray, bool]:
         if self.ndim != 2:
@@ -95,6 +126,13 @@ class RowWeight(Weight):
 
     def mm(self, x: np.ndarray) -> np.ndarray:
         """x [T, in] float32 -> x @ W.T [T, out] float32 (x [in] -> [out])."""
+        # the decode step's case first, checked inline (a step makes about a hundred products)
+        if (type(x) is np.ndarray and x.ndim == 2 and x.dtype == F32 and 0 < x.shape[0] <= self.small_t
+                and x.shape[1] == self.cols and len(self.shape) == 2 and self.rows and x.flags.c_contiguous):
+            y = np.empty((x.shape[0], self.rows), F32)
+            with launch():
+                self._rows(x, y)
+            return y
         x2, one = self._check_x(x)
         T = x2.shape[0]
         y = np.empty((T, self.rows), F32)

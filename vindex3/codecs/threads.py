@@ -117,3 +117,13 @@ def intdot():
 
         _intdot.append(k)
     return _intdot[0]
+
+
+def one_array_type(arrays) -> bool:
+    """Do ``arrays`` share the one numba array type (dtype, dimensions, C layout, read-only or
+    not) that a tuple a kernel indexes at run time must have?"""
+    a0 = arrays[0]
+    return all(
+        a.dtype == a0.dtype and a.ndim == a0.ndim and a.flags.c_contiguous and a.flags.writeable == a0.flags.writeable
+        for a in arrays
+    )

@@ -13,6 +13,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from ..codecs.base import products
 from ..errors import GraphSchemaError
 from .base import (
     ARRAY,
@@ -48,6 +49,8 @@ class _Bound(FeatureFfnKernel):
         self.gate, self.up, self.gate_up, self.down = (w.get(n) for n in ("ffn_gate", "ffn_up", "ffn_gate_up", "ffn_down"))
         self.gate_b, self.up_b, self.gate_up_b, self.down_b = (
             w.get(n) for n in ("ffn_gate_bias", "ffn_up_bias", "ffn_gate_up_bias", "ffn_down_bias"))
+        # gate and up in one launch where the encoding has a fused kernel (the same bytes)
+        self.gate_and_up = products((self.gate, self.up)) if self.gate_up is None else None
 
     def _activations(self, x: np.ndarray) -> np.ndarray:
         if self.gate_up is not None:
@@ -57,8 +60,7 @@ class _Bound(FeatureFfnKernel):
             half = gu.shape[-1] // 2
             g, u = gu[..., :half], gu[..., half:]
         else:
-            g = self.gate.mm(x)
-            u = self.up.mm(x)
+            g, u = self.gate_and_up(x)
             if self.gate_b is not None:
                 g = g + self.gate_b
             if self.up_b is not None:

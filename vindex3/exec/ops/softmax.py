@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...codecs.base import products
 from . import rope as rope_mod
 from .gated_attention import gate_output
 from .norm import make_weight, rms_norm
@@ -35,6 +36,7 @@ def make_attention(p, w: dict, tap=None):
     g = nh // nkv
     window = p.window
     Wq, Wk, Wv, Wo = w["q_proj"], w["k_proj"], w["v_proj"], w["o_proj"]
+    qkv = products((Wq, Wk, Wv))  # one launch where the encoding has a fused kernel, same bytes
     qb, kb, vb, ob = (w.get(n) for n in ("q_bias", "k_bias", "v_bias", "o_bias"))
     qn = make_weight(w["q_norm"], p.qk_norm_offset) if "q_norm" in w else None
     kn = make_weight(w["k_norm"], p.qk_norm_offset) if "k_norm" in w else None
@@ -50,9 +52,7 @@ def make_attention(p, w: dict, tap=None):
 
     def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
         T = x.shape[0]
-        q = Wq.mm(x)
-        k = Wk.mm(x)
-        v = Wv.mm(x)
+        q, k, v = qkv(x)
         if qb is not None:
             q = q + qb
         if gated:  # per head [query | gate]: the query half goes on, the gate waits for the output
