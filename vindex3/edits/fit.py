@@ -203,13 +203,16 @@ def residual_target(ex, ids, layer: int, target: int, goal: float, iters: int) -
 # ---- corpus statistics ---------------------------------------------------------------------------
 
 _STATS: dict = {}
+#: The corpus used when none is named (None: the frozen prompt bank); a test sets a small one.
+DEFAULT_CORPUS: str | None = None
 
 
 def corpus_texts(settings: FitSettings) -> tuple[list[str], str, str]:
     """The corpus texts, its name and sha256."""
     from ..draft.bank import default_bank, file_sha256, load_prompts
 
-    path = Path(settings.corpus) if settings.corpus else default_bank()
+    named = settings.corpus or DEFAULT_CORPUS
+    path = Path(named) if named else default_bank()
     prompts = load_prompts(path)
     texts = [p.text for p in prompts if p.text is not None]
     return texts, path.name, file_sha256(path)
@@ -222,7 +225,8 @@ def corpus_stats(model, layers, settings: FitSettings, *, cov: bool) -> dict:
     base, _ = base_and_patches(model)
     texts, name, sha = corpus_texts(settings)
     key = (base.digest, sha, settings.generate)
-    want = [i for i in layers if (key, i, cov) not in _STATS and (key, i, True) not in _STATS]
+    cov = True  # the covariance costs little beside the pass, and one pass then serves every mode
+    want = [i for i in layers if (key, i, True) not in _STATS]
     if want:
         ex = base.executor()
         plan = base.op_plan()
@@ -231,8 +235,14 @@ def corpus_stats(model, layers, settings: FitSettings, *, cov: bool) -> dict:
         keep = _Keep(want)
         tok = base.tokenizer
         positions = 0
+        firsts = {i: [] for i in want}  # the pass holding each text's first position
+        cut = 0
         for t in texts:
             ids = tok.encode(t)
+            if ex.max_positions is not None and len(ids) + settings.generate > ex.max_positions:
+                ids, cut = ids[:max(1, ex.max_positions - settings.generate)], cut + 1  # the context length
+            for i in want:
+                firsts[i].append(len(keep.h[i]))
             st = ex.start(observer=keep)
             logits = st.prefill(ids, last_only=True)[-1]
             positions += len(ids)
@@ -243,7 +253,10 @@ def corpus_stats(model, layers, settings: FitSettings, *, cov: bool) -> dict:
         for i in want:
             x = np.concatenate(keep.x[i]) if keep.x[i] else None
             h = np.concatenate(keep.h[i])
-            s = {"center": h.mean(axis=0).astype(F32), "positions": int(h.shape[0])}
+            # the centre leaves out each text's first position: its residual (the attention sink)
+            # is many times larger than the others and would dominate the mean
+            rest = np.concatenate([a[1:] if j in set(firsts[i]) else a for j, a in enumerate(keep.h[i])])
+            s = {"center": rest.mean(axis=0).astype(F32), "positions": int(h.shape[0]), "cut": cut}
             if x is not None:
                 s["mu"] = x.mean(axis=0).astype(F32)
             if cov:
@@ -252,13 +265,15 @@ def corpus_stats(model, layers, settings: FitSettings, *, cov: bool) -> dict:
             _STATS[(key, i, cov)] = s
     out = {}
     for i in layers:
-        out[i] = _STATS.get((key, i, cov)) or _STATS[(key, i, True)]
+        out[i] = _STATS[(key, i, True)]
     return {"layers": out, "corpus": name, "corpus_sha256": sha, "generate": settings.generate,
-            "positions": next(iter(out.values()))["positions"] if out else 0}
+            "positions": next(iter(out.values()))["positions"] if out else 0,
+            "cut": next(iter(out.values()))["cut"] if out else 0}
 
 
 def provenance_of(stats: dict) -> dict:
     return {"corpus": stats["corpus"], "corpus_sha256": stats["corpus_sha256"][:16],
+            "texts_cut_to_the_context_length": stats["cut"],
             "generated_tokens_per_prompt": stats["generate"], "positions": stats["positions"],
             "note": "the frozen prompt bank plus text the model generated from it" if stats["corpus"] == "prompts-v1.jsonl"
             else "the corpus named, plus text the model generated from it"}
@@ -372,10 +387,15 @@ def fit_compose(model, r: Request, layer: int, settings: FitSettings) -> tuple[l
     orig = r.original_id
     pt = po = 0.0
     tries = 0
+    last = None  # (beta, p_target) before the last growth: growth stops when it no longer helps
     for tries in range(1, settings.max_iters + 1):
         p = softmax(probe(with_writes(model, writes_for(beta)).executor(), r.ids, [layer]).logits)
         pt, po = float(p[r.target_id]), (float(p[orig]) if orig is not None else 0.0)
+        if last is not None and pt <= last[1] * 1.01:
+            beta, pt = last  # saturated: the target's probability no longer rises with the feature's norm
+            break
         if pt < settings.floor or (orig is not None and pt <= po):
+            last = (beta, pt)
             beta *= 1.5
         elif pt > settings.ceiling:
             beta /= 1.25

@@ -107,12 +107,21 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
+_BASE_LOGP: dict = {}  # (base executor id, text) -> the unedited log-probabilities, computed once
+
+
 def bank_kl(base_ex, edited_ex, tok, texts: list[str]) -> tuple[float, int]:
     """Mean KL(unedited || edited) over every position of ``texts``."""
     total, n = 0.0, 0
+    limit = base_ex.max_positions
     for t in texts:
         ids = tok.encode(t)
-        a = _log_softmax(base_ex.forward(ids))
+        if limit is not None:
+            ids = ids[:limit]  # a bank text longer than the context is scored on its first positions
+        key = (id(base_ex), t)
+        if key not in _BASE_LOGP:
+            _BASE_LOGP[key] = (base_ex, _log_softmax(base_ex.forward(ids)))  # the executor kept: its id stays its own
+        a = _BASE_LOGP[key][1]
         b = _log_softmax(edited_ex.forward(ids))
         total += float((np.exp(a) * (a - b)).sum())
         n += len(ids)
@@ -130,6 +139,9 @@ def score(base, edited, cases: list[Case], *, bank: str | Path | None = None, kl
     out: list[CaseScore] = []
     for c in cases:
         t, o = _first(tok, c.target), _first(tok, c.original)
+        if t == o:
+            raise ConfigError(f"edit {c.prompt!r}: target {c.target!r} and original {c.original!r} begin with the same "
+                              f"token ({tok.decode([t])!r}), so their first-token probabilities cannot tell them apart")
         p, hits = _probs(ex, tok, c.prompt)
         para = []
         for q in c.paraphrases:
@@ -147,7 +159,9 @@ def score(base, edited, cases: list[Case], *, bank: str | Path | None = None, kl
                              p_original=float(p[o]), rank=int((p > p[t]).sum()), retrieval_hits=hits))
     kl_value, kl_n, bank_name = None, 0, None
     if kl:
-        path = Path(bank) if bank is not None else default_bank()
+        from . import fit
+
+        path = Path(bank) if bank is not None else Path(fit.DEFAULT_CORPUS) if fit.DEFAULT_CORPUS else default_bank()
         texts = [p.text for p in load_prompts(path) if p.text is not None]
         kl_value, kl_n = bank_kl(base_executor or base.executor(), ex, tok, texts)
         bank_name = path.name
