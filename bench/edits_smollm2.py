@@ -40,6 +40,7 @@ def main() -> None:
     ap.add_argument("--modes", default="memit,compose,knn")
     ap.add_argument("--single-kl", type=int, default=2, help="single edits whose prompt-bank KL is measured")
     ap.add_argument("--layers", default=None, help="a-b for MEMIT, n for the others")
+    ap.add_argument("--out", default="edits_smollm2.json", help="file name under bench/results")
     a = ap.parse_args()
     c = vindex3.open(default_model.container_path())
     tok = c.tokenizer
@@ -90,7 +91,7 @@ def main() -> None:
         print(mode, json.dumps({k: v for k, v in out["modes"][mode].items() if k != "together"}),
               json.dumps(summary(together)), flush=True)
     out["load_average_end"] = os.getloadavg()
-    dest = ROOT / "bench" / "results" / "edits_smollm2.json"
+    dest = ROOT / "bench" / "results" / a.out
     dest.write_text(json.dumps(out, indent=1) + "\n")
     print("wrote", dest)
 

@@ -186,7 +186,7 @@ def test_pipes_run_both_statements_in_order(dialect_dir):
     s = lql.Session()
     s.execute("OPEN 'tiny.vindex3'")
     out = s.execute("SHOW LAYERS 0-1 |> SHOW PATCHES; STATS")
-    assert [r.kind for r in out] == ["show_layers", "note", "stats"]
+    assert [r.kind for r in out] == ["show_layers", "patches", "stats"]
     assert [r.statement.text for r in out[:2]] == ["SHOW LAYERS 0-1", "SHOW PATCHES"]
 
 
@@ -239,5 +239,5 @@ def test_edits_this_build_does_not_do_are_refused_by_name(dialect_dir):
                         ("COMPACT MAJOR", "a container is never modified"), ("REBALANCE", "REBALANCE rescales")]:
         with pytest.raises(StatementError) as e:
             s.execute_one(text)
-        assert e.value.message.startswith(words)
+        assert words in e.value.message
         assert text.split()[0] in s.execute_one(f"HELP {text.split()[0]}").text

@@ -47,9 +47,11 @@ score_edits: SCORE EDITS ON STRING insert_option*
               | alpha_clause
               | mode_clause
               | template_clause
+              | corpus_clause
 confidence_clause: CONFIDENCE _number
 alpha_clause: ALPHA _number
 template_clause: TEMPLATE STRING
+corpus_clause: CORPUS STRING
 _number: INT | FLOAT
 assignment: column _EQ literal
 loose_option: NAME [literal]
@@ -62,7 +64,7 @@ fam.doc('SHOW PATCHES',
         'SHOW PATCHES;', order=340)
 fam.doc('INSERT',
         "INSERT INTO EDGES (entity, relation, target) | (prompt, target) VALUES (...) [TEMPLATE 'The {entity} is in'] "
-        "[AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] [ALPHA cos]",
+        "[AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] [ALPHA cos] [CORPUS 'bank.jsonl']",
         "write a fact into the open patch: MEMIT (rank-one weight terms), COMPOSE (one FFN feature) or KNN "
         "(a retrieval overlay: no weight changes; the default, as in the reference)",
         "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') MODE MEMIT;", order=380)
@@ -84,7 +86,7 @@ fam.doc('BEGIN PATCH',
         "on any other container), remove one",
         "BEGIN PATCH 'facts.vlp';", order=420, aliases=('SAVE PATCH', 'APPLY PATCH', 'REMOVE PATCH', 'PATCH'))
 fam.doc('SCORE EDITS',
-        "SCORE EDITS ON 'edits.jsonl' [MODE m [AT LAYER n | LAYERS a-b]]",
+        "SCORE EDITS ON 'edits.jsonl' [MODE m [AT LAYER n | LAYERS a-b]] [CORPUS 'bank.jsonl']",
         "CounterFact metrics of the current overlay (or, with MODE, of the file's edits fitted together on top of "
         "it, then dropped): efficacy, paraphrase, neighborhood, target probability and rank, prompt-bank KL",
         "SCORE EDITS ON 'edits.jsonl';", order=425)
@@ -188,6 +190,11 @@ def template_clause(c: Children) -> Clause:
 
 
 @fam.rule
+def corpus_clause(c: Children) -> Clause:
+    return c.clause("corpus", c.string("CORPUS"))
+
+
+@fam.rule
 def assignment(c: Children) -> tuple:
     col, value = c.values(2)
     return (col, value)
@@ -221,6 +228,7 @@ class ShowPatches(ast.Statement):
 
 class InsertEdges(EditStatement):
     keyword: ClassVar[str] = "INSERT"
+    paths: ClassVar[tuple[str, ...]] = ("corpus",)
     kind: Literal["insert_edges"] = "insert_edges"
     columns: list[ast.Column]
     values: list[str | int | float]
@@ -230,6 +238,7 @@ class InsertEdges(EditStatement):
     alpha: float | None = None
     mode: str | None = None
     template: str | None = None
+    corpus: str | None = None  # a JSONL prompt bank for the fit's corpus statistics (default: the frozen bank)
 
 
 class DeleteEdges(EditStatement):
@@ -275,7 +284,7 @@ class RemovePatch(EditStatement):
 
 class ScoreEdits(ast.Statement):
     keyword: ClassVar[str] = "SCORE EDITS"
-    paths: ClassVar[tuple[str, ...]] = ("path",)
+    paths: ClassVar[tuple[str, ...]] = ("path", "corpus")
     read_only: ClassVar[bool | str] = True
     needs_container: ClassVar[bool] = True
     kind: Literal["score_edits"] = "score_edits"
@@ -286,6 +295,7 @@ class ScoreEdits(ast.Statement):
     alpha: float | None = None
     mode: str | None = None
     template: str | None = None
+    corpus: str | None = None  # a JSONL prompt bank for the fit's corpus statistics (default: the frozen bank)
 
 
 class LooseOption(ast.Node):
@@ -438,6 +448,7 @@ class InsertPlan(Node):
     layers: tuple[int, ...] | None
     confidence: float | None
     alpha: float | None
+    corpus: str | None = None
 
 
 def _mode_and_layers(s, ctx: Context) -> tuple[str, tuple[int, ...] | None, dict]:
@@ -474,10 +485,10 @@ def _mode_and_layers(s, ctx: Context) -> tuple[str, tuple[int, ...] | None, dict
     return mode, layers, knobs
 
 
-def _settings(mode: str, confidence: float | None, alpha: float | None):
+def _settings(mode: str, confidence: float | None, alpha: float | None, corpus: str | None = None):
     from vindex3.edits import FitSettings
 
-    st = FitSettings()
+    st = FitSettings(corpus=corpus)
     if alpha is not None:
         st.threshold = alpha
     if confidence is not None:
@@ -516,7 +527,7 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
         entity, relation = row["entity"], row["relation"]
         template = s.template or TEMPLATES.get(relation)
         if template is None:
-            raise err(s, f"relation {relation!r} has no prompt template (known: {', '.join(sorted(TEMPLATES))})",
+            raise err(s, f"INSERT: relation {relation!r} has no prompt template (known: {', '.join(sorted(TEMPLATES))})",
                       hint="add TEMPLATE 'The {entity} is located in'")
         if "{entity}" not in template:
             raise err(s, f"TEMPLATE {template!r} has no {{entity}} to fill")
@@ -526,8 +537,10 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
         raise err(s, "INSERT: the target is empty")
     if not target.startswith(" ") and not prompt.endswith(" "):
         target = " " + target  # the word follows the prompt after a space, as written in a sentence
+    if s.corpus is not None:
+        files.input_file(s.corpus, "corpus")
     return InsertPlan(s, prompt=prompt, target=target, entity=entity, relation=relation, mode=mode,
-                      layers=layers, confidence=knobs.get("confidence"), alpha=knobs.get("alpha"))
+                      layers=layers, confidence=knobs.get("confidence"), alpha=knobs.get("alpha"), corpus=s.corpus)
 
 
 class EditRow(BaseModel):
@@ -573,7 +586,7 @@ def run_insert(session, node: InsertPlan) -> EditsResult:
     model = st.model()
     req = request(model, node.prompt, node.target, node.entity, node.relation)
     new = make_edits(model, patch, [req], node.mode, list(node.layers) if node.layers else None,
-                     _settings(node.mode, node.confidence, node.alpha))
+                     _settings(node.mode, node.confidence, node.alpha, node.corpus))
     _refresh(session, st)
     if node.mode == "knn":
         notes.append("MODE KNN is a retrieval overlay: it changes no weight; where a prompt's residual is close "
@@ -840,6 +853,7 @@ class ScorePlan(Node):
     layers: tuple[int, ...] | None
     confidence: float | None
     alpha: float | None
+    corpus: str | None = None
 
 
 @fam.plans(ScoreEdits)
@@ -851,8 +865,10 @@ def plan_score(s: ScoreEdits, ctx: Context) -> Node:
         raise err(s, "SCORE EDITS: AT LAYER, LAYERS, CONFIDENCE and ALPHA say how to fit the file's edits, and "
                      "without MODE nothing is fitted", hint="add MODE MEMIT (or COMPOSE, KNN)")
     mode, layers, knobs = _mode_and_layers(s, ctx) if s.mode is not None else (None, None, {})
+    if s.corpus is not None:
+        files.input_file(s.corpus, "corpus")
     return ScorePlan(s, path=s.path, mode=mode, layers=layers, confidence=knobs.get("confidence"),
-                     alpha=knobs.get("alpha"))
+                     alpha=knobs.get("alpha"), corpus=s.corpus)
 
 
 class ScoreRow(BaseModel):
@@ -895,10 +911,11 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
     if node.mode is not None:
         scratch = Patch(name="(score)", base_digest=st.base.digest, base_name=st.base.name)
         make_edits(model, scratch, [request(model, c.prompt, c.target) for c in cases], node.mode,
-                   list(node.layers) if node.layers else None, _settings(node.mode, node.confidence, node.alpha))
+                   list(node.layers) if node.layers else None,
+                   _settings(node.mode, node.confidence, node.alpha, node.corpus))
         model = EditedModel(st.base, [*st.active, scratch])
         fitted = f"{len(cases)} edit(s) fitted together, MODE {scratch.edits[0].label}, layers {scratch.edits[0].layers}"
-    r = score(st.base, model, cases)
+    r = score(st.base, model, cases, bank=node.corpus)
     return ScoreEditsResult(path=node.path, overlay=r.overlay, fitted=fitted,
                             rows=[ScoreRow(**c.model_dump()) for c in r.cases], efficacy=r.efficacy,
                             paraphrase=r.paraphrase, neighborhood=r.neighborhood, p_target=r.p_target, kl=r.kl,
