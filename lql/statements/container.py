@@ -43,8 +43,11 @@ _name_or_string: NAME | STRING
 with_level_clause: WITH (INFERENCE | ALL | WEIGHTS)
 format_clause: FORMAT NAME
 
-// COMPILE CURRENT | 'p' INTO VINDEX 'o' | INTO MODEL 'o' [ON CONFLICT name]
-compile_stmt: COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
+// COMPILE CURRENT | 'p' INTO VINDEX 'o' | INTO MODEL 'o' FORMAT safetensors | gguf [ON CONFLICT name] [OVERWRITE]
+compile_stmt: COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING compile_option*
+?compile_option: on_conflict_clause
+               | format_clause
+               | overwrite_clause
 """)
 
 fam.doc('VERIFY',
@@ -64,8 +67,9 @@ fam.doc('EXTRACT',
         "ENCODE by the reference dialect's name; COMPONENTS and LAYERS, which narrow what is carried, are refused by name",
         "EXTRACT MODEL 'path/to/hf-checkpoint' INTO 'model.vindex3';", order=310)
 fam.doc('COMPILE',
-        "COMPILE CURRENT | 'path' INTO VINDEX 'dir' [ON CONFLICT name]",
-        'write the container again with its patch overlay folded in; with no patch overlay in this build, a verified copy that keeps every index field; COMPILE ... INTO MODEL is refused by name',
+        "COMPILE CURRENT | 'path' INTO VINDEX 'dir' | INTO MODEL 'dir' FORMAT safetensors | gguf [ON CONFLICT name]",
+        "write the container again (INTO VINDEX) or as a checkpoint (INTO MODEL) with the session's weight edits "
+        "baked in and the patches in provenance; without edits, a verified copy that keeps every index field",
         "COMPILE CURRENT INTO VINDEX 'copy.vindex3';", order=320)
 
 
@@ -110,8 +114,10 @@ def format_clause(c: Children) -> Clause:
 def compile_stmt(c: Children) -> Compile:
     # COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
     target = c.which("VINDEX", "MODEL")
+    opts = c.options("COMPILE")
     return Compile(path=None if c.has("CURRENT") else c.string("COMPILE"), into=c.string(target.upper()),
-                   target=target, on_conflict=c.options("COMPILE").get("on_conflict"))
+                   target=target, on_conflict=opts.get("on_conflict"), format=opts.get("format"),
+                   overwrite=bool(opts.get("overwrite")))
 
 
 # ---- statements -------------------------------------------------------------------------
@@ -172,6 +178,8 @@ class Compile(ast.Statement):
     into: str
     target: Literal["vindex", "model"]
     on_conflict: str | None = None
+    format: str | None = None  # INTO MODEL: safetensors | gguf
+    overwrite: bool = False
 
 
 # ---- results ----------------------------------------------------------------------------
@@ -230,6 +238,10 @@ class CompileResult(Result):
     left_behind: int
     patches: int = 0
     on_conflict: str | None = None
+    format: str = "vindex3"
+    edits: int = 0  # edits baked in
+    edited: list[str] = Field(default_factory=list)  # tensors written from the overlay
+    not_carried: list[str] = Field(default_factory=list)
 
 
 # ---- plans ------------------------------------------------------------------------------
@@ -252,6 +264,9 @@ class CompilePlan(Node):
     source: str
     into: str
     on_conflict: str | None
+    current: bool = False  # CURRENT: the bound container with the session's patches
+    format: str = "vindex3"  # or safetensors | gguf (INTO MODEL)
+    overwrite: bool = False
 
 
 @fam.plans(Plan)
@@ -284,9 +299,14 @@ def plan_extract(s: Extract, ctx: Context) -> Node:
 
 @fam.plans(Compile)
 def plan_compile(s: Compile, ctx: Context) -> Node:
-    if s.target == "model":
-        raise err(s, "COMPILE ... INTO MODEL writes a checkpoint in the source model's own format, which this build "
-                   "does not write", hint="COMPILE ... INTO VINDEX 'dir' writes a container")
+    fmt = s.format or ("vindex3" if s.target == "vindex" else None)
+    if s.target == "model" and fmt not in ("safetensors", "gguf"):
+        what = f"FORMAT {fmt} is not a checkpoint format" if fmt else "it names no FORMAT"
+        raise err(s, f"COMPILE ... INTO MODEL writes a checkpoint, and {what}",
+                  hint="FORMAT safetensors (a Hugging Face directory) or FORMAT gguf (llama architecture)")
+    if s.target == "vindex" and fmt != "vindex3":
+        raise err(s, f"COMPILE ... INTO VINDEX writes a container; FORMAT {fmt} is not one",
+                  hint="leave FORMAT out, or COMPILE ... INTO MODEL 'dir' FORMAT safetensors")
     if s.path is None:
         if not ctx.bound:
             raise NoContainer("COMPILE CURRENT compiles the open container, and none is open",
@@ -295,7 +315,8 @@ def plan_compile(s: Compile, ctx: Context) -> Node:
         source = ctx.catalog.path
     else:
         source = s.path
-    return CompilePlan(s, source=source, into=s.into, on_conflict=s.on_conflict)
+    return CompilePlan(s, source=source, into=s.into, on_conflict=s.on_conflict, current=s.path is None, format=fmt,
+                       overwrite=may_overwrite(s, ctx))
 
 
 # ---- runners ----------------------------------------------------------------------------
@@ -367,14 +388,44 @@ def _encode_replacing(v, node: EncodePlan, progress) -> Path:
     return target
 
 
+def _overlay(session, node: CompilePlan):
+    """(source, overrides, provenance, patch count, edit count) of what COMPILE bakes in: the session's
+    weight edits for CURRENT (a retrieval overlay is refused by name: it has no weights to bake)."""
+    from vindex3.edits import EditedModel
+    from vindex3.errors import QueryRefused
+
+    model = session.container if node.current else None
+    if not isinstance(model, EditedModel) or not model.edits():
+        return (session.base_container if node.current else node.source), None, None, 0, 0
+    knn = [e for e in model.edits() if e.mode == "knn"]
+    if knn:
+        raise QueryRefused(f"COMPILE CURRENT: edit {knn[0].id} ({knn[0].prompt!r}) is MODE KNN, a retrieval overlay: it "
+                           "changes no weight, so there is nothing to bake into a checkpoint or a container",
+                           hint="DELETE FROM EDGES WHERE mode = 'knn', or REMOVE PATCH it, then COMPILE")
+    prov = {"patches": [{"name": p.name, "base_digest": p.base_digest, "edits": [
+        {"id": e.id, "mode": e.mode, "prompt": e.prompt, "target": e.target, "layers": e.layers,
+         "writes": [w.describe() for w in e.writes]} for e in p.edits]} for p in model.patches if p.edits]}
+    return model.base, model.overrides(), prov, len(prov["patches"]), len(model.edits())
+
+
 @fam.runs(CompilePlan)
 def run_compile(session, node: CompilePlan) -> CompileResult:
-    from vindex3.compile import compile_copy
+    from vindex3.compile import compile, compile_copy
 
-    r = compile_copy(node.source, node.into)
+    source, overrides, prov, patches, edits = _overlay(session, node)
+    if node.format in ("safetensors", "gguf"):
+        from vindex3.export import export_checkpoint
+
+        r = export_checkpoint(source, node.into, node.format, overrides, provenance=prov, overwrite=node.overwrite)
+        return CompileResult(source=str(getattr(source, "path", source)), path=str(r.path), files=len(r.files),
+                             bytes=r.bytes, generation=0, verified=0, left_behind=0, patches=patches,
+                             on_conflict=node.on_conflict, format=node.format, edits=edits, edited=list(r.edited))
+    r = compile(source, node.into, overrides=overrides, provenance=prov) if overrides else compile_copy(
+        getattr(source, "path", source), node.into)
     return CompileResult(source=str(r.source), path=str(r.path), files=r.files, bytes=r.bytes,
                          generation=r.generation, verified=r.verified, left_behind=r.left_behind,
-                         on_conflict=node.on_conflict)
+                         on_conflict=node.on_conflict, patches=patches, edits=edits, edited=list(r.edited),
+                         not_carried=list(r.not_carried))
 
 
 # ---- layouts and rows -------------------------------------------------------------------
@@ -434,12 +485,20 @@ def layout_encode(r: EncodeResult, timing: bool) -> list[str]:
 
 @fam.layout(CompileResult)
 def layout_compile(r: CompileResult, timing: bool) -> list[str]:
-    out = [f"compiled {r.source} into {r.path}: no patch overlay in this build, so a verified copy"]
+    what = (f"{r.edits} edit(s) from {r.patches} patch(es) baked into {len(r.edited)} tensor(s)" if r.edits
+            else "no edits, so a verified copy" if r.format == "vindex3" else "no edits")
+    if r.format != "vindex3":
+        return [f"compiled {r.source} into {r.path} as a {r.format} checkpoint: {what}"] + fields([
+            ("files", f"{r.files} written ({fmt_bytes(r.bytes)} of weights)"),
+            ("edited", ", ".join(r.edited) if r.edited else None)])
+    out = [f"compiled {r.source} into {r.path}: {what}"]
     out += fields([
         ("files", f"{r.files} copied ({fmt_bytes(r.bytes)}), each checked against its recorded hash"),
         ("verified", f"{r.verified} checked in the written container"),
         ("generation", str(r.generation)),
         ("left behind", f"{r.left_behind} file(s) the index does not refer to" if r.left_behind else None),
-        ("on conflict", f"{r.on_conflict} (no patches, so no conflicts)" if r.on_conflict else None),
+        ("on conflict", (f"{r.on_conflict} (patches apply in order; no conflict is resolved)" if r.patches
+                         else f"{r.on_conflict} (no patches, so no conflicts)") if r.on_conflict else None),
+        ("not carried", ", ".join(r.not_carried) + " (derived from the unedited weights)" if r.not_carried else None),
     ])
     return out
