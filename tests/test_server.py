@@ -352,7 +352,7 @@ def test_stop_strings_cut_the_text(client):
 
 
 def test_unsupported_fields_are_refused_by_name(client):
-    for extra, word in (({"n": 2}, "'n'"), ({"best_of": 3}, "'best_of'"), ({"suffix": "z"}, "'suffix'"),
+    for extra, word in (({"n": 17}, "'n'"), ({"n": 0}, "'n'"), ({"best_of": 3}, "'best_of'"), ({"suffix": "z"}, "'suffix'"),
                         ({"frobnicate": 1}, "'frobnicate'"), ({"temperature": 3}, "temperature"),
                         ({"prompt": ["a", "b"]}, "2 strings")):
         r = client.post("/v1/completions", headers=AUTH, json={"model": "tiny", "prompt": "x", **extra})

@@ -72,7 +72,7 @@ def test_openai_client_unchanged(tiny_llama_container, tmp_path):
         with pytest.raises(openai.AuthenticationError):
             bad.models.list()
         with pytest.raises(openai.BadRequestError, match="'n'"):
-            client.completions.create(model="tiny-chat", prompt="x", n=2)
+            client.completions.create(model="tiny-chat", prompt="x", n=17)
         with pytest.raises(openai.NotFoundError):
             client.completions.create(model="nope", prompt="x")
 
