@@ -37,7 +37,7 @@ from . import policy, service
 from .config import ServerConfig
 from .metrics import Measure, Metrics
 from .models import ModelHost
-from .sessions import SessionStore, TooManySessions
+from .sessions import SessionEvicted, SessionStore, TooManySessions
 from .worker import JobContext, Stopped
 
 log = logging.getLogger("lql.server")
@@ -80,7 +80,7 @@ InternalError = errors.InternalError
 
 
 _STATUS: dict[type, int] = {
-    TooManySessions: 429, Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
+    TooManySessions: 429, SessionEvicted: 410, Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
     InternalError: 500, C.RequestRefusal: 400, policy.LimitRefusal: 400, policy.ProfileRefusal: 403,
     policy.PathRefusal: 403,
 }
@@ -737,6 +737,13 @@ async def embeddings(request: Request) -> Response:
 
 
 @boundary
+async def openapi(request: Request) -> Response:
+    from .openapi import document
+
+    return json_response(document(keyed=_server(request).config.api_key is not None))
+
+
+@boundary
 async def metrics(request: Request) -> Response:
     srv = _server(request)
     gauges = {
@@ -787,7 +794,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         if exc.status_code == 405:
             return json_response(error_body(NotFound(f"{what}: this endpoint does not take {request.method}")), 405)
         return json_response(error_body(NotFound(f"{what}: no such endpoint",
-                                                 hint="endpoints: /health, /metrics, /tokenize, /detokenize, /v1/health, "
+                                                 hint="endpoints: /health, /metrics, /openapi.json, /tokenize, /detokenize, /v1/health, "
                                                       "/v1/models, /v1/models/{id}/stats, /v1/query, /v1/completions, "
                                                       "/v1/chat/completions, /v1/embeddings")),
                              exc.status_code)
@@ -810,6 +817,7 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
@@ -825,5 +833,11 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
                     exception_handlers={HTTPException: _http_error, Exception: _http_error})
     app.state.server = server
     app.add_middleware(KeyCheck, key=config.api_key)
+    if config.cors_origins:  # outside the key check: a browser's preflight carries no key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Session-Id"],
+                           expose_headers=["X-Session-Id", "X-Request-Id", "Retry-After"], max_age=600)
     app.add_middleware(Measure, metrics=server.metrics)  # outermost: refused keys are counted too
     return app

@@ -55,6 +55,9 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--session-ttl", type=float, default=d.session_ttl, metavar="S",
                    help="seconds an idle X-Session-Id session is kept")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N", help="live sessions")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (scheme://host[:port], or '*') call this server; repeatable "
+                        "(default: none, no CORS headers)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -117,7 +120,8 @@ def config_from_args(args: argparse.Namespace, progress=None) -> tuple[ServerCon
         session_ttl=args.session_ttl, max_sessions=args.max_sessions,
     )
     try:
-        config = ServerConfig(models=specs, api_key=key, profile=args.profile, data_dir=data_dir, limits=limits)
+        config = ServerConfig(models=specs, api_key=key, profile=args.profile, data_dir=data_dir, limits=limits,
+                              cors_origins=tuple(args.cors_origin))
     except ValueError as e:
         raise UsageError(str(e)) from None
     return config, args.host, args.port

@@ -17,7 +17,7 @@ from typing import Any
 #: Upper bounds (seconds) of the latency histogram's buckets; +Inf is implied.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-ROUTES = ("/health", "/metrics", "/tokenize", "/detokenize", "/v1/health", "/v1/models", "/v1/query",
+ROUTES = ("/health", "/metrics", "/openapi.json", "/tokenize", "/detokenize", "/v1/health", "/v1/models", "/v1/query",
           "/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 
 
