@@ -215,3 +215,72 @@ def test_n_choices(tiny_llama_container):
 
         r = c.post("/v1/completions", json={"prompt": "x", "n": 2, "speculate": {"depth": 2}, "temperature": 0})
         assert r.status_code == 400 and "speculate" in r.json()["error"]["message"]
+
+
+def test_a_client_that_disconnects_stops_its_worker_job_and_releases_its_stream(tiny_llama_container, monkeypatch):
+    """Three streams decode in batched passes; one client closes its connection mid-stream: its
+    generation stops within a few steps (the worker steps it no more), its slot is given back,
+    its stream and KV state are freed, and the other two finish with the lone greedy text."""
+    import gc
+    import threading
+    import time
+    import weakref
+
+    httpx = pytest.importorskip("httpx", reason="SKIPPED LOUDLY: httpx is a dev dependency")
+    from server_fixtures import config, live_server, slow_steps
+
+    import lql
+    from lql.server import completions as C
+
+    s = lql.connect(tiny_llama_container)
+    want = _no_eos(s.catalog, s.execute_one("INFER 'Water' GENERATE 60").generated_ids)
+    opened: list[weakref.ref] = []
+    real_open = C.open_stream
+
+    def open_stream(host, g):
+        st = real_open(host, g)
+        opened.append(weakref.ref(st.stream))
+        return st
+
+    monkeypatch.setattr(C, "open_stream", open_stream)
+    with slow_steps(monkeypatch, 0.03) as seen, live_server(config(tiny_llama_container, max_concurrent=4)) as (url, app):
+        srv = app.state.server
+        worker = srv.hosts["tiny"].worker
+        texts: dict[int, str] = {}
+
+        def full(k):
+            body = {"model": "tiny", "prompt": "Water", "max_tokens": 60, "temperature": 0}
+            texts[k] = httpx.post(url + "/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+
+        others = [threading.Thread(target=full, args=(k,)) for k in range(2)]
+        for t in others:
+            t.start()
+        deadline = time.monotonic() + 10
+        while worker.active_generations < 2 and time.monotonic() < deadline:  # both admitted first
+            time.sleep(0.005)
+        body = {"model": "tiny", "prompt": "Water", "max_tokens": 400, "temperature": 0, "stream": True}
+        t0 = time.monotonic()
+        with httpx.Client(timeout=10) as c, c.stream("POST", url + "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            it = r.iter_raw()
+            next(it)
+            next(it)
+            assert worker.active_generations == 3  # the other two are still generating
+        gone = time.monotonic()
+        deadline = gone + 5
+        while worker.active_generations > 2 and time.monotonic() < deadline:  # the other two may still run
+            time.sleep(0.01)
+        stopped_after = time.monotonic() - gone
+        for t in others:
+            t.join(60)
+        assert texts == {0: want, 1: want}
+        assert worker.active_generations == 0 and srv.gate.running == 0  # every slot given back
+        steps = seen["steps"]
+        time.sleep(0.3)
+        assert seen["steps"] == steps  # nothing is stepped after every request ended
+        assert steps < 2 * 60 + 100  # the 400-token stream stopped far short of its 400 steps
+        assert stopped_after < 2.0  # within a few steps of 0.03 s, not at the end of its 400
+        assert seen["batched"] > 0  # it was stopped out of batched passes
+        gc.collect()
+        assert len(opened) == 3 and all(ref() is None for ref in opened)  # streams and their KV rows are freed
+        assert time.monotonic() - t0 < 30

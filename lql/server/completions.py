@@ -358,8 +358,6 @@ def run(host, g: Generation, ctx: JobContext, stream=None) -> Iterator[dict[str,
     decode = (lambda ids: cat.decode(ids) or "") if cat.has_tokenizer else (lambda ids: "")
     ts = TextStream(decode, g.stops)
     stop_ids = set(g.stop_ids)
-    produced = 0
-    finish = "length"
     k = g.top_logprobs
     if g.speculate is not None:
         # the echo, and a turn for the other streams before the whole speculation runs
@@ -388,39 +386,53 @@ def run(host, g: Generation, ctx: JobContext, stream=None) -> Iterator[dict[str,
             pass
         produced, finish = state["n"], state["finish"]
     else:
-        from vindex3.generate import Sampler, generate_step
-
         st = stream if stream is not None else open_stream(host, g)
-        # the one decode step (vindex3.generate): the prefill's record, then one per token
-        calls = generate_step(st, g.ids, sampler=Sampler(g.temperature, g.top_p, g.seed), max_tokens=g.max_tokens,
-                              stop_ids=stop_ids, logits=k is not None, prompt_logits=g.echo is not None and k is not None)
-        record = next(calls)
-        if g.echo is not None:
-            ev: dict[str, Any] = {"delta": g.echo}
-            if k is not None:
-                every = record.prompt_rows
-                first = cat.token_text(g.ids[0]) or ""
-                ev["logprobs"] = [{"id": g.ids[0], "token": first, "logprob": None, "top": None}] + [
-                    logprob_entry(every[i - 1], g.ids[i], k, cat.token_text) for i in range(1, len(g.ids))]
-            yield ev
-        while record is not None and record.token is not None:
-            tok = record.token
-            produced += 1
-            if record.stop:
-                finish = "stop"
-                break
-            delta, hit = ts.push(tok)
-            ev = {"delta": delta}
-            if k is not None:
-                ev["logprobs"] = [logprob_entry(record.logits, tok, k, cat.token_text)]
-            if hit:
-                finish = "stop"
-                yield ev
-                break
-            # generate_step feeds a pick back unless it stopped or was the max_tokens-th
-            st.wants = tok if produced < g.max_tokens else None
-            yield ev
-            record = next(calls, None)
+        out: dict[str, Any] = {}
+        try:
+            yield from _decode(cat, g, st, ts, stop_ids, k, out)
+        finally:
+            st.close()  # its KV rows go with the request, not with the executor's last-run memory
+        produced, finish = out["produced"], out["finish"]
     yield {"delta": ts.finish(), "finish_reason": finish,
            "usage": {"prompt_tokens": len(g.ids), "completion_tokens": produced, "total_tokens": len(g.ids) + produced}}
+
+
+def _decode(cat, g: Generation, st, ts: TextStream, stop_ids: set[int], k: int | None,
+            out: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The events of a plain (not speculative) generation in stream ``st``; what it produced
+    and why it finished are left in ``out``."""
+    from vindex3.generate import Sampler, generate_step
+
+    produced, finish = 0, "length"
+    # the one decode step (vindex3.generate): the prefill's record, then one per token
+    calls = generate_step(st, g.ids, sampler=Sampler(g.temperature, g.top_p, g.seed), max_tokens=g.max_tokens,
+                          stop_ids=stop_ids, logits=k is not None, prompt_logits=g.echo is not None and k is not None)
+    record = next(calls)
+    if g.echo is not None:
+        ev: dict[str, Any] = {"delta": g.echo}
+        if k is not None:
+            every = record.prompt_rows
+            first = cat.token_text(g.ids[0]) or ""
+            ev["logprobs"] = [{"id": g.ids[0], "token": first, "logprob": None, "top": None}] + [
+                logprob_entry(every[i - 1], g.ids[i], k, cat.token_text) for i in range(1, len(g.ids))]
+        yield ev
+    while record is not None and record.token is not None:
+        tok = record.token
+        produced += 1
+        if record.stop:
+            finish = "stop"
+            break
+        delta, hit = ts.push(tok)
+        ev = {"delta": delta}
+        if k is not None:
+            ev["logprobs"] = [logprob_entry(record.logits, tok, k, cat.token_text)]
+        if hit:
+            finish = "stop"
+            yield ev
+            break
+        # generate_step feeds a pick back unless it stopped or was the max_tokens-th
+        st.wants = tok if produced < g.max_tokens else None
+        yield ev
+        record = next(calls, None)
+    out["produced"], out["finish"] = produced, finish
 

@@ -201,6 +201,7 @@ class ModelWorker:
             job.gen.close()  # type: ignore[attr-defined]
         except BaseException:
             log.exception("closing a generation failed")
+        job.stream = None  # the thread's last-job variable must not keep a stream's state alive
         try:
             job.done(exc)
         except Exception:

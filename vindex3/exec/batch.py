@@ -199,6 +199,14 @@ class Prefetched:
     def ready(self) -> bool:
         return self._ready is not None
 
+    def close(self) -> None:
+        """Let the stream go: a pending row is dropped, and the executor, which keeps the stream
+        that ran last (for ``ex.trace``), forgets it if it is this one, so that its state (KV
+        rows) is freed as soon as the caller drops it."""
+        self._ready, self.wants = None, None
+        if getattr(self.stream.ex, "_last", None) is self.stream:
+            self.stream.ex._last = None
+
     def prefill(self, token_ids, last_only: bool = False) -> np.ndarray:
         if self._ready is not None:
             raise VindexError("a prefetched step is pending: feed its token before a prefill")
