@@ -525,3 +525,21 @@ def test_the_startup_file_runs_first(tmp_path, history, monkeypatch, capsys):
 def test_the_default_startup_file_is_in_home(tmp_path, monkeypatch):
     monkeypatch.delenv("LQL_RC")
     assert repl.default_rc_path() == tmp_path / ".lqlrc"
+
+
+def test_a_progress_bar_shows_elapsed_time_and_an_estimate(history):
+    sh, _out, err = make_shell(history, stderr=Tty())
+    now = [100.0]
+    bar = repl._ProgressLine(sh, "build features", clock=lambda: now[0])
+    now[0] = 112.0
+    bar(0, 30, "layer 0")
+    assert "] 0/30 0:12 layer 0" in err.getvalue()  # nothing done yet: no estimate
+    now[0] = 130.0
+    bar(10, 30, "layer 10")
+    assert "] 10/30 0:30, ~1:00 left layer 10" in err.getvalue()  # 3 s a part, 20 parts left
+    now[0] = 4000.0
+    bar(29, 30, "layer 29")
+    assert "29/30 1:05:00, ~2:14 left" in err.getvalue()
+    bar(30, 30, "done")
+    assert "30/30 1:05:00 done" in err.getvalue()
+    assert repl.timing(5.4, 0, 0) == "0:05"
