@@ -10,6 +10,7 @@ are looked up when written, so a test's captured streams see them."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,41 @@ def write_text(f: TextIO, text: str) -> None:
     except UnicodeEncodeError:
         enc = getattr(f, "encoding", None) or "utf-8"
         f.write(text.encode(enc, "backslashreplace").decode(enc, "replace"))
+
+
+_KEY_VALUE = re.compile(r"(\S(?:.*?\S)?)( {2,})(\S.*)")
+
+
+def fold_wide(text: str, width: int) -> str:
+    """Text output for a terminal ``width`` columns wide: a key/value line wider than that
+    (``prompt ids  [504, 3575, ...]``) folds its value onto lines of its own, indented to the
+    value's column and broken after a comma or a space where one falls in the last third of the
+    line, so the keys stay a column. Other lines are left as they are (table cells are already
+    elided to the width by the renderer); nothing is ever dropped."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        m = _KEY_VALUE.fullmatch(line) if len(line) > width else None
+        col = len(m.group(1)) + len(m.group(2)) if m else 0
+        if m is None or col > width // 2:
+            out.append(line)
+            continue
+        room = width - col
+        value = m.group(3)
+        first = True
+        while value:
+            if len(value) <= room:
+                cut = len(value)
+            else:
+                cut = room
+                for sep in (", ", " "):
+                    k = value.rfind(sep, room * 2 // 3, room)
+                    if k > 0:
+                        cut = k + len(sep)
+                        break
+            piece, value = value[:cut].rstrip(" "), value[cut:]
+            out.append((line[:col] if first else " " * col) + piece)
+            first = False
+    return "\n".join(out)
 
 
 def _expand(path: str) -> str:
@@ -190,6 +226,8 @@ class Console:
         if screen and self.interactive and isatty(out):
             width = terminal_size(out)[0]
         shown = self._formatted(result, fmt, width)
+        if fmt == "text" and width is not None:
+            shown = fold_wide(shown, width)
         if fmt in ("text",) and self.timing and seconds is not None:
             shown += f"\ntime: {text.fmt_seconds(seconds)}"
         self._write_block(shown, out, screen, fmt)

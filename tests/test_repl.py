@@ -543,3 +543,30 @@ def test_a_progress_bar_shows_elapsed_time_and_an_estimate(history):
     bar(30, 30, "done")
     assert "30/30 1:05:00 done" in err.getvalue()
     assert repl.timing(5.4, 0, 0) == "0:05"
+
+
+def test_over_wide_key_value_lines_fold_to_the_terminal(tiny_llama_container, history, monkeypatch):
+    from lql.console import fold_wide
+
+    ids = ", ".join(str(1000 + i) for i in range(30))
+    text = f"slice       full model\nprompt ids  [{ids}]\nrank  token\n" + "x" * 70
+    folded = fold_wide(text, 50)
+    lines = folded.split("\n")
+    assert lines[0] == "slice       full model"
+    assert all(len(ln) <= 50 for ln in lines[:-1]) and lines[-1] == "x" * 70  # not a key/value line: left alone
+    body = [ln for ln in lines if ln.startswith(("prompt ids  ", " " * 12))]
+    assert body[0].startswith("prompt ids  [1000, ") and all(ln.startswith(" " * 12 + "1") for ln in body[1:])
+    assert all(ln.rstrip().endswith(",") for ln in body[:-1])  # broken after commas
+    assert " ".join(ln[12:] for ln in body) == f"[{ids}]"  # nothing dropped
+    assert fold_wide(text, 500) == text
+
+    # in the shell: on a terminal 60 columns wide, INFER's prompt ids fold; to a file they do not
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setenv("LINES", "200")
+    sh, out, _err = make_shell(history, stdout=Tty())
+    sh.interactive = True
+    long = "Water boils at a temperature of 100 degrees Celsius. " * 3
+    sh.run_text(f"OPEN {quoted(tiny_llama_container)}; INFER {long!r} TOP 1;")
+    shown = out.getvalue().split("\n")
+    assert all(len(ln) <= 60 for ln in shown), [ln for ln in shown if len(ln) > 60]
+    assert any(ln.startswith("prompt ids  [") for ln in shown)
