@@ -284,3 +284,29 @@ def test_a_client_that_disconnects_stops_its_worker_job_and_releases_its_stream(
         gc.collect()
         assert len(opened) == 3 and all(ref() is None for ref in opened)  # streams and their KV rows are freed
         assert time.monotonic() - t0 < 30
+
+
+def test_n_chat_choices(tiny_llama_container, tmp_path):
+    import json
+
+    from server_fixtures import chat_container, config, sse_events
+    from starlette.testclient import TestClient
+
+    from lql.server.app import create_app
+
+    path = chat_container(tiny_llama_container, tmp_path)
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 6, "temperature": 1.2, "seed": 7}
+    with TestClient(create_app(config(path))) as c:
+        two = c.post("/v1/chat/completions", json={**body, "n": 2}).json()
+        lone = [c.post("/v1/chat/completions", json={**body, "seed": 7 + i}).json()["choices"][0]["message"]["content"]
+                for i in range(2)]
+        assert [ch["message"]["content"] for ch in two["choices"]] == lone
+        assert [ch["index"] for ch in two["choices"]] == [0, 1]
+        r = c.post("/v1/chat/completions", json={**body, "n": 2, "stream": True})
+        chunks = [json.loads(e) for e in sse_events(r.text)[:-1]]
+        roles = [ch["choices"][0]["index"] for ch in chunks if ch["choices"][0]["delta"].get("role") == "assistant"]
+        assert roles == [0, 1]  # each choice opens with its role
+        texts = ["", ""]
+        for ch in chunks:
+            texts[ch["choices"][0]["index"]] += ch["choices"][0]["delta"].get("content") or ""
+        assert texts == lone
