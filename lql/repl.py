@@ -172,17 +172,11 @@ class _ProgressLine:
             err.flush()
 
 
-def _clock(seconds: float) -> str:
-    s = int(seconds + 0.5)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
 def timing(elapsed: float, done: int, total: int) -> str:
-    """A progress bar's time: elapsed, and the estimated time left once a part is done
-    (``1:05, ~2:10 left``); the estimate assumes the parts left take as long as the parts done."""
-    if done <= 0 or total <= 0 or done >= total:
-        return _clock(elapsed)
-    return f"{_clock(elapsed)}, ~{_clock(elapsed / done * (total - done))} left"
+    """A progress bar's time (`lql.console.progress_time`)."""
+    from .console import progress_time
+
+    return progress_time(elapsed, done, total)
 
 
 def _blank(text: str) -> bool:

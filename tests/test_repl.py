@@ -570,3 +570,39 @@ def test_over_wide_key_value_lines_fold_to_the_terminal(tiny_llama_container, hi
     shown = out.getvalue().split("\n")
     assert all(len(ln) <= 60 for ln in shown), [ln for ln in shown if len(ln) > 60]
     assert any(ln.startswith("prompt ids  [") for ln in shown)
+
+
+def test_a_script_hears_that_a_long_statement_is_still_working():
+    from lql import Session
+    from lql.console import Console, ProgressNotes
+    from lql.parser import parse_one
+
+    err = io.StringIO()
+    now = [0.0]
+    notes = ProgressNotes(err, "BUILD", clock=lambda: now[0])
+    for t, done in ((2.0, 1), (9.0, 3)):  # the first 10 s: silent, short work stays quiet
+        now[0] = t
+        notes(done, 30, "layer")
+    assert err.getvalue() == ""
+    now[0] = 12.0
+    notes(4, 30, "layer 3")
+    now[0] = 20.0
+    notes(6, 30, "layer 5")  # within 30 s of the last line: silent
+    now[0] = 45.0
+    notes(10, 30, "layer 9")
+    now[0] = 90.0
+    notes(30, 30, "layer 29")  # done: nothing more to say
+    assert err.getvalue().splitlines() == ["lql: BUILD still working: layer 3 (4/30), 0:12, ~1:18 left",
+                                           "lql: BUILD still working: layer 9 (10/30), 0:45, ~1:30 left"]
+
+    # a script's console hears a statement's progress while it runs, and only then
+    s = Session()
+    con = Console(s, stdout=io.StringIO(), stderr=io.StringIO())
+    assert s.on_progress is None
+    with con.live(parse_one("STATS")):
+        assert isinstance(s.on_progress, ProgressNotes)
+    assert s.on_progress is None
+    mine = lambda *a: None  # a hook someone else set is left alone
+    s.on_progress = mine
+    with con.live(parse_one("STATS")):
+        assert s.on_progress is mine
