@@ -96,3 +96,22 @@ def test_cors_origin_flag(tiny_llama_container):
     for bad in ("localhost:3000", "http://localhost:3000/", "http://x/path"):
         with pytest.raises(UsageError, match="is not an origin"):
             config_from_args(arg_parser().parse_args([str(tiny_llama_container), "--cors-origin", bad]))
+
+
+def test_results_and_errors_over_http_name_containers_by_their_served_name(tiny_llama_container, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copytree(tiny_llama_container, data / "other.vindex3")
+    cfg = config(tiny_llama_container, model_id="tiny", data_dir=data)
+    with TestClient(create_app(cfg)) as c:
+        stats = c.get("/v1/models/tiny/stats").text
+        assert str(tiny_llama_container) not in stats and str(tmp_path) not in stats
+        assert c.get("/v1/models/tiny/stats").json()["result"]["path"] == "tiny"
+        r = c.post("/v1/query", json={"lql": "STATS; OPEN 'other.vindex3'; STATS; OPEN 'missing.vindex3'"}).json()
+        text = str(r)
+        assert str(tiny_llama_container) not in text and str(data) not in text and str(tmp_path) not in text
+        assert r["results"][0]["result"]["path"] == "tiny"
+        assert r["results"][2]["result"]["path"] == "other.vindex3"  # relative to the data directory
+        assert r["results"][3]["ok"] is False and "missing.vindex3" in r["results"][3]["error"]["message"]

@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -187,6 +188,7 @@ class Server:
         self.gate = Gate(config.limits.max_concurrent, config.limits.max_queue, config.limits.retry_after)
         self.metrics = Metrics()
         self._blas = None
+        self._public_pairs: list[tuple[str, str]] | None = None
 
     def host(self, model: Any) -> ModelHost:
         if model is None:
@@ -198,6 +200,43 @@ class Server:
             raise ModelNotFound(f"this server does not serve a model {model!r}",
                                 hint="models: " + ", ".join(sorted(self.hosts)))
         return self.hosts[model]
+
+    def _served_names(self) -> list[tuple[str, str]]:
+        """(server path, what a client sees instead), longest path first: each served
+        container's directory is its model id; the data directory is the root of the relative
+        paths statements name."""
+        pairs: list[tuple[str, str]] = []
+        for h in self.hosts.values():
+            for p in {str(h.spec.path), str(h.container.path), str(Path(h.container.path).resolve())}:
+                pairs.append((p, h.id))
+        if self.config.data_dir is not None:
+            for p in {str(self.config.data_dir), str(Path(self.config.data_dir).resolve())}:
+                if p.strip("/"):  # a data directory of / would rewrite every path: left as it is
+                    pairs.append((p.rstrip("/") + "/", ""))
+                    pairs.append((p, "."))
+        return sorted(pairs, key=lambda kv: -len(kv[0]))
+
+    def public(self, obj: Any) -> Any:
+        """``obj`` (a result or error as JSON data) with every server file path of a served
+        container or the data directory replaced by the name a client knows it by: STATS and
+        refusals over HTTP name a container by its model id, never by where it lives here."""
+        pairs = self._public_pairs
+        if pairs is None:
+            pairs = self._public_pairs = self._served_names()
+
+        def walk(v: Any) -> Any:
+            if isinstance(v, str):
+                for path, name in pairs:
+                    if path in v:
+                        v = v.replace(path, name)
+                return v
+            if isinstance(v, dict):
+                return {k: walk(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [walk(x) for x in v]
+            return v
+
+        return walk(obj)
 
     def start(self) -> None:
         # Hold BLAS at the executor's small-pass thread count for the server's life: each model's
@@ -317,7 +356,7 @@ async def model_stats(request: Request) -> Response:
     ss = srv.sessions.get(host, None)
     stmt = parse_one("STATS")
     result = await asyncio.wrap_future(host.worker.call(partial(loop.execute_statement, ss.session, stmt)))
-    return json_response(render.to_json(result))
+    return json_response(srv.public(render.to_json(result)))
 
 
 _QUERY_FIELDS = {"lql", "model"}
@@ -362,7 +401,7 @@ async def query(request: Request) -> Response:
     finally:
         release()
     headers = {"X-Session-Id": sid} if sid else None
-    return json_response({"model": host.id, "session": sid, "results": results}, status, headers)
+    return json_response({"model": host.id, "session": sid, "results": srv.public(results)}, status, headers)
 
 
 def _run_chunk(srv: Server, session, text: str, ch: loop.Chunk, ctx: JobContext) -> tuple[list[dict], bool]:
