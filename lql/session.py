@@ -49,6 +49,10 @@ class Session:
         self.on_progress = on_progress
         self.on_notice = on_notice
         self._executors: dict[Any, Any] = {}
+        # the opened container, shared with every session in this process that opened the same
+        # one (lql.prepared); held here so that it lives as long as a session is bound to it
+        self.prepared = None
+        self.memory_ceiling: int | None = None  # a server's --memory-ceiling: a new OPEN past it is refused
         self._internals = None  # vindex3.internals.Internals of the bound container, made on first use
         self.shared_internals = None  # a server's maker of its model's shared Internals (None: the session's own)
         self.writes_derived = True  # feature metadata built here is kept in the container (False: in memory only)
@@ -120,9 +124,13 @@ class Session:
         return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=self.settings.model_copy(),
                        remote=self.remote)
 
-    def bind(self, container, *, default_model: bool = False, shards: int = 0) -> None:
+    def bind(self, container, *, default_model: bool = False, shards: int = 0, prepared=None) -> None:
         """Bind ``container``: a fresh catalog, no executors, no draft depth. ``shards`` > 0 runs
-        its layers as that many Ray actors (vindex3.shards), with the same answers."""
+        its layers as that many Ray actors (vindex3.shards), with the same answers. ``prepared``
+        (an `lql.prepared.PreparedModel` holding ``container``) is what keeps a shared container
+        open for this session."""
+        if prepared is None and container is not None and container is self.base_container:
+            prepared = self.prepared  # the same container bound again (reshard): still held
         model = container
         if shards:
             from vindex3 import shards as vshards
@@ -131,7 +139,8 @@ class Session:
         old = self.container
         # One assignment, so an interrupt cannot leave old executors bound to the new container.
         self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth, \
-            self._internals = (model, container, Catalog(model), bool(default_model), {}, None, None)
+            self._internals, self.prepared = (model, container, Catalog(model), bool(default_model), {}, None, None,
+                                              prepared)
         self.settings.shards = shards
         self.shared_internals = None  # another model: its own internals
         self.remote = None
@@ -208,6 +217,7 @@ class Session:
         """Forget the bound container and every prepared executor."""
         old = self.container
         self.container = self.base_container = None
+        self.prepared = None  # this session's hold on a shared container; the others keep theirs
         self._release(old)
         self.catalog = None
         self._executors = {}

@@ -127,6 +127,149 @@ def probe(container: Path, expected: np.ndarray) -> Outcome:
     return done("unnoticed", "-", "same output and VERIFY passed")
 
 
+def snapshot(container: Path) -> dict[str, tuple]:
+    """What is on disk under ``container``, file by file: kind, size and sha256 of a regular
+    file, the target of a symlink (never followed), the kind alone of anything else (a FIFO is
+    never opened). Two snapshots are equal iff nothing was written, removed or added."""
+    out: dict[str, tuple] = {}
+    for root, dirs, files in os.walk(container, followlinks=False):
+        for name in sorted(dirs + files):
+            p = Path(root) / name
+            rel = str(p.relative_to(container))
+            st = os.lstat(p)
+            if os.path.islink(p):
+                out[rel] = ("symlink", os.readlink(p))
+            elif p.is_dir():
+                out[rel] = ("dir",)
+            elif p.is_file():
+                out[rel] = ("file", st.st_size, hashlib.sha256(p.read_bytes()).hexdigest())
+            else:
+                out[rel] = ("other", st.st_mode & 0o170000)
+    return out
+
+
+def probe_while_open(container: Path, edit: Callable[[Path], None]) -> Outcome:
+    """An LQL session opens the container and runs; ``edit`` changes it on disk while it is
+    open; the session's next statement must be refused by name (never run on the changed
+    bytes), and a session that opens it afresh must get a new, verified container: refused by
+    name, or the answer a process that never saw the old bytes computes."""
+    import lql
+
+    t0 = time.perf_counter()
+
+    def done(kind: str, stage: str, detail: str) -> Outcome:
+        return Outcome(kind, stage, detail[:300], time.perf_counter() - t0)
+
+    infer = f"INFER '{PROMPT}' TOP 1"
+    s = lql.connect(container)
+    before = s.execute_one(infer).logits.copy()
+    edit(container)
+    edited = snapshot(container)
+    out = _while_open(container, s, before, infer, done)
+    if out.ok() and snapshot(container) != edited:
+        return done("wrong", "disk", "the container on disk changed after the edit (something wrote to it)")
+    return out
+
+
+def _while_open(container: Path, s, before: np.ndarray, infer: str, done) -> Outcome:
+    import lql
+    from lql.errors import LqlError
+
+    try:
+        after = _bounded(lambda: s.execute_one(infer))
+    except Hang as e:
+        return done("hang", "use", str(e))
+    except LqlError as e:
+        if "on disk while the container was open" not in str(e):
+            return done("internal", "use", f"refused, but not as changed on disk: {e}")
+    except Exception as e:  # noqa: BLE001 - classified
+        return done("internal", "use", f"{type(e).__name__}: {e}")
+    else:
+        same = np.array_equal(after.logits, before)
+        return done("unnoticed" if same else "wrong", "use", "the open session ran on after the change")
+    fresh = lql.Session()
+    try:
+        res = _bounded(lambda: fresh.execute(f"OPEN '{container}'; {infer}"))
+    except Hang as e:
+        return done("hang", "reopen", str(e))
+    except LqlError as e:
+        if fresh.prepared is not None and fresh.prepared is s.prepared:
+            return done("wrong", "reopen", "a fresh OPEN was handed the stale container")
+        return done("refused", "use", f"refused at the next statement; a fresh OPEN refused it too: {e}")
+    except Exception as e:  # noqa: BLE001 - classified
+        return done("internal", "reopen", f"{type(e).__name__}: {e}")
+    if fresh.prepared is s.prepared:
+        return done("wrong", "reopen", "a fresh OPEN was handed the stale container")
+    try:  # what a process that never saw the old bytes computes (vindex3 alone, no shared state)
+        want = baseline(container)[-1]
+    except Exception as e:  # noqa: BLE001 - classified
+        return done("wrong", "reopen", f"a fresh OPEN ran where vindex3 alone refuses ({type(e).__name__}: {e})")
+    if not np.array_equal(res[-1].logits, want):
+        return done("wrong", "reopen", "a fresh OPEN ran with other logits than a fresh process computes")
+    return done("refused", "use", "refused at the next statement; a fresh OPEN verified it and ran")
+
+
+def _in_place(rel: str, fn: Callable[[bytearray], None], *, keep_mtime: bool = False) -> Callable[[Path], None]:
+    """Change ``rel`` in place (the same inode, written through), optionally putting its
+    modification time back."""
+
+    def run(c: Path) -> None:
+        p = c / rel
+        st = p.stat()
+        data = bytearray(p.read_bytes())
+        fn(data)
+        with open(p, "r+b") as f:
+            f.write(bytes(data))
+            f.truncate(len(data))
+        if keep_mtime:
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+    return run
+
+
+def _flip_payload(data: bytearray) -> None:
+    hlen = struct.unpack("<Q", bytes(data[:8]))[0]
+    data[8 + hlen + (len(data) - 8 - hlen) // 2] ^= 0x5A
+
+
+def _replace_by_copy(rel: str, change: bool) -> Callable[[Path], None]:
+    def run(c: Path) -> None:
+        p = c / rel
+        data = bytearray(p.read_bytes())
+        if change:
+            _flip_payload(data)
+        tmp = p.with_name(p.name + ".new")
+        tmp.write_bytes(bytes(data))
+        os.replace(tmp, p)  # a new inode under the old name
+
+    return run
+
+
+def while_open_cases() -> list[Case]:
+    """Edits made to a container while an LQL session has it open: in place (same inode), with
+    the modification time put back, replaced by rename, truncated, extended, deleted, resealed
+    with a huge value, the graph rewritten. Each must be refused by name at the session's next
+    statement."""
+    cases: list[Case] = []
+    for rel in ("segments/decoder_stack.bin", "segments/embedding.bin", "segments/final_norm.bin"):
+        cases += [
+            Case(f"{rel}: a payload byte flipped in place while open", _in_place(rel, _flip_payload)),
+            Case(f"{rel}: a payload byte flipped in place, mtime put back, while open",
+                 _in_place(rel, _flip_payload, keep_mtime=True)),
+            Case(f"{rel}: the same bytes written again while open", _in_place(rel, lambda d: None)),
+            Case(f"{rel}: replaced by a changed copy while open", _replace_by_copy(rel, True)),
+            Case(f"{rel}: replaced by an identical copy while open", _replace_by_copy(rel, False)),
+            Case(f"{rel}: truncated by one byte while open", _in_place(rel, lambda d: d.__delitem__(slice(-1, None)))),
+            Case(f"{rel}: a byte appended while open", _in_place(rel, lambda d: d.extend(b"x"))),
+            Case(f"{rel}: deleted while open", lambda c, rel=rel: (c / rel).unlink()),
+        ]
+    cases.append(Case("segments/decoder_stack.bin: 3e38 written and resealed while open",
+                      huge_into("segments/decoder_stack.bin", "0.mlp.down_proj.weight", 3e38)))
+    cases.append(Case("system_graph.json: theta changed and resealed while open",
+                      edit_json("system_graph.json", setter(("layers", 0, "position", "theta"), 20000.0), seal=True)))
+    return cases
+
+
 # ---- edits -----------------------------------------------------------------------------------
 
 
@@ -280,6 +423,42 @@ def _nan_into(rel: str, tensor: str, value: float, seal: bool) -> Callable[[Path
         t = next(t for t in header["tensors"] if t["name"] == tensor)
         at = 8 + hlen + t["offset"] + 4 * (t["len"] // 8)
         raw[at:at + 4] = np.float32(value).tobytes()
+        p.write_bytes(bytes(raw))
+        if seal:
+            reseal(c)
+
+    return run
+
+
+def huge_into(rel: str, tensor: str, value: float, *, where: str = "one", seal: bool = True) -> Callable[[Path], None]:
+    """Write a finite but huge ``value`` into ``tensor`` through its own encoding, as a tool that
+    writes containers by hand would (resealed: every hash agrees): in f32, bf16 or f16 the
+    value itself; in int8 a block scale (the codes stay, so the weights it makes are ``value``
+    times them). ``where``: "one" value (or scale) in the middle, or "all" of them."""
+
+    def run(c: Path) -> None:
+        from vindex3 import codecs
+
+        p = c / rel
+        raw = bytearray(p.read_bytes())
+        hlen, header = segment_header(bytes(raw))
+        t = next(t for t in header["tensors"] if t["name"] == tensor)
+        buf = np.frombuffer(raw, np.uint8, count=t["len"], offset=8 + hlen + t["offset"])  # writable: over raw
+        w = codecs.get(t["dtype"]).weight(buf, tuple(t["shape"]))
+        if t["dtype"] == "f32":
+            target, v = w.a.reshape(-1), np.float32(value)
+        elif t["dtype"] in ("bf16", "f16"):
+            target = w.h.reshape(-1)
+            v = (np.float32(value).view(np.uint32) >> 16).astype(np.uint16) if t["dtype"] == "bf16" else \
+                np.float16(value).view(np.uint16)
+        elif t["dtype"] == "int8":
+            target, v = w.s.reshape(-1), np.float32(value)
+        else:
+            raise ValueError(f"huge_into does not write {t['dtype']}")
+        if where == "all":
+            target[:] = v
+        else:
+            target[target.size // 2] = v
         p.write_bytes(bytes(raw))
         if seal:
             reseal(c)
@@ -464,6 +643,12 @@ def matrix(pristine: Path, outside: Path) -> list[Case]:
         for value, vname in ((np.nan, "NaN"), (np.inf, "inf"), (-np.inf, "-inf")):
             add(f"{obj}: {vname} in {tensor}", _nan_into(obj, tensor, value, seal=False))
             add(f"{obj}: {vname} in {tensor} (resealed)", _nan_into(obj, tensor, value, seal=True))
+
+    # -- finite but huge values, resealed: every hash agrees; the first-use scan bounds them ----
+    for tensor, obj in (("0.mlp.down_proj.weight", D), ("1.self_attn.q_proj.weight", D),
+                        ("weight", "segments/embedding.bin"), ("weight", "segments/final_norm.bin")):
+        for value, vname in ((3e38, "3e38"), (-1e30, "-1e30"), (2.0**64, "2**64")):
+            add(f"{obj}: {vname} in {tensor} (resealed)", huge_into(obj, tensor, value), tags=("huge",))
 
     # -- capability files ---------------------------------------------------------------------
     add("tokenizer_config.json: add_bos_token flipped", edit_json("tokenizer_config.json", lambda o: o.update(add_bos_token=not o.get("add_bos_token", True))))

@@ -1,10 +1,13 @@
 """The corruption matrix: every file of a tiny container truncated, flipped, of the wrong JSON
 type, missing a key, missing, a directory, a FIFO, a symlink out of the container; index paths
 absolute or with '..'; swapped tensor names, shifted header lengths, wrong offsets, NaN/inf
-weights; graph values out of range or renamed; each as tampered and, where it is still a
-container a tool could write, resealed with its hashes. Every case must end in a named refusal
-at OPEN, at first use or at VERIFY: never an internal error, a hang, or a run that finishes
-with different logits (tests/corruption.py has the edits and the probe)."""
+weights; graph values out of range or renamed; finite but huge values written through f32,
+bf16 and int8 and resealed; each as tampered and, where it is still a container a tool could
+write, resealed with its hashes. Every case must end in a named refusal at OPEN, at first use
+or at VERIFY: never an internal error, a hang, or a run that finishes with different logits;
+and the container on disk is exactly as the edit left it. Containers changed while an LQL
+session has them open are refused at the session's next statement (tests/corruption.py has
+the edits and the probes)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,18 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 import pytest
-from corruption import PROMPT, STEP_SECONDS, _bounded, baseline, matrix, probe
+from corruption import (
+    PROMPT,
+    STEP_SECONDS,
+    _bounded,
+    baseline,
+    huge_into,
+    matrix,
+    probe,
+    probe_while_open,
+    snapshot,
+    while_open_cases,
+)
 
 import vindex3
 from vindex3.cli import main
@@ -50,6 +64,7 @@ def test_corruption_matrix_ends_in_named_refusals(pristine, expected, tmp_path):
         c = tmp_path / f"case{i}" / "c.vindex3"
         shutil.copytree(pristine, c)
         case.edit(c)
+        edited = snapshot(c)
         o = probe(c, expected)
         counts[o.kind] = counts.get(o.kind, 0) + 1
         stages[o.stage] = stages.get(o.stage, 0) + 1
@@ -69,6 +84,8 @@ def test_corruption_matrix_ends_in_named_refusals(pristine, expected, tmp_path):
         code, out, err = _cli(["verify", str(c)])
         if code == 3 or "Traceback" in err or (code == 0 and o.stage not in ("open", "use")):
             bad.append(f"{case.name}: vindex3 verify exited {code}: {err[-300:]}")
+        if snapshot(c) != edited:  # a refusal changes nothing on disk (no repair, no rewrite)
+            bad.append(f"{case.name}: the container on disk changed while it was probed")
         shutil.rmtree(c.parent)
     print(f"\ncorruption matrix: {len(cases)} cases, outcomes {counts}, refused at {stages}")
     assert not bad, f"{len(bad)} of {len(cases)} cases went wrong:\n" + "\n".join(bad)
@@ -85,7 +102,8 @@ def test_the_matrix_covers_every_file_and_every_kind_of_damage(pristine, tmp_pat
             assert f"{f}: {kind}" in names
     for needle in ("of the wrong type", "missing generation", "renamed", "absolute segment path", "'..' segment path",
                    "names swapped", "header length shifted", "offset moved", "NaN in", "inf in", "window 0",
-                   "theta 0", "score scale NaN", "norm eps -1e-5", "activation silu -> gelu", "empty representations"):
+                   "theta 0", "score scale NaN", "norm eps -1e-5", "activation silu -> gelu", "empty representations",
+                   "3e38 in", "-1e30 in", "2**64 in"):
         assert any(needle in n for n in names), needle
 
 
@@ -188,3 +206,58 @@ def test_a_legacy_container_without_tensor_hashes_is_checked_whole_on_first_use(
     opened = vindex3.open(c)  # headers are intact: OPEN cannot see payload damage
     with pytest.raises(vindex3.errors.IntegrityError, match="final_norm.bin.*sha256 .* differs"):
         opened.executor()
+
+
+@pytest.mark.parametrize("encoding", ["bf16", "int8"])
+def test_resealed_huge_values_are_refused_by_name_in_each_encoding(pristine, tmp_path, encoding):
+    """Finite but huge values written through an encoding (a bf16 weight of 3e38, an int8 block
+    scale of 1e30) and resealed, so that every hash agrees: refused by name at first use (the
+    magnitude scan) and by VERIFY, never silent zero logits; nothing on disk is changed."""
+    from vindex3.represent import represent
+
+    src = represent(pristine, tmp_path / f"{encoding}.vindex3", encoding).path
+    expected = baseline(src)
+    opened = vindex3.open(src)
+    cases = []
+    for obj, seg in opened.segments.items():
+        for name, e in sorted(seg.entries.items()):
+            if e.dtype == encoding:
+                for value in (3e38, -1e30, 2.0**64):
+                    cases.append((f"{obj}: {value:g} in {name}", huge_into(f"segments/{obj}.bin", name, value)))
+                break  # one tensor per object and encoding
+    assert len(cases) >= 3
+    bad = []
+    for i, (name, edit) in enumerate(cases):
+        c = tmp_path / f"case{i}" / "c.vindex3"
+        shutil.copytree(src, c)
+        edit(c)
+        edited = snapshot(c)
+        o = probe(c, expected)
+        # a scale of 3e38 times a code of 127 is past float32 itself: refused as infinite instead
+        if not o.ok() or o.stage != "use" or not ("magnitude" in o.detail or "NaN or infinite" in o.detail):
+            bad.append(f"{name}: {o.kind} at {o.stage}: {o.detail}")
+        if snapshot(c) != edited:
+            bad.append(f"{name}: the container on disk changed while it was probed")
+        shutil.rmtree(c.parent)
+    assert not bad, "\n".join(bad)
+
+
+def test_a_container_changed_while_open_is_refused_before_the_next_statement(pristine, tmp_path):
+    """Edits made while an LQL session has the container open (in place, with the modification
+    time put back, replaced by rename, truncated, extended, deleted, resealed with a huge value,
+    the graph rewritten): the session's next statement is refused by name, a fresh OPEN gets a
+    newly verified container, and nothing on disk changes after the edit."""
+    cases = while_open_cases()
+    assert len(cases) >= 20
+    bad = []
+    counts: dict[str, int] = {}
+    for i, case in enumerate(cases):
+        c = tmp_path / f"case{i}" / "c.vindex3"
+        shutil.copytree(pristine, c)
+        o = probe_while_open(c, case.edit)
+        counts[o.kind] = counts.get(o.kind, 0) + 1
+        if not o.ok():
+            bad.append(f"{case.name}: {o.kind} at {o.stage}: {o.detail}")
+        shutil.rmtree(c.parent)
+    print(f"\nchanged while open: {len(cases)} cases, outcomes {counts}")
+    assert not bad, f"{len(bad)} of {len(cases)} cases went wrong:\n" + "\n".join(bad)

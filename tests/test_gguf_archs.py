@@ -172,13 +172,13 @@ def test_qwen3_head_width_the_reference_would_misread_is_refused(tmp_path):
 
 
 def test_other_architectures_are_still_refused_by_name(tmp_path):
-    path = tmp_path / "g2.gguf"
-    w = gguf.GGUFWriter(path, "gemma2")
+    path = tmp_path / "st.gguf"
+    w = gguf.GGUFWriter(path, "starcoder2")
     w.add_block_count(1)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(AdmissionError, match=r"'gemma2' is not supported .*llama, qwen2, qwen3"):
+    with pytest.raises(AdmissionError, match=r"'starcoder2' is not supported .*llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2, olmo2"):
         GgufCheckpoint(path)

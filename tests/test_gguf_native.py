@@ -136,17 +136,19 @@ def test_native_container_runs_like_its_widened_twin(tiny_exec, tmp_path):
         for rel in seg_n.entries:
             assert np.array_equal(bits(np.asarray(seg_n.weight(rel).dense())), bits(np.asarray(seg_w.tensor(rel))))
     ids = [5, 17, 200, 3, 9, 44, 101, 7, 8, 250, 31, 2]
-    for T in (3, len(ids)):  # the rows kernels (T <= 8) and decoded tiles + BLAS
+    # the widened container's own spread between two summation orders over the same float32
+    # weights: its rows kernel (T <= 8) against its decoded tiles + BLAS (T = 12), on the first
+    # three positions (causal: the same logits either way)
+    tiles = w.executor().forward(ids)
+    spread = float(np.abs(w.executor().forward(ids[:3]) - tiles[:3]).max())
+    for T in (3, len(ids)):  # the fused rows kernels (T <= 8) and decoded tiles + BLAS
         ln, lw = n.executor().forward(ids[:T]), w.executor().forward(ids[:T])
         assert ln.dtype == F32 and np.isfinite(lw).all()
-        # the widened container's own spread between its prefill and its token-by-token decode
-        # (two summation orders over the same float32 weights) bounds what the native kernels may differ by
-        st = w.executor().start()
-        steps = np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:T]])
-        spread = float(np.abs(steps - lw).max())
         diff = float(np.abs(ln - lw).max())
-        print(f"T={T}: native vs widened max|d| = {diff:.3g}; widened prefill vs decode = {spread:.3g}")
-        assert diff <= max(spread, 4 * np.finfo(F32).eps * float(np.abs(lw).max())), (diff, spread)
+        print(f"T={T}: native vs widened max|d| = {diff:.3g}; widened rows vs tiles = {spread:.3g}")
+        # the native kernels sum in another order again (block scales applied to partial sums):
+        # each order is within `spread` of the exact sum, so two of them within twice it
+        assert diff <= 2 * max(spread, 4 * np.finfo(F32).eps * float(np.abs(lw).max())), (diff, spread)
     full = n.executor().forward(ids)
     assert np.array_equal(n.executor(slice=Draft(n.graph.num_layers)).forward(ids), full)
 
@@ -167,11 +169,15 @@ def test_smollm2_q4_1_encodes_natively_and_answers_paris(smollm2_gguf, smollm2_c
     assert ids == f32.tokenizer.encode("The capital of France is")
     ln, lw = c.executor().forward(ids), f32.executor().forward(ids)
     assert c.tokenizer.token_text(int(ln[-1].argmax())) == " Paris"
-    # measured: 0.0 (both run the rows kernel over the same float32 values, in the same order);
-    # the bound is float32 rounding of the largest logit (|logit| <= 28 here)
+    # the f32 container's own spread between its rows kernel (this 5-token prompt) and its
+    # decoded tiles + BLAS (the prompt extended past 8 tokens): measured 5.1e-5 at |logit| <= 28;
+    # the native fused kernels (block scales applied to partial sums) measured 4.7e-5 from the
+    # f32 container: two summation orders, each within the spread of the exact sum
+    tiles = f32.executor().forward(ids + ids[:4])[: len(ids)]
+    spread = float(np.abs(tiles - lw).max())
     diff = float(np.abs(ln - lw).max())
-    print(f"SmolLM2 native q4_1 vs f32 container: max|d| = {diff:.3g}")
-    assert diff <= 8 * np.finfo(F32).eps * float(np.abs(lw).max())
+    print(f"SmolLM2 native q4_1 vs f32 container: max|d| = {diff:.3g}; f32 rows vs tiles = {spread:.3g}")
+    assert diff <= 2 * spread
     json.dumps(c.provenance["native"])  # serialisable record of what was kept
 
 

@@ -311,30 +311,65 @@ def test_9_a_segment_changed_while_open_is_refused_before_the_next_statement(tin
 # ---- 8: huge but finite weights never give silent zeros -----------------------------------------
 
 
-def test_8_a_huge_finite_weight_is_a_named_refusal_not_zero_logits(tiny_llama_container, tmp_path):
+def _huge(tiny, tmp_path, encoding: str, tensor: str, value: float, where: str = "one"):
+    """A copy of the tiny container in ``encoding`` with ``value`` written into ``tensor`` of the
+    decoder stack through that encoding, resealed (every hash agrees with the bytes)."""
     import shutil
-    import struct
 
-    import numpy as np
-    from fixtures import reseal
+    from corruption import huge_into
 
+    from vindex3.represent import represent
+
+    c = tmp_path / f"{encoding}.vindex3"
+    if encoding == "f32":
+        shutil.copytree(tiny, c)
+    else:
+        represent(tiny, c, encoding)
+    huge_into("segments/decoder_stack.bin", tensor, value, where=where)(c)
+    return c
+
+
+@pytest.mark.parametrize("encoding,value", [("f32", 3e38), ("f32", -1e25), ("bf16", 3e38), ("int8", 1e30)])
+def test_8_the_first_use_scan_bounds_magnitudes_per_encoding(tiny_llama_container, tmp_path, encoding, value):
+    """One weight of 3e38 in bf16, or one int8 block scale of 1e30 (its codes make weights of
+    ~1e32), passes the NaN/inf scan; the magnitude scan refuses it by name at first use, before
+    anything is computed with it, and VERIFY names it too."""
+    import vindex3
+    from vindex3.errors import IntegrityError
+
+    c = _huge(tiny_llama_container, tmp_path, encoding, "0.mlp.down_proj.weight", value)
+    opened = vindex3.open(c)  # opening reads no tensor data
+    with pytest.raises(IntegrityError, match=rf"tensor 0\.mlp\.down_proj\.weight \({encoding}\) decodes to a magnitude "
+                                             r"of [0-9.e+]+, past the 1\.84e\+19"):
+        opened.executor()
+    rep = vindex3.verify(c)
+    assert not rep.ok and any("0.mlp.down_proj.weight" in p and "magnitude" in p for p in rep.problems)
+
+
+def test_8_the_scan_costs_one_bounded_pass_and_is_recorded(tiny_llama_container):
+    import vindex3
+    from vindex3.scan import CHUNK
+
+    c = vindex3.open(tiny_llama_container)
+    c.executor(slice=vindex3.Draft(1))
+    cost = c.first_use_cost()
+    assert [r["encoding"] for r in cost] == ["f32"]
+    used = {(ref.object, ref.tensor) for ref in c.plan_slice(vindex3.Draft(1)).operands}
+    assert cost[0]["tensors"] == len(used) < sum(len(s.entries) for s in c.segments.values())  # only what was read
+    assert 0 < cost[0]["max_abs"] < 1e3 and cost[0]["scan_seconds"] >= 0 and cost[0]["hash_seconds"] >= 0
+    assert CHUNK * 4 == 4 << 20  # the scan's temporaries: 4 MiB, whatever the tensor's size
+    c.executor()  # a second executor scans only what the first did not
+    assert c.first_use_cost()[0]["tensors"] == len(c._checked) > len(used)
+
+
+def test_8_a_huge_finite_weight_is_a_named_refusal_not_zero_logits(tiny_llama_container, tmp_path):
+    """A magnitude under the scan's bound can still carry a run past float32's range: the run is
+    refused by name at the layer and site where it breaks, never silent zero logits."""
     import vindex3
     from vindex3.errors import NonFiniteActivation
 
-    c = tmp_path / "huge.vindex3"
-    shutil.copytree(tiny_llama_container, c)
-    seg = c / "segments" / "decoder_stack.bin"
-    raw = bytearray(seg.read_bytes())
-    hlen = struct.unpack("<Q", raw[:8])[0]
-    header = json.loads(raw[8:8 + hlen])
-    start = 8 + hlen
-    t = next(x for x in header["tensors"] if x["name"].endswith("0.mlp.down_proj.weight") and x["dtype"] == "f32")
-    arr = np.frombuffer(raw, dtype=np.float32, count=t["len"] // 4, offset=start + t["offset"]).copy()
-    arr[:] = np.float32(3e38)  # finite, and far past anything float32 arithmetic survives
-    raw[start + t["offset"]:start + t["offset"] + t["len"]] = arr.tobytes()
-    seg.write_bytes(bytes(raw))
-    reseal(c)
-    ex = vindex3.open(c).executor()
+    c = _huge(tiny_llama_container, tmp_path, "f32", "0.mlp.down_proj.weight", 1e19, where="all")
+    ex = vindex3.open(c).executor()  # 1e19 is under the bound: the scan lets it through
     with pytest.raises(NonFiniteActivation, match=r"^layer [01]: ") as e:  # where float32 first breaks
         ex.forward([1, 2, 3])
     assert e.value.layer in (0, 1) and e.value.site in ("norm", "residual_post")
@@ -352,3 +387,181 @@ def test_10_walk_on_a_read_only_server_builds_metadata_once(tiny_llama_container
         assert "built" in built[0] and "built now" not in built[1], built
         host = c.app.state.server.host(None)
         assert host._internals is not None  # the model's one Internals, kept in memory
+
+
+# ---- 4: sessions that open one container share it; a memory ceiling refuses new opens --------
+
+
+def test_4_sessions_opening_one_container_share_one_prepared_model(tiny_llama_container, tmp_path):
+    import gc
+    import os
+    import shutil
+
+    import numpy as np
+
+    import lql
+    from lql import prepared
+
+    c = tmp_path / "shared.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    s1, s2 = lql.connect(c), lql.Session()
+    s2.execute(f"OPEN '{c}{os.sep}'")  # another spelling of the same directory
+    assert s1.prepared is s2.prepared and s1.base_container is s2.base_container
+    a = s1.execute_one("INFER 'Hi' TOP 3").logits.copy()
+    checked = len(s1.base_container._checked)
+    assert not s2._executors  # per-session state: s1's executor is its own
+    b = s2.execute_one("INFER 'Hi' TOP 3").logits.copy()
+    assert np.array_equal(a, b)
+    assert len(s2.base_container._checked) == checked  # no tensor hashed or scanned again
+    assert s1._executors is not s2._executors
+    s1.execute("DRAFT DEPTH 1")
+    assert s2.draft_depth is None
+    s1.close()
+    assert s1.prepared is None and s2.prepared is not None
+    assert np.array_equal(s2.execute_one("INFER 'Hi' TOP 3").logits, a)  # closing one breaks nothing
+    s3 = lql.connect(c)
+    assert s3.prepared is s2.prepared
+    key = s2.prepared.key
+    s2.close()
+    s3.close()
+    del s1, s2, s3
+    gc.collect()
+    assert key not in [m.key for m in prepared.held()]  # forgotten when nobody holds it
+
+
+def test_4_a_container_changed_on_disk_is_opened_afresh(tiny_llama_container, tmp_path):
+    import shutil
+
+    import lql
+
+    c = tmp_path / "c.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    s1 = lql.connect(c)
+    seg = c / "segments" / "final_norm.bin"
+    seg.write_bytes(seg.read_bytes())  # the same bytes, written again: a changed file all the same
+    s2 = lql.connect(c)
+    assert s2.prepared is not s1.prepared  # verified afresh, never the stale one
+    s2.execute("INFER 'Hi' TOP 1")
+
+
+def test_4_a_memory_ceiling_refuses_a_new_open_by_name_before_anything_is_opened(tiny_llama_container, tmp_path):
+    import gc
+    import os
+    import shutil
+
+    from lql import prepared
+    from lql.server.config import ModelSpec
+    from lql.server.models import ModelHost
+    from lql.text import fmt_bytes
+
+    for name in ("a.vindex3", "b.vindex3"):
+        shutil.copytree(tiny_llama_container, tmp_path / name)
+    host = ModelHost(ModelSpec("tiny", tiny_llama_container))
+    gc.collect()
+    need = prepared.needs(tmp_path / "a.vindex3")
+    ceiling = prepared.in_use() + need  # room for exactly one more model
+    cfg = config(tiny_llama_container, data_dir=tmp_path, memory_ceiling=ceiling)
+    with TestClient(create_app(cfg, hosts=[host])) as c:
+        first = query(c, "OPEN 'a.vindex3';", **{"X-Session-Id": "one"})[0]
+        assert first["ok"], first
+        t0 = time.monotonic()
+        res = query(c, "OPEN 'b.vindex3';", **{"X-Session-Id": "two"})[0]
+        assert not res["ok"] and res["error"]["type"] == "MemoryCeiling", res
+        msg = res["error"]["message"]
+        assert f"needs {fmt_bytes(need)}" in msg and f"ceiling is {fmt_bytes(ceiling)}" in msg
+        assert f"{fmt_bytes(ceiling)} is in use" in msg
+        assert time.monotonic() - t0 < 5
+        b = os.path.realpath(tmp_path / "b.vindex3")
+        assert b not in [m.key for m in prepared.held()]  # refused before it was opened
+        # the container already open is shared: opening it again needs nothing more
+        again = query(c, "OPEN 'a.vindex3'; INFER 'Hi' TOP 1;", **{"X-Session-Id": "three"})
+        assert all(r["ok"] for r in again), again
+        srv = c.app.state.server
+        one, three = (srv.sessions.get(host, sid).session for sid in ("one", "three"))
+        assert one.prepared is three.prepared
+
+
+def test_4_open_default_is_checked_against_the_ceiling_before_the_cache_is_touched(monkeypatch, tmp_path, tiny_llama_container):
+    import shutil
+
+    import lql
+    from lql.prepared import MemoryCeiling
+    from vindex3 import default_model
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_llama_container, cache / default_model.CONTAINER_NAME)
+    monkeypatch.setenv("VINDEX3_CACHE", str(cache))
+    touched = []
+    monkeypatch.setattr(default_model, "ensure_detailed", lambda *a, **k: touched.append(1))
+    s = lql.Session()
+    s.memory_ceiling = 1  # no model fits
+    with pytest.raises(MemoryCeiling, match=r"OPEN DEFAULT: the model needs .* and the memory ceiling is 1 bytes"):
+        s.execute("OPEN DEFAULT")
+    assert not touched and s.prepared is None
+
+
+def test_4_the_memory_ceiling_is_a_flag(tiny_llama_container):
+    from lql.server.cli import UsageError, arg_parser, config_from_args
+
+    cfg, _, _ = config_from_args(arg_parser().parse_args([str(tiny_llama_container), "--memory-ceiling", "1048576"]))
+    assert cfg.limits.memory_ceiling == 1 << 20
+    with pytest.raises(UsageError, match="--memory-ceiling must be at least 1"):
+        config_from_args(arg_parser().parse_args([str(tiny_llama_container), "--memory-ceiling", "0"]))
+
+
+def test_4_open_refuses_what_it_refused_before_it_shared(tiny_llama_container, tmp_path):
+    """The ceiling's look at the index comes first now; what OPEN refuses, and how, is unchanged."""
+    import lql
+    import vindex3
+    from lql.errors import EngineRefusal
+    from vindex3.shards import write_shards
+
+    out = write_shards(vindex3.open(tiny_llama_container), tmp_path / "set", 2)
+    s = lql.Session()
+    s.memory_ceiling = 1 << 40
+    for path, words in ((out / "shard-0", "is a member of a shard set"), (tmp_path / "nope", "does not exist"),
+                        (tmp_path, "has no index.json")):
+        with pytest.raises(EngineRefusal, match=words):
+            s.execute(f"OPEN '{path}'")
+
+
+def test_4_threads_opening_one_container_get_one_model(tiny_llama_container, tmp_path):
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lql import prepared
+
+    c = tmp_path / "t.vindex3"
+    shutil.copytree(tiny_llama_container, c)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda _: prepared.acquire(c), range(8)))
+    assert all(m is got[0] for m in got)
+
+
+def test_8_the_scan_decodes_each_encoding_as_its_kernels_do():
+    """For every encoding this build writes, the scan's largest magnitude is exactly the largest
+    |value| of the decoded tensor (2-D and a stacked bank), and a value past the bound is seen."""
+    import numpy as np
+
+    from vindex3 import codecs
+    from vindex3.errors import UnsupportedEncoding
+    from vindex3.scan import MAGNITUDE_BOUND, scan
+
+    rng = np.random.default_rng(0)
+    seen = []
+    for shape in ((64, 256), (2, 48, 64)):
+        a = (rng.standard_normal(shape) * 3).astype(np.float32)
+        for name in codecs.known():
+            c = codecs.get(name)
+            try:
+                raw = np.asarray(c.encode(a)).reshape(-1).view(np.uint8)
+            except UnsupportedEncoding:
+                continue  # carried from checkpoints only (fp8, nvfp4, the K-quants)
+            w = c.weight(raw, shape)
+            found = scan(w)
+            assert found.max_abs == float(np.abs(w.dense()).max()) and found.nonfinite == 0, name
+            seen.append(name)
+    assert {"f32", "bf16", "f16", "int8", "q4", "q8_0", "q4_1"} <= set(seen)
+    big = np.zeros((4, 32), np.float32)
+    big[1, 3] = 1e20
+    assert scan(codecs.get("f32").weight(codecs.get("f32").encode(big), big.shape)).max_abs >= MAGNITUDE_BOUND

@@ -5,7 +5,8 @@ checked), then operand closure. Opening reads no tensor data.
 
 Tensor data is checked on first use: the first time an executor reads a tensor, its bytes are
 hashed against the index (``tensor_sha256``; a container without it has its whole segment
-hashed against ``segment_sha256`` instead) and scanned for NaN and infinity. ``verify`` checks
+hashed against ``segment_sha256`` instead) and scanned (vindex3.scan: NaN, infinity, and a magnitude
+no float32 run survives). ``verify`` checks
 everything at once. See docs/container.md#integrity."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import hashlib
 import math
 import os
 import stat
+import time
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -138,12 +140,26 @@ def _confined_file(root: Path, rel: str, what: str) -> Path:
         raise IntegrityError(f"{INDEX} names {e.message}", hint=REENCODE) from None
 
 
-def _stamp(p: Path) -> tuple[int, int, int] | None:
+def _value_problem(found, what: str, name: str) -> str | None:
+    """What a tensor's scan (vindex3.scan.TensorScan) says is wrong with its values, or None."""
+    from .scan import MAGNITUDE_BOUND, fmt_magnitude
+
+    if found.nonfinite:
+        return f"{what}: tensor {name} holds {found.nonfinite} NaN or infinite value(s)"
+    if found.absurd:
+        return (f"{what}: tensor {name} ({found.encoding}) decodes to a magnitude of {fmt_magnitude(found.max_abs)}, "
+                f"past the {fmt_magnitude(MAGNITUDE_BOUND)} a weight may have (float32 arithmetic overflows on it)")
+    return None
+
+
+def _stamp(p: Path) -> tuple[int, int, int, int] | None:
+    """(size, mtime_ns, inode, ctime_ns): ctime too, because a writer can put the modification
+    time back (os.utime) and cannot put the change time back."""
     try:
         st = os.stat(p)
     except OSError:
         return None
-    return (st.st_size, st.st_mtime_ns, st.st_ino)
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
 class Container:
@@ -189,7 +205,8 @@ class Container:
         # segment was hashed (containers without per-tensor hashes)
         self._checked: set[tuple[str, str]] = set()
         self._segment_checked: set[str] = set()
-        # what the executable files were when opened: (size, mtime_ns, inode) each
+        self._scans: dict[tuple[str, str], tuple] = {}  # (object, tensor) -> (TensorScan, seconds hashing)
+        # what the executable files were when opened: (size, mtime_ns, inode, ctime_ns) each
         self._stamps = {p: _stamp(p) for p in self._executable_files()}
 
     def _executable_files(self) -> list[Path]:
@@ -197,7 +214,7 @@ class Container:
 
     def check_unchanged(self) -> None:
         """Refuse by name when a file the model computes from (the graph or a segment) changed
-        on disk since the container was opened (its size, modification time or inode): the open
+        on disk since the container was opened (its size, modification or change time, or inode): the open
         container would compute with bytes nobody verified. A few stat calls; no data read."""
         for p, was in self._stamps.items():
             now = _stamp(p)
@@ -288,6 +305,7 @@ class Container:
         NaN and infinity. Later uses cost nothing. Refuses with IntegrityError naming the tensor."""
         if (obj, name) in self._checked:
             return
+        t0 = time.perf_counter()
         rep, seg = self._reps[obj], self.segments[obj]
         fix = "run `vindex3 verify` to list every difference; " + REENCODE
         if rep.tensor_sha256 is not None:
@@ -302,15 +320,36 @@ class Container:
                 raise IntegrityError(f"{seg.what}: sha256 {whole[:16]}… differs from the index's "
                                      f"{rep.segment_sha256[:16]}… (altered or damaged since encoding)", hint=fix)
             self._segment_checked.add(obj)
+        hashed = time.perf_counter()
         from . import codecs
+        from .scan import scan
 
         # an encoding without a codec cannot be scanned (nor executed: preparing a slice that
         # reads it is refused by name); its bytes were still checked above, for tools that copy it
-        bad = seg.weight(name).nonfinite() if codecs.is_known(seg.entries[name].dtype) else None
-        if bad:
-            raise IntegrityError(f"{seg.what}: tensor {name} holds {bad} NaN or infinite value(s); "
-                                 "refusing to compute with it", hint=fix)
+        if codecs.is_known(seg.entries[name].dtype):
+            found = scan(seg.weight(name))
+            self._scans[(obj, name)] = (found, hashed - t0)
+            problem = _value_problem(found, seg.what, name)
+            if problem:
+                raise IntegrityError(problem + "; refusing to compute with it", hint=fix)
         self._checked.add((obj, name))
+
+    def first_use_cost(self) -> list[dict]:
+        """What the first-use checks of this opened container cost so far, per encoding: tensors
+        checked, their stored bytes, seconds hashing and seconds scanning, and the largest
+        magnitude the scan decoded (see vindex3.scan)."""
+        rows: dict[str, dict] = {}
+        for found, hash_s in self._scans.values():
+            r = rows.setdefault(found.encoding, {"encoding": found.encoding, "tensors": 0, "bytes": 0, "values": 0,
+                                                 "hash_seconds": 0.0, "scan_seconds": 0.0, "max_abs": 0.0})
+            r["tensors"] += 1
+            r["bytes"] += found.nbytes
+            r["values"] += found.values
+            r["hash_seconds"] += hash_s
+            r["scan_seconds"] += found.seconds
+            if found.max_abs is not None:
+                r["max_abs"] = max(r["max_abs"], found.max_abs)
+        return [rows[k] for k in sorted(rows)]
 
     # -- facts from the index ---------------------------------------------------------------
     @property
@@ -649,9 +688,11 @@ def verify(path: str | Path) -> VerifyReport:
                 from . import codecs
 
                 if codecs.is_known(seg.entries[name].dtype):
-                    bad = seg.weight(name).nonfinite()
-                    if bad:
-                        problems_.append(f"{rep.segment}: tensor {name} holds {bad} NaN or infinite value(s)")
+                    from .scan import scan
+
+                    problem = _value_problem(scan(seg.weight(name)), rep.segment, name)
+                    if problem:
+                        problems_.append(problem)
             except VindexError as e:
                 problems_.append(str(e))
         for name in sorted(set(rep.tensor_sha256 or {}) - set(seg.entries)):

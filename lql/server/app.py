@@ -435,6 +435,7 @@ def _run_statement(srv: Server, session, stmt: ast.Statement, ctx: JobContext) -
         run = policy.check_statement(stmt, srv.config)
         session.on_token, session.on_progress = check, check
         session.writes_derived = srv.config.profile != "read-only"  # a read-only server writes nothing, derived data included
+        session.memory_ceiling = srv.limits.memory_ceiling  # OPEN of a new container past it is refused (lql.prepared)
         try:
             out = loop.execute(session, run, before_run=lambda node: policy.check_plan(node, srv.limits))
         finally:

@@ -55,6 +55,8 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--session-ttl", type=float, default=d.session_ttl, metavar="S",
                    help="seconds an idle X-Session-Id session is kept")
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N", help="live sessions")
+    p.add_argument("--memory-ceiling", type=int, default=d.memory_ceiling, metavar="BYTES",
+                   help="weight bytes held open (served models and OPENed containers, shared ones once)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (scheme://host[:port], or '*') call this server; repeatable "
                         "(default: none, no CORS headers)")
@@ -85,7 +87,7 @@ def config_from_args(args: argparse.Namespace, progress=None) -> tuple[ServerCon
         raise UsageError(f"refusing to serve on {args.host} without an API key: any machine that reaches it could run "
                          "the model; give --api-key or --api-key-file (or --insecure-no-key if you mean it)")
     for name in ("max_concurrent", "max_body_bytes", "max_prompt_tokens", "max_tokens", "read_only_generate",
-                 "max_statements", "max_sessions"):
+                 "max_statements", "max_sessions", "memory_ceiling"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("max_queue", "retry_after"):
@@ -117,7 +119,7 @@ def config_from_args(args: argparse.Namespace, progress=None) -> tuple[ServerCon
         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens, max_tokens=args.max_tokens,
         max_statements=args.max_statements, time_limit=args.time_limit, read_only_generate=args.read_only_generate,
         max_concurrent=args.max_concurrent, max_queue=args.max_queue, retry_after=args.retry_after,
-        session_ttl=args.session_ttl, max_sessions=args.max_sessions,
+        session_ttl=args.session_ttl, max_sessions=args.max_sessions, memory_ceiling=args.memory_ceiling,
     )
     try:
         config = ServerConfig(models=specs, api_key=key, profile=args.profile, data_dir=data_dir, limits=limits,

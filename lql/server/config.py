@@ -26,6 +26,10 @@ class Limits:
     retry_after: int = 1  # --retry-after: the Retry-After seconds a 429 carries
     session_ttl: float = 900.0  # --session-ttl: seconds an idle X-Session-Id session is kept
     max_sessions: int = 64  # --max-sessions: live sessions; a new one beyond it is refused (429)
+    # --memory-ceiling: bytes of weights the process may hold open (served models and every
+    # container a session OPENs, each counted once however many sessions share it); an OPEN of
+    # a container not open yet that would pass it is refused by name before anything is opened
+    memory_ceiling: int = 16 << 30
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,13 @@ from .worker import ModelWorker
 
 class ModelHost:
     def __init__(self, spec: ModelSpec):
-        import vindex3
-
         self.spec = spec
         self.id = spec.id
-        self.container = vindex3.open(spec.path)
+        from ..prepared import acquire
+
+        # the process's one opened copy: a session that OPENs this container shares it
+        self.prepared = acquire(spec.path)
+        self.container = self.prepared.container
         self.catalog = Catalog(self.container)
         self.worker = ModelWorker(spec.id)
         self.executors: dict[int | None, Any] = {}

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import ClassVar, Literal
 
 from .. import ast, files
-from ..binding import mix, vindex3
+from ..binding import mix
 from ..planner import Context, Node, RemoteMirror, RemoteStatement, err, positive
 from ..registry import family
 from ..results import MixEntry, Result
@@ -204,18 +204,30 @@ def plan_use_model(s: UseModel, ctx: Context) -> Node:
 
 @fam.runs(OpenPlan)
 def run_open_container(session, node: OpenPlan) -> OpenResult:
-    v = vindex3()
+    from ..prepared import acquire, check
+
     rebuilt = None
     if node.default:
         from vindex3 import default_model
 
+        cached = default_model.container_path()
+        if session.memory_ceiling is not None and (cached / "index.json").is_file():
+            from vindex3.errors import VindexError
+
+            try:  # before the cache is verified or rebuilt; a damaged one is ensure's to rebuild
+                check(cached, ceiling=session.memory_ceiling, what="OPEN DEFAULT")
+            except VindexError:
+                pass
         ensured = default_model.ensure_detailed(session.on_progress, notice=session.on_notice)
         path, rebuilt = ensured.path, ensured.rebuilt_because
     else:
         path = node.path
-    c = v.open(path)
+    # one container per directory in the process, shared by every session that opens it; a new
+    # one is refused by name past the session's memory ceiling (a server's), before it is opened
+    prepared = acquire(path, ceiling=session.memory_ceiling, what=f"OPEN {Path(path).name!r}")
+    c = prepared.container
     cleared = session.draft_depth
-    session.bind(c, default_model=node.default, shards=node.shards)
+    session.bind(c, default_model=node.default, shards=node.shards, prepared=prepared)
     comp = c.graph.component
     return OpenResult(
         name=c.name, path=str(c.path), default_model=session.default_model, component=comp.name, role=comp.role,

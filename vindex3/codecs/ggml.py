@@ -68,7 +68,7 @@ class GgmlWeight(RowWeight):
         K = _kernels()
         from .kernels import ROWS_PER_TASK
 
-        K.rows_blocks(self.kind, self.b, x, y, ROWS_PER_TASK, K.F16, K.KVALUES, self.be, self.bb)
+        K.rows_fused(self.kind, self.b, x, K.block_sums(x), y, ROWS_PER_TASK, K.F16, self.be, self.bb)
 
     def _decode(self, rows, out):
         K = _kernels()

@@ -12,10 +12,13 @@ multiply-add: the decoders are compiled without fastmath, so LLVM may not contra
 values are therefore exact functions of the bytes and identical on every machine
 (tests/test_codecs_ggml.py compares them bit for bit with ``gguf.quants.dequantize``).
 
-The rows kernel decodes one weight row into an L1 scratch row (the exact values above) and
-dots it with every activation row with ``fastmath={"reassoc"}`` (as vindex3.codecs.kernels
-does: the order of one dot's additions is LLVM's, fixed in the compiled code); each output
-element is computed by one thread, so results do not depend on the thread count.
+Decode-sized products (`rows_fused`, what GgmlWeight.mm runs for up to ``small_t`` activation
+rows) dot each block's codes with x straight from the bytes and apply the block's scale to that
+partial sum (see "Fused products" below), with ``fastmath={"reassoc"}`` (as vindex3.codecs.kernels
+does: the order of one dot's additions is LLVM's, fixed in the compiled code). `rows_blocks`, the
+kernel they replaced (decode a row into an L1 scratch row, then dot), is kept as the bench's
+reference arm (bench/ggml_kernels.py). Each output element is computed by one thread, so results
+do not depend on the thread count.
 """
 
 from __future__ import annotations
@@ -226,7 +229,8 @@ def decode_rows(kind, B, rows, out, table, kv, be, bb):
 
 @njit(parallel=True, fastmath=_FM, cache=True)
 def rows_blocks(kind, B, X, Y, rpt, table, kv, be, bb):
-    """Y[t, o] = decode(B[o]) . X[t]; B [O, row bytes] uint8 blocks of ``kind``."""
+    """Y[t, o] = decode(B[o]) . X[t]; B [O, row bytes] uint8 blocks of ``kind``: the decode-then-dot
+    kernel `rows_fused` replaced, kept as the bench's reference arm."""
     O = B.shape[0]
     I = X.shape[1]
     T = X.shape[0]
@@ -254,3 +258,219 @@ def nonfinite_blocks(kind, B, table, kv, be, bb):
             if not np.isfinite(w[j]):
                 bad += 1
     return bad
+
+
+# --------------------------------------------------------------------------------------------
+# Fused products (decode-sized, T <= small_t activation rows): each block's codes are dotted with
+# x straight from the bytes, never through a decoded scratch row, and the block's scale applied
+# to that partial sum:
+#     sum_i w_i x_i = d * sum_i c_i x_i  (+ m * sum_i x_i for the types with an offset)
+# (per sub-block for the K-quants) instead of sum_i (d * c_i) * x_i: a reassociation of float32
+# products (the rows kernel's dot is reassociated already), so the result is within the classical
+# bound of a float32 dot product of the exact decoded weights (tests/test_codecs_ggml.py), not
+# bit-equal to the decode-then-dot kernel. Each output element is computed by one thread, so
+# results do not depend on the thread count.
+#
+# Why this shape (measured, bench/ggml_kernels.py): numba turns LLVM's SLP vectorizer off, so a
+# loop with a constant trip count (16 bytes of a q4 block) is fully unrolled into scalar
+# conversions and never vectorized. The inner loops here run to a bound derived from the block
+# size argument (a runtime value), so the loop vectorizer takes them, and index with unsigned
+# offsets (no negative-index fix-up per access, which also blocks it). Codes stay in 8-bit lanes
+# until converted (numba widens small-int arithmetic to int64, which does not vectorize).
+
+U = np.uint64
+
+
+@njit(cache=True)
+def block_sums(X):
+    """XS[t, b] = sum of X[t, 32 b : 32 b + 32] (in element order), for the offset terms."""
+    T, n = X.shape
+    nb = n // 32
+    XS = np.empty((T, nb), F32)
+    for t in range(T):
+        for b in range(nb):
+            s = F32(0.0)
+            for l in range(32):
+                s += X[t, 32 * b + l]
+            XS[t, b] = s
+    return XS
+
+
+@njit(inline="always")
+def _hu(r, p, table):
+    return table[np.int64(r[p]) | (np.int64(r[p + U(1)]) << 8)]
+
+
+@njit(inline="always", fastmath=_FM)
+def _dot_q8_0(r, p, x, o, xs, k, table, n):
+    a = F32(0.0)
+    for i in range(n):  # n = 32
+        a += F32(np.int8(r[p + U(2) + U(i)])) * x[o + U(i)]
+    return _hu(r, p, table) * a
+
+
+@njit(inline="always", fastmath=_FM)
+def _dot_q4(r, p, x, o, xs, k, table, n, with_min):
+    q = p + U(4) if with_min else p + U(2)
+    a = F32(0.0)
+    for i in range(n):  # n = 16: byte i holds element i (low nibble) and i + 16 (high)
+        v = r[q + U(i)]
+        lo = F32(np.uint8(v & np.uint8(15)))
+        hi = F32(np.uint8(v >> np.uint8(4)))
+        if not with_min:
+            lo -= F32(8.0)
+            hi -= F32(8.0)
+        a += lo * x[o + U(i)] + hi * x[o + U(16) + U(i)]
+    s = _hu(r, p, table) * a
+    if with_min:
+        s += _hu(r, p + U(2), table) * xs[k]
+    return s
+
+
+@njit(inline="always", fastmath=_FM)
+def _dot_q5(r, p, x, o, xs, k, table, n, with_min):
+    q = p + U(4) if with_min else p + U(2)
+    # the 32 fifth bits: element i's is bit i of the little-endian word at q
+    qh = np.uint32(r[q]) | (np.uint32(r[q + U(1)]) << np.uint32(8)) | (np.uint32(r[q + U(2)]) << np.uint32(16)) | (
+        np.uint32(r[q + U(3)]) << np.uint32(24))
+    a = F32(0.0)
+    for i in range(n):  # n = 16
+        v = r[q + U(4) + U(i)]
+        hl = np.uint8((qh >> np.uint32(i)) & np.uint32(1))
+        hh = np.uint8((qh >> np.uint32(i + 16)) & np.uint32(1))
+        lo = F32(np.uint8((v & np.uint8(15)) | (hl << np.uint8(4))))
+        hi = F32(np.uint8((v >> np.uint8(4)) | (hh << np.uint8(4))))
+        if not with_min:
+            lo -= F32(16.0)
+            hi -= F32(16.0)
+        a += lo * x[o + U(i)] + hi * x[o + U(16) + U(i)]
+    s = _hu(r, p, table) * a
+    if with_min:
+        s += _hu(r, p + U(2), table) * xs[k]
+    return s
+
+
+@njit(inline="always", fastmath=_FM)
+def _dot_qk(r, p, x, o, xs, k, table, n, five):
+    d = _hu(r, p, table)
+    dmin = _hu(r, p + U(2), table)
+    qs = p + U(48) if five else p + U(16)
+    s = F32(0.0)
+    for g in range(4):  # 64 elements: sub-block 2g from the low nibbles, 2g + 1 from the high
+        q = qs + U(32 * g)
+        x0 = o + U(64 * g)
+        s0 = np.uint8(2 * g)
+        s1 = np.uint8(2 * g + 1)
+        a0 = F32(0.0)
+        a1 = F32(0.0)
+        for l in range(n):  # n = 32
+            v = r[q + U(l)]
+            c0 = np.uint8(v & np.uint8(15))
+            c1 = np.uint8(v >> np.uint8(4))
+            if five:
+                h = r[p + U(16) + U(l)]
+                c0 = np.uint8(c0 | (((h >> s0) & np.uint8(1)) << np.uint8(4)))
+                c1 = np.uint8(c1 | (((h >> s1) & np.uint8(1)) << np.uint8(4)))
+            a0 += F32(c0) * x[x0 + U(l)]
+            a1 += F32(c1) * x[x0 + U(32) + U(l)]
+        sc0, mn0 = _k_scale_min(r, p + U(4), 2 * g)
+        sc1, mn1 = _k_scale_min(r, p + U(4), 2 * g + 1)
+        b = 8 * k + 2 * g
+        s += (d * F32(sc0)) * a0 - (dmin * F32(mn0)) * xs[b]
+        s += (d * F32(sc1)) * a1 - (dmin * F32(mn1)) * xs[b + 1]
+    return s
+
+
+@njit(inline="always", fastmath=_FM)
+def _dot_q6_k(r, p, x, o, xs, k, table, n):
+    d = _hu(r, p + U(208), table)
+    s = F32(0.0)
+    for g in range(2):
+        for half in range(2):
+            l0 = U(16 * half)
+            ql = p + U(64 * g) + l0
+            qh = p + U(128 + 32 * g) + l0
+            e = o + U(128 * g) + l0
+            a0 = F32(0.0)
+            a1 = F32(0.0)
+            a2 = F32(0.0)
+            a3 = F32(0.0)
+            for i in range(n):  # n = 16
+                u = r[ql + U(i)]
+                w = r[ql + U(32) + U(i)]
+                h = r[qh + U(i)]
+                c0 = F32(np.uint8((u & np.uint8(15)) | ((h & np.uint8(3)) << np.uint8(4)))) - F32(32.0)
+                c1 = F32(np.uint8((w & np.uint8(15)) | (((h >> np.uint8(2)) & np.uint8(3)) << np.uint8(4)))) - F32(32.0)
+                c2 = F32(np.uint8((u >> np.uint8(4)) | (((h >> np.uint8(4)) & np.uint8(3)) << np.uint8(4)))) - F32(32.0)
+                c3 = F32(np.uint8((w >> np.uint8(4)) | ((h >> np.uint8(6)) << np.uint8(4)))) - F32(32.0)
+                a0 += c0 * x[e + U(i)]
+                a1 += c1 * x[e + U(32) + U(i)]
+                a2 += c2 * x[e + U(64) + U(i)]
+                a3 += c3 * x[e + U(96) + U(i)]
+            sc = p + U(192 + 8 * g + half)
+            s += (d * F32(np.int8(r[sc]))) * a0 + (d * F32(np.int8(r[sc + U(2)]))) * a1
+            s += (d * F32(np.int8(r[sc + U(4)]))) * a2 + (d * F32(np.int8(r[sc + U(6)]))) * a3
+    return s
+
+
+@njit(inline="always", fastmath=_FM)
+def _dot_mxfp4(r, p, x, o, xs, k, table, n):
+    e = np.uint32(r[p])
+    if e < np.uint32(2):
+        bits = np.uint32(0x00200000) << e
+    else:
+        bits = (e - np.uint32(1)) << np.uint32(23)
+    d = np.array([bits], dtype=np.uint32).view(np.float32)[0]
+    a = F32(0.0)
+    for i in range(n):  # n = 16
+        v = r[p + U(1) + U(i)]
+        a += F32(_kv(np.int32(v & np.uint8(15)))) * x[o + U(i)] + F32(_kv(np.int32(v >> np.uint8(4)))) * x[o + U(16) + U(i)]
+    return d * a
+
+
+@njit(fastmath=_FM, cache=True)
+def dot_row(kind, r, x, xs, table, be, bb):
+    """decode(r) . x for one row of blocks ``r`` (see above). Inner trip counts come from ``be``
+    (a runtime value: see above) and equal the constants in the comments."""
+    nb = r.shape[0] // bb
+    s = F32(0.0)
+    if kind == Q8_0:
+        for k in range(nb):
+            s += _dot_q8_0(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be)
+    elif kind == Q4_0:
+        for k in range(nb):
+            s += _dot_q4(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 1, False)
+    elif kind == Q4_1:
+        for k in range(nb):
+            s += _dot_q4(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 1, True)
+    elif kind == Q5_0:
+        for k in range(nb):
+            s += _dot_q5(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 1, False)
+    elif kind == Q5_1:
+        for k in range(nb):
+            s += _dot_q5(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 1, True)
+    elif kind == Q4_K:
+        for k in range(nb):
+            s += _dot_qk(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 3, False)
+    elif kind == Q5_K:
+        for k in range(nb):
+            s += _dot_qk(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 3, True)
+    elif kind == Q6_K:
+        for k in range(nb):
+            s += _dot_q6_k(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 4)
+    elif kind == MXFP4:
+        for k in range(nb):
+            s += _dot_mxfp4(r, U(k) * U(bb), x, U(k) * U(be), xs, k, table, be >> 1)
+    return s
+
+
+@njit(parallel=True, fastmath=_FM, cache=True)
+def rows_fused(kind, B, X, XS, Y, rpt, table, be, bb):
+    """Y[t, o] = decode(B[o]) . X[t] by `dot_row`; XS from `block_sums(X)`."""
+    O = B.shape[0]
+    T = X.shape[0]
+    ntask = (O + rpt - 1) // rpt
+    for k in prange(ntask):
+        for o in range(k * rpt, min(O, (k + 1) * rpt)):
+            for t in range(T):
+                Y[t, o] = dot_row(kind, B[o], X[t], XS[t], table, be, bb)

@@ -371,6 +371,33 @@ def register_family(model_type: str, family: str, builder: FamilyBuilder) -> Non
 
 
 
+@dataclass(frozen=True)
+class HfExport:
+    """How a family writes a container back as a Hugging Face checkpoint: the inverse of its
+    lowering, declared next to it. ``config(graph)`` gives config.json (token ids excepted: the
+    exporter reads them from the container's generation config); ``prefixes`` is the very
+    (Hugging Face prefix, object) table admission places tensors by, so a container tensor
+    ``object/rel`` is written as ``prefix + rel``; ``architecture`` is the class transformers
+    loads. `vindex3.export` lowers what it is about to write with the family's own builder and
+    refuses by name unless that gives back the container's graph and tensors."""
+
+    config: Callable[[dict], dict]
+    prefixes: tuple[tuple[str, str], ...]
+    architecture: str
+
+
+_EXPORTS: dict[str, HfExport] = {}
+
+
+def register_export(model_type: str, spec: HfExport) -> None:
+    _EXPORTS[model_type] = spec
+
+
+def registered_exports() -> dict[str, HfExport]:
+    """model_type -> how a container of that family is written back as a checkpoint."""
+    return dict(_EXPORTS)
+
+
 def unregister_family(model_type: str) -> None:
     """Remove a registration (tests register toy families and clean up after themselves)."""
     _FAMILIES.pop(model_type, None)

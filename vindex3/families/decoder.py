@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from ..sources import CheckpointSource
-from .base import ConfigReader, Lowering, register_family
+from .base import ConfigReader, HfExport, Lowering, register_export, register_family
 from .placement import assemble_graph, place_tensors
 
 PREFIXES = (
@@ -377,5 +377,76 @@ def _build(model_type: str):
     return build
 
 
+# ---- export: the inverse of the lowering (vindex3.export) ----------------------------------------
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "granite": "GraniteForCausalLM"}
+# the config spelling of each activation the lowering produces (the first key of ACTIVATIONS naming it)
+ACTIVATION_NAMES = {v: k for k, v in reversed(list(ACTIVATIONS.items()))}
+
+
+def _inverse(x: float) -> float:
+    """A float y with 1.0 / y == x exactly (the lowering divides: head multiplier = 1 / logits_scaling)."""
+    import numpy as np
+
+    y = 1.0 / x
+    for cand in (y, float(np.nextafter(y, np.inf)), float(np.nextafter(y, -np.inf))):
+        if 1.0 / cand == x:
+            return cand
+    return y  # the re-lowering check refuses it by name
+
+
+def _export_config(model_type: str):
+    t = TRAITS[model_type]
+
+    def config(graph: dict) -> dict:
+        """config.json keys that lower back to ``graph`` under this family (token ids aside)."""
+        s, layers = graph["surface"], graph["layers"]
+        att, ffn, head = s["attention"], s["ffn"], s["head"]
+        pos = layers[0]["position"] if layers else {}
+        cfg: dict = {
+            "model_type": model_type,
+            "hidden_size": s["hidden_size"],
+            "num_hidden_layers": len(layers),
+            "num_attention_heads": att["heads"],
+            "num_key_value_heads": att["kv_heads"],
+            "head_dim": att["head_dim"],
+            "intermediate_size": ffn["intermediate_size"],
+            "vocab_size": head["vocab"],
+            "rms_norm_eps": s["norms"]["eps"],
+            "hidden_act": ACTIVATION_NAMES.get(ffn["activation"], ffn["activation"]),
+            "tie_word_embeddings": bool(head["tied"]),
+            "mlp_bias": bool(ffn["bias"]),
+        }
+        if s.get("context_length") is not None:
+            cfg["max_position_embeddings"] = s["context_length"]
+        if pos.get("kind") == "rope":
+            scaling = dict(pos.get("scaling") or {})
+            rope = {"rope_type": scaling.pop("type", "default"), "rope_theta": pos["theta"], **scaling}
+            omp = rope.get("original_max_position_embeddings")
+            if isinstance(omp, float) and omp.is_integer():  # a position count; the reference wants an integer
+                rope["original_max_position_embeddings"] = int(omp)
+            if pos["rotary_dims"] != att["head_dim"]:
+                rope["partial_rotary_factor"] = pos["rotary_dims"] / att["head_dim"]
+            cfg["rope_parameters"] = rope
+        if t.qkv_bias == "config":
+            cfg["attention_bias"] = bool(att["bias"]["q"])
+        windows = {ly["window"] for ly in layers if ly.get("span") == "sliding"}
+        window = windows.pop() if len(windows) == 1 else None
+        if t.sliding == "global":
+            cfg["sliding_window"] = window
+        elif t.sliding == "layer_types":
+            cfg["layer_types"] = ["sliding_attention" if ly.get("span") == "sliding" else "full_attention" for ly in layers]
+            cfg["use_sliding_window"] = window is not None
+            cfg["sliding_window"] = window
+        if t.multipliers:
+            cfg.update({"embedding_multiplier": s["embedding"]["multiplier"], "residual_multiplier": s["residual"]["multiplier"],
+                        "attention_multiplier": att["score_scale"], "logits_scaling": _inverse(head["multiplier"])})
+        return cfg
+
+    return config
+
+
 for _mt in TRAITS:
     register_family(_mt, _mt, _build(_mt))
+    register_export(_mt, HfExport(config=_export_config(_mt), prefixes=PREFIXES, architecture=ARCHITECTURES[_mt]))

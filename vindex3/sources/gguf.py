@@ -1,4 +1,5 @@
-"""GGUF import: a llama, qwen2 or qwen3 GGUF file as a checkpoint source.
+"""GGUF import: a llama, qwen2, qwen3, gemma2, gemma3, phi3, gpt2 or olmo2 GGUF file as a checkpoint
+source (the last five read through the tables in gguf_archs.py).
 
 The numerical and tokenizer reference is Hugging Face ``transformers==5.24.0`` loading the same
 file with ``gguf_file=``. For llama files transformers takes its legacy GGUF path: the config comes
@@ -27,8 +28,18 @@ import numpy as np
 from .. import jsonio
 from ..errors import AdmissionError, ConfigError
 from .base import CheckpointSource, TensorSpec
+from .gguf_archs import (
+    ARCHS,
+    Meta,
+    expected_shapes,
+    grade_keys,
+    hf_name,
+    is_offset_norm,
+    is_transposed,
+    read_values,
+)
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", *ARCHS)
 # qwen3: transformers 5.24's GGUF config mapping does not read qwen3.attention.key_length, so the
 # reference model takes Qwen3Config's default head width; a file of another width is refused.
 QWEN3_REFERENCE_HEAD_DIM = 128
@@ -48,6 +59,12 @@ SPLITS = {"qwen2": _QWEN2_SPLIT, "llama-bpe": _LLAMA3_SPLIT}
 # GPT-2 byte-level split (it swaps in other split regexes for llama-bpe, qwen2, ... which are not
 # reproduced here and so are refused by name).
 SUPPORTED_TOKENIZERS = {"gpt2": ("gpt2", "smollm", "qwen2", "llama-bpe"), "llama": (None, "default")}
+
+# Architectures whose SentencePiece vocabularies (tokenizer.ggml.model llama) are rebuilt as
+# transformers 5.24 builds them: Llama's tokenizer; Phi-3's, whose prefix space comes from a
+# normalizer; Gemma's, with whitespace tokens respelled and merges ordered by position.
+SENTENCEPIECE_ARCHITECTURES = ("llama", "phi3", "gemma2", "gemma3")
+GEMMA_SPECIAL_SPELLINGS = ("<bos>", "<eos>", "<unk>", "<pad>", "<mask>")
 
 # llama.* metadata keys read into the config.
 _CONSUMED_ARCH_KEYS = {
@@ -129,7 +146,7 @@ def _byte_alphabet() -> list[str]:
 
 
 class GgufCheckpoint(CheckpointSource):
-    """A single-file llama, qwen2 or qwen3 GGUF checkpoint."""
+    """A single-file GGUF checkpoint of one of SUPPORTED_ARCHITECTURES."""
 
     kind = "gguf"
 
@@ -239,6 +256,14 @@ class GgufCheckpoint(CheckpointSource):
             )
 
     def _build_config(self) -> dict:
+        if self.architecture in ARCHS:
+            grade_keys(self, ARCHS[self.architecture])
+            config = ARCHS[self.architecture].config(Meta(self, self.architecture))
+        else:
+            config = self._build_llama_config()
+        return self._token_ids(config)
+
+    def _build_llama_config(self) -> dict:
         arch = self.architecture
         prefix = f"{arch}."
         findings = []
@@ -370,6 +395,10 @@ class GgufCheckpoint(CheckpointSource):
             config.update({"attention_bias": False, "mlp_bias": False})
         elif arch == "qwen3":  # qwen3's q/k/v/o biases are unmapped too; qwen2's q/k/v biases are fixed
             config["attention_bias"] = False
+        return config
+
+    def _token_ids(self, config: dict) -> dict:
+        vocab = config["vocab_size"]
         # Token ids the file states; an absent one stays absent (transformers would fall back to
         # LlamaConfig's defaults 1 and 2 for bos/eos, which are facts about other checkpoints).
         for gguf_key, hf_key in (
@@ -387,6 +416,8 @@ class GgufCheckpoint(CheckpointSource):
         return config
 
     def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        if self.architecture in ARCHS:
+            return expected_shapes(ARCHS[self.architecture], self.config)
         c = self.config
         h, inter, hd = c["hidden_size"], c["intermediate_size"], self.head_dim
         q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
@@ -416,14 +447,15 @@ class GgufCheckpoint(CheckpointSource):
         return shapes
 
     def _map_tensors(self):
-        n_layers = self.config["num_hidden_layers"]
+        arch = ARCHS.get(self.architecture)
+        n_layers = self.config["num_hidden_layers" if "num_hidden_layers" in self.config else "n_layer"]
         by_hf: dict[str, Any] = {}
         unmapped: list[str] = []
-        layer_tensors = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS[self.architecture]}
-        biased = _ARCH_BIASES[self.architecture]
+        layer_tensors = {**_LAYER_TENSORS, **_ARCH_LAYER_TENSORS.get(self.architecture, {})}
+        biased = _ARCH_BIASES.get(self.architecture, ())
         for t in self._reader.tensors:
-            hf = _GLOBAL_TENSORS.get(t.name)
-            if hf is None:
+            hf = hf_name(arch, t.name, _LAYER_RE, n_layers) if arch else _GLOBAL_TENSORS.get(t.name)
+            if hf is None and arch is None:
                 m = _LAYER_RE.fullmatch(t.name)
                 if (m and m.group(2) in layer_tensors and int(m.group(1)) < n_layers
                         and (m.group(3) == "weight" or m.group(2) in biased)):
@@ -452,6 +484,8 @@ class GgufCheckpoint(CheckpointSource):
                 continue
             # GGUF lists dimensions innermost first; Hugging Face order is the reverse ([out, in]).
             hf_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+            if arch is not None and is_transposed(arch, t.name):  # stored [out, in], read [in, out]
+                hf_shape = hf_shape[::-1]
             if hf_shape != shape:
                 defects.append(
                     f"{t.name} ({name}) has shape {list(hf_shape)}, the config implies {list(shape)}"
@@ -517,12 +551,22 @@ class GgufCheckpoint(CheckpointSource):
                     }
                 ],
             )
-        if self.architecture != "llama" and model == "llama":
+        if self.architecture not in SENTENCEPIECE_ARCHITECTURES and model == "llama":
             raise AdmissionError(
                 f"{self.path.name}: a SentencePiece vocabulary on a {self.architecture} file: transformers builds "
-                "it with that architecture's own rules, which this importer does not reproduce",
+                "it with that architecture's own rules, which this importer does not reproduce (it does for "
+                f"{', '.join(SENTENCEPIECE_ARCHITECTURES)})",
                 [{"category": "tokenizer", "key": "tokenizer.ggml.model", "value": model, "blocks": True}],
             )
+        if model == "llama" and self.architecture in ("gemma2", "gemma3"):
+            have = set(self._array("tokenizer.ggml.tokens") or [])
+            lacking = [t for t in GEMMA_SPECIAL_SPELLINGS if t not in have]
+            if lacking:
+                raise AdmissionError(
+                    f"{self.path.name}: the SentencePiece vocabulary lacks {', '.join(lacking)}: transformers 5.24's Gemma "
+                    "tokenizer names these whatever the file says and appends a missing one past the model's "
+                    "embedding rows",
+                    [{"category": "tokenizer", "key": "tokenizer.ggml.tokens", "value": lacking, "blocks": True}])
         need = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges") if model == "gpt2" else ("tokenizer.ggml.tokens",)
         if model == "llama" and "tokenizer.ggml.merges" not in self._meta:
             need = (*need, "tokenizer.ggml.scores")  # merges are recovered from the scores
@@ -556,6 +600,11 @@ class GgufCheckpoint(CheckpointSource):
             raise ConfigError(
                 f"{self.path.name}: tensor {t.name} dequantized to {w.dtype}, not float32"
             )
+        arch = ARCHS.get(self.architecture)
+        if arch is not None:
+            transposed = is_transposed(arch, t.name)
+            w = read_values(arch, t.name, w.reshape(spec.shape[::-1] if transposed else spec.shape))
+            return np.array(w, dtype=np.float32, order="C", copy=True)
         w = w.reshape(spec.shape)
         if self.architecture == "llama":  # qwen2 / qwen3 files keep Hugging Face's q/k order
             if name.endswith(".self_attn.q_proj.weight"):
@@ -572,6 +621,9 @@ class GgufCheckpoint(CheckpointSource):
         if spec is None:
             return None
         t = self._tensors[name]
+        arch = ARCHS.get(self.architecture)
+        if arch is not None and (is_transposed(arch, t.name) or is_offset_norm(arch, t.name)):
+            return None  # read with a change of values or layout: widened through `load`
         return spec.dtype.lower(), int(t.n_bytes)
 
     def encoded(self, name: str) -> np.ndarray:
@@ -713,9 +765,12 @@ class GgufCheckpoint(CheckpointSource):
         """A SentencePiece vocabulary (tokenizer.ggml.model llama) as transformers builds it: BPE over
         the tokens as spelled, byte fallback, unknown pieces fused; merges from the file, or recovered
         from the scores (`_merges_from_scores`); "▁" prepended to the first word only, no split."""
-        from tokenizers import Tokenizer, decoders, pre_tokenizers
+        from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers
         from tokenizers.models import BPE
 
+        gemma = self.architecture in ("gemma2", "gemma3")
+        if gemma:  # a token of spaces is stored as spaces; Gemma's tokenizer looks it up as "▁"s
+            tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
         vocab = {token: index for index, token in enumerate(tokens)}
         if "tokenizer.ggml.merges" in self._meta:
             merges = []
@@ -724,14 +779,28 @@ class GgufCheckpoint(CheckpointSource):
                 if len(pair) != 2:
                     raise ConfigError(f"{self.path.name}: tokenizer.ggml.merges entry {merge!r} is not a pair")
                 merges.append((pair[0], pair[1]))
+        elif gemma:  # Gemma's scores do not follow its merge order; the tokens' positions do
+            merges = _merges_from_scores(vocab, {t: -float(i) for i, t in enumerate(tokens)})
         else:
             merges = _merges_from_scores(vocab, dict(zip(tokens, self._array("tokenizer.ggml.scores"))))
-        tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
-        tk.normalizer = None
-        tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-        tk.decoder = decoders.Sequence([
-            decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(content=" ", left=1),
-        ])
+        if gemma:  # transformers 5.24's GemmaTokenizer
+            tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token="<unk>", dropout=None,
+                               byte_fallback=True))
+            tk.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
+            tk.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+            tk.normalizer = normalizers.Replace(" ", "\u2581")
+        else:
+            tk = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True, dropout=None))
+            tk.normalizer = None
+            tk.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
+            tk.decoder = decoders.Sequence([
+                decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                decoders.Strip(content=" ", left=1),
+            ])
+        if self.architecture == "phi3":  # the prefix space from a normalizer, no pre-tokenizer
+            tk.normalizer = normalizers.Sequence([normalizers.Prepend(prepend="\u2581"),
+                                                  normalizers.Replace(pattern=" ", content="\u2581")])
+            tk.pre_tokenizer = None
         specials = [t for t, ty in zip(tokens, token_types) if ty == _CONTROL]
         return self._finish_tokenizer(tk, tokens, token_types, vocab, specials)
 
