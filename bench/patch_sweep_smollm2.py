@@ -1,9 +1,11 @@
 """A causal-tracing sweep on SmolLM2-135M-Instruct: PATCH SWEEP of the residual over every layer
 (30) and every position of a clean / corrupted prompt pair, as the LQL statement runs it (one
-prefill per cell, no prefix shared), with the recovered fraction of ' Paris' per cell.
+pass per cell, from the cell's layer on: the layers before it are the corrupted run's, shared),
+with the recovered fraction of ' Paris' per cell.
 
 Writes bench/results/patch_sweep_smollm2.json with machine facts, the load average, the timing
-and the grid (layer x position recovered fractions, rounded to 2 decimals).
+and the grid (layer x position recovered fractions, rounded to 2 decimals), and the heatmap
+docs/images/patch_sweep_smollm2.png (PLOT INTO), which docs/internals.md shows.
 
     python bench/patch_sweep_smollm2.py [--container DIR]
 """
@@ -40,7 +42,8 @@ def main() -> None:
         sys.exit(f"the prompts tokenize to {len(clean)} and {len(corrupt)} tokens; choose a pair of equal length")
     load0 = os.getloadavg()
     t0 = time.perf_counter()
-    (out,) = list(s.run(f"PATCH SWEEP '{CORRUPT}' FROM '{CLEAN}' FOR ' Paris' SITE RESIDUAL;"))
+    png = ROOT / "docs" / "images" / "patch_sweep_smollm2.png"
+    (out,) = list(s.run(f"PATCH SWEEP '{CORRUPT}' FROM '{CLEAN}' FOR ' Paris' SITE RESIDUAL PLOT INTO '{png}' OVERWRITE;"))
     wall = time.perf_counter() - t0
     if out.error is not None:
         sys.exit(str(out.error))
@@ -49,13 +52,15 @@ def main() -> None:
     for c in r.cells:
         grid.setdefault(str(c.layer), []).append(None if c.recovered is None else round(c.recovered, 2))
     res = {"bench": "patch_sweep_smollm2", "clean": CLEAN, "corrupted": CORRUPT, "target": " Paris",
-           "layers": len(r.layers), "positions": r.positions, "cells": len(r.cells), "prefills": r.passes,
+           "layers": len(r.layers), "positions": r.positions, "cells": len(r.cells), "prefills": r.passes, "layer_runs": r.layer_runs,
+           "layer_runs_without_sharing": len(r.cells) * len(r.layers),
            "seconds": wall, "ms_per_prefill": 1000 * wall / r.passes, "clean_logit": r.clean_logit,
            "corrupted_logit": r.corrupted_logit, "grid_recovered": grid, "loadavg_before": load0,
            "loadavg_after": os.getloadavg(), "machine": machine_facts()}
     dest = ROOT / "bench" / "results" / "patch_sweep_smollm2.json"
     jsonio.write_atomic(dest, res)
-    print(f"{len(r.layers)} layers x {r.positions} positions = {len(r.cells)} cells, {r.passes} prefills: "
+    print(f"{len(r.layers)} layers x {r.positions} positions = {len(r.cells)} cells, {r.passes} prefills, "
+          f"{r.layer_runs} layer runs (not shared: {len(r.cells) * len(r.layers)}): "
           f"{wall:.1f} s ({1000 * wall / r.passes:.1f} ms per prefill), load {load0[0]:.1f}")
     print(out.result.to_text(timing=True).splitlines()[0])
 

@@ -81,7 +81,7 @@ def test_sweep_refusals_name_the_layer_and_its_operator(containers):
     hybrid = vindex3.open(containers("granitemoehybrid"))
     ops = [lo.operator for lo in hybrid.op_plan().layers]
     (o,) = run(containers("granitemoehybrid"), sweep_text("HEADS", f"LAYERS {ops.index('softmax')}-{ops.index('softmax')}"))
-    assert "patching HEADS has no executor in this build" in str(o.error)
+    assert "a sweep cell is one layer and position, and a HEADS patch names heads too" in str(o.error)
     (o,) = run(containers("llama"), f"PATCH SWEEP {_tokens(CORRUPT[:-1])} FROM {_tokens(CLEAN)} FOR 3 SITE RESIDUAL;")
     assert "the corrupted prompt is 6 tokens and the clean one 7" in str(o.error)
     (o,) = run(containers("llama"), sweep_text("RESIDUAL", "LAYERS 2-3 DRAFT DEPTH 2"))
@@ -125,8 +125,12 @@ def test_capture_refuses_a_site_a_layer_lacks(containers, tmp_path):
 def test_the_statements_are_registered_and_writing_is_declared():
     from lql.statements.interventions import Capture, PatchSweep
 
-    assert Capture.paths == ("into",) and isinstance(Capture.read_only, str)
-    assert PatchSweep.read_only is True
+    assert Capture.paths == ("into", "steer_vector") and isinstance(Capture.read_only, str)
+    assert PatchSweep.paths == ("plot",) and isinstance(PatchSweep.read_only, str)
+    corrupted, clean = lql.ast.TokenPrompt(ids=[1]), lql.ast.TokenPrompt(ids=[2])
+    sweep = PatchSweep(corrupted=corrupted, clean=clean, token=3, site="residual")
+    assert sweep.refused_read_only() is None  # without PLOT INTO it only reads
+    assert "PLOT INTO writes a file" in sweep.model_copy(update={"plot": "g.png"}).refused_read_only()
     s = lql.Session()
     (o,) = list(s.run("HELP PATCH SWEEP;"))
     assert "PATCH SWEEP 'corrupted' FROM 'clean'" in o.result.to_text(timing=False)
@@ -155,3 +159,161 @@ def test_show_attention_refuses_layers_without_heads(containers):
     assert "layer 1 is a mamba2 layer, which has no attention heads" in str(o.error)
     (o,) = run(containers("llama"), f"SHOW ATTENTION {_tokens(CLEAN)} AT LAYER 1 HEAD 9;")
     assert "layer 1 has 4 heads (0..3); no head 9" in str(o.error)
+
+
+# ---- INFER / TRACE ... PATCH / STEER ------------------------------------------------------------
+
+def test_infer_with_patch_is_the_executors_patched_run(containers, tmp_path):
+    path = containers("llama")
+    (o,) = run(path, f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 1 POSITION 2 FROM {_tokens(CLEAN)} TOP 3;")
+    assert o.error is None, o.error
+    r = o.result
+    ex = vindex3.open(path).executor()
+    key = site_key(1, "residual")
+    vals = ex.run_with_cache(CLEAN, sites=[key])[key][2:3]
+    want = ex.forward(CORRUPT, interventions=[Patch("residual", 1, (2,), vals)])[-1]
+    assert np.array_equal(r.logits, want)  # the same run, the same bytes
+    assert not np.array_equal(r.logits, ex.forward(CORRUPT)[-1])
+    (rec,) = r.interventions
+    assert rec["kind"] == "patch" and rec["layer"] == 1 and rec["positions"] == [2]
+    text = r.to_text(timing=False)
+    assert "intervened  PATCH RESIDUAL AT LAYER 1 POSITION 2 FROM 'TOKENS (5, 17, 99, 3, 250, 42, 7)'" in text
+    rows = r.records()
+    assert all(row["interventions"].startswith("PATCH RESIDUAL AT LAYER 1") for row in rows)
+    (clean,) = run(path, f"INFER {_tokens(CORRUPT)} TOP 3;")
+    assert clean.result.interventions is None and "interventions" not in clean.result.records()[0]
+
+
+@pytest.mark.parametrize("clause", ["PATCH HEADS 0, 2 AT LAYER 2 POSITIONS ALL FROM {clean}",
+                                    "PATCH MIXER AT LAYER 0 POSITIONS 2, 5 FROM {clean}",
+                                    "STEER AT LAYER 1 WITH {clean} MINUS TOKENS (4, 5, 6) SCALE 2.5"])
+def test_infer_generate_and_trace_run_under_the_clause(containers, clause):
+    path = containers("llama")
+    cl = clause.format(clean=_tokens(CLEAN))
+    plain, under, trace = run(path, f"INFER {_tokens(CORRUPT)} GENERATE 6 EXACTLY;",
+                              f"INFER {_tokens(CORRUPT)} GENERATE 6 EXACTLY {cl};", f"TRACE {_tokens(CORRUPT)} {cl};")
+    for o in (plain, under, trace):
+        assert o.error is None, o.error
+    (rec,) = under.result.interventions
+    assert rec["text"].split(" AT LAYER")[0] == cl.split(" AT LAYER")[0]
+    assert trace.result.interventions == under.result.interventions
+    assert trace.result.to_text(timing=False).splitlines()[1] == f"with {rec['text']}"
+    # the trace steps one position at a time under the same intervention: its last next token is
+    # the first one the patched INFER generates
+    assert [r.next_id for r in trace.result.rows][-1] == under.result.generated_ids[0]
+
+
+def test_patch_and_steer_refusals_name_the_thing(containers, tmp_path):
+    path = containers("granitemoehybrid")
+    ops = [lo.operator for lo in vindex3.open(path).op_plan().layers]
+    m = ops.index("mamba2")
+    short = _tokens(CLEAN[:4])
+    outs = run(path,
+               f"INFER {_tokens(CORRUPT)} PATCH HEADS 0 AT LAYER {m} POSITION 1 FROM {_tokens(CLEAN)};",
+               f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 0 POSITIONS ALL FROM {short};",
+               f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 0 POSITION 5 FROM {short};",
+               f"INFER {_tokens(CORRUPT)} PATCH HEADS 7 AT LAYER 0 POSITION 1 FROM {_tokens(CLEAN)};",
+               f"INFER {_tokens(CORRUPT)} PATCH RESIDUAL AT LAYER 3 POSITION 1 FROM {_tokens(CLEAN)} DRAFT DEPTH 2;",
+               f"INFER {_tokens(CORRUPT)} STEER AT LAYER 1 WITH VECTOR '{tmp_path / 'nope.npy'}' SCALE 2;",
+               f"INFER {_tokens(CORRUPT)} SPECULATE DEPTH 1 GENERATE 4 STEER AT LAYER 1 WITH {short} MINUS {short} SCALE 1;")
+    errors = [o.error for o in outs]
+    assert all(e is not None for e in errors), errors
+    assert f"layer {m} is a mamba2 layer, which has no attention heads" in str(errors[0])
+    assert "the prompt is 7 tokens and the source 4" in str(errors[1])
+    assert "position 5 is past the source prompt (4 tokens" in str(errors[2])
+    assert "layer 0 has 3 heads (0..2); no head 7" in str(errors[3])
+    assert "layer 3 is not run by the draft depth 2" in str(errors[4])
+    assert "nope.npy" in str(errors[5])
+    assert "PATCH and STEER change one run" in str(errors[6])
+
+
+def test_steer_with_a_vector_file_is_the_executors_steered_run(containers, tmp_path):
+    from vindex3.exec.intervention import Steer
+
+    path = containers("llama")
+    hidden = vindex3.open(path).op_plan().hidden_size
+    vec = np.linspace(-1, 1, hidden, dtype=np.float32)
+    f = tmp_path / "v.npy"
+    np.save(f, vec)
+    (o,) = run(path, f"INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH VECTOR '{f}' SCALE -3 TOP 2;")
+    assert o.error is None, o.error
+    ex = vindex3.open(path).executor()
+    assert np.array_equal(o.result.logits, ex.forward(CORRUPT, interventions=[Steer(2, vec, -3.0)])[-1])
+    assert o.result.interventions[0]["text"] == f"STEER AT LAYER 2 WITH VECTOR '{f}' SCALE -3"
+    np.save(f, vec.astype(np.float64))
+    (bad,) = run(path, f"INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH VECTOR '{f}' SCALE 1;")
+    assert "a steering vector is float32 [hidden]" in str(bad.error)
+
+
+def test_sweep_plot_into_draws_the_grid(containers, tmp_path):
+    path = containers("llama")
+    svg = tmp_path / "grid.svg"
+    (o,) = run(path, sweep_text("RESIDUAL", f"LAYERS 0-1 PLOT INTO '{svg}'"))
+    assert o.error is None, o.error
+    body = svg.read_text()
+    assert body.lstrip().startswith("<?xml") and "<svg" in body and "patch sweep of RESIDUAL" in body
+    assert o.result.plot_path == str(svg) and f"plot             {svg}" in o.result.to_text(timing=False)
+    (again,) = run(path, sweep_text("RESIDUAL", f"LAYERS 0-1 PLOT INTO '{svg}'"))
+    assert "exists" in str(again.error)  # never replaced without OVERWRITE
+    (ok,) = run(path, sweep_text("RESIDUAL", f"LAYERS 0-1 PLOT INTO '{svg}' OVERWRITE"))
+    assert ok.error is None, ok.error
+    (bad,) = run(path, sweep_text("RESIDUAL", f"PLOT INTO '{tmp_path / 'grid.txt'}'"))
+    assert "PATCH SWEEP ... PLOT INTO writes .png or .svg, not 'grid.txt'" in str(bad.error)
+    assert o.result.layer_runs == 7 * (4 + 3)  # each cell runs from its layer on: 4 layers from 0, 3 from 1
+
+
+def test_dump_logits_and_capture_under_a_patch_name_it_in_their_sidecars(containers, tmp_path):
+    path = containers("llama")
+    cl = f"PATCH FFN AT LAYER 1 POSITIONS 2, 4 FROM {_tokens(CLEAN)}"
+    dump, plain, cap = (tmp_path / "p.f32", tmp_path / "c.f32", tmp_path / "a.npz")
+    outs = run(path, f"DUMP LOGITS {_tokens(CORRUPT)} {cl} INTO '{dump}';", f"DUMP LOGITS {_tokens(CORRUPT)} INTO '{plain}';",
+               f"CAPTURE {_tokens(CORRUPT)} SITES FFN LAYERS 1-1 {cl} INTO '{cap}';")
+    for o in outs:
+        assert o.error is None, o.error
+    ex = vindex3.open(path).executor()
+    key = site_key(1, "ffn")
+    vals = ex.run_with_cache(CLEAN, sites=[key])[key][[2, 4]]
+    patch = Patch("ffn", 1, (2, 4), vals, source="TOKENS (5, 17, 99, 3, 250, 42, 7)")
+    meta = json.loads((tmp_path / "p.meta.json").read_text())
+    assert meta["interventions"] == [patch.record()]
+    assert "interventions" not in json.loads((tmp_path / "c.meta.json").read_text())  # a clean dump is as before
+    got = np.fromfile(dump, dtype=np.float32).reshape(len(CORRUPT), -1)
+    want = ex.forward(CORRUPT, interventions=[patch])
+    # 2e-5: the dump decodes token by token, the forward is one prefill; our own prefill-vs-decode
+    # spread on this fixture, measured 1.5e-6
+    assert np.max(np.abs(got - want)) <= 2e-5
+    assert not np.allclose(got, np.fromfile(plain, dtype=np.float32).reshape(len(CORRUPT), -1), atol=1e-3)
+    side = json.loads(cap.with_suffix(".meta.json").read_text())
+    assert side["interventions"] == [patch.record()]
+    with np.load(cap) as z:
+        assert np.array_equal(z[key][[2, 4]], vals)  # the patched values are what the run wrote
+
+
+def test_explain_infer_shows_the_intervention_it_would_run(containers):
+    path = containers("llama")
+    (o,) = run(path, f"EXPLAIN INFER {_tokens(CORRUPT)} STEER AT LAYER 2 WITH {_tokens(CLEAN)} MINUS TOKENS (4, 5) "
+                     f"SCALE 0.5 PATCH HEADS 1 AT LAYER 3 POSITION 6 FROM {_tokens(CLEAN)} GENERATE 3;")
+    assert o.error is None, o.error
+    assert o.result.operation == (
+        "INFER: prefill 7 tokens, then 3 greedy tokens, stopping at end-of-sequence (2), with PATCH HEADS 1 AT LAYER 3 "
+        "POSITION 6 FROM TOKENS (5, 17, 99, 3, 250, 42, 7); STEER AT LAYER 2 WITH TOKENS (5, 17, 99, 3, 250, 42, 7) "
+        "MINUS TOKENS (4, 5) SCALE 0.5")
+
+
+def test_a_server_confines_the_steering_vector_file(containers, tmp_path):
+    from server_fixtures import config
+
+    from lql.parser import parse_one
+    from lql.server.policy import check_statement  # the policy a server applies
+
+    data = tmp_path / "data"
+    data.mkdir()
+    cfg = config(containers("llama"), data_dir=data)
+    for kw in ("INFER 'x'", "TRACE 'x'", "CAPTURE 'x' SITES RESIDUAL", "DUMP LOGITS 'x'"):
+        tail = " INTO 'o.npz'" if kw.startswith(("CAPTURE", "DUMP")) else ""
+        stmt = parse_one(f"{kw} STEER AT LAYER 1 WITH VECTOR '../v.npy' SCALE 1{tail};")
+        with pytest.raises(Exception, match="'..'") as e:
+            check_statement(stmt, cfg)
+        assert type(e.value).__name__ == "PathRefusal", kw
+        ok = check_statement(parse_one(f"{kw} STEER AT LAYER 1 WITH VECTOR 'v.npy' SCALE 1{tail};"), cfg)
+        assert ok.steer_vector == str(data / "v.npy")

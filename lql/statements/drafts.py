@@ -38,6 +38,8 @@ dump_stmt: DUMP LOGITS prompt dump_option* INTO STRING [overwrite_clause]
 
 ?dump_option: draft_clause
             | ablate_clause
+            | patch_clause
+            | steer_clause
 
 score_stmt: SCORE DRAFT STRING AGAINST STRING
 """)
@@ -51,7 +53,7 @@ fam.doc('DRAFT LADDER',
         'score each draft depth against the full model over a prompt bank',
         "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';", order=140, aliases=('PLOT',))
 fam.doc('DUMP LOGITS',
-        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] INTO 'file.f32'",
+        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x] INTO 'file.f32'",
         'write raw float32 logits [positions, vocab] and a provenance sidecar',
         "DUMP LOGITS 'Hello' DRAFT DEPTH 2 INTO 'draft.f32';", order=150, aliases=('DUMP',))
 fam.doc('SCORE DRAFT',
@@ -78,7 +80,9 @@ def draft_ladder(c: Children) -> DraftLadder:
 
 @fam.rule
 def dump_stmt(c: Children) -> DumpLogits:
-    fields = c.options("DUMP LOGITS")
+    from .interventions import intervention_fields
+
+    fields = intervention_fields(c.options("DUMP LOGITS"))
     overwrite = fields.pop("overwrite", False)
     return DumpLogits(prompt=c.get("LOGITS"), into=c.string("INTO"), overwrite=overwrite, **fields)
 
@@ -137,13 +141,16 @@ class DumpLogits(ast.Statement):
     """DUMP LOGITS: raw float32 logits [positions, vocab] and a provenance sidecar."""
 
     keyword: ClassVar[str] = "DUMP LOGITS"
-    paths: ClassVar[tuple[str, ...]] = ("into",)
+    paths: ClassVar[tuple[str, ...]] = ("into", "steer_vector")
     read_only: ClassVar[bool | str] = "it writes a file on the server"
     needs_container: ClassVar[bool] = True
     kind: Literal["dump_logits"] = "dump_logits"
     prompt: ast.Prompt
     depth: int | None = None
     ablate: ast.Ablation | None = None
+    patch: Any = None  # PATCH ... FROM 'source' (lql.statements.interventions.PatchSpec)
+    steer: Any = None  # STEER AT LAYER n WITH ... SCALE x (lql.statements.interventions.SteerSpec)
+    steer_vector: str | None = None  # STEER ... WITH VECTOR 'v.npy': a file read on the server
     into: str
     overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
 
@@ -250,6 +257,7 @@ class Dump(Node):
     into: str
     intervention: Any = None
     overwrite: bool = False
+    stream: Any = None  # PATCH / STEER (lql.statements.interventions.BoundInterventions)
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,8 +311,11 @@ def plan_dump(s: DumpLogits, ctx: Context) -> Node:
     (limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1))
      .add(f"the logits [{p:,}, {cat.vocab:,}] and their bytes", extra=2 * p * cat.vocab * 4)
      .check(ctx.settings, "DUMP LOGITS"))
+    from .interventions import bind_interventions
+
     return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
-                intervention=cat.ablation(s.ablate, sl))
+                intervention=cat.ablation(s.ablate, sl),
+                stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector))
 
 
 @fam.plans(ScoreDraft)
@@ -336,9 +347,15 @@ def run_dump(session, node: Dump) -> DumpResult:
     c = session.container
     path = Path(node.into)
     try:
+        extra = {}
+        if node.stream is not None:  # PATCH / STEER: values from the source prompts' runs on this slice
+            from .interventions import build_interventions
+
+            ex, _ = session.executor(node.slice.depth, node.intervention)
+            extra["interventions"] = build_interventions(ex, node.stream)
         meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path, overwrite=node.overwrite,
                                  max_positions=session.settings.max_positions, intervention=node.intervention,
-                                 activations=session.settings.activations)
+                                 activations=session.settings.activations, **extra)
     except OSError as e:
         raise FileRefusal(f"cannot write {path}: {e.strerror or e}") from None
     sidecar = draft.sidecar_path(path) if hasattr(draft, "sidecar_path") else Path(f"{path}.meta.json")

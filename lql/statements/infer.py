@@ -76,6 +76,14 @@ from ..text import (
     num,
     table,
 )
+from .interventions import (
+    BoundInterventions,
+    PatchSpec,
+    SteerSpec,
+    bind_interventions,
+    build_interventions,
+    intervention_fields,
+)
 
 fam = family("infer", module=__name__, statements=("infer_stmt", "explain_stmt", "explain_infer", "trace_stmt"),
              grammar=r"""
@@ -89,6 +97,8 @@ infer_stmt: INFER prompt infer_option*
              | chat_clause
              | ablate_clause
              | compare_clause
+             | patch_clause
+             | steer_clause
 
 chat_clause: CHAT
 speculate_clause: SPECULATE DEPTH INT [VOCAB TOP INT]
@@ -103,6 +113,8 @@ trace_stmt: TRACE prompt trace_option*
 ?trace_option: draft_clause
              | ablate_clause
              | experts_clause
+             | patch_clause
+             | steer_clause
 
 // TRACE ... EXPERTS: the routing of each position (which experts, with what weights)
 experts_clause: EXPERTS [AT LAYER INT]
@@ -113,18 +125,18 @@ fam.doc('EXPLAIN',
         'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
         'EXPLAIN DRAFT DEPTH 2;', order=30)
 fam.doc('INFER',
-        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)]",
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
         'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth or prompt lookup)',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
-        "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)]",
+        "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x]",
         "which layers ran at each position, and the next token there; with EXPERTS, each routed layer's experts and their weights",
         "TRACE 'The capital of France is';", order=120)
 
 
 @fam.rule
 def infer_stmt(c: Children) -> Infer:
-    fields = c.options("INFER")
+    fields = intervention_fields(c.options("INFER"))
     if "generate" in fields:
         fields["generate"], fields["exactly"] = fields["generate"]
     if "speculate" in fields:
@@ -162,7 +174,7 @@ def explain_infer(c: Children) -> Explain:
 
 @fam.rule
 def trace_stmt(c: Children) -> Trace:
-    return Trace(prompt=c.get("TRACE"), **c.options("TRACE"))
+    return Trace(prompt=c.get("TRACE"), **intervention_fields(c.options("TRACE")))
 
 
 @fam.rule
@@ -201,7 +213,7 @@ class Infer(ast.Statement):
     """INFER: the next-token distribution, greedy generation, self-speculative decoding."""
 
     keyword: ClassVar[str] = "INFER"
-    paths: ClassVar[tuple[str, ...]] = ()
+    paths: ClassVar[tuple[str, ...]] = ("steer_vector",)
     read_only: ClassVar[bool | str] = True
     needs_container: ClassVar[bool] = True
     kind: Literal["infer"] = "infer"
@@ -216,6 +228,9 @@ class Infer(ast.Statement):
     chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
     ablate: ast.Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
     compare: bool = dialect(False)  # COMPARE (the reference dialect): refused at planning
+    patch: PatchSpec | None = None  # PATCH site AT LAYER n ... FROM 'source'
+    steer: SteerSpec | None = None  # STEER AT LAYER n WITH ... SCALE x
+    steer_vector: str | None = None  # STEER ... WITH VECTOR 'v.npy': a file read on the server
 
     def check(self) -> None:
         check_infer(self)
@@ -235,7 +250,7 @@ class Trace(ast.Statement):
     """TRACE: which layers ran at each position and the next token there (with EXPERTS, the routing)."""
 
     keyword: ClassVar[str] = "TRACE"
-    paths: ClassVar[tuple[str, ...]] = ()
+    paths: ClassVar[tuple[str, ...]] = ("steer_vector",)
     read_only: ClassVar[bool | str] = True
     needs_container: ClassVar[bool] = True
     kind: Literal["trace"] = "trace"
@@ -243,6 +258,9 @@ class Trace(ast.Statement):
     depth: int | None = None
     ablate: ast.Ablation | None = None
     experts: ExpertsClause | None = None
+    patch: PatchSpec | None = None
+    steer: SteerSpec | None = None
+    steer_vector: str | None = None
 
 
 
@@ -308,6 +326,8 @@ class InferResult(Result):
     prepared_reads: int | None = None  # operand reads the slice's executor made when prepared
     prepared_bytes: int | None = None  # distinct bytes it prepared
     intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
+    # PATCH / STEER, as the stream recorded them (vindex3.exec.intervention records); None: none
+    interventions: list[dict[str, Any]] | None = None
     # operand bytes each call touched (vindex3's trace.step_bytes): the prefill, then each decode
     # step; a routed layer counts only the experts its positions used. None when not recorded.
     prefill_bytes: int | None = None
@@ -385,6 +405,7 @@ class TraceResult(Result):
     prompt: PromptInfo
     rows: list[TraceRow]
     intervention: dict[str, Any] | None = None  # ABLATE FEATURES, as the run recorded it
+    interventions: list[dict[str, Any]] | None = None  # PATCH / STEER, as the stream recorded them
     expert_layers: list[ExpertLayerInfo] | None = None  # with EXPERTS: the routed layers shown
 
 
@@ -405,6 +426,7 @@ class Run(Node):
     exactly: bool = False
     stop_ids: tuple[int, ...] = ()
     intervention: Any = None  # vindex3.exec.intervention.FeatureAblation (ABLATE FEATURES) or None
+    stream: BoundInterventions | None = None  # PATCH / STEER on the run's stream
 
     def describe(self) -> str:
         parts = []
@@ -416,6 +438,8 @@ class Run(Node):
             parts.append(f"{self.generate} greedy tokens{' exactly' if self.exactly else ''}{stop}")
         head = f"INFER: prefill {len(self.prompt.ids)} tokens"
         tail = f", with {self.intervention.describe()}" if self.intervention is not None else ""
+        if self.stream is not None:
+            tail += f", with {self.stream.describe()}"
         return head + (", then " + " and ".join(parts) if parts else "") + tail
 
 
@@ -456,6 +480,7 @@ class TracePlan(Node):
     prompt: BoundPrompt
     intervention: Any = None
     experts: tuple[int, ...] | None = None  # TRACE ... EXPERTS: the routed layers whose routing is shown
+    stream: BoundInterventions | None = None  # PATCH / STEER on the run's stream
 
 
 
@@ -474,6 +499,9 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
     limits.check_count(s.generate, "max_generate", ctx.settings, "GENERATE", "tokens")
     # CHAT on the statement is explicit; the setting applies to text prompts only
     chat = s.chat if s.chat is not None else (bool(ctx.settings.chat) and isinstance(s.prompt, ast.TextPrompt))
+    if (s.patch is not None or s.steer is not None) and s.speculate is not None:
+        raise err(s, "INFER ... SPECULATE runs a draft and the full model; PATCH and STEER change one run",
+                  hint="leave SPECULATE out to run with PATCH or STEER")
     if s.speculate is not None:
         lookahead = s.lookahead if s.lookahead is not None else ctx.settings.lookahead
         limits.check_count(lookahead, "max_lookahead", ctx.settings, "LOOKAHEAD", "draft tokens per round")
@@ -495,8 +523,9 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
     top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.top)
     stop = () if s.exactly or s.generate is None else cat.eos_ids()
+    stream = bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector)
     node = Run(s, slice=sl, prompt=prompt, top=top, generate=s.generate, exactly=s.exactly, stop_ids=stop,
-               intervention=ablation)
+               intervention=ablation, stream=stream)
     _check_run(node, ctx)
     return node
 
@@ -546,7 +575,8 @@ def plan_trace(s: Trace, ctx: Context) -> Node:
     p = len(prompt.ids)
     limits.check_positions(p, cat.context_length, ctx.settings, run_words("TRACE", p))
     limits.Need().add("one step at the end", cat.estimate(1, sl.depth, start=p - 1)).check(ctx.settings, "TRACE")
-    return TracePlan(s, slice=sl, prompt=prompt, experts=experts, intervention=cat.ablation(s.ablate, sl))
+    return TracePlan(s, slice=sl, prompt=prompt, experts=experts, intervention=cat.ablation(s.ablate, sl),
+                     stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector))
 
 
 
@@ -600,7 +630,8 @@ def run_infer(session, node: Run) -> InferResult:
     cat = session.catalog
     prompt = prompt_info(node.prompt)
     ex, fresh = session.executor(node.slice.depth, node.intervention)
-    st = ex.start()
+    ivs = build_interventions(ex, node.stream)
+    st = ex.start(interventions=ivs) if ivs else ex.start()
     # the one decode step (vindex3.generate): the prefill's record first, then one per token
     calls = generate_step(st, node.prompt.ids, sampler=Sampler.greedy(), max_tokens=node.generate or 0,
                           stop_ids=node.stop_ids, logits=True)
@@ -644,6 +675,7 @@ def run_infer(session, node: Run) -> InferResult:
                            stopped_at=stopped, interrupted=interrupted,
                            prepared_reads=int(ex.trace.operand_reads), prepared_bytes=int(ex.trace.bytes_read),
                            intervention=node.intervention.record() if node.intervention is not None else None,
+                           interventions=[iv.record() for iv in ivs] or None,
                            prefill_bytes=steps[0] if steps else None, decode_bytes=steps[1:] if steps else None,
                            expert_layers=expert_layers(session.catalog.op_plan, executed), timing=timing,
                            activations=getattr(st.trace, "activations", "exact"))
@@ -719,7 +751,8 @@ def run_trace(session, node: TracePlan) -> TraceResult:
                                  "record it in their actors, not here", hint="SET shards = 0 (or OPEN without SHARDS)")
     ex, _ = session.executor(node.slice.depth, node.intervention)
     labels = [lp.label() for lp in c.graph.layers]
-    st = ex.start()
+    ivs = build_interventions(ex, node.stream)
+    st = ex.start(interventions=ivs) if ivs else ex.start()
     rows = []
     # one position at a time (the one decode step, fed step by step): the trace of each position
     for pos, r in enumerate(generate_step(st, prompt.ids, sampler=Sampler.greedy(), max_tokens=0, feed="step",
@@ -745,7 +778,8 @@ def run_trace(session, node: TracePlan) -> TraceResult:
             row.experts = picks[row.position]
     return TraceResult(slice=node.slice.label, depth=node.slice.depth, model_layers=c.graph.num_layers,
                          prompt=prompt, rows=rows, expert_layers=shown,
-                         intervention=node.intervention.record() if node.intervention is not None else None)
+                         intervention=node.intervention.record() if node.intervention is not None else None,
+                         interventions=[iv.record() for iv in ivs] or None)
 
 
 # ---- layouts ----
@@ -820,6 +854,7 @@ _LONG_LIST = 8  # a provenance list longer than this is summarised in text (JSON
 def layout_infer(r: InferResult, timing: bool) -> list[str]:
     out = fields([("slice", f"{r.slice} ({layers_phrase(r.executed_layers)})"), *prompt_fields(r.prompt),
                   ("ablated", intervention(r.intervention)),
+                  *_intervened(r.interventions),
                   ("activations", r.activations if r.activations != "exact" else None)])
     if r.top is not None:
         out += [""] + table(
@@ -843,6 +878,11 @@ def layout_infer(r: InferResult, timing: bool) -> list[str]:
     if timing and r.timing is not None:
         out += [""] + timing_fields(r.timing)
     return out
+
+
+def _intervened(records: list[dict[str, Any]] | None) -> list[tuple[str, str]]:
+    """One field per PATCH / STEER the run carried: a result made under an intervention says so."""
+    return [("intervened", x["text"]) for x in records or ()]
 
 
 def _cut_facts(cut) -> dict[str, Any]:
@@ -892,6 +932,7 @@ def layout_trace(r: TraceResult, timing: bool) -> list[str]:
     out = [f"trace: {r.slice}, {r.model_layers}-layer model"]
     if r.intervention is not None:
         out.append(f"with {intervention(r.intervention)}")
+    out += [f"with {x['text']}" for x in r.interventions or ()]
     rows = []
     for x in r.rows:
         ran = _layers_with_operators(x.layers, x.operators)
@@ -945,13 +986,22 @@ def _rec_explain(r: ExplainResult) -> list[dict[str, Any]]:
 @fam.records(InferResult)
 def _rec_infer(r: InferResult) -> list[dict[str, Any]]:
     if r.top is not None:
-        return [dump(c) for c in r.top]
+        return _named([dump(c) for c in r.top], r.interventions)
     tokens = r.generated_tokens or [None] * len(r.generated_ids or [])
-    return [{"position": i, "id": t, "token": tok} for i, (t, tok) in enumerate(zip(r.generated_ids or [], tokens))]
+    return _named([{"position": i, "id": t, "token": tok}
+                   for i, (t, tok) in enumerate(zip(r.generated_ids or [], tokens))], r.interventions)
+
+
+def _named(rows: list[dict[str, Any]], records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """Each record of a run made under PATCH / STEER names them (a clean run's records are as before)."""
+    if not records:
+        return rows
+    text = "; ".join(x["text"] for x in records)
+    return [{**row, "interventions": text} for row in rows]
 
 
 @fam.records(TraceResult)
 def _rec_trace(r: TraceResult) -> list[dict[str, Any]]:
-    return [dump(x) for x in r.rows]
+    return _named([dump(x) for x in r.rows], r.interventions)
 
 

@@ -41,7 +41,7 @@ trace_for_stmt: TRACE prompt FOR token_ref trace_for_option*
                  | save_file_clause
 
 positions_clause: POSITIONS (LAST | ALL)
-decompose_clause: DECOMPOSE
+decompose_clause: DECOMPOSE [HEADS]
 save_clause: SAVE INTO STRING
 save_file_clause: SAVE STRING            // the reference's SAVE 'f' (needs POSITIONS ALL there and here)
 
@@ -57,8 +57,8 @@ trace_ref_stmt: TRACE prompt trace_ref_option+
 """)
 
 fam.doc('TRACE FOR',
-        "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
-        "the token's rank per layer (logit lens); DECOMPOSE: its logit split exactly over every write",
+        "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE [HEADS]] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
+        "the token's rank per layer (logit lens); DECOMPOSE: its logit split exactly over every write (HEADS: attention writes by head)",
         "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;", order=121, aliases=('DECOMPOSE',))
 
 
@@ -89,7 +89,7 @@ def positions_clause(c: Children) -> Clause:
 
 @fam.rule
 def decompose_clause(c: Children) -> Clause:
-    return c.clause("decompose", True)
+    return c.clause("decompose", "heads" if c.has("HEADS") else True)
 
 
 @fam.rule
@@ -115,7 +115,7 @@ class TraceFor(ast.Statement):
     token: str | int | None  # text that is one token, or a token id (None: TRACE without FOR, refused)
     layers: ast.LayerSpan | None = None
     positions: Literal["last", "all"] | None = None
-    decompose: bool = False
+    decompose: bool | Literal["heads"] = False  # "heads": DECOMPOSE HEADS splits attention writes by head
     save: str | None = None
     depth: int | None = None
     ablate: ast.Ablation | None = None
@@ -138,7 +138,7 @@ class TraceForPlan(Node):
     target: int  # the token id traced
     layers: tuple[int, ...] | None
     positions: str  # "last" | "all"
-    decompose: bool
+    decompose: bool | str  # True, or "heads"
     save: str | None
     overwrite: bool
     intervention: Any
@@ -198,7 +198,7 @@ class LensRow(Data):
 class Part(Data):
     name: str
     layer: int | None
-    site: Literal["embedding", "mixer", "ffn"]
+    site: Literal["embedding", "mixer", "ffn", "head", "bias"]  # head, bias: DECOMPOSE HEADS
     operator: str | None
     logit: float
     share: float | None

@@ -125,16 +125,19 @@ def write_dump(path: str | os.PathLike, logits: np.ndarray, meta: dict[str, Any]
 
 
 def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.PathLike, *,
-              prepare_seconds: float, draft_depth: int | None, overwrite: bool = False) -> dict[str, Any]:
+              prepare_seconds: float, draft_depth: int | None, overwrite: bool = False,
+              interventions: Sequence = ()) -> dict[str, Any]:
     """Dump through an already prepared executor (the ladder reuses one per depth). Nothing is
-    written inside ``container``."""
+    written inside ``container``. ``interventions`` (`vindex3.exec.intervention.Patch`,
+    `Steer`) change the run and are named in the sidecar (``interventions``, a key present only
+    when there are some, so a clean dump's sidecar is as before)."""
     forbid = [container.path] if getattr(container, "path", None) is not None else []
     ids = [int(t) for t in token_ids]
     if not ids:
         raise VindexError("nothing to dump: the token id list is empty")
     check_target(path, overwrite=overwrite, forbid_inside=forbid)
     ex.check_positions(len(ids), f"a dump of {len(ids)} tokens")
-    st = ex.start()
+    st = ex.start(interventions=interventions) if interventions else ex.start()
     t0 = time.perf_counter()
     logits = decode_logits(st, ids)
     step_seconds = time.perf_counter() - t0
@@ -163,12 +166,14 @@ def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.
         "intervention": ex.intervention.record() if ex.intervention is not None else None,
         "activations": getattr(ex, "activations", "exact"),  # how products treated activations
     }
+    if interventions:
+        meta["interventions"] = st.interventions
     return write_dump(path, logits, meta, overwrite=overwrite, forbid_inside=forbid)
 
 
 def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike,
                 intervention: Any = None, *, overwrite: bool = False, max_positions: int | None = None,
-                activations: str = "exact") -> dict:
+                activations: str = "exact", interventions: Sequence = ()) -> dict:
     """Dump the logits of ``token_ids`` under ``slice`` (``vindex3.Full()``, ``vindex3.Draft(n)``,
     or None for full) into ``path`` and its ``.meta.json`` sidecar; return the sidecar dict.
     ``intervention`` (a `vindex3.exec.intervention.FeatureAblation`) changes the run and is
@@ -186,7 +191,7 @@ def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str 
     slice_obj, depth = resolve_slice(container, slice)
     ex, prepare_seconds = make_executor(container, slice_obj, intervention, max_positions, activations)
     return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth,
-                     overwrite=overwrite)
+                     overwrite=overwrite, interventions=interventions)
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:

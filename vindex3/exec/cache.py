@@ -8,9 +8,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ..errors import QueryRefused, UnsupportedOperator
+from ..errors import QueryRefused
 from .engine import Observer
-from .intervention import SITES, check_site, parse_site_key, site_key
+from .intervention import SITES, Patch, check_site, heads_op, parse_site_key, site_key
 
 
 def wanted_sites(plan, executed: list[int], sites: Iterable[str], slice_desc: str,
@@ -44,10 +44,7 @@ def wanted_sites(plan, executed: list[int], sites: Iterable[str], slice_desc: st
         out.append((layer, name))
     for layer, name in out:
         if name == "heads":
-            op = next(o for o in plan.layers[layer].slot_ops() if o.role == "mixer")
-            if op.kind != "softmax":
-                raise UnsupportedOperator(f"{what} L{layer}.heads: reading the heads of a {op.kind} mixer has no "
-                                          "executor in this build (softmax layers have one)")
+            heads_op(plan, layer, f"{what} L{layer}.heads")
     return sorted(set(out), key=lambda p: (p[0], SITES.index(p[1])))
 
 
@@ -80,6 +77,8 @@ def cache_run(ex, token_ids, sites, interventions=()) -> dict[str, np.ndarray]:
     want = wanted_sites(ex.plan, ex.layers, sites, ex.slice.describe())
     keep = _Keep(want)
     st = ex.start(observer=keep, interventions=interventions)
+    if st.edits is not None:  # one prefill: a patch past the prompt would never apply
+        st.edits.check_within(len(token_ids), "run_with_cache()")
     logits = st.prefill(token_ids)
     if any(s == "heads" for _, s in want):
         from ..internals.attention import replay_attention
@@ -87,7 +86,12 @@ def cache_run(ex, token_ids, sites, interventions=()) -> dict[str, np.ndarray]:
         for layer, s in want:
             if s == "heads":  # [T, heads, head_dim]: the layer's own kernel on the input the run gave it
                 x = keep.values.pop(f"L{layer}.mixer_input")
-                keep.values[site_key(layer, s)] = replay_attention(ex, layer, x, "CAPTURE")[1]
+                heads = replay_attention(ex, layer, x, "CAPTURE")[1]
+                for iv in interventions or ():  # a HEADS patch there: the values the projection read
+                    if isinstance(iv, Patch) and iv.site == "heads" and iv.layer == layer:
+                        for r, pos in enumerate(iv.positions):
+                            heads[pos, list(iv.heads)] = iv.source_values[r]
+                keep.values[site_key(layer, s)] = heads
     out = {site_key(layer, s): keep.values[site_key(layer, s)] for layer, s in want}
     out["logits"] = np.asarray(logits)
     return out

@@ -404,7 +404,10 @@ class Executor:
                     obs.write(i, site[0], p0, w, h)
                 elif site[1] is None:
                     obs.slot_input(i, site[0], p0, x)
-                    h, x, n = fn(h, x, ls, p0, one, trace)
+                    if ed is not None and ed.runs_slot(i, site[0]):  # a HEADS patch runs the slot itself
+                        h, x, n = ed.run_slot(i, site[0], h, x, ls, p0, one, trace)
+                    else:
+                        h, x, n = fn(h, x, ls, p0, one, trace)
                     touched += n
                 else:
                     w = x if site[1] == 1 else x * site[1]
@@ -503,14 +506,17 @@ class Executor:
         if not self.has_ends:
             raise SliceError(f"{self.slice.describe()} has no embedding or head; run hidden states through "
                              "start().prefill_hidden(h) on a layer range")
-        return self.start(interventions=interventions).prefill(token_ids)
+        st = self.start(interventions=interventions)
+        if st.edits is not None:  # a lone prefill: a patch past its prompt would never apply
+            st.edits.check_within(_token_ids(token_ids, self.plan.vocab).size, "forward()")
+        return st.prefill(token_ids)
 
     def start(self, observer: Observer | None = None, interventions=()) -> Stream | HiddenStream:
         """A new stream with its own state and trace: token ids in and logits out for a slice
         with ends, hidden states in and out for a `LayerRange`. An observer, if given, sees the
         stream's residual stream (see `Observer`); ``interventions`` (Patch, Steer) change every
         pass of this stream, checked against this slice before anything runs."""
-        edits = resolve_stream(interventions, self.plan, self.layers, self.slice.describe())
+        edits = resolve_stream(interventions, self.plan, self.layers, self.slice.describe(), self.prepared)
         if isinstance(self.slice, LayerRange) or not self.has_ends:
             return HiddenStream(self, observer, edits)
         return Stream(self, observer, edits)

@@ -201,13 +201,23 @@ def _frozen_f32(a, what: str, ndim: int) -> np.ndarray:
 class Patch:
     """Replace a site's values at absolute positions with ``source_values`` [len(positions),
     hidden] (float32), typically another prompt's values there (activation patching). Equal
-    patches (same site, layer, positions and value bytes) compare and hash equal."""
+    patches (same site, layer, positions, heads and value bytes) compare and hash equal.
+
+    On the ``heads`` site the patch names ``heads`` and its values are [len(positions),
+    len(heads), head_dim]: those heads' outputs before the output projection, which then
+    projects the patched heads with the others (the layer's post-norm, if any, follows).
+
+    A patch applies in whichever pass of its stream covers its positions: a position past the
+    prompt applies when decoding reaches it. A lone prefill (``ex.forward``,
+    ``ex.run_with_cache``) has no later pass, so a position past its prompt is refused there by
+    name (`StreamEdits.check_within`) rather than silently never applied."""
 
     site: str
     layer: int
     positions: tuple[int, ...]
     source_values: np.ndarray
     source: str | None = None  # what the values came from, in words (a prompt), for the record
+    heads: tuple[int, ...] | None = None  # the heads patched (site "heads" only)
     kind: str = field(default="patch", init=False)
 
     def __post_init__(self):
@@ -216,15 +226,30 @@ class Patch:
         pos = tuple(int(p) for p in self.positions)
         if not pos or any(p < 0 for p in pos) or len(set(pos)) != len(pos):
             raise QueryRefused(f"PATCH: positions {list(self.positions)} must be distinct non-negative integers, at least one")
-        vals = _frozen_f32(self.source_values, "PATCH source values", 2)
+        heads = None
+        if self.site == "heads":
+            if self.heads is None:
+                raise QueryRefused("PATCH HEADS names the heads it patches (e.g. HEADS 4, 7)")
+            heads = tuple(int(h) for h in self.heads)
+            if not heads or any(h < 0 for h in heads) or len(set(heads)) != len(heads):
+                raise QueryRefused(f"PATCH HEADS: heads {list(self.heads)} must be distinct non-negative integers, "
+                                   "at least one")
+            vals = _frozen_f32(self.source_values, "PATCH HEADS source values", 3)
+            if vals.shape[1] != len(heads):
+                raise QueryRefused(f"PATCH HEADS: values for {vals.shape[1]} head(s), {len(heads)} named")
+        else:
+            if self.heads is not None:
+                raise QueryRefused(f"PATCH {self.site.upper()}: only the HEADS site names heads")
+            vals = _frozen_f32(self.source_values, "PATCH source values", 2)
         if vals.shape[0] != len(pos):
             raise QueryRefused(f"PATCH: {vals.shape[0]} rows of source values for {len(pos)} position(s)")
         object.__setattr__(self, "positions", pos)
+        object.__setattr__(self, "heads", heads)
         object.__setattr__(self, "source_values", vals)
         object.__setattr__(self, "_digest", _digest(vals))
 
     def _id(self):
-        return ("patch", self.site, int(self.layer), self.positions, self._digest)
+        return ("patch", self.site, int(self.layer), self.positions, self.heads, self._digest)
 
     def __eq__(self, other):
         return isinstance(other, Patch) and self._id() == other._id()
@@ -235,11 +260,17 @@ class Patch:
     def describe(self) -> str:
         where = "POSITION" + ("S " if len(self.positions) > 1 else " ") + runs(self.positions)
         src = f"'{self.source}'" if self.source is not None else f"values sha256:{self._digest[:12]}"
-        return f"PATCH {self.site.upper().replace('_', ' ')} AT LAYER {self.layer} {where} FROM {src}"
+        site = self.site.upper().replace("_", " ")
+        if self.heads is not None:
+            site += " " + ", ".join(map(str, self.heads))
+        return f"PATCH {site} AT LAYER {self.layer} {where} FROM {src}"
 
     def record(self) -> dict:
-        return {"kind": self.kind, "site": self.site, "layer": int(self.layer), "positions": list(self.positions),
-                "source": self.source, "values_sha256": self._digest, "text": self.describe()}
+        rec = {"kind": self.kind, "site": self.site, "layer": int(self.layer), "positions": list(self.positions),
+               "source": self.source, "values_sha256": self._digest, "text": self.describe()}
+        if self.heads is not None:
+            rec["heads"] = list(self.heads)
+        return rec
 
 
 @dataclass(frozen=True, eq=False)
@@ -309,11 +340,32 @@ def _steerer(s: Steer) -> Edit:
 
 
 class StreamEdits:
-    """Resolved stream interventions: per (layer, site), the edits in the order given."""
+    """Resolved stream interventions: per (layer, site), the edits in the order given, and per
+    (layer, slot) a slot that a HEADS patch runs itself (`run_slot`)."""
 
-    def __init__(self, edits: dict[tuple[int, str], list[Edit]], interventions: tuple):
+    def __init__(self, edits: dict[tuple[int, str], list[Edit]], interventions: tuple,
+                 slots: dict[tuple[int, str], Callable] | None = None):
         self._edits = edits
+        self._slots = slots or {}
         self.interventions = interventions
+
+    def runs_slot(self, layer: int, site: str) -> bool:
+        return (layer, site) in self._slots
+
+    def run_slot(self, layer: int, site: str, h, x, ls, p0: int, one: bool, tr):
+        """Run the slot op of (layer, site) as the executor would, with the heads patched: an
+        `OpFn`'s (h, write, operand bytes)."""
+        return self._slots[(layer, site)](h, x, ls, p0, one, tr)
+
+    def check_within(self, positions: int, what: str) -> None:
+        """Refuse by name a patch position at or past ``positions``, for a run that is one
+        prefill of that many positions (no later pass would ever reach it)."""
+        for iv in self.interventions:
+            if isinstance(iv, Patch) and max(iv.positions) >= positions:
+                past = [p for p in iv.positions if p >= positions]
+                raise QueryRefused(f"{iv.describe()}: position {past[0]} is past the {positions}-position prompt "
+                                   f"of {what}, a single prefill (positions 0..{positions - 1}); a patch there "
+                                   "would never apply (give it to a stream that decodes that far)")
 
     def apply(self, layer: int, site: str, p0: int, a: np.ndarray) -> np.ndarray:
         for e in self._edits.get((layer, site), ()):
@@ -327,14 +379,73 @@ class StreamEdits:
         return [i.record() for i in self.interventions]
 
 
-def resolve_stream(interventions: Sequence | None, plan, executed: list[int], slice_desc: str) -> StreamEdits | None:
+def heads_op(plan, layer: int, what: str):
+    """The softmax mixer op of ``layer`` whose heads are read or patched; a layer without heads,
+    and an attention operator whose heads have no executor (MLA), refused by name."""
+    check_site(plan, layer, "heads", what)
+    op = next(o for o in plan.layers[layer].slot_ops() if o.role == "mixer")
+    if op.kind != "softmax":
+        raise UnsupportedOperator(f"{what}: layer {layer}'s mixer is {op.kind!r}; its heads have no executor "
+                                  "in this build (softmax layers have one)")
+    return op
+
+
+def _heads_slot(op, prepared, patches: list[Patch]) -> Callable:
+    """The layer's attention kernel bound with a tap that keeps the heads' output; where a pass
+    covers a patched position, the output projection runs again on the heads with the patch in
+    (the same arithmetic the kernel does: o_proj, then its bias)."""
+    from ..operators import distinct_bytes
+    from .engine import slot_operands
+    from .ops.softmax import make_attention
+
+    p = op.params
+    nh, hd = p.heads, p.head_dim
+    w = slot_operands(op, prepared)
+    Wo, ob = w["o_proj"], w.get("o_bias")
+    got: dict = {}
+
+    def tap(kind, *args):
+        if kind == "heads":
+            got["out"] = args[1]
+
+    run = make_attention(p, w, tap=tap)
+    nbytes = distinct_bytes(op.operands)
+    todo = [(np.asarray(pt.positions, np.int64), np.asarray(pt.heads, np.int64), pt.source_values) for pt in patches]
+
+    def slot(h, x, ls, p0, one, tr):
+        y = run(x, ls.ops.get("mixer"), p0)
+        T = x.shape[0]
+        out = None
+        for pos, heads, vals in todo:
+            hit = (pos >= p0) & (pos < p0 + T)
+            if not hit.any():
+                continue
+            if out is None:
+                out = np.array(got["out"], dtype=np.float32, copy=True).reshape(T, nh, hd)
+            for r in np.flatnonzero(hit):
+                out[pos[r] - p0, heads] = vals[r]
+        got.clear()
+        if out is not None:
+            y = Wo.mm(out.reshape(T, nh * hd))
+            if ob is not None:
+                y = y + ob
+        return h, y, nbytes
+
+    return slot
+
+
+def resolve_stream(interventions: Sequence | None, plan, executed: list[int], slice_desc: str,
+                   prepared=None) -> StreamEdits | None:
     """Check stream interventions against the plan and the slice (a site the layer lacks, a layer
-    the slice does not run, a vector of the wrong width: each refused by name) and bind them."""
+    the slice does not run, a vector of the wrong width, a head the layer lacks: each refused by
+    name) and bind them; a HEADS patch binds its layer's attention from ``prepared`` (the
+    executor's operands)."""
     if not interventions:
         return None
     ran = set(executed)
     hidden = plan.hidden_size
     edits: dict[tuple[int, str], list[Edit]] = {}
+    heads: dict[int, list[Patch]] = {}
     for iv in interventions:
         if isinstance(iv, FeatureAblation):
             raise QueryRefused("ABLATE FEATURES binds the FFN kernels: give it to the executor "
@@ -346,10 +457,23 @@ def resolve_stream(interventions: Sequence | None, plan, executed: list[int], sl
         if iv.layer not in ran:
             raise QueryRefused(f"{what} names layer {iv.layer}, which {slice_desc} does not execute")
         if iv.site == "heads":
-            raise UnsupportedOperator(f"{what}: patching HEADS has no executor in this build "
-                                      "(patch RESIDUAL, RESIDUAL POST, MIXER or FFN)")
+            op = heads_op(plan, int(iv.layer), what)
+            nh, hd = op.params.heads, op.params.head_dim
+            bad = [h for h in iv.heads if h >= nh]
+            if bad:
+                raise QueryRefused(f"{what}: layer {iv.layer} has {nh} heads (0..{nh - 1}); no head {bad[0]}")
+            if iv.source_values.shape[2] != hd:
+                raise QueryRefused(f"{what}: values are {iv.source_values.shape[2]} wide per head, layer {iv.layer}'s "
+                                   f"heads are {hd}")
+            if prepared is None:
+                raise UnsupportedOperator(f"{what}: patching HEADS binds the layer's attention, which needs the "
+                                          "executor's operands (give it to ex.start / ex.forward)")
+            heads.setdefault(int(iv.layer), []).append(iv)
+            continue
         width = (iv.source_values.shape[1] if isinstance(iv, Patch) else iv.vector.shape[0])
         if width != hidden:
             raise QueryRefused(f"{what}: values are {width} wide, the model's residual is {hidden}")
         edits.setdefault((int(iv.layer), iv.site), []).append(_patcher(iv) if isinstance(iv, Patch) else _steerer(iv))
-    return StreamEdits(edits, tuple(interventions))
+    slots = {(layer, "mixer"): _heads_slot(heads_op(plan, layer, "PATCH HEADS"), prepared, ps)
+             for layer, ps in heads.items()}
+    return StreamEdits(edits, tuple(interventions), slots)

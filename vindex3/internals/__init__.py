@@ -137,10 +137,13 @@ class Internals:
 
     # -- tracing -------------------------------------------------------------------------------
     def trace(self, text: str | Sequence[int], token: str | int, *, layers: Iterable[int] | None = None,
-              positions: Literal["last", "all"] = "last", decompose: bool = False, save: str | None = None,
+              positions: Literal["last", "all"] = "last", decompose: bool | Literal["heads"] = False,
+              save: str | None = None,
               overwrite: bool = False, slice=None, intervention: Intervention | None = None,
               activations: str = "exact") -> TraceResult:
-        """TRACE 'text' FOR 'token' [LAYERS] [POSITIONS] [DECOMPOSE] [SAVE INTO]."""
+        """TRACE 'text' FOR 'token' [LAYERS] [POSITIONS] [DECOMPOSE [HEADS]] [SAVE INTO]; with
+        ``decompose="heads"`` each attention layer's part is split by head
+        (`vindex3.internals.heads.split_heads`)."""
         from .capture import capture
         from .common import output_path
 
@@ -150,9 +153,13 @@ class Internals:
         target = self.view.token(token, "TRACE ... FOR")
         if save is not None:  # refuse a bad path before running anything
             output_path(save, suffix=".npz", what="TRACE ... SAVE INTO", overwrite=overwrite)
-        run = capture(ex, prompt.ids)
+        run = capture(ex, prompt.ids, inputs=decompose == "heads")
         rows, final = lens(self.view, ex, run, target, layers=layers, positions=positions)
         dec = _decompose(self.view, ex, run, target) if (decompose or save is not None) else None
+        if decompose == "heads":
+            from .heads import split_heads
+
+            dec = split_heads(ex, run, dec)
         saved = None
         if save is not None:
             c = self.container

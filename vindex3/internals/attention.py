@@ -9,19 +9,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import UnsupportedOperator
 from ..exec.engine import Executor, slot_operands
-from ..exec.intervention import check_site
+from ..exec.intervention import heads_op
 from ..operators import MIXER
 
 
 def _softmax_op(ex: Executor, layer: int, what: str):
-    check_site(ex.plan, layer, "heads", what)
-    op = next(o for o in ex.plan.layers[layer].slot_ops() if o.role == MIXER)
-    if op.kind != "softmax":
-        raise UnsupportedOperator(f"{what}: layer {layer}'s mixer is {op.kind!r}; reading its heads has no executor "
-                                  "in this build (softmax layers have one)")
-    return op
+    return heads_op(ex.plan, layer, what)
 
 
 def replay_attention(ex: Executor, layer: int, x: np.ndarray, what: str = "SHOW ATTENTION"):

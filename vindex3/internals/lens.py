@@ -65,7 +65,7 @@ class LensRow(BaseModel):
 class Part(BaseModel):
     name: str
     layer: int | None  # None for the embedding
-    site: Literal["embedding", "mixer", "ffn"]
+    site: Literal["embedding", "mixer", "ffn", "head", "bias"]  # head / bias: DECOMPOSE HEADS splits an attention write
     operator: str | None
     logit: float
     share: float | None  # logit / the decomposed logit (None when that is 0)
