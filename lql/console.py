@@ -10,6 +10,7 @@ are looked up when written, so a test's captured streams see them."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -67,6 +68,78 @@ def write_text(f: TextIO, text: str) -> None:
     except UnicodeEncodeError:
         enc = getattr(f, "encoding", None) or "utf-8"
         f.write(text.encode(enc, "backslashreplace").decode(enc, "replace"))
+
+
+_KEY_VALUE = re.compile(r"(\S(?:.*?\S)?)( {2,})(\S.*)")
+
+
+def fold_wide(text: str, width: int) -> str:
+    """Text output for a terminal ``width`` columns wide: a key/value line wider than that
+    (``prompt ids  [504, 3575, ...]``) folds its value onto lines of its own, indented to the
+    value's column and broken after a comma or a space where one falls in the last third of the
+    line, so the keys stay a column. Other lines are left as they are (table cells are already
+    elided to the width by the renderer); nothing is ever dropped."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        m = _KEY_VALUE.fullmatch(line) if len(line) > width else None
+        col = len(m.group(1)) + len(m.group(2)) if m else 0
+        if m is None or col > width // 2:
+            out.append(line)
+            continue
+        room = width - col
+        value = m.group(3)
+        first = True
+        while value:
+            if len(value) <= room:
+                cut = len(value)
+            else:
+                cut = room
+                for sep in (", ", " "):
+                    k = value.rfind(sep, room * 2 // 3, room)
+                    if k > 0:
+                        cut = k + len(sep)
+                        break
+            piece, value = value[:cut].rstrip(" "), value[cut:]
+            out.append((line[:col] if first else " " * col) + piece)
+            first = False
+    return "\n".join(out)
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def progress_time(elapsed: float, done: int, total: int) -> str:
+    """Progress's time: elapsed, and the estimated time left once a part is done (``1:05,
+    ~2:10 left``); the estimate assumes the parts left take as long as the parts done."""
+    if done <= 0 or total <= 0 or done >= total:
+        return _clock(elapsed)
+    return f"{_clock(elapsed)}, ~{_clock(elapsed / done * (total - done))} left"
+
+
+class ProgressNotes:
+    """Progress of a script's long statement as plain lines on standard error (no bar: it may be
+    a file or a pipe): nothing for the first ``FIRST`` seconds, so short work stays silent, then
+    ``lql: BUILD still working: layer 3 (4/30), 0:12, ~1:30 left`` at most every ``EVERY``."""
+
+    FIRST = 10.0
+    EVERY = 30.0
+
+    def __init__(self, err: TextIO, what: str, clock=time.monotonic):
+        self.err, self.what, self.clock = err, what, clock
+        self.start = clock()
+        self.next = self.start + self.FIRST
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        now = self.clock()
+        if now < self.next or done >= total > 0:
+            return
+        self.next = now + self.EVERY
+        label = f"{label} " if label else ""
+        write_text(self.err, f"lql: {self.what} still working: {label}({done}/{total}), "
+                             f"{progress_time(now - self.start, done, total)}\n")
+        self.err.flush()
 
 
 def _expand(path: str) -> str:
@@ -190,6 +263,8 @@ class Console:
         if screen and self.interactive and isatty(out):
             width = terminal_size(out)[0]
         shown = self._formatted(result, fmt, width)
+        if fmt == "text" and width is not None:
+            shown = fold_wide(shown, width)
         if fmt in ("text",) and self.timing and seconds is not None:
             shown += f"\ntime: {text.fmt_seconds(seconds)}"
         self._write_block(shown, out, screen, fmt)
@@ -342,8 +417,19 @@ class Console:
 
     @contextmanager
     def live(self, stmt: ast.Statement) -> Iterator[None]:
-        """What the front end shows while ``stmt`` runs (the REPL: token echo, progress)."""
-        yield
+        """What the front end shows while ``stmt`` runs (the REPL: token echo, progress). A
+        script says on standard error that a long statement is still working: a line once its
+        work has reported progress for `ProgressNotes.FIRST` seconds, then at most one every
+        `ProgressNotes.EVERY` seconds (never for a session whose progress someone else hears)."""
+        session = self.session
+        if getattr(session, "on_progress", "absent") is not None:
+            yield
+            return
+        session.on_progress = ProgressNotes(self.stderr, stmt.keyword or "the statement")
+        try:
+            yield
+        finally:
+            session.on_progress = None
 
     def shell_statement(self, stmt: ast.Statement) -> R.Result | None:
         """A statement the front end answers itself (the REPL's own settings), or None."""

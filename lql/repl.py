@@ -136,19 +136,22 @@ def _printable(text: str) -> str:
 
 
 class _ProgressLine:
-    """A one-line progress bar on stderr for ENCODE (and OPEN DEFAULT, DRAFT LADDER), drawn
-    only on a terminal, redrawn at most 20 times a second, erased when the statement ends."""
+    """A one-line progress bar on stderr for ENCODE (and OPEN DEFAULT, DRAFT LADDER, BUILD
+    FEATURES), drawn only on a terminal, redrawn at most 20 times a second, erased when the
+    statement ends. It shows the time since the statement started and, once a part is done, an
+    estimate of the time left (the mean time per part so far times the parts left)."""
 
-    def __init__(self, shell: Shell, title: str):
-        self.shell, self.title = shell, title
+    def __init__(self, shell: Shell, title: str, clock=time.monotonic):
+        self.shell, self.title, self.clock = shell, title, clock
         self.drawn = False
         self.last = 0.0
+        self.start = clock()
 
     def __call__(self, done: int, total: int, label: str) -> None:
         err = self.shell.stderr
         if not _isatty(err):
             return
-        now = time.monotonic()
+        now = self.clock()
         if done < total and now - self.last < 0.05:
             return
         self.last = now
@@ -156,7 +159,7 @@ class _ProgressLine:
         width = 30
         frac = 0.0 if total <= 0 else min(1.0, done / total)
         filled = round(frac * width)
-        head = f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} "
+        head = f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} {timing(now - self.start, done, total)} "
         tail = label[: max(0, cols - len(head) - 1)]
         err.write("\r" + (head + tail).ljust(cols - 1)[: cols - 1])
         err.flush()
@@ -167,6 +170,13 @@ class _ProgressLine:
             err = self.shell.stderr
             err.write("\r" + " " * (_columns(err) - 1) + "\r")
             err.flush()
+
+
+def timing(elapsed: float, done: int, total: int) -> str:
+    """A progress bar's time (`lql.console.progress_time`)."""
+    from .console import progress_time
+
+    return progress_time(elapsed, done, total)
 
 
 def _blank(text: str) -> bool:

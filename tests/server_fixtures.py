@@ -78,18 +78,28 @@ def chat_container(src: Path, dest: Path) -> Path:
 
 @contextlib.contextmanager
 def slow_steps(monkeypatch, seconds: float) -> Iterator[dict]:
-    """Every single-token step of every executor sleeps ``seconds`` first; counts the steps."""
-    from vindex3.exec import engine
+    """Every single-token step of every executor sleeps ``seconds`` first, and so does every
+    batched pass of several streams' steps; counts the steps (a batched pass counts its rows)
+    and the batched passes."""
+    from vindex3.exec import batch, engine
 
-    seen = {"steps": 0}
+    seen = {"steps": 0, "batched": 0}
     real = engine.Stream.step
+    real_many = batch.step_many
 
     def step(self, token_id):
         seen["steps"] += 1
         time.sleep(seconds)
         return real(self, token_id)
 
+    def step_many(streams, tokens):
+        seen["steps"] += len(streams)
+        seen["batched"] += 1
+        time.sleep(seconds)
+        return real_many(streams, tokens)
+
     monkeypatch.setattr(engine.Stream, "step", step)
+    monkeypatch.setattr(batch, "step_many", step_many)
     yield seen
 
 

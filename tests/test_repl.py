@@ -525,3 +525,84 @@ def test_the_startup_file_runs_first(tmp_path, history, monkeypatch, capsys):
 def test_the_default_startup_file_is_in_home(tmp_path, monkeypatch):
     monkeypatch.delenv("LQL_RC")
     assert repl.default_rc_path() == tmp_path / ".lqlrc"
+
+
+def test_a_progress_bar_shows_elapsed_time_and_an_estimate(history):
+    sh, _out, err = make_shell(history, stderr=Tty())
+    now = [100.0]
+    bar = repl._ProgressLine(sh, "build features", clock=lambda: now[0])
+    now[0] = 112.0
+    bar(0, 30, "layer 0")
+    assert "] 0/30 0:12 layer 0" in err.getvalue()  # nothing done yet: no estimate
+    now[0] = 130.0
+    bar(10, 30, "layer 10")
+    assert "] 10/30 0:30, ~1:00 left layer 10" in err.getvalue()  # 3 s a part, 20 parts left
+    now[0] = 4000.0
+    bar(29, 30, "layer 29")
+    assert "29/30 1:05:00, ~2:14 left" in err.getvalue()
+    bar(30, 30, "done")
+    assert "30/30 1:05:00 done" in err.getvalue()
+    assert repl.timing(5.4, 0, 0) == "0:05"
+
+
+def test_over_wide_key_value_lines_fold_to_the_terminal(tiny_llama_container, history, monkeypatch):
+    from lql.console import fold_wide
+
+    ids = ", ".join(str(1000 + i) for i in range(30))
+    text = f"slice       full model\nprompt ids  [{ids}]\nrank  token\n" + "x" * 70
+    folded = fold_wide(text, 50)
+    lines = folded.split("\n")
+    assert lines[0] == "slice       full model"
+    assert all(len(ln) <= 50 for ln in lines[:-1]) and lines[-1] == "x" * 70  # not a key/value line: left alone
+    body = [ln for ln in lines if ln.startswith(("prompt ids  ", " " * 12))]
+    assert body[0].startswith("prompt ids  [1000, ") and all(ln.startswith(" " * 12 + "1") for ln in body[1:])
+    assert all(ln.rstrip().endswith(",") for ln in body[:-1])  # broken after commas
+    assert " ".join(ln[12:] for ln in body) == f"[{ids}]"  # nothing dropped
+    assert fold_wide(text, 500) == text
+
+    # in the shell: on a terminal 60 columns wide, INFER's prompt ids fold; to a file they do not
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setenv("LINES", "200")
+    sh, out, _err = make_shell(history, stdout=Tty())
+    sh.interactive = True
+    long = "Water boils at a temperature of 100 degrees Celsius. " * 3
+    sh.run_text(f"OPEN {quoted(tiny_llama_container)}; INFER {long!r} TOP 1;")
+    shown = out.getvalue().split("\n")
+    assert all(len(ln) <= 60 for ln in shown), [ln for ln in shown if len(ln) > 60]
+    assert any(ln.startswith("prompt ids  [") for ln in shown)
+
+
+def test_a_script_hears_that_a_long_statement_is_still_working():
+    from lql import Session
+    from lql.console import Console, ProgressNotes
+    from lql.parser import parse_one
+
+    err = io.StringIO()
+    now = [0.0]
+    notes = ProgressNotes(err, "BUILD", clock=lambda: now[0])
+    for t, done in ((2.0, 1), (9.0, 3)):  # the first 10 s: silent, short work stays quiet
+        now[0] = t
+        notes(done, 30, "layer")
+    assert err.getvalue() == ""
+    now[0] = 12.0
+    notes(4, 30, "layer 3")
+    now[0] = 20.0
+    notes(6, 30, "layer 5")  # within 30 s of the last line: silent
+    now[0] = 45.0
+    notes(10, 30, "layer 9")
+    now[0] = 90.0
+    notes(30, 30, "layer 29")  # done: nothing more to say
+    assert err.getvalue().splitlines() == ["lql: BUILD still working: layer 3 (4/30), 0:12, ~1:18 left",
+                                           "lql: BUILD still working: layer 9 (10/30), 0:45, ~1:30 left"]
+
+    # a script's console hears a statement's progress while it runs, and only then
+    s = Session()
+    con = Console(s, stdout=io.StringIO(), stderr=io.StringIO())
+    assert s.on_progress is None
+    with con.live(parse_one("STATS")):
+        assert isinstance(s.on_progress, ProgressNotes)
+    assert s.on_progress is None
+    mine = lambda *a: None  # a hook someone else set is left alone
+    s.on_progress = mine
+    with con.live(parse_one("STATS")):
+        assert s.on_progress is mine

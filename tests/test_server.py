@@ -85,7 +85,8 @@ def test_stats_endpoint_is_lql_json_stats(client, tiny_llama_container):
     got = client.get("/v1/models/tiny/stats", headers=AUTH).json()
     want = lql.connect(tiny_llama_container).execute_one("STATS").to_dict()
     assert got["kind"] == "stats" and got["ok"] is True
-    assert got["result"] == want["result"]
+    # lql --json's STATS, the container named by its served model id instead of its path here
+    assert got["result"] == {**want["result"], "path": "tiny"}
 
 
 # ---- /v1/query ----------------------------------------------------------------------------
@@ -107,6 +108,8 @@ def test_query_returns_what_lql_json_prints(client, tiny_llama_container, tmp_pa
     def strip(o):
         o = json.loads(json.dumps(o))
         (o.get("result") or {}).pop("timing", None)
+        if o.get("kind") == "stats":  # the server names the container by its model id, not its path
+            o["result"]["path"] = "tiny" if o["result"]["path"] == str(tiny_llama_container) else o["result"]["path"]
         return o
 
     assert [strip(o) for o in got] == [strip(o) for o in want]
@@ -132,7 +135,11 @@ def test_sessions_keep_state_for_their_ttl(tiny_llama_container):
         q("DRAFT DEPTH 2")
         assert q("INFER 'x' TOP 1")[0]["result"]["depth"] is None
         time.sleep(0.8)
-        assert q("INFER 'x' TOP 1", sid)[0]["result"]["depth"] is None  # forgotten after its TTL
+        # forgotten after its TTL: the next request is told so, by name, once
+        r = c.post("/v1/query", json={"lql": "INFER 'x' TOP 1"}, headers=sid)
+        assert r.status_code == 410 and r.json()["error"]["type"] == "SessionEvicted"
+        assert "'abc-1'" in r.json()["error"]["message"] and "--session-ttl" in r.json()["error"]["message"]
+        assert q("INFER 'x' TOP 1", sid)[0]["result"]["depth"] is None  # then it starts afresh
         r = c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "no spaces"})
         assert r.status_code == 400 and r.json()["error"]["type"] == "SessionRefusal"
 
@@ -352,7 +359,7 @@ def test_stop_strings_cut_the_text(client):
 
 
 def test_unsupported_fields_are_refused_by_name(client):
-    for extra, word in (({"n": 2}, "'n'"), ({"best_of": 3}, "'best_of'"), ({"suffix": "z"}, "'suffix'"),
+    for extra, word in (({"n": 17}, "'n'"), ({"n": 0}, "'n'"), ({"best_of": 3}, "'best_of'"), ({"suffix": "z"}, "'suffix'"),
                         ({"frobnicate": 1}, "'frobnicate'"), ({"temperature": 3}, "temperature"),
                         ({"prompt": ["a", "b"]}, "2 strings")):
         r = client.post("/v1/completions", headers=AUTH, json={"model": "tiny", "prompt": "x", **extra})
@@ -447,13 +454,56 @@ def test_server_environment_key_file_and_bind_refusals(tmp_path, tiny_llama_cont
     assert c.models[0].id == os.path.basename(str(tiny_llama_container)).replace(".vindex3", "")
 
 
-def test_sessions_are_bounded(tiny_llama_container):
-    with TestClient(create_app(config(tiny_llama_container, max_sessions=1))) as c:
-        assert c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "a"}).status_code == 200
-        assert c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "a"}).status_code == 200
-        r = c.post("/v1/query", json={"lql": "STATS"}, headers={"X-Session-Id": "b"})
-        assert r.status_code == 429 and r.json()["error"]["type"] == "TooManySessions"
+def test_sessions_are_bounded_and_the_least_recently_used_is_evicted(tiny_llama_container):
+    with TestClient(create_app(config(tiny_llama_container, max_sessions=2))) as c:
+        store = c.app.state.server.sessions
+
+        def q(text, sid):
+            return c.post("/v1/query", json={"lql": text}, headers={"X-Session-Id": sid})
+
+        assert q("DRAFT DEPTH 2", "a").status_code == 200
+        assert q("DRAFT DEPTH 3", "b").status_code == 200
+        assert q("STATS", "a").status_code == 200  # a is now more recently used than b
+        assert q("STATS", "c").status_code == 200  # a third: b, the least recently used, is evicted
+        assert len(store) == 2 and store.evicted == 1
+        assert q("INFER 'x' TOP 1", "a").json()["results"][0]["result"]["depth"] == 2  # a kept its state
+        r = q("INFER 'x' TOP 1", "b")
+        assert r.status_code == 410 and r.json()["error"]["type"] == "SessionEvicted"
+        msg = r.json()["error"]["message"]
+        assert "'b'" in msg and "least recently used" in msg and "--max-sessions" in msg
+        r = q("INFER 'x' TOP 1", "b")  # told once; then a new, empty session (evicting c)
+        assert r.status_code == 200 and r.json()["results"][0]["result"]["depth"] is None
         assert c.post("/v1/query", json={"lql": "STATS"}).status_code == 200  # no header: no kept session
+
+
+def test_a_session_running_a_request_is_never_evicted():
+    import asyncio
+    from types import SimpleNamespace
+
+    from lql.server import sessions as S
+
+    S_new = S._new_session
+    S._new_session = lambda host: object()
+    try:
+        store = S.SessionStore(ttl=60, max_sessions=1)
+        host = SimpleNamespace(id="m")
+
+        async def busy():
+            a = store.get(host, "a")
+            async with a.lock:  # a request runs in a: no room for b
+                with pytest.raises(S.TooManySessions, match="every one is running a request"):
+                    store.get(host, "b")
+            assert store.get(host, "b") is not a  # idle again: a is evicted for b
+
+        asyncio.run(busy())
+        with pytest.raises(S.SessionEvicted):
+            store.get(host, "a")
+        # notes are bounded
+        for i in range(20):
+            store.get(host, f"s{i}")
+        assert len(store._gone) <= 4 * store.max_sessions
+    finally:
+        S._new_session = S_new
 
 
 def test_dir_serves_every_container_under_its_own_id(tiny_llama_container, containers, tmp_path):

@@ -19,6 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -37,7 +38,7 @@ from . import policy, service
 from .config import ServerConfig
 from .metrics import Measure, Metrics
 from .models import ModelHost
-from .sessions import SessionStore, TooManySessions
+from .sessions import SessionEvicted, SessionStore, TooManySessions
 from .worker import JobContext, Stopped
 
 log = logging.getLogger("lql.server")
@@ -80,7 +81,7 @@ InternalError = errors.InternalError
 
 
 _STATUS: dict[type, int] = {
-    TooManySessions: 429, Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
+    TooManySessions: 429, SessionEvicted: 410, Unauthorized: 401, BodyTooLarge: 413, ModelNotFound: 404, Busy: 429, TimeLimit: 504, NotFound: 404,
     InternalError: 500, C.RequestRefusal: 400, policy.LimitRefusal: 400, policy.ProfileRefusal: 403,
     policy.PathRefusal: 403,
 }
@@ -187,6 +188,7 @@ class Server:
         self.gate = Gate(config.limits.max_concurrent, config.limits.max_queue, config.limits.retry_after)
         self.metrics = Metrics()
         self._blas = None
+        self._public_pairs: list[tuple[str, str]] | None = None
 
     def host(self, model: Any) -> ModelHost:
         if model is None:
@@ -198,6 +200,43 @@ class Server:
             raise ModelNotFound(f"this server does not serve a model {model!r}",
                                 hint="models: " + ", ".join(sorted(self.hosts)))
         return self.hosts[model]
+
+    def _served_names(self) -> list[tuple[str, str]]:
+        """(server path, what a client sees instead), longest path first: each served
+        container's directory is its model id; the data directory is the root of the relative
+        paths statements name."""
+        pairs: list[tuple[str, str]] = []
+        for h in self.hosts.values():
+            for p in {str(h.spec.path), str(h.container.path), str(Path(h.container.path).resolve())}:
+                pairs.append((p, h.id))
+        if self.config.data_dir is not None:
+            for p in {str(self.config.data_dir), str(Path(self.config.data_dir).resolve())}:
+                if p.strip("/"):  # a data directory of / would rewrite every path: left as it is
+                    pairs.append((p.rstrip("/") + "/", ""))
+                    pairs.append((p, "."))
+        return sorted(pairs, key=lambda kv: -len(kv[0]))
+
+    def public(self, obj: Any) -> Any:
+        """``obj`` (a result or error as JSON data) with every server file path of a served
+        container or the data directory replaced by the name a client knows it by: STATS and
+        refusals over HTTP name a container by its model id, never by where it lives here."""
+        pairs = self._public_pairs
+        if pairs is None:
+            pairs = self._public_pairs = self._served_names()
+
+        def walk(v: Any) -> Any:
+            if isinstance(v, str):
+                for path, name in pairs:
+                    if path in v:
+                        v = v.replace(path, name)
+                return v
+            if isinstance(v, dict):
+                return {k: walk(x) for k, x in v.items()}
+            if isinstance(v, (list, tuple)):
+                return [walk(x) for x in v]
+            return v
+
+        return walk(obj)
 
     def start(self) -> None:
         # Hold BLAS at the executor's small-pass thread count for the server's life: each model's
@@ -317,7 +356,7 @@ async def model_stats(request: Request) -> Response:
     ss = srv.sessions.get(host, None)
     stmt = parse_one("STATS")
     result = await asyncio.wrap_future(host.worker.call(partial(loop.execute_statement, ss.session, stmt)))
-    return json_response(render.to_json(result))
+    return json_response(srv.public(render.to_json(result)))
 
 
 _QUERY_FIELDS = {"lql", "model"}
@@ -362,7 +401,7 @@ async def query(request: Request) -> Response:
     finally:
         release()
     headers = {"X-Session-Id": sid} if sid else None
-    return json_response({"model": host.id, "session": sid, "results": results}, status, headers)
+    return json_response({"model": host.id, "session": sid, "results": srv.public(results)}, status, headers)
 
 
 def _run_chunk(srv: Server, session, text: str, ch: loop.Chunk, ctx: JobContext) -> tuple[list[dict], bool]:
@@ -472,60 +511,78 @@ async def _completion(request: Request, chat: bool) -> Response:
     max_tokens = C.max_tokens_of(req, srv.limits, default=srv.limits.max_tokens if chat else 16)
     release = await srv.gate.acquire()
     try:
-        g = await asyncio.wrap_future(host.worker.call(partial(_bind_generation, host, req, max_tokens, srv)))
+        gens, streams = await asyncio.wrap_future(host.worker.call(partial(_bind_generation, host, req, max_tokens, srv)))
     except BaseException:
         release()
         raise
     loop_ = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    ctx = JobContext(deadline=time.monotonic() + srv.limits.time_limit)
+    cancel = threading.Event()  # one for every choice: a disconnect or a failure stops them all
+    deadline = time.monotonic() + srv.limits.time_limit
 
     def put(item) -> None:
         loop_.call_soon_threadsafe(events.put_nowait, item)
 
-    ctx.emit = lambda ev: put(("event", ev))
-    host.worker.generate(C.run(host, g, ctx), ctx, lambda exc: put(("done", exc)))
+    for i, (g, st) in enumerate(zip(gens, streams)):
+        ctx = JobContext(deadline=deadline, cancel=cancel, emit=lambda ev, i=i: put(("event", i, ev)))
+        host.worker.generate(C.run(host, g, ctx, st), ctx, lambda exc, i=i: put(("done", i, exc)), stream=st)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     created = int(time.time())
     model_id = host.id
+    n = len(gens)
 
     def close() -> None:
-        ctx.cancel.set()
+        cancel.set()
         release()
 
     if req.stream:
         usage_wanted = bool(req.stream_options and req.stream_options.include_usage)
-        gen = _stream_events(events, srv, chat, rid, created, model_id, usage_wanted)
+        gen = _stream_events(events, srv, chat, rid, created, model_id, usage_wanted, n, cancel)
         return EventStream(gen, close, {"X-Request-Id": rid})  # type: ignore[return-value]
-    want_logprobs = g.top_logprobs is not None
-    entries: list[dict] = []
+    want_logprobs = gens[0].top_logprobs is not None
+    texts, entries = [""] * n, [[] for _ in range(n)]
+    finish: list[str | None] = [None] * n
+    usages: list[dict | None] = [None] * n
     try:
-        async with watching(request, ctx.cancel):
-            text, finish, usage = "", None, None
-            while True:
-                kind, item = await events.get()
+        async with watching(request, cancel):
+            left = n
+            while left:
+                kind, i, item = await events.get()
                 if kind == "done":
                     if item is not None:
                         raise _as_error(item, srv)
-                    break
-                text += item.get("delta", "")
-                entries += item.get("logprobs", ())
+                    left -= 1
+                    continue
+                texts[i] += item.get("delta", "")
+                entries[i] += item.get("logprobs", ())
                 if "finish_reason" in item:
-                    finish, usage = item["finish_reason"], item["usage"]
+                    finish[i], usages[i] = item["finish_reason"], item["usage"]
     finally:
         close()
+    usage = _total_usage(usages)
     srv.metrics.usage(model_id, usage)
-    if chat:
-        lp = _chat_logprobs(entries) if want_logprobs else None
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": lp, "finish_reason": finish}
-        obj = {"id": rid, "object": "chat.completion", "created": created, "model": model_id, "choices": [choice],
-               "usage": usage}
-    else:
-        lp = _completion_logprobs(entries, 0) if want_logprobs else None
-        choice = {"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}
-        obj = {"id": rid, "object": "text_completion", "created": created, "model": model_id, "choices": [choice],
-               "usage": usage}
+    choices = []
+    for i in range(n):
+        if chat:
+            lp = _chat_logprobs(entries[i]) if want_logprobs else None
+            choices.append({"index": i, "message": {"role": "assistant", "content": texts[i]}, "logprobs": lp,
+                            "finish_reason": finish[i]})
+        else:
+            lp = _completion_logprobs(entries[i], 0) if want_logprobs else None
+            choices.append({"text": texts[i], "index": i, "logprobs": lp, "finish_reason": finish[i]})
+    obj = {"id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
+           "model": model_id, "choices": choices, "usage": usage}
     return json_response(obj)
+
+
+def _total_usage(usages: list[dict | None]) -> dict | None:
+    """The usage of a request of n choices: the prompt once, the generated tokens of every choice."""
+    got = [u for u in usages if u]
+    if not got:
+        return None
+    prompt = got[0]["prompt_tokens"]
+    completion = sum(u["completion_tokens"] for u in got)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def _top_dict(top: list | None) -> dict[str, float] | None:
@@ -575,54 +632,65 @@ def _as_error(exc: BaseException, srv: Server) -> LqlError:
 
 
 async def _stream_events(events: asyncio.Queue, srv: Server, chat: bool, rid: str, created: int, model_id: str,
-                         usage_wanted: bool) -> AsyncIterator[bytes]:
+                         usage_wanted: bool, n: int = 1, cancel: threading.Event | None = None) -> AsyncIterator[bytes]:
+    """The chunks of ``n`` choices as their tokens come (each chunk names its choice's index);
+    one usage chunk for all of them, if asked for; then [DONE]."""
     obj_kind = "chat.completion.chunk" if chat else "text_completion"
-    sent = [0]  # characters of text sent so far: the completions shape's text_offset
+    sent = [0] * n  # characters of text sent so far per choice: the completions shape's text_offset
 
-    def chunk(delta: str | None, finish: str | None, first: bool = False, entries: list[dict] | None = None) -> dict:
+    def chunk(i: int, delta: str | None, finish: str | None, first: bool = False,
+              entries: list[dict] | None = None) -> dict:
         if chat:
             d: dict[str, Any] = {}
             if first:
                 d["role"] = "assistant"
             if delta is not None:
                 d["content"] = delta
-            choice = {"index": 0, "delta": d, "logprobs": _chat_logprobs(entries) if entries else None,
+            choice = {"index": i, "delta": d, "logprobs": _chat_logprobs(entries) if entries else None,
                       "finish_reason": finish}
         else:
-            lp = _completion_logprobs(entries, sent[0]) if entries else None
-            choice = {"text": delta or "", "index": 0, "logprobs": lp, "finish_reason": finish}
-        sent[0] += len(delta or "")
+            lp = _completion_logprobs(entries, sent[i]) if entries else None
+            choice = {"text": delta or "", "index": i, "logprobs": lp, "finish_reason": finish}
+        sent[i] += len(delta or "")
         return {"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [choice]}
 
     if chat:
-        yield _sse(chunk("", None, first=True))
-    usage = None
-    while True:
-        kind, item = await events.get()
+        for i in range(n):
+            yield _sse(chunk(i, "", None, first=True))
+    usages: list[dict | None] = [None] * n
+    left = n
+    while left:
+        kind, i, item = await events.get()
         if kind == "done":
             if item is not None:
+                if cancel is not None:
+                    cancel.set()  # the other choices stop too
                 yield _sse(error_body(_as_error(item, srv)))
                 return
-            break
+            left -= 1
+            continue
         delta = item.get("delta", "")
         entries = item.get("logprobs")
         if "finish_reason" in item:
-            usage = item["usage"]
-            srv.metrics.usage(model_id, usage)
+            usages[i] = item["usage"]
             if delta or entries:
-                yield _sse(chunk(delta, None, entries=entries))
-            yield _sse(chunk(None if chat else "", item["finish_reason"]))
+                yield _sse(chunk(i, delta, None, entries=entries))
+            yield _sse(chunk(i, None if chat else "", item["finish_reason"]))
         elif delta or entries:
-            yield _sse(chunk(delta, None, entries=entries))
+            yield _sse(chunk(i, delta, None, entries=entries))
+    usage = _total_usage(usages)
+    srv.metrics.usage(model_id, usage)
     if usage_wanted:
         yield _sse({"id": rid, "object": obj_kind, "created": created, "model": model_id, "choices": [],
                     "usage": usage})
     yield b"data: [DONE]\n\n"
 
 
-def _bind_generation(host: ModelHost, req: C._Common, max_tokens: int, srv: Server) -> C.Generation:
+def _bind_generation(host: ModelHost, req: C._Common, max_tokens: int, srv: Server) -> tuple[list[C.Generation], list]:
     """The request bound against its model, on the model's worker: token ids, a depth the
-    model has (vindex3's SliceError otherwise), the end-of-sequence ids."""
+    model has (vindex3's SliceError otherwise), the end-of-sequence ids; one generation per
+    choice (``n``; choice i samples with seed + i when a seed is given) and the stream each
+    decodes in."""
     from ..binding import engine_refusal, is_engine_error
 
     try:
@@ -638,9 +706,11 @@ def _bind_generation(host: ModelHost, req: C._Common, max_tokens: int, srv: Serv
     echo = None
     if isinstance(req, C.CompletionRequest) and req.echo:
         echo = req.prompt if isinstance(req.prompt, str) else (host.catalog.decode(ids) or "")
-    return C.Generation(ids=ids, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                        stops=C.stops_of(req), stop_ids=tuple(host.catalog.eos_ids()), depth=req.draft_depth,
-                        speculate=req.speculate, top_logprobs=C.top_logprobs_of(req), echo=echo)
+    gens = [C.Generation(ids=ids, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                         seed=C.choice_seed(req.seed, i), stops=C.stops_of(req), stop_ids=tuple(host.catalog.eos_ids()),
+                         depth=req.draft_depth, speculate=req.speculate, top_logprobs=C.top_logprobs_of(req), echo=echo)
+            for i in range(req.n)]
+    return gens, [C.open_stream(host, g) for g in gens]
 
 
 @boundary
@@ -707,6 +777,13 @@ async def embeddings(request: Request) -> Response:
 
 
 @boundary
+async def openapi(request: Request) -> Response:
+    from .openapi import document
+
+    return json_response(document(keyed=_server(request).config.api_key is not None))
+
+
+@boundary
 async def metrics(request: Request) -> Response:
     srv = _server(request)
     gauges = {
@@ -714,7 +791,8 @@ async def metrics(request: Request) -> Response:
         "lql_requests_waiting": [({}, srv.gate.waiting)],
         "lql_generations_active": [({"model": h.id}, h.worker.active_generations) for h in srv.hosts.values()],
     }
-    return Response(srv.metrics.text(gauges), media_type="text/plain; version=0.0.4; charset=utf-8")
+    batches = {h.id: dict(h.worker.batches) for h in srv.hosts.values()}
+    return Response(srv.metrics.text(gauges, batches), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 # ---- the application ------------------------------------------------------------------------
@@ -756,7 +834,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
         if exc.status_code == 405:
             return json_response(error_body(NotFound(f"{what}: this endpoint does not take {request.method}")), 405)
         return json_response(error_body(NotFound(f"{what}: no such endpoint",
-                                                 hint="endpoints: /health, /metrics, /tokenize, /detokenize, /v1/health, "
+                                                 hint="endpoints: /health, /metrics, /openapi.json, /tokenize, /detokenize, /v1/health, "
                                                       "/v1/models, /v1/models/{id}/stats, /v1/query, /v1/completions, "
                                                       "/v1/chat/completions, /v1/embeddings")),
                              exc.status_code)
@@ -779,6 +857,7 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
     routes = [
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
         Route("/v1/embeddings", embeddings, methods=["POST"]),
@@ -794,5 +873,11 @@ def create_app(config: ServerConfig, hosts: list[ModelHost] | None = None) -> St
                     exception_handlers={HTTPException: _http_error, Exception: _http_error})
     app.state.server = server
     app.add_middleware(KeyCheck, key=config.api_key)
+    if config.cors_origins:  # outside the key check: a browser's preflight carries no key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Session-Id"],
+                           expose_headers=["X-Session-Id", "X-Request-Id", "Retry-After"], max_age=600)
     app.add_middleware(Measure, metrics=server.metrics)  # outermost: refused keys are counted too
     return app

@@ -57,6 +57,9 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N", help="live sessions")
     p.add_argument("--memory-ceiling", type=int, default=d.memory_ceiling, metavar="BYTES",
                    help="weight bytes held open (served models and OPENed containers, shared ones once)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="let web pages from ORIGIN (scheme://host[:port], or '*') call this server; repeatable "
+                        "(default: none, no CORS headers)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
 
@@ -119,7 +122,8 @@ def config_from_args(args: argparse.Namespace, progress=None) -> tuple[ServerCon
         session_ttl=args.session_ttl, max_sessions=args.max_sessions, memory_ceiling=args.memory_ceiling,
     )
     try:
-        config = ServerConfig(models=specs, api_key=key, profile=args.profile, data_dir=data_dir, limits=limits)
+        config = ServerConfig(models=specs, api_key=key, profile=args.profile, data_dir=data_dir, limits=limits,
+                              cors_origins=tuple(args.cors_origin))
     except ValueError as e:
         raise UsageError(str(e)) from None
     return config, args.host, args.port

@@ -46,6 +46,10 @@ MAX_LOOKAHEAD = 64
 #: The most alternatives a log-probability entry lists (OpenAI's chat limit).
 MAX_TOP_LOGPROBS = 20
 
+#: The most choices (``n``) one request may ask for: they decode together, in batched passes of
+#: up to 8 rows (vindex3.exec.batch.ROWS), so 16 is two passes a step.
+MAX_N = 16
+
 
 class Speculation(BaseModel):
     model_config = _STRICT
@@ -66,7 +70,7 @@ class _Common(BaseModel):
     # strict floats still take a JSON integer (0, 1): a whole number is a number
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, allow_inf_nan=False)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, allow_inf_nan=False)
-    n: int = 1
+    n: int = Field(default=1, ge=1, le=MAX_N)  # choices; choice i samples with seed + i
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
@@ -103,7 +107,7 @@ class ChatRequest(_Common):
 
 
 _UNSUPPORTED_DEFAULTS = {
-    "n": 1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "best_of": None, "suffix": None,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": None, "best_of": None, "suffix": None,
 }
 
 
@@ -139,6 +143,9 @@ def parse_request(cls: type[_Common], body: Any) -> _Common:
         if req.temperature != 0:
             raise RequestRefusal("speculate generates the full model's greedy output and needs temperature 0",
                                  hint='send "temperature": 0 with "speculate"')
+        if req.n > 1:
+            raise RequestRefusal(f"n = {req.n} cannot be combined with speculate: speculation gives the one greedy output",
+                                 hint="ask for n 1 with speculate")
         if req.draft_depth is not None:
             raise RequestRefusal("draft_depth and speculate cannot be combined: speculation verifies with the full model",
                                  hint="the draft that proposes tokens is speculate.depth")
@@ -155,6 +162,12 @@ def parse_request(cls: type[_Common], body: Any) -> _Common:
         if len(stops) > 4 or any(not s for s in stops):
             raise RequestRefusal("stop takes up to 4 non-empty strings")
     return req
+
+
+def choice_seed(seed: int | None, i: int) -> int | None:
+    """The seed choice ``i`` samples with: ``seed + i`` (choice 0 is the request with n 1), kept
+    within the seeds numpy takes by wrapping past 2**63 - 1; None (unseeded) stays None."""
+    return None if seed is None else (seed + i) % 2**63
 
 
 def top_logprobs_of(req: _Common) -> int | None:
@@ -325,15 +338,26 @@ class _Finished(BaseException):
     pass
 
 
-def run(host, g: Generation, ctx: JobContext) -> Iterator[dict[str, Any]]:
+def open_stream(host, g: Generation):
+    """The stream a generation decodes in, as a `vindex3.exec.batch.Prefetched` (so that the
+    worker can compute its steps in batches with other generations'); None for speculation,
+    which runs its own streams. On the model's worker."""
+    if g.speculate is not None:
+        return None
+    from vindex3.exec.batch import Prefetched
+
+    return Prefetched(host.executor(g.depth).start())
+
+
+def run(host, g: Generation, ctx: JobContext, stream=None) -> Iterator[dict[str, Any]]:
     """The generation, one event per token: ``{"delta": text}``; then a last event
-    ``{"delta": rest, "finish_reason", "usage"}``. Runs on the model's worker."""
+    ``{"delta": rest, "finish_reason", "usage"}``. Runs on the model's worker, in ``stream``
+    (`open_stream`; a new one when None). Before yielding a token that generation goes on
+    from, it tells the stream so (``wants``): the worker may compute that step in a batch."""
     cat = host.catalog
     decode = (lambda ids: cat.decode(ids) or "") if cat.has_tokenizer else (lambda ids: "")
     ts = TextStream(decode, g.stops)
     stop_ids = set(g.stop_ids)
-    produced = 0
-    finish = "length"
     k = g.top_logprobs
     if g.speculate is not None:
         # the echo, and a turn for the other streams before the whole speculation runs
@@ -362,37 +386,53 @@ def run(host, g: Generation, ctx: JobContext) -> Iterator[dict[str, Any]]:
             pass
         produced, finish = state["n"], state["finish"]
     else:
-        from vindex3.generate import Sampler, generate_step
-
-        st = host.executor(g.depth).start()
-        # the one decode step (vindex3.generate): the prefill's record, then one per token
-        calls = generate_step(st, g.ids, sampler=Sampler(g.temperature, g.top_p, g.seed), max_tokens=g.max_tokens,
-                              stop_ids=stop_ids, logits=k is not None, prompt_logits=g.echo is not None and k is not None)
-        record = next(calls)
-        if g.echo is not None:
-            ev: dict[str, Any] = {"delta": g.echo}
-            if k is not None:
-                every = record.prompt_rows
-                first = cat.token_text(g.ids[0]) or ""
-                ev["logprobs"] = [{"id": g.ids[0], "token": first, "logprob": None, "top": None}] + [
-                    logprob_entry(every[i - 1], g.ids[i], k, cat.token_text) for i in range(1, len(g.ids))]
-            yield ev
-        while record is not None and record.token is not None:
-            tok = record.token
-            produced += 1
-            if record.stop:
-                finish = "stop"
-                break
-            delta, hit = ts.push(tok)
-            ev = {"delta": delta}
-            if k is not None:
-                ev["logprobs"] = [logprob_entry(record.logits, tok, k, cat.token_text)]
-            if hit:
-                finish = "stop"
-                yield ev
-                break
-            yield ev
-            record = next(calls, None)
+        st = stream if stream is not None else open_stream(host, g)
+        out: dict[str, Any] = {}
+        try:
+            yield from _decode(cat, g, st, ts, stop_ids, k, out)
+        finally:
+            st.close()  # its KV rows go with the request, not with the executor's last-run memory
+        produced, finish = out["produced"], out["finish"]
     yield {"delta": ts.finish(), "finish_reason": finish,
            "usage": {"prompt_tokens": len(g.ids), "completion_tokens": produced, "total_tokens": len(g.ids) + produced}}
+
+
+def _decode(cat, g: Generation, st, ts: TextStream, stop_ids: set[int], k: int | None,
+            out: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The events of a plain (not speculative) generation in stream ``st``; what it produced
+    and why it finished are left in ``out``."""
+    from vindex3.generate import Sampler, generate_step
+
+    produced, finish = 0, "length"
+    # the one decode step (vindex3.generate): the prefill's record, then one per token
+    calls = generate_step(st, g.ids, sampler=Sampler(g.temperature, g.top_p, g.seed), max_tokens=g.max_tokens,
+                          stop_ids=stop_ids, logits=k is not None, prompt_logits=g.echo is not None and k is not None)
+    record = next(calls)
+    if g.echo is not None:
+        ev: dict[str, Any] = {"delta": g.echo}
+        if k is not None:
+            every = record.prompt_rows
+            first = cat.token_text(g.ids[0]) or ""
+            ev["logprobs"] = [{"id": g.ids[0], "token": first, "logprob": None, "top": None}] + [
+                logprob_entry(every[i - 1], g.ids[i], k, cat.token_text) for i in range(1, len(g.ids))]
+        yield ev
+    while record is not None and record.token is not None:
+        tok = record.token
+        produced += 1
+        if record.stop:
+            finish = "stop"
+            break
+        delta, hit = ts.push(tok)
+        ev = {"delta": delta}
+        if k is not None:
+            ev["logprobs"] = [logprob_entry(record.logits, tok, k, cat.token_text)]
+        if hit:
+            finish = "stop"
+            yield ev
+            break
+        # generate_step feeds a pick back unless it stopped or was the max_tokens-th
+        st.wants = tok if produced < g.max_tokens else None
+        yield ev
+        record = next(calls, None)
+    out["produced"], out["finish"] = produced, finish
 

@@ -48,6 +48,11 @@ class ServerConfig:
     profile: str = "full"
     data_dir: Path | None = None  # statements' file paths resolve inside it; None: no paths at all
     limits: Limits = field(default_factory=Limits)
+    # ---- browsers (CORS): off unless origins are named ------------------------------------
+    # --cors-origin ORIGIN (repeatable): web pages served from these origins may call the API
+    # (a preflight is answered without a key; the requests themselves still need one). Empty:
+    # no CORS header is ever sent, so browsers refuse cross-origin calls.
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.profile not in PROFILES:
@@ -56,6 +61,18 @@ class ServerConfig:
         dup = sorted({i for i in ids if ids.count(i) > 1})
         if dup:
             raise ValueError(f"two containers would be served under the same model id {dup[0]!r}")
+        for origin in self.cors_origins:
+            check_origin(origin)
+
+
+def check_origin(origin: str) -> str:
+    """A CORS origin as browsers send it: ``scheme://host[:port]`` (no path), or ``*`` (any)."""
+    import re
+
+    if origin != "*" and not re.fullmatch(r"https?://[A-Za-z0-9.\-\[\]:]+", origin):
+        raise ValueError(f"CORS origin {origin!r} is not an origin: give scheme://host[:port] "
+                         "(e.g. http://localhost:3000, no path and no trailing '/'), or '*' for any")
+    return origin
 
 
 def is_loopback(host: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 #: Upper bounds (seconds) of the latency histogram's buckets; +Inf is implied.
 BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
-ROUTES = ("/health", "/metrics", "/tokenize", "/detokenize", "/v1/health", "/v1/models", "/v1/query",
+ROUTES = ("/health", "/metrics", "/openapi.json", "/tokenize", "/detokenize", "/v1/health", "/v1/models", "/v1/query",
           "/v1/completions", "/v1/chat/completions", "/v1/embeddings")
 
 
@@ -53,8 +53,10 @@ class Metrics:
             self.prompt_tokens[model] += int(usage.get("prompt_tokens", 0))
             self.completion_tokens[model] += int(usage.get("completion_tokens", 0))
 
-    def text(self, gauges: dict[str, list[tuple[dict[str, str], float]]]) -> str:
-        """The exposition: every counter, the histogram, then ``gauges`` (name -> [(labels, value)])."""
+    def text(self, gauges: dict[str, list[tuple[dict[str, str], float]]],
+             batches: dict[str, dict[int, int]] | None = None) -> str:
+        """The exposition: every counter, the histogram, then ``gauges`` (name -> [(labels, value)]);
+        ``batches``: per model, the batched decode passes by rows computed (the workers count them)."""
         out: list[str] = []
 
         def head(name: str, kind: str, what: str) -> None:
@@ -82,6 +84,12 @@ class Metrics:
             head(name, "counter", what)
             for model, n in sorted(table.items()):
                 out.append(f'{name}{{model="{model}"}} {n}')
+        if batches is not None:
+            head("lql_batched_steps_total", "counter",
+                 "Batched decode passes (several completions' next tokens in one pass), by model and rows per pass.")
+            for model, table in sorted(batches.items()):
+                for rows, n in sorted(table.items()):
+                    out.append(f'lql_batched_steps_total{{model="{model}",rows="{rows}"}} {n}')
         for name, rows in gauges.items():
             head(name, "gauge", GAUGES[name])
             for labels, v in rows:

@@ -10,6 +10,13 @@ one step per round, so sixteen streams on one model all make progress, and a can
 timed-out generation is dropped at its next step. One-shot calls (an LQL statement, STATS for
 /v1/models/{id}/stats) run whole, between two rounds.
 
+Batching: a generation may hand the worker its stream (a `vindex3.exec.batch.Prefetched`).
+At the start of a round, the next decode step of every generation whose stream says which
+token it will feed (``wants``) is computed in one batched pass per executor
+(`vindex3.exec.batch.prefetch`: up to 8 rows per pass, each row the bytes of its lone step);
+the round then advances every generation, whose own step picks up its row. Prefills, the
+first step of a generation and anything a lone stream is left to do run as before.
+
 Work arrives from the event loop through a queue; results go back through futures (calls) or
 an ``emit`` callback the event loop gave (generations), which must be thread-safe."""
 
@@ -64,6 +71,7 @@ class _Gen:
     gen: Iterator[Any]
     ctx: JobContext
     done: Callable[[BaseException | None], None]  # called once: None when the generator ended
+    stream: Any = None  # a vindex3.exec.batch.Prefetched the worker may compute steps of, in batches
 
 
 _STOP = object()
@@ -77,6 +85,8 @@ class ModelWorker:
         self._thread = threading.Thread(target=self._run, name=f"lql-model-{name}", daemon=True)
         self._started = False
         self._generations = 0  # admitted and not finished (a job being stepped is out of _active)
+        # batched passes by the number of rows they computed (what /metrics shows as batch sizes)
+        self.batches: dict[int, int] = {}
 
     def start(self) -> None:
         """Start the thread (idempotent; called by the server's lifespan, or on first use)."""
@@ -103,11 +113,14 @@ class ModelWorker:
         self._q.put(_Call(fn, fut))
         return fut
 
-    def generate(self, gen: Iterator[Any], ctx: JobContext, done: Callable[[BaseException | None], None]) -> None:
+    def generate(self, gen: Iterator[Any], ctx: JobContext, done: Callable[[BaseException | None], None],
+                 stream: Any = None) -> None:
         """Advance ``gen`` one step per round, ``ctx.emit`` each value it yields; then
-        ``done(None)``, or ``done(exc)`` when it raised or was stopped (`Stopped`)."""
+        ``done(None)``, or ``done(exc)`` when it raised or was stopped (`Stopped`). ``stream``:
+        the generation's `vindex3.exec.batch.Prefetched`, whose wanted steps the worker computes
+        in batches with other generations'."""
         self.start()
-        self._q.put(_Gen(gen, ctx, done))
+        self._q.put(_Gen(gen, ctx, done, stream))
 
     # ---- the thread ---------------------------------------------------------------------
 
@@ -132,10 +145,28 @@ class ModelWorker:
                     item = self._q.get_nowait()
                 except queue.Empty:
                     item = None
+            self._prefetch()
             for _ in range(len(self._active)):
                 job = self._active.popleft()
                 if self._step(job):
                     self._active.append(job)
+
+    def _prefetch(self) -> None:
+        """The wanted next steps of the active generations, batched (nothing for fewer than two:
+        a lone stream steps itself)."""
+        streams = [job.stream for job in self._active if job.stream is not None and job.stream.wants is not None
+                   and not job.stream.ready and not job.ctx.cancel.is_set()]
+        if len(streams) < 2:
+            return
+        from vindex3.exec.batch import prefetch
+
+        try:
+            passes = prefetch(streams)
+        except Exception:  # refused before any work (step_many checks first): each stream steps alone
+            log.exception("a batched step was refused; the generations step alone")
+            return
+        for rows in passes:
+            self.batches[rows] = self.batches.get(rows, 0) + 1
 
     @staticmethod
     def _run_call(call: _Call) -> None:
@@ -170,6 +201,7 @@ class ModelWorker:
             job.gen.close()  # type: ignore[attr-defined]
         except BaseException:
             log.exception("closing a generation failed")
+        job.stream = None  # the thread's last-job variable must not keep a stream's state alive
         try:
             job.done(exc)
         except Exception:

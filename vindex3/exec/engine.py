@@ -253,6 +253,7 @@ def _bind_slot(op: Op, W: PreparedOperands, layer: int, ablate: np.ndarray | Non
         def run(h, x, ls, p0, one, tr):
             return h, (step if one else prefill)(x, ls.ops.get(slot), p0), nbytes
 
+        run.reports = False  # vindex3.exec.batch may run it once over several streams' rows
         return run
     name = op.kind
 
@@ -261,6 +262,7 @@ def _bind_slot(op: Op, W: PreparedOperands, layer: int, ablate: np.ndarray | Non
         tr.op_calls.append(OpCall(layer, slot, name, p0, x.shape[0], int(rec.bytes_read), rec.detail))
         return h, y, int(rec.bytes_read)
 
+    run_reporting.reports = True
     return run_reporting
 
 

@@ -1,0 +1,233 @@
+"""Batched decoding on `lql serve`: aggregate generated tokens per second with 1, 4 and 8
+concurrent streaming completion clients, on a server that batches concurrent decode steps
+(vindex3.exec.batch) beside the same server with batching switched off (each generation steps
+alone, interleaved token by token: what the server did before). Loopback only, bounded.
+
+Both servers are `lql serve` child processes on free 127.0.0.1 ports, started once and kept for
+the run; the peer's worker has its batched prefetch replaced by a no-op at start-up (nothing
+else differs). Arms are interleaved: for each repeat, for each server, for each client count.
+Each client sends ``--requests`` greedy requests one after another (``max_tokens`` fixed, no
+stop strings); every text is checked against the lone greedy answer computed through LQL in
+this process before the load (a mismatch fails the bench). Writes
+bench/results/server_batch.json with the machine facts and the load average around each arm.
+
+    python bench/server_batch.py [--clients 1,4,8] [--requests 2] [--max-tokens 32] [--repeats 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = [
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "Once upon a time, there was",
+    "def add(a, b):",
+    "The three primary colors are",
+    "In the morning I like to",
+    "The largest planet in the solar system is",
+    "A good name for a cat is",
+]
+
+# the peer: the same server, its worker's batched prefetch a no-op (each generation steps alone)
+UNBATCHED = ("import sys; import lql.server.worker as w; w.ModelWorker._prefetch = lambda self: None; "
+             "from lql.server.cli import main; sys.exit(main(sys.argv[1:]))")
+BATCHED = "import sys; from lql.server.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def greedy_answers(container: Path, max_tokens: int) -> dict[str, str]:
+    """The oracle: LQL's own greedy continuation of each prompt, end-of-sequence cut."""
+    import lql
+
+    s = lql.connect(container)
+    eos = set(s.catalog.eos_ids())
+    out = {}
+    for p in PROMPTS:
+        ids = list(s.execute_one(f"INFER {p!r} GENERATE {max_tokens}").generated_ids)
+        cut = next((i for i, t in enumerate(ids) if t in eos), len(ids))
+        out[p] = s.catalog.decode(ids[:cut])
+    return out
+
+
+def start_server(code: str, container: Path, clients: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-c", code, str(container), "--host", "127.0.0.1", "--port", str(port),
+           "--max-concurrent", str(clients), "--max-queue", str(clients), "--time-limit", "600", "--log-level", "warning"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"lql serve exited: {proc.stderr.read()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("lql serve did not come up in 120 s")
+        time.sleep(0.2)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+async def one_client(k: int, url: str, model: str, requests: int, max_tokens: int, answers: dict[str, str],
+                     records: list[dict]) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as c:
+        for r_i in range(requests):
+            prompt = PROMPTS[(k + r_i * 3) % len(PROMPTS)]
+            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                    "stream_options": {"include_usage": True}}
+            text, usage, status = "", None, None
+            async with c.stream("POST", url + "/v1/completions", json=body) as r:
+                status = r.status_code
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    obj = json.loads(line[6:])
+                    if obj.get("usage"):
+                        usage = obj["usage"]
+                    for ch in obj.get("choices", []):
+                        text += ch.get("text") or ""
+            records.append({"client": k, "prompt": prompt, "status": status, "matches": text == answers[prompt],
+                            "tokens": (usage or {}).get("completion_tokens", 0)})
+
+
+def run_arm(url: str, model: str, clients: int, requests: int, max_tokens: int, answers: dict[str, str]) -> dict:
+    import httpx
+
+    before = httpx.get(url + "/metrics", timeout=10).text
+    records: list[dict] = []
+    load0 = os.getloadavg()[0]
+    t0 = time.monotonic()
+
+    async def all_clients() -> None:
+        await asyncio.wait_for(asyncio.gather(*(one_client(k, url, model, requests, max_tokens, answers, records)
+                                                for k in range(clients))), timeout=900)
+
+    asyncio.run(all_clients())
+    wall = time.monotonic() - t0
+    after = httpx.get(url + "/metrics", timeout=10).text
+    tokens = sum(r["tokens"] for r in records)
+    return {"clients": clients, "requests": len(records), "failed": sum(r["status"] != 200 for r in records),
+            "mismatched": sum(not r["matches"] for r in records), "tokens": tokens, "wall_seconds": wall,
+            "tokens_per_second": tokens / wall, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "batched_passes": _batches(after, before)}
+
+
+def _batches(after: str, before: str) -> dict[str, int]:
+    """Batched passes by rows during an arm (the difference of two /metrics texts)."""
+
+    def table(text: str) -> dict[str, int]:
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("lql_batched_steps_total{"):
+                rows = line.split('rows="', 1)[1].split('"', 1)[0]
+                out[rows] = int(float(line.rsplit(" ", 1)[1]))
+        return out
+
+    a, b = table(after), table(before)
+    return {k: a[k] - b.get(k, 0) for k in sorted(a, key=int) if a[k] - b.get(k, 0)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--clients", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--container", help="default: the default model (SmolLM2-135M-Instruct)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "server_batch.json"))
+    args = ap.parse_args(argv)
+    counts = [int(c) for c in args.clients.split(",")]
+    if any(c < 1 or c > 16 for c in counts) or not 1 <= args.requests <= 8 or not 1 <= args.repeats <= 4:
+        ap.error("--clients 1..16, --requests 1..8, --repeats 1..4: the load is bounded")
+    if args.container:
+        container = Path(args.container)
+    else:
+        from vindex3 import default_model
+
+        container = Path(default_model.ensure())
+    from lql.server.config import model_id_for
+
+    model = model_id_for(container)
+    print(f"greedy answers for {len(PROMPTS)} prompts ...", file=sys.stderr)
+    answers = greedy_answers(container, args.max_tokens)
+    servers = {}
+    arms: list[dict] = []
+    try:
+        for name, code in (("batched", BATCHED), ("unbatched", UNBATCHED)):
+            servers[name] = start_server(code, container, max(counts))
+        for rep in range(args.repeats):
+            for name, (_proc, url) in servers.items():
+                for c in counts:
+                    print(f"repeat {rep + 1}: {name} server, {c} client(s) ...", file=sys.stderr)
+                    arm = run_arm(url, model, c, args.requests, args.max_tokens, answers)
+                    arm.update(server=name, repeat=rep)
+                    arms.append(arm)
+                    print(f"  {arm['tokens']} tokens in {arm['wall_seconds']:.1f} s: {arm['tokens_per_second']:.1f} tok/s "
+                          f"(load {arm['loadavg_before']:.1f} -> {arm['loadavg_after']:.1f}), passes {arm['batched_passes']}",
+                          file=sys.stderr)
+    finally:
+        for proc, _url in servers.values():
+            stop_server(proc)
+
+    from bench.machine import facts
+
+    def rate(server: str, c: int) -> float:
+        xs = [a["tokens_per_second"] for a in arms if a["server"] == server and a["clients"] == c]
+        return sum(xs) / len(xs)
+
+    summary: dict = {}
+    for name in servers:
+        one = rate(name, counts[0])
+        summary[name] = {str(c): {"tokens_per_second": rate(name, c), "over_one_client": rate(name, c) / one}
+                         for c in counts}
+    summary["batched_over_unbatched"] = {str(c): rate("batched", c) / rate("unbatched", c) for c in counts}
+    report = {"bench": "server_batch", "model": model, "clients": counts, "requests_per_client": args.requests,
+              "max_tokens": args.max_tokens, "repeats": args.repeats, "summary": summary, "arms": arms,
+              "failed": sum(a["failed"] for a in arms), "mismatched": sum(a["mismatched"] for a in arms),
+              "machine": facts(threads=int(os.environ.get("VINDEX3_DECODE_THREADS", "1")))}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    for name in servers:
+        print(f"{name}: " + ", ".join(f"{c} clients {summary[name][str(c)]['tokens_per_second']:.1f} tok/s "
+                                      f"({summary[name][str(c)]['over_one_client']:.2f}x one)" for c in counts))
+    print("batched / unbatched: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in summary["batched_over_unbatched"].items()))
+    print(f"failed {report['failed']}, mismatched {report['mismatched']}; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores; wrote {args.out}")
+    return 0 if report["failed"] == 0 and report["mismatched"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
