@@ -21,11 +21,24 @@ def _without_dialect_defaults(node, d: dict) -> dict:
     return d
 
 
+# the intervention clauses (PATCH, STEER) every statement that runs the model takes: left out
+# while absent, as the cases below predate them (the intervention tests parse them given)
+INTERVENTION_FIELDS = ("patch", "steer", "steer_vector")
+
+
+def _without_absent_interventions(d: dict) -> dict:
+    for name in INTERVENTION_FIELDS:
+        if name in d and d[name] is None:
+            d.pop(name)
+    return d
+
+
 def one(text: str) -> dict:
     s = P.parse_one(text)
-    d = _without_dialect_defaults(s, s.model_dump(exclude=POSITIONS))
+    d = _without_absent_interventions(_without_dialect_defaults(s, s.model_dump(exclude=POSITIONS)))
     if d.get("infer"):  # EXPLAIN INFER: the INFER statement it explains, positions aside
-        d["infer"] = _without_dialect_defaults(s.infer, {k: v for k, v in d["infer"].items() if k not in POSITIONS})
+        d["infer"] = _without_absent_interventions(
+            _without_dialect_defaults(s.infer, {k: v for k, v in d["infer"].items() if k not in POSITIONS}))
     return d
 
 
@@ -231,7 +244,7 @@ CASES = [
     ("SELECT * FROM FEATURES WHERE layer IN (0, 1) AND token IN ('a', 'b')",
      {'kind': 'select_features', 'columns': None, 'layers': None, 'at_layer': False, 'nearest': None, 'where': [{'column': {'name': 'layer', 'line': 1, 'column': 30}, 'op': 'IN', 'value': [0, 1]}, {'column': {'name': 'token', 'line': 1, 'column': 50}, 'op': 'IN', 'value': ['a', 'b']}], 'order_by': None, 'descending': None, 'limit': None}),
     ("PATCH SWEEP 'a' FROM 'b' FOR 'c' SITE RESIDUAL POST LAYERS 0-1",
-     {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None}),
+     {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None, 'plot': None, 'overwrite': False}),
     ("CAPTURE 'x' SITES RESIDUAL, FFN DRAFT DEPTH 2 INTO 'a.npz' OVERWRITE",
      {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
     ("SHOW ATTENTION 'x' AT LAYER 3 HEAD 2",
@@ -325,7 +338,7 @@ ERRORS = [
      "  hint: did you mean STATS?")),
     ("INFER 'x' TOPP 3",
      ("syntax error at line 1, column 11: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
-     "SPECULATE or TOP, found 'TOPP'\n"
+     "PATCH, SPECULATE, STEER or TOP, found 'TOPP'\n"
      "  INFER 'x' TOPP 3\n"
      "            ^\n"
      "  hint: did you mean TOP?")),
@@ -367,7 +380,7 @@ ERRORS = [
      "  hint: SET takes name = value, e.g. SET format = json")),
     ("INFER 'x' DRAFT DEPTH 1.5",
      ("syntax error at line 1, column 24: expected ';', '|>', ABLATE, CHAT, COMPARE, DRAFT, GENERATE, LOOKAHEAD, "
-     "SPECULATE or TOP, found '.'\n"
+     "PATCH, SPECULATE, STEER or TOP, found '.'\n"
      "  INFER 'x' DRAFT DEPTH 1.5\n"
      "                         ^\n"
      "  hint: only a whole number fits here, not 1.5")),
@@ -407,7 +420,8 @@ def test_syntax_error_carries_position_and_expectations():
 
 def test_interactive_parser_tells_what_may_come_next():
     assert set(P.interactive("INFER 'x' ").accepts()) == {
-        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "ABLATE", "COMPARE", "_SEMI", "_PIPE", "$END"}
+        "TOP", "GENERATE", "DRAFT", "SPECULATE", "LOOKAHEAD", "CHAT", "ABLATE", "COMPARE", "PATCH", "STEER", "_SEMI", "_PIPE",
+        "$END"}
     assert set(P.interactive("").accepts()) >= set(P.STATEMENT_KEYWORDS)
     assert "OPEN" in P.STATEMENT_KEYWORDS and "DEPTH" not in P.STATEMENT_KEYWORDS
     assert P.describe_terminal("STRING") == "a quoted string"
