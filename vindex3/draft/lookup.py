@@ -14,18 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import VindexError
+from ..generate import Sampler, generate_step
 from .slices import make_executor, open_container, resolve_slice
-from .speculative import (
-    SpecResult,
-    _argmax,
-    _check_prompt,
-    _rollback_mode,
-    _Stream,
-    greedy_generate,
-)
+from .speculative import SpecResult, _check_prompt, _rollback_mode, _Tally, greedy_generate
 
 DEFAULT_NGRAM = 3
 
@@ -66,6 +58,27 @@ class LookupIndex:
         return []
 
 
+class LookupDrafter:
+    """Prompt lookup as a `vindex3.generate.Drafter`: proposes up to ``lookahead`` tokens that
+    followed the longest earlier occurrence of the context's suffix; nothing when no suffix of
+    at least ``min_ngram`` tokens recurs (the round is then a plain step and costs one probe)."""
+
+    name = "lookup"
+
+    def __init__(self, ngram: int = DEFAULT_NGRAM, lookahead: int = 4, min_ngram: int = 1):
+        self.index = LookupIndex(ngram, min_ngram)
+        self.lookahead = lookahead
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.index.extend(prompt)
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        self.index.extend(tokens)
+
+    def propose(self, limit: int) -> list[int]:
+        return self.index.propose(min(self.lookahead, limit))
+
+
 def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
                     ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *, min_ngram: int = 1,
                     compare_plain: bool = False, max_positions: int | None = None, ex: Any = None) -> SpecResult:
@@ -90,68 +103,27 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     if n > 0:
         full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
 
-    full = None
     out: list[int] = []
-    hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
-    rounds = proposed = accepted = 0
-    calls = 0
     if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or not 1 <= min_ngram <= ngram:
         raise VindexError(f"the shortest lookup match must be an integer in 1..NGRAM ({ngram}); got {min_ngram!r}")
-    index = LookupIndex(ngram, min_ngram)
-
-    def emit(tok: int) -> None:
-        out.append(tok)
-        index.extend((tok,))
-        if on_token:
-            on_token(tok)
-
+    drafter = LookupDrafter(ngram, lookahead, min_ngram)
+    stats = _Tally(lookahead, n)
+    mode = "truncate"
     t0 = time.perf_counter()
     if n > 0:
         fst = full_ex.start()
-        full = _Stream(fst, _rollback_mode(c, full_slice, fst, "full"))
-        index.extend(prompt)
-        pending = _argmax(np.asarray(fst.prefill(prompt))[-1])
-        calls += 1
-        emit(pending)
-        while len(out) < n:
-            k = min(lookahead, n - len(out) - 1)
-            props = index.propose(k)
-            calls += 1
-            if not props:
-                # nothing recurs: one plain greedy step (the same arithmetic as greedy decoding)
-                pending = _argmax(fst.step(pending))
-                emit(pending)
-                continue
-            k = len(props)
-            base = full.position
-            full.mark()
-            rows = np.asarray(fst.prefill([pending] + props))
-            rounds += 1
-            j = 0
-            while j < k and _argmax(rows[j]) == props[j]:
-                j += 1
-            nxt = _argmax(rows[j])
-            proposed += k
-            accepted += j
-            hist[j] += 1
-            for t in props[:j]:
-                emit(t)
-            emit(nxt)
-            if len(out) >= n:
-                break
-            full.rollback(base + 1 + j, [pending] + props[:j])
-            pending = nxt
+        mode = _rollback_mode(c, full_slice, fst, "full")
+        for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
+            stats.add(step)
+            for t in step.emitted:
+                out.append(t)
+                if on_token:
+                    on_token(t)
     secs = time.perf_counter() - t0
-    if full is not None:
-        calls += full.replays
 
     result = SpecResult(
         tokens=out, prompt_tokens=len(prompt), n=n, depth=None, drafter="lookup", ngram=ngram, lookahead=lookahead,
-        rollback=full.mode if full is not None else "truncate",
-        rounds=rounds, proposed=proposed, accepted=accepted,
-        acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,
-        full_model_calls=calls, tokens_per_full_step=len(out) / calls if calls else 0.0,
-        draft_steps=0, prepare_seconds=prep_full, seconds=secs,
+        rollback=mode, **stats.facts(len(out)), draft_steps=0, prepare_seconds=prep_full, seconds=secs,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
     if compare_plain:
