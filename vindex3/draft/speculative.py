@@ -40,6 +40,7 @@ class SpecResult(BaseModel):
     lookahead: int
     drafter: str = "depth"  # "depth": a reduced-depth draft of the same container; "lookup": prompt lookup
     ngram: int | None = None  # prompt lookup: the longest n-gram matched
+    policy: str | None = None  # prompt lookup: "adaptive" (drafts expected to pay) or "fixed"
     vocab_top: int | None = None  # the draft's head computed over this many most frequent tokens only
     adapter: bool = False  # the draft's head read its residual through a fitted exit adapter
     rollback: str  # "truncate" | "snapshot"

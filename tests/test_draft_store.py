@@ -1,0 +1,68 @@
+"""Drafter components stored in the container: an exit adapter and a vocabulary cut written as
+derived representations with provenance, listed without reading a file, read back bit for bit,
+and refused by name when absent, fitted on another container, or damaged."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vindex3
+from vindex3.container import rewrite_index
+from vindex3.draft import store
+from vindex3.draft.adapter import fit_adapter
+from vindex3.draft.vocab import fit_vocab_cut
+from vindex3.errors import DerivedStale, VindexError
+
+CORPUS = [list(range(3, 200, 7)), [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11]]
+
+
+@pytest.fixture()
+def c(tiny_llama_container, tmp_path):
+    src = Path(tiny_llama_container if isinstance(tiny_llama_container, (str, Path)) else tiny_llama_container.path)
+    dst = tmp_path / "model.vindex3"
+    shutil.copytree(src, dst)  # a writable copy: the shared fixture stays untouched
+    return vindex3.open(dst)
+
+
+def test_adapter_round_trips_through_the_container(c):
+    a = fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5)
+    digest = c.digest
+    entry = store.store_adapter(c, a)
+    assert entry["role"] == "drafter" and entry["edge"] == {"kind": "hidden_state", "component": "primary_text",
+                                                            "after_layer": 1, "depth": 2}
+    again = vindex3.open(c.path)  # read back at OPEN: listed from index.json, no file read
+    assert again.digest == digest
+    (row,) = store.components(again)
+    assert row["key"] == "drafter_adapter_d2" and row["fresh"] and row["params"]["corpus"] == "toy"
+    assert any(d.key == "drafter_adapter_d2" and d.fresh for d in again.derived)  # SHOW REPRESENTATIONS lists it
+    b = store.load_adapter(again, 2)
+    assert np.array_equal(b.W, a.W) and np.array_equal(b.b, a.b) and b.facts == a.facts
+
+
+def test_vocab_cut_round_trips_through_the_container(c):
+    cut = fit_vocab_cut(c, 40, CORPUS, corpus="toy")
+    store.store_vocab_cut(c, cut, depth=1)
+    got = store.load_vocab_cut(vindex3.open(c.path), 40)
+    assert got == cut
+
+
+def test_absent_stale_and_damaged_components_are_refused_by_name(c):
+    with pytest.raises(VindexError, match="(?s)stores no exit adapter at depth 3.*FIT ADAPTER AT DEPTH 3"):
+        store.load_adapter(c, 3)
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    # another container's digest in the entry: stale
+    derived = json.loads((c.path / "index.json").read_text())["derived"]
+    derived["drafter_adapter_d2"]["source_digest"] = "0" * 64
+    rewrite_index(c.path, derived=derived)  # resealed: only the provenance changed
+    with pytest.raises(DerivedStale, match="derived from container 000000000000"):
+        store.load_adapter(vindex3.open(c.path), 2)
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    f = c.path / "derived/drafters/drafter_adapter_d2.npz"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(DerivedStale, match="differs from the SHA-256"):
+        store.load_adapter(vindex3.open(c.path), 2)
