@@ -66,3 +66,25 @@ def test_absent_stale_and_damaged_components_are_refused_by_name(c):
     f.write_bytes(bytes(data))
     with pytest.raises(DerivedStale, match="differs from the SHA-256"):
         store.load_adapter(vindex3.open(c.path), 2)
+
+
+def test_lql_fit_adapter_stores_a_drafter_component(c, tmp_path):
+    import lql
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"token_ids": t}) for t in CORPUS) + "\n")
+    s = lql.connect(c.path)
+    (r,) = s.execute(f"FIT ADAPTER AT DEPTH 2 ON '{corpus}' RIDGE 0.5")
+    assert r.kind == "fit_adapter" and r.key == "drafter_adapter_d2" and r.facts["corpus"] == "corpus.jsonl"
+    assert "stored as drafter component 'drafter_adapter_d2'" in r.to_text()
+    want = fit_adapter(c, 2, CORPUS, corpus="corpus.jsonl", ridge=0.5)
+    got = store.load_adapter(vindex3.open(c.path), 2)
+    assert np.array_equal(got.W, want.W) and np.array_equal(got.b, want.b)
+    (rep,) = s.execute("SHOW REPRESENTATIONS")
+    assert "drafter_adapter_d2" in rep.to_text()
+    with pytest.raises(lql.LqlError, match="deeper than the model"):
+        s.execute("FIT ADAPTER AT DEPTH 9")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"words": 3}\n')
+    with pytest.raises(Exception, match="line 1 holds neither"):
+        s.execute(f"FIT ADAPTER AT DEPTH 2 ON '{bad}'")

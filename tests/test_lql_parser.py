@@ -232,6 +232,8 @@ CASES = [
      {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None}),
     ("CAPTURE 'x' SITES RESIDUAL, FFN DRAFT DEPTH 2 INTO 'a.npz' OVERWRITE",
      {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
+    ("FIT ADAPTER AT DEPTH 16 ON 'corpus.jsonl' RIDGE 0.5",
+     {'kind': 'fit_adapter', 'depth': 16, 'corpus': 'corpus.jsonl', 'ridge': 0.5}),
     ("SHOW ATTENTION 'x' AT LAYER 3 HEAD 2",
      {'kind': 'show_attention', 'prompt': {'kind': 'text', 'text': 'x'}, 'layer': 3, 'head': 2, 'depth': None}),
 ]
@@ -315,7 +317,7 @@ ERRORS = [
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2")),
     ("STAST",
      ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, CAPTURE, COMPACT, COMPILE, DELETE, "
-     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PATCH, PLAN, "
+     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, FIT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PATCH, PLAN, "
      "REBALANCE, REMOVE, REPRESENT, SAVE, SCORE, SELECT, SET, SHOW, STATS, TRACE, UPDATE, USE, VERIFY, WALK) or "
      "';', found 'STAST'\n"
      "  STAST\n"

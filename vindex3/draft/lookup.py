@@ -10,13 +10,14 @@ quoting the prompt) and costs one dictionary probe per token elsewhere.
 What a proposal costs is not nothing: verifying k drafts is one call over k + 1 positions, and
 on SmolLM2 each position beyond the first costs about ``VERIFY_COST`` of a decode step (the
 rows kernels stream the weights once but multiply every position; bench/speculative.py
-measures it). The default ``adaptive`` policy therefore proposes only what it expects to gain:
-it keeps, per match length n, how often a proposed token was accepted when it was tried (a
-Beta(1, 1) prior, counted within the generation, never fitted on the prompt bank), and
-proposes the first i tokens of a match while a_n^i, the chance all of them are accepted, is
-above the cost of verifying one more position. A match length whose drafts are rejected soon
-stops proposing, so text that does not repeat itself decodes at greedy speed. ``fixed``
-proposes ``lookahead`` tokens at every match.
+measures it). The default ``adaptive`` policy therefore proposes only where it expects to gain:
+it keeps, per match length n, how often the first proposed token was accepted (a Beta(1, 1)
+prior, counted within the generation, never fitted on the prompt bank) and proposes only while
+that estimate is above the cost of verifying one more position; how many it proposes follows
+the last round (double after a round that kept every draft, one past the kept ones after a
+rejection, up to ``lookahead``), as copying runs long once it starts. A match length whose
+first drafts are rejected stops proposing, so text that does not repeat itself decodes at
+greedy speed. ``fixed`` proposes ``lookahead`` tokens at every match.
 """
 
 from __future__ import annotations
@@ -96,8 +97,9 @@ class LookupDrafter:
         self.lookahead = lookahead
         self.policy = policy
         self.verify_cost = float(verify_cost)
-        self.tried = [0] * (ngram + 1)  # per match length: proposed tokens that were verified
-        self.kept = [0] * (ngram + 1)  # of those, accepted
+        self.tried = [0] * (ngram + 1)  # per match length: rounds that verified a proposal
+        self.kept = [0] * (ngram + 1)  # of those, rounds whose first proposed token was accepted
+        self.run = 1  # how many to propose next (adaptive)
         self._last: tuple[int, list[int]] | None = None
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -109,23 +111,22 @@ class LookupDrafter:
             j = 0
             while j < len(props) and j < len(tokens) - 1 and tokens[j] == props[j]:
                 j += 1
-            self.kept[n] += j
-            self.tried[n] += min(j + 1, len(props))
+            self.tried[n] += 1
+            self.kept[n] += j > 0
+            self.run = min(self.lookahead, 2 * len(props)) if j == len(props) else j + 1
             self._last = None
         self.index.extend(tokens)
 
     def acceptance(self, n: int) -> float:
-        """The estimated chance that a token proposed by a match of length ``n`` is accepted."""
+        """The estimated chance that the first token proposed by a match of length ``n`` is
+        accepted (Beta(1, 1) prior)."""
         return (self.kept[n] + 1) / (self.tried[n] + 2)
 
     def propose(self, limit: int) -> list[int]:
-        n, props = self.index.match(min(self.lookahead, limit))
-        if props and self.policy == "adaptive":
-            a = self.acceptance(n)
-            k, p = 0, a
-            while k < len(props) and p > self.verify_cost:
-                k, p = k + 1, p * a
-            props = props[:k]
+        adaptive = self.policy == "adaptive"
+        n, props = self.index.match(min(self.run if adaptive else self.lookahead, limit))
+        if props and adaptive and self.acceptance(n) <= self.verify_cost:
+            props = []
         if props:
             self._last = (n, props)
         return props
