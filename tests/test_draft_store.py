@@ -88,3 +88,14 @@ def test_lql_fit_adapter_stores_a_drafter_component(c, tmp_path):
     bad.write_text('{"words": 3}\n')
     with pytest.raises(Exception, match="line 1 holds neither"):
         s.execute(f"FIT ADAPTER AT DEPTH 2 ON '{bad}'")
+
+
+def test_speculation_reads_the_stored_adapter(c):
+    from vindex3.draft import greedy_generate, speculative_generate
+
+    prompt = [1, 5, 9, 33, 100, 7]
+    with pytest.raises(VindexError, match="stores no exit adapter at depth 2"):
+        speculative_generate(c, prompt, 8, 2, 3, adapter="stored")
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    r = speculative_generate(c, prompt, 12, 2, 3, adapter="stored")
+    assert r.adapter and r.tokens == greedy_generate(c, prompt, 12).tokens

@@ -223,7 +223,8 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
     ``vocab_cut`` (vindex3.draft.vocab.VocabCut): the draft's head computes logits over the kept
     tokens only, so it proposes only those; the full model is untouched. ``adapter``
     (vindex3.draft.adapter.ExitAdapter fitted at ``depth``): the draft's head reads the adapted
-    residual.
+    residual. ``adapter="stored"`` reads the exit adapter stored in the container at ``depth``
+    (`vindex3.draft.store`: the adapter at ``depth``), refused by name when absent or stale.
     """
     c = open_container(container)
     prompt = _check_prompt(token_ids)
@@ -236,6 +237,12 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         raise SliceError("SPECULATE needs a draft depth (1..L); the full model cannot draft for itself")
     full_slice, _ = resolve_slice(c, None)
     full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
+    if adapter == "stored":
+        from .store import load_adapter
+
+        adapter = load_adapter(c, draft_depth)
+    elif isinstance(adapter, str):
+        raise VindexError(f"adapter must be an ExitAdapter or 'stored'; got {adapter!r}")
     cut_ids = None  # with a vocabulary cut: draft column i is token cut_ids[i]
     if vocab_cut is None:
         draft_ex, prep_draft = make_executor(c, draft_slice, max_positions=max_positions)
