@@ -99,3 +99,39 @@ def test_speculation_reads_the_stored_adapter(c):
     store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
     r = speculative_generate(c, prompt, 12, 2, 3, adapter="stored")
     assert r.adapter and r.tokens == greedy_generate(c, prompt, 12).tokens
+
+
+def test_tuned_lens_through_identity_adapters_is_the_logit_lens(c):
+    # tuned-lens readout through identity adapters (h @ I + 0 is h exactly) gives the logit lens's
+    # rows bit for bit at the last position: the same residuals, and both read them with the
+    # head's rows kernel (at most 8 rows a call, each row's arithmetic independent of the others)
+    import lql
+    from vindex3.draft.adapter import ExitAdapter
+
+    s = lql.connect(c.path)
+    with pytest.raises(lql.LqlError, match="stores no exit adapter"):
+        s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
+    for d in range(1, c.graph.num_layers + 1):
+        store.store_adapter(c, ExitAdapter.identity(c, d))
+    s = lql.connect(c.path)
+    (plain,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7")
+    (tuned,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
+    assert tuned.lens == "tuned" and "tuned lens" in tuned.to_text()
+    want = [x for x in plain.rows if x.layer is not None]
+    assert [(x.layer, x.position, x.rank, x.logit, x.top_id) for x in tuned.rows] == \
+        [(x.layer, x.position, x.rank, x.logit, x.top_id) for x in want]
+    (every,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 POSITIONS ALL LENS TUNED")
+    assert [(x.layer, x.position) for x in every.rows] == [(i, p) for i in range(4) for p in range(4)]
+
+
+def test_tuned_lens_refuses_what_it_cannot_read(c):
+    import lql
+
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    s = lql.connect(c.path)
+    (r,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
+    assert [x.layer for x in r.rows] == [1]
+    with pytest.raises(lql.LqlError, match="layer 0 has no stored exit adapter"):
+        s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LAYERS 0-1 LENS TUNED")
+    with pytest.raises(lql.LqlError, match="does not run DRAFT DEPTH 2"):
+        s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 DRAFT DEPTH 2 LENS TUNED")
