@@ -91,6 +91,20 @@ def ratio(rows: list[dict]) -> float:
     return sum(x["plain_seconds"] for x in rows) / sum(x["spec_seconds"] for x in rows)
 
 
+def write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before) -> dict:
+    """Write the lookup results so far (JSON with machine facts); returns the best row."""
+    best = max(results, key=lambda r: r["speedup_overall"])
+    out = {"benchmark": "speculative-lookup", "container": c.name, "container_digest": c.digest,
+           "model_layers": c.graph.num_layers, "n": args.n, "prompts": [p.id for p in prompts],
+           "full_step_ms": step_ms, "verify_cost_in_steps": verify, "results": results,
+           "best": {k: best[k] for k in best if k != "prompts"}, "all_match_plain": all_match,
+           "loadavg_before": load_before, "machine": machine_facts()}
+    path = Path(args.out) if args.out else ROOT / "bench" / "results" / "speculative-lookup.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jsonio.write_atomic(path, out)
+    return best
+
+
 def lookup_main(args, c, full_ex) -> int:
     bank = load_prompts(default_bank(ROOT))
     prompts = pick_prompts(bank, args.per_category) if args.per_category else list(bank)
@@ -140,17 +154,12 @@ def lookup_main(args, c, full_ex) -> int:
               f"{by_cat.get('long', float('nan')):>6.2f}x {res['speedup_code_long'] or float('nan'):>8.2f}x "
               f"{res['speedup_overall']:>7.2f}x {m!s:>6}")
         print("      by category: " + ", ".join(f"{cat} {v:.2f}x" for cat, v in by_cat.items()))
-    best = max(results, key=lambda r: r["speedup_overall"])
+        # written after every configuration: a run stopped early keeps what it measured
+        write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before)
+    best = write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before)
     print(f"\nbest: lookup {best['policy']} ngram {best['ngram']} lookahead {best['lookahead']}: {best['speedup_overall']:.2f}x "
           f"plain greedy overall, code+long {best['speedup_code_long']:.2f}x")
     print(f"speculative tokens identical to plain greedy everywhere: {all_match}")
-    out = {"benchmark": "speculative-lookup", "container": c.name, "container_digest": c.digest,
-           "model_layers": c.graph.num_layers, "n": args.n, "prompts": [p.id for p in prompts],
-           "full_step_ms": step_ms, "verify_cost_in_steps": verify, "results": results, "best": {k: best[k] for k in best if k != "prompts"},
-           "all_match_plain": all_match, "loadavg_before": load_before, "machine": machine_facts()}
-    path = Path(args.out) if args.out else ROOT / "bench" / "results" / "speculative-lookup.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    jsonio.write_atomic(path, out)
     return 0 if all_match else 1
 
 
