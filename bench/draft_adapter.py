@@ -44,6 +44,17 @@ def kl_rows(full: np.ndarray, draft: np.ndarray) -> np.ndarray:
     return (np.exp(lp) * (lp - lq)).sum(-1)
 
 
+def write(args, c, rows: list[dict]) -> None:
+    """The rows so far, with the issue's targets over them, as JSON with machine facts."""
+    targets = {"top1_triples_at_16": next((r["top1_ratio"] >= 3 for r in rows if r["depth"] == 16), None),
+               "kl_p50_halves_at_every_depth_ge_8": all(r["kl_p50_ratio"] <= 0.5 for r in rows if r["depth"] >= 8)}
+    print(f"targets so far: {targets}")
+    out = {"benchmark": "draft_adapter", "container": c.name, "container_digest": c.digest, "ridge": args.ridge,
+           "rows": rows, "targets": targets, "machine": machine_facts()}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    jsonio.write_atomic(args.out, out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--container")
@@ -78,17 +89,12 @@ def main() -> int:
                "kl_p50_plain": p50_plain, "kl_p50_adapter": p50_ad, "kl_p50_ratio": p50_ad / p50_plain,
                "fit_seconds": fit_s, "adapter": ad.facts.model_dump()}
         rows.append(row)
+        write(args, c, rows)  # after every depth: a run stopped early keeps what it measured
         print(f"depth {d:>2}: top-1 {row['top1_plain']:.3f} plain, {row['top1_adapter']:.3f} with adapter "
               f"(fit on {ad.facts.positions} seed positions, residual {ad.facts.fit_residual:.3f} vs "
               f"{ad.facts.identity_residual:.3f} unadapted, {fit_s:.1f} s); KL p50 {p50_plain:.3f} plain, "
               f"{p50_ad:.3f} with adapter")
-    targets = {"top1_triples_at_16": next((r["top1_ratio"] >= 3 for r in rows if r["depth"] == 16), None),
-               "kl_p50_halves_at_every_depth_ge_8": all(r["kl_p50_ratio"] <= 0.5 for r in rows if r["depth"] >= 8)}
-    print(f"targets: {targets}")
-    out = {"benchmark": "draft_adapter", "container": c.name, "container_digest": c.digest, "ridge": args.ridge,
-           "rows": rows, "targets": targets, "machine": machine_facts()}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    jsonio.write_atomic(args.out, out)
+    write(args, c, rows)
     return 0
 
 
