@@ -16,7 +16,10 @@ prompt of the bank (``--per-category``, default all), each (ngram, lookahead) pa
 greedy interleaved per prompt, and the wall-clock ratio per category, for code and long together,
 and overall (bench/results/speculative-lookup.json):
 
-    python bench/speculative.py --drafter lookup [--n 64] [--ngrams 3] [--lookaheads 4,8]
+    python bench/speculative.py --drafter lookup [--n 64] [--ngrams 3] [--lookaheads 4,8] [--policies adaptive,fixed]
+
+The lookup run also measures what one more verified position costs in decode steps (the
+figure the adaptive policy's VERIFY_COST stands for).
 """
 
 from __future__ import annotations
@@ -88,6 +91,20 @@ def ratio(rows: list[dict]) -> float:
     return sum(x["plain_seconds"] for x in rows) / sum(x["spec_seconds"] for x in rows)
 
 
+def write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before) -> dict:
+    """Write the lookup results so far (JSON with machine facts); returns the best row."""
+    best = max(results, key=lambda r: r["speedup_overall"])
+    out = {"benchmark": "speculative-lookup", "container": c.name, "container_digest": c.digest,
+           "model_layers": c.graph.num_layers, "n": args.n, "prompts": [p.id for p in prompts],
+           "full_step_ms": step_ms, "verify_cost_in_steps": verify, "results": results,
+           "best": {k: best[k] for k in best if k != "prompts"}, "all_match_plain": all_match,
+           "loadavg_before": load_before, "machine": machine_facts()}
+    path = Path(args.out) if args.out else ROOT / "bench" / "results" / "speculative-lookup.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jsonio.write_atomic(path, out)
+    return best
+
+
 def lookup_main(args, c, full_ex) -> int:
     bank = load_prompts(default_bank(ROOT))
     prompts = pick_prompts(bank, args.per_category) if args.per_category else list(bank)
@@ -95,53 +112,54 @@ def lookup_main(args, c, full_ex) -> int:
     looks = [int(x) for x in args.lookaheads.split(",")]
     ids = {p.id: c.tokenizer.encode(p.text) for p in prompts}
     greedy_generate(c, ids[prompts[0].id], 4, ex=full_ex)  # warm-up
+    probe = ids[prompts[0].id]
+    step_ms = pass_ms(full_ex, probe, 1, 7)
+    verify = {T: pass_ms(full_ex, probe, T, 7) / step_ms for T in (2, 3, 4, 5)}
+    print(f"full step {step_ms:.1f} ms; verifying T positions costs " +
+          ", ".join(f"T={T}: {v:.2f}" for T, v in verify.items()) + " steps")
+    policies = args.policies.split(",")
+    load_before = list(__import__("os").getloadavg())
     results, all_match = [], True
-    print(f"{'ngram':>5} {'k':>2} {'accept':>7} {'tok/full':>8} {'code':>7} {'long':>7} {'code+long':>9} {'overall':>8} {'match':>6}")
-    for ng in ngrams:
-        for k in looks:
-            rows = []
-            for i, p in enumerate(prompts):
-                # Alternate order so that neither arm always runs on a warmer cache.
-                if i % 2:
-                    pl = greedy_generate(c, ids[p.id], args.n, ex=full_ex)
-                    sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram)
-                else:
-                    sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram)
-                    pl = greedy_generate(c, ids[p.id], args.n, ex=full_ex)
-                match = sp.tokens == pl.tokens
-                all_match &= match
-                rows.append({"id": p.id, "category": p.category, "prompt_tokens": len(ids[p.id]),
-                             "matches_plain": match, "proposed": sp.proposed, "accepted": sp.accepted,
-                             "acceptance_rate": sp.acceptance_rate, "full_model_calls": sp.full_model_calls,
-                             "tokens_per_full_step": sp.tokens_per_full_step, "rounds": sp.rounds,
-                             "spec_seconds": sp.seconds, "plain_seconds": pl.seconds,
-                             "speedup": pl.seconds / sp.seconds})
-            by_cat = {cat: ratio([x for x in rows if x["category"] == cat]) for cat in sorted({x["category"] for x in rows})}
-            cl = [x for x in rows if x["category"] in ("code", "long")]
-            prop = sum(x["proposed"] for x in rows)
-            acc = sum(x["accepted"] for x in rows) / prop if prop else 0.0
-            tps = sum(args.n for _ in rows) / sum(x["full_model_calls"] for x in rows)
-            m = all(x["matches_plain"] for x in rows)
-            res = {"drafter": "lookup", "ngram": ng, "min_ngram": args.min_ngram, "lookahead": k, "acceptance_rate": acc,
-                   "tokens_per_full_step": tps, "speedup_by_category": by_cat,
-                   "speedup_code_long": ratio(cl) if cl else None, "speedup_overall": ratio(rows),
-                   "all_match_plain": m, "prompts": rows}
-            results.append(res)
-            print(f"{ng:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {by_cat.get('code', float('nan')):>6.2f}x "
-                  f"{by_cat.get('long', float('nan')):>6.2f}x {res['speedup_code_long'] or float('nan'):>8.2f}x "
-                  f"{res['speedup_overall']:>7.2f}x {m!s:>6}")
-            print("      by category: " + ", ".join(f"{cat} {v:.2f}x" for cat, v in by_cat.items()))
-    best = max(results, key=lambda r: r["speedup_overall"])
-    print(f"\nbest: lookup ngram {best['ngram']} lookahead {best['lookahead']}: {best['speedup_overall']:.2f}x "
+    print(f"{'policy':>8} {'ngram':>5} {'k':>2} {'accept':>7} {'tok/full':>8} {'code':>7} {'long':>7} {'code+long':>9} {'overall':>8} {'match':>6}")
+    for pol, ng, k in [(pol, ng, k) for pol in policies for ng in ngrams for k in looks]:
+        rows = []
+        for i, p in enumerate(prompts):
+            # Alternate order so that neither arm always runs on a warmer cache.
+            if i % 2:
+                pl = greedy_generate(c, ids[p.id], args.n, ex=full_ex)
+                sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram, policy=pol)
+            else:
+                sp = lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram, policy=pol)
+                pl = greedy_generate(c, ids[p.id], args.n, ex=full_ex)
+            match = sp.tokens == pl.tokens
+            all_match &= match
+            rows.append({"id": p.id, "category": p.category, "prompt_tokens": len(ids[p.id]),
+                         "matches_plain": match, "proposed": sp.proposed, "accepted": sp.accepted,
+                         "acceptance_rate": sp.acceptance_rate, "full_model_calls": sp.full_model_calls,
+                         "tokens_per_full_step": sp.tokens_per_full_step, "rounds": sp.rounds,
+                         "spec_seconds": sp.seconds, "plain_seconds": pl.seconds,
+                         "speedup": pl.seconds / sp.seconds})
+        by_cat = {cat: ratio([x for x in rows if x["category"] == cat]) for cat in sorted({x["category"] for x in rows})}
+        cl = [x for x in rows if x["category"] in ("code", "long")]
+        prop = sum(x["proposed"] for x in rows)
+        acc = sum(x["accepted"] for x in rows) / prop if prop else 0.0
+        tps = sum(args.n for _ in rows) / sum(x["full_model_calls"] for x in rows)
+        m = all(x["matches_plain"] for x in rows)
+        res = {"drafter": "lookup", "policy": pol, "ngram": ng, "min_ngram": args.min_ngram, "lookahead": k, "acceptance_rate": acc,
+               "tokens_per_full_step": tps, "speedup_by_category": by_cat,
+               "speedup_code_long": ratio(cl) if cl else None, "speedup_overall": ratio(rows),
+               "all_match_plain": m, "prompts": rows}
+        results.append(res)
+        print(f"{pol:>8} {ng:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {by_cat.get('code', float('nan')):>6.2f}x "
+              f"{by_cat.get('long', float('nan')):>6.2f}x {res['speedup_code_long'] or float('nan'):>8.2f}x "
+              f"{res['speedup_overall']:>7.2f}x {m!s:>6}")
+        print("      by category: " + ", ".join(f"{cat} {v:.2f}x" for cat, v in by_cat.items()))
+        # written after every configuration: a run stopped early keeps what it measured
+        write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before)
+    best = write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before)
+    print(f"\nbest: lookup {best['policy']} ngram {best['ngram']} lookahead {best['lookahead']}: {best['speedup_overall']:.2f}x "
           f"plain greedy overall, code+long {best['speedup_code_long']:.2f}x")
     print(f"speculative tokens identical to plain greedy everywhere: {all_match}")
-    out = {"benchmark": "speculative-lookup", "container": c.name, "container_digest": c.digest,
-           "model_layers": c.graph.num_layers, "n": args.n, "prompts": [p.id for p in prompts],
-           "results": results, "best": {k: best[k] for k in best if k != "prompts"},
-           "all_match_plain": all_match, "machine": machine_facts()}
-    path = Path(args.out) if args.out else ROOT / "bench" / "results" / "speculative-lookup.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    jsonio.write_atomic(path, out)
     return 0 if all_match else 1
 
 
@@ -154,6 +172,7 @@ def main() -> int:
     ap.add_argument("--drafter", choices=("depth", "lookup"), default="depth")
     ap.add_argument("--ngrams", default="3", help="with --drafter lookup: the longest n-grams matched")
     ap.add_argument("--min-ngram", type=int, default=1, help="with --drafter lookup: shorter matches propose nothing")
+    ap.add_argument("--policies", default="adaptive,fixed", help="with --drafter lookup: proposal policies")
     ap.add_argument("--per-category", type=int, default=None, help="prompts per category (depth: 1, lookup: all)")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=None)

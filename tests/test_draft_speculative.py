@@ -47,9 +47,10 @@ def test_speculative_output_equals_greedy(c, greedy, depth, lookahead):
     assert sum(r.accepted_histogram) == r.rounds
     assert r.accepted == sum(j * n for j, n in enumerate(r.accepted_histogram))
     assert 0.0 <= r.acceptance_rate <= 1.0
-    # Each round emits its accepted tokens plus the full model's own; the prompt prefill emits one.
-    assert 1 + r.rounds + r.accepted == N
-    assert r.full_model_calls == 1 + r.rounds
+    # Every full-model call emits its accepted drafts plus the model's own pick (the prompt
+    # prefill emits one); a call with nothing to verify (the last token) is a plain step.
+    assert r.full_model_calls + r.accepted == N
+    assert r.full_model_calls >= 1 + r.rounds
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -136,3 +136,58 @@ def test_refusals_name_the_argument(containers):
         generate_step(st, PROMPT, sampler=Sampler.greedy(), max_tokens=1, feed="batch")
     assert Sampler.greedy().describe() == "greedy"
     assert Sampler(temperature=0.7, top_p=0.9, seed=3).describe() == "temperature 0.7, top_p 0.9, seed 3"
+
+
+class _Oracle:
+    """A drafter that knows the greedy continuation and proposes it, wrong every third round
+    (its proposal's second token is replaced), so rounds both keep and reject drafts."""
+
+    name = "oracle"
+
+    def __init__(self, want: list[int], k: int):
+        self.want, self.k, self.ctx, self.rounds = want, k, 0, 0
+
+    def begin(self, prompt):
+        self.prompt = list(prompt)
+
+    def accept(self, tokens):
+        self.ctx += len(tokens)
+
+    def propose(self, limit):
+        self.rounds += 1
+        props = self.want[self.ctx:self.ctx + min(self.k, limit)]
+        if self.rounds % 3 == 0 and len(props) > 1:
+            props[1] = (props[1] + 1) % 64
+        return props
+
+
+@pytest.mark.parametrize("family", ["llama", "mamba2"])
+def test_drafted_generation_is_the_greedy_generation(containers, family):
+    path = containers(family)
+    want = [x.token for x in _records(path, PROMPT, sampler=Sampler.greedy(), max_tokens=20)]
+    st = vindex3.open(path).executor().start()
+    recs = list(generate_step(st, PROMPT, sampler=Sampler.greedy(), max_tokens=20, drafter=_Oracle(want, 4)))
+    assert [t for r in recs for t in r.emitted] == want
+    assert any(r.accepted for r in recs) and any(r.proposed and len(r.accepted) < len(r.proposed) for r in recs)
+    # the stream holds the prompt and every generated token but the last
+    assert st.position == len(PROMPT) + len(want) - 1 == recs[-1].position
+    # rollback is asked of the state parts: mamba2's recurrence snapshots and replays
+    assert any(r.calls == 2 for r in recs) == (family == "mamba2")
+
+
+def test_a_stop_id_inside_accepted_drafts_ends_the_generation_there(containers):
+    path = containers("llama")
+    want = [x.token for x in _records(path, PROMPT, sampler=Sampler.greedy(), max_tokens=12)]
+    stop = want[3]
+    first = want.index(stop)
+    recs = list(generate_step(vindex3.open(path).executor().start(), PROMPT, sampler=Sampler.greedy(),
+                              max_tokens=12, stop_ids=[stop], drafter=_Oracle(want, 8)))
+    assert [t for r in recs for t in r.emitted] == want[:first + 1] and recs[-1].stop
+
+
+def test_drafting_refuses_a_sampler_that_is_not_greedy(containers):
+    st = vindex3.open(containers("llama")).executor().start()
+    with pytest.raises(VindexError, match="verifies drafts greedily"):
+        generate_step(st, PROMPT, sampler=Sampler(temperature=0.5, seed=1), max_tokens=4, drafter=_Oracle([], 2))
+    with pytest.raises(VindexError, match="feed 'step'"):
+        generate_step(st, PROMPT, sampler=Sampler.greedy(), max_tokens=4, feed="step", drafter=_Oracle([], 2))

@@ -124,6 +124,8 @@ def test_json_carries_every_field_of_the_internals_results(s):
         got = render.to_json(one(s, text))
         assert json.loads(render.dumps_json(got))  # strict JSON
         assert got["result"].pop("notes", []) == []  # LQL's own: how a reference-dialect option was read
+        if text.startswith("TRACE"):  # LQL's own: which lens read the rows (LENS TUNED reads vindex3.draft's)
+            assert got["result"].pop("lens") == "logit"
         want = api.model_dump(mode="json")
         assert _without_times(got["result"]) == _without_times(want), text
         assert set(got["result"]) == set(want) - {"kind"}, text
@@ -141,7 +143,7 @@ JSON_KEYS = [
                                                         "intervention", "next_id", "next_token", "top", "layers",
                                                         "skipped", "metadata", "seconds"]),
     ("TRACE 'x' FOR 'e'", "trace_for", ["prompt", "target_id", "target", "positions", "slice", "executed_layers",
-                                        "intervention", "rows", "final", "decomposition", "saved", "seconds"]),
+                                        "intervention", "rows", "final", "decomposition", "saved", "seconds", "lens"]),
     ("OBSERVE 'x' RECORD INTO 'r.jsonl'", "observe", ["path", "run_id", "prompt", "generated_ids", "generated_text",
                                                       "slice", "executed_layers", "intervention", "lens_tokens",
                                                       "events", "write_events", "token_events", "sha256", "status",

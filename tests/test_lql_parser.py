@@ -147,10 +147,12 @@ CASES = [
       "top": 3, "layers": (0, 1)}),
     ("TRACE 'x' FOR ' Paris' LAYERS 1-2 POSITIONS ALL DECOMPOSE SAVE INTO 't.npz' DRAFT DEPTH 3 ABLATE FEATURES (0:1)",
      {"kind": "trace_for", "prompt": {"kind": "text", "text": "x"}, "token": " Paris", "layers": (1, 2),
-      "positions": "all", "decompose": True, "save": "t.npz", "depth": 3, "ablate": ((0, 1),), "overwrite": False}),
+      "positions": "all", "decompose": True, "save": "t.npz", "depth": 3, "ablate": ((0, 1),), "overwrite": False,
+      "lens": None}),
     ("TRACE TOKENS (1, 2) FOR 42",
      {"kind": "trace_for", "prompt": {"kind": "tokens", "ids": [1, 2]}, "token": 42, "layers": None,
-      "positions": None, "decompose": False, "save": None, "depth": None, "ablate": None, "overwrite": False}),
+      "positions": None, "decompose": False, "save": None, "depth": None, "ablate": None, "overwrite": False,
+      "lens": None}),
     ("OBSERVE 'x' GENERATE 4 LENS (' Paris', 7) ABLATE FEATURES (2:3) RECORD INTO 'run.jsonl'",
      {"kind": "observe", "prompt": {"kind": "text", "text": "x"}, "generate": 4, "lens": [" Paris", 7], "depth": None,
       "ablate": ((2, 3),), "into": "run.jsonl", "overwrite": False}),
@@ -238,7 +240,7 @@ CASES = [
     ("EXPLAIN INFER 'x' LAYERS 0-1 KNOWLEDGE TOP 3",
      {'kind': 'explain_features', 'infer': {'kind': 'infer', 'prompt': {'kind': 'text', 'text': 'x'}, 'top': None, 'generate': None, 'depth': None, 'speculate': None, 'lookahead': None, 'vocab_top': None, 'exactly': False, 'chat': None, 'ablate': None}, 'top': 3, 'layers': (0, 1), 'band': 'knowledge', 'reference': True}),
     ("TRACE 'x' FOR 'y' POSITIONS ALL SAVE 't.npz'",
-     {'kind': 'trace_for', 'prompt': {'kind': 'text', 'text': 'x'}, 'token': 'y', 'layers': None, 'positions': 'all', 'decompose': False, 'save': 't.npz', 'depth': None, 'ablate': None, 'overwrite': False, 'save_file': True}),
+     {'kind': 'trace_for', 'prompt': {'kind': 'text', 'text': 'x'}, 'token': 'y', 'layers': None, 'positions': 'all', 'decompose': False, 'save': 't.npz', 'depth': None, 'ablate': None, 'overwrite': False, 'save_file': True, 'lens': None}),
     ("DIFF 'a' 'b' LAYER 2 LIMIT 5 PHYSICAL",
      {'kind': 'diff', 'a': 'a', 'b': 'b', 'layer': 2, 'limit': 5, 'physical': True}),
     ("SELECT * FROM FEATURES WHERE layer IN (0, 1) AND token IN ('a', 'b')",
@@ -247,6 +249,8 @@ CASES = [
      {'kind': 'patch_sweep', 'corrupted': {'kind': 'text', 'text': 'a'}, 'clean': {'kind': 'text', 'text': 'b'}, 'token': 'c', 'site': 'residual_post', 'layers': (0, 1), 'depth': None, 'plot': None, 'overwrite': False}),
     ("CAPTURE 'x' SITES RESIDUAL, FFN DRAFT DEPTH 2 INTO 'a.npz' OVERWRITE",
      {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
+    ("FIT ADAPTER AT DEPTH 16 ON 'corpus.jsonl' RIDGE 0.5",
+     {'kind': 'fit_adapter', 'depth': 16, 'corpus': 'corpus.jsonl', 'ridge': 0.5}),
     ("SHOW ATTENTION 'x' AT LAYER 3 HEAD 2",
      {'kind': 'show_attention', 'prompt': {'kind': 'text', 'text': 'x'}, 'layer': 3, 'head': 2, 'depth': None}),
 ]
@@ -330,7 +334,7 @@ ERRORS = [
      "  hint: DEPTH takes the number of layers to run, e.g. DRAFT DEPTH 2")),
     ("STAST",
      ("syntax error at line 1, column 1: expected a statement (APPLY, BEGIN, BUILD, CAPTURE, COMPACT, COMPILE, DELETE, "
-     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PATCH, PLAN, "
+     "DESCRIBE, DIFF, DRAFT, DUMP, ENCODE, EXPLAIN, EXTRACT, FIT, HELP, INFER, INSERT, MERGE, OBSERVE, OPEN, PATCH, PLAN, "
      "REBALANCE, REMOVE, REPRESENT, SAVE, SCORE, SELECT, SET, SHOW, STATS, TRACE, UPDATE, USE, VERIFY, WALK) or "
      "';', found 'STAST'\n"
      "  STAST\n"

@@ -14,6 +14,14 @@ whose pick is a stop id, or that picked the ``max_tokens``-th token, is the last
 never fed back. A call runs only when the caller asks for its record, so a caller that stops
 early (a stop string, Ctrl-C, a closed connection) costs no call it did not use.
 
+With a ``drafter`` (speculative decoding, greedy only) a generated call may verify drafted
+tokens: the drafter proposes up to k tokens continuing the context, one multi-position call
+consumes the pending pick and the k proposals, the longest prefix of proposals that the
+sampler's own picks agree with is kept (`Step.accepted`) and the pick after it is the record's
+``token``; the stream is rolled back to the kept tokens through its state parts (truncate, or
+snapshot, restore and a replay of the kept tokens where a part keeps a recurrence). A round with
+no proposal is the plain single-token step. The tokens are the greedy decode's, by construction.
+
 The sampler is what every front end samples with: temperature 0 is the argmax of the float32
 logits; above 0, softmax((logits - max) / temperature) in float64, cut to the smallest set
 of tokens (by probability, stable order) whose cumulative probability reaches ``top_p``,
@@ -26,13 +34,13 @@ import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from .errors import VindexError
 
-__all__ = ["Sampler", "Step", "generate_step", "top_probabilities"]
+__all__ = ["Drafter", "Sampler", "Step", "generate_step", "top_probabilities"]
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,29 @@ class Step:
     bytes_read: int | None
     seconds: float
     prompt_rows: np.ndarray | None = None  # the prefill's logits at every prompt position, on request
+    proposed: tuple[int, ...] = ()  # with a drafter: the drafted tokens this call verified
+    accepted: tuple[int, ...] = ()  # of those, the ones kept: emitted before ``token``
+    calls: int = 1  # model calls this record made (2 when a snapshot rollback replayed kept tokens)
+
+    @property
+    def emitted(self) -> tuple[int, ...]:
+        """The tokens this record generates, in order: the accepted drafts, then ``token``."""
+        return self.accepted + ((self.token,) if self.token is not None else ())
+
+
+class Drafter(Protocol):
+    """What speculative decoding asks of a drafter (prompt lookup, a reduced-depth draft, ...).
+    ``name`` is recorded; ``begin`` sees the prompt once, ``accept`` every token generated
+    after it (in order, the first pick included), and ``propose(limit)`` returns at most
+    ``limit`` tokens that continue the context so far ([] to take a plain step)."""
+
+    name: str
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def accept(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(self, limit: int) -> list[int]: ...
 
 
 def _count(name: str, v: Any, lo: int) -> int:
@@ -150,6 +181,8 @@ def generate_step(
     prompt_logits: bool = False,
     top: int = 0,
     observe: Callable[[Step], None] | None = None,
+    drafter: Drafter | None = None,
+    rollback: Literal["truncate", "snapshot"] | None = None,
 ) -> Iterator[Step]:
     """Run ``prompt_ids`` through ``stream`` (``prefill`` / ``step``, e.g. ``executor.start()``,
     positioned where the prompt continues) and generate up to ``max_tokens`` tokens with
@@ -157,7 +190,10 @@ def generate_step(
     generation on the token that is one (it is reported, never fed). ``observe`` sees every
     record before it is yielded. Arguments are checked when this is called, not when the
     first record is asked for. ``prompt_logits``: the prefill's record also carries the logits
-    of every prompt position (``prompt_rows`` [positions, vocab]; what scoring a prompt reads)."""
+    of every prompt position (``prompt_rows`` [positions, vocab]; what scoring a prompt reads).
+    ``drafter``: speculative decoding (see the module docstring; greedy sampler and prefill
+    feed only); ``rollback``: how the stream forgets rejected drafts, "truncate" or "snapshot"
+    (None: truncate when every state part of the stream truncates, else snapshot)."""
     if not isinstance(sampler, Sampler):
         raise VindexError(f"generate_step takes a Sampler; got {type(sampler).__name__}")
     prompt = [int(t) for t in prompt_ids]
@@ -168,7 +204,114 @@ def generate_step(
     if feed not in ("prefill", "step"):
         raise VindexError(f"generate_step feed must be 'prefill' or 'step'; got {feed!r}")
     stops = frozenset(int(t) for t in stop_ids)
+    if drafter is not None:
+        if not sampler.is_greedy:
+            raise VindexError(f"speculative decoding verifies drafts greedily; the sampler is {sampler.describe()}",
+                              hint="use temperature 0, or generate without a drafter")
+        if feed != "prefill":
+            raise VindexError("speculative decoding feeds the prompt in one prefill; got feed 'step'")
+        mode = _rollback_mode(stream) if rollback is None else rollback
+        if mode not in ("truncate", "snapshot"):
+            raise VindexError(f"generate_step rollback must be 'truncate' or 'snapshot'; got {mode!r}")
+        return _run_drafted(stream, prompt, sampler, max_tokens, stops, logits, prompt_logits, top, observe,
+                            drafter, mode)
     return _run(stream, prompt, sampler, max_tokens, stops, feed, logits, prompt_logits, top, observe)
+
+
+def _rollback_mode(stream: Any) -> str:
+    """"truncate" when every state part of the stream's layers cuts back to a position, else
+    "snapshot" (asked of the parts' geometry, never of an operator's kind)."""
+    from .continuation import TRUNCATE
+
+    layers = getattr(getattr(stream, "state", None), "layers", None)
+    if layers is None:
+        raise VindexError(f"speculative decoding needs a stream with a continuation state; got {type(stream).__name__}")
+    return "truncate" if all(ls.geometry.rollback == TRUNCATE for ls in layers.values()) else "snapshot"
+
+
+def _trace_facts(stream: Any) -> tuple[tuple[int, ...] | None, int | None]:
+    trace = getattr(stream, "trace", None)
+    if trace is None:
+        return None, None
+    return (tuple(int(i) for i in trace.executed_layers),
+            int(trace.step_bytes[-1]) if trace.step_bytes else None)
+
+
+def _run_drafted(stream, prompt, sampler, max_tokens, stops, want_logits, want_rows, top, observe,
+                 drafter, mode) -> Iterator[Step]:
+    """The drafted decode loop: one prompt prefill, then rounds of (proposal, one verifying
+    call, rollback); a round without proposals is the plain single-token step."""
+    pick = sampler.start()
+    t0 = time.perf_counter()
+    rows = np.asarray(stream.prefill(prompt))
+    row = rows[-1]
+    seconds = time.perf_counter() - t0
+    token = pick(row) if max_tokens > 0 else None
+    stop = token is not None and token in stops
+    produced = int(token is not None)
+    layers, nbytes = _trace_facts(stream)
+    step = Step(index=0, fed=tuple(prompt), prompt=True, position=int(stream.position), token=token, stop=stop,
+                logits=row if want_logits else None, top=top_probabilities(row, top) if top else None,
+                prompt_rows=rows if want_rows else None, executed_layers=layers, bytes_read=nbytes,
+                seconds=seconds)
+    if observe is not None:
+        observe(step)
+    yield step
+    if token is None or stop or produced >= max_tokens:
+        return
+    drafter.begin(prompt)
+    drafter.accept((token,))
+    index = 1
+    while True:
+        t0 = time.perf_counter()
+        limit = max_tokens - produced - 1  # a round emits up to k + 1 tokens: never overshoot
+        props = [int(t) for t in drafter.propose(limit)] if limit > 0 else []
+        if len(props) > limit:
+            raise VindexError(f"drafter {drafter.name!r} proposed {len(props)} tokens where at most {limit} fit")
+        calls = 1
+        if not props:
+            row = np.asarray(stream.step(token))
+            fed: tuple[int, ...] = (token,)
+            emitted = [pick(row)]
+        else:
+            base = stream.position
+            snap = stream.snapshot() if mode == "snapshot" else None
+            fed = (token, *props)
+            rows = np.asarray(stream.prefill(list(fed)))
+            j = 0
+            while j < len(props) and pick(rows[j]) == props[j]:
+                j += 1
+            emitted = props[:j] + [pick(rows[j])]
+            row = rows[j]
+            for i, t in enumerate(emitted):  # a stop id ends the generation on itself
+                if t in stops:
+                    emitted = emitted[: i + 1]
+                    row = rows[i]
+                    break
+            kept = [token, *emitted[:-1]]  # consumed by the verifying call and kept
+            if stream.position != base + len(kept):
+                if mode == "truncate":
+                    stream.truncate(base + len(kept))
+                else:
+                    stream.restore(snap)
+                    stream.prefill(kept)
+                    calls += 1
+        seconds = time.perf_counter() - t0
+        token = emitted[-1]
+        stop = token in stops
+        produced += len(emitted)
+        layers, nbytes = _trace_facts(stream)
+        step = Step(index=index, fed=fed, prompt=False, position=int(stream.position), token=token, stop=stop,
+                    logits=row if want_logits else None, top=top_probabilities(row, top) if top else None,
+                    executed_layers=layers, bytes_read=nbytes, seconds=seconds,
+                    proposed=tuple(props), accepted=tuple(emitted[:-1]), calls=calls)
+        if observe is not None:
+            observe(step)
+        yield step
+        if stop or produced >= max_tokens:
+            return
+        drafter.accept(emitted)
+        index += 1
 
 
 def _run(stream, prompt, sampler, max_tokens, stops, feed, want_logits, want_rows, top, observe) -> Iterator[Step]:

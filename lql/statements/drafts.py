@@ -1,6 +1,7 @@
 """Reduced-depth drafts: the session's DRAFT DEPTH (and DRAFT OFF), DUMP LOGITS with provenance,
-SCORE DRAFT against the full model, and the DRAFT LADDER over a prompt bank (vindex3.draft: drafts
-made measurable)."""
+SCORE DRAFT against the full model, the DRAFT LADDER over a prompt bank (vindex3.draft: drafts
+made measurable), and FIT ADAPTER, which fits an exit adapter and stores it in the container as
+a drafter component."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ from ..results import ReadCost, Result
 from ..syntax import Children
 from ..text import fields, fmt_bytes, fmt_layers, fmt_seconds, fmt_text, layers_phrase, num, table
 
-fam = family("drafts", module=__name__, statements=("draft_depth", "draft_off", "draft_ladder", "dump_stmt", "score_stmt"),
+fam = family("drafts", module=__name__, statements=("draft_depth", "draft_off", "draft_ladder", "dump_stmt", "score_stmt",
+                                                    "fit_adapter_stmt"),
              path_keywords=("INTO", "AGAINST", "ON", "DRAFT"), grammar=r"""
 draft_depth: draft_clause
 draft_off: DRAFT OFF
@@ -42,6 +44,8 @@ dump_stmt: DUMP LOGITS prompt dump_option* INTO STRING [overwrite_clause]
             | steer_clause
 
 score_stmt: SCORE DRAFT STRING AGAINST STRING
+
+fit_adapter_stmt: FIT ADAPTER AT DEPTH INT [ON STRING] [RIDGE (INT | FLOAT)]
 """)
 
 fam.doc('DRAFT DEPTH',
@@ -60,6 +64,11 @@ fam.doc('SCORE DRAFT',
         "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
         "compare a draft's logit dump with the full model's: KL, top-1, ranks",
         "SCORE DRAFT 'draft.f32' AGAINST 'full.f32';", order=160, aliases=('SCORE',))
+fam.doc('FIT ADAPTER',
+        "FIT ADAPTER AT DEPTH d [ON 'corpus.jsonl'] [RIDGE r]",
+        "fit the exit adapter (tuned lens) from the residual after depth d to the final one, in closed form, "
+        "and store it in the container as a drafter component",
+        "FIT ADAPTER AT DEPTH 2 RIDGE 1.0;", order=165, aliases=('FIT', 'ADAPTER'))
 
 
 @fam.rule
@@ -90,6 +99,13 @@ def dump_stmt(c: Children) -> DumpLogits:
 @fam.rule
 def score_stmt(c: Children) -> ScoreDraft:
     return ScoreDraft(draft=c.string("SCORE", "DRAFT"), target=c.string("AGAINST"))
+
+
+@fam.rule
+def fit_adapter_stmt(c: Children) -> FitAdapter:
+    ridge = c.get("RIDGE")
+    return FitAdapter(depth=c.int("DEPTH"), corpus=c.string("ON"),
+                      ridge=float(ridge.value) if ridge is not None else None)
 
 
 # ---- statements ----
@@ -167,6 +183,28 @@ class ScoreDraft(ast.Statement):
 
 
 
+class FitAdapter(ast.Statement):
+    """FIT ADAPTER AT DEPTH d [ON 'corpus.jsonl'] [RIDGE r]: the ridge least-squares map from the
+    residual Draft(d) hands its final norm to the one the full model hands it, fitted on the
+    corpus (JSON lines of {"text": ...} or {"token_ids": [...]}; default: the built-in seed
+    list, never the prompt bank) and stored in the container as a drafter component."""
+
+    keyword: ClassVar[str] = "FIT ADAPTER"
+    paths: ClassVar[tuple[str, ...]] = ("corpus",)
+    read_only: ClassVar[bool | str] = "it writes a drafter component into the container"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["fit_adapter"] = "fit_adapter"
+    depth: int
+    corpus: str | None = None
+    ridge: float | None = None  # None: DEFAULT_RIDGE
+
+    def check(self) -> None:
+        import math
+
+        if self.ridge is not None and not (math.isfinite(self.ridge) and self.ridge >= 0):
+            raise self.error(f"FIT ADAPTER RIDGE must be a finite number ≥ 0; got {self.ridge!r}")
+
+
 # ---- results ----
 
 
@@ -226,6 +264,16 @@ class LadderResult(Result):
         return fig
 
 
+class AdapterResult(Result):
+    kind: Literal["fit_adapter"] = "fit_adapter"
+    key: str  # the derived representation's key in the container
+    depth: int
+    model_layers: int
+    facts: dict[str, Any]  # the adapter's provenance (corpus, digest, positions, ridge, residuals)
+    edge: dict[str, Any]
+    fit_seconds: float
+
+
 # ---- representations and maintenance (vindex3.represent, .compact, .diff, .evidence) ----
 
 
@@ -264,6 +312,26 @@ class Dump(Node):
 class Score(Node):
     draft: str
     target: str
+
+
+@dataclass(frozen=True, eq=False)
+class FitAdapterPlan(Node):
+    slice: SliceBinding
+    depth: int
+    corpus: str | None
+    ridge: float
+
+
+DEFAULT_RIDGE = 1.0  # the ridge bench/draft_adapter.py measures with
+
+
+@fam.plans(FitAdapter)
+def plan_fit_adapter(s: FitAdapter, ctx: Context) -> Node:
+    sl = ctx.catalog.bind_slice(s.depth)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
+    if s.corpus is not None:
+        files.input_file(s.corpus, "FIT ADAPTER corpus")
+    return FitAdapterPlan(s, slice=sl, depth=s.depth, corpus=s.corpus,
+                          ridge=DEFAULT_RIDGE if s.ridge is None else s.ridge)
 
 
 @fam.plans(DraftDepth)
@@ -457,6 +525,23 @@ def ladder_text(report, *, timing: bool = True) -> str:
     return to_text(ladder_result(report, prompts_file=report.prompts_file, into=None), timing=timing)
 
 
+@fam.runs(FitAdapterPlan)
+def run_fit_adapter(session, node: FitAdapterPlan) -> AdapterResult:
+    import time
+
+    from vindex3.draft import store
+    from vindex3.draft.adapter import fit_adapter, read_corpus
+
+    c = session.container
+    texts = read_corpus(node.corpus) if node.corpus is not None else None
+    t0 = time.perf_counter()
+    a = fit_adapter(c, node.depth, texts, corpus=Path(node.corpus).name if node.corpus else None, ridge=node.ridge)
+    secs = time.perf_counter() - t0
+    entry = store.store_adapter(c, a)
+    return AdapterResult(key=store.adapter_key(node.depth), depth=node.depth, model_layers=session.catalog.num_layers,
+                         facts=a.facts.model_dump(mode="json"), edge=entry["edge"], fit_seconds=secs)
+
+
 # ---- layouts ----
 
 
@@ -544,6 +629,21 @@ def layout_ladder(r: LadderResult, timing: bool) -> list[str]:
         out.append(f"report written to {r.into}")
     if r.plot_path:
         out.append(f"chart written to {r.plot_path}")
+    return out
+
+
+@fam.layout(AdapterResult)
+def layout_fit_adapter(r: AdapterResult, timing: bool) -> list[str]:
+    f = r.facts
+    out = [f"exit adapter at depth {r.depth} of {r.model_layers} fitted and stored as drafter component {r.key!r}"]
+    out += fields([
+        ("edge", f"hidden state after layer {r.edge.get('after_layer')} -> the final norm"),
+        ("corpus", f"{f['corpus']} ({f['texts']} texts, {f['positions']} positions)"),
+        ("ridge", f"{f['ridge']:g}"),
+        ("fit residual", f"{f['fit_residual']:.3g} of the final residual's norm (no adapter: {f['identity_residual']:.3g})"),
+    ])
+    if timing:
+        out += fields([("fit time", fmt_seconds(r.fit_seconds))])
     return out
 
 

@@ -1,6 +1,7 @@
 """TRACE ... FOR 'token': the token's rank at every layer through the model's own head (the
-logit lens), DECOMPOSE its logit exactly over every write, SAVE the residual stream; and the
-reference dialect's TRACE without FOR."""
+logit lens) or, with LENS TUNED, through the exit adapters stored in the container (the tuned
+lens, vindex3.draft.tuned), DECOMPOSE its logit exactly over every write, SAVE the residual
+stream; and the reference dialect's TRACE without FOR."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ trace_for_stmt: TRACE prompt FOR token_ref trace_for_option*
                  | draft_clause
                  | ablate_clause
                  | save_file_clause
+                 | tuned_lens_clause
 
+tuned_lens_clause: LENS TUNED
 positions_clause: POSITIONS (LAST | ALL)
 decompose_clause: DECOMPOSE [HEADS]
 save_clause: SAVE INTO STRING
@@ -57,8 +60,8 @@ trace_ref_stmt: TRACE prompt trace_ref_option+
 """)
 
 fam.doc('TRACE FOR',
-        "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE [HEADS]] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)]",
-        "the token's rank per layer (logit lens); DECOMPOSE: its logit split exactly over every write (HEADS: attention writes by head)",
+        "TRACE 'prompt' FOR 'token' [LAYERS a-b] [POSITIONS LAST | ALL] [DECOMPOSE [HEADS]] [SAVE [INTO] 'trace.npz'] [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] [LENS TUNED]",
+        "the token's rank per layer (logit lens; LENS TUNED: through the stored exit adapters); DECOMPOSE: its logit split exactly over every write (HEADS: attention writes by head)",
         "TRACE 'The capital of France is' FOR ' Paris' DECOMPOSE;", order=121, aliases=('DECOMPOSE',))
 
 
@@ -98,6 +101,11 @@ def save_clause(c: Children) -> Clause:
 
 
 @fam.rule
+def tuned_lens_clause(c: Children) -> Clause:
+    return c.clause("lens", "tuned", "LENS TUNED")
+
+
+@fam.rule
 def save_file_clause(c: Children) -> Clause:
     return c.clause("save_file", c.string("SAVE"))
 
@@ -121,6 +129,7 @@ class TraceFor(ast.Statement):
     ablate: ast.Ablation | None = None
     overwrite: bool = False  # replace an existing SAVE INTO file
     save_file: bool = dialect(False)  # written SAVE 'f' (the reference's spelling, which needs POSITIONS ALL)
+    lens: Literal["tuned"] | None = None  # LENS TUNED: read through the stored exit adapters
 
     def refused_read_only(self) -> str | None:
         if self.save is None:
@@ -142,6 +151,7 @@ class TraceForPlan(Node):
     save: str | None
     overwrite: bool
     intervention: Any
+    lens: str = "logit"  # "logit" | "tuned"
 
 
 @fam.plans(TraceFor)
@@ -160,9 +170,35 @@ def plan_trace_for(s: TraceFor, ctx: Context) -> Node:
     target = cat.single_token(s.token, "TRACE ... FOR")
     prompt = bind_prompt(ctx, s.prompt)
     _check_trace_limits(s, ctx, sl, len(prompt.ids), layers)
+    if s.lens == "tuned":
+        _check_tuned(s, ctx, sl, layers, ablation)
     return TraceForPlan(s, slice=sl, prompt=prompt, target=target, layers=layers,
                         positions=s.positions or "last", decompose=s.decompose, save=s.save,
-                        overwrite=bool(s.overwrite or ctx.settings.overwrite), intervention=ablation)
+                        overwrite=bool(s.overwrite or ctx.settings.overwrite), intervention=ablation,
+                        lens=s.lens or "logit")
+
+
+def _check_tuned(s: TraceFor, ctx: Context, sl: SliceBinding, layers, ablation) -> None:
+    """LENS TUNED reads the full model's residuals through the adapters the container stores
+    (index.json only): what it cannot honour is refused by name before any work."""
+    from vindex3.draft.tuned import adapter_layers
+
+    if sl.depth is not None:
+        raise err(s, f"TRACE ... LENS TUNED reads the full model's residuals; it does not run DRAFT DEPTH {sl.depth}",
+                  hint="DRAFT OFF first, or drop LENS TUNED")
+    if ablation is not None:
+        raise err(s, "TRACE ... LENS TUNED does not run with ABLATE FEATURES (the adapters were fitted on the clean model)")
+    if s.save is not None:
+        raise err(s, "TRACE ... SAVE INTO saves the logit lens's arrays; it does not save the tuned lens",
+                  hint="drop SAVE INTO, or LENS TUNED")
+    have = adapter_layers(ctx.catalog.container)
+    if not have:
+        raise err(s, f"TRACE ... LENS TUNED: {ctx.catalog.name} stores no exit adapter",
+                  hint="fit one: FIT ADAPTER AT DEPTH d (it reads the residual after layer d-1)")
+    for i in layers or ():
+        if i not in have:
+            raise err(s, f"TRACE ... LENS TUNED: layer {i} has no stored exit adapter (depth {i + 1}); the container "
+                      f"stores adapters for layers {', '.join(map(str, have))}", hint=f"FIT ADAPTER AT DEPTH {i + 1}")
 
 
 def _check_trace_limits(s: TraceFor, ctx: Context, sl: SliceBinding, p: int, layers) -> None:
@@ -241,6 +277,7 @@ class TraceForResult(Result):
     decomposition: Decomposition | None
     saved: SavedFile | None
     seconds: float
+    lens: Literal["logit", "tuned"] = "logit"
 
 
 @fam.runs(TraceForPlan)
@@ -251,7 +288,20 @@ def run_trace_for(session, node: TraceForPlan) -> TraceForResult:
                                  decompose=node.decompose, save=node.save, overwrite=node.overwrite,
                                  slice=node.slice.depth, intervention=node.intervention,
                                  activations=session.settings.activations)
-    return TraceForResult.model_validate(with_text(internals_data(r), node.prompt))
+    res = TraceForResult.model_validate(with_text(internals_data(r), node.prompt))
+    if node.lens != "tuned":
+        return res
+    import time as _time
+
+    from vindex3.draft.tuned import tuned_lens
+
+    t0 = _time.perf_counter()
+    tuned = tuned_lens(session.container, list(node.prompt.ids), node.target, layers=node.layers,
+                       positions=node.positions)
+    cat = session.catalog
+    rows = [LensRow(layer=x.layer, operator=x.operator, position=x.position, rank=x.rank, prob=x.prob, logit=x.logit,
+                    top_id=x.top_id, top_token=cat.token_text(x.top_id), top_prob=x.top_prob) for x in tuned]
+    return res.model_copy(update={"rows": rows, "lens": "tuned", "seconds": res.seconds + _time.perf_counter() - t0})
 
 
 @fam.layout(TraceForResult)
@@ -261,7 +311,11 @@ def layout_trace_for(r: TraceForResult, timing: bool) -> list[str]:
            f"{layers_phrase(r.executed_layers)}, {where}")]
     if r.intervention is not None:
         out.append(f"with {intervention(r.intervention)}")
-    out.append("logit lens: the model's own final norm and head read the residual after each layer")
+    if r.lens == "tuned":
+        out.append("tuned lens: the residual after each layer, mapped by the exit adapter stored for it, read by the "
+                   "model's own final norm and head")
+    else:
+        out.append("logit lens: the model's own final norm and head read the residual after each layer")
     out += table(
         ["layer", "operator", num("pos"), num("rank"), num("probability"), num("logit"), "top-1", num("top-1 prob")],
         [["embedding" if x.layer is None else str(x.layer), x.operator, str(x.position), str(x.rank), fmt_prob(x.prob),

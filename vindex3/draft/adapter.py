@@ -133,6 +133,41 @@ def fit_adapter(container: Any, depth: int, texts: Sequence[str | Sequence[int]]
     return ExitAdapter(W, b, facts)
 
 
+def read_corpus(path: str | Path, max_texts: int = 10_000) -> list[str | list[int]]:
+    """A corpus file: JSON lines, each an object with ``text`` (a string) or ``token_ids`` (a
+    list of ids); blank lines are skipped. Refused by name, with the line, when a line is not
+    one of those, and when the file holds no text or more than ``max_texts`` lines."""
+    p = Path(path)
+    texts: list[str | list[int]] = []
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise VindexError(f"cannot read the corpus {p.name}: {e}") from None
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise VindexError(f"corpus {p.name} line {n} is not JSON: {e.msg}",
+                              hint='each line is {"text": "..."} or {"token_ids": [...]}') from None
+        text = obj.get("text") if isinstance(obj, dict) else None
+        ids = obj.get("token_ids") if isinstance(obj, dict) else None
+        if isinstance(text, str) and ids is None:
+            texts.append(text)
+        elif text is None and isinstance(ids, list) and ids and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                    for t in ids):
+            texts.append([int(t) for t in ids])
+        else:
+            raise VindexError(f"corpus {p.name} line {n} holds neither a string \"text\" nor a non-empty list of "
+                              "integer \"token_ids\"", hint='each line is {"text": "..."} or {"token_ids": [...]}')
+        if len(texts) > max_texts:
+            raise VindexError(f"corpus {p.name} holds more than {max_texts} texts")
+    if not texts:
+        raise VindexError(f"corpus {p.name} holds no text")
+    return texts
+
+
 class AdaptedReadout:
     """readout(adapter(h)): the draft's final norm and head read the adapted residual."""
 

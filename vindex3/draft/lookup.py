@@ -6,6 +6,18 @@ so the output is the full model's greedy continuation; a round with no match is 
 
 Costs nothing to draft, so it earns its keep wherever text repeats itself (code, long documents,
 quoting the prompt) and costs one dictionary probe per token elsewhere.
+
+What a proposal costs is not nothing: verifying k drafts is one call over k + 1 positions, and
+on SmolLM2 each position beyond the first costs about ``VERIFY_COST`` of a decode step (the
+rows kernels stream the weights once but multiply every position; bench/speculative.py
+measures it). The default ``adaptive`` policy therefore proposes only where it expects to gain:
+it keeps, per match length n, how often the first proposed token was accepted (a Beta(1, 1)
+prior, counted within the generation, never fitted on the prompt bank) and proposes only while
+that estimate is above the cost of verifying one more position; how many it proposes follows
+the last round (double after a round that kept every draft, one past the kept ones after a
+rejection, up to ``lookahead``), as copying runs long once it starts. A match length whose
+first drafts are rejected stops proposing, so text that does not repeat itself decodes at
+greedy speed. ``fixed`` proposes ``lookahead`` tokens at every match.
 """
 
 from __future__ import annotations
@@ -14,20 +26,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from ..errors import VindexError
+from ..generate import Sampler, generate_step
 from .slices import make_executor, open_container, resolve_slice
-from .speculative import (
-    SpecResult,
-    _argmax,
-    _check_prompt,
-    _rollback_mode,
-    _Stream,
-    greedy_generate,
-)
+from .speculative import SpecResult, _check_prompt, _rollback_mode, _Tally, greedy_generate
 
 DEFAULT_NGRAM = 3
+# One more verified position, in decode steps: SmolLM2 f32, 1 BLAS thread, quiet machine,
+# best of 7 (bench/speculative.py pass costs): 2, 3, 4, 5 positions cost 1.50, 1.89, 2.31,
+# 2.48 steps, i.e. 0.37-0.50 a position.
+VERIFY_COST = 0.45
+POLICIES = ("adaptive", "fixed")
 
 
 class LookupIndex:
@@ -54,26 +63,86 @@ class LookupIndex:
     def propose(self, k: int) -> list[int]:
         """Up to ``k`` tokens that followed the longest earlier occurrence of the current suffix
         (longest n first, then the most recent occurrence); [] when no suffix recurs."""
+        return self.match(k)[1]
+
+    def match(self, k: int) -> tuple[int, list[int]]:
+        """(n, proposal): the length of the longest recurring suffix and up to ``k`` tokens that
+        followed its most recent earlier occurrence; (0, []) when no suffix recurs."""
         t = self.tokens
         size = len(t)
         if k <= 0 or size < 2:
-            return []
+            return 0, []
         self._index_upto(size - 1)  # every n-gram that ends before the suffix's own end
         for n in range(min(self.ngram, size - 1), self.min_ngram - 1, -1):
             e = self._last[n].get(tuple(t[size - n:]))
             if e is not None:
-                return t[e:e + k]
-        return []
+                return n, t[e:e + k]
+        return 0, []
+
+
+class LookupDrafter:
+    """Prompt lookup as a `vindex3.generate.Drafter`: proposes up to ``lookahead`` tokens that
+    followed the longest earlier occurrence of the context's suffix; nothing when no suffix of
+    at least ``min_ngram`` tokens recurs (the round is then a plain step and costs one probe)."""
+
+    name = "lookup"
+
+    def __init__(self, ngram: int = DEFAULT_NGRAM, lookahead: int = 4, min_ngram: int = 1, *,
+                 policy: str = "adaptive", verify_cost: float = VERIFY_COST):
+        if policy not in POLICIES:
+            raise VindexError(f"lookup policy must be one of {', '.join(POLICIES)}; got {policy!r}")
+        if isinstance(verify_cost, bool) or not isinstance(verify_cost, (int, float)) or not 0 < verify_cost < 1:
+            raise VindexError(f"lookup verify_cost must be a number in (0, 1) (decode steps per position); got {verify_cost!r}")
+        self.index = LookupIndex(ngram, min_ngram)
+        self.lookahead = lookahead
+        self.policy = policy
+        self.verify_cost = float(verify_cost)
+        self.tried = [0] * (ngram + 1)  # per match length: rounds that verified a proposal
+        self.kept = [0] * (ngram + 1)  # of those, rounds whose first proposed token was accepted
+        self.run = 1  # how many to propose next (adaptive)
+        self._last: tuple[int, list[int]] | None = None
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.index.extend(prompt)
+
+    def accept(self, tokens: Sequence[int]) -> None:
+        if self._last is not None:  # score the proposal these tokens answer
+            n, props = self._last
+            j = 0
+            while j < len(props) and j < len(tokens) - 1 and tokens[j] == props[j]:
+                j += 1
+            self.tried[n] += 1
+            self.kept[n] += j > 0
+            self.run = min(self.lookahead, 2 * len(props)) if j == len(props) else j + 1
+            self._last = None
+        self.index.extend(tokens)
+
+    def acceptance(self, n: int) -> float:
+        """The estimated chance that the first token proposed by a match of length ``n`` is
+        accepted (Beta(1, 1) prior)."""
+        return (self.kept[n] + 1) / (self.tried[n] + 2)
+
+    def propose(self, limit: int) -> list[int]:
+        adaptive = self.policy == "adaptive"
+        n, props = self.index.match(min(self.run if adaptive else self.lookahead, limit))
+        if props and adaptive and self.acceptance(n) <= self.verify_cost:
+            props = []
+        if props:
+            self._last = (n, props)
+        return props
 
 
 def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
                     ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *, min_ngram: int = 1,
-                    compare_plain: bool = False, max_positions: int | None = None, ex: Any = None) -> SpecResult:
+                    compare_plain: bool = False, max_positions: int | None = None, ex: Any = None,
+                    policy: str = "adaptive", verify_cost: float = VERIFY_COST) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, proposing up to
     ``lookahead`` tokens per full-model call by prompt lookup over n-grams of at most ``ngram``
     tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice).
     A match shorter than ``min_ngram`` tokens proposes nothing (a plain step instead).
-    ``ex`` is a full-model executor to reuse (benches); None prepares one."""
+    ``ex`` is a full-model executor to reuse (benches); None prepares one. ``policy``: "adaptive"
+    (propose only the drafts expected to pay for their verification, see the module docstring;
+    ``lookahead`` is the cap) or "fixed" (``lookahead`` at every match)."""
     c = open_container(container)
     prompt = _check_prompt(token_ids)
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -90,68 +159,28 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     if n > 0:
         full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
 
-    full = None
     out: list[int] = []
-    hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
-    rounds = proposed = accepted = 0
-    calls = 0
     if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or not 1 <= min_ngram <= ngram:
         raise VindexError(f"the shortest lookup match must be an integer in 1..NGRAM ({ngram}); got {min_ngram!r}")
-    index = LookupIndex(ngram, min_ngram)
-
-    def emit(tok: int) -> None:
-        out.append(tok)
-        index.extend((tok,))
-        if on_token:
-            on_token(tok)
-
+    drafter = LookupDrafter(ngram, lookahead, min_ngram, policy=policy, verify_cost=verify_cost)
+    stats = _Tally(lookahead, n)
+    mode = "truncate"
     t0 = time.perf_counter()
     if n > 0:
         fst = full_ex.start()
-        full = _Stream(fst, _rollback_mode(c, full_slice, fst, "full"))
-        index.extend(prompt)
-        pending = _argmax(np.asarray(fst.prefill(prompt))[-1])
-        calls += 1
-        emit(pending)
-        while len(out) < n:
-            k = min(lookahead, n - len(out) - 1)
-            props = index.propose(k)
-            calls += 1
-            if not props:
-                # nothing recurs: one plain greedy step (the same arithmetic as greedy decoding)
-                pending = _argmax(fst.step(pending))
-                emit(pending)
-                continue
-            k = len(props)
-            base = full.position
-            full.mark()
-            rows = np.asarray(fst.prefill([pending] + props))
-            rounds += 1
-            j = 0
-            while j < k and _argmax(rows[j]) == props[j]:
-                j += 1
-            nxt = _argmax(rows[j])
-            proposed += k
-            accepted += j
-            hist[j] += 1
-            for t in props[:j]:
-                emit(t)
-            emit(nxt)
-            if len(out) >= n:
-                break
-            full.rollback(base + 1 + j, [pending] + props[:j])
-            pending = nxt
+        mode = _rollback_mode(c, full_slice, fst, "full")
+        for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
+            stats.add(step)
+            for t in step.emitted:
+                out.append(t)
+                if on_token:
+                    on_token(t)
     secs = time.perf_counter() - t0
-    if full is not None:
-        calls += full.replays
 
     result = SpecResult(
         tokens=out, prompt_tokens=len(prompt), n=n, depth=None, drafter="lookup", ngram=ngram, lookahead=lookahead,
-        rollback=full.mode if full is not None else "truncate",
-        rounds=rounds, proposed=proposed, accepted=accepted,
-        acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,
-        full_model_calls=calls, tokens_per_full_step=len(out) / calls if calls else 0.0,
-        draft_steps=0, prepare_seconds=prep_full, seconds=secs,
+        policy=policy,
+        rollback=mode, **stats.facts(len(out)), draft_steps=0, prepare_seconds=prep_full, seconds=secs,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
     if compare_plain:

@@ -40,6 +40,7 @@ class SpecResult(BaseModel):
     lookahead: int
     drafter: str = "depth"  # "depth": a reduced-depth draft of the same container; "lookup": prompt lookup
     ngram: int | None = None  # prompt lookup: the longest n-gram matched
+    policy: str | None = None  # prompt lookup: "adaptive" (drafts expected to pay) or "fixed"
     vocab_top: int | None = None  # the draft's head computed over this many most frequent tokens only
     adapter: bool = False  # the draft's head read its residual through a fitted exit adapter
     rollback: str  # "truncate" | "snapshot"
@@ -59,43 +60,74 @@ class SpecResult(BaseModel):
     speedup: float | None = None  # plain seconds / speculative seconds
 
 
-class _Stream:
-    """A continuation state that can forget the last tokens it consumed.
+class DepthDrafter:
+    """A reduced-depth draft of the same container as a `vindex3.generate.Drafter`: its own
+    stream proposes ``lookahead`` greedy tokens a round (through its vocabulary cut's ids when
+    it has one). Before proposing it brings its stream to the context minus the pending token,
+    cutting back what the last round's rejected proposals left (truncate, or snapshot, restore
+    and a replay of the kept tokens)."""
 
-    ``truncate`` mode drops KV rows past a position. ``snapshot`` mode (state that also keeps
-    recurrent buffers) snapshots before speculative input and, on rejection, restores and
-    replays the accepted tokens."""
+    name = "depth"
 
-    def __init__(self, st: Any, mode: str):
-        self.st = st
+    def __init__(self, stream: Any, mode: str, lookahead: int, cut_ids: np.ndarray | None = None):
+        self.st = stream
         self.mode = mode
+        self.lookahead = lookahead
+        self.cut_ids = cut_ids
+        self.ctx: list[int] = []  # prompt and every generated token
+        self.fed: list[int] = []  # what the draft stream has consumed
+        self.steps = 0  # draft model calls: proposals, catch-ups and replays
         self._snap: Any = None
-        self._snap_pos = 0
-        self.replays = 0
+        self._snap_len = 0
+        self._agreed = 0  # ctx and fed agree at least this far
 
-    @property
-    def position(self) -> int:
-        return int(self.st.position)
+    def begin(self, prompt: Sequence[int]) -> None:
+        self.ctx = [int(t) for t in prompt]
+        self.st.prefill(self.ctx)
+        self.fed = list(self.ctx)
+        self._agreed = len(self.fed)
 
-    def mark(self) -> None:
+    def accept(self, tokens: Sequence[int]) -> None:
+        self.ctx.extend(int(t) for t in tokens)
+
+    def _sync(self) -> None:
+        want = len(self.ctx) - 1  # the pending token is stepped by the proposal itself
+        common = self._agreed
+        while common < min(len(self.fed), want) and self.fed[common] == self.ctx[common]:
+            common += 1
+        if common < len(self.fed):
+            if self.mode == "truncate":
+                self.st.truncate(common)
+            else:
+                self.st.restore(self._snap)
+                if common > self._snap_len:
+                    self.st.prefill(self.ctx[self._snap_len:common])
+                    self.steps += 1
+            if self.st.position != common:
+                raise StateError(f"draft rollback reached position {self.st.position}, expected {common}")
+            self.fed = self.fed[:common]
+        if common < want:
+            self.st.prefill(self.ctx[common:want])
+            self.steps += 1
+            self.fed = self.ctx[:want]
+        self._agreed = want
+
+    def propose(self, limit: int) -> list[int]:
+        k = min(self.lookahead, limit)
+        if k <= 0:
+            return []
+        self._sync()
         if self.mode == "snapshot":
-            self._snap = self.st.snapshot()
-            self._snap_pos = self.position
-
-    def rollback(self, keep: int, replay: Sequence[int]) -> None:
-        """Return to position ``keep``; ``replay`` are the tokens consumed since the mark that are
-        to be kept (used only in snapshot mode)."""
-        if self.position == keep:
-            return
-        if self.mode == "truncate":
-            self.st.truncate(keep)
-            return
-        self.st.restore(self._snap)
-        if replay:
-            self.st.prefill(list(replay))
-            self.replays += 1
-        if self.position != keep:
-            raise StateError(f"speculation rollback reached position {self.position}, expected {keep}")
+            self._snap, self._snap_len = self.st.snapshot(), len(self.fed)
+        tok = self.ctx[-1]
+        props: list[int] = []
+        for _ in range(k):
+            i = _argmax(self.st.step(tok))
+            tok = i if self.cut_ids is None else int(self.cut_ids[i])
+            props.append(tok)
+        self.steps += k
+        self.fed = self.ctx + props[:-1]
+        return props
 
 
 def _rollback_mode(container: Any, slice_obj: Any, st: Any, role: str) -> str:
@@ -118,6 +150,30 @@ def _rollback_mode(container: Any, slice_obj: Any, st: Any, role: str) -> str:
         f"and {reason}",
         hint="speculation needs KV truncation or a state snapshot for every executed layer",
     )
+
+
+class _Tally:
+    """What a speculative result counts, read off generate_step's records."""
+
+    def __init__(self, lookahead: int, n: int):
+        # a round proposes at most n - 1 tokens, so the histogram needs no more entries than
+        # that, whatever LOOKAHEAD says (an unbounded lookahead must not size an allocation)
+        self.hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
+        self.rounds = self.proposed = self.accepted = self.calls = 0
+
+    def add(self, step: Any) -> None:
+        self.calls += step.calls
+        if step.proposed:
+            self.rounds += 1
+            self.proposed += len(step.proposed)
+            self.accepted += len(step.accepted)
+            self.hist[len(step.accepted)] += 1
+
+    def facts(self, tokens: int) -> dict[str, Any]:
+        return {"rounds": self.rounds, "proposed": self.proposed, "accepted": self.accepted,
+                "acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
+                "accepted_histogram": self.hist, "full_model_calls": self.calls,
+                "tokens_per_full_step": tokens / self.calls if self.calls else 0.0}
 
 
 def _argmax(row: np.ndarray) -> int:
@@ -167,7 +223,8 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
     ``vocab_cut`` (vindex3.draft.vocab.VocabCut): the draft's head computes logits over the kept
     tokens only, so it proposes only those; the full model is untouched. ``adapter``
     (vindex3.draft.adapter.ExitAdapter fitted at ``depth``): the draft's head reads the adapted
-    residual.
+    residual. ``adapter="stored"`` reads the exit adapter stored in the container at ``depth``
+    (`vindex3.draft.store`: the adapter at ``depth``), refused by name when absent or stale.
     """
     c = open_container(container)
     prompt = _check_prompt(token_ids)
@@ -180,6 +237,12 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         raise SliceError("SPECULATE needs a draft depth (1..L); the full model cannot draft for itself")
     full_slice, _ = resolve_slice(c, None)
     full_ex, prep_full = make_executor(c, full_slice, max_positions=max_positions)
+    if adapter == "stored":
+        from .store import load_adapter
+
+        adapter = load_adapter(c, draft_depth)
+    elif isinstance(adapter, str):
+        raise VindexError(f"adapter must be an ExitAdapter or 'stored'; got {adapter!r}")
     cut_ids = None  # with a vocabulary cut: draft column i is token cut_ids[i]
     if vocab_cut is None:
         draft_ex, prep_draft = make_executor(c, draft_slice, max_positions=max_positions)
@@ -196,79 +259,29 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
     if n > 0:
         full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
 
-    full = draft = None
     out: list[int] = []
-    # a round proposes at most n - 1 tokens, so the histogram needs no more entries than that,
-    # whatever LOOKAHEAD says (an unbounded lookahead must not size an allocation)
-    hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
-    rounds = proposed = accepted = draft_steps = 0
-    calls = 0
-
-    def emit(tok: int) -> None:
-        out.append(tok)
-        if on_token:
-            on_token(tok)
-
+    mode = "truncate"
     t0 = time.perf_counter()
+    stats = _Tally(lookahead, n)
+    draft_steps = 0
     if n > 0:
         fst, dst = full_ex.start(), draft_ex.start()
         # Decide (or refuse) how each stream rolls back before computing anything.
-        full = _Stream(fst, _rollback_mode(c, full_slice, fst, "full"))
-        draft = _Stream(dst, _rollback_mode(c, draft_slice, dst, "draft"))
-        pending = _argmax(np.asarray(fst.prefill(prompt))[-1])
-        calls += 1
-        dst.prefill(prompt)
-        emit(pending)
-        while len(out) < n:
-            # Never propose more than can be used: a round emits up to k+1 tokens.
-            k = min(lookahead, n - len(out) - 1)
-            base = full.position
-            draft.mark()
-            props: list[int] = []
-            tok = pending
-            for _ in range(k):
-                tok = _argmax(dst.step(tok)) if cut_ids is None else int(cut_ids[_argmax(dst.step(tok))])
-                props.append(tok)
-            draft_steps += k
-
-            full.mark()
-            rows = np.asarray(fst.prefill([pending] + props))
-            calls += 1
-            rounds += 1
-            j = 0
-            while j < k and _argmax(rows[j]) == props[j]:
-                j += 1
-            nxt = _argmax(rows[j])
-            proposed += k
-            accepted += j
-            hist[j] += 1
-
-            for t in props[:j]:
-                emit(t)
-            emit(nxt)  # k ≤ n - len(out) - 1 before the round, so this never overshoots
-            if len(out) >= n:
-                break  # nothing more to verify: skip the rollback
-            kept = [pending] + props[:j]  # consumed by both streams and kept
-            full.rollback(base + 1 + j, kept)
-            if j == k:
-                # The draft consumed pending, p1..p(k-1); it still owes pk (or pending if k=0).
-                dst.step(props[-1] if k else pending)
-                draft_steps += 1
-            else:
-                draft.rollback(base + 1 + j, kept)
-            pending = nxt
+        mode = _rollback_mode(c, full_slice, fst, "full")
+        drafter = DepthDrafter(dst, _rollback_mode(c, draft_slice, dst, "draft"), lookahead, cut_ids)
+        for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
+            stats.add(step)
+            for t in step.emitted:
+                out.append(t)
+                if on_token:
+                    on_token(t)
+        draft_steps = drafter.steps
     secs = time.perf_counter() - t0
-    if full is not None:
-        calls += full.replays
 
     result = SpecResult(
         tokens=out, prompt_tokens=len(prompt), n=n, depth=draft_depth, lookahead=lookahead,
         vocab_top=vocab_cut.k if vocab_cut is not None else None, adapter=adapter is not None,
-        rollback=full.mode if full is not None else "truncate",
-        rounds=rounds, proposed=proposed, accepted=accepted,
-        acceptance_rate=accepted / proposed if proposed else 0.0, accepted_histogram=hist,
-        full_model_calls=calls, tokens_per_full_step=len(out) / calls if calls else 0.0,
-        draft_steps=draft_steps, prepare_seconds=prep_full + prep_draft, seconds=secs,
+        rollback=mode, **stats.facts(len(out)), draft_steps=draft_steps, prepare_seconds=prep_full + prep_draft, seconds=secs,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
     if compare_plain:

@@ -1,0 +1,137 @@
+"""Drafter components stored in the container: an exit adapter and a vocabulary cut written as
+derived representations with provenance, listed without reading a file, read back bit for bit,
+and refused by name when absent, fitted on another container, or damaged."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import vindex3
+from vindex3.container import rewrite_index
+from vindex3.draft import store
+from vindex3.draft.adapter import fit_adapter
+from vindex3.draft.vocab import fit_vocab_cut
+from vindex3.errors import DerivedStale, VindexError
+
+CORPUS = [list(range(3, 200, 7)), [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1, 200, 11]]
+
+
+@pytest.fixture()
+def c(tiny_llama_container, tmp_path):
+    src = Path(tiny_llama_container if isinstance(tiny_llama_container, (str, Path)) else tiny_llama_container.path)
+    dst = tmp_path / "model.vindex3"
+    shutil.copytree(src, dst)  # a writable copy: the shared fixture stays untouched
+    return vindex3.open(dst)
+
+
+def test_adapter_round_trips_through_the_container(c):
+    a = fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5)
+    digest = c.digest
+    entry = store.store_adapter(c, a)
+    assert entry["role"] == "drafter" and entry["edge"] == {"kind": "hidden_state", "component": "primary_text",
+                                                            "after_layer": 1, "depth": 2}
+    again = vindex3.open(c.path)  # read back at OPEN: listed from index.json, no file read
+    assert again.digest == digest
+    (row,) = store.components(again)
+    assert row["key"] == "drafter_adapter_d2" and row["fresh"] and row["params"]["corpus"] == "toy"
+    assert any(d.key == "drafter_adapter_d2" and d.fresh for d in again.derived)  # SHOW REPRESENTATIONS lists it
+    b = store.load_adapter(again, 2)
+    assert np.array_equal(b.W, a.W) and np.array_equal(b.b, a.b) and b.facts == a.facts
+
+
+def test_vocab_cut_round_trips_through_the_container(c):
+    cut = fit_vocab_cut(c, 40, CORPUS, corpus="toy")
+    store.store_vocab_cut(c, cut, depth=1)
+    got = store.load_vocab_cut(vindex3.open(c.path), 40)
+    assert got == cut
+
+
+def test_absent_stale_and_damaged_components_are_refused_by_name(c):
+    with pytest.raises(VindexError, match="(?s)stores no exit adapter at depth 3.*FIT ADAPTER AT DEPTH 3"):
+        store.load_adapter(c, 3)
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    # another container's digest in the entry: stale
+    derived = json.loads((c.path / "index.json").read_text())["derived"]
+    derived["drafter_adapter_d2"]["source_digest"] = "0" * 64
+    rewrite_index(c.path, derived=derived)  # resealed: only the provenance changed
+    with pytest.raises(DerivedStale, match="derived from container 000000000000"):
+        store.load_adapter(vindex3.open(c.path), 2)
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    f = c.path / "derived/drafters/drafter_adapter_d2.npz"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    with pytest.raises(DerivedStale, match="differs from the SHA-256"):
+        store.load_adapter(vindex3.open(c.path), 2)
+
+
+def test_lql_fit_adapter_stores_a_drafter_component(c, tmp_path):
+    import lql
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"token_ids": t}) for t in CORPUS) + "\n")
+    s = lql.connect(c.path)
+    (r,) = s.execute(f"FIT ADAPTER AT DEPTH 2 ON '{corpus}' RIDGE 0.5")
+    assert r.kind == "fit_adapter" and r.key == "drafter_adapter_d2" and r.facts["corpus"] == "corpus.jsonl"
+    assert "stored as drafter component 'drafter_adapter_d2'" in r.to_text()
+    want = fit_adapter(c, 2, CORPUS, corpus="corpus.jsonl", ridge=0.5)
+    got = store.load_adapter(vindex3.open(c.path), 2)
+    assert np.array_equal(got.W, want.W) and np.array_equal(got.b, want.b)
+    (rep,) = s.execute("SHOW REPRESENTATIONS")
+    assert "drafter_adapter_d2" in rep.to_text()
+    with pytest.raises(lql.LqlError, match="deeper than the model"):
+        s.execute("FIT ADAPTER AT DEPTH 9")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"words": 3}\n')
+    with pytest.raises(Exception, match="line 1 holds neither"):
+        s.execute(f"FIT ADAPTER AT DEPTH 2 ON '{bad}'")
+
+
+def test_speculation_reads_the_stored_adapter(c):
+    from vindex3.draft import greedy_generate, speculative_generate
+
+    prompt = [1, 5, 9, 33, 100, 7]
+    with pytest.raises(VindexError, match="stores no exit adapter at depth 2"):
+        speculative_generate(c, prompt, 8, 2, 3, adapter="stored")
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    r = speculative_generate(c, prompt, 12, 2, 3, adapter="stored")
+    assert r.adapter and r.tokens == greedy_generate(c, prompt, 12).tokens
+
+
+def test_tuned_lens_through_identity_adapters_is_the_logit_lens(c):
+    # tuned-lens readout through identity adapters (h @ I + 0 is h exactly) gives the logit lens's
+    # rows bit for bit at the last position: the same residuals, and both read them with the
+    # head's rows kernel (at most 8 rows a call, each row's arithmetic independent of the others)
+    import lql
+    from vindex3.draft.adapter import ExitAdapter
+
+    s = lql.connect(c.path)
+    with pytest.raises(lql.LqlError, match="stores no exit adapter"):
+        s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
+    for d in range(1, c.graph.num_layers + 1):
+        store.store_adapter(c, ExitAdapter.identity(c, d))
+    s = lql.connect(c.path)
+    (plain,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7")
+    (tuned,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
+    assert tuned.lens == "tuned" and "tuned lens" in tuned.to_text()
+    want = [x for x in plain.rows if x.layer is not None]
+    assert [(x.layer, x.position, x.rank, x.logit, x.top_id) for x in tuned.rows] == \
+        [(x.layer, x.position, x.rank, x.logit, x.top_id) for x in want]
+    (every,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 POSITIONS ALL LENS TUNED")
+    assert [(x.layer, x.position) for x in every.rows] == [(i, p) for i in range(4) for p in range(4)]
+
+
+def test_tuned_lens_refuses_what_it_cannot_read(c):
+    import lql
+
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    s = lql.connect(c.path)
+    (r,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
+    assert [x.layer for x in r.rows] == [1]
+    with pytest.raises(lql.LqlError, match="layer 0 has no stored exit adapter"):
+        s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LAYERS 0-1 LENS TUNED")
+    with pytest.raises(lql.LqlError, match="does not run DRAFT DEPTH 2"):
+        s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 DRAFT DEPTH 2 LENS TUNED")
