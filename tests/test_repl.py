@@ -461,7 +461,7 @@ def test_encode_draws_a_progress_bar(tiny_llama_dir, tmp_path, history):
     target = tmp_path / "again.vindex3"
     sh.run_text(f"ENCODE {quoted(tiny_llama_dir)} INTO {quoted(target)};")
     drawn = err.getvalue()
-    assert "encode [" + "#" * 30 + "]" in drawn  # the last frame, complete
+    assert re.search(r"encode \[#{30}\] 39/39, \d+ s elapsed: ", drawn)  # the last frame, complete, with its time
     assert drawn.endswith("\r")  # then erased
     assert f"into {target}" in out.getvalue()
     assert target.exists()
