@@ -210,3 +210,24 @@ def test_show_models_lists_the_current_directory_and_the_cache_with_the_default_
     monkeypatch.chdir(cache / "peers")  # a container both here and in the cache is listed once, here
     rc, out, _ = run(["--json", "-e", "SHOW MODELS"])
     assert [m["path"] for m in json.loads(out)["result"]["models"]] == ["broken.vindex3", "other.vindex3"]
+
+
+def test_stats_default_is_the_default_models_facts_and_the_bound_container_stays(tiny_llama_container, tmp_path,
+                                                                                  monkeypatch):
+    import shutil
+
+    import lql
+    from lql.statements.facts import Stats
+    from vindex3 import default_model
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_llama_container, cache / default_model.CONTAINER_NAME)  # stands in for the default model
+    monkeypatch.setenv("VINDEX3_CACHE", str(cache))
+    s = lql.Session()
+    st = s.execute_one("STATS DEFAULT AT 8 POSITIONS")
+    want = lql.connect(cache / default_model.CONTAINER_NAME).execute_one("STATS AT 8 POSITIONS")
+    assert st.to_dict()["result"] == want.to_dict()["result"] and not s.bound  # nothing was bound
+    assert Stats(default=True).refused_read_only().startswith("STATS DEFAULT may encode the default model")
+    assert Stats(path="m.vindex3").refused_read_only() is None
+    rc, out, _ = run(["--json", "-e", "STATS DEFAULT"])
+    assert rc == 0 and json.loads(out)["result"]["name"] == want.name
