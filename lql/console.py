@@ -101,7 +101,8 @@ class ProgressLine:
         self.stream, self.title = stream, title
         self.tty = isatty(stream) if tty is None else tty
         self.every, self.clock = every, clock
-        self.t0 = self.last = clock()
+        self.t0 = clock()
+        self.last = float("-inf")  # the first frame is always drawn
         self.drawn = False
 
     def text(self, done: int, total: int, label: str) -> str:

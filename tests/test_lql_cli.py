@@ -81,7 +81,7 @@ def test_a_syntax_error_stops_the_script_where_it_is(c):
     assert rc == 1
     assert out.startswith("opened llama\n") and "verified" not in out
     assert err == (
-        "<-e>:3:1: syntax error: expected a quoted string, ';', '|>' or AT, found keyword SHOW\n"
+        "<-e>:3:1: syntax error: expected a quoted string, ';', '|>', AT or DEFAULT, found keyword SHOW\n"
         "  SHOW LAYERS; VERIFY\n"
         "  ^\n"
         "  hint: end the previous statement with ';' before SHOW\n"
