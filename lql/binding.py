@@ -64,6 +64,7 @@ def internals(session):
     ix = session.internals()
     ix.metadata.on_stale = session.settings.stale
     ix.metadata.persist = session.writes_derived  # a read-only server keeps built metadata in memory
+    ix.metadata.notice = session.on_notice  # a build that takes a while says so before it starts
     return ix
 
 

@@ -105,43 +105,6 @@ def fold_wide(text: str, width: int) -> str:
     return "\n".join(out)
 
 
-def _clock(seconds: float) -> str:
-    s = int(seconds + 0.5)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def progress_time(elapsed: float, done: int, total: int) -> str:
-    """Progress's time: elapsed, and the estimated time left once a part is done (``1:05,
-    ~2:10 left``); the estimate assumes the parts left take as long as the parts done."""
-    if done <= 0 or total <= 0 or done >= total:
-        return _clock(elapsed)
-    return f"{_clock(elapsed)}, ~{_clock(elapsed / done * (total - done))} left"
-
-
-class ProgressNotes:
-    """Progress of a script's long statement as plain lines on standard error (no bar: it may be
-    a file or a pipe): nothing for the first ``FIRST`` seconds, so short work stays silent, then
-    ``lql: BUILD still working: layer 3 (4/30), 0:12, ~1:30 left`` at most every ``EVERY``."""
-
-    FIRST = 10.0
-    EVERY = 30.0
-
-    def __init__(self, err: TextIO, what: str, clock=time.monotonic):
-        self.err, self.what, self.clock = err, what, clock
-        self.start = clock()
-        self.next = self.start + self.FIRST
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        now = self.clock()
-        if now < self.next or done >= total > 0:
-            return
-        self.next = now + self.EVERY
-        label = f"{label} " if label else ""
-        write_text(self.err, f"lql: {self.what} still working: {label}({done}/{total}), "
-                             f"{progress_time(now - self.start, done, total)}\n")
-        self.err.flush()
-
-
 def _expand(path: str) -> str:
     """A shell command's path with a leading ~ expanded (as a shell would); refused text (a NUL,
     a lone surrogate) is left for the path check to name."""
@@ -149,6 +112,72 @@ def _expand(path: str) -> str:
         return os.path.expanduser(path)
     except (ValueError, UnicodeError):
         return path
+
+
+def fmt_duration(seconds: float) -> str:
+    """A wall time for a progress line: '8 s', '1 min 05 s', '2 h 03 min'."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class ProgressLine:
+    """Progress of a long statement on standard error, with the time elapsed and an estimate of
+    the time left (from the rate so far). On a terminal: one line redrawn in place at most 20
+    times a second and erased by `finish` however the statement ends. Elsewhere (a script's
+    log): a line at most every ``every`` seconds, so a build of a minute says how it goes and a
+    quick one says nothing. The clock restarts when a call reports 0 done (a new phase: the
+    prompt's encoding, then the feature metadata)."""
+
+    def __init__(self, stream: TextIO, title: str, *, tty: bool | None = None, every: float = 10.0,
+                 clock=time.monotonic):
+        self.stream, self.title = stream, title
+        self.tty = isatty(stream) if tty is None else tty
+        self.every, self.clock = every, clock
+        self.t0 = clock()
+        self.last = float("-inf")  # the first frame is always drawn
+        self.drawn = False
+
+    def text(self, done: int, total: int, label: str) -> str:
+        """'12/30, 8 s elapsed, about 12 s left: layer 11' (no estimate before the first step; the
+        label last, where a narrow terminal cuts it)."""
+        elapsed = self.clock() - self.t0
+        out = f"{done}/{total}, {fmt_duration(elapsed)} elapsed"
+        if 0 < done < total:
+            out += f", about {fmt_duration(elapsed / done * (total - done))} left"
+        return out + (f": {label}" if label else "")
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        now = self.clock()
+        if done == 0:
+            self.t0 = now
+        if self.tty:
+            if 0 < done < total and now - self.last < 0.05:
+                return
+            self.last = now
+            cols = terminal_size(self.stream)[0]
+            width = 30
+            frac = 0.0 if total <= 0 else min(1.0, done / total)
+            filled = round(frac * width)
+            line = f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {self.text(done, total, label)}"
+            self.stream.write("\r" + line[: cols - 1].ljust(cols - 1))
+            self.stream.flush()
+            self.drawn = True
+        elif done < total and now - self.last >= self.every and now - self.t0 >= self.every:
+            self.last = now
+            write_text(self.stream, f"{self.title}: {self.text(done, total, label)}\n")
+            self.stream.flush()
+
+    def finish(self) -> None:
+        """Erase the line drawn on a terminal (nothing to do elsewhere)."""
+        if self.drawn:
+            cols = terminal_size(self.stream)[0]
+            self.stream.write("\r" + " " * (cols - 1) + "\r")
+            self.stream.flush()
+            self.drawn = False
 
 
 class Console:
@@ -176,8 +205,11 @@ class Console:
         self._redirect_path: str | None = None
         self._once: str | None = None
         self._include_depth = 0
+        self._progress: ProgressLine | None = None  # the running statement's, on standard error
         if getattr(session, "on_notice", None) is None:
             session.on_notice = self.print_notice
+        if getattr(session, "on_progress", None) is None:
+            session.on_progress = self.on_progress
 
     # ---- streams --------------------------------------------------------------------------
 
@@ -206,7 +238,11 @@ class Console:
         self.print_styled([("class:info", text)], file=self.stderr)
 
     def print_notice(self, text: str) -> None:
-        """What a statement says while it runs (OPEN DEFAULT rebuilding a damaged cache)."""
+        """What a statement says while it runs (OPEN DEFAULT rebuilding a damaged cache, a feature
+        metadata build starting); a progress line on the screen is erased first, and is drawn
+        again below it at the next step."""
+        if self._progress is not None:
+            self._progress.finish()
         self.print_styled([("class:warning", f"notice: {text}")], file=self.stderr)
 
     def print_error(self, text: str, hint: str | None = None) -> None:
@@ -415,21 +451,22 @@ class Console:
 
     # ---- hooks a front end fills ------------------------------------------------------------
 
+    def on_progress(self, done: int, total: int, label: str) -> None:
+        """The session's progress hook: the running statement's progress line."""
+        if self._progress is not None:
+            self._progress(done, total, label)
+
     @contextmanager
     def live(self, stmt: ast.Statement) -> Iterator[None]:
-        """What the front end shows while ``stmt`` runs (the REPL: token echo, progress). A
-        script says on standard error that a long statement is still working: a line once its
-        work has reported progress for `ProgressNotes.FIRST` seconds, then at most one every
-        `ProgressNotes.EVERY` seconds (never for a session whose progress someone else hears)."""
-        session = self.session
-        if getattr(session, "on_progress", "absent") is not None:
-            yield
-            return
-        session.on_progress = ProgressNotes(self.stderr, stmt.keyword or "the statement")
+        """What the front end shows while ``stmt`` runs: a progress line on standard error for a
+        statement that reports progress (ENCODE, OPEN DEFAULT's first encode, DRAFT LADDER, a
+        feature metadata build), erased however the statement ends (the REPL adds token echo)."""
+        self._progress = ProgressLine(self.stderr, stmt.keyword.lower() or "working")
         try:
             yield
         finally:
-            session.on_progress = None
+            progress, self._progress = self._progress, None
+            progress.finish()
 
     def shell_statement(self, stmt: ast.Statement) -> R.Result | None:
         """A statement the front end answers itself (the REPL's own settings), or None."""

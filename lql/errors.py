@@ -44,6 +44,17 @@ class LqlError(Exception):
     def __str__(self) -> str:
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython (a notebook) shows for this error instead of a traceback: the message
+        as the shell prints it (a syntax error with its caret, a refusal with its hint); a bug
+        (`InternalError`) keeps its traceback."""
+        if isinstance(self, InternalError):
+            import traceback
+
+            err = self.original if self.original is not None else self
+            return [ln.rstrip("\n") for ln in traceback.format_exception(err)] + [error_text(self)]
+        return error_text(self, show_statement=True).split("\n")
+
 
 class LqlSyntaxError(LqlError):
     """The text is not LQL. Carries the offending line, a caret under the offending token,

@@ -176,21 +176,54 @@ def to_pandas(result: R.Result):
     return pd.DataFrame.from_records(records(result), columns=_columns(records(result)) or None)
 
 
-def to_html(result: R.Result) -> str:
-    """An HTML view for notebooks: the rows as a table (a single row as field/value pairs),
-    the statement as a caption, and the text layout in a collapsible block."""
+#: Record columns whose strings are token or generated text: shown quoted in HTML, as the text
+#: output shows them (a leading space and a newline stay visible).
+TEXT_COLUMNS = ("token", "text", "tokens", "prompt")
+
+
+def _html_cell(column: str, v: Any) -> str:
+    """A value as an HTML cell shows it: token text quoted as the text output quotes it (so
+    ``' Paris'`` keeps its space and ``'\\n'`` is seen), any other string with edge spaces or
+    control characters quoted too, floats with 4 significant digits (the text output's), the
+    rest as in CSV."""
+    if isinstance(v, str):
+        last = column.rsplit(".", 1)[-1]
+        if last in TEXT_COLUMNS or last.endswith(tuple("_" + c for c in TEXT_COLUMNS)) \
+                or v != v.strip() or not v.isprintable():
+            return repr(v)
+        return v
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list) and v and all(isinstance(x, str) for x in v) and \
+            column.rsplit(".", 1)[-1] in TEXT_COLUMNS:
+        return "[" + ", ".join(repr(x) for x in v) + "]"
+    return _cell(v)
+
+
+def to_html(result: R.Result, figure_png: bytes | None = None) -> str:
+    """An HTML view for notebooks: the statement as a caption above the table (never cut), the
+    rows as a table (a single row as field/value pairs) that scrolls sideways when wide, the
+    result's figure when it has one (``figure_png``, embedded), and the text layout in a
+    collapsible block."""
     rows = records(result)
     esc = html.escape
     caption = esc(result.statement.text) if result.statement else esc(result.kind)
-    parts = ['<div class="lql-result">', f"<table><caption><code>{caption}</code></caption>"]
+    parts = ['<div class="lql-result">',
+             f'<div class="lql-caption" style="overflow-wrap:anywhere"><code>{caption}</code></div>',
+             '<div class="lql-table" style="overflow-x:auto;max-width:100%"><table>']
     if len(rows) == 1:
         parts.append("<tr><th>field</th><th>value</th></tr>")
-        parts += [f"<tr><td>{esc(k)}</td><td>{esc(_cell(v))}</td></tr>" for k, v in rows[0].items()]
+        parts += [f"<tr><td>{esc(k)}</td><td>{esc(_html_cell(k, v))}</td></tr>" for k, v in rows[0].items()]
     elif rows:
         cols = _columns(rows)
         parts.append("<tr>" + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{esc(_cell(r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows]
-    parts.append("</table>")
+        parts += ["<tr>" + "".join(f"<td>{esc(_html_cell(c, r.get(c)))}</td>" for c in cols) + "</tr>" for r in rows]
+    parts.append("</table></div>")
+    if figure_png is not None:
+        import base64
+
+        data = base64.b64encode(figure_png).decode("ascii")
+        parts.append(f'<img class="lql-figure" alt="{esc(result.kind)} figure" src="data:image/png;base64,{data}">')
     parts.append(f"<details><summary>text</summary><pre>{esc(to_text(result))}</pre></details></div>")
     return "\n".join(parts)
 

@@ -15,7 +15,6 @@ captured streams see them); prompt_toolkit's own input and output can be injecte
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +30,7 @@ from prompt_toolkit.shortcuts import CompleteStyle
 
 from . import ast, catalog, parser
 from . import results as R
-from .console import EXIT, Console, isatty
+from .console import EXIT, Console
 from .errors import SettingError
 from .repl_complete import LqlCompleter, SettingInfo
 from .repl_lexer import STYLE, LqlLexer, is_meta
@@ -135,64 +134,9 @@ def _printable(text: str) -> str:
     )
 
 
-class _ProgressLine:
-    """A one-line progress bar on stderr for ENCODE (and OPEN DEFAULT, DRAFT LADDER, BUILD
-    FEATURES), drawn only on a terminal, redrawn at most 20 times a second, erased when the
-    statement ends. It shows the time since the statement started and, once a part is done, an
-    estimate of the time left (the mean time per part so far times the parts left)."""
-
-    def __init__(self, shell: Shell, title: str, clock=time.monotonic):
-        self.shell, self.title, self.clock = shell, title, clock
-        self.drawn = False
-        self.last = 0.0
-        self.start = clock()
-
-    def __call__(self, done: int, total: int, label: str) -> None:
-        err = self.shell.stderr
-        if not _isatty(err):
-            return
-        now = self.clock()
-        if done < total and now - self.last < 0.05:
-            return
-        self.last = now
-        cols = _columns(err)
-        width = 30
-        frac = 0.0 if total <= 0 else min(1.0, done / total)
-        filled = round(frac * width)
-        head = f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} {timing(now - self.start, done, total)} "
-        tail = label[: max(0, cols - len(head) - 1)]
-        err.write("\r" + (head + tail).ljust(cols - 1)[: cols - 1])
-        err.flush()
-        self.drawn = True
-
-    def finish(self) -> None:
-        if self.drawn:
-            err = self.shell.stderr
-            err.write("\r" + " " * (_columns(err) - 1) + "\r")
-            err.flush()
-
-
-def timing(elapsed: float, done: int, total: int) -> str:
-    """A progress bar's time (`lql.console.progress_time`)."""
-    from .console import progress_time
-
-    return progress_time(elapsed, done, total)
-
-
 def _blank(text: str) -> bool:
     """Nothing but whitespace and comments."""
     return all(t.type in ("WS", "COMMENT") for t in parser.lex(text))
-
-
-def _isatty(f: TextIO) -> bool:
-    return isatty(f)
-
-
-def _columns(f: TextIO) -> int:
-    try:
-        return max(20, os.get_terminal_size(f.fileno()).columns)
-    except (OSError, AttributeError, ValueError):
-        return 80
 
 
 class Shell(Console):
@@ -216,8 +160,7 @@ class Shell(Console):
         from .session import Session
 
         self._echo: _TokenEcho | None = None
-        self._progress: _ProgressLine | None = None
-        super().__init__(Session(on_token=self._on_token, on_progress=self._on_progress), stdout=stdout,
+        super().__init__(Session(on_token=self._on_token), stdout=stdout,
                          stderr=stderr, interactive=True, debug=debug, color=True)
         self.history_path: Path | None = (
             Path(history_path).expanduser() if history_path else default_history_path()
@@ -263,23 +206,16 @@ class Shell(Console):
         if self._echo is not None:
             self._echo(token_id, text)
 
-    def _on_progress(self, done: int, total: int, label: str) -> None:
-        if self._progress is not None:
-            self._progress(done, total, label)
-
     @contextmanager
     def live(self, stmt: ast.Statement) -> Iterator[None]:
-        """Token echo (text output only) and a progress bar while ``stmt`` runs; both are
+        """Token echo (text output only) and the progress line while ``stmt`` runs; both are
         cleared however the statement ends."""
         self._echo = _TokenEcho(self) if self.session.settings.format == "text" else None
-        self._progress = _ProgressLine(self, stmt.keyword.lower() or "working")
         try:
-            yield
+            with super().live(stmt):
+                yield
         finally:
-            echo, progress = self._echo, self._progress
-            self._echo = self._progress = None
-            if progress is not None:
-                progress.finish()
+            echo, self._echo = self._echo, None
             if echo is not None:
                 echo.finish()
 

@@ -1,9 +1,10 @@
 """Typed results, one class per kind of answer. A result is data only: a command fills it,
 `lql.render` lays it out (text, JSON, CSV, TSV, Markdown, JSON lines, HTML).
 
-In a notebook a result shows itself as an HTML table (``_repr_html_``) and ``str(result)`` is
-its text; ``to_dict()`` / ``to_json()`` give the JSON object ``lql --format json`` prints,
-``to_records()`` its rows as dicts, and ``to_pandas()`` those rows as a DataFrame (pandas is
+In a notebook a result shows itself as an HTML table (``_repr_html_``; a result with a figure,
+such as DRAFT LADDER's, shows it too, as ``_repr_png_``, with no ``%matplotlib`` needed) and
+``str(result)`` is its text; a refusal shows its message, not a traceback. ``to_dict()`` /
+``to_json()`` give the JSON object ``lql --format json`` prints, ``to_records()`` its rows as dicts, and ``to_pandas()`` those rows as a DataFrame (pandas is
 an optional extra: ``pip install -e '.[notebook]'`` from a clone)."""
 
 from __future__ import annotations
@@ -70,7 +71,37 @@ class Result(BaseModel):
     def _repr_html_(self) -> str:
         from .render import to_html
 
-        return to_html(self)
+        return to_html(self, self._repr_png_())
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, Any]:
+        """What a notebook shows: the HTML view (with the figure embedded, since a front end shows
+        one representation of an output), the figure as its own PNG, and the text."""
+        from .render import to_html
+
+        png = self._repr_png_()
+        bundle: dict[str, Any] = {"text/plain": self.to_text(), "text/html": to_html(self, png)}
+        if png is not None:
+            bundle["image/png"] = png
+        return bundle
+
+    def _repr_png_(self) -> bytes | None:
+        """A result that draws itself (it has ``plot()``, as DRAFT LADDER's does) shows its figure
+        in a notebook beneath its table, with no ``%matplotlib`` needed; None (nothing shown, no
+        error) for a result without a figure, or when matplotlib is not installed."""
+        plot = getattr(self, "plot", None)
+        if not callable(plot):
+            return None
+        from .errors import NotAvailable
+
+        try:
+            fig = plot()
+        except NotAvailable:  # matplotlib is an optional extra
+            return None
+        import io
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
 
     # ---- what a result class says about its own shape (its family overrides both)
 

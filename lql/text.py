@@ -138,13 +138,57 @@ def fmt_params(params: dict[str, Any]) -> str:
     return ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items() if v is not None)
 
 
+#: A ``label  value`` line wider than the fitting width folds its value onto at most this many
+#: lines (continuations indented under the value); what is left after them is cut, and the cut
+#: says how many characters it left out.
+FOLD_LINES = 8
+
+
 def fields(pairs: Iterable[tuple[str, Any]]) -> list[str]:
-    """Aligned ``label  value`` lines; pairs whose value is None are left out."""
+    """Aligned ``label  value`` lines; pairs whose value is None are left out. When a width is
+    set (``fitting``), a value too wide for it is folded under itself (at a space where one
+    falls in the second half of the line), at most `FOLD_LINES` lines, then cut with an
+    ellipsis, so that no line wraps on the screen."""
     pairs = [(k, v) for k, v in pairs if v is not None]
     if not pairs:
         return []
     width = max(len(k) for k, _ in pairs)
-    return [f"{k.ljust(width)}  {v}".rstrip() for k, v in pairs]
+    fit, _ = _FIT.get()
+    out: list[str] = []
+    for k, v in pairs:
+        line = f"{k.ljust(width)}  {v}".rstrip()
+        if fit is None or len(line) <= fit or "\n" in str(v):
+            out.append(line)
+        else:
+            out += fold(f"{k.ljust(width)}  ", str(v), fit)
+    return out
+
+
+def fold(head: str, value: str, width: int, *, max_lines: int = FOLD_LINES) -> list[str]:
+    """``head`` then ``value`` within ``width`` columns: the value folded onto lines indented
+    by ``len(head)``, breaking after a space in the second half of a line (else mid-word), at
+    most ``max_lines`` lines; a value longer than that is cut and ends with
+    ``… (+n characters)``. A head too wide to leave 16 columns cuts the line instead."""
+    room = width - len(head)
+    if room < 16:
+        return [_clip(head + value, width)]
+    pieces: list[str] = []
+    rest = value
+    while rest:
+        if len(pieces) == max_lines - 1 and len(rest) > room:  # the last line: cut, saying how much
+            shown = room - len(f"… (+{len(rest):,} characters)")
+            left = len(rest) - shown
+            pieces.append(rest[:shown] + f"… (+{left:,} characters)")
+            break
+        if len(rest) <= room:
+            pieces.append(rest)
+            break
+        cut = rest.rfind(" ", room // 2, room)
+        cut = room if cut < 0 else cut + 1
+        pieces.append(rest[:cut])
+        rest = rest[cut:]
+    pad = " " * len(head)
+    return [(head if i == 0 else pad) + p.rstrip() for i, p in enumerate(pieces)]
 
 
 def _natural_widths(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:

@@ -81,7 +81,7 @@ def test_a_syntax_error_stops_the_script_where_it_is(c):
     assert rc == 1
     assert out.startswith("opened llama\n") and "verified" not in out
     assert err == (
-        "<-e>:3:1: syntax error: expected a quoted string, ';', '|>' or AT, found keyword SHOW\n"
+        "<-e>:3:1: syntax error: expected a quoted string, ';', '|>', AT or DEFAULT, found keyword SHOW\n"
         "  SHOW LAYERS; VERIFY\n"
         "  ^\n"
         "  hint: end the previous statement with ';' before SHOW\n"
@@ -176,3 +176,58 @@ def test_the_real_command_runs(c):
     assert p.returncode == 1
     assert "opened llama" in p.stdout
     assert "<-e>:1:" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_show_models_lists_the_current_directory_and_the_cache_with_the_default_marked(tiny_llama_container, tmp_path,
+                                                                                      monkeypatch):
+    import shutil
+
+    from vindex3 import default_model
+
+    here, cache = tmp_path / "here", tmp_path / "cache"
+    shutil.copytree(tiny_llama_container, here / "mine.vindex3")
+    shutil.copytree(tiny_llama_container, cache / default_model.CONTAINER_NAME)  # stands in for the default model
+    shutil.copytree(tiny_llama_container, cache / "peers" / "other.vindex3")  # one level down
+    (cache / "peers" / "broken.vindex3").mkdir()
+    (cache / "peers" / "broken.vindex3" / "index.json").write_text("{")
+    monkeypatch.setenv("VINDEX3_CACHE", str(cache))
+    monkeypatch.chdir(here)
+    rc, out, err = run(["--json", "-e", "SHOW MODELS"])
+    assert rc == 0, err
+    r = json.loads(out)["result"]
+    rows = [(m["path"], m["where"], m["default"], m["problem"] is None) for m in r["models"]]
+    assert rows == [("mine.vindex3", "here", False, True),
+                    (str(cache / "peers" / "broken.vindex3"), "cache", False, False),  # listed, with why it fails
+                    (str(cache / "peers" / "other.vindex3"), "cache", False, True),
+                    (str(cache / default_model.CONTAINER_NAME), "cache", True, True)]
+    assert r["cache"] == str(cache) and r["default_encoded"] is True
+    rc, text, _ = run(["--no-timing", "-e", "SHOW MODELS"])
+    assert f"1 container(s) in {here}:" in text and f"3 container(s) in the cache {cache}:" in text
+    assert "llama (DEFAULT)" in text and "not encoded yet" not in text
+    shutil.rmtree(cache / default_model.CONTAINER_NAME)
+    rc, text, _ = run(["--no-timing", "-e", "SHOW MODELS"])
+    assert "the default model is not encoded yet: OPEN DEFAULT encodes it into the cache" in text
+    monkeypatch.chdir(cache / "peers")  # a container both here and in the cache is listed once, here
+    rc, out, _ = run(["--json", "-e", "SHOW MODELS"])
+    assert [m["path"] for m in json.loads(out)["result"]["models"]] == ["broken.vindex3", "other.vindex3"]
+
+
+def test_stats_default_is_the_default_models_facts_and_the_bound_container_stays(tiny_llama_container, tmp_path,
+                                                                                  monkeypatch):
+    import shutil
+
+    import lql
+    from lql.statements.facts import Stats
+    from vindex3 import default_model
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_llama_container, cache / default_model.CONTAINER_NAME)  # stands in for the default model
+    monkeypatch.setenv("VINDEX3_CACHE", str(cache))
+    s = lql.Session()
+    st = s.execute_one("STATS DEFAULT AT 8 POSITIONS")
+    want = lql.connect(cache / default_model.CONTAINER_NAME).execute_one("STATS AT 8 POSITIONS")
+    assert st.to_dict()["result"] == want.to_dict()["result"] and not s.bound  # nothing was bound
+    assert Stats(default=True).refused_read_only().startswith("STATS DEFAULT may encode the default model")
+    assert Stats(path="m.vindex3").refused_read_only() is None
+    rc, out, _ = run(["--json", "-e", "STATS DEFAULT"])
+    assert rc == 0 and json.loads(out)["result"]["name"] == want.name

@@ -49,6 +49,7 @@ def docs_dir(tmp_path, monkeypatch, tiny_llama_container, tiny_llama_dir, contai
                {"id": "code-01", "category": "code", "text": "def add(a, b):"},
                {"id": "story-01", "category": "narrative", "text": "Once upon a time"}]
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    monkeypatch.setenv("VINDEX3_CACHE", str(tmp_path / "cache"))  # SHOW MODELS lists the cache too: an empty one
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -174,15 +174,62 @@ def test_long_output_goes_through_the_pager(c, tmp_path, monkeypatch):
     assert max(len(ln) for ln in text.splitlines()[:-2]) <= 100  # fitted to the terminal first
 
 
-def test_a_short_wide_result_is_printed_not_paged(c, tmp_path, monkeypatch):
+def test_a_short_wide_result_is_folded_and_printed_not_paged(c, tmp_path, monkeypatch):
     paged = tmp_path / "paged.txt"
     monkeypatch.setenv("PAGER", f"cat > {paged}")
-    monkeypatch.setenv("COLUMNS", "40")
-    monkeypatch.setenv("LINES", "40")
-    prompt = "water boils at one hundred degrees " * 4
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv("LINES", "80")
+    prompt = "water boils at one hundred degrees " * 2
     out, _ = drive(f"OPEN {q(c)};{ENTER}INFER {prompt!r} TOP 2;{ENTER}", tmp_path, stdout=Tty())
-    assert not paged.exists()  # a line wider than the terminal, but not taller: printed
-    assert "prompt ids" in out and max(len(ln) for ln in out.splitlines()) > 40
+    assert not paged.exists()  # wider than the terminal, but not taller: printed
+    block = out[out.index("slice"):].splitlines()
+    assert max(len(ln) for ln in block) <= 80  # the key/value lines fold instead of wrapping
+    start = next(i for i, ln in enumerate(block) if ln.startswith("prompt ids"))
+    pad = " " * len("prompt ids  ")
+    end = next(i for i in range(start + 1, len(block)) if not block[i].startswith(pad))
+    folded = [ln[len(pad):] for ln in block[start:end]]
+    want = lql.connect(c).execute_one(f"INFER {prompt!r} TOP 2").prompt.ids
+    assert len(folded) > 1 and json.loads(" ".join(folded)) == want  # every id, in order, under its label
+    wide, _ = drive(f"OPEN {q(c)};{ENTER}INFER {prompt!r} TOP 2;{ENTER}", tmp_path)  # not a terminal: unfitted
+    assert any(ln.startswith("prompt ids") and len(ln) > 80 for ln in wide.splitlines())
+
+
+def test_the_pager_opens_exactly_when_the_output_is_taller_than_the_screen(c, tmp_path, monkeypatch):
+    """A fake terminal of LINES rows: a result of LINES - 2 lines (room for the prompt) prints,
+    one line more goes to the pager."""
+    paged = tmp_path / "paged.txt"
+    monkeypatch.setenv("PAGER", f"cat > {paged}")
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("LINES", "200")
+    out, _ = drive(f"OPEN {q(c)};{ENTER}\\timing off{ENTER}SHOW OPERANDS;{ENTER}", tmp_path, stdout=Tty())
+    body = out[out.index("layer "):].rstrip("\n") + "\n"  # the result and the blank line after it
+    height = body.count("\n") + 1
+    monkeypatch.setenv("LINES", str(height + 2))
+    out, _ = drive(f"OPEN {q(c)};{ENTER}\\timing off{ENTER}SHOW OPERANDS;{ENTER}", tmp_path, stdout=Tty())
+    assert not paged.exists() and "39 operands" in out
+    monkeypatch.setenv("LINES", str(height + 1))
+    out, _ = drive(f"OPEN {q(c)};{ENTER}\\timing off{ENTER}SHOW OPERANDS;{ENTER}", tmp_path, stdout=Tty())
+    assert "39 operands" in paged.read_text() and "39 operands" not in out
+
+
+def test_fold_keeps_every_character_or_says_how_many_it_cut():
+    from lql.text import FOLD_LINES, fields, fitting, fold
+
+    value = ", ".join(str(i) for i in range(40))
+    lines = fold("ids  ", value, 30)
+    assert all(len(ln) <= 30 for ln in lines) and all(ln.startswith("     ") for ln in lines[1:])
+    assert " ".join(ln[5:] for ln in lines) == value  # folded after a space: joined back with one
+    long = "x" * 1000
+    lines = fold("text  ", long, 40)
+    assert len(lines) == FOLD_LINES and all(len(ln) <= 40 for ln in lines)
+    shown = "".join(ln[6:] for ln in lines)
+    kept, cut = shown.split("… (+")
+    assert len(kept) + int(cut.split(" ")[0].replace(",", "")) == 1000  # the cut names what it left out
+    assert fold("a very long label indeed  ", long, 30) == [("a very long label indeed  " + long)[:29] + "…"]
+    with fitting(None):
+        assert fields([("text", long)]) == [f"text  {long}"]  # no width: nothing folds
+    with fitting(50):
+        assert fields([("a", "short"), ("text", long)])[0] == "a     short"
 
 
 def test_pager_off(c, tmp_path, monkeypatch):
@@ -272,7 +319,7 @@ def test_results_in_a_notebook(c):
     r = s.execute_one("SHOW LAYERS")
     assert str(r) == r.to_text()
     html = r._repr_html_()
-    assert html.count("<tr>") == 1 + 4 and "<caption><code>SHOW LAYERS</code></caption>" in html
+    assert html.count("<tr>") == 1 + 4 and '<code>SHOW LAYERS</code></div>' in html  # the caption, above the table
     assert r.to_dict() == json.loads(r.to_json()) and r.to_dict()["kind"] == "show_layers"
     assert [rec["layer"] for rec in r.to_records()] == [0, 1, 2, 3]
     pd = pytest.importorskip("pandas", reason="SKIPPED LOUDLY: pandas (the notebook extra) is not installed")

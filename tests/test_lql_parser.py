@@ -353,7 +353,7 @@ ERRORS = [
      "       ^\n"
      "  hint: did you mean LAYERS?")),
     ("STATS\nSHOW LAYERS",
-     ("syntax error at line 2, column 1: expected a quoted string, ';', '|>' or AT, found keyword SHOW\n"
+     ("syntax error at line 2, column 1: expected a quoted string, ';', '|>', AT or DEFAULT, found keyword SHOW\n"
      "  SHOW LAYERS\n"
      "  ^\n"
      "  hint: end the previous statement with ';' before SHOW")),

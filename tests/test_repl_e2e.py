@@ -200,3 +200,102 @@ def test_long_output_goes_through_a_real_pager(tiny_llama_container, tmp_path):
     finally:
         if child.isalive():
             child.terminate(force=True)
+
+
+# ---- a real terminal emulator: tmux --------------------------------------------------------
+
+
+class Tmux:
+    """One private tmux server (its own socket, no user configuration) running one command in a
+    pane of a fixed size; the pane's screen is read with capture-pane, as a person sees it."""
+
+    def __init__(self, tmp_path: Path, argv: list[str], env: dict[str, str], size: tuple[int, int]):
+        self.sock = f"lql-test-{os.getpid()}-{tmp_path.name}"
+        cols, rows = size
+        cmd = " ".join(_sh_quote(a) for a in argv)
+        self._tmux("new-session", "-d", "-s", "t", "-x", str(cols), "-y", str(rows), cmd, env=env)
+
+    def _tmux(self, *args: str, env: dict[str, str] | None = None) -> str:
+        import subprocess
+
+        done = subprocess.run(["tmux", "-L", self.sock, "-f", os.devnull, *args], env=env, capture_output=True,
+                              text=True, timeout=30, check=True)
+        return done.stdout
+
+    def screen(self) -> list[str]:
+        return self._tmux("capture-pane", "-p", "-t", "t").rstrip("\n").split("\n")
+
+    def send(self, text: str, enter: bool = True) -> None:
+        if text.endswith(";"):  # tmux reads an argument's trailing ';' as its command separator
+            text = text[:-1] + "\\;"
+        self._tmux("send-keys", "-t", "t", "-l", text)
+        if enter:
+            self._tmux("send-keys", "-t", "t", "Enter")
+
+    def wait(self, ok, what: str, timeout: float = 180) -> list[str]:
+        """Poll the screen until ``ok(lines)``; fail naming ``what`` with the screen shown."""
+        import time
+
+        end = time.monotonic() + timeout
+        while True:
+            lines = self.screen()
+            if ok(lines):
+                return lines
+            if time.monotonic() > end:
+                raise AssertionError(f"tmux: {what} did not appear in {timeout} s; the screen:\n" + "\n".join(lines))
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        import subprocess
+
+        subprocess.run(["tmux", "-L", self.sock, "kill-server"], check=False, capture_output=True, timeout=30)
+
+
+def _sh_quote(s: str) -> str:
+    import shlex
+
+    return shlex.quote(s)
+
+
+def _last_line(lines: list[str]) -> str:
+    """The last non-blank line above the bottom toolbar (which names the model and draft depth)."""
+    shown = [ln.rstrip() for ln in lines if ln.strip() and "draft depth" not in ln]
+    return shown[-1] if shown else ""
+
+
+def test_tmux_a_short_infer_prints_folded_and_a_400_line_explain_opens_the_pager(smollm2_container, tmp_path):
+    """In a 120x40 tmux pane with the default pager (less -SRXF): a short INFER whose prompt ids
+    are wider than the screen prints at once, its ids folded under their label (no pager, no
+    (END) waiting for a key); a 400-line EXPLAIN of the default model opens less, which waits on
+    its first screen until q."""
+    if shutil.which("tmux") is None:
+        pytest.skip("SKIPPED LOUDLY: tmux is not installed (apt-get install tmux); the pexpect tests cover the pty")
+    if shutil.which("less") is None:
+        pytest.skip("SKIPPED LOUDLY: less is not installed (apt-get install less)")
+    env = dict(os.environ)
+    env.update(TERM="xterm", HOME=str(tmp_path), LQL_RC="", LQL_HISTORY=str(tmp_path / "history"), NO_COLOR="1",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))  # this tree's lql, whichever is installed
+    for name in ("PAGER", "LESS", "COLUMNS", "LINES", "LQL_EDITING_MODE", "TMUX"):
+        env.pop(name, None)
+    t = Tmux(tmp_path, [_lql(), "--repl", str(smollm2_container)], env, (120, 40))
+    try:
+        t.wait(lambda s: _last_line(s).startswith("lql>"), "the first prompt")
+        t.send("\\timing off")
+        t.wait(lambda s: any("timing is off" in ln for ln in s), "\\timing off's answer")
+        t.send("INFER '" + "water boils at one hundred degrees " * 6 + "' TOP 2;")
+        screen = t.wait(lambda s: any("probability" in ln for ln in s) and _last_line(s).startswith("lql>"),
+                        "the INFER result and the next prompt")
+        assert not any("(END)" in ln for ln in screen)
+        i = next(n for n, ln in enumerate(screen) if ln.startswith("prompt ids"))
+        assert screen[i + 1].startswith(" " * len("prompt ids  ")) and screen[i + 1].strip()[0].isdigit()  # folded
+        result = screen[next(n for n, ln in enumerate(screen) if ln.startswith("slice")):]
+        result = result[:next(n for n, ln in enumerate(result) if ln.startswith("lql>"))]
+        assert all(len(ln.rstrip()) < 120 for ln in result)  # no line of the result reached the edge to wrap
+        t.send("EXPLAIN;")
+        screen = t.wait(lambda s: _last_line(s) == ":", "less's prompt")  # the pager holds the rest back
+        assert not any(ln.startswith("lql>") for ln in screen[-3:])
+        t.send("q", enter=False)
+        t.wait(lambda s: _last_line(s).startswith("lql>"), "the prompt after q")
+        t.send("\\q")
+    finally:
+        t.kill()

@@ -36,11 +36,11 @@ select_graph: SELECT select_list FROM (EDGES | ENTITIES) [nearest_clause] [where
 
 fam.doc('SHOW MODELS',
         'SHOW MODELS',
-        'the containers in the current directory',
+        "the containers in the current directory and in the cache ($VINDEX3_CACHE), the default model's marked",
         'SHOW MODELS;', order=330, aliases=('MODELS',))
 fam.doc('SHOW COMPACT STATUS',
         'SHOW COMPACT STATUS',
-        'edits waiting to be compacted: none, this build has no patch overlay',
+        'edits waiting to be compacted: none, ever: edits stay an overlay over the container until COMPILE writes a new one',
         'SHOW COMPACT STATUS;', order=350)
 fam.doc('SHOW ENTITIES',
         'SHOW ENTITIES [n | AT LAYER n] [LIMIT n]',
@@ -100,8 +100,8 @@ def select_graph(c: Children) -> SelectGraph:
 
 class ShowModels(ast.Statement):
     keyword: ClassVar[str] = "SHOW MODELS"
-    paths: ClassVar[tuple[str, ...]] = ()  # lists the server's working directory: refused by the read-only profile
-    read_only: ClassVar[bool | str] = "it lists the server's working directory"
+    paths: ClassVar[tuple[str, ...]] = ()  # lists the server's directories: refused by the read-only profile
+    read_only: ClassVar[bool | str] = "it lists the server's working directory and cache"
     kind: Literal["show_models"] = "show_models"
 
 
@@ -152,7 +152,9 @@ class SelectGraph(ast.Statement):
 
 
 class ModelRow(BaseModel):
-    path: str
+    path: str  # relative to the current directory; absolute in the cache
+    where: Literal["here", "cache"] = "here"
+    default: bool = False  # the built-in default model: what OPEN DEFAULT (and ... AGAINST DEFAULT) opens
     name: str | None
     layers: int | None
     generation: int | None
@@ -161,11 +163,17 @@ class ModelRow(BaseModel):
 
 
 class ModelsResult(Result):
-    """SHOW MODELS: the containers in the current directory."""
+    """SHOW MODELS: the containers in the current directory, then those in the cache (the
+    directory $VINDEX3_CACHE names, where OPEN DEFAULT encodes the default model), to two levels."""
 
     kind: Literal["show_models"] = "show_models"
     directory: str
     models: list[ModelRow]
+    cache: str | None = None
+    default_encoded: bool = False  # whether the default model's container is in the cache yet
+
+    def records(self) -> list[dict]:
+        return [m.model_dump(mode="json") for m in self.models]
 
 
 class NoteResult(Result):
@@ -182,6 +190,7 @@ class NoteResult(Result):
 @dataclass(frozen=True, eq=False)
 class ShowModelsPlan(Node):
     directory: str
+    cache: str
 
 
 @dataclass(frozen=True, eq=False)
@@ -194,13 +203,16 @@ class NotePlan(Node):
 
 @fam.plans(ShowModels)
 def plan_show_models(s: ShowModels, ctx: Context) -> Node:
-    return ShowModelsPlan(s, directory=os.getcwd())
+    from vindex3 import default_model
+
+    return ShowModelsPlan(s, directory=os.getcwd(), cache=os.fspath(default_model.cache_dir()))
 
 
 @fam.plans(ShowCompactStatus)
 def plan_show_compact_status(s: ShowCompactStatus, ctx: Context) -> Node:
-    lines = [("nothing to compact: this build has no patch overlay, so no edits wait to be folded in "
-             "(COMPACT MINOR | MAJOR are refused by name)")]
+    lines = [("nothing to compact: edits stay a patch overlay over the open container (SHOW PATCHES), never "
+              "written into it; COMPILE CURRENT INTO VINDEX 'dir' writes a new container with them baked in "
+              "(COMPACT MINOR | MAJOR are refused by name)")]
     if ctx.bound:
         lines.append(f"COMPACT INTO 'dir' copies {ctx.catalog.name}'s referenced files and lists what it leaves behind")
     return NotePlan(s, topic="compact status", lines=tuple(lines))
@@ -234,23 +246,49 @@ def plan_select_graph(s: SelectGraph, ctx: Context) -> Node:
 
 @fam.runs(ShowModelsPlan)
 def run_show_models(session, node: ShowModelsPlan) -> ModelsResult:
+    from vindex3 import default_model
+
+    base, cache = Path(node.directory), Path(node.cache)
+    default = default_model.container_path()
+    rows = [_model_row(e, e.name, "here", default) for e in _containers(base, depth=1)]
+    seen = {os.path.realpath(base / r.path) for r in rows}
+    if cache.is_dir():
+        rows += [_model_row(e, os.fspath(e), "cache", default) for e in _containers(cache, depth=2)
+                 if os.path.realpath(e) not in seen]
+    return ModelsResult(directory=os.fspath(base), models=rows, cache=os.fspath(cache),
+                        default_encoded=any(r.default for r in rows))
+
+
+def _containers(base: Path, depth: int) -> list[Path]:
+    """Directories holding an index.json under ``base``, ``depth`` levels down at most, by name."""
+    out: list[Path] = []
+    try:
+        entries = sorted(base.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return out
+    for entry in entries:
+        if not entry.is_dir():
+            continue
+        if (entry / "index.json").is_file():
+            out.append(entry)
+        elif depth > 1:
+            out += _containers(entry, depth - 1)
+    return out
+
+
+def _model_row(entry: Path, shown: str, where: str, default: Path) -> ModelRow:
     import vindex3
     from vindex3.errors import VindexError
 
-    rows = []
-    base = Path(node.directory)
-    for entry in sorted(base.iterdir(), key=lambda p: p.name):
-        if not entry.is_dir() or not (entry / "index.json").is_file():
-            continue
-        try:
-            c = vindex3.open(entry)
-            size = sum(o["bytes"] for o in c.objects())
-            rows.append(ModelRow(path=entry.name, name=c.name, layers=c.graph.num_layers, generation=c.generation,
-                                 bytes=size))
-        except VindexError as e:  # a directory that does not open is listed with the reason
-            rows.append(ModelRow(path=entry.name, name=None, layers=None, generation=None, bytes=None,
-                                 problem=str(e).splitlines()[0]))
-    return ModelsResult(directory=os.fspath(base), models=rows)
+    is_default = os.path.realpath(entry) == os.path.realpath(default)
+    try:
+        c = vindex3.open(entry)
+        size = sum(o["bytes"] for o in c.objects())
+        return ModelRow(path=shown, where=where, default=is_default, name=c.name, layers=c.graph.num_layers,
+                        generation=c.generation, bytes=size)
+    except VindexError as e:  # a directory that does not open is listed with the reason
+        return ModelRow(path=shown, where=where, default=is_default, name=None, layers=None, generation=None,
+                        bytes=None, problem=str(e).splitlines()[0])
 
 
 @fam.runs(NotePlan)
@@ -263,14 +301,31 @@ def run_note(session, node: NotePlan) -> NoteResult:
 
 @fam.layout(ModelsResult)
 def layout_models(r: ModelsResult, timing: bool) -> list[str]:
-    if not r.models:
-        return [f"no containers in {r.directory} (a container is a directory holding an index.json)"]
-    out = [f"{len(r.models)} container(s) in {r.directory}:"]
-    out += table(["path", "name", num("layers"), num("generation"), num("bytes"), "problem"],
-                 [[m.path, m.name or "-", "-" if m.layers is None else str(m.layers),
-                   "-" if m.generation is None else str(m.generation), fmt_bytes(m.bytes), m.problem or ""]
-                  for m in r.models])
+    here = [m for m in r.models if m.where == "here"]
+    cached = [m for m in r.models if m.where == "cache"]
+    out = []
+    if here:
+        out.append(f"{len(here)} container(s) in {r.directory}:")
+        out += _models_table(here)
+    else:
+        out.append(f"no containers in {r.directory} (a container is a directory holding an index.json)")
+    if r.cache is not None:
+        out.append("")
+        if cached:
+            out.append(f"{len(cached)} container(s) in the cache {r.cache}:")
+            out += _models_table(cached)
+        else:
+            out.append(f"no containers in the cache {r.cache}")
+        if not r.default_encoded:
+            out.append("the default model is not encoded yet: OPEN DEFAULT encodes it into the cache")
     return out
+
+
+def _models_table(models: list[ModelRow]) -> list[str]:
+    return table(["path", "name", num("layers"), num("generation"), num("bytes"), "problem"],
+                 [[m.path, (m.name or "-") + (" (DEFAULT)" if m.default else ""),
+                   "-" if m.layers is None else str(m.layers), "-" if m.generation is None else str(m.generation),
+                   fmt_bytes(m.bytes), m.problem or ""] for m in models])
 
 
 @fam.layout(NoteResult)

@@ -37,7 +37,7 @@ fam = family("facts", module=__name__, statements=(
     "stats_stmt", "stats_path", "show_layers", "show_layers_bare", "show_components", "show_representations",
     "show_provenance", "show_operands"), grammar=r"""
 stats_stmt: STATS [AT INT POSITIONS]
-stats_path: STATS STRING [AT INT POSITIONS]
+stats_path: STATS (STRING | DEFAULT) [AT INT POSITIONS]
 show_layers: SHOW LAYERS [RANGE layer_range]
 show_layers_bare: SHOW LAYERS layer_range       // the reference's SHOW LAYERS a-b
 show_components: SHOW COMPONENTS
@@ -47,7 +47,7 @@ show_operands: SHOW OPERANDS [LAYER INT]
 """)
 
 fam.doc('STATS',
-        "STATS ['path'] [AT n POSITIONS]",
+        "STATS ['path' | DEFAULT] [AT n POSITIONS]",
         "the container's facts: layers, operator mix, objects, continuation state in bytes",
         'STATS AT 4096 POSITIONS;', order=20)
 fam.doc('SHOW LAYERS',
@@ -79,6 +79,8 @@ def stats_stmt(c: Children) -> Stats:
 
 @fam.rule
 def stats_path(c: Children) -> Stats:
+    if c.has("DEFAULT"):  # STATS DEFAULT: the built-in default model, as OPEN DEFAULT opens it
+        return Stats(default=True, positions=c.int("AT"))
     return Stats(path=c.string("STATS"), positions=c.int("AT"))
 
 
@@ -121,6 +123,12 @@ class Stats(ast.Statement):
     kind: Literal["stats"] = "stats"
     positions: int | None = None
     path: str | None = dialect(None)  # STATS 'path' (the reference dialect): another container's facts
+    default: bool = dialect(False)  # STATS DEFAULT: the built-in default model's (encoded on first use)
+
+    def refused_read_only(self) -> str | None:
+        if self.default:
+            return "STATS DEFAULT may encode the default model on the server; this server serves fixed models"
+        return super().refused_read_only()
 
 
 class ShowLayers(ast.Statement):
@@ -317,9 +325,10 @@ class StatsPlan(Node):
 
 @dataclass(frozen=True, eq=False)
 class StatsOf(Node):
-    """STATS 'path': the facts of another container, opened for the statement only."""
+    """STATS 'path' (or DEFAULT, path None): the facts of another container, opened for the
+    statement only."""
 
-    path: str
+    path: str | None
     positions: int | None
 
 
@@ -351,7 +360,7 @@ class ShowOperandsPlan(Node):
 @fam.plans(Stats)
 def plan_stats(s: Stats, ctx: Context) -> Node:
     positive(s, s.positions, "STATS AT ... POSITIONS", "STATS AT 4096 POSITIONS")
-    if s.path is not None:  # STATS 'path' (the reference dialect): that container's facts
+    if s.path is not None or s.default:  # STATS 'path' (the reference dialect) or DEFAULT: that container's facts
         return StatsOf(s, path=s.path, positions=s.positions)
     if not ctx.bound:
         raise NoContainer("STATS needs an open container, and none is open",
@@ -531,7 +540,12 @@ def run_show_operands(session, node: ShowOperandsPlan) -> OperandsResult:
 def run_stats_of(session, node: StatsOf) -> StatsResult:
     from ..session import Session
 
-    other = Session(node.path)  # its own session: the bound container stays bound
+    path = node.path
+    if path is None:  # STATS DEFAULT: encoded on first use, as OPEN DEFAULT
+        from vindex3 import default_model
+
+        path = str(default_model.ensure(session.on_progress, notice=session.on_notice))
+    other = Session(path)  # its own session: the bound container stays bound
     try:
         return other.execute_statement(Stats(positions=node.positions, source=node.statement.source))
     finally:

@@ -31,6 +31,7 @@ import io
 import os
 import shutil
 import time
+from collections.abc import Callable
 from typing import Literal
 
 import numba
@@ -55,6 +56,10 @@ METHOD = ("top-k over the vocabulary of head_multiplier * W_head @ (final_norm_w
 METHOD_LAYER_NORM = ("top-k over the vocabulary of head_multiplier * W_head @ (final_norm_weight * (down[:, f] - "
                      "mean(down[:, f]))): the final LayerNorm's linear part applied to down column f, without its "
                      "1/std, its bias, the head's bias or softcap; ties to the lower id")
+
+
+def _layers(layers: list[int]) -> str:
+    return f"layer {layers[0]}" if len(layers) == 1 else f"layers {span_text(layers)}"
 
 
 def method(ro) -> str:
@@ -149,6 +154,7 @@ class FeatureTokens:
         self.k = k
         self.on_stale = on_stale
         self.progress = progress  # called (done, total, "layer i") as layers are built
+        self.notice: Callable[[str], None] | None = None  # told in words when a build starts and when one is interrupted
         self.persist = True  # False: never write into the container (a read-only server), keep in memory
         self._mem: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # layer -> (ids, logits) at >= k
         self._cached = True
@@ -220,16 +226,26 @@ class FeatureTokens:
         # a kept entry may keep more than k tokens per feature; new layers join it at its k
         build_k = max(self.k, (e.get("params") or {}).get("k", 0)) if e is not None else self.k
         if missing:
+            if self.notice is not None:
+                self.notice(self._building_text(missing, rebuilt))
             t0 = time.perf_counter()
             built = {}
-            for n, i in enumerate(missing, start=1):
-                t1 = time.perf_counter()
-                ffn = self.view.ffn_layer(i)
-                ids, logits = top_tokens(self.view, ffn.view.values, build_k)
-                built[i] = (ids, logits, time.perf_counter() - t1)
-                self._mem[i] = (ids, logits)
-                if self.progress is not None:
-                    self.progress(n, len(missing), f"layer {i}")
+            try:
+                for n, i in enumerate(missing, start=1):
+                    t1 = time.perf_counter()
+                    ffn = self.view.ffn_layer(i)
+                    ids, logits = top_tokens(self.view, ffn.view.values, build_k)
+                    built[i] = (ids, logits, time.perf_counter() - t1)
+                    self._mem[i] = (ids, logits)
+                    if self.progress is not None:
+                        self.progress(n, len(missing), f"layer {i}")
+            except BaseException:  # Ctrl-C (or a failure): the layers finished are kept, not thrown away
+                if built and self.persist:
+                    self._write(built, keep=e, k=build_k)
+                    if self.notice is not None and self._cached:
+                        self.notice(f"stopped: the feature metadata of {_layers(sorted(built))} built before it "
+                                    f"is kept in {self.container.path.name}; the next statement builds the rest")
+                raise
             seconds = time.perf_counter() - t0
             if self.persist:
                 self._write(built, keep=e, k=build_k)
@@ -237,6 +253,13 @@ class FeatureTokens:
                 self._cached, self._note = False, "this session does not write into the container (read-only)"
         return MetadataNote(k=self.k, source_digest=self.container.digest, layers=list(layers), built_layers=missing,
                             build_seconds=seconds, rebuilt=rebuilt, cached=self._cached, note=self._note)
+
+    def _building_text(self, missing: list[int], rebuilt: str | None) -> str:
+        why = f"rebuilt because {rebuilt}" if rebuilt else "first use"
+        where = (f"kept in {self.container.path.name} for later statements" if self.persist
+                 else "kept in memory only")
+        return (f"building the feature metadata of {_layers(missing)} ({len(missing)} FFN "
+                f"layer{'s' if len(missing) != 1 else ''}, {why}; {where})")
 
     def top(self, layer: int, k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(ids [features, k], logits [features, k]) of an ensured layer."""
