@@ -190,3 +190,42 @@ def test_lql_speculate_with_a_damaged_adapter_is_refused_by_name(c):
     rewrite_index(c.path, derived=derived)
     with pytest.raises(lql.LqlError, match="(?s)fitted on another container \\(stale\\).*FIT ADAPTER AT DEPTH 2"):
         lql.connect(c.path).execute("EXPLAIN INFER TOKENS (1, 5, 9) GENERATE 4 SPECULATE DEPTH 2 WITH ADAPTER")
+
+
+def test_lql_fit_vocab_cut_is_what_speculate_vocab_top_reads(c, tmp_path):
+    # FIT VOCAB CUT TOP k stores the cut; SPECULATE ... VOCAB TOP k then reads it (not the seed
+    # list's count), names it, and its tokens still equal greedy; a stale stored cut is refused
+    import lql
+    from vindex3.draft.seeds import SEED_TEXTS
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"token_ids": t}) for t in CORPUS) + "\n")
+    s = lql.connect(c.path)
+    q = "INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12 SPECULATE DEPTH 2 VOCAB TOP 40 LOOKAHEAD 3"
+    (plain,) = s.execute("INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12")
+    (seeded,) = s.execute(q)  # none stored: counted on the seed list, as before
+    assert seeded.vocab_cut["corpus"] == "seeds" and seeded.vocab_cut["stored"] is None
+    (r,) = s.execute(f"FIT VOCAB CUT TOP 40 ON '{corpus}'")
+    assert r.kind == "fit_vocab_cut" and r.key == "drafter_vocab_top40" and r.facts["corpus"] == "corpus.jsonl"
+    assert "stored as drafter component 'drafter_vocab_top40'" in r.to_text()
+    got = store.load_vocab_cut(vindex3.open(c.path), 40)
+    assert got == fit_vocab_cut(c, 40, CORPUS, corpus="corpus.jsonl")
+    s = lql.connect(c.path)
+    (sp,) = s.execute(q)
+    assert sp.generated_ids == plain.generated_ids and sp.matches_plain is True
+    assert sp.vocab_cut["stored"] == "drafter_vocab_top40" and sp.vocab_cut["corpus"] == "corpus.jsonl"
+    assert "head over the 40 most frequent tokens of 'drafter_vocab_top40'" in sp.to_text()
+    (ex,) = s.execute("EXPLAIN " + q)
+    assert "(stored as drafter component 'drafter_vocab_top40')" in ex.to_text()
+    (other,) = s.execute(q.replace("TOP 40", "TOP 41"))  # another k: its own count on the seed list
+    assert other.vocab_cut["stored"] is None and other.vocab_cut["texts"] == len(SEED_TEXTS)
+    (r,) = s.execute("FIT VOCAB CUT TOP 40")  # default corpus: the seed list, replacing the stored one
+    assert r.facts["corpus"] == "seeds"
+    for bad, needle in [("FIT VOCAB CUT TOP 0", "at least 1"), ("FIT VOCAB CUT TOP 100000", "more than the vocabulary")]:
+        with pytest.raises(lql.LqlError, match=needle):
+            s.execute(bad)
+    derived = json.loads((c.path / "index.json").read_text())["derived"]
+    derived["drafter_vocab_top40"]["source_digest"] = "0" * 64
+    rewrite_index(c.path, derived=derived)
+    with pytest.raises(lql.LqlError, match="(?s)counted on another container \\(stale\\).*FIT VOCAB CUT TOP 40"):
+        lql.connect(c.path).execute(q)

@@ -259,6 +259,8 @@ CASES = [
      {'kind': 'capture', 'prompt': {'kind': 'text', 'text': 'x'}, 'sites': ['residual', 'ffn'], 'layers': None, 'depth': 2, 'into': 'a.npz', 'overwrite': True}),
     ("FIT ADAPTER AT DEPTH 16 ON 'corpus.jsonl' RIDGE 0.5",
      {'kind': 'fit_adapter', 'depth': 16, 'corpus': 'corpus.jsonl', 'ridge': 0.5}),
+    ("FIT VOCAB CUT TOP 8192 ON 'corpus.jsonl'",
+     {'kind': 'fit_vocab_cut', 'k': 8192, 'corpus': 'corpus.jsonl'}),
     ("SHOW ATTENTION 'x' AT LAYER 3 HEAD 2",
      {'kind': 'show_attention', 'prompt': {'kind': 'text', 'text': 'x'}, 'layer': 3, 'head': 2, 'depth': None}),
 ]

@@ -460,6 +460,7 @@ class Speculate(Node):
     ngram: int | None = None
     vocab_top: int | None = None
     adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored component (store.components' row)
+    vocab_stored: dict[str, Any] | None = None  # VOCAB TOP k: the stored cut of k (None: counted on the seed list)
 
     def describe(self) -> str:
         if self.draft is None:
@@ -470,7 +471,9 @@ class Speculate(Node):
         if self.adapter is not None:
             via = f" through the exit adapter stored as drafter component {self.adapter['key']!r}"
         if self.vocab_top is not None:
-            via += f", its head over the {self.vocab_top} most frequent tokens"
+            src = (f"stored as drafter component {self.vocab_stored['key']!r}" if self.vocab_stored is not None
+                   else "counted on the built-in seed list")
+            via += f", its head over the {self.vocab_top} most frequent tokens ({src})"
         return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by self-speculation "
                 f"({self.draft.label}{via} proposes {self.lookahead} at a time, the {self.target.label} verifies)")
 
@@ -523,9 +526,10 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
         adapter = _stored_adapter(s, ctx, draft.depth) if s.adapter else None
+        vocab_stored = _stored_cut(s, ctx, s.vocab_top) if s.vocab_top is not None else None
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
                          lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram,
-                         vocab_top=s.vocab_top, adapter=adapter)
+                         vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored)
         _check_speculate(node, ctx)
         return node
     sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
@@ -556,6 +560,20 @@ def _stored_adapter(s: Infer, ctx: Context, depth: int) -> dict[str, Any]:
     if not row["fresh"]:
         raise err(s, f"INFER ... SPECULATE DEPTH {depth} WITH ADAPTER: the exit adapter stored as {key!r} was fitted "
                   "on another container (stale)", hint=f"fit it again: FIT ADAPTER AT DEPTH {depth}")
+    return row
+
+
+def _stored_cut(s: Infer, ctx: Context, k: int) -> dict[str, Any] | None:
+    """SPECULATE ... VOCAB TOP k: the vocabulary cut of k the container stores (FIT VOCAB CUT TOP k;
+    index.json only), or None when none is stored (the run counts one on the seed list). A stored
+    cut counted on another container is refused by name, not replaced by a fresh count."""
+    from vindex3.draft.store import VOCAB, components, vocab_key
+
+    key = vocab_key(k)
+    row = next((x for x in components(ctx.catalog.container) if x["key"] == key and x["kind"] == VOCAB), None)
+    if row is not None and not row["fresh"]:
+        raise err(s, f"INFER ... SPECULATE ... VOCAB TOP {k}: the vocabulary cut stored as {key!r} was counted on "
+                  "another container (stale)", hint=f"count it again: FIT VOCAB CUT TOP {k}")
     return row
 
 
@@ -736,7 +754,11 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
                                         on_token=on_token, compare_plain=node.compare,
                                         max_positions=session.settings.max_positions)
         else:
-            if node.vocab_top is not None:  # counted on the built-in seed list (not the prompt bank)
+            if node.vocab_stored is not None:  # FIT VOCAB CUT's, read and checked (SHA-256, container)
+                from vindex3.draft.store import load_vocab_cut
+
+                cut = load_vocab_cut(c, node.vocab_top)
+            elif node.vocab_top is not None:  # none stored: counted on the built-in seed list (not the prompt bank)
                 from vindex3.draft.vocab import fit_vocab_cut
 
                 cut = fit_vocab_cut(c, node.vocab_top)
@@ -755,7 +777,7 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
     plain = res.plain
     return SpeculateResult(
         prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram,
-        vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut) if cut is not None else None,
+        vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut, node.vocab_stored) if cut is not None else None,
         adapter=_adapter_facts(node.adapter) if res.adapter else None,
         generated_ids=list(res.tokens),
         generated_text=cat.decode(list(res.tokens)), rounds=res.rounds, proposed=res.proposed,
@@ -922,8 +944,10 @@ def _intervened(records: list[dict[str, Any]] | None) -> list[tuple[str, str]]:
     return [("intervened", x["text"]) for x in records or ()]
 
 
-def _cut_facts(cut) -> dict[str, Any]:
-    return {k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted", "kept_share")}
+def _cut_facts(cut, stored: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The cut's provenance; ``stored``: the drafter component's key it was read from (None: counted for the run)."""
+    return {**{k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted",
+                                             "kept_share")}, "stored": stored["key"] if stored is not None else None}
 
 
 def _adapter_facts(row: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -942,7 +966,8 @@ def _drafter_words(r: SpeculateResult) -> str:
     if r.adapter is not None:
         how.append(f"through exit adapter {r.adapter['key']!r}")
     if r.vocab_top is not None:
-        how.append(f"head over the {r.vocab_top} most frequent tokens")
+        stored = (r.vocab_cut or {}).get("stored")
+        how.append(f"head over the {r.vocab_top} most frequent tokens" + (f" of {stored!r}" if stored else ""))
     return f"depth {r.depth}{' (' + ', '.join(how) + ')' if how else ''}, lookahead {r.lookahead}"
 
 
