@@ -35,3 +35,48 @@ def test_smollm2_speculative_output_equals_greedy(smol):
     assert r.matches_plain is True
     assert r.tokens == greedy_generate(smol, ids, 10).tokens
     assert 1 + r.rounds + r.accepted == 10
+
+
+def _link_copy(src, dst):
+    """The container under ``dst`` with its large (tensor) files hard-linked and the small ones
+    (index.json among them) copied: FIT ADAPTER writes new files and rewrites index.json only,
+    so the cached container stays untouched."""
+    import os
+    import shutil
+
+    def cp(a, b):
+        if os.path.getsize(a) > 1 << 20:
+            try:
+                os.link(a, b)
+                return b
+            except OSError:  # another file system: a plain copy
+                pass
+        return shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=cp)
+    return dst
+
+
+@pytest.mark.slow
+def test_smollm2_lql_speculate_with_adapter_equals_greedy(smollm2_container, smol, tmp_path):
+    # INFER ... SPECULATE DEPTH 16 WITH ADAPTER on the real model: the draft reads through the
+    # adapter FIT ADAPTER stored (a small corpus keeps the fit short; any adapter must leave the
+    # tokens equal to greedy, since the full model verifies every one)
+    import json
+
+    import lql
+
+    c = _link_copy(smollm2_container, tmp_path / "smol.vindex3")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": t}) for t in (
+        "def add(a, b):\n    return a + b\n", "The river runs past the old mill and into the sea.",
+        "Water boils at one hundred degrees Celsius at sea level.")) + "\n")
+    s = lql.connect(c)
+    (fit,) = s.execute(f"FIT ADAPTER AT DEPTH 16 ON '{corpus}'")
+    assert fit.key == "drafter_adapter_d16"
+    prompt = "def fibonacci(n):"
+    (r,) = s.execute(f"INFER '{prompt}' GENERATE 16 SPECULATE DEPTH 16 WITH ADAPTER LOOKAHEAD 3")
+    assert r.adapter["key"] == "drafter_adapter_d16" and r.adapter["corpus"] == "corpus.jsonl"
+    assert r.matches_plain is True
+    assert r.generated_ids == greedy_generate(smol, smol.tokenizer.encode(prompt), 16).tokens
+    assert "drafter" not in json.dumps(vindex3.open(smollm2_container).index.get("derived") or {})  # cache untouched

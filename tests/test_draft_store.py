@@ -135,3 +135,97 @@ def test_tuned_lens_refuses_what_it_cannot_read(c):
         s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LAYERS 0-1 LENS TUNED")
     with pytest.raises(lql.LqlError, match="does not run DRAFT DEPTH 2"):
         s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 DRAFT DEPTH 2 LENS TUNED")
+
+
+def test_lql_speculate_with_adapter_reads_the_stored_component(c):
+    # SPECULATE DEPTH d WITH ADAPTER: the draft's head reads the residual through the adapter
+    # stored for d; absent is refused by name at planning (EXPLAIN too), the tokens equal greedy
+    # and the result and EXPLAIN INFER name the component
+    import lql
+
+    s = lql.connect(c.path)
+    q = "INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12 SPECULATE DEPTH 2 WITH ADAPTER LOOKAHEAD 3"
+    for stmt in (q, "EXPLAIN " + q):
+        with pytest.raises(lql.LqlError, match="(?s)stores no exit adapter at depth 2.*FIT ADAPTER AT DEPTH 2"):
+            s.execute(stmt)
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5))
+    s = lql.connect(c.path)
+    with pytest.raises(lql.LqlError, match="stores no exit adapter at depth 3 \\(adapters are stored for depths 2\\)"):
+        s.execute(q.replace("DEPTH 2", "DEPTH 3"))
+    (plain,) = s.execute("INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12")
+    (r,) = s.execute(q)
+    assert r.generated_ids == plain.generated_ids and r.matches_plain is True
+    assert r.adapter["key"] == "drafter_adapter_d2" and r.adapter["corpus"] == "toy" and r.adapter["ridge"] == 0.5
+    assert r.adapter["edge"]["after_layer"] == 1
+    assert "through exit adapter 'drafter_adapter_d2'" in r.to_text()
+    (bare,) = s.execute(q.replace(" WITH ADAPTER", ""))
+    assert bare.adapter is None and bare.generated_ids == plain.generated_ids
+    # the adapter changes what the draft proposes: a different acceptance than the bare draft's is
+    # not asserted (it may coincide on a toy model), only that the draft ran through it
+    (ex,) = s.execute("EXPLAIN " + q)
+    assert "through the exit adapter stored as drafter component 'drafter_adapter_d2'" in ex.to_text()
+    # with a vocabulary cut, in either order
+    for tail in ("WITH ADAPTER VOCAB TOP 64", "VOCAB TOP 64 WITH ADAPTER"):
+        (both,) = s.execute(f"INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12 SPECULATE DEPTH 2 {tail} LOOKAHEAD 3")
+        assert both.generated_ids == plain.generated_ids and both.vocab_top == 64
+        assert both.adapter["key"] == "drafter_adapter_d2"
+        assert "(through exit adapter 'drafter_adapter_d2', head over the 64 most frequent tokens)" in both.to_text()
+    with pytest.raises(lql.LqlError, match="syntax error"):
+        s.execute("INFER TOKENS (1, 2) GENERATE 4 SPECULATE DRAFTER LOOKUP WITH ADAPTER")
+
+
+def test_lql_speculate_with_a_damaged_adapter_is_refused_by_name(c):
+    import lql
+
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    f = c.path / "derived/drafters/drafter_adapter_d2.npz"
+    data = bytearray(f.read_bytes())
+    data[-1] ^= 0xFF
+    f.write_bytes(bytes(data))
+    s = lql.connect(c.path)
+    with pytest.raises(Exception, match="differs from the SHA-256"):
+        s.execute("INFER TOKENS (1, 5, 9) GENERATE 4 SPECULATE DEPTH 2 WITH ADAPTER")
+    derived = json.loads((c.path / "index.json").read_text())["derived"]
+    derived["drafter_adapter_d2"]["source_digest"] = "0" * 64
+    rewrite_index(c.path, derived=derived)
+    with pytest.raises(lql.LqlError, match="(?s)fitted on another container \\(stale\\).*FIT ADAPTER AT DEPTH 2"):
+        lql.connect(c.path).execute("EXPLAIN INFER TOKENS (1, 5, 9) GENERATE 4 SPECULATE DEPTH 2 WITH ADAPTER")
+
+
+def test_lql_fit_vocab_cut_is_what_speculate_vocab_top_reads(c, tmp_path):
+    # FIT VOCAB CUT TOP k stores the cut; SPECULATE ... VOCAB TOP k then reads it (not the seed
+    # list's count), names it, and its tokens still equal greedy; a stale stored cut is refused
+    import lql
+    from vindex3.draft.seeds import SEED_TEXTS
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("\n".join(json.dumps({"token_ids": t}) for t in CORPUS) + "\n")
+    s = lql.connect(c.path)
+    q = "INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12 SPECULATE DEPTH 2 VOCAB TOP 40 LOOKAHEAD 3"
+    (plain,) = s.execute("INFER TOKENS (1, 5, 9, 33, 100, 7) GENERATE 12")
+    (seeded,) = s.execute(q)  # none stored: counted on the seed list, as before
+    assert seeded.vocab_cut["corpus"] == "seeds" and seeded.vocab_cut["stored"] is None
+    (r,) = s.execute(f"FIT VOCAB CUT TOP 40 ON '{corpus}'")
+    assert r.kind == "fit_vocab_cut" and r.key == "drafter_vocab_top40" and r.facts["corpus"] == "corpus.jsonl"
+    assert "stored as drafter component 'drafter_vocab_top40'" in r.to_text()
+    got = store.load_vocab_cut(vindex3.open(c.path), 40)
+    assert got == fit_vocab_cut(c, 40, CORPUS, corpus="corpus.jsonl")
+    s = lql.connect(c.path)
+    (sp,) = s.execute(q)
+    assert sp.generated_ids == plain.generated_ids and sp.matches_plain is True
+    assert sp.vocab_cut["stored"] == "drafter_vocab_top40" and sp.vocab_cut["corpus"] == "corpus.jsonl"
+    assert "head over the 40 most frequent tokens of 'drafter_vocab_top40'" in sp.to_text()
+    (ex,) = s.execute("EXPLAIN " + q)
+    assert "(stored as drafter component 'drafter_vocab_top40')" in ex.to_text()
+    (other,) = s.execute(q.replace("TOP 40", "TOP 41"))  # another k: its own count on the seed list
+    assert other.vocab_cut["stored"] is None and other.vocab_cut["texts"] == len(SEED_TEXTS)
+    (r,) = s.execute("FIT VOCAB CUT TOP 40")  # default corpus: the seed list, replacing the stored one
+    assert r.facts["corpus"] == "seeds"
+    for bad, needle in [("FIT VOCAB CUT TOP 0", "at least 1"), ("FIT VOCAB CUT TOP 100000", "more than the vocabulary")]:
+        with pytest.raises(lql.LqlError, match=needle):
+            s.execute(bad)
+    derived = json.loads((c.path / "index.json").read_text())["derived"]
+    derived["drafter_vocab_top40"]["source_digest"] = "0" * 64
+    rewrite_index(c.path, derived=derived)
+    with pytest.raises(lql.LqlError, match="(?s)counted on another container \\(stale\\).*FIT VOCAB CUT TOP 40"):
+        lql.connect(c.path).execute(q)

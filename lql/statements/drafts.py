@@ -30,7 +30,7 @@ from ..syntax import Children
 from ..text import fields, fmt_bytes, fmt_layers, fmt_seconds, fmt_text, layers_phrase, num, table
 
 fam = family("drafts", module=__name__, statements=("draft_depth", "draft_off", "draft_ladder", "dump_stmt", "score_stmt",
-                                                    "fit_adapter_stmt"),
+                                                    "fit_adapter_stmt", "fit_vocab_stmt"),
              path_keywords=("INTO", "AGAINST", "ON", "DRAFT"), grammar=r"""
 draft_depth: draft_clause
 draft_off: DRAFT OFF
@@ -46,6 +46,7 @@ dump_stmt: DUMP LOGITS prompt dump_option* INTO STRING [overwrite_clause]
 score_stmt: SCORE DRAFT STRING AGAINST STRING
 
 fit_adapter_stmt: FIT ADAPTER AT DEPTH INT [ON STRING] [RIDGE (INT | FLOAT)]
+fit_vocab_stmt: FIT VOCAB CUT TOP INT [ON STRING]
 """)
 
 fam.doc('DRAFT DEPTH',
@@ -69,6 +70,11 @@ fam.doc('FIT ADAPTER',
         "fit the exit adapter (tuned lens) from the residual after depth d to the final one, in closed form, "
         "and store it in the container as a drafter component",
         "FIT ADAPTER AT DEPTH 2 RIDGE 1.0;", order=165, aliases=('FIT', 'ADAPTER'))
+fam.doc('FIT VOCAB CUT',
+        "FIT VOCAB CUT TOP k [ON 'corpus.jsonl']",
+        "count the corpus's k most frequent tokens and store them in the container as a drafter component "
+        "(the head SPECULATE DEPTH d VOCAB TOP k reads)",
+        "FIT VOCAB CUT TOP 64;", order=166, aliases=('VOCAB', 'CUT'))
 
 
 @fam.rule
@@ -106,6 +112,11 @@ def fit_adapter_stmt(c: Children) -> FitAdapter:
     ridge = c.get("RIDGE")
     return FitAdapter(depth=c.int("DEPTH"), corpus=c.string("ON"),
                       ridge=float(ridge.value) if ridge is not None else None)
+
+
+@fam.rule
+def fit_vocab_stmt(c: Children) -> FitVocabCut:
+    return FitVocabCut(k=c.int("TOP"), corpus=c.string("ON"))
 
 
 # ---- statements ----
@@ -205,6 +216,24 @@ class FitAdapter(ast.Statement):
             raise self.error(f"FIT ADAPTER RIDGE must be a finite number ≥ 0; got {self.ridge!r}")
 
 
+class FitVocabCut(ast.Statement):
+    """FIT VOCAB CUT TOP k [ON 'corpus.jsonl']: the k most frequent token ids of the corpus
+    (default: the built-in seed list, never the prompt bank), stored in the container as a
+    drafter component; SPECULATE DEPTH d VOCAB TOP k reads it."""
+
+    keyword: ClassVar[str] = "FIT VOCAB CUT"
+    paths: ClassVar[tuple[str, ...]] = ("corpus",)
+    read_only: ClassVar[bool | str] = "it writes a drafter component into the container"
+    needs_container: ClassVar[bool] = True
+    kind: Literal["fit_vocab_cut"] = "fit_vocab_cut"
+    k: int
+    corpus: str | None = None
+
+    def check(self) -> None:
+        if self.k < 1:
+            raise self.error(f"FIT VOCAB CUT TOP must be at least 1; got {self.k}")
+
+
 # ---- results ----
 
 
@@ -274,6 +303,13 @@ class AdapterResult(Result):
     fit_seconds: float
 
 
+class VocabCutResult(Result):
+    kind: Literal["fit_vocab_cut"] = "fit_vocab_cut"
+    key: str  # the derived representation's key in the container
+    facts: dict[str, Any]  # the cut's provenance (k, vocabulary, corpus, digest, texts, tokens counted, kept share)
+    fit_seconds: float
+
+
 # ---- representations and maintenance (vindex3.represent, .compact, .diff, .evidence) ----
 
 
@@ -322,6 +358,12 @@ class FitAdapterPlan(Node):
     ridge: float
 
 
+@dataclass(frozen=True, eq=False)
+class FitVocabPlan(Node):
+    k: int
+    corpus: str | None
+
+
 DEFAULT_RIDGE = 1.0  # the ridge bench/draft_adapter.py measures with
 
 
@@ -332,6 +374,16 @@ def plan_fit_adapter(s: FitAdapter, ctx: Context) -> Node:
         files.input_file(s.corpus, "FIT ADAPTER corpus")
     return FitAdapterPlan(s, slice=sl, depth=s.depth, corpus=s.corpus,
                           ridge=DEFAULT_RIDGE if s.ridge is None else s.ridge)
+
+
+@fam.plans(FitVocabCut)
+def plan_fit_vocab(s: FitVocabCut, ctx: Context) -> Node:
+    vocab = int(ctx.catalog.container.graph.vocab_size)
+    if s.k > vocab:
+        raise s.error(f"FIT VOCAB CUT TOP {s.k} is more than the vocabulary ({vocab} tokens)")
+    if s.corpus is not None:
+        files.input_file(s.corpus, "FIT VOCAB CUT corpus")
+    return FitVocabPlan(s, k=s.k, corpus=s.corpus)
 
 
 @fam.plans(DraftDepth)
@@ -542,6 +594,24 @@ def run_fit_adapter(session, node: FitAdapterPlan) -> AdapterResult:
                          facts=a.facts.model_dump(mode="json"), edge=entry["edge"], fit_seconds=secs)
 
 
+@fam.runs(FitVocabPlan)
+def run_fit_vocab(session, node: FitVocabPlan) -> VocabCutResult:
+    import time
+
+    from vindex3.draft import store
+    from vindex3.draft.adapter import read_corpus
+    from vindex3.draft.vocab import fit_vocab_cut
+
+    c = session.container
+    texts = read_corpus(node.corpus) if node.corpus is not None else None
+    t0 = time.perf_counter()
+    cut = fit_vocab_cut(c, node.k, texts, corpus=Path(node.corpus).name if node.corpus else None)
+    secs = time.perf_counter() - t0
+    store.store_vocab_cut(c, cut)
+    facts = cut.model_dump(mode="json", exclude={"kept", "container_digest", "method"})
+    return VocabCutResult(key=store.vocab_key(node.k), facts=facts, fit_seconds=secs)
+
+
 # ---- layouts ----
 
 
@@ -641,6 +711,20 @@ def layout_fit_adapter(r: AdapterResult, timing: bool) -> list[str]:
         ("corpus", f"{f['corpus']} ({f['texts']} texts, {f['positions']} positions)"),
         ("ridge", f"{f['ridge']:g}"),
         ("fit residual", f"{f['fit_residual']:.3g} of the final residual's norm (no adapter: {f['identity_residual']:.3g})"),
+    ])
+    if timing:
+        out += fields([("fit time", fmt_seconds(r.fit_seconds))])
+    return out
+
+
+@fam.layout(VocabCutResult)
+def layout_fit_vocab(r: VocabCutResult, timing: bool) -> list[str]:
+    f = r.facts
+    out = [(f"vocabulary cut of the {f['k']} most frequent of {f['vocab']} tokens counted and stored as drafter "
+            f"component {r.key!r}")]
+    out += fields([
+        ("corpus", f"{f['corpus']} ({f['texts']} texts, {f['tokens_counted']} tokens)"),
+        ("kept share", f"{f['kept_share']:.3f} of the counted tokens"),
     ])
     if timing:
         out += fields([("fit time", fmt_seconds(r.fit_seconds))])

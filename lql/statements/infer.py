@@ -101,7 +101,8 @@ infer_stmt: INFER prompt infer_option*
              | steer_clause
 
 chat_clause: CHAT
-speculate_clause: SPECULATE DEPTH INT [VOCAB TOP INT]
+speculate_clause: SPECULATE DEPTH INT [WITH ADAPTER] [VOCAB TOP INT]
+                | SPECULATE DEPTH INT VOCAB TOP INT WITH ADAPTER
                 | SPECULATE DRAFTER LOOKUP [NGRAM INT]
 lookahead_clause: LOOKAHEAD INT
 
@@ -125,8 +126,8 @@ fam.doc('EXPLAIN',
         'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
         'EXPLAIN DRAFT DEPTH 2;', order=30)
 fam.doc('INFER',
-        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
-        'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth or prompt lookup)',
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [WITH ADAPTER] [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
+        'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth, through its stored exit adapter WITH ADAPTER, or prompt lookup)',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
         "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x]",
@@ -140,7 +141,7 @@ def infer_stmt(c: Children) -> Infer:
     if "generate" in fields:
         fields["generate"], fields["exactly"] = fields["generate"]
     if "speculate" in fields:
-        fields["speculate"], fields["vocab_top"] = fields["speculate"]
+        fields["speculate"], fields["vocab_top"], fields["adapter"] = fields["speculate"]
     return Infer(prompt=c.get("INFER"), **fields)
 
 
@@ -152,8 +153,8 @@ def chat_clause(c: Children) -> Clause:
 @fam.rule
 def speculate_clause(c: Children) -> Clause:
     if c.has("LOOKUP"):
-        return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None), "SPECULATE")
-    return c.clause("speculate", (c.int("DEPTH"), c.int("TOP")), "SPECULATE")
+        return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None, False), "SPECULATE")
+    return c.clause("speculate", (c.int("DEPTH"), c.int("TOP"), c.has("ADAPTER")), "SPECULATE")
 
 
 @fam.rule
@@ -224,6 +225,7 @@ class Infer(ast.Statement):
     speculate: int | LookupDrafter | None = None  # the draft depth, or the lookup drafter, that proposes tokens
     lookahead: int | None = None
     vocab_top: int | None = None  # SPECULATE DEPTH d VOCAB TOP k: the draft's head over the k most frequent tokens
+    adapter: bool = False  # SPECULATE DEPTH d WITH ADAPTER: the draft's head reads through the exit adapter stored for d
     exactly: bool = False  # GENERATE n EXACTLY: no stop at end-of-sequence
     chat: bool | None = None  # CHAT: wrap the text in the model's chat template (None: the setting)
     ablate: ast.Ablation | None = None  # ABLATE FEATURES (...): zero those FFN features for the run
@@ -353,6 +355,7 @@ class SpeculateResult(Result):
     ngram: int | None = None  # prompt lookup: the longest n-gram matched
     vocab_top: int | None = None  # the draft's head over this many most frequent tokens
     vocab_cut: dict[str, Any] | None = None  # the cut's provenance (corpus, digest, tokens counted, kept share)
+    adapter: dict[str, Any] | None = None  # WITH ADAPTER: the drafter component read (key, edge, fit's provenance)
     generated_ids: list[int]
     generated_text: str | None
     interrupted: bool = False  # Ctrl-C: the tokens so far, and no statistics
@@ -456,14 +459,23 @@ class Speculate(Node):
     compare: bool
     ngram: int | None = None
     vocab_top: int | None = None
+    adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored component (store.components' row)
+    vocab_stored: dict[str, Any] | None = None  # VOCAB TOP k: the stored cut of k (None: counted on the seed list)
 
     def describe(self) -> str:
         if self.draft is None:
             return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by prompt-lookup "
                     f"speculation (n-grams of up to {self.ngram} tokens propose up to {self.lookahead} at a time, "
                     f"the {self.target.label} verifies)")
+        via = ""
+        if self.adapter is not None:
+            via = f" through the exit adapter stored as drafter component {self.adapter['key']!r}"
+        if self.vocab_top is not None:
+            src = (f"stored as drafter component {self.vocab_stored['key']!r}" if self.vocab_stored is not None
+                   else "counted on the built-in seed list")
+            via += f", its head over the {self.vocab_top} most frequent tokens ({src})"
         return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by self-speculation "
-                f"({self.draft.label} proposes {self.lookahead} at a time, the {self.target.label} verifies)")
+                f"({self.draft.label}{via} proposes {self.lookahead} at a time, the {self.target.label} verifies)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -513,9 +525,11 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
             draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
         target = cat.bind_slice(None)
         prompt = bind_prompt(ctx, s.prompt, chat=chat)
+        adapter = _stored_adapter(s, ctx, draft.depth) if s.adapter else None
+        vocab_stored = _stored_cut(s, ctx, s.vocab_top) if s.vocab_top is not None else None
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
                          lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram,
-                         vocab_top=s.vocab_top)
+                         vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored)
         _check_speculate(node, ctx)
         return node
     sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
@@ -528,6 +542,39 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
                intervention=ablation, stream=stream)
     _check_run(node, ctx)
     return node
+
+
+def _stored_adapter(s: Infer, ctx: Context, depth: int) -> dict[str, Any]:
+    """SPECULATE DEPTH d WITH ADAPTER: the exit adapter the container stores for depth d (index.json
+    only; the run reads the file and checks its SHA-256). Absent or stale is refused by name."""
+    from vindex3.draft.store import ADAPTER, adapter_key, components
+
+    key = adapter_key(depth)
+    rows = components(ctx.catalog.container)
+    row = next((x for x in rows if x["key"] == key and x["kind"] == ADAPTER), None)
+    if row is None:
+        have = sorted(int(x["edge"]["depth"]) for x in rows if x["kind"] == ADAPTER and isinstance(x.get("edge"), dict))
+        stored = f"adapters are stored for depths {', '.join(map(str, have))}" if have else "no exit adapter is stored"
+        raise err(s, f"INFER ... SPECULATE DEPTH {depth} WITH ADAPTER: {ctx.catalog.name} stores no exit adapter at "
+                  f"depth {depth} ({stored})", hint=f"fit one: FIT ADAPTER AT DEPTH {depth}")
+    if not row["fresh"]:
+        raise err(s, f"INFER ... SPECULATE DEPTH {depth} WITH ADAPTER: the exit adapter stored as {key!r} was fitted "
+                  "on another container (stale)", hint=f"fit it again: FIT ADAPTER AT DEPTH {depth}")
+    return row
+
+
+def _stored_cut(s: Infer, ctx: Context, k: int) -> dict[str, Any] | None:
+    """SPECULATE ... VOCAB TOP k: the vocabulary cut of k the container stores (FIT VOCAB CUT TOP k;
+    index.json only), or None when none is stored (the run counts one on the seed list). A stored
+    cut counted on another container is refused by name, not replaced by a fresh count."""
+    from vindex3.draft.store import VOCAB, components, vocab_key
+
+    key = vocab_key(k)
+    row = next((x for x in components(ctx.catalog.container) if x["key"] == key and x["kind"] == VOCAB), None)
+    if row is not None and not row["fresh"]:
+        raise err(s, f"INFER ... SPECULATE ... VOCAB TOP {k}: the vocabulary cut stored as {key!r} was counted on "
+                  "another container (stale)", hint=f"count it again: FIT VOCAB CUT TOP {k}")
+    return row
 
 
 def _check_run(node: Run, ctx: Context) -> None:
@@ -700,26 +747,38 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
     depth = node.draft.depth if node.draft is not None else None
     drafter = "depth" if node.draft is not None else "lookup"
     cut = None
+    adapter = None
     try:
         if node.draft is None:
             res = draft.lookup_generate(c, list(node.prompt.ids), node.generate, node.lookahead, node.ngram,
                                         on_token=on_token, compare_plain=node.compare,
                                         max_positions=session.settings.max_positions)
         else:
-            if node.vocab_top is not None:  # counted on the built-in seed list (not the prompt bank)
+            if node.vocab_stored is not None:  # FIT VOCAB CUT's, read and checked (SHA-256, container)
+                from vindex3.draft.store import load_vocab_cut
+
+                cut = load_vocab_cut(c, node.vocab_top)
+            elif node.vocab_top is not None:  # none stored: counted on the built-in seed list (not the prompt bank)
                 from vindex3.draft.vocab import fit_vocab_cut
 
                 cut = fit_vocab_cut(c, node.vocab_top)
+            if node.adapter is not None:  # read and checked (SHA-256, container, shape) here, not at planning
+                from vindex3.draft.store import load_adapter
+
+                adapter = load_adapter(c, depth)
             res = draft.speculative_generate(c, list(node.prompt.ids), node.generate, depth, node.lookahead,
                                              on_token=on_token, compare_plain=node.compare,
-                                             max_positions=session.settings.max_positions, vocab_cut=cut)
+                                             max_positions=session.settings.max_positions, vocab_cut=cut,
+                                             adapter=adapter)
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
         return SpeculateResult(prompt=prompt, depth=depth, lookahead=node.lookahead, drafter=drafter, ngram=node.ngram,
+                               adapter=_adapter_facts(node.adapter), vocab_top=node.vocab_top,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)
     plain = res.plain
     return SpeculateResult(
         prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram,
-        vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut) if cut is not None else None,
+        vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut, node.vocab_stored) if cut is not None else None,
+        adapter=_adapter_facts(node.adapter) if res.adapter else None,
         generated_ids=list(res.tokens),
         generated_text=cat.decode(list(res.tokens)), rounds=res.rounds, proposed=res.proposed,
         accepted=res.accepted, acceptance_rate=res.acceptance_rate, tokens_per_full_step=res.tokens_per_full_step,
@@ -885,16 +944,31 @@ def _intervened(records: list[dict[str, Any]] | None) -> list[tuple[str, str]]:
     return [("intervened", x["text"]) for x in records or ()]
 
 
-def _cut_facts(cut) -> dict[str, Any]:
-    return {k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted", "kept_share")}
+def _cut_facts(cut, stored: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The cut's provenance; ``stored``: the drafter component's key it was read from (None: counted for the run)."""
+    return {**{k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted",
+                                             "kept_share")}, "stored": stored["key"] if stored is not None else None}
+
+
+def _adapter_facts(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored adapter a run read, as its result names it: key, edge and the fit's provenance."""
+    if row is None:
+        return None
+    p = row.get("params") or {}
+    return {"key": row["key"], "edge": row.get("edge"),
+            **{k: p.get(k) for k in ("depth", "corpus", "corpus_sha256", "positions", "ridge", "fit_residual") if k in p}}
 
 
 def _drafter_words(r: SpeculateResult) -> str:
     if r.drafter == "lookup":
         return f"prompt lookup (n-grams of up to {r.ngram} tokens), lookahead {r.lookahead}"
+    how = []
+    if r.adapter is not None:
+        how.append(f"through exit adapter {r.adapter['key']!r}")
     if r.vocab_top is not None:
-        return f"depth {r.depth} (head over the {r.vocab_top} most frequent tokens), lookahead {r.lookahead}"
-    return f"depth {r.depth}, lookahead {r.lookahead}"
+        stored = (r.vocab_cut or {}).get("stored")
+        how.append(f"head over the {r.vocab_top} most frequent tokens" + (f" of {stored!r}" if stored else ""))
+    return f"depth {r.depth}{' (' + ', '.join(how) + ')' if how else ''}, lookahead {r.lookahead}"
 
 
 @fam.layout(SpeculateResult)

@@ -164,7 +164,7 @@ def load_adapter(container: Any, depth: int) -> ExitAdapter:
 def load_vocab_cut(container: Any, k: int) -> VocabCut:
     """The vocabulary cut of the ``k`` most frequent tokens stored in the container."""
     c = open_container(container)
-    e, a = _read(c, vocab_key(k), VOCAB, f"vocabulary cut of {k} tokens", f"count one: VOCAB TOP {k}")
+    e, a = _read(c, vocab_key(k), VOCAB, f"vocabulary cut of {k} tokens", f"count one: FIT VOCAB CUT TOP {k}")
     kept = a.get("kept")
     if kept is None or kept.ndim != 1 or kept.size != k:
         raise DerivedStale(f"the stored vocabulary cut of {k} tokens does not hold {k} kept ids")
