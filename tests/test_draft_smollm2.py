@@ -37,23 +37,14 @@ def test_smollm2_speculative_output_equals_greedy(smol):
     assert 1 + r.rounds + r.accepted == 10
 
 
-def _link_copy(src, dst):
-    """The container under ``dst`` with its large (tensor) files hard-linked and the small ones
-    (index.json among them) copied: FIT ADAPTER writes new files and rewrites index.json only,
-    so the cached container stays untouched."""
-    import os
+def _own_copy(src, dst):
+    """The container copied whole under ``dst``: FIT ADAPTER writes new files and rewrites
+    index.json, and the cached container must stay untouched. A plain copy, not hard links: a
+    new link changes the shared files' change time, which every session holding the cached
+    container open rightly reads as the container changed on disk."""
     import shutil
 
-    def cp(a, b):
-        if os.path.getsize(a) > 1 << 20:
-            try:
-                os.link(a, b)
-                return b
-            except OSError:  # another file system: a plain copy
-                pass
-        return shutil.copy2(a, b)
-
-    shutil.copytree(src, dst, copy_function=cp)
+    shutil.copytree(src, dst)
     return dst
 
 
@@ -66,7 +57,7 @@ def test_smollm2_lql_speculate_with_adapter_equals_greedy(smollm2_container, smo
 
     import lql
 
-    c = _link_copy(smollm2_container, tmp_path / "smol.vindex3")
+    c = _own_copy(smollm2_container, tmp_path / "smol.vindex3")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": t}) for t in (
         "def add(a, b):\n    return a + b\n", "The river runs past the old mill and into the sea.",
