@@ -549,8 +549,8 @@ class EditRow(BaseModel):
     mode: str  # as labelled: "KNN (retrieval overlay)", "COMPOSE", "MEMIT"
     entity: str | None
     relation: str | None
-    prompt: str
-    target: str
+    prompt: str | None  # None: a values edit (DIFF INTO PATCH) answers no prompt
+    target: str | None
     original: str | None
     layers: list[int]
     writes: int
@@ -615,7 +615,7 @@ def _holds(cond, v) -> bool:
     if isinstance(v, list):  # layer: any of the edit's layers
         return any(_holds(cond, x) for x in v)
     op, want = cond.op, cond.value
-    if isinstance(v, str) and v in ("knn (retrieval overlay)", "compose", "memit"):  # the mode column
+    if isinstance(v, str) and v in ("knn (retrieval overlay)", "compose", "memit", "values"):  # the mode column
         want = [w.lower() for w in want] if isinstance(want, list) else str(want).lower()
         if want == "knn" or (isinstance(want, list) and "knn" in want):
             want = [*want, "knn (retrieval overlay)"] if isinstance(want, list) else "knn (retrieval overlay)"
@@ -691,6 +691,10 @@ def run_update(session, node: UpdatePlan) -> EditsResult:
     st = _writable(session)
     p = st.open_patch()
     hit = _matching(st, node.where)
+    copied = [e for e in hit if e.mode == "values"]
+    if copied:
+        raise StatementError(f"UPDATE EDGES: edit {copied[0].id} holds tensor values copied by DIFF INTO PATCH and "
+                             "answers no prompt, so it has no target to refit", hint="add WHERE mode != 'values'")
     done = []
     for e in hit:
         target = node.target if node.target.startswith(" ") or e.prompt.endswith(" ") else " " + node.target
@@ -931,7 +935,7 @@ def _pct(x: float | None) -> str:
 
 def _edit_table(rows: list[EditRow]) -> list[str]:
     return table(["patch", "id", "mode", "prompt", "target", "original", "layers", "writes", "vectors"],
-                 [[r.patch, str(r.id), r.mode, r.prompt, r.target, r.original or "-",
+                 [[r.patch, str(r.id), r.mode, r.prompt or "-", r.target or "-", r.original or "-",
                    ",".join(str(x) for x in r.layers), str(r.writes), str(r.vectors)] for r in rows])
 
 
