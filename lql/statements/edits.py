@@ -90,6 +90,12 @@ fam.doc('SCORE EDITS',
         "CounterFact metrics of the current overlay (or, with MODE, of the file's edits fitted together on top of "
         "it, then dropped): efficacy, paraphrase, neighborhood, target probability and rank, prompt-bank KL",
         "SCORE EDITS ON 'edits.jsonl';", order=425)
+fam.doc('EDGES',
+        "SELECT entity, target, layer, score | * FROM EDGES [WHERE ...] [ORDER BY column [ASC | DESC]] [LIMIT n]",
+        "the active patches' inserted edges, one row per edit and layer, with source 'patch:<name>' and score = "
+        "the target's probability at the prompt through the session's overlay; the edges DESCRIBE computes are "
+        "not listed here (DESCRIBE 'entity' gives them)",
+        "SELECT entity, target, layer, score, source FROM EDGES;", order=426, aliases=('SELECT FROM EDGES',))
 fam.doc('REBALANCE',
         'REBALANCE [options]',
         "refused: REBALANCE rescales the reference's inserted features together, which this build does not do "
@@ -924,6 +930,96 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
                             rows=[ScoreRow(**c.model_dump()) for c in r.cases], efficacy=r.efficacy,
                             paraphrase=r.paraphrase, neighborhood=r.neighborhood, p_target=r.p_target, kl=r.kl,
                             kl_positions=r.kl_positions, bank=r.bank)
+
+
+# ---- SELECT ... FROM EDGES -----------------------------------------------------------------------
+
+#: SELECT ... FROM EDGES: the columns, in SELECT *'s order
+SELECT_COLUMNS = ("source", "id", "entity", "relation", "prompt", "target", "original", "mode", "layer", "score")
+
+
+@dataclass(frozen=True, eq=False)
+class SelectEdgesPlan(Node):
+    columns: tuple[str, ...]
+    where: tuple
+    order_by: str | None
+    descending: bool
+    limit: int | None
+
+
+def plan_select_edges(s, ctx: Context) -> Node:
+    """SELECT ... FROM EDGES (the dialect family's statement): the active patches' edges."""
+    if s.nearest is not None:
+        raise err(s, "SELECT ... FROM EDGES NEAREST TO: a patch's edges are listed, not searched by similarity",
+                  hint="SELECT ... FROM FEATURES NEAREST TO 'text'; or WHERE entity = 'x'")
+    cols = tuple(c.name for c in s.columns) if s.columns else SELECT_COLUMNS
+    for c in list(cols) + [x.column.name for x in s.where] + ([s.order_by.name] if s.order_by else []):
+        if c not in SELECT_COLUMNS:
+            raise err(s, f"SELECT ... FROM EDGES has no column {c!r}", hint=f"columns: {', '.join(SELECT_COLUMNS)}")
+    if s.limit is not None and s.limit < 1:
+        raise err(s, f"LIMIT {s.limit} lists nothing", hint="LIMIT 10")
+    return SelectEdgesPlan(s, columns=cols, where=tuple(s.where), order_by=s.order_by.name if s.order_by else None,
+                           descending=bool(s.descending), limit=s.limit)
+
+
+class SelectEdgesResult(Result):
+    kind: Literal["select_edges"] = "select_edges"
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    notes: list[str] = Field(default_factory=list)
+
+
+def _p_target(model, prompt: str, target_id: int) -> float:
+    import numpy as np
+
+    ex = model.executor()
+    logits = np.asarray(ex.forward(model.tokenizer.encode(prompt))[-1], dtype=np.float32)
+    z = np.exp(logits - logits.max())
+    return float(z[target_id] / z.sum())
+
+
+@fam.runs(SelectEdgesPlan)
+def run_select_edges(session, node: SelectEdgesPlan) -> SelectEdgesResult:
+    notes = [("the patches' inserted edges only: the edges DESCRIBE computes from the features are not listed "
+              "(DESCRIBE 'entity' gives them)")]
+    if session.base_container is None:
+        return SelectEdgesResult(columns=list(node.columns), rows=[], notes=["no container is open, so no patch is active"])
+    st = edit_state(session)
+    model = st.model()
+    rows: list[dict[str, Any]] = []
+    for p in st.active:
+        for e in p.edits:
+            score = None if e.prompt is None or e.target_id is None else round(_p_target(model, e.prompt, e.target_id), 6)
+            for layer in e.layers:
+                row = {"source": f"patch:{p.name}", "id": e.id, "entity": e.entity, "relation": e.relation,
+                       "prompt": e.prompt, "target": e.target, "original": e.original, "mode": e.label.lower(),
+                       "layer": layer, "score": score}
+                if all(_holds(c, row[c.column.name]) for c in node.where):
+                    rows.append(row)
+    if node.order_by is not None:
+        present = [r for r in rows if r[node.order_by] is not None]
+        absent = [r for r in rows if r[node.order_by] is None]  # rows without the value come last either way
+        rows = sorted(present, key=lambda r: r[node.order_by], reverse=node.descending) + absent
+    if node.limit is not None:
+        rows = rows[: node.limit]
+    if any(r["mode"].startswith("knn") for r in rows):
+        notes.append("KNN edges are a retrieval overlay: no weight holds them; their score is the overlay's answer")
+    return SelectEdgesResult(columns=list(node.columns), rows=[{c: r[c] for c in node.columns} for r in rows],
+                             notes=notes)
+
+
+@fam.layout(SelectEdgesResult)
+def layout_select_edges(r: SelectEdgesResult, timing: bool) -> list[str]:
+    def cell(v) -> str:
+        return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    return table(list(r.columns), [[cell(row[c]) for c in r.columns] for row in r.rows]) if r.rows else \
+        ["no edges: no active patch holds an edit that matches"]
+
+
+@fam.records(SelectEdgesResult)
+def records_select_edges(r: SelectEdgesResult) -> list[dict[str, Any]]:
+    return [dict(x) for x in r.rows]
 
 
 # ---- layouts -------------------------------------------------------------------------------------

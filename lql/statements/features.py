@@ -108,7 +108,7 @@ fam.doc('DESCRIBE',
 fam.doc('SELECT',
         "SELECT layer, feature, token, score | * FROM FEATURES [AT LAYER n | LAYERS a-b] [NEAREST TO 'text' [AT LAYER n]] [WHERE column op value [AND ...]] [ORDER BY column [ASC | DESC]] [LIMIT n]",
         'query the FFN features as a table (op: =, !=, <, <=, >, >=, IN (v, ...), and LIKE for token)',
-        "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;", order=190, aliases=('SELECT FROM FEATURES', 'SELECT FROM EDGES', 'SELECT FROM ENTITIES'))
+        "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;", order=190, aliases=('SELECT FROM FEATURES', 'SELECT FROM ENTITIES'))
 fam.doc('SHOW FEATURES',
         'SHOW FEATURES [AT LAYER] n [WHERE ...] [LIMIT n]',
         "a layer's features in order, each with the top tokens its down column writes",
