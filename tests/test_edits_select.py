@@ -78,3 +78,24 @@ def test_select_from_edges_refusals_name_the_thing(session, text, words):
     with pytest.raises(LqlError) as e:
         session.execute_one(text)
     assert words in e.value.message
+
+
+def test_set_templates_adds_relations_insert_reads(session, tmp_path):
+    (tmp_path / "templates.json").write_text(json.dumps({"flies-to": "{entity} flies to", "capital": "{entity}'s capital is"}))
+    with pytest.raises(LqlError, match="relation 'flies-to' has no prompt template"):
+        session.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Icarus', 'flies-to', 'Sun')")
+    session.execute_one("SET templates = 'templates.json'")
+    assert "templates.json" in session.execute_one("SHOW SETTINGS").to_text()
+    r = session.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Icarus', 'flies-to', 'Sun') MODE KNN")
+    assert r.edits[0].prompt == "Icarus flies to"
+    r = session.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Spain', 'capital', 'Rome') MODE KNN")
+    assert r.edits[0].prompt == "Spain's capital is"  # the file's template over the built-in one
+    (tmp_path / "templates.json").write_text(json.dumps({"flies-to": "flies to"}))
+    with pytest.raises(LqlError, match=r"relation 'flies-to'.*\{entity\}"):
+        session.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Icarus', 'flies-to', 'Sun')")
+    session.execute_one("SET templates = default")
+    r = session.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Spain', 'capital', 'Rome') MODE KNN")
+    assert r.edits[0].prompt == "The capital of Spain is"
+    session.execute_one("SET templates = 'missing.json'")
+    with pytest.raises(LqlError, match="missing.json"):
+        session.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Spain', 'capital', 'Rome')")

@@ -90,12 +90,6 @@ fam.doc('SCORE EDITS',
         "CounterFact metrics of the current overlay (or, with MODE, of the file's edits fitted together on top of "
         "it, then dropped): efficacy, paraphrase, neighborhood, target probability and rank, prompt-bank KL",
         "SCORE EDITS ON 'edits.jsonl';", order=425)
-fam.doc('EDGES',
-        "SELECT entity, target, layer, score | * FROM EDGES [WHERE ...] [ORDER BY column [ASC | DESC]] [LIMIT n]",
-        "the active patches' inserted edges, one row per edit and layer, with source 'patch:<name>' and score = "
-        "the target's probability at the prompt through the session's overlay; the edges DESCRIBE computes are "
-        "not listed here (DESCRIBE 'entity' gives them)",
-        "SELECT entity, target, layer, score, source FROM EDGES;", order=426, aliases=('SELECT FROM EDGES',))
 fam.doc('REBALANCE',
         'REBALANCE [options]',
         "refused: REBALANCE rescales the reference's inserted features together, which this build does not do "
@@ -380,6 +374,28 @@ TEMPLATES: dict[str, str] = {
     "occupation": "{entity} works as a",
 }
 
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def templates(s, ctx: Context) -> dict[str, str]:
+    """The relation templates INSERT reads: the built-in ones, then SET templates' file over them
+    (read at each INSERT; every entry must be text with an {entity} to fill, else refused by name)."""
+    path = ctx.settings.templates
+    if path is None:
+        return dict(TEMPLATES)
+    from vindex3 import jsonio
+    from vindex3.paths import read_regular
+
+    data = read_regular(files.input_file(path, "templates file"), "templates file", max_bytes=MAX_TEMPLATE_BYTES)
+    obj = jsonio.loads(jsonio.decode_text(data, path), source=path)
+    if not isinstance(obj, dict):
+        raise err(s, f"SET templates: {path} holds a JSON {type(obj).__name__}, not an object of relation -> template")
+    for k, v in obj.items():
+        if not isinstance(v, str) or "{entity}" not in v:
+            raise err(s, f"SET templates: {path}: relation {k!r}'s template {v!r} is not text with an {{entity}} to fill")
+    return {**TEMPLATES, **obj}
+
+
 MODES = ("knn", "compose", "memit")
 EDGE_COLUMNS = ("id", "entity", "relation", "prompt", "target", "original", "mode", "layer", "patch")
 
@@ -531,10 +547,11 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
         if "entity" not in row or "relation" not in row:
             raise err(s, "INSERT INTO EDGES needs (entity, relation, target) or (prompt, target)")
         entity, relation = row["entity"], row["relation"]
-        template = s.template or TEMPLATES.get(relation)
+        known = templates(s, ctx)
+        template = s.template or known.get(relation)
         if template is None:
-            raise err(s, f"INSERT: relation {relation!r} has no prompt template (known: {', '.join(sorted(TEMPLATES))})",
-                      hint="add TEMPLATE 'The {entity} is located in'")
+            raise err(s, f"INSERT: relation {relation!r} has no prompt template (known: {', '.join(sorted(known))})",
+                      hint="add TEMPLATE 'The {entity} is located in', or SET templates = 'templates.json'")
         if "{entity}" not in template:
             raise err(s, f"TEMPLATE {template!r} has no {{entity}} to fill")
         prompt = template.replace("{entity}", entity)
