@@ -134,6 +134,9 @@ def test_diff_into_patch_refuses_containers_that_differ_in_more_than_values(edit
         fresh.execute_one("DIFF 'tiny.vindex3' 'int8.vindex3' INTO PATCH 'x.vlp'")
     assert "other encodings" in e.value.message
     assert not (d / "x.vlp").exists()
+    with pytest.raises(LqlError, match="inside"):
+        fresh.execute_one("DIFF 'tiny.vindex3' 'int8.vindex3' INTO PATCH 'int8.vindex3/x.vlp'")
+    assert not (d / "int8.vindex3" / "x.vlp").exists()
 
 
 @pytest.mark.parametrize("text, words", [

@@ -8,6 +8,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
@@ -16,7 +17,7 @@ from .. import ast
 from ..ast import dialect
 from ..errors import NoContainer
 from ..layouts import shares
-from ..planner import Context, Node, err, positive
+from ..planner import Context, Node, err, may_overwrite, positive
 from ..registry import family
 from ..results import EncodingShare, Result, dump
 from ..syntax import Children, Clause
@@ -372,9 +373,10 @@ def plan_diff(s: Diff, ctx: Context) -> Node:
                 raise err(s, f"DIFF ... INTO PATCH writes every changed tensor; {name} would leave some out")
         from .. import files
 
-        files.output_file(s.into_patch, "patch file", overwrite=False,
-                          inside=files.container_paths(ctx.catalog) if ctx.bound else ())
-        return DiffPatchPlan(s, a=s.a, b=s.b, into=s.into_patch)
+        overwrite = may_overwrite(s, ctx)  # SET overwrite = on (DIFF has no OVERWRITE clause)
+        inside = [Path(s.a), Path(s.b)] + (files.container_paths(ctx.catalog) if ctx.bound else [])
+        files.output_file(s.into_patch, "patch file", overwrite=overwrite, inside=inside)
+        return DiffPatchPlan(s, a=s.a, b=s.b, into=s.into_patch, overwrite=overwrite)
     positive(s, s.limit, "LIMIT", "LIMIT 10")
     opts = {"layer": s.layer, "limit": s.limit, "physical": s.physical}
     if s.b_current:
