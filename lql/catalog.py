@@ -128,6 +128,21 @@ def _show_positions(v: int | None) -> Any:
     return MODEL if v is None else v
 
 
+DEFAULT = "default"  # templates = default: INSERT's built-in relation templates only
+
+
+def _templates(v: Any) -> str | None:
+    if isinstance(v, str) and v.lower() == DEFAULT:
+        return None
+    if isinstance(v, str) and v.strip():
+        return v
+    raise ValueError("takes a JSON file's path ({\"relation\": \"The {entity} is ...\"}), or default")
+
+
+def _show_templates(v: str | None) -> Any:
+    return DEFAULT if v is None else v
+
+
 SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("format", Literal["text", "json", "csv", "tsv", "markdown", "jsonl"], "text", "output format: text, json, csv, tsv, markdown or jsonl",
                _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
@@ -146,6 +161,9 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("activations", Literal["exact", "q8"], "exact",
                "int8 and q4 decode products: exact float32 activations, or q8 (per-block int8 activations and "
                "integer dot products, as llama.cpp; faster, less faithful: docs/container.md)", _choice("exact", "q8")),
+    SettingDoc("templates", str | None, None,
+               "INSERT's relation -> prompt templates: a JSON file {relation: 'The {entity} is located in'} read at "
+               "each INSERT, over the built-in ones; default: the built-in ones only", _templates, _show_templates),
     SettingDoc("stale", Literal["rebuild", "refuse"], "rebuild", "feature metadata built from another state of the container: rebuild it, or refuse",
                _choice("rebuild", "refuse")),
     # ---- what a statement may do (issue 10): named limits, each refused by name before any work

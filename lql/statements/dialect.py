@@ -1,6 +1,7 @@
 """The reference dialect's facts: SHOW MODELS, SHOW COMPACT STATUS, and its knowledge-graph
 views (SHOW ENTITIES, SHOW RELATIONS, SELECT ... FROM EDGES | ENTITIES), refused by name where
-this build has no honest meaning for them."""
+this build has no honest meaning for them (SELECT ... FROM EDGES lists the session's patches'
+edges: the edits family plans and runs it)."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ class ShowCompactStatus(ast.Statement):
 class ShowEntities(ast.Statement):
     keyword: ClassVar[str] = "SHOW ENTITIES"
     paths: ClassVar[tuple[str, ...]] = ()
-    read_only: ClassVar[bool | str] = True  # refused at planning whatever the profile
+    read_only: ClassVar[bool | str] = True  # ENTITIES: refused at planning; EDGES: reads the session's patches
     kind: Literal["show_entities"] = "show_entities"
     layer: int | None = None
     limit: int | None = None
@@ -124,7 +125,7 @@ class ShowEntities(ast.Statement):
 class ShowRelations(ast.Statement):
     keyword: ClassVar[str] = "SHOW RELATIONS"
     paths: ClassVar[tuple[str, ...]] = ()
-    read_only: ClassVar[bool | str] = True  # refused at planning whatever the profile
+    read_only: ClassVar[bool | str] = True  # ENTITIES: refused at planning; EDGES: reads the session's patches
     kind: Literal["show_relations"] = "show_relations"
     layer: int | None = None
     examples: bool = False
@@ -136,7 +137,7 @@ class SelectGraph(ast.Statement):
 
     keyword: ClassVar[str] = "SELECT"
     paths: ClassVar[tuple[str, ...]] = ()
-    read_only: ClassVar[bool | str] = True  # refused at planning whatever the profile
+    read_only: ClassVar[bool | str] = True  # ENTITIES: refused at planning; EDGES: reads the session's patches
     kind: Literal["select_graph"] = "select_graph"
     table: Literal["edges", "entities"]
     columns: list[ast.Column] | None = None
@@ -234,6 +235,10 @@ def plan_show_relations(s: ShowRelations, ctx: Context) -> Node:
 
 @fam.plans(SelectGraph)
 def plan_select_graph(s: SelectGraph, ctx: Context) -> Node:
+    if s.table == "edges":  # the session's patches' edges (the edits family)
+        from .edits import plan_select_edges
+
+        return plan_select_edges(s, ctx)
     table = s.table.upper()
     what = "labelled edges: entity, relation, target" if table == "EDGES" else "its entities"
     raise err(s, f"SELECT ... FROM {table} reads the reference system's knowledge graph ({what}), and this build "

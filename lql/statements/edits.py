@@ -374,6 +374,28 @@ TEMPLATES: dict[str, str] = {
     "occupation": "{entity} works as a",
 }
 
+MAX_TEMPLATE_BYTES = 1 << 20
+
+
+def templates(s, ctx: Context) -> dict[str, str]:
+    """The relation templates INSERT reads: the built-in ones, then SET templates' file over them
+    (read at each INSERT; every entry must be text with an {entity} to fill, else refused by name)."""
+    path = ctx.settings.templates
+    if path is None:
+        return dict(TEMPLATES)
+    from vindex3 import jsonio
+    from vindex3.paths import read_regular
+
+    data = read_regular(files.input_file(path, "templates file"), "templates file", max_bytes=MAX_TEMPLATE_BYTES)
+    obj = jsonio.loads(jsonio.decode_text(data, path), source=path)
+    if not isinstance(obj, dict):
+        raise err(s, f"SET templates: {path} holds a JSON {type(obj).__name__}, not an object of relation -> template")
+    for k, v in obj.items():
+        if not isinstance(v, str) or "{entity}" not in v:
+            raise err(s, f"SET templates: {path}: relation {k!r}'s template {v!r} is not text with an {{entity}} to fill")
+    return {**TEMPLATES, **obj}
+
+
 MODES = ("knn", "compose", "memit")
 EDGE_COLUMNS = ("id", "entity", "relation", "prompt", "target", "original", "mode", "layer", "patch")
 
@@ -525,10 +547,11 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
         if "entity" not in row or "relation" not in row:
             raise err(s, "INSERT INTO EDGES needs (entity, relation, target) or (prompt, target)")
         entity, relation = row["entity"], row["relation"]
-        template = s.template or TEMPLATES.get(relation)
+        known = templates(s, ctx)
+        template = s.template or known.get(relation)
         if template is None:
-            raise err(s, f"INSERT: relation {relation!r} has no prompt template (known: {', '.join(sorted(TEMPLATES))})",
-                      hint="add TEMPLATE 'The {entity} is located in'")
+            raise err(s, f"INSERT: relation {relation!r} has no prompt template (known: {', '.join(sorted(known))})",
+                      hint="add TEMPLATE 'The {entity} is located in', or SET templates = 'templates.json'")
         if "{entity}" not in template:
             raise err(s, f"TEMPLATE {template!r} has no {{entity}} to fill")
         prompt = template.replace("{entity}", entity)
@@ -549,8 +572,8 @@ class EditRow(BaseModel):
     mode: str  # as labelled: "KNN (retrieval overlay)", "COMPOSE", "MEMIT"
     entity: str | None
     relation: str | None
-    prompt: str
-    target: str
+    prompt: str | None  # None: a values edit (DIFF INTO PATCH) answers no prompt
+    target: str | None
     original: str | None
     layers: list[int]
     writes: int
@@ -615,7 +638,7 @@ def _holds(cond, v) -> bool:
     if isinstance(v, list):  # layer: any of the edit's layers
         return any(_holds(cond, x) for x in v)
     op, want = cond.op, cond.value
-    if isinstance(v, str) and v in ("knn (retrieval overlay)", "compose", "memit"):  # the mode column
+    if isinstance(v, str) and v in ("knn (retrieval overlay)", "compose", "memit", "values"):  # the mode column
         want = [w.lower() for w in want] if isinstance(want, list) else str(want).lower()
         if want == "knn" or (isinstance(want, list) and "knn" in want):
             want = [*want, "knn (retrieval overlay)"] if isinstance(want, list) else "knn (retrieval overlay)"
@@ -691,6 +714,10 @@ def run_update(session, node: UpdatePlan) -> EditsResult:
     st = _writable(session)
     p = st.open_patch()
     hit = _matching(st, node.where)
+    copied = [e for e in hit if e.mode == "values"]
+    if copied:
+        raise StatementError(f"UPDATE EDGES: edit {copied[0].id} holds tensor values copied by DIFF INTO PATCH and "
+                             "answers no prompt, so it has no target to refit", hint="add WHERE mode != 'values'")
     done = []
     for e in hit:
         target = node.target if node.target.startswith(" ") or e.prompt.endswith(" ") else " " + node.target
@@ -922,6 +949,96 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
                             kl_positions=r.kl_positions, bank=r.bank)
 
 
+# ---- SELECT ... FROM EDGES -----------------------------------------------------------------------
+
+#: SELECT ... FROM EDGES: the columns, in SELECT *'s order
+SELECT_COLUMNS = ("source", "id", "entity", "relation", "prompt", "target", "original", "mode", "layer", "score")
+
+
+@dataclass(frozen=True, eq=False)
+class SelectEdgesPlan(Node):
+    columns: tuple[str, ...]
+    where: tuple
+    order_by: str | None
+    descending: bool
+    limit: int | None
+
+
+def plan_select_edges(s, ctx: Context) -> Node:
+    """SELECT ... FROM EDGES (the dialect family's statement): the active patches' edges."""
+    if s.nearest is not None:
+        raise err(s, "SELECT ... FROM EDGES NEAREST TO: a patch's edges are listed, not searched by similarity",
+                  hint="SELECT ... FROM FEATURES NEAREST TO 'text'; or WHERE entity = 'x'")
+    cols = tuple(c.name for c in s.columns) if s.columns else SELECT_COLUMNS
+    for c in list(cols) + [x.column.name for x in s.where] + ([s.order_by.name] if s.order_by else []):
+        if c not in SELECT_COLUMNS:
+            raise err(s, f"SELECT ... FROM EDGES has no column {c!r}", hint=f"columns: {', '.join(SELECT_COLUMNS)}")
+    if s.limit is not None and s.limit < 1:
+        raise err(s, f"LIMIT {s.limit} lists nothing", hint="LIMIT 10")
+    return SelectEdgesPlan(s, columns=cols, where=tuple(s.where), order_by=s.order_by.name if s.order_by else None,
+                           descending=bool(s.descending), limit=s.limit)
+
+
+class SelectEdgesResult(Result):
+    kind: Literal["select_edges"] = "select_edges"
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    notes: list[str] = Field(default_factory=list)
+
+
+def _p_target(model, prompt: str, target_id: int) -> float:
+    import numpy as np
+
+    ex = model.executor()
+    logits = np.asarray(ex.forward(model.tokenizer.encode(prompt))[-1], dtype=np.float32)
+    z = np.exp(logits - logits.max())
+    return float(z[target_id] / z.sum())
+
+
+@fam.runs(SelectEdgesPlan)
+def run_select_edges(session, node: SelectEdgesPlan) -> SelectEdgesResult:
+    notes = [("the patches' inserted edges only: the edges DESCRIBE computes from the features are not listed "
+              "(DESCRIBE 'entity' gives them)")]
+    if session.base_container is None:
+        return SelectEdgesResult(columns=list(node.columns), rows=[], notes=["no container is open, so no patch is active"])
+    st = edit_state(session)
+    model = st.model()
+    rows: list[dict[str, Any]] = []
+    for p in st.active:
+        for e in p.edits:
+            score = None if e.prompt is None or e.target_id is None else round(_p_target(model, e.prompt, e.target_id), 6)
+            for layer in e.layers:
+                row = {"source": f"patch:{p.name}", "id": e.id, "entity": e.entity, "relation": e.relation,
+                       "prompt": e.prompt, "target": e.target, "original": e.original, "mode": e.label.lower(),
+                       "layer": layer, "score": score}
+                if all(_holds(c, row[c.column.name]) for c in node.where):
+                    rows.append(row)
+    if node.order_by is not None:
+        present = [r for r in rows if r[node.order_by] is not None]
+        absent = [r for r in rows if r[node.order_by] is None]  # rows without the value come last either way
+        rows = sorted(present, key=lambda r: r[node.order_by], reverse=node.descending) + absent
+    if node.limit is not None:
+        rows = rows[: node.limit]
+    if any(r["mode"].startswith("knn") for r in rows):
+        notes.append("KNN edges are a retrieval overlay: no weight holds them; their score is the overlay's answer")
+    return SelectEdgesResult(columns=list(node.columns), rows=[{c: r[c] for c in node.columns} for r in rows],
+                             notes=notes)
+
+
+@fam.layout(SelectEdgesResult)
+def layout_select_edges(r: SelectEdgesResult, timing: bool) -> list[str]:
+    def cell(v) -> str:
+        return "-" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    return table(list(r.columns), [[cell(row[c]) for c in r.columns] for row in r.rows]) if r.rows else \
+        ["no edges: no active patch holds an edit that matches"]
+
+
+@fam.records(SelectEdgesResult)
+def records_select_edges(r: SelectEdgesResult) -> list[dict[str, Any]]:
+    return [dict(x) for x in r.rows]
+
+
 # ---- layouts -------------------------------------------------------------------------------------
 
 
@@ -931,7 +1048,7 @@ def _pct(x: float | None) -> str:
 
 def _edit_table(rows: list[EditRow]) -> list[str]:
     return table(["patch", "id", "mode", "prompt", "target", "original", "layers", "writes", "vectors"],
-                 [[r.patch, str(r.id), r.mode, r.prompt, r.target, r.original or "-",
+                 [[r.patch, str(r.id), r.mode, r.prompt or "-", r.target or "-", r.original or "-",
                    ",".join(str(x) for x in r.layers), str(r.writes), str(r.vectors)] for r in rows])
 
 

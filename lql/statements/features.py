@@ -107,8 +107,12 @@ fam.doc('DESCRIBE',
         "DESCRIBE 'France';", order=180)
 fam.doc('SELECT',
         "SELECT layer, feature, token, score | * FROM FEATURES [AT LAYER n | LAYERS a-b] [NEAREST TO 'text' [AT LAYER n]] [WHERE column op value [AND ...]] [ORDER BY column [ASC | DESC]] [LIMIT n]",
-        'query the FFN features as a table (op: =, !=, <, <=, >, >=, IN (v, ...), and LIKE for token)',
-        "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;", order=190, aliases=('SELECT FROM FEATURES', 'SELECT FROM EDGES', 'SELECT FROM ENTITIES'))
+        "query the FFN features as a table (op: =, !=, <, <=, >, >=, IN (v, ...), and LIKE for token); "
+        "SELECT entity, target, layer, score, source | * FROM EDGES [WHERE ...] [ORDER BY ...] [LIMIT n] lists the "
+        "active patches' inserted edges (source 'patch:<name>', score: the target's probability through the "
+        "overlay), not the edges DESCRIBE computes",
+        "SELECT layer, feature, token, score FROM FEATURES NEAREST TO 'Paris' LIMIT 5;", order=190,
+        aliases=('SELECT FROM FEATURES', 'SELECT FROM EDGES', 'SELECT FROM ENTITIES'))
 fam.doc('SHOW FEATURES',
         'SHOW FEATURES [AT LAYER] n [WHERE ...] [LIMIT n]',
         "a layer's features in order, each with the top tokens its down column writes",

@@ -8,22 +8,23 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .. import ast
 from ..ast import dialect
 from ..errors import NoContainer
 from ..layouts import shares
-from ..planner import Context, Node, err, positive
+from ..planner import Context, Node, err, may_overwrite, positive
 from ..registry import family
 from ..results import EncodingShare, Result, dump
 from ..syntax import Children, Clause
 from ..text import fields, fmt_bpw, fmt_bytes, fmt_int, fmt_seconds, fmt_value, num, table
 
 fam = family("representations", module=__name__, statements=("represent_stmt", "compact_stmt", "diff_stmt",
-                                                              "diff_ref", "score_representation_stmt"),
+                                                              "diff_ref", "diff_current", "score_representation_stmt"),
              path_keywords=("INTO", "AGAINST", "ON"), grammar=r"""
 represent_stmt: REPRESENT INTO STRING ENCODING STRING
 
@@ -31,6 +32,7 @@ compact_stmt: COMPACT INTO STRING
 
 diff_stmt: DIFF STRING [STRING]
 diff_ref: DIFF STRING (STRING | CURRENT) diff_option+
+diff_current: DIFF CURRENT diff_option*
 ?diff_option: diff_layer_clause
             | limit_clause
             | physical_clause
@@ -58,6 +60,12 @@ fam.doc('DIFF',
         "DIFF 'a' 'b' | DIFF 'b' [LAYER n] [LIMIT n] [PHYSICAL]",
         "how two containers differ: logically (graph, objects, operators), physically (encodings, segments), in metadata; DIFF 'b' compares the bound container with b",
         "DIFF 'model.vindex3' 'model-int8.vindex3';", order=290)
+fam.doc('DIFF CURRENT',
+        "DIFF CURRENT [LAYER n] [LIMIT n] | DIFF 'a' 'b' INTO PATCH 'p.vlp'",
+        "DIFF CURRENT: the tensors the session's patches change (per tensor: layer, edits and modes, rows and "
+        "columns touched, |delta| Frobenius, relative and max, rank); INTO PATCH: a patch bound to a that makes "
+        "it compute b's logits bit for bit (b must differ from a in tensor values only)",
+        "DIFF CURRENT;", order=291, aliases=('DIFF INTO PATCH',))
 
 
 @fam.rule
@@ -82,6 +90,11 @@ def diff_ref(c: Children) -> Diff:
     a, b = (c.all("DIFF") + [None])[:2]
     current = c.has("CURRENT")
     return Diff(a=c.string_of(a), b=None if current else c.string_of(b), b_current=current, **c.options("DIFF"))
+
+
+@fam.rule
+def diff_current(c: Children) -> DiffCurrent:
+    return DiffCurrent(**c.options("DIFF"))
 
 
 @fam.rule
@@ -146,6 +159,20 @@ class Diff(ast.Statement):
     limit: int | None = dialect(None)
     physical: bool = dialect(False)
     into_patch: str | None = dialect(None)
+
+
+class DiffCurrent(ast.Statement):
+    """DIFF CURRENT [LAYER n] [LIMIT n]: the bound container against the session's edit overlay."""
+
+    keyword: ClassVar[str] = "DIFF CURRENT"
+    paths: ClassVar[tuple[str, ...]] = ()
+    read_only: ClassVar[bool | str] = True
+    needs_container: ClassVar[bool] = True
+    kind: Literal["diff_current"] = "diff_current"
+    layer: int | None = None
+    limit: int | None = None
+    physical: bool = dialect(False)  # refused: an overlay has no physical form
+    into_patch: str | None = dialect(None)  # refused: SAVE PATCH writes the overlay
 
 
 class ScoreRepresentation(ast.Statement):
@@ -224,6 +251,33 @@ class DiffResult(Result):
     differences: list[DiffRow]
 
 
+class TensorChangeRow(BaseModel):
+    tensor: str
+    layer: int | None
+    modes: list[str]
+    edits: list[str]
+    shape: list[int]
+    rows: int
+    cols: int
+    frobenius: float
+    relative: float
+    max_abs: float
+    rank: int
+    rank_bound: int
+
+
+class OverlayDiffResult(Result):
+    """DIFF CURRENT (the base against the session's overlay) or DIFF 'a' 'b' INTO PATCH (the patch written)."""
+
+    kind: Literal["overlay_diff"] = "overlay_diff"
+    base: str
+    against: str  # "the session's overlay (...)" or b's path
+    patch: str | None = None  # INTO PATCH: the file written
+    edits: int
+    changes: list[TensorChangeRow]
+    notes: list[str] = Field(default_factory=list)
+
+
 class RepresentationScoreResult(Result):
     kind: Literal["score_representation"] = "score_representation"
     candidate: str
@@ -273,6 +327,20 @@ class DiffPlan(Node):
 
 
 @dataclass(frozen=True, eq=False)
+class DiffCurrentPlan(Node):
+    layer: int | None = None
+    limit: int | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class DiffPatchPlan(Node):
+    a: str
+    b: str
+    into: str
+    overwrite: bool = False
+
+
+@dataclass(frozen=True, eq=False)
 class ScoreRepresentationPlan(Node):
     candidate: str
     reference: str | None  # None: the default model
@@ -297,8 +365,18 @@ def plan_compact(s: Compact, ctx: Context) -> Node:
 @fam.plans(Diff)
 def plan_diff(s: Diff, ctx: Context) -> Node:
     if s.into_patch is not None:
-        raise err(s, "DIFF ... INTO PATCH writes the difference as a patch overlay, which this build does not have yet",
-                   hint="leave INTO PATCH out: DIFF shows the differences")
+        if s.b is None:
+            raise err(s, "DIFF ... INTO PATCH takes two containers, 'a' and 'b' (the patch makes a compute b)",
+                      hint="DIFF 'a' 'b' INTO PATCH 'p.vlp'; SAVE PATCH writes the session's overlay")
+        for name, v in (("LAYER", s.layer), ("LIMIT", s.limit), ("PHYSICAL", s.physical or None)):
+            if v is not None:
+                raise err(s, f"DIFF ... INTO PATCH writes every changed tensor; {name} would leave some out")
+        from .. import files
+
+        overwrite = may_overwrite(s, ctx)  # SET overwrite = on (DIFF has no OVERWRITE clause)
+        inside = [Path(s.a), Path(s.b)] + (files.container_paths(ctx.catalog) if ctx.bound else [])
+        files.output_file(s.into_patch, "patch file", overwrite=overwrite, inside=inside)
+        return DiffPatchPlan(s, a=s.a, b=s.b, into=s.into_patch, overwrite=overwrite)
     positive(s, s.limit, "LIMIT", "LIMIT 10")
     opts = {"layer": s.layer, "limit": s.limit, "physical": s.physical}
     if s.b_current:
@@ -313,6 +391,17 @@ def plan_diff(s: Diff, ctx: Context) -> Node:
                           hint="DIFF 'a' 'b' compares two containers; or OPEN one first",
                           line=s.line, column=s.column, statement=s.source)
     return DiffPlan(s, a=ctx.catalog.path, b=s.a, **opts)
+
+
+@fam.plans(DiffCurrent)
+def plan_diff_current(s: DiffCurrent, ctx: Context) -> Node:
+    if s.physical:
+        raise err(s, "DIFF CURRENT PHYSICAL: an edit overlay has no physical form (it lives in memory)",
+                  hint="DIFF CURRENT lists the tensors it changes; COMPILE CURRENT INTO VINDEX writes them")
+    if s.into_patch is not None:
+        raise err(s, "DIFF CURRENT INTO PATCH: the overlay already is patches", hint="SAVE PATCH INTO 'p.vlp'")
+    positive(s, s.limit, "LIMIT", "LIMIT 10")
+    return DiffCurrentPlan(s, layer=s.layer, limit=s.limit)
 
 
 @fam.plans(ScoreRepresentation)
@@ -404,6 +493,57 @@ def run_diff(session, node: DiffPlan) -> DiffResult:
     return out
 
 
+def _change_rows(changes) -> list[TensorChangeRow]:
+    return [TensorChangeRow(tensor=c.label, layer=c.layer, modes=c.modes, edits=c.edits, shape=list(c.shape),
+                            rows=c.rows, cols=c.cols, frobenius=c.frobenius, relative=c.relative, max_abs=c.max_abs,
+                            rank=c.rank, rank_bound=c.rank_bound) for c in changes]
+
+
+@fam.runs(DiffCurrentPlan)
+def run_diff_current(session, node: DiffCurrentPlan) -> OverlayDiffResult:
+    from vindex3.edits import EditedModel
+    from vindex3.edits.diff import changes
+
+    from .edits import edit_state
+
+    st = edit_state(session)
+    model = st.model()
+    notes = []
+    if not isinstance(model, EditedModel):
+        return OverlayDiffResult(base=st.base.name, against="the session's overlay (no edits)", edits=0, changes=[],
+                                 notes=["no active patch holds an edit: the session runs the container as it is"])
+    rows = _change_rows(changes(model))
+    knn = [f"{p.name}#{e.id} (layer {e.knn.layer})" for p in model.patches for e in p.edits if e.knn is not None]
+    if knn:
+        notes.append(f"KNN edits are a retrieval overlay and change no tensor: {', '.join(knn)}")
+    if node.layer is not None:
+        rows = [r for r in rows if r.layer == node.layer]
+    if node.limit is not None:
+        rows = rows[: node.limit]
+    return OverlayDiffResult(base=st.base.name, against=f"the session's overlay ({model.describe()})",
+                             edits=len(model.edits()), changes=rows, notes=notes)
+
+
+@fam.runs(DiffPatchPlan)
+def run_diff_patch(session, node: DiffPatchPlan) -> OverlayDiffResult:
+    from vindex3 import jsonio
+    from vindex3.edits.diff import patch_between
+
+    from .. import files
+
+    name = os.path.basename(node.into)
+    patch, changes = patch_between(node.a, node.b, name)
+    out = files.output_file(node.into, "patch file", overwrite=node.overwrite)
+    jsonio.write_atomic(out, patch.model_dump(mode="json"))
+    notes = [(f"bound to {patch.base_name} (digest {patch.base_digest[:16]}…): APPLY PATCH on it computes "
+              f"{node.b}'s logits bit for bit, and refuses any other container"),
+             "the changed tensors' values are stored whole (rows or columns), not as deltas"]
+    if not patch.edits:
+        notes.append("the containers hold the same tensor values: the patch is empty")
+    return OverlayDiffResult(base=node.a, against=node.b, patch=str(out), edits=len(patch.edits),
+                             changes=_change_rows(changes), notes=notes)
+
+
 @fam.runs(ScoreRepresentationPlan)
 def run_score_representation(session, node: ScoreRepresentationPlan) -> RepresentationScoreResult:
     from vindex3.evidence import score_representation as run
@@ -491,6 +631,25 @@ def _diff_cell(v: Any) -> str:
 @fam.records(DiffResult)
 def records_diff(r: DiffResult) -> list[dict[str, Any]]:
     return [dump(x) for x in r.differences]
+
+
+@fam.layout(OverlayDiffResult)
+def layout_overlay_diff(r: OverlayDiffResult, timing: bool) -> list[str]:
+    out = fields([("base", r.base), ("against", r.against)] + ([("patch", r.patch)] if r.patch else [])
+                 + [("edits", str(r.edits)), ("tensors changed", str(len(r.changes)))])
+    if r.changes:
+        out += [""] + table(["layer", "tensor", "modes", "edits", "shape", num("rows"), num("cols"), num("|Δ|F"),
+                             num("|Δ|F/|W|F"), num("max |Δ|"), num("rank"), num("bound")],
+                            [["-" if c.layer is None else str(c.layer), c.tensor, ", ".join(c.modes), ", ".join(c.edits),
+                              "x".join(str(x) for x in c.shape), fmt_int(c.rows), fmt_int(c.cols),
+                              f"{c.frobenius:.3g}", f"{c.relative:.3g}", f"{c.max_abs:.3g}", str(c.rank),
+                              str(c.rank_bound)] for c in r.changes])
+    return out
+
+
+@fam.records(OverlayDiffResult)
+def records_overlay_diff(r: OverlayDiffResult) -> list[dict[str, Any]]:
+    return [dump(x) for x in r.changes]
 
 
 @fam.layout(RepresentationScoreResult)

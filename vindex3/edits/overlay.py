@@ -115,10 +115,10 @@ class Edit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     id: int
-    mode: Literal["compose", "memit", "knn"]
-    prompt: str
-    target: str
-    target_id: int  # the target's first token: the one efficacy and KNN speak about
+    mode: Literal["compose", "memit", "knn", "values"]  # values: tensor values copied whole (DIFF INTO PATCH)
+    prompt: str | None = None  # None for a values edit: it answers no prompt
+    target: str | None = None
+    target_id: int | None = None  # the target's first token: the one efficacy and KNN speak about
     original: str | None = None  # the unedited model's top-1 token at the prompt, as text
     entity: str | None = None
     relation: str | None = None
