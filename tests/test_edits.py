@@ -4,10 +4,10 @@ overlay wherever its output appears, MEMIT's closed form is the numpy one, and t
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
+import edits_fixtures
 import numpy as np
 import pytest
 
@@ -29,19 +29,8 @@ SMALL_BANK = [  # the first prompts of each kind in the frozen bank: the whole b
 
 @pytest.fixture(autouse=True, scope="module")
 def small_bank(tmp_path_factory):
-    import json
-
-    from vindex3.edits import fit
-
-    path = tmp_path_factory.mktemp("bank") / "small-bank.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in SMALL_BANK))
-    was, fit.DEFAULT_CORPUS = fit.DEFAULT_CORPUS, str(path)
-    yield path
-    fit.DEFAULT_CORPUS = was
-
-
-def _hashes(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+    with edits_fixtures.small_bank(tmp_path_factory.mktemp("bank"), SMALL_BANK) as path:
+        yield path
 
 
 @pytest.fixture
@@ -112,7 +101,7 @@ def test_an_overlay_without_writes_runs_the_same_bytes(fitted):
 
 @pytest.mark.parametrize("mode", ["memit", "compose"])
 def test_weight_edits_raise_the_target_and_the_container_is_untouched(mode, fitted, tiny_llama_container):
-    before = _hashes(Path(tiny_llama_container))
+    before = edits_fixtures.hashes(Path(tiny_llama_container))
     c, patches = fitted
     ids = c.tokenizer.encode(PROMPT)
     t = c.tokenizer.encode(" Rome", special=False)[0]
@@ -128,7 +117,7 @@ def test_weight_edits_raise_the_target_and_the_container_is_untouched(mode, fitt
     # what its search reached, and the edit must carry the model most of the way there
     reached = fit["p_reached"] if mode == "memit" else fit["p_fitted"]
     assert reached > 1.5 * p(c) and p(m) - p(c) > 0.8 * (reached - p(c))
-    assert _hashes(Path(tiny_llama_container)) == before
+    assert edits_fixtures.hashes(Path(tiny_llama_container)) == before
     assert vindex3.open(tiny_llama_container).verify().ok
 
 
@@ -149,7 +138,7 @@ def test_knn_is_a_retrieval_overlay(fitted):
 
 def test_lql_edits_run_and_are_labelled(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    before = _hashes(tiny)
+    before = edits_fixtures.hashes(tiny)
     s = lql.Session(str(tiny))
     r = s.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('France', 'capital', 'Rome') MODE KNN")
     assert "retrieval overlay" in r.to_text() and r.edits[0].prompt == PROMPT and r.edits[0].target == " Rome"
@@ -174,7 +163,7 @@ def test_lql_edits_run_and_are_labelled(tiny, tmp_path, monkeypatch):
     r = s.execute_one("APPLY PATCH 'facts.vlp'")
     assert len(r.edits) == 3 and {e.mode for e in r.edits} == {"KNN (retrieval overlay)", "COMPOSE", "MEMIT"}
     assert s.execute_one(f"INFER '{PROMPT}'").to_text()
-    assert _hashes(tiny) == before  # nothing the session did wrote into the container
+    assert edits_fixtures.hashes(tiny) == before  # nothing the session did wrote into the container
 
 
 def test_a_patch_is_refused_on_another_container(tiny, tmp_path, containers, monkeypatch):

@@ -5,11 +5,10 @@ writes a checkpoint transformers loads and that computes the overlay's logits; a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from pathlib import Path
 
+import edits_fixtures
 import numpy as np
 import pytest
 from fixtures import hf_logits, hf_logits64, load_reference
@@ -24,24 +23,12 @@ pytestmark = pytest.mark.numeric
 # spread on these fixtures (3.1e-7, 4.0e-7 on edited llama exports); printed below as measured here.
 TOL = 3e-6
 PROMPT = "The capital of France is"
-BANK = [{"id": "fact-01", "category": "fact", "text": "The capital of France is"},
-        {"id": "code-01", "category": "code", "text": "def add(a, b):"},
-        {"id": "narr-01", "category": "narrative", "text": "Once upon a time, there was a small model"}]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def small_bank(tmp_path_factory):
-    from vindex3.edits import fit
-
-    path = tmp_path_factory.mktemp("bank") / "small-bank.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in BANK))
-    was, fit.DEFAULT_CORPUS = fit.DEFAULT_CORPUS, str(path)
-    yield path
-    fit.DEFAULT_CORPUS = was
-
-
-def _hashes(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+    with edits_fixtures.small_bank(tmp_path_factory.mktemp("bank")) as path:
+        yield path
 
 
 @pytest.fixture
@@ -57,7 +44,7 @@ def edited(tmp_path, tiny_llama_container, monkeypatch):
 
 def test_compile_into_vindex_is_the_overlay_bit_for_bit(edited):
     s, d = edited
-    before = _hashes(d / "tiny.vindex3")
+    before = edits_fixtures.hashes(d / "tiny.vindex3")
     ids = s.base_container.tokenizer.encode(PROMPT)
     overlay = s.container.executor().forward(ids)
     assert not np.array_equal(overlay, s.base_container.executor().forward(ids))
@@ -69,7 +56,7 @@ def test_compile_into_vindex_is_the_overlay_bit_for_bit(edited):
     prov = baked.provenance["compiled"]["patches"][0]["patches"][0]
     assert prov["name"] == "facts" and [e["mode"] for e in prov["edits"]] == ["memit", "compose"]
     assert prov["base_digest"] == s.base_container.digest
-    assert _hashes(d / "tiny.vindex3") == before
+    assert edits_fixtures.hashes(d / "tiny.vindex3") == before
 
 
 def test_compile_into_model_loads_in_transformers_and_matches(edited):

@@ -5,11 +5,10 @@ in more than tensor values."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
-from pathlib import Path
 
+import edits_fixtures
 import numpy as np
 import pytest
 
@@ -20,24 +19,12 @@ from lql.errors import LqlError
 pytestmark = pytest.mark.numeric
 
 PROMPT = "The capital of France is"
-BANK = [{"id": "fact-01", "category": "fact", "text": "The capital of France is"},
-        {"id": "code-01", "category": "code", "text": "def add(a, b):"},
-        {"id": "narr-01", "category": "narrative", "text": "Once upon a time, there was a small model"}]
 
 
 @pytest.fixture(autouse=True, scope="module")
 def small_bank(tmp_path_factory):
-    from vindex3.edits import fit
-
-    path = tmp_path_factory.mktemp("bank") / "small-bank.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in BANK))
-    was, fit.DEFAULT_CORPUS = fit.DEFAULT_CORPUS, str(path)
-    yield path
-    fit.DEFAULT_CORPUS = was
-
-
-def _hashes(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+    with edits_fixtures.small_bank(tmp_path_factory.mktemp("bank")) as path:
+        yield path
 
 
 @pytest.fixture
@@ -92,7 +79,7 @@ def test_diff_current_names_a_retrieval_overlay_and_an_empty_one(edited):
 def test_diff_into_patch_reproduces_the_compiled_container_bit_for_bit(edited, containers):
     s, d = edited
     s.execute("COMPILE CURRENT INTO VINDEX 'baked.vindex3'")
-    before = _hashes(d / "tiny.vindex3")
+    before = edits_fixtures.hashes(d / "tiny.vindex3")
     ids = s.base_container.tokenizer.encode(PROMPT)
     baked = vindex3.open(d / "baked.vindex3").executor().forward(ids)
     fresh = lql.Session()
@@ -118,7 +105,7 @@ def test_diff_into_patch_reproduces_the_compiled_container_bit_for_bit(edited, c
     b = lql.Session("baked.vindex3")
     b.execute_one("APPLY PATCH 'back.vlp'")
     assert np.array_equal(b.container.executor().forward(ids), s.base_container.executor().forward(ids))
-    assert _hashes(d / "tiny.vindex3") == before
+    assert edits_fixtures.hashes(d / "tiny.vindex3") == before
 
 
 def test_diff_into_patch_refuses_containers_that_differ_in_more_than_values(edited, containers):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import edits_fixtures
 import numpy as np
 import pytest
 
@@ -20,13 +21,8 @@ BANK = [{"id": "fact-01", "category": "fact", "text": "The capital of France is"
 
 @pytest.fixture(autouse=True, scope="module")
 def small_bank(tmp_path_factory):
-    from vindex3.edits import fit
-
-    path = tmp_path_factory.mktemp("bank") / "small-bank.jsonl"
-    path.write_text("".join(json.dumps(p) + "\n" for p in BANK))
-    was, fit.DEFAULT_CORPUS = fit.DEFAULT_CORPUS, str(path)
-    yield path
-    fit.DEFAULT_CORPUS = was
+    with edits_fixtures.small_bank(tmp_path_factory.mktemp("bank"), BANK) as path:
+        yield path
 
 
 @pytest.fixture
