@@ -228,6 +228,9 @@ Settings = create_model("Settings", __base__=_SettingsBase,
 #: The settings that bound what a statement may do: a server session may lower them, never raise
 #: them past the value the server started the session with (what guards the server guards it).
 LIMIT_SETTINGS = ("max_positions", "max_generate", "max_lookahead", "max_prompts", "memory_limit")
+# settings whose value names a file the session reads: a server refuses them (a statement's own
+# paths are confined to its data directory; a setting's value is not a statement's path)
+FILE_SETTINGS = ("templates",)
 
 
 def setting(name: str) -> SettingDoc | None:

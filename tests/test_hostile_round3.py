@@ -78,6 +78,14 @@ def test_2_lowering_a_limit_is_allowed(ro_client):
     assert all(r["ok"] for r in res)
 
 
+def test_2_a_setting_that_names_a_file_is_refused_on_a_server(ro_client, client):
+    for c in (ro_client, client):
+        for value in ("'/etc/passwd'", "'templates.json'"):
+            res = query(c, f"SET templates = {value};")[0]
+            assert not res["ok"] and res["error"]["type"] == "ProfileRefusal", res
+            assert "SET templates names a file" in res["error"]["message"]
+
+
 # ---- 3: STATS 'path' is confined to the data directory --------------------------------------
 
 

@@ -49,7 +49,14 @@ class Set(ast.Statement):
 
     def check_on_server(self, config) -> None:
         """A limit setting may only be lowered on a server: at most the catalogue's default, and
-        max_positions at most the positions one request may use (prompt + generated)."""
+        max_positions at most the positions one request may use (prompt + generated). A setting
+        that names a file (SET templates) is refused: the server reads no file a statement did not
+        name as its own confined path."""
+        if self.name in catalog.FILE_SETTINGS:
+            from ..server.policy import ProfileRefusal
+
+            raise ProfileRefusal(f"SET {self.name} names a file for the session to read, which a server does not take",
+                                 hint="give INSERT a TEMPLATE 'The {entity} is located in' clause instead")
         if self.name not in catalog.LIMIT_SETTINGS:
             return
         doc = catalog.setting(self.name)
