@@ -2,7 +2,7 @@
 DESCRIBE and TRACE answer once it exists.
 
 * Feature metadata, whole model (30 FFN layers, 1,536 features each, vocabulary 49,152, top 10),
-  built into a private copy of the container (segments symlinked), so it is always a fresh
+  built into a private copy of the container (segments copied), so it is always a fresh
   build; beside it, in the same process, the plain numpy peer for one layer: one GEMM
   ``W_head @ (γ ⊙ down)`` and an ``argpartition`` top-k, so the ratio says how close the build
   is to the bare GEMM it is made of.
@@ -19,7 +19,6 @@ Writes bench/results/internals_smollm2.json with machine facts.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -37,9 +36,10 @@ from vindex3.internals import Internals
 
 
 def private_copy(src: Path, dst: Path) -> Path:
-    """The container's files, its segments hard-linked when the file system allows (a container
-    refuses segments that are symlinks out of it), copied otherwise; metadata is written into
-    the copy, never into the source."""
+    """The container's files, copied (a container refuses segments that are symlinks out of it,
+    and a hard link would change the source files' ctime, which open sessions of the source
+    read as "modified on disk" and refuse); metadata is written into the copy, never into the
+    source."""
     dst.mkdir()
     for f in src.iterdir():
         if f.name == "derived":
@@ -47,10 +47,7 @@ def private_copy(src: Path, dst: Path) -> Path:
         if f.is_dir():
             (dst / f.name).mkdir()
             for g in f.iterdir():
-                try:
-                    os.link(g, dst / f.name / g.name)
-                except OSError:
-                    shutil.copy2(g, dst / f.name / g.name)
+                shutil.copy2(g, dst / f.name / g.name)
         else:
             shutil.copy2(f, dst / f.name)
     index = jsonio.load(dst / "index.json")
@@ -95,7 +92,7 @@ def main() -> int:
         from vindex3 import default_model
 
         src = Path(default_model.ensure())
-    with tempfile.TemporaryDirectory(dir=src.parent) as tmp:  # beside the source: hard links work
+    with tempfile.TemporaryDirectory(dir=src.parent) as tmp:  # beside the source
         path = private_copy(src, Path(tmp) / src.name)
         ix = Internals(path)
         n_ffn = len(ix.view.ffn_layers(None, "bench")[0])
