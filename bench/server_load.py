@@ -61,6 +61,10 @@ from bench.serving import free_port, greedy_answers, start, stop, stream_complet
 ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
                                 "VINDEX3_DECODE_THREADS")}
 PEER_EXTRA = {"repeat_penalty": 1.0}  # llama-cpp-python's server defaults to 1.1, which is not greedy
+# Whether a server's usage.completion_tokens counts the end-of-sequence token it generated: lql's
+# does, llama-cpp-python's does not (measured: same text, 30 against 29 tokens); both computed
+# that step, so the bench counts it on both sides (the peer's finish_reason "stop", with no stop
+# strings asked, is that token).
 START_SECONDS = 120.0
 
 
@@ -99,7 +103,8 @@ def body(side: dict, prompt: str, max_tokens: int, stream: bool) -> dict:
 
 
 def reference_answers(side: dict, max_tokens: int) -> dict[str, dict]:
-    """Each prompt answered once without streaming (the warm-up): text, prompt and completion tokens."""
+    """Each prompt answered once without streaming (the warm-up): text, prompt and completion
+    tokens, and the tokens it generated (completion tokens with the end-of-sequence one)."""
     import httpx
 
     out = {}
@@ -111,6 +116,8 @@ def reference_answers(side: dict, max_tokens: int) -> dict[str, dict]:
             out[p] = {"text": obj["choices"][0]["text"], "finish_reason": obj["choices"][0].get("finish_reason"),
                       "prompt_tokens": obj["usage"]["prompt_tokens"],
                       "completion_tokens": obj["usage"]["completion_tokens"]}
+            eos_left_out = not side["counts_eos"] and out[p]["finish_reason"] == "stop"
+            out[p]["generated"] = out[p]["completion_tokens"] + eos_left_out
     return out
 
 
@@ -124,7 +131,7 @@ async def one_client(k: int, side: dict, requests: int, max_tokens: int, records
             r = await stream_completion(c, side["url"], body(side, prompt, max_tokens, stream=True))
             ok = r["status"] == 200 and "error" not in r
             records.append({"client": k, "prompt": prompt, "ok": ok, "status": r["status"], "error": r.get("error"),
-                            "matches": r["text"] == ref["text"], "tokens": ref["completion_tokens"] if ok else 0,
+                            "matches": r["text"] == ref["text"], "tokens": ref["generated"] if ok else 0,
                             "streamed_usage": (r["usage"] or {}).get("completion_tokens"),
                             "ttft": r["times"][0] - r["t0"] if r["times"] else None})
 
@@ -147,7 +154,7 @@ def run_arm(side: dict, clients: int, requests: int, max_tokens: int) -> dict:
             "tokens": tokens, "wall_seconds": wall, "tokens_per_second": tokens / wall,
             "ttft_p50_s": ttft[len(ttft) // 2] if ttft else None,
             "streamed_usage_differs": sum(r["streamed_usage"] is not None and r["streamed_usage"] != r["tokens"]
-                                          for r in records if r["ok"]),
+                                          for r in records if r["ok"]),  # lql's stream against its warm-up
             "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
             "failures": [{k: r[k] for k in ("client", "prompt", "status", "error")} for r in records if not r["ok"]][:5]}
 
@@ -185,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         proc, url = start_lql(container, max(counts))
         procs.append(proc)
-        sides.append({"name": "lql", "url": url, "model": model_id_for(container), "extra": {}})
+        sides.append({"name": "lql", "url": url, "model": model_id_for(container), "extra": {}, "counts_eos": True})
         if not args.peer_python:
             peer["why"] = "not asked for: --peer-python was not given"
         elif not gguf.is_file():
@@ -194,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 proc, url = start_peer(args.peer_python, args.peer_pythonpath, gguf)
                 procs.append(proc)
-                sides.append({"name": "llama.cpp", "url": url, "model": "peer", "extra": dict(PEER_EXTRA)})
+                sides.append({"name": "llama.cpp", "url": url, "model": "peer", "extra": dict(PEER_EXTRA),
+                              "counts_eos": False})
                 peer["ran"] = True
             except (SystemExit, OSError) as e:
                 peer["why"] = f"its server did not start: {e}"
