@@ -58,6 +58,8 @@ def _ast(text: str) -> dict:
     ("DIFF 'a' DEFAULT", {"a": "a", "a_default": False, "b": None, "b_default": True}),
     ("DIFF DEFAULT", {"a": None, "a_default": True, "b": None, "b_default": False}),
     ("diff default current limit 2", {"a": None, "a_default": True, "b_current": True, "limit": 2}),
+    ("DIFF DEFAULT CURRENT", {"a": None, "a_default": True, "b": None, "b_current": True}),
+    ("DIFF 'a' CURRENT", {"a": "a", "a_default": False, "b": None, "b_current": True}),  # no option needed
     ("DIFF DEFAULT 'b' INTO PATCH 'p.vlp'", {"a": None, "a_default": True, "b": "b", "into_patch": "p.vlp"}),
     ("DIFF 'a' DEFAULT PHYSICAL", {"a": "a", "b": None, "b_default": True, "physical": True}),
     ("COMPILE DEFAULT INTO VINDEX 'o'", {"path": None, "default": True, "into": "o", "target": "vindex"}),
@@ -101,7 +103,7 @@ def test_diff_default_is_the_diff_of_the_default_models_path(default):
     b = lql.Session("int8.vindex3")
     assert b.execute_one("DIFF DEFAULT").to_dict()["result"] == \
         s.execute_one(f"DIFF 'int8.vindex3' '{default}'").to_dict()["result"]
-    assert b.execute_one("DIFF DEFAULT CURRENT LIMIT 1000").to_dict()["result"] == by_path.to_dict()["result"]
+    assert b.execute_one("DIFF DEFAULT CURRENT").to_dict()["result"] == by_path.to_dict()["result"]
     with pytest.raises(LqlError, match="none is open"):
         s.execute_one("DIFF DEFAULT")
 

@@ -34,7 +34,7 @@ compact_stmt: COMPACT INTO STRING
 
 // a container operand: a path, or DEFAULT (the built-in default model, encoded on first use)
 _container_ref: STRING | DEFAULT
-diff_stmt: DIFF _container_ref [_container_ref]
+diff_stmt: DIFF _container_ref [_container_ref | CURRENT]
 diff_ref: DIFF _container_ref (_container_ref | CURRENT) diff_option+
 diff_current: DIFF CURRENT diff_option*
 ?diff_option: diff_layer_clause
@@ -96,7 +96,7 @@ def _diff(c: Children, **kw) -> Diff:
 
 @fam.rule
 def diff_stmt(c: Children) -> Diff:
-    return _diff(c)
+    return _diff(c, b_current=c.has("CURRENT"))
 
 
 @fam.rule
