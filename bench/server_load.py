@@ -1,29 +1,52 @@
-"""Load on `lql serve`, loopback only, bounded in count and time: N concurrent streaming chat
-clients (default 16) for a fixed time (default 60 s) against the default model
-(SmolLM2-135M-Instruct), each request greedy (temperature 0) on one of a few prompts.
+"""Aggregate generated tokens per second of `lql serve` at 1, 4 and 8 concurrent streaming
+completion clients, beside llama.cpp's server (llama-cpp-python's ``[server]`` extra) on the same
+weights when one is given, otherwise beside our own single-client rate. Loopback only, bounded.
 
-Before the load, the greedy answer to every prompt is computed in this process through LQL
-(``INFER 'p' CHAT GENERATE n``); during it, every stream's text is checked against that answer.
-Reports throughput (generated tokens and requests per second), time to first token and
-per-token latency (p50, p99), failures (any non-200, error event or exception) and mismatches,
-and writes bench/results/server_load.json with the machine facts.
+Both servers are child processes on free 127.0.0.1 ports, started once, kept for the run and
+stopped (terminated, then killed) at the end whatever happened; each must answer within 120 s of
+starting, and the whole load has a deadline. Both are held at one thread: `lql serve` with
+OMP/OpenBLAS/MKL/numba threads and VINDEX3_DECODE_THREADS at 1; the peer with ``--n_threads 1
+--n_threads_batch 1`` and the same environment. Same requests on both: the raw prompts of
+bench/serving.py through /v1/completions (no chat template), greedy (temperature 0; the peer also
+``repeat_penalty`` 1.0, since its server's default is 1.1), the same ``max_tokens``, streamed.
+Arms are interleaved: for each repeat, for each client count, each server in turn (the order
+alternates between repeats). Each client sends ``--requests`` requests one after another.
 
-The server is `python -m lql serve` in a child process on a free 127.0.0.1 port; no request
-starts after the duration, every request has a client timeout, the whole run has a deadline,
-and the server is stopped at the end whatever happened.
+Before the arms, each server answers every prompt once without streaming (also its warm-up):
+the text and token counts it gives there are what a streamed answer must repeat (a streamed
+request is counted with that completion_tokens; a different text is a mismatch). `lql serve`'s
+answers must equal LQL's own greedy continuation computed in this process (a mismatch fails the
+bench); whether the peer's equal them too is reported, not required (llama.cpp sums in another
+order, so a near-tie may go the other way). The peer's server runs one request at a time (a
+lock around its one model): its aggregate rate does not grow with clients; it also reuses the
+KV of a prompt prefix shared with the previous request, which ours does not.
 
-    python bench/server_load.py [--clients 16] [--seconds 60] [--max-tokens 32] [--container DIR]
+Writes bench/results/server_load.json: per arm tokens, seconds, tok/s, time to first token and
+the load average before and after; per server and client count the mean rate and its ratio to
+one client; lql over the peer per client count; the machine facts. If the peer cannot run, the
+JSON says why (``peer.ran`` false, ``peer.why``) and only our own arms are measured.
+
+The peer lives in its own virtual environment, never in the project's (its fastapi would change
+the starlette under lql's server):
+
+    python3.11 -m venv PEERVENV
+    PEERVENV/bin/pip install numpy jinja2 fastapi sse-starlette starlette-context pydantic-settings uvicorn
+    PEERVENV/bin/pip install 'llama-cpp-python[server]'   # or a local build: --peer-pythonpath BUILD
+    python bench/make_peer_ggufs.py                        # F32 GGUF of the default model's weights
+
+    python bench/server_load.py [--clients 1,4,8] [--requests 2] [--max-tokens 32] [--repeats 1]
+        [--container DIR] [--peer-python PEERVENV/bin/python] [--peer-pythonpath BUILD] [--peer-gguf FILE]
+
+``--peer-gguf`` defaults to the F32 GGUF bench/make_peer_ggufs.py writes into
+$VINDEX3_CACHE/peer-ggufs (the same float32 values as the default container, which is f32).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
-import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -32,223 +55,221 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = [
-    "What is the capital of France?",
-    "Name three primary colors.",
-    "Write one sentence about the sea.",
-    "What is 12 times 12?",
-    "Give a synonym for happy.",
-    "Why is the sky blue? Answer briefly.",
-    "Translate 'good morning' into Spanish.",
-    "List two kinds of trees.",
-]
+from bench.serving import COMPLETION_PROMPTS as PROMPTS
+from bench.serving import free_port, greedy_answers, start, stop, stream_completion, wait_up
+
+ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
+                                "VINDEX3_DECODE_THREADS")}
+PEER_EXTRA = {"repeat_penalty": 1.0}  # llama-cpp-python's server defaults to 1.1, which is not greedy
+# Whether a server's usage.completion_tokens counts the end-of-sequence token it generated: lql's
+# does, llama-cpp-python's does not (measured: same text, 30 against 29 tokens); both computed
+# that step, so the bench counts it on both sides (the peer's finish_reason "stop", with no stop
+# strings asked, is that token).
+START_SECONDS = 120.0
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_lql(container: Path, clients: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "lql", "serve", str(container), "--host", "127.0.0.1", "--port", str(port),
+           "--max-concurrent", str(clients), "--max-queue", str(clients), "--time-limit", "600",
+           "--log-level", "warning"]
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(ROOT)}
+    proc = start(cmd, env)
+    url = f"http://127.0.0.1:{port}"
+    wait_up(proc, url + "/health", what="lql serve", seconds=START_SECONDS)
+    return proc, url
 
 
-def pct(xs: list[float], q: float) -> float | None:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+def start_peer(python: str, pythonpath: str | None, gguf: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [python, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "peer", "--host", "127.0.0.1",
+           "--port", str(port), "--n_threads", "1", "--n_threads_batch", "1", "--n_ctx", "2048",
+           "--interrupt_requests", "False", "--use_mlock", "False", "--verbose", "False"]
+    env = {**os.environ, **ONE_THREAD}
+    env.pop("PYTHONPATH", None)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    proc = start(cmd, env)
+    url = f"http://127.0.0.1:{port}"
+    wait_up(proc, url + "/v1/models", what="llama-cpp-python's server", seconds=START_SECONDS)
+    return proc, url
 
 
-def greedy_answers(container: Path, max_tokens: int) -> tuple[dict[str, str], float]:
-    """The oracle: LQL's own greedy generation of each prompt, end-of-sequence cut; and the
-    in-process decode rate of one stream (tokens/s, BLAS held at one thread as the server holds
-    it), the peer the server's figures are read against."""
-    from threadpoolctl import threadpool_limits
-
-    import lql
-
-    s = lql.connect(container)
-    eos = set(s.catalog.eos_ids())
-    out = {}
-    n = secs = 0.0
-    with threadpool_limits(limits=int(os.environ.get("VINDEX3_DECODE_THREADS", "1")), user_api="blas"):
-        for p in PROMPTS:
-            r = s.execute_one(f"INFER {p!r} CHAT GENERATE {max_tokens}")
-            ids = list(r.generated_ids)
-            n += len(ids)
-            secs += r.timing.decode_seconds or 0.0
-            cut = next((i for i, t in enumerate(ids) if t in eos), len(ids))
-            out[p] = s.catalog.decode(ids[:cut])
-    return out, n / secs if secs > 0 else 0.0
+def body(side: dict, prompt: str, max_tokens: int, stream: bool) -> dict:
+    b = {"model": side["model"], "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
+    if stream:
+        b["stream_options"] = {"include_usage": True}
+    return {**b, **side["extra"]}
 
 
-async def client_loop(k: int, url: str, model: str, answers: dict[str, str], stop_at: float, max_tokens: int,
-                      records: list[dict]) -> None:
+def reference_answers(side: dict, max_tokens: int) -> dict[str, dict]:
+    """Each prompt answered once without streaming (the warm-up): text, prompt and completion
+    tokens, and the tokens it generated (completion tokens with the end-of-sequence one)."""
     import httpx
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(180.0)) as c:
-        i = k
-        while time.monotonic() < stop_at:
-            prompt = PROMPTS[i % len(PROMPTS)]
-            i += 1
-            body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                    "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-            rec: dict = {"client": k, "prompt": prompt, "ok": False}
-            t0 = time.monotonic()
-            times: list[float] = []
-            text = ""
-            try:
-                async with c.stream("POST", url + "/v1/chat/completions", json=body) as r:
-                    rec["status"] = r.status_code
-                    if r.status_code != 200:
-                        rec["error"] = (await r.aread()).decode()[:300]
-                    else:
-                        async for line in r.aiter_lines():
-                            if not line.startswith("data: "):
-                                continue
-                            data = line[6:]
-                            if data == "[DONE]":
-                                rec["ok"] = True
-                                break
-                            obj = json.loads(data)
-                            if "error" in obj:
-                                rec["error"] = obj["error"]
-                                break
-                            if obj.get("usage"):
-                                rec["usage"] = obj["usage"]
-                            for ch in obj.get("choices", []):
-                                piece = ch["delta"].get("content")
-                                if piece:
-                                    times.append(time.monotonic())
-                                    text += piece
-            except Exception as e:  # noqa: BLE001 - a failed request is a figure, not a crash
-                rec["error"] = f"{type(e).__name__}: {e}"
-                rec["ok"] = False
-            t1 = time.monotonic()
-            rec.update(text=text, seconds=t1 - t0, ttft=(times[0] - t0) if times else None,
-                       matches=text == answers[prompt])
-            n = (rec.get("usage") or {}).get("completion_tokens")
-            if times and n and n > 1:
-                rec["per_token"] = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-            rec["gaps"] = [b - a for a, b in itertools.pairwise(times)]
-            records.append(rec)
+    out = {}
+    with httpx.Client(timeout=httpx.Timeout(600.0)) as c:
+        for p in PROMPTS:
+            r = c.post(side["url"] + "/v1/completions", json=body(side, p, max_tokens, stream=False))
+            r.raise_for_status()
+            obj = r.json()
+            out[p] = {"text": obj["choices"][0]["text"], "finish_reason": obj["choices"][0].get("finish_reason"),
+                      "prompt_tokens": obj["usage"]["prompt_tokens"],
+                      "completion_tokens": obj["usage"]["completion_tokens"]}
+            eos_left_out = not side["counts_eos"] and out[p]["finish_reason"] == "stop"
+            out[p]["generated"] = out[p]["completion_tokens"] + eos_left_out
+    return out
 
 
-async def load(url: str, model: str, answers: dict[str, str], clients: int, seconds: float, max_tokens: int) -> tuple[list[dict], float]:
+async def one_client(k: int, side: dict, requests: int, max_tokens: int, records: list[dict]) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as c:
+        for i in range(requests):
+            prompt = PROMPTS[(k + i * 3) % len(PROMPTS)]
+            ref = side["reference"][prompt]
+            r = await stream_completion(c, side["url"], body(side, prompt, max_tokens, stream=True))
+            ok = r["status"] == 200 and "error" not in r
+            records.append({"client": k, "prompt": prompt, "ok": ok, "status": r["status"], "error": r.get("error"),
+                            "matches": r["text"] == ref["text"], "tokens": ref["generated"] if ok else 0,
+                            "streamed_usage": (r["usage"] or {}).get("completion_tokens"),
+                            "ttft": r["times"][0] - r["t0"] if r["times"] else None})
+
+
+def run_arm(side: dict, clients: int, requests: int, max_tokens: int) -> dict:
     records: list[dict] = []
+    load0 = os.getloadavg()[0]
     t0 = time.monotonic()
-    stop_at = t0 + seconds
-    await asyncio.gather(*(client_loop(k, url, model, answers, stop_at, max_tokens, records) for k in range(clients)))
-    return records, time.monotonic() - t0
+
+    async def all_clients() -> None:
+        await asyncio.wait_for(asyncio.gather(*(one_client(k, side, requests, max_tokens, records)
+                                                for k in range(clients))), timeout=1200)
+
+    asyncio.run(all_clients())
+    wall = time.monotonic() - t0
+    tokens = sum(r["tokens"] for r in records)
+    ttft = sorted(r["ttft"] for r in records if r["ttft"] is not None)
+    return {"server": side["name"], "clients": clients, "requests": len(records),
+            "failed": sum(not r["ok"] for r in records), "mismatched": sum(r["ok"] and not r["matches"] for r in records),
+            "tokens": tokens, "wall_seconds": wall, "tokens_per_second": tokens / wall,
+            "ttft_p50_s": ttft[len(ttft) // 2] if ttft else None,
+            "streamed_usage_differs": sum(r["streamed_usage"] is not None and r["streamed_usage"] != r["tokens"]
+                                          for r in records if r["ok"]),  # lql's stream against its warm-up
+            "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "failures": [{k: r[k] for k in ("client", "prompt", "status", "error")} for r in records if not r["ok"]][:5]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--clients", default="1,4,8")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client, one after another")
     ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--container", help="a container with a chat template (default: the default model)")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--container", help="default: the default model (SmolLM2-135M-Instruct)")
+    ap.add_argument("--peer-python", help="a Python with llama-cpp-python's server importable (its own venv)")
+    ap.add_argument("--peer-pythonpath", help="PYTHONPATH for the peer (a local llama-cpp-python build)")
+    ap.add_argument("--peer-gguf", help="the peer's weights (default: the F32 GGUF of bench/make_peer_ggufs.py)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "server_load.json"))
     args = ap.parse_args(argv)
-    if args.clients < 1 or args.clients > 64 or args.seconds <= 0 or args.seconds > 600:
-        ap.error("--clients 1..64 and --seconds up to 600: the load is bounded")
+    counts = [int(c) for c in args.clients.split(",")]
+    if any(c < 1 or c > 16 for c in counts) or not 1 <= args.requests <= 8 or not 1 <= args.repeats <= 4 \
+            or not 1 <= args.max_tokens <= 256:
+        ap.error("--clients 1..16, --requests 1..8, --repeats 1..4, --max-tokens 1..256: the load is bounded")
+    from vindex3 import default_model
 
-    if args.container:
-        container = Path(args.container)
-    else:
-        from vindex3 import default_model
-
-        container = Path(default_model.ensure())
+    container = Path(args.container) if args.container else Path(default_model.ensure())
+    gguf = Path(args.peer_gguf) if args.peer_gguf else \
+        default_model.cache_dir() / "peer-ggufs" / "SmolLM2-135M-Instruct.F32.gguf"
     from lql.server.config import model_id_for
 
-    model = model_id_for(container)
-    print(f"greedy answers for {len(PROMPTS)} prompts ...", file=sys.stderr)
-    answers, before = greedy_answers(container, args.max_tokens)
+    print(f"LQL's greedy answers for {len(PROMPTS)} prompts ...", file=sys.stderr)
+    answers = greedy_answers(container, PROMPTS, args.max_tokens)
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "lql", "serve", str(container), "--host", "127.0.0.1", "--port", str(port),
-           "--max-concurrent", str(args.clients), "--max-queue", str(args.clients), "--time-limit", "300",
-           "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sides: list[dict] = []
+    procs: list[subprocess.Popen] = []
+    peer: dict = {"ran": False, "gguf": gguf.name, "threads": "--n_threads 1 --n_threads_batch 1"}
+    arms: list[dict] = []
     try:
-        import httpx
-
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"lql serve exited: {proc.stderr.read()}")
+        proc, url = start_lql(container, max(counts))
+        procs.append(proc)
+        sides.append({"name": "lql", "url": url, "model": model_id_for(container), "extra": {}, "counts_eos": True})
+        if not args.peer_python:
+            peer["why"] = "not asked for: --peer-python was not given"
+        elif not gguf.is_file():
+            peer["why"] = f"the peer's GGUF {gguf.name} is not there (python bench/make_peer_ggufs.py writes it)"
+        else:
             try:
-                if httpx.get(url + "/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("lql serve did not come up in 120 s")
-            time.sleep(0.2)
-        print(f"{args.clients} streaming clients for {args.seconds:g} s on {model} ...", file=sys.stderr)
-        records, wall = asyncio.run(asyncio.wait_for(
-            load(url, model, answers, args.clients, args.seconds, args.max_tokens), timeout=args.seconds + 400))
+                proc, url = start_peer(args.peer_python, args.peer_pythonpath, gguf)
+                procs.append(proc)
+                sides.append({"name": "llama.cpp", "url": url, "model": "peer", "extra": dict(PEER_EXTRA),
+                              "counts_eos": False})
+                peer["ran"] = True
+            except (SystemExit, OSError) as e:
+                peer["why"] = f"its server did not start: {e}"
+        if not peer["ran"]:
+            print(f"no peer server: {peer['why']}", file=sys.stderr)
+        for side in sides:
+            print(f"{side['name']}: warm-up and reference answers ...", file=sys.stderr)
+            side["reference"] = reference_answers(side, args.max_tokens)
+        lql_ref = sides[0]["reference"]
+        bad = {p: (r["text"], answers[p]) for p, r in lql_ref.items() if r["text"] != answers[p]}
+        if bad:
+            raise SystemExit(f"lql serve's greedy answers differ from LQL's own: {bad}")
+        if peer["ran"]:
+            pref = sides[1]["reference"]
+            peer["answers_equal_lql"] = sum(pref[p]["text"] == answers[p] for p in PROMPTS)
+            peer["prompts"] = len(PROMPTS)
+            peer["prompt_tokens_equal"] = all(pref[p]["prompt_tokens"] == lql_ref[p]["prompt_tokens"] for p in PROMPTS)
+            peer["differing_answers"] = {p: {"peer": pref[p]["text"], "lql": answers[p]}
+                                         for p in PROMPTS if pref[p]["text"] != answers[p]}
+        for rep in range(args.repeats):
+            for c in counts:
+                for side in (sides if rep % 2 == 0 else sides[::-1]):
+                    print(f"repeat {rep + 1}: {side['name']}, {c} client(s) ...", file=sys.stderr)
+                    arm = run_arm(side, c, args.requests, args.max_tokens)
+                    arm["repeat"] = rep
+                    arms.append(arm)
+                    print(f"  {arm['tokens']} tokens in {arm['wall_seconds']:.1f} s: {arm['tokens_per_second']:.2f} "
+                          f"tok/s (load {arm['loadavg_before']:.1f} -> {arm['loadavg_after']:.1f})", file=sys.stderr)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-
-    print("in-process decode rate again, after the load ...", file=sys.stderr)
-    answers_after, after = greedy_answers(container, args.max_tokens)
-    assert answers_after == answers, "the in-process greedy answers changed between two runs"
+        for proc in procs:
+            stop(proc)
 
     from bench.machine import facts
 
-    ok = [r for r in records if r["ok"]]
-    tokens = sum((r.get("usage") or {}).get("completion_tokens", 0) for r in ok)
-    ttft = [r["ttft"] for r in ok if r["ttft"] is not None]
-    per_token = [r["per_token"] for r in ok if r.get("per_token") is not None]
-    gaps = [g for r in ok for g in r["gaps"]]
-    summary = {
-        "requests": len(records),
-        "failed": len(records) - len(ok),
-        "mismatched": sum(1 for r in ok if not r["matches"]),
-        "wall_seconds": wall,
-        "generated_tokens": tokens,
-        "tokens_per_second": tokens / wall if wall > 0 else None,
-        "requests_per_second": len(ok) / wall if wall > 0 else None,
-        "ttft_p50_s": pct(ttft, 50), "ttft_p99_s": pct(ttft, 99),
-        "per_token_p50_s": pct(per_token, 50), "per_token_p99_s": pct(per_token, 99),
-        "inter_chunk_p50_s": pct(gaps, 50), "inter_chunk_p99_s": pct(gaps, 99),
-        "request_seconds_mean": statistics.fmean(r["seconds"] for r in ok) if ok else None,
-        # the peer: one stream decoding in this process, before and after the load
-        "in_process_tokens_per_second_before": before,
-        "in_process_tokens_per_second_after": after,
-        "server_over_in_process": (tokens / wall) / ((before + after) / 2) if wall > 0 and before + after > 0 else None,
-    }
-    report = {
-        "bench": "server_load",
-        "model": model,
-        "clients": args.clients,
-        "seconds": args.seconds,
-        "max_tokens": args.max_tokens,
-        "prompts": PROMPTS,
-        "summary": summary,
-        "failures": [{k: r.get(k) for k in ("client", "prompt", "status", "error")} for r in records if not r["ok"]][:20],
-        "mismatches": [{"prompt": r["prompt"], "got": r["text"], "want": answers[r["prompt"]]}
-                       for r in ok if not r["matches"]][:20],
-        "machine": facts(threads=int(os.environ.get("VINDEX3_DECODE_THREADS", "1"))),
-    }
+    def rate(server: str, c: int) -> float:
+        xs = [a["tokens_per_second"] for a in arms if a["server"] == server and a["clients"] == c]
+        return sum(xs) / len(xs)
+
+    summary: dict = {}
+    for side in sides:
+        one = rate(side["name"], counts[0])
+        summary[side["name"]] = {str(c): {"tokens_per_second": rate(side["name"], c),
+                                          f"over_{counts[0]}_client": rate(side["name"], c) / one} for c in counts}
+    if peer["ran"]:
+        summary["lql_over_llama.cpp"] = {str(c): rate("lql", c) / rate("llama.cpp", c) for c in counts}
+    else:  # the issue's fallback: beside our own single-client rate
+        summary["lql_over_lql_one_client"] = {str(c): rate("lql", c) / rate("lql", counts[0]) for c in counts}
+    report = {"bench": "server_load", "model": sides[0]["model"], "clients": counts, "requests_per_client": args.requests,
+              "max_tokens": args.max_tokens, "repeats": args.repeats, "prompts": PROMPTS, "peer": peer,
+              "threads": "one per server (OMP/OpenBLAS/MKL/numba/VINDEX3_DECODE_THREADS=1; peer --n_threads 1 "
+                         "--n_threads_batch 1)",
+              "summary": summary, "arms": arms,
+              "reference_answers": {side["name"]: {p: {k: v for k, v in r.items() if k != "text"}
+                                                   for p, r in side["reference"].items()} for side in sides}, "failed": sum(a["failed"] for a in arms),
+              "mismatched": sum(a["mismatched"] for a in arms), "machine": facts(threads=1)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    s = summary
-    print(f"requests {s['requests']} (failed {s['failed']}, mismatched {s['mismatched']}) in {wall:.1f} s; "
-          f"{tokens} tokens, {s['tokens_per_second']:.1f} tok/s, {s['requests_per_second']:.2f} req/s")
-    if ttft:
-        print(f"time to first token p50 {s['ttft_p50_s']:.3f} s, p99 {s['ttft_p99_s']:.3f} s; "
-              f"per token p50 {s['per_token_p50_s']:.3f} s, p99 {s['per_token_p99_s']:.3f} s")
-    print(f"one stream in-process: {before:.1f} tok/s before, {after:.1f} after; server aggregate / in-process "
-          f"{s['server_over_in_process']:.2f}x; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"wrote {args.out}")
-    return 0 if s["failed"] == 0 and s["mismatched"] == 0 else 1
+    for side in sides:
+        s = summary[side["name"]]
+        print(f"{side['name']}: " + ", ".join(f"{c} clients {s[str(c)]['tokens_per_second']:.2f} tok/s "
+                                              f"({s[str(c)][f'over_{counts[0]}_client']:.2f}x)" for c in counts))
+    if peer["ran"]:
+        print("lql / llama.cpp: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in summary["lql_over_llama.cpp"].items()))
+        print(f"peer answers equal to LQL's greedy: {peer['answers_equal_lql']} of {peer['prompts']}")
+    print(f"failed {report['failed']}, mismatched {report['mismatched']}; load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} cores; wrote {args.out}")
+    return 0 if report["failed"] == 0 and report["mismatched"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -54,6 +54,27 @@ def container_dir(path: str) -> Path:
     return _paths().check_text(path, "container path")
 
 
+def default_container(session: Any) -> str:
+    """The built-in default model's container, encoded into the cache on first use as OPEN DEFAULT
+    encodes it: what DEFAULT names where a statement takes a container path (STATS, DIFF, COMPILE,
+    SCORE REPRESENTATION). Called when the statement runs, never when it is planned (EXPLAIN and
+    planning read nothing)."""
+    from vindex3 import default_model
+
+    return str(default_model.ensure(session.on_progress, notice=session.on_notice))
+
+
+def container_or_default(session: Any, path: str | None) -> str:
+    """``path``, or the default model's container when it is None (a plan's DEFAULT)."""
+    return default_container(session) if path is None else path
+
+
+def default_refusal(keyword: str) -> str:
+    """Why the read-only profile refuses a statement that names DEFAULT for a container: it may
+    encode the default model into the server's cache."""
+    return f"{keyword} DEFAULT may encode the default model on the server; this server serves fixed models"
+
+
 def source(path: str, what: str) -> Path:
     """A checkpoint to read (PLAN, ENCODE): a directory or a regular file (a .gguf) that exists."""
     paths = _paths()

@@ -738,22 +738,24 @@ async def _on_worker(host: ModelHost, fn):
         raise
 
 
+async def _tokenizer_call(request: Request, model, fn) -> Response:
+    """A /tokenize or /detokenize body validated as ``model`` and answered by ``fn(catalog, req)``
+    on the model's worker."""
+    srv = _server(request)
+    req = C.validate(model, await read_json(request, srv.limits.max_body_bytes))
+    host = srv.host(req.model)
+    out = await _on_worker(host, partial(fn, host.catalog, req))
+    return json_response({"model": host.id, **out})
+
+
 @boundary
 async def tokenize(request: Request) -> Response:
-    srv = _server(request)
-    req = C.validate(service.TokenizeRequest, await read_json(request, srv.limits.max_body_bytes))
-    host = srv.host(req.model)
-    out = await _on_worker(host, partial(service.tokenize, host.catalog, req))
-    return json_response({"model": host.id, **out})
+    return await _tokenizer_call(request, service.TokenizeRequest, service.tokenize)
 
 
 @boundary
 async def detokenize(request: Request) -> Response:
-    srv = _server(request)
-    req = C.validate(service.DetokenizeRequest, await read_json(request, srv.limits.max_body_bytes))
-    host = srv.host(req.model)
-    out = await _on_worker(host, partial(service.detokenize, host.catalog, req))
-    return json_response({"model": host.id, **out})
+    return await _tokenizer_call(request, service.DetokenizeRequest, service.detokenize)
 
 
 @boundary

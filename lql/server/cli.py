@@ -36,32 +36,31 @@ def arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", choices=PROFILES, default="full",
                    help="read-only: only statements that read, GENERATE up to --read-only-generate")
     p.add_argument("--data-dir", metavar="DIR", help="statements' file paths resolve inside DIR (none: no paths)")
-    p.add_argument("--max-concurrent", type=int, default=d.max_concurrent, metavar="N",
-                   help="requests running model work at once")
-    p.add_argument("--max-queue", type=int, default=d.max_queue, metavar="N",
-                   help="requests waiting for a slot before 429")
-    p.add_argument("--retry-after", type=int, default=d.retry_after, metavar="S", help="Retry-After of a 429")
-    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N", help="request body size")
-    p.add_argument("--max-prompt-tokens", type=int, default=d.max_prompt_tokens, metavar="N",
-                   help="prompt tokens of a completion or statement")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, metavar="N",
-                   help="max_tokens of a completion and GENERATE n of a statement")
-    p.add_argument("--read-only-generate", type=int, default=d.read_only_generate, metavar="N",
-                   help="GENERATE n allowed by the read-only profile")
-    p.add_argument("--max-statements", type=int, default=d.max_statements, metavar="N",
-                   help="LQL statements per /v1/query request")
-    p.add_argument("--time-limit", type=float, default=d.time_limit, metavar="S",
-                   help="seconds a request may run (waiting for a slot not counted)")
-    p.add_argument("--session-ttl", type=float, default=d.session_ttl, metavar="S",
-                   help="seconds an idle X-Session-Id session is kept")
-    p.add_argument("--max-sessions", type=int, default=d.max_sessions, metavar="N", help="live sessions")
-    p.add_argument("--memory-ceiling", type=int, default=d.memory_ceiling, metavar="BYTES",
-                   help="weight bytes held open (served models and OPENed containers, shared ones once)")
+    for field, metavar, text in _LIMIT_FLAGS:  # each a Limits field, typed as its default is
+        default = getattr(d, field)
+        p.add_argument("--" + field.replace("_", "-"), type=type(default), default=default, metavar=metavar, help=text)
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="let web pages from ORIGIN (scheme://host[:port], or '*') call this server; repeatable "
                         "(default: none, no CORS headers)")
     p.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     return p
+
+
+# (Limits field, metavar, help) of the flags that set a server limit
+_LIMIT_FLAGS = (
+    ("max_concurrent", "N", "requests running model work at once"),
+    ("max_queue", "N", "requests waiting for a slot before 429"),
+    ("retry_after", "S", "Retry-After of a 429"),
+    ("max_body_bytes", "N", "request body size"),
+    ("max_prompt_tokens", "N", "prompt tokens of a completion or statement"),
+    ("max_tokens", "N", "max_tokens of a completion and GENERATE n of a statement"),
+    ("read_only_generate", "N", "GENERATE n allowed by the read-only profile"),
+    ("max_statements", "N", "LQL statements per /v1/query request"),
+    ("time_limit", "S", "seconds a request may run (waiting for a slot not counted)"),
+    ("session_ttl", "S", "seconds an idle X-Session-Id session is kept"),
+    ("max_sessions", "N", "live sessions"),
+    ("memory_ceiling", "BYTES", "weight bytes held open (served models and OPENed containers, shared ones once)"),
+)
 
 
 class UsageError(Exception):

@@ -43,8 +43,8 @@ _name_or_string: NAME | STRING
 with_level_clause: WITH (INFERENCE | ALL | WEIGHTS)
 format_clause: FORMAT NAME
 
-// COMPILE CURRENT | 'p' INTO VINDEX 'o' | INTO MODEL 'o' FORMAT safetensors | gguf [ON CONFLICT name] [OVERWRITE]
-compile_stmt: COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING compile_option*
+// COMPILE CURRENT | 'p' | DEFAULT INTO VINDEX 'o' | INTO MODEL 'o' FORMAT safetensors | gguf [ON CONFLICT name] [OVERWRITE]
+compile_stmt: COMPILE (CURRENT | DEFAULT | STRING) INTO (VINDEX | MODEL) STRING compile_option*
 ?compile_option: on_conflict_clause
                | format_clause
                | overwrite_clause
@@ -67,9 +67,10 @@ fam.doc('EXTRACT',
         "ENCODE by the reference dialect's name; COMPONENTS and LAYERS, which narrow what is carried, are refused by name",
         "EXTRACT MODEL 'path/to/hf-checkpoint' INTO 'model.vindex3';", order=310)
 fam.doc('COMPILE',
-        "COMPILE CURRENT | 'path' INTO VINDEX 'dir' | INTO MODEL 'dir' FORMAT safetensors | gguf [ON CONFLICT name]",
+        "COMPILE CURRENT | 'path' | DEFAULT INTO VINDEX 'dir' | INTO MODEL 'dir' FORMAT safetensors | gguf [ON CONFLICT name]",
         "write the container again (INTO VINDEX) or as a checkpoint (INTO MODEL) with the session's weight edits "
-        "baked in and the patches in provenance; without edits, a verified copy that keeps every index field",
+        "baked in and the patches in provenance; without edits, a verified copy that keeps every index field; "
+        "DEFAULT: the built-in default model",
         "COMPILE CURRENT INTO VINDEX 'copy.vindex3';", order=320)
 
 
@@ -112,12 +113,13 @@ def format_clause(c: Children) -> Clause:
 
 @fam.rule
 def compile_stmt(c: Children) -> Compile:
-    # COMPILE (CURRENT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
+    # COMPILE (CURRENT | DEFAULT | STRING) INTO (VINDEX | MODEL) STRING [on_conflict_clause]
     target = c.which("VINDEX", "MODEL")
     opts = c.options("COMPILE")
-    return Compile(path=None if c.has("CURRENT") else c.string("COMPILE"), into=c.string(target.upper()),
-                   target=target, on_conflict=opts.get("on_conflict"), format=opts.get("format"),
-                   overwrite=bool(opts.get("overwrite")))
+    named = not c.has("CURRENT", "DEFAULT")
+    return Compile(path=c.string("COMPILE") if named else None, into=c.string(target.upper()), target=target,
+                   on_conflict=opts.get("on_conflict"), format=opts.get("format"),
+                   overwrite=bool(opts.get("overwrite")), default=c.has("DEFAULT"))
 
 
 # ---- statements -------------------------------------------------------------------------
@@ -174,12 +176,18 @@ class Compile(ast.Statement):
     paths: ClassVar[tuple[str, ...]] = ("path", "into")
     read_only: ClassVar[bool | str] = _WRITES_A_CONTAINER
     kind: Literal["compile"] = "compile"
-    path: str | None  # None: CURRENT, the bound container
+    path: str | None  # None: CURRENT, the bound container (or DEFAULT with default)
     into: str
     target: Literal["vindex", "model"]
     on_conflict: str | None = None
     format: str | None = None  # INTO MODEL: safetensors | gguf
     overwrite: bool = False
+    default: bool = ast.dialect(False)  # COMPILE DEFAULT: the built-in default model (encoded on first use)
+
+    def refused_read_only(self) -> str | None:
+        if self.default:
+            return files.default_refusal("COMPILE")
+        return super().refused_read_only()
 
 
 # ---- results ----------------------------------------------------------------------------
@@ -261,7 +269,7 @@ class EncodePlan(Node):
 
 @dataclass(frozen=True, eq=False)
 class CompilePlan(Node):
-    source: str
+    source: str | None  # None: the default model (resolved when it runs: planning encodes nothing)
     into: str
     on_conflict: str | None
     current: bool = False  # CURRENT: the bound container with the session's patches
@@ -307,7 +315,7 @@ def plan_compile(s: Compile, ctx: Context) -> Node:
     if s.target == "vindex" and fmt != "vindex3":
         raise err(s, f"COMPILE ... INTO VINDEX writes a container; FORMAT {fmt} is not one",
                   hint="leave FORMAT out, or COMPILE ... INTO MODEL 'dir' FORMAT safetensors")
-    if s.path is None:
+    if s.path is None and not s.default:
         if not ctx.bound:
             raise NoContainer("COMPILE CURRENT compiles the open container, and none is open",
                               hint="OPEN one first, or COMPILE 'path' INTO VINDEX 'dir'",
@@ -315,7 +323,8 @@ def plan_compile(s: Compile, ctx: Context) -> Node:
         source = ctx.catalog.path
     else:
         source = s.path
-    return CompilePlan(s, source=source, into=s.into, on_conflict=s.on_conflict, current=s.path is None, format=fmt,
+    current = s.path is None and not s.default
+    return CompilePlan(s, source=source, into=s.into, on_conflict=s.on_conflict, current=current, format=fmt,
                        overwrite=may_overwrite(s, ctx))
 
 
@@ -396,7 +405,8 @@ def _overlay(session, node: CompilePlan):
 
     model = session.container if node.current else None
     if not isinstance(model, EditedModel) or not model.edits():
-        return (session.base_container if node.current else node.source), None, None, 0, 0
+        source = session.base_container if node.current else files.container_or_default(session, node.source)
+        return source, None, None, 0, 0
     knn = [e for e in model.edits() if e.mode == "knn"]
     if knn:
         raise QueryRefused(f"COMPILE CURRENT: edit {knn[0].id} ({knn[0].prompt!r}) is MODE KNN, a retrieval overlay: it "

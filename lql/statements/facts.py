@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field
 
-from .. import ast
+from .. import ast, files
 from ..ast import dialect
 from ..binding import mix, placement_info, reads_info, slice_of
 from ..errors import NoContainer
@@ -127,7 +127,7 @@ class Stats(ast.Statement):
 
     def refused_read_only(self) -> str | None:
         if self.default:
-            return "STATS DEFAULT may encode the default model on the server; this server serves fixed models"
+            return files.default_refusal("STATS")
         return super().refused_read_only()
 
 
@@ -540,11 +540,7 @@ def run_show_operands(session, node: ShowOperandsPlan) -> OperandsResult:
 def run_stats_of(session, node: StatsOf) -> StatsResult:
     from ..session import Session
 
-    path = node.path
-    if path is None:  # STATS DEFAULT: encoded on first use, as OPEN DEFAULT
-        from vindex3 import default_model
-
-        path = str(default_model.ensure(session.on_progress, notice=session.on_notice))
+    path = files.container_or_default(session, node.path)  # STATS DEFAULT: encoded on first use, as OPEN DEFAULT
     other = Session(path)  # its own session: the bound container stays bound
     try:
         return other.execute_statement(Stats(positions=node.positions, source=node.statement.source))

@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+from lark import Token
 from pydantic import BaseModel, Field
 
 from .. import ast
 from ..ast import dialect
 from ..errors import NoContainer
+from ..files import container_or_default, default_refusal
 from ..layouts import shares
 from ..planner import Context, Node, err, may_overwrite, positive
 from ..registry import family
@@ -30,8 +32,10 @@ represent_stmt: REPRESENT INTO STRING ENCODING STRING
 
 compact_stmt: COMPACT INTO STRING
 
-diff_stmt: DIFF STRING [STRING]
-diff_ref: DIFF STRING (STRING | CURRENT) diff_option+
+// a container operand: a path, or DEFAULT (the built-in default model, encoded on first use)
+_container_ref: STRING | DEFAULT
+diff_stmt: DIFF _container_ref [_container_ref | CURRENT]
+diff_ref: DIFF _container_ref (_container_ref | CURRENT) diff_option+
 diff_current: DIFF CURRENT diff_option*
 ?diff_option: diff_layer_clause
             | limit_clause
@@ -41,7 +45,7 @@ diff_layer_clause: LAYER INT
 physical_clause: PHYSICAL
 into_patch_clause: INTO PATCH STRING
 
-score_representation_stmt: SCORE REPRESENTATION STRING AGAINST (STRING | DEFAULT) ON STRING [GREEDY INT]
+score_representation_stmt: SCORE REPRESENTATION _container_ref AGAINST _container_ref ON STRING [GREEDY INT]
 """)
 
 fam.doc('REPRESENT',
@@ -49,7 +53,7 @@ fam.doc('REPRESENT',
         'write the bound container in another weight encoding: same graph and objects, new segments, fidelity per tensor in provenance',
         "REPRESENT INTO 'model-int8.vindex3' ENCODING 'int8';", order=260)
 fam.doc('SCORE REPRESENTATION',
-        "SCORE REPRESENTATION 'candidate' AGAINST 'reference' | DEFAULT ON 'prompts.jsonl' [GREEDY n]",
+        "SCORE REPRESENTATION 'candidate' | DEFAULT AGAINST 'reference' | DEFAULT ON 'prompts.jsonl' [GREEDY n]",
         "a representation's behaviour against the same model: KL p50/p95, top-1, greedy-n agreement; stored in the candidate's provenance",
         "SCORE REPRESENTATION 'model-int8.vindex3' AGAINST 'model.vindex3' ON 'prompts.jsonl';", order=270)
 fam.doc('COMPACT',
@@ -58,7 +62,7 @@ fam.doc('COMPACT',
         "COMPACT INTO 'clean.vindex3';", order=280)
 fam.doc('DIFF',
         "DIFF 'a' 'b' | DIFF 'b' [LAYER n] [LIMIT n] [PHYSICAL]",
-        "how two containers differ: logically (graph, objects, operators), physically (encodings, segments), in metadata; DIFF 'b' compares the bound container with b",
+        "how two containers differ: logically (graph, objects, operators), physically (encodings, segments), in metadata; DIFF 'b' compares the bound container with b; DEFAULT stands for a path: the built-in default model",
         "DIFF 'model.vindex3' 'model-int8.vindex3';", order=290)
 fam.doc('DIFF CURRENT',
         "DIFF CURRENT [LAYER n] [LIMIT n] | DIFF 'a' 'b' INTO PATCH 'p.vlp'",
@@ -78,18 +82,27 @@ def compact_stmt(c: Children) -> Compact:
     return Compact(into=c.string("INTO"))
 
 
+def _container_refs(c: Children) -> list[tuple[str | None, bool]]:
+    """The rule's container operands in order (_container_ref: a path or DEFAULT), each as
+    (path, is DEFAULT); a keyword labels the values after it, so DEFAULT is read by position."""
+    return [(None, True) if t.type == "DEFAULT" else (c.string_of(t), False)
+            for t in c.raw if isinstance(t, Token) and t.type in ("STRING", "DEFAULT")]
+
+
+def _diff(c: Children, **kw) -> Diff:
+    (a, a_default), (b, b_default) = (_container_refs(c) + [(None, False)])[:2]
+    return Diff(a=a, b=b, a_default=a_default, b_default=b_default, **kw)
+
+
 @fam.rule
 def diff_stmt(c: Children) -> Diff:
-    a, b = (c.all("DIFF") + [None])[:2]
-    return Diff(a=c.string_of(a), b=c.string_of(b))
+    return _diff(c, b_current=c.has("CURRENT"))
 
 
 @fam.rule
 def diff_ref(c: Children) -> Diff:
-    # DIFF STRING (STRING | CURRENT) diff_option+
-    a, b = (c.all("DIFF") + [None])[:2]
-    current = c.has("CURRENT")
-    return Diff(a=c.string_of(a), b=None if current else c.string_of(b), b_current=current, **c.options("DIFF"))
+    # DIFF _container_ref (_container_ref | CURRENT) diff_option+
+    return _diff(c, b_current=c.has("CURRENT"), **c.options("DIFF"))
 
 
 @fam.rule
@@ -114,8 +127,9 @@ def into_patch_clause(c: Children) -> Clause:
 
 @fam.rule
 def score_representation_stmt(c: Children) -> ScoreRepresentation:
-    return ScoreRepresentation(candidate=c.string("SCORE", "REPRESENTATION"), reference=c.string("AGAINST"),
-                               reference_default=c.has("DEFAULT"), prompts=c.string("ON"), greedy=c.int("GREEDY"))
+    (cand, cand_default), (ref, ref_default) = _container_refs(c)[:2]  # the third operand is ON's prompt bank
+    return ScoreRepresentation(candidate=cand, reference=ref, candidate_default=cand_default,
+                               reference_default=ref_default, prompts=c.string("ON"), greedy=c.int("GREEDY"))
 
 
 # ---- statements -------------------------------------------------------------------------
@@ -152,13 +166,20 @@ class Diff(ast.Statement):
     paths: ClassVar[tuple[str, ...]] = ("a", "b")
     read_only: ClassVar[bool | str] = "it opens containers on the server by path"
     kind: Literal["diff"] = "diff"
-    a: str
+    a: str | None  # None with a_default
     b: str | None = None
     b_current: bool = dialect(False)  # DIFF 'a' CURRENT
     layer: int | None = dialect(None)
     limit: int | None = dialect(None)
     physical: bool = dialect(False)
     into_patch: str | None = dialect(None)
+    a_default: bool = dialect(False)  # DIFF DEFAULT ...: the built-in default model (encoded on first use)
+    b_default: bool = dialect(False)  # DIFF 'a' DEFAULT
+
+    def refused_read_only(self) -> str | None:
+        if self.a_default or self.b_default:
+            return default_refusal("DIFF")
+        return super().refused_read_only()
 
 
 class DiffCurrent(ast.Statement):
@@ -184,11 +205,17 @@ class ScoreRepresentation(ast.Statement):
     read_only: ClassVar[bool | str] = ("it runs two models over a prompt bank and rewrites a container's index on "
                                        "the server")
     kind: Literal["score_representation"] = "score_representation"
-    candidate: str
+    candidate: str | None  # None with candidate_default
     reference: str | None  # None with reference_default
     prompts: str
     greedy: int | None = None
     reference_default: bool = dialect(False)  # AGAINST DEFAULT
+    candidate_default: bool = dialect(False)  # SCORE REPRESENTATION DEFAULT AGAINST ...
+
+    def refused_read_only(self) -> str | None:
+        if self.candidate_default or self.reference_default:
+            return default_refusal("SCORE REPRESENTATION")
+        return super().refused_read_only()
 
 
 # ---- results (vindex3.represent, .compact, .diff, .evidence) ----------------------------
@@ -319,8 +346,8 @@ class CompactPlan(Node):
 
 @dataclass(frozen=True, eq=False)
 class DiffPlan(Node):
-    a: str
-    b: str
+    a: str | None  # None: the default model (resolved when it runs: planning encodes nothing)
+    b: str | None
     layer: int | None = None  # LAYER n: only the differences that name layer n
     limit: int | None = None  # LIMIT n: at most n differences
     physical: bool = False  # PHYSICAL: only the physical differences
@@ -334,15 +361,15 @@ class DiffCurrentPlan(Node):
 
 @dataclass(frozen=True, eq=False)
 class DiffPatchPlan(Node):
-    a: str
-    b: str
+    a: str | None  # None: the default model
+    b: str | None
     into: str
     overwrite: bool = False
 
 
 @dataclass(frozen=True, eq=False)
 class ScoreRepresentationPlan(Node):
-    candidate: str
+    candidate: str | None  # None: the default model
     reference: str | None  # None: the default model
     prompts: str
     greedy: int
@@ -365,7 +392,7 @@ def plan_compact(s: Compact, ctx: Context) -> Node:
 @fam.plans(Diff)
 def plan_diff(s: Diff, ctx: Context) -> Node:
     if s.into_patch is not None:
-        if s.b is None:
+        if s.b is None and not s.b_default:
             raise err(s, "DIFF ... INTO PATCH takes two containers, 'a' and 'b' (the patch makes a compute b)",
                       hint="DIFF 'a' 'b' INTO PATCH 'p.vlp'; SAVE PATCH writes the session's overlay")
         for name, v in (("LAYER", s.layer), ("LIMIT", s.limit), ("PHYSICAL", s.physical or None)):
@@ -374,7 +401,11 @@ def plan_diff(s: Diff, ctx: Context) -> Node:
         from .. import files
 
         overwrite = may_overwrite(s, ctx)  # SET overwrite = on (DIFF has no OVERWRITE clause)
-        inside = [Path(s.a), Path(s.b)] + (files.container_paths(ctx.catalog) if ctx.bound else [])
+        inside = [Path(p) for p in (s.a, s.b) if p is not None] + (files.container_paths(ctx.catalog) if ctx.bound else [])
+        if s.a_default or s.b_default:  # never inside the default model's container either (its path, not encoded here)
+            from vindex3 import default_model
+
+            inside.append(default_model.container_path())
         files.output_file(s.into_patch, "patch file", overwrite=overwrite, inside=inside)
         return DiffPatchPlan(s, a=s.a, b=s.b, into=s.into_patch, overwrite=overwrite)
     positive(s, s.limit, "LIMIT", "LIMIT 10")
@@ -384,7 +415,7 @@ def plan_diff(s: Diff, ctx: Context) -> Node:
             raise NoContainer("DIFF 'a' CURRENT compares a with the open container, and none is open",
                               hint="OPEN one first, or DIFF 'a' 'b'", line=s.line, column=s.column, statement=s.source)
         return DiffPlan(s, a=s.a, b=ctx.catalog.path, **opts)
-    if s.b is not None:
+    if s.b is not None or s.b_default:
         return DiffPlan(s, a=s.a, b=s.b, **opts)
     if not ctx.bound:
         raise NoContainer("DIFF 'b' compares the open container with b, and none is open",
@@ -481,7 +512,7 @@ def run_compact(session, node: CompactPlan) -> CompactResult:
 def run_diff(session, node: DiffPlan) -> DiffResult:
     from vindex3.diff import diff as run
 
-    out = diff_result(run(node.a, node.b))
+    out = diff_result(run(container_or_default(session, node.a), container_or_default(session, node.b)))
     rows = out.differences
     if node.physical:  # PHYSICAL (the reference dialect): the physical differences only
         rows = [d for d in rows if d.kind == "physical"]
@@ -532,15 +563,16 @@ def run_diff_patch(session, node: DiffPatchPlan) -> OverlayDiffResult:
     from .. import files
 
     name = os.path.basename(node.into)
-    patch, changes = patch_between(node.a, node.b, name)
+    a, b = container_or_default(session, node.a), container_or_default(session, node.b)
+    patch, changes = patch_between(a, b, name)
     out = files.output_file(node.into, "patch file", overwrite=node.overwrite)
     jsonio.write_atomic(out, patch.model_dump(mode="json"))
     notes = [(f"bound to {patch.base_name} (digest {patch.base_digest[:16]}…): APPLY PATCH on it computes "
-              f"{node.b}'s logits bit for bit, and refuses any other container"),
+              f"{b}'s logits bit for bit, and refuses any other container"),
              "the changed tensors' values are stored whole (rows or columns), not as deltas"]
     if not patch.edits:
         notes.append("the containers hold the same tensor values: the patch is empty")
-    return OverlayDiffResult(base=node.a, against=node.b, patch=str(out), edits=len(patch.edits),
+    return OverlayDiffResult(base=a, against=b, patch=str(out), edits=len(patch.edits),
                              changes=_change_rows(changes), notes=notes)
 
 
@@ -550,12 +582,9 @@ def run_score_representation(session, node: ScoreRepresentationPlan) -> Represen
 
     t0 = time.perf_counter()
     bound = session.base_container
-    cand = bound if bound is not None and _same(bound.path, node.candidate) else node.candidate
-    reference = node.reference
-    if reference is None:  # AGAINST DEFAULT
-        from vindex3 import default_model
-
-        reference = str(default_model.ensure(session.on_progress, notice=session.on_notice))
+    candidate = container_or_default(session, node.candidate)
+    cand = bound if bound is not None and _same(bound.path, candidate) else candidate
+    reference = container_or_default(session, node.reference)
     s = run(cand, reference, node.prompts, greedy=node.greedy, progress=session.on_progress)
     out = score_result(s)
     out.seconds = time.perf_counter() - t0
