@@ -39,9 +39,13 @@ draft_ladder: DRAFT LADDER DEPTHS _LPAR int_list _RPAR ON STRING [INTO STRING] [
 dump_stmt: DUMP LOGITS prompt dump_option* INTO STRING [overwrite_clause]
 
 ?dump_option: draft_clause
+            | adapter_clause
             | ablate_clause
             | patch_clause
             | steer_clause
+
+// DRAFT DEPTH d WITH ADAPTER: the draft's residual read through the exit adapter stored for d
+adapter_clause: WITH ADAPTER
 
 score_stmt: SCORE DRAFT STRING AGAINST STRING
 
@@ -58,8 +62,9 @@ fam.doc('DRAFT LADDER',
         'score each draft depth against the full model over a prompt bank',
         "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';", order=140, aliases=('PLOT',))
 fam.doc('DUMP LOGITS',
-        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x] INTO 'file.f32'",
-        'write raw float32 logits [positions, vocab] and a provenance sidecar',
+        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n [WITH ADAPTER]] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x] INTO 'file.f32'",
+        'write raw float32 logits [positions, vocab] and a provenance sidecar (WITH ADAPTER: the draft read '
+        'through the exit adapter stored for its depth)',
         "DUMP LOGITS 'Hello' DRAFT DEPTH 2 INTO 'draft.f32';", order=150, aliases=('DUMP',))
 fam.doc('SCORE DRAFT',
         "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
@@ -100,6 +105,11 @@ def dump_stmt(c: Children) -> DumpLogits:
     fields = intervention_fields(c.options("DUMP LOGITS"))
     overwrite = fields.pop("overwrite", False)
     return DumpLogits(prompt=c.get("LOGITS"), into=c.string("INTO"), overwrite=overwrite, **fields)
+
+
+@fam.rule
+def adapter_clause(c: Children):
+    return c.clause("adapter", True)
 
 
 @fam.rule
@@ -180,6 +190,7 @@ class DumpLogits(ast.Statement):
     steer_vector: str | None = None  # STEER ... WITH VECTOR 'v.npy': a file read on the server
     into: str
     overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
+    adapter: bool = False  # DRAFT DEPTH d WITH ADAPTER: the draft read through the exit adapter stored for d
 
 
 class ScoreDraft(ast.Statement):
@@ -270,6 +281,7 @@ class ScoreResult(Result):
     tokens: bool = False  # whether token text is shown beside ids
     draft_intervention: dict[str, Any] | None = None  # what each dump's run changed (ABLATE FEATURES), from its sidecar
     target_intervention: dict[str, Any] | None = None
+    draft_adapter: dict[str, Any] | None = None  # the exit adapter the draft was read through, from its sidecar
 
 
 class LadderResult(Result):
@@ -342,6 +354,7 @@ class Dump(Node):
     intervention: Any = None
     overwrite: bool = False
     stream: Any = None  # PATCH / STEER (lql.statements.interventions.BoundInterventions)
+    adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored drafter component (store.components' row)
 
 
 @dataclass(frozen=True, eq=False)
@@ -433,9 +446,33 @@ def plan_dump(s: DumpLogits, ctx: Context) -> Node:
      .check(ctx.settings, "DUMP LOGITS"))
     from .interventions import bind_interventions
 
+    adapter = _stored_adapter(s, ctx, sl.depth) if s.adapter else None
     return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
                 intervention=cat.ablation(s.ablate, sl),
-                stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector))
+                stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector), adapter=adapter)
+
+
+def _stored_adapter(s: DumpLogits, ctx: Context, depth: int | None) -> dict[str, Any]:
+    """DRAFT DEPTH d WITH ADAPTER outside speculation: the exit adapter the container stores for d
+    (index.json only; the run reads the file and checks its SHA-256). Absent, stale, or asked of
+    the full model: refused by name."""
+    from vindex3.draft.store import ADAPTER, adapter_key, components
+
+    if depth is None:
+        raise err(s, f"{s.keyword} ... WITH ADAPTER reads a draft's residual through its exit adapter; this run is the "
+                     "full model", hint="name the draft: DRAFT DEPTH d WITH ADAPTER")
+    rows = components(ctx.catalog.container)
+    key = adapter_key(depth)
+    row = next((x for x in rows if x["key"] == key and x["kind"] == ADAPTER), None)
+    if row is None:
+        have = sorted(int(x["edge"]["depth"]) for x in rows if x["kind"] == ADAPTER and isinstance(x.get("edge"), dict))
+        stored = f"adapters are stored for depths {', '.join(map(str, have))}" if have else "no exit adapter is stored"
+        raise err(s, f"{s.keyword} ... DRAFT DEPTH {depth} WITH ADAPTER: {ctx.catalog.name} stores no exit adapter at "
+                     f"depth {depth} ({stored})", hint=f"fit one: FIT ADAPTER AT DEPTH {depth}")
+    if not row["fresh"]:
+        raise err(s, f"{s.keyword} ... DRAFT DEPTH {depth} WITH ADAPTER: the exit adapter stored as {key!r} was fitted "
+                     "on another container (stale)", hint=f"fit it again: FIT ADAPTER AT DEPTH {depth}")
+    return row
 
 
 @fam.plans(ScoreDraft)
@@ -473,6 +510,8 @@ def run_dump(session, node: Dump) -> DumpResult:
 
             ex, _ = session.executor(node.slice.depth, node.intervention)
             extra["interventions"] = build_interventions(ex, node.stream)
+        if node.adapter is not None:  # read and checked (SHA-256, container, shape) here, not at planning
+            extra["adapter"] = "stored"
         meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path, overwrite=node.overwrite,
                                  max_positions=session.settings.max_positions, intervention=node.intervention,
                                  activations=session.settings.activations, **extra)
@@ -503,6 +542,7 @@ def run_score(session, node: Score) -> ScoreResult:
         draft=node.draft, target=node.target, depth=rep.draft_depth, model_layers=rep.model_layers,
         summary=rep.summary.model_dump(mode="json"), positions=positions, tokens=tokens,
         draft_intervention=rep.draft_intervention, target_intervention=rep.target_intervention,
+        draft_adapter=rep.draft_adapter,
     )
 
 
@@ -629,6 +669,8 @@ def layout_draft(r: DraftResult, timing: bool) -> list[str]:
 @fam.layout(DumpResult)
 def layoutdump(r: DumpResult, timing: bool) -> list[str]:
     slice_ = "full model" if r.depth is None else f"draft depth {r.depth}"
+    if r.meta.get("adapter") is not None:
+        slice_ += f" through exit adapter {r.meta['adapter'].get('key')!r}"
     out = [f"dumped {r.positions} x {r.vocab:,} float32 logits ({slice_}) to {r.path}"]
     out += fields([
         ("sidecar", r.sidecar),
@@ -647,6 +689,8 @@ def layoutdump(r: DumpResult, timing: bool) -> list[str]:
 @fam.layout(ScoreResult)
 def layout_score(r: ScoreResult, timing: bool) -> list[str]:
     slice_ = f"full model, {r.model_layers} layers" if r.depth is None else f"depth {r.depth} of {r.model_layers}"
+    if r.draft_adapter is not None:
+        slice_ += f", through exit adapter {r.draft_adapter.get('key')!r}"
     out = [f"draft {r.draft} ({slice_}) against {r.target} (full model)"]
     if r.draft_intervention is not None or r.target_intervention is not None:
         # an ablated run against a clean one (or two ablations) is a different comparison: say so

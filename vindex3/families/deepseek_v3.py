@@ -11,10 +11,14 @@ when ``q_lora_rank`` is set; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_pr
 The rope (``rope_parameters``, or the older ``rope_theta`` + ``rope_scaling``) is default or
 yarn, with ``rope_interleave``; yarn's mscale correction of the softmax scale is lowered into
 the mla operator's ``softmax_scale``. Released checkpoints also carry
-``num_nextn_predict_layers`` (alias ``num_mtp_layers``) multi-token-prediction layers after the
-decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward pass, and
-neither does this build: they are set aside by name and recorded in the container's provenance
-as dropped tensors, never classified as decoder layers and never dropped silently. The released
+``num_nextn_predict_layers`` (alias ``num_mtp_layers``) multi-token-prediction modules after the
+decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward pass. A complete
+module (``enorm``, ``hnorm``, ``eh_proj`` [H, 2H], ``shared_head.norm``, optionally its own copies
+``embed_tokens`` / ``shared_head.head``, and a decoder block of layer L + j's kind) is admitted as
+the ``mtp`` drafter component (object ``mtp``, tensors ``j.<suffix>``; vindex3.draft.mtp runs
+it), never as a decoder layer; an unknown tensor of a module is refused by name; an incomplete
+module is set aside by name with what it lacks and recorded in the container's provenance as
+dropped tensors. The released
 weights are FP8 (e4m3) with a float32 ``weight_scale_inv`` per 128 x 128 block of each linear and
 a ``quantization_config`` (vindex3.families.deepseek_common.read_fp8): each linear's two tensors
 are packed into the ``fp8_e4m3_b128`` encoding and run as stored (a widening encode decodes
