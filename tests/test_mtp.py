@@ -254,3 +254,89 @@ def test_lql_speculate_drafter_mtp_is_refused_by_name_without_one(tiny_llama_con
     s.execute(f"OPEN '{tiny_llama_container}'")
     with pytest.raises(LqlError, match="no multi-token-prediction \\(MTP\\) drafter component"):
         s.execute("INFER TOKENS (1, 2, 3) GENERATE 4 SPECULATE DRAFTER MTP")
+
+
+def test_fp8_mtp_module_is_packed_and_runs_like_its_dequantized_twin(fx, tmp_path):
+    """Released DeepSeek-V3 MTP modules are FP8 like the decoder: eh_proj and the block's linears
+    are packed into fp8_e4m3_b128 (native encode) in the mtp object and run as stored; the MTP
+    logits equal those of the twin holding the dequantized weights, within the twin's own
+    prefill-vs-decode spread (the bar tests/test_fp8_models.py uses for the decoder)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from test_fp8_models import FP8_CONFIG, _quantize, _quantized_linear
+
+    from vindex3.encode import encode
+
+    fp8, twin = tmp_path / "fp8", tmp_path / "twin"
+    shutil.copytree(fx[0], fp8)
+    shutil.copytree(fx[0], twin)
+    t = load_file(fx[0] / "model.safetensors")
+    q_t, twin_t = {}, {}
+    for name, w in sorted(t.items()):
+        if _quantized_linear(name) and w.dim() == 2:
+            codes, scale, deq = _quantize(w)
+            q_t[name], q_t[name + "_scale_inv"] = codes, scale
+            twin_t[name] = deq
+        else:
+            q_t[name] = twin_t[name] = w
+    assert "model.layers.3.eh_proj.weight_scale_inv" in q_t
+    save_file(q_t, fp8 / "model.safetensors", metadata={"format": "pt"})
+    save_file(twin_t, twin / "model.safetensors", metadata={"format": "pt"})
+    _config(fp8, quantization_config=FP8_CONFIG)
+    c = vindex3.open(encode(fp8, tmp_path / "n.vindex3", native=True))
+    w = vindex3.open(encode(twin, tmp_path / "w.vindex3"))
+    ent = c.segments["mtp"].entries
+    assert ent["0.eh_proj.weight"].dtype == "fp8_e4m3_b128" and ent["0.self_attn.o_proj.weight"].dtype == "fp8_e4m3_b128"
+    hc, hw = MtpHead(c), MtpHead(w)
+    ex = w.executor()
+    ex.forward(IDS)
+    hidden = ex.last_hidden
+    a, b = hc.forward(hidden[:-1], IDS[1:]), hw.forward(hidden[:-1], IDS[1:])
+    st = hw.start()
+    steps = np.stack([hw.logits(st.step_hidden(hw.inputs([IDS[i + 1]], hw.normed(hidden[i:i + 1]))))[0]
+                      for i in range(len(IDS) - 1)])
+    spread = float(np.abs(steps - b).max())
+    assert float(np.abs(a - b).max()) <= max(spread, 4 * np.finfo(np.float32).eps * float(np.abs(b).max()))
+    r = mtp_generate(c, IDS[:9], 12, lookahead=2, compare_plain=True)
+    assert r.matches_plain is True
+
+
+def test_represent_encodes_the_mtp_matrices_like_the_decoders(fx, tmp_path):
+    from vindex3.represent import represent
+
+    represent(fx[1], tmp_path / "r", "bf16")
+    c = vindex3.open(tmp_path / "r")
+    ent = c.segments["mtp"].entries
+    assert ent["0.eh_proj.weight"].dtype == "bf16" and ent["0.self_attn.kv_b_proj.weight"].dtype == "bf16"
+    assert ent["0.enorm.weight"].dtype == "f32"  # norms stay float32, as the decoder's
+    r = mtp_generate(c, IDS[:9], 10, lookahead=2, compare_plain=True)
+    assert r.matches_plain is True
+
+
+def test_a_module_with_its_own_embedding_and_head_reads_them(fx, tmp_path):
+    """Released modules also store embed_tokens and shared_head.head (copies of the model's): they
+    are the module's own operands; equal copies give the shared head's logits bit for bit, and a
+    changed copy changes them."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    t = load_file(str(fx[0] / "model.safetensors"))
+    emb, head = t["model.embed_tokens.weight"], t["lm_head.weight"]
+    ck = tmp_path / "ck"
+    shutil.copytree(fx[0], ck)
+    _add(ck, {"model.layers.3.embed_tokens.weight": emb.copy(), "model.layers.3.shared_head.head.weight": head.copy()})
+    c = vindex3.open(vindex3.encode(ck, tmp_path / "c"))
+    (m,) = c.graph.objects["mtp"]["drafter"]["modules"]
+    assert m["operands"]["embedding"] == "0.embed_tokens.weight" and m["operands"]["head"] == "0.shared_head.head.weight"
+    base = vindex3.open(fx[1])
+    ex = base.executor()
+    ex.forward(IDS)
+    hidden = ex.last_hidden[:-1]
+    assert np.array_equal(MtpHead(c).forward(hidden, IDS[1:]), MtpHead(base).forward(hidden, IDS[1:]))
+    ck2 = tmp_path / "ck2"
+    shutil.copytree(ck, ck2)
+    _add(ck2, {"model.layers.3.shared_head.head.weight": (head * 2).astype(np.float32)})
+    c2 = vindex3.open(vindex3.encode(ck2, tmp_path / "c2"))
+    assert not np.array_equal(MtpHead(c2).forward(hidden, IDS[1:]), MtpHead(base).forward(hidden, IDS[1:]))

@@ -171,6 +171,37 @@ def drafter_closure(graph: Any, obj: str, tables: dict) -> list[str]:
     return defects
 
 
+def drafter_uses(graph: Any, tables: dict) -> dict:
+    """label -> `OperandUse` of every tensor a drafter component's object holds, as its executor
+    reads it (what `vindex3.opplan.operand_uses` says of the main plan's tensors): the module's
+    eh_proj and own head / embedding are matrices, its norms arrays, its block's tensors as the
+    block's operators read them. Encode (native, --keep-dtype) and REPRESENT ask this so that a
+    drafter's matrices keep or take the encodings the decoder's do."""
+    from ..graph import Graph
+    from ..opplan import OperandUse, build_op_plan, operand_uses
+
+    out: dict = {}
+    for obj, d in drafter_objects(graph).items():
+        if d.get("kind") != KIND or obj not in tables:
+            continue
+        table = tables[obj]
+        for m in d.get("modules") or []:
+            own = m.get("operands") or {}
+            for role, name in own.items():
+                kind = "matrix" if OWN_ROLES.get(role) in ("eh", "vh") else "array"
+                out[f"{obj}/{name}"] = OperandUse(kind, (f"mtp_{role}",))
+            try:
+                raw, objmap = block_graph(graph, obj, m)
+                plan = build_op_plan(Graph(raw), {syn: tables[real] for syn, real in objmap.items()})
+            except (VindexError, KeyError, TypeError):
+                continue  # the closure names what is wrong with it
+            for label, use in operand_uses(plan).items():
+                syn, _, name = label.partition("/")
+                if objmap.get(syn) == obj and name in table and f"{obj}/{name}" not in out:
+                    out[f"{obj}/{name}"] = use
+    return out
+
+
 # ---- execution --------------------------------------------------------------------------------
 
 
