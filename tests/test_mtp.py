@@ -243,7 +243,8 @@ def test_lql_speculate_drafter_mtp_show_components_and_explain(fx):
     assert "after layer 2 through the final norm" in e.operation
     (comps,) = s.execute("SHOW COMPONENTS")
     rows = {x.name: x for x in comps.components}
-    assert rows["mtp"].role == "drafter" and rows["mtp"].objects == ["mtp"]
+    assert rows["mtp"].role == "drafter" and rows["mtp"].objects == ["mtp"] and rows["mtp"].executes
+    assert "yes, as a drafter (SPECULATE DRAFTER MTP)" in comps.to_text()
 
 
 def test_lql_speculate_drafter_mtp_is_refused_by_name_without_one(tiny_llama_container):
@@ -340,3 +341,35 @@ def test_a_module_with_its_own_embedding_and_head_reads_them(fx, tmp_path):
     _add(ck2, {"model.layers.3.shared_head.head.weight": (head * 2).astype(np.float32)})
     c2 = vindex3.open(vindex3.encode(ck2, tmp_path / "c2"))
     assert not np.array_equal(MtpHead(c2).forward(hidden, IDS[1:]), MtpHead(base).forward(hidden, IDS[1:]))
+
+
+def test_several_modules_are_admitted_in_order_and_set_aside_after_an_incomplete_one(fx, tmp_path):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    t = load_file(str(fx[0] / "model.safetensors"))
+    second = {k.replace("model.layers.3.", "model.layers.4.", 1): v for k, v in t.items()
+              if k.startswith("model.layers.3.")}
+    ck = tmp_path / "ck"
+    shutil.copytree(fx[0], ck)
+    _add(ck, second)
+    _config(ck, num_nextn_predict_layers=2)
+    c = vindex3.open(vindex3.encode(ck, tmp_path / "c"))
+    assert [m["module"] for m in c.graph.objects["mtp"]["drafter"]["modules"]] == [0, 1]
+    ex = c.executor()
+    ex.forward(IDS)
+    hidden = ex.last_hidden[:-1]
+    assert np.array_equal(MtpHead(c, 1).forward(hidden, IDS[1:]), MtpHead(c, 0).forward(hidden, IDS[1:]))
+    with pytest.raises(ComponentError, match="module 2 does not exist"):
+        MtpHead(c, 2)
+    # module 0 lacks its hnorm: both modules are set aside, each with its reason
+    ck2 = tmp_path / "ck2"
+    shutil.copytree(ck, ck2)
+    t2 = {k: v for k, v in load_file(str(ck2 / "model.safetensors")).items() if k != "model.layers.3.hnorm.weight"}
+    save_file(t2, str(ck2 / "model.safetensors"), metadata={"format": "pt"})
+    c2 = vindex3.open(vindex3.encode(ck2, tmp_path / "c2"))
+    assert [x.role for x in c2.graph.components] == ["primary_text"]
+    why = {d["tensor"]: d["why"] for d in c2.provenance["dropped_tensors"]}
+    assert "it lacks hnorm.weight" in why["model.layers.3.eh_proj.weight"]
+    assert "module 0, which it chains on, is incomplete" in why["model.layers.4.eh_proj.weight"]

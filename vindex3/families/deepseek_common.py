@@ -497,7 +497,7 @@ class WithoutTensors:
 
 
 def set_aside_layers(r: ConfigReader, src: CheckpointSource, num_layers: int, extra: int, what: str, key: str,
-                     skip: set[int] = frozenset(), missing: dict[int, list[str]] | None = None,
+                     skip: set[int] = frozenset(), missing: dict[int, list[str] | str] | None = None,
                      ) -> tuple[set[str], list[tuple[str, str]]]:
     """Tensors of ``model.layers.{n}`` for n in [num_layers, num_layers + extra): layers that the
     decoder does not run (DeepSeek's multi-token-prediction modules). Each is set aside by name:
@@ -514,7 +514,8 @@ def set_aside_layers(r: ConfigReader, src: CheckpointSource, num_layers: int, ex
         if idx.isdigit() and num_layers <= int(idx) < num_layers + extra and int(idx) - num_layers not in skip:
             aside.add(name)
             j = int(idx) - num_layers
-            lacks = f"incomplete, it lacks {', '.join(missing[j])}: " if missing.get(j) else ""
+            m = missing.get(j)
+            lacks = f"{m}: " if isinstance(m, str) else f"incomplete, it lacks {', '.join(m)}: " if m else ""
             why = (f"{what} layer {j} of {extra} (model.layers.{idx}, after the {num_layers} "
                    f"decoder layers): {lacks}set aside, never executed")
             dropped.append((name, why))

@@ -93,15 +93,20 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
             r.refuse("num_nextn_predict_layers", f"expected an integer >= 0, found {mtp!r}")
         ok = False
     # MTP module j is decoder layer L + j of the reference's numbering: its FFN kind follows
-    # first_k_dense_replace like any layer's. A module runs when its tensors are all there.
+    # first_k_dense_replace like any layer's. Modules 0, 1, ... run while their tensors are all
+    # there (module j chains on module j - 1); from the first incomplete one on they are set aside.
     mtp_kinds: dict[int, str] = {}
-    incomplete: dict[int, list[str]] = {}
+    incomplete: dict[int, list[str] | str] = {}
     if ok and kinds is not None and mtp:
-        for j, suffixes in sorted(ds.mtp_modules(src, L, mtp).items()):
+        stored = ds.mtp_modules(src, L, mtp)
+        for j in range(mtp):
             kind = "dense" if L + j < k else "routed"
-            missing = ds.mtp_complete(suffixes, kind)
-            if missing:
-                incomplete[j] = missing
+            missing = ds.mtp_complete(stored.get(j, set()), kind)
+            if missing or incomplete:
+                if j in stored:
+                    incomplete[j] = missing or f"module {min(incomplete)}, which it chains on, is incomplete"
+                else:
+                    incomplete.setdefault(j, missing)
             else:
                 mtp_kinds[j] = kind
     ffn_ok, ffn, act = ds.dense_ffn_surface(r, dense=kinds is None or "dense" in kinds or "dense" in mtp_kinds.values())
