@@ -224,7 +224,7 @@ class MtpHead:
     reads a block output through the shared-head norm and the head, ``normed(h)`` is the main
     model's final norm (what the edge reads)."""
 
-    def __init__(self, container: Any, module: int = 0, max_positions: int | None = None):
+    def __init__(self, container: Any, module: int = 0, max_positions: int | None = None, main: Any = None):
         from ..exec.engine import Executor
         from ..exec.ops.norm import make_weight
         from ..exec.slice import Full, LayerRange
@@ -247,7 +247,8 @@ class MtpHead:
         t0 = time.perf_counter()
         self.ends = Executor(plan, src, Full(), max_positions=max_positions)
         self.block = Executor(plan, src, LayerRange(0, 1), max_positions=max_positions)
-        self.main = c.executor(Full(), max_positions=max_positions)
+        # the main model's final norm (the edge's site): the verifying executor's, when given
+        self.main = main if main is not None else c.executor(Full(), max_positions=max_positions)
         W = self.ends.prepared
         entries = c.segments[self.object].entries
         own = m["operands"]
@@ -375,9 +376,9 @@ def mtp_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: in
         raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
     if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
         raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
-    head = MtpHead(c, module, max_positions=max_positions)
     full_slice, _ = resolve_slice(c, None)
     full_ex, prep = make_executor(c, full_slice, max_positions=max_positions)
+    head = MtpHead(c, module, max_positions=max_positions, main=full_ex)
     if n > 0:
         full_ex.check_positions(len(prompt) + n - 1, f"SPECULATE ({len(prompt)} prompt tokens, {n} generated)")
     out: list[int] = []

@@ -643,7 +643,8 @@ def _mtp_view(r: ConfigReader, src, t: TextLowering, P: str, L: int):
     names = sorted(n for n in src.tensor_specs() if n.startswith(MTP_PREFIX))
     if not names:
         return None
-    n_layers = r.config.get("mtp_num_hidden_layers", 1)
+    cfg = r.config.get("text_config") if isinstance(r.config.get("text_config"), dict) else r.config  # VL: the text's
+    n_layers = cfg.get("mtp_num_hidden_layers", 1)
     layers = {n[len("mtp.layers."):].partition(".")[0] for n in names if n.startswith("mtp.layers.")}
     present = set(names)
     missing = [k for k in MTP_ALIASES if k not in present] + [f"mtp.layers.0.{m}" for m in MTP_BLOCK_MARKERS
