@@ -267,3 +267,31 @@ def test_lql_dump_draft_depth_with_adapter_outside_speculation(c, tmp_path):
     s.execute(f"DUMP LOGITS TOKENS (1, 5, 9, 33, 100, 7) DRAFT DEPTH {L} WITH ADAPTER INTO '{tmp_path / 'L.f32'}'")
     with pytest.raises(lql.LqlError, match=f"read through exit adapter 'drafter_adapter_d{L}'"):
         s.execute(f"SCORE DRAFT '{tmp_path / 'fit.f32'}' AGAINST '{tmp_path / 'L.f32'}'")
+
+
+def test_lql_draft_ladder_with_adapter(c, tmp_path):
+    # DRAFT LADDER ... WITH ADAPTER: each depth read through its stored exit adapter, named per
+    # row; identity adapters give the plain ladder's scores exactly, a fitted one changes them; a
+    # depth without an adapter is refused by name before any dump
+    import lql
+    from vindex3.draft.adapter import ExitAdapter
+
+    bank = tmp_path / "bank.jsonl"
+    bank.write_text("\n".join(json.dumps({"id": f"p{i}", "category": "toy", "token_ids": t})
+                              for i, t in enumerate(CORPUS)) + "\n")
+    s = lql.connect(c.path)
+    q = f"DRAFT LADDER DEPTHS (1, 2) ON '{bank}' WITH ADAPTER"
+    with pytest.raises(lql.LqlError, match="DRAFT LADDER ... WITH ADAPTER \\(depth 1\\): .* stores no exit adapter"):
+        s.execute(q)
+    for d in (1, 2):
+        store.store_adapter(c, ExitAdapter.identity(c, d))
+    s = lql.connect(c.path)
+    (plain,) = s.execute(f"DRAFT LADDER DEPTHS (1, 2) ON '{bank}'")
+    (ident,) = s.execute(q)
+    assert [r["adapter"]["key"] for r in ident.rows] == ["drafter_adapter_d1", "drafter_adapter_d2"]
+    assert all(r.get("adapter") is None for r in plain.rows)
+    assert [r["summary"] for r in ident.rows] == [r["summary"] for r in plain.rows]
+    assert "drafts read through exit adapters (1: 'drafter_adapter_d1', 2: 'drafter_adapter_d2')" in ident.to_text()
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5))
+    (fit,) = lql.connect(c.path).execute(q)
+    assert fit.rows[1]["adapter"]["ridge"] == 0.5 and fit.rows[1]["summary"] != plain.rows[1]["summary"]
