@@ -229,3 +229,69 @@ def test_lql_fit_vocab_cut_is_what_speculate_vocab_top_reads(c, tmp_path):
     rewrite_index(c.path, derived=derived)
     with pytest.raises(lql.LqlError, match="(?s)counted on another container \\(stale\\).*FIT VOCAB CUT TOP 40"):
         lql.connect(c.path).execute(q)
+
+
+def test_lql_dump_draft_depth_with_adapter_outside_speculation(c, tmp_path):
+    # DUMP LOGITS ... DRAFT DEPTH d WITH ADAPTER: the draft's rows read through the stored exit
+    # adapter, the sidecar names it and SCORE DRAFT reports it; an identity adapter changes no bit
+    # (the same rows as the bare draft); the full model, an absent adapter and a target read
+    # through one are refused by name
+    import lql
+    from vindex3.draft.adapter import ExitAdapter
+    from vindex3.draft.dumps import read_dump
+
+    s = lql.connect(c.path)
+    q = "DUMP LOGITS TOKENS (1, 5, 9, 33, 100, 7) DRAFT DEPTH 2 WITH ADAPTER INTO '{}'"
+    with pytest.raises(lql.LqlError, match="(?s)stores no exit adapter at depth 2.*FIT ADAPTER AT DEPTH 2"):
+        s.execute(q.format(tmp_path / "a.f32"))
+    with pytest.raises(lql.LqlError, match="this run is the full model"):
+        s.execute(f"DUMP LOGITS TOKENS (1, 5, 9) WITH ADAPTER INTO '{tmp_path / 'x.f32'}'")
+    store.store_adapter(c, ExitAdapter.identity(c, 2))
+    s = lql.connect(c.path)
+    (r,) = s.execute(q.format(tmp_path / "id.f32"))
+    assert r.meta["adapter"]["key"] == "drafter_adapter_d2" and "through exit adapter 'drafter_adapter_d2'" in r.to_text()
+    s.execute(f"DUMP LOGITS TOKENS (1, 5, 9, 33, 100, 7) DRAFT DEPTH 2 INTO '{tmp_path / 'bare.f32'}'")
+    assert np.array_equal(read_dump(tmp_path / "id.f32")[1], read_dump(tmp_path / "bare.f32")[1])
+    assert "adapter" not in read_dump(tmp_path / "bare.f32")[0]  # a plain dump's sidecar is as before
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5))
+    s = lql.connect(c.path)
+    s.execute(q.format(tmp_path / "fit.f32"))
+    assert not np.array_equal(read_dump(tmp_path / "fit.f32")[1], read_dump(tmp_path / "bare.f32")[1])
+    s.execute(f"DUMP LOGITS TOKENS (1, 5, 9, 33, 100, 7) INTO '{tmp_path / 'full.f32'}'")
+    (sc,) = s.execute(f"SCORE DRAFT '{tmp_path / 'fit.f32'}' AGAINST '{tmp_path / 'full.f32'}'")
+    assert sc.draft_adapter["key"] == "drafter_adapter_d2" and sc.draft_adapter["ridge"] == 0.5
+    assert "through exit adapter 'drafter_adapter_d2'" in sc.to_text()
+    L = c.graph.num_layers  # Draft(L) through an (identity) adapter is full depth, yet no target
+    store.store_adapter(c, ExitAdapter.identity(c, L))
+    s = lql.connect(c.path)
+    s.execute(f"DUMP LOGITS TOKENS (1, 5, 9, 33, 100, 7) DRAFT DEPTH {L} WITH ADAPTER INTO '{tmp_path / 'L.f32'}'")
+    with pytest.raises(lql.LqlError, match=f"read through exit adapter 'drafter_adapter_d{L}'"):
+        s.execute(f"SCORE DRAFT '{tmp_path / 'fit.f32'}' AGAINST '{tmp_path / 'L.f32'}'")
+
+
+def test_lql_draft_ladder_with_adapter(c, tmp_path):
+    # DRAFT LADDER ... WITH ADAPTER: each depth read through its stored exit adapter, named per
+    # row; identity adapters give the plain ladder's scores exactly, a fitted one changes them; a
+    # depth without an adapter is refused by name before any dump
+    import lql
+    from vindex3.draft.adapter import ExitAdapter
+
+    bank = tmp_path / "bank.jsonl"
+    bank.write_text("\n".join(json.dumps({"id": f"p{i}", "category": "toy", "token_ids": t})
+                              for i, t in enumerate(CORPUS)) + "\n")
+    s = lql.connect(c.path)
+    q = f"DRAFT LADDER DEPTHS (1, 2) ON '{bank}' WITH ADAPTER"
+    with pytest.raises(lql.LqlError, match="DRAFT LADDER ... WITH ADAPTER \\(depth 1\\): .* stores no exit adapter"):
+        s.execute(q)
+    for d in (1, 2):
+        store.store_adapter(c, ExitAdapter.identity(c, d))
+    s = lql.connect(c.path)
+    (plain,) = s.execute(f"DRAFT LADDER DEPTHS (1, 2) ON '{bank}'")
+    (ident,) = s.execute(q)
+    assert [r["adapter"]["key"] for r in ident.rows] == ["drafter_adapter_d1", "drafter_adapter_d2"]
+    assert all(r.get("adapter") is None for r in plain.rows)
+    assert [r["summary"] for r in ident.rows] == [r["summary"] for r in plain.rows]
+    assert "drafts read through exit adapters (1: 'drafter_adapter_d1', 2: 'drafter_adapter_d2')" in ident.to_text()
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5))
+    (fit,) = lql.connect(c.path).execute(q)
+    assert fit.rows[1]["adapter"]["ridge"] == 0.5 and fit.rows[1]["summary"] != plain.rows[1]["summary"]

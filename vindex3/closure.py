@@ -102,6 +102,14 @@ def check(graph: Graph, tables: dict[str, dict[str, tuple[str, tuple[int, ...]]]
                 defects.append(f"layer {i}: operand {role} ({name}) is not used under this surface")
             want("decoder_stack", name, shape, f"layer {i} {role}")
 
+    # objects of drafter components (an MTP module) are judged by their drafter's own closure
+    drafters = [o for o, e in graph.objects.items() if isinstance(e, dict) and isinstance(e.get("drafter"), dict)]
+    if drafters:
+        from .draft.mtp import drafter_closure
+
+        for obj in drafters:
+            defects.extend(drafter_closure(graph, obj, tables))
+            claimed[obj] = set(tables.get(obj, {}))
     for obj, t in tables.items():
         for name in sorted(set(t) - claimed.get(obj, set())):
             defects.append(f"{obj}/{name}: unclassified tensor (no role claims it)")

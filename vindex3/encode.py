@@ -160,6 +160,15 @@ def _finite(name: str, arr: np.ndarray) -> np.ndarray:
     return arr
 
 
+def _drafter_uses(graph: Graph, tables: dict) -> dict:
+    """How a drafter component's tensors are read (an MTP module: vindex3.draft.mtp)."""
+    if not any(isinstance(e, dict) and "drafter" in e for e in graph.objects.values()):
+        return {}
+    from .draft.mtp import drafter_uses
+
+    return drafter_uses(graph, tables)
+
+
 def _kept_encodings(lowering, specs, shapes) -> dict[tuple[str, str], str]:
     """(object, tensor) -> the 16-bit encoding it keeps under --keep-dtype (absent: f32)."""
     from .opplan import build_op_plan, operand_uses
@@ -169,7 +178,9 @@ def _kept_encodings(lowering, specs, shapes) -> dict[tuple[str, str], str]:
     for p in lowering.placements:
         shape = tuple(p.shape(shapes))
         tables.setdefault(p.object, {})[p.name] = TensorEntry(p.name, "f32", shape, 0, 4 * math.prod(shape))
-    uses = operand_uses(build_op_plan(Graph(lowering.graph), tables))
+    graph = Graph(lowering.graph)
+    uses = operand_uses(build_op_plan(graph, tables))
+    uses.update(_drafter_uses(graph, tables))
     kept = {}
     for p in lowering.placements:
         src = {specs[n].dtype for n in p.inputs}
@@ -188,7 +199,9 @@ def _matrix_operands(lowering, shapes) -> set[tuple[str, str]]:
     for p in lowering.placements:
         shape = tuple(p.shape(shapes))
         tables.setdefault(p.object, {})[p.name] = TensorEntry(p.name, "f32", shape, 0, 4 * math.prod(shape))
-    uses = operand_uses(build_op_plan(Graph(lowering.graph), tables))
+    graph = Graph(lowering.graph)
+    uses = operand_uses(build_op_plan(graph, tables))
+    uses.update(_drafter_uses(graph, tables))
     return {(p.object, p.name) for p in lowering.placements
             if (u := uses.get(f"{p.object}/{p.name}")) is not None and u.kind == "matrix"}
 

@@ -108,6 +108,10 @@ def represent(src: str | Path, out: str | Path, encoding: str, progress: Progres
     source = Container(src)
     plan = source.op_plan()
     uses = operand_uses(plan)
+    if any(isinstance(e, dict) and "drafter" in e for e in source.graph.objects.values()):  # an MTP module's tensors
+        from .draft.mtp import drafter_uses
+
+        uses.update(drafter_uses(source.graph, {o: s.entries for o, s in source.segments.items()}))
     total = sum(len(s.entries) for s in source.segments.values())
     done = 0
     with ContainerWriter(out, "represent output", forbid_inside=[source.path]) as w:

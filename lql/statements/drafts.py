@@ -34,14 +34,18 @@ fam = family("drafts", module=__name__, statements=("draft_depth", "draft_off", 
              path_keywords=("INTO", "AGAINST", "ON", "DRAFT"), grammar=r"""
 draft_depth: draft_clause
 draft_off: DRAFT OFF
-draft_ladder: DRAFT LADDER DEPTHS _LPAR int_list _RPAR ON STRING [INTO STRING] [PLOT INTO STRING] [overwrite_clause]
+draft_ladder: DRAFT LADDER DEPTHS _LPAR int_list _RPAR ON STRING [adapter_clause] [INTO STRING] [PLOT INTO STRING] [overwrite_clause]
 
 dump_stmt: DUMP LOGITS prompt dump_option* INTO STRING [overwrite_clause]
 
 ?dump_option: draft_clause
+            | adapter_clause
             | ablate_clause
             | patch_clause
             | steer_clause
+
+// DRAFT DEPTH d WITH ADAPTER: the draft's residual read through the exit adapter stored for d
+adapter_clause: WITH ADAPTER
 
 score_stmt: SCORE DRAFT STRING AGAINST STRING
 
@@ -54,12 +58,13 @@ fam.doc('DRAFT DEPTH',
         "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
         'DRAFT DEPTH 2;', order=130, aliases=('DRAFT', 'DRAFT OFF'))
 fam.doc('DRAFT LADDER',
-        "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [INTO 'ladder.json'] [PLOT INTO 'ladder.png']",
-        'score each draft depth against the full model over a prompt bank',
+        "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [WITH ADAPTER] [INTO 'ladder.json'] [PLOT INTO 'ladder.png']",
+        'score each draft depth against the full model over a prompt bank (WITH ADAPTER: each read through its stored exit adapter)',
         "DRAFT LADDER DEPTHS (1, 2, 4) ON 'prompts.jsonl';", order=140, aliases=('PLOT',))
 fam.doc('DUMP LOGITS',
-        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x] INTO 'file.f32'",
-        'write raw float32 logits [positions, vocab] and a provenance sidecar',
+        "DUMP LOGITS 'prompt' | TOKENS (ids) [DRAFT DEPTH n [WITH ADAPTER]] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x] INTO 'file.f32'",
+        'write raw float32 logits [positions, vocab] and a provenance sidecar (WITH ADAPTER: the draft read '
+        'through the exit adapter stored for its depth)',
         "DUMP LOGITS 'Hello' DRAFT DEPTH 2 INTO 'draft.f32';", order=150, aliases=('DUMP',))
 fam.doc('SCORE DRAFT',
         "SCORE DRAFT 'draft.f32' AGAINST 'target.f32'",
@@ -90,7 +95,8 @@ def draft_off(c: Children) -> DraftOff:
 @fam.rule
 def draft_ladder(c: Children) -> DraftLadder:
     return DraftLadder(depths=c.get("DEPTHS"), prompts=c.string("ON"), into=c.string("INTO", exact=True),
-                           plot=c.string("PLOT", "INTO"), overwrite="overwrite" in c.options("DRAFT LADDER"))
+                           plot=c.string("PLOT", "INTO"), overwrite="overwrite" in c.options("DRAFT LADDER"),
+                           adapter="adapter" in c.options("DRAFT LADDER"))
 
 
 @fam.rule
@@ -100,6 +106,11 @@ def dump_stmt(c: Children) -> DumpLogits:
     fields = intervention_fields(c.options("DUMP LOGITS"))
     overwrite = fields.pop("overwrite", False)
     return DumpLogits(prompt=c.get("LOGITS"), into=c.string("INTO"), overwrite=overwrite, **fields)
+
+
+@fam.rule
+def adapter_clause(c: Children):
+    return c.clause("adapter", True)
 
 
 @fam.rule
@@ -155,6 +166,7 @@ class DraftLadder(ast.Statement):
     into: str | None = None
     plot: str | None = None  # PLOT INTO 'chart.png' | 'chart.svg'
     overwrite: bool = False  # OVERWRITE: an existing report or chart is replaced
+    adapter: bool = False  # WITH ADAPTER: each depth read through the exit adapter stored for it
 
     def check(self) -> None:
         seen: set[int] = set()
@@ -180,6 +192,7 @@ class DumpLogits(ast.Statement):
     steer_vector: str | None = None  # STEER ... WITH VECTOR 'v.npy': a file read on the server
     into: str
     overwrite: bool = False  # OVERWRITE: an existing dump (and its sidecar) is replaced
+    adapter: bool = False  # DRAFT DEPTH d WITH ADAPTER: the draft read through the exit adapter stored for d
 
 
 class ScoreDraft(ast.Statement):
@@ -270,6 +283,7 @@ class ScoreResult(Result):
     tokens: bool = False  # whether token text is shown beside ids
     draft_intervention: dict[str, Any] | None = None  # what each dump's run changed (ABLATE FEATURES), from its sidecar
     target_intervention: dict[str, Any] | None = None
+    draft_adapter: dict[str, Any] | None = None  # the exit adapter the draft was read through, from its sidecar
 
 
 class LadderResult(Result):
@@ -332,6 +346,7 @@ class Ladder(Node):
     into: str | None
     plot: str | None
     overwrite: bool = False
+    adapters: tuple[dict[str, Any], ...] = ()  # WITH ADAPTER: the stored component read at each depth
 
 
 @dataclass(frozen=True, eq=False)
@@ -342,6 +357,7 @@ class Dump(Node):
     intervention: Any = None
     overwrite: bool = False
     stream: Any = None  # PATCH / STEER (lql.statements.interventions.BoundInterventions)
+    adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored drafter component (store.components' row)
 
 
 @dataclass(frozen=True, eq=False)
@@ -410,7 +426,9 @@ def plan_ladder(s: DraftLadder, ctx: Context) -> Node:
         if s.into is not None and _same_file(s.into, s.plot):
             raise err(s, f"DRAFT LADDER writes its report and its chart to the same file {s.plot!r}",
                        hint="give PLOT INTO another file")
-    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot, overwrite=overwrite)
+    adapters = tuple(_stored_adapter(s, ctx, d) for d in s.depths) if s.adapter else ()
+    return Ladder(s, depths=tuple(s.depths), prompts=s.prompts, into=s.into, plot=s.plot, overwrite=overwrite,
+                  adapters=adapters)
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -433,9 +451,35 @@ def plan_dump(s: DumpLogits, ctx: Context) -> Node:
      .check(ctx.settings, "DUMP LOGITS"))
     from .interventions import bind_interventions
 
+    adapter = _stored_adapter(s, ctx, sl.depth) if s.adapter else None
     return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
                 intervention=cat.ablation(s.ablate, sl),
-                stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector))
+                stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector), adapter=adapter)
+
+
+def _stored_adapter(s: DumpLogits | DraftLadder, ctx: Context, depth: int | None) -> dict[str, Any]:
+    """DRAFT DEPTH d WITH ADAPTER outside speculation: the exit adapter the container stores for d
+    (index.json only; the run reads the file and checks its SHA-256). Absent, stale, or asked of
+    the full model: refused by name."""
+    from vindex3.draft.store import ADAPTER, adapter_key, components
+
+    if depth is None:
+        raise err(s, f"{s.keyword} ... WITH ADAPTER reads a draft's residual through its exit adapter; this run is the "
+                     "full model", hint="name the draft: DRAFT DEPTH d WITH ADAPTER")
+    what = (f"DRAFT LADDER ... WITH ADAPTER (depth {depth})" if isinstance(s, DraftLadder)
+            else f"{s.keyword} ... DRAFT DEPTH {depth} WITH ADAPTER")
+    rows = components(ctx.catalog.container)
+    key = adapter_key(depth)
+    row = next((x for x in rows if x["key"] == key and x["kind"] == ADAPTER), None)
+    if row is None:
+        have = sorted(int(x["edge"]["depth"]) for x in rows if x["kind"] == ADAPTER and isinstance(x.get("edge"), dict))
+        stored = f"adapters are stored for depths {', '.join(map(str, have))}" if have else "no exit adapter is stored"
+        raise err(s, f"{what}: {ctx.catalog.name} stores no exit adapter at "
+                     f"depth {depth} ({stored})", hint=f"fit one: FIT ADAPTER AT DEPTH {depth}")
+    if not row["fresh"]:
+        raise err(s, f"{what}: the exit adapter stored as {key!r} was fitted "
+                     "on another container (stale)", hint=f"fit it again: FIT ADAPTER AT DEPTH {depth}")
+    return row
 
 
 @fam.plans(ScoreDraft)
@@ -473,6 +517,8 @@ def run_dump(session, node: Dump) -> DumpResult:
 
             ex, _ = session.executor(node.slice.depth, node.intervention)
             extra["interventions"] = build_interventions(ex, node.stream)
+        if node.adapter is not None:  # read and checked (SHA-256, container, shape) here, not at planning
+            extra["adapter"] = "stored"
         meta = draft.dump_logits(c, list(node.prompt.ids), slice_of(node.slice.depth), path, overwrite=node.overwrite,
                                  max_positions=session.settings.max_positions, intervention=node.intervention,
                                  activations=session.settings.activations, **extra)
@@ -503,6 +549,7 @@ def run_score(session, node: Score) -> ScoreResult:
         draft=node.draft, target=node.target, depth=rep.draft_depth, model_layers=rep.model_layers,
         summary=rep.summary.model_dump(mode="json"), positions=positions, tokens=tokens,
         draft_intervention=rep.draft_intervention, target_intervention=rep.target_intervention,
+        draft_adapter=rep.draft_adapter,
     )
 
 
@@ -528,7 +575,7 @@ def run_ladder(session, node: Ladder) -> LadderResult:
         rep = draft.run_ladder(session.container, list(node.depths), prompts, out_path=into,
                                progress=session.on_progress, on_row=finished.append, overwrite=node.overwrite,
                                max_prompts=session.settings.max_prompts,
-                               max_positions=session.settings.max_positions)
+                               max_positions=session.settings.max_positions, adapters=bool(node.adapters))
     except KeyboardInterrupt:  # Ctrl-C: the depths finished so far
         return LadderResult(prompts_file=str(prompts), into=None, model_layers=session.catalog.num_layers,
                               depths=[r.depth for r in finished], rows=[r.model_dump(mode="json") for r in finished],
@@ -629,6 +676,8 @@ def layout_draft(r: DraftResult, timing: bool) -> list[str]:
 @fam.layout(DumpResult)
 def layoutdump(r: DumpResult, timing: bool) -> list[str]:
     slice_ = "full model" if r.depth is None else f"draft depth {r.depth}"
+    if r.meta.get("adapter") is not None:
+        slice_ += f" through exit adapter {r.meta['adapter'].get('key')!r}"
     out = [f"dumped {r.positions} x {r.vocab:,} float32 logits ({slice_}) to {r.path}"]
     out += fields([
         ("sidecar", r.sidecar),
@@ -647,6 +696,8 @@ def layoutdump(r: DumpResult, timing: bool) -> list[str]:
 @fam.layout(ScoreResult)
 def layout_score(r: ScoreResult, timing: bool) -> list[str]:
     slice_ = f"full model, {r.model_layers} layers" if r.depth is None else f"depth {r.depth} of {r.model_layers}"
+    if r.draft_adapter is not None:
+        slice_ += f", through exit adapter {r.draft_adapter.get('key')!r}"
     out = [f"draft {r.draft} ({slice_}) against {r.target} (full model)"]
     if r.draft_intervention is not None or r.target_intervention is not None:
         # an ablated run against a clean one (or two ablations) is a different comparison: say so
@@ -690,6 +741,9 @@ def layout_ladder(r: LadderResult, timing: bool) -> list[str]:
         out = [f"depth ladder on {r.prompts_file}: interrupted; depths finished: {done}"]
     else:
         out = [f"depth ladder on {r.prompts_file}: {r.report.get('prompts', '?')} prompts, {r.model_layers}-layer model"]
+    through = [f"{row['depth']}: {row['adapter']['key']!r}" for row in r.rows if row.get("adapter")]
+    if through:
+        out.append(f"drafts read through exit adapters ({', '.join(through)})")
     if rows:
         out += table(headers, rows)
     if timing and r.target:

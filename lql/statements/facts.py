@@ -469,9 +469,18 @@ def run_show_layers(session, node: ShowLayersPlan) -> LayersResult:
 def run_show_components(session, node: ShowComponentsPlan) -> ComponentsResult:
     g = session.container.graph
     return ComponentsResult(components=[
-        ComponentRow(name=x.name, role=x.role, objects=list(x.objects), executes=x.role == "primary_text")
+        ComponentRow(name=x.name, role=x.role, objects=list(x.objects),
+                     executes=x.role == "primary_text" or (x.role == "drafter" and _runs_as_drafter(g, x)))
         for x in g.components
     ])
+
+
+def _runs_as_drafter(g, comp) -> bool:
+    """A drafter component this build runs (an MTP head: vindex3.draft.mtp, SPECULATE DRAFTER MTP)."""
+    from vindex3.draft.mtp import KIND, drafter_objects
+
+    found = drafter_objects(g)
+    return any(found.get(o, {}).get("kind") == KIND for o in comp.objects)
 
 
 @fam.runs(ShowRepresentationsPlan)
@@ -614,7 +623,8 @@ def layout_components(r: ComponentsResult, timing: bool) -> list[str]:
     return table(
         ["component", "role", "objects", "executes"],
         [[c.name, c.role, ", ".join(c.objects) or "-",
-          "yes" if c.executes else f"no ({c.role} is not executable in this build)"] for c in r.components],
+          ("yes" if c.role == "primary_text" else "yes, as a drafter (SPECULATE DRAFTER MTP)") if c.executes
+          else f"no ({c.role} is not executable in this build)"] for c in r.components],
     )
 
 

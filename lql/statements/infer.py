@@ -104,6 +104,7 @@ chat_clause: CHAT
 speculate_clause: SPECULATE DEPTH INT [WITH ADAPTER] [VOCAB TOP INT]
                 | SPECULATE DEPTH INT VOCAB TOP INT WITH ADAPTER
                 | SPECULATE DRAFTER LOOKUP [NGRAM INT]
+                | SPECULATE DRAFTER MTP
 lookahead_clause: LOOKAHEAD INT
 
 explain_stmt: EXPLAIN [draft_clause]
@@ -126,8 +127,8 @@ fam.doc('EXPLAIN',
         'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
         'EXPLAIN DRAFT DEPTH 2;', order=30)
 fam.doc('INFER',
-        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [WITH ADAPTER] [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [LOOKAHEAD k]] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
-        'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth, through its stored exit adapter WITH ADAPTER, or prompt lookup)',
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [WITH ADAPTER] [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] | SPECULATE DRAFTER MTP] [LOOKAHEAD k] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
+        'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth, through its stored exit adapter WITH ADAPTER, prompt lookup, or a multi-token-prediction head the checkpoint carries)',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
         "TRACE 'prompt' | TOKENS (ids) [DRAFT DEPTH n] [EXPERTS [AT LAYER n]] [ABLATE FEATURES (L:f, ...)] [PATCH ... FROM 'source'] [STEER AT LAYER n WITH ... SCALE x]",
@@ -154,6 +155,8 @@ def chat_clause(c: Children) -> Clause:
 def speculate_clause(c: Children) -> Clause:
     if c.has("LOOKUP"):
         return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None, False), "SPECULATE")
+    if c.has("MTP"):
+        return c.clause("speculate", (MtpDrafter(), None, False), "SPECULATE")
     return c.clause("speculate", (c.int("DEPTH"), c.int("TOP"), c.has("ADAPTER")), "SPECULATE")
 
 
@@ -210,6 +213,13 @@ class LookupDrafter(ast.Node):
     ngram: int | None = None  # None: vindex3.draft.lookup.DEFAULT_NGRAM
 
 
+class MtpDrafter(ast.Node):
+    """SPECULATE DRAFTER MTP: the container's multi-token-prediction drafter component (a
+    checkpoint's MTP module, fed the full model's hidden state) proposes, chained on its own output."""
+
+    drafter: Literal["mtp"] = "mtp"
+
+
 class Infer(ast.Statement):
     """INFER: the next-token distribution, greedy generation, self-speculative decoding."""
 
@@ -222,7 +232,7 @@ class Infer(ast.Statement):
     top: int | None = None
     generate: int | None = None
     depth: int | None = None
-    speculate: int | LookupDrafter | None = None  # the draft depth, or the lookup drafter, that proposes tokens
+    speculate: int | LookupDrafter | MtpDrafter | None = None  # the draft depth, or the drafter, that proposes tokens
     lookahead: int | None = None
     vocab_top: int | None = None  # SPECULATE DEPTH d VOCAB TOP k: the draft's head over the k most frequent tokens
     adapter: bool = False  # SPECULATE DEPTH d WITH ADAPTER: the draft's head reads through the exit adapter stored for d
@@ -351,7 +361,7 @@ class SpeculateResult(Result):
     prompt: PromptInfo
     depth: int | None  # the draft's depth; None for prompt lookup
     lookahead: int
-    drafter: str = "depth"  # "depth": a reduced-depth draft; "lookup": prompt lookup
+    drafter: str = "depth"  # "depth": a reduced-depth draft; "lookup": prompt lookup; "mtp": the MTP head
     ngram: int | None = None  # prompt lookup: the longest n-gram matched
     vocab_top: int | None = None  # the draft's head over this many most frequent tokens
     vocab_cut: dict[str, Any] | None = None  # the cut's provenance (corpus, digest, tokens counted, kept share)
@@ -453,7 +463,7 @@ class Speculate(Node):
 
     prompt: BoundPrompt
     target: SliceBinding
-    draft: SliceBinding | None  # None: prompt lookup proposes (``ngram``)
+    draft: SliceBinding | None  # None: prompt lookup (``ngram``) or the MTP drafter (``mtp``) proposes
     generate: int
     lookahead: int
     compare: bool
@@ -461,8 +471,15 @@ class Speculate(Node):
     vocab_top: int | None = None
     adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored component (store.components' row)
     vocab_stored: dict[str, Any] | None = None  # VOCAB TOP k: the stored cut of k (None: counted on the seed list)
+    mtp: dict[str, Any] | None = None  # DRAFTER MTP: the drafter component (name, object, edge, modules)
 
     def describe(self) -> str:
+        if self.mtp is not None:
+            m = self.mtp
+            return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by multi-token-prediction "
+                    f"speculation (drafter component {m['component']!r}, module 0 of {m['modules']}, reading the hidden "
+                    f"state after layer {m['after_layer']} through the final norm, proposes up to {self.lookahead} at a "
+                    f"time chained on its own output, the {self.target.label} verifies)")
         if self.draft is None:
             return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by prompt-lookup "
                     f"speculation (n-grams of up to {self.ngram} tokens propose up to {self.lookahead} at a time, "
@@ -517,8 +534,11 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
     if s.speculate is not None:
         lookahead = s.lookahead if s.lookahead is not None else ctx.settings.lookahead
         limits.check_count(lookahead, "max_lookahead", ctx.settings, "LOOKAHEAD", "draft tokens per round")
-        ngram = None
-        if isinstance(s.speculate, LookupDrafter):
+        ngram = mtp = None
+        if isinstance(s.speculate, MtpDrafter):
+            draft = None
+            mtp = _mtp_component(s, ctx)
+        elif isinstance(s.speculate, LookupDrafter):
             draft = None
             ngram = s.speculate.ngram if s.speculate.ngram is not None else draft_module("SPECULATE DRAFTER LOOKUP").DEFAULT_NGRAM
         else:
@@ -529,7 +549,7 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
         vocab_stored = _stored_cut(s, ctx, s.vocab_top) if s.vocab_top is not None else None
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
                          lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram,
-                         vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored)
+                         vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored, mtp=mtp)
         _check_speculate(node, ctx)
         return node
     sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
@@ -542,6 +562,21 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
                intervention=ablation, stream=stream)
     _check_run(node, ctx)
     return node
+
+
+def _mtp_component(s: Infer, ctx: Context) -> dict[str, Any]:
+    """SPECULATE DRAFTER MTP: the container's MTP drafter component (graph only), or refused by name."""
+    from vindex3.draft.mtp import mtp_entry
+    from vindex3.errors import ComponentError
+
+    try:
+        obj, d = mtp_entry(ctx.catalog.container)
+    except ComponentError as e:
+        raise err(s, f"INFER ... SPECULATE DRAFTER MTP: {e.message}", hint=e.hint) from None
+    comp = next(c.name for c in ctx.catalog.container.graph.components if obj in c.objects)
+    edge = d.get("edge") or {}
+    return {"component": comp, "object": obj, "modules": len(d.get("modules") or []),
+            "after_layer": edge.get("after_layer"), "site": edge.get("site"), "chain": d.get("chain")}
 
 
 def _stored_adapter(s: Infer, ctx: Context, depth: int) -> dict[str, Any]:
@@ -745,11 +780,16 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
             hook(int(tok), cat.token_text(int(tok)))
 
     depth = node.draft.depth if node.draft is not None else None
-    drafter = "depth" if node.draft is not None else "lookup"
+    drafter = "depth" if node.draft is not None else "mtp" if node.mtp is not None else "lookup"
     cut = None
     adapter = None
     try:
-        if node.draft is None:
+        if node.mtp is not None:
+            from vindex3.draft.mtp import mtp_generate
+
+            res = mtp_generate(c, list(node.prompt.ids), node.generate, node.lookahead, on_token=on_token,
+                               compare_plain=node.compare, max_positions=session.settings.max_positions)
+        elif node.draft is None:
             res = draft.lookup_generate(c, list(node.prompt.ids), node.generate, node.lookahead, node.ngram,
                                         on_token=on_token, compare_plain=node.compare,
                                         max_positions=session.settings.max_positions)
@@ -962,6 +1002,8 @@ def _adapter_facts(row: dict[str, Any] | None) -> dict[str, Any] | None:
 def _drafter_words(r: SpeculateResult) -> str:
     if r.drafter == "lookup":
         return f"prompt lookup (n-grams of up to {r.ngram} tokens), lookahead {r.lookahead}"
+    if r.drafter == "mtp":
+        return f"multi-token-prediction head (drafter component 'mtp', chained), lookahead {r.lookahead}"
     how = []
     if r.adapter is not None:
         how.append(f"through exit adapter {r.adapter['key']!r}")

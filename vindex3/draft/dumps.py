@@ -126,7 +126,7 @@ def write_dump(path: str | os.PathLike, logits: np.ndarray, meta: dict[str, Any]
 
 def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.PathLike, *,
               prepare_seconds: float, draft_depth: int | None, overwrite: bool = False,
-              interventions: Sequence = ()) -> dict[str, Any]:
+              interventions: Sequence = (), adapter: dict | None = None) -> dict[str, Any]:
     """Dump through an already prepared executor (the ladder reuses one per depth). Nothing is
     written inside ``container``. ``interventions`` (`vindex3.exec.intervention.Patch`,
     `Steer`) change the run and are named in the sidecar (``interventions``, a key present only
@@ -168,17 +168,21 @@ def dump_with(ex: Any, container: Any, token_ids: Sequence[int], path: str | os.
     }
     if interventions:
         meta["interventions"] = st.interventions
+    if adapter is not None:  # a key present only with an adapter: a plain dump's sidecar is as before
+        meta["adapter"] = adapter
     return write_dump(path, logits, meta, overwrite=overwrite, forbid_inside=forbid)
 
 
 def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str | os.PathLike,
                 intervention: Any = None, *, overwrite: bool = False, max_positions: int | None = None,
-                activations: str = "exact", interventions: Sequence = ()) -> dict:
+                activations: str = "exact", interventions: Sequence = (), adapter: Any = None) -> dict:
     """Dump the logits of ``token_ids`` under ``slice`` (``vindex3.Full()``, ``vindex3.Draft(n)``,
     or None for full) into ``path`` and its ``.meta.json`` sidecar; return the sidecar dict.
     ``intervention`` (a `vindex3.exec.intervention.FeatureAblation`) changes the run and is
     named in the sidecar, and so is ``activations`` ('exact' | 'q8', how int8 and q4 products
-    treat activations).
+    treat activations). ``adapter`` (an `ExitAdapter` fitted at the draft's depth, or "stored":
+    the one the container stores there, vindex3.draft.store) reads the draft's residual through
+    the fitted exit adapter; the sidecar names it (``adapter``).
 
     The rows are computed through the incremental decode path (one-token prefill, then a step
     per token), which is what a drafter actually runs. The target is checked before anything
@@ -190,8 +194,27 @@ def dump_logits(container: Any, token_ids: Sequence[int], slice: Any, path: str 
     check_target(path, overwrite=overwrite, forbid_inside=forbid)
     slice_obj, depth = resolve_slice(container, slice)
     ex, prepare_seconds = make_executor(container, slice_obj, intervention, max_positions, activations)
+    record = None
+    if adapter is not None:
+        from .adapter import AdaptedReadout, check_adapter
+
+        if depth is None:
+            raise VindexError("an exit adapter reads a draft's residual; the full model has no adapter",
+                              hint="dump a draft: DRAFT DEPTH d WITH ADAPTER")
+        if isinstance(adapter, str):
+            if adapter != "stored":
+                raise VindexError(f"adapter must be an ExitAdapter or 'stored'; got {adapter!r}")
+            from .store import load_adapter
+
+            adapter = load_adapter(container, depth)
+        check_adapter(container, depth, adapter)
+        ex.readout = AdaptedReadout(ex.readout, adapter)
+        f = adapter.facts
+        record = {"key": f"drafter_adapter_d{f.depth}", "depth": f.depth, "ridge": f.ridge, "positions": f.positions,
+                  "corpus": f.corpus, "corpus_sha256": f.corpus_sha256, "container_digest": f.container_digest,
+                  "method": f.method}
     return dump_with(ex, container, token_ids, path, prepare_seconds=prepare_seconds, draft_depth=depth,
-                     overwrite=overwrite, interventions=interventions)
+                     overwrite=overwrite, interventions=interventions, adapter=record)
 
 
 def read_meta(path: str | os.PathLike) -> dict[str, Any]:

@@ -44,6 +44,7 @@ class LadderRow(BaseModel):
     prepare_seconds: float
     step_seconds: float
     ms_per_position: float
+    adapter: dict[str, Any] | None = None  # the exit adapter this depth's draft was read through (its dumps' sidecars)
 
 
 class TargetCost(BaseModel):
@@ -111,7 +112,8 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
                out_path: str | os.PathLike | None = None, progress: Progress | None = None,
                work_dir: str | os.PathLike | None = None,
                on_row: Callable[[LadderRow], None] | None = None, *, overwrite: bool = False,
-               max_prompts: int | None = None, max_positions: int | None = None) -> LadderReport:
+               max_prompts: int | None = None, max_positions: int | None = None,
+               adapters: bool = False) -> LadderReport:
     """Score draft depths against the full model over a prompt bank.
 
     For every prompt the full model's logits are dumped once, then each depth's; each depth is
@@ -126,6 +128,10 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
     ``max_positions``, an explicit override) is refused before the first dump, and dump files are
     named after a file-name-safe rendering of each prompt id (an id holding '/' cannot leave the
     work directory).
+
+    With ``adapters`` every depth's draft is read through the exit adapter the container stores
+    for it (vindex3.draft.store; each one read and checked before the first dump, an absent or
+    stale one refused by name), and each row names it.
     """
     t_start = time.perf_counter()
     c = open_container(container)
@@ -144,6 +150,11 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
     for p in prompts:
         check_context(len(ids[p.id]), limit, source, f"DRAFT LADDER prompt {p.id!r} ({len(ids[p.id])} tokens)")
     names = {p.id: file_component(p.id) for p in prompts}
+    stored = {}
+    if adapters:
+        from .store import load_adapter
+
+        stored = {d: load_adapter(c, d) for d in depths}
 
     tmp = None
     if work_dir is None:
@@ -180,12 +191,23 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
         for d in depths:
             slice_obj, _ = resolve_slice(c, d)
             ex, prep = make_executor(c, slice_obj, max_positions=max_positions)
+            record = None
+            if d in stored:
+                from .adapter import AdaptedReadout, check_adapter
+
+                check_adapter(c, d, stored[d])
+                ex.readout = AdaptedReadout(ex.readout, stored[d])
+                f = stored[d].facts
+                record = {"key": f"drafter_adapter_d{d}", "depth": d, "ridge": f.ridge, "positions": f.positions,
+                          "corpus": f.corpus, "corpus_sha256": f.corpus_sha256, "container_digest": f.container_digest,
+                          "method": f.method}
             step = 0.0
             per_prompt: list[PromptScore] = []
             executed = None
             for p in prompts:
                 path = wd / f"d{d}-{names[p.id]}.f32"
-                meta = dump_with(ex, c, ids[p.id], path, prepare_seconds=prep, draft_depth=d, overwrite=overwrite)
+                meta = dump_with(ex, c, ids[p.id], path, prepare_seconds=prep, draft_depth=d, overwrite=overwrite,
+                                 adapter=record)
                 step += meta["step_seconds"]
                 executed = len(meta["executed_layers"])
                 rep = score_files(path, wd / f"target-{names[p.id]}.f32")
@@ -200,7 +222,7 @@ def run_ladder(container: Any, depths: Sequence[int], prompts_path: str | os.Pat
             rows.append(LadderRow(
                 depth=d, executed_layers=int(executed or 0), summary=summarize(pooled),
                 per_category={k: summarize(v) for k, v in by_cat.items()}, per_prompt=per_prompt,
-                prepare_seconds=prep, step_seconds=step, ms_per_position=step * 1000.0 / len(pooled),
+                prepare_seconds=prep, step_seconds=step, ms_per_position=step * 1000.0 / len(pooled), adapter=record,
             ))
             if on_row is not None:
                 on_row(rows[-1])

@@ -91,6 +91,7 @@ class ScoreReport(BaseModel):
     # between an ablated and a clean dump says so rather than passing for a draft comparison.
     draft_intervention: dict | None = None
     target_intervention: dict | None = None
+    draft_adapter: dict | None = None  # the exit adapter the draft's residual was read through (its sidecar's)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +270,10 @@ def check_comparable(draft: dict, target: dict, *, draft_name: str = "draft",
             f"executed {len(target.get('executed_layers') or [])} of {layers} layers)",
             hint="dump the target without DRAFT DEPTH",
         )
+    if target.get("adapter") is not None:
+        raise SliceError(f"cannot score: the target {target_name} was read through exit adapter "
+                         f"{target['adapter'].get('key')!r}; a target is the full model as it is",
+                         hint="dump the target without WITH ADAPTER")
     d_depth = draft.get("draft_depth")
     depth = layers if d_depth is None else d_depth
     if not isinstance(depth, int) or not 1 <= depth <= layers:
@@ -310,6 +315,7 @@ def score_files(draft_path: str | Path, target_path: str | Path) -> ScoreReport:
         target_prepare_seconds=tmeta.get("prepare_seconds"),
         target_ms_per_position=tmeta.get("ms_per_position"),
         draft_intervention=dmeta.get("intervention"),
+        draft_adapter=dmeta.get("adapter"),
         target_intervention=tmeta.get("intervention"),
         positions=scored.positions,
         summary=scored.summary,

@@ -497,20 +497,27 @@ class WithoutTensors:
 
 
 def set_aside_layers(r: ConfigReader, src: CheckpointSource, num_layers: int, extra: int, what: str, key: str,
+                     skip: set[int] = frozenset(), missing: dict[int, list[str] | str] | None = None,
                      ) -> tuple[set[str], list[tuple[str, str]]]:
     """Tensors of ``model.layers.{n}`` for n in [num_layers, num_layers + extra): layers that the
     decoder does not run (DeepSeek's multi-token-prediction modules). Each is set aside by name:
     not encoded, listed with the reason (encode records it in provenance as a dropped tensor)
-    and counted in one finding. Layers past them stay for placement to refuse."""
+    and counted in one finding. Modules in ``skip`` (0-based, complete: admitted as a drafter)
+    are left for placement; ``missing`` names what an incomplete module lacks. Layers past them
+    stay for placement to refuse."""
     aside, dropped = set(), []
+    missing = missing or {}
     for name in sorted(src.tensor_specs()):
         if not name.startswith("model.layers."):
             continue
         idx = name[len("model.layers."):].partition(".")[0]
-        if idx.isdigit() and num_layers <= int(idx) < num_layers + extra:
+        if idx.isdigit() and num_layers <= int(idx) < num_layers + extra and int(idx) - num_layers not in skip:
             aside.add(name)
-            why = (f"{what} layer {int(idx) - num_layers} of {extra} (model.layers.{idx}, after the {num_layers} "
-                   "decoder layers): set aside, never executed")
+            j = int(idx) - num_layers
+            m = missing.get(j)
+            lacks = f"{m}: " if isinstance(m, str) else f"incomplete, it lacks {', '.join(m)}: " if m else ""
+            why = (f"{what} layer {j} of {extra} (model.layers.{idx}, after the {num_layers} "
+                   f"decoder layers): {lacks}set aside, never executed")
             dropped.append((name, why))
     if aside:
         layers = sorted({int(n[len('model.layers.'):].partition('.')[0]) for n in aside})
@@ -518,3 +525,72 @@ def set_aside_layers(r: ConfigReader, src: CheckpointSource, num_layers: int, ex
                                   message=f"{len(aside)} tensors of {what} layer(s) {runs(layers)} set aside by name: "
                                           "not encoded, never executed, recorded in provenance", blocks=False))
     return aside, dropped
+
+
+# ---- multi-token-prediction (MTP) modules admitted as a drafter component --------------------
+
+MTP_OBJECT = "mtp"
+MTP_COMPONENT = "mtp"
+# the MTP module's own tensors (exact suffix below model.layers.{L + j}) -> role; the decoder
+# block's tensors keep the roles of a decoder layer of the same kind
+MTP_ROLES = {
+    "enorm.weight": "mtp_enorm",
+    "hnorm.weight": "mtp_hnorm",
+    "eh_proj.weight": "mtp_eh_proj",
+    "shared_head.norm.weight": "mtp_head_norm",
+    "shared_head.head.weight": "mtp_head",
+    "embed_tokens.weight": "mtp_embedding",
+}
+MTP_REQUIRED = ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight")
+# what a module needs beyond MTP_REQUIRED for its decoder block to be one (the closure then
+# checks every operand of the block by its operator's roles)
+MTP_BLOCK_MARKERS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.kv_b_proj.weight",
+                     "self_attn.o_proj.weight")
+
+
+def mtp_modules(src: CheckpointSource, num_layers: int, extra: int) -> dict[int, set[str]]:
+    """Module j (0-based) -> the suffixes stored under ``model.layers.{num_layers + j}.``."""
+    out: dict[int, set[str]] = {}
+    for name in src.tensor_specs():
+        if not name.startswith("model.layers."):
+            continue
+        idx, _, suffix = name[len("model.layers."):].partition(".")
+        if idx.isdigit() and num_layers <= int(idx) < num_layers + extra:
+            out.setdefault(int(idx) - num_layers, set()).add(suffix)
+    return out
+
+
+def mtp_complete(suffixes: set[str], ffn_kind: str) -> list[str]:
+    """The suffixes a stored MTP module lacks to run as a drafter ([] when it has them all, as far
+    as names tell; the closure judges every block operand by its operator at encode)."""
+    need = list(MTP_REQUIRED) + list(MTP_BLOCK_MARKERS)
+    need.append("mlp.gate.weight" if ffn_kind == "routed" else "mlp.down_proj.weight")
+    return [s for s in need if s not in suffixes]
+
+
+def split_mtp(placements: list, graph: dict, num_layers: int, modules: list[int], drafter: dict) -> list:
+    """Move the placed tensors of layers ``num_layers + j`` (the MTP modules, placed as if they
+    were decoder layers) into the ``mtp`` object as ``j.<suffix>``, take their layer entries off
+    the decoder's list and record them, with the module's own operands, in the graph's drafter
+    component. Returns the placements."""
+    from dataclasses import replace
+
+    out = []
+    for p in placements:
+        if p.object == "decoder_stack" and p.layer is not None and p.layer >= num_layers:
+            j = p.layer - num_layers
+            out.append(replace(p, object=MTP_OBJECT, name=f"{j}.{p.name.partition('.')[2]}", layer=None))
+        else:
+            out.append(p)
+    entries = graph["layers"][num_layers:]
+    del graph["layers"][num_layers:]
+    mods = []
+    for j, e in zip(modules, entries, strict=True):
+        ops = {role: f"{j}.{name.partition('.')[2]}" for role, name in e["operands"].items()}
+        own = {role[len("mtp_"):]: ops.pop(role) for role in list(ops) if role.startswith("mtp_")}
+        block = {**e, "index": 0, "operands": ops}
+        mods.append({"module": j, "operands": own, "block": block})
+    drafter["modules"] = mods
+    graph["objects"][MTP_OBJECT] = {"kind": "decoder_stack", "layers": len(mods), "drafter": drafter}
+    graph["components"].append({"name": MTP_COMPONENT, "role": "drafter", "objects": [MTP_OBJECT]})
+    return out

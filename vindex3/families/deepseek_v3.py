@@ -11,10 +11,14 @@ when ``q_lora_rank`` is set; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_pr
 The rope (``rope_parameters``, or the older ``rope_theta`` + ``rope_scaling``) is default or
 yarn, with ``rope_interleave``; yarn's mscale correction of the softmax scale is lowered into
 the mla operator's ``softmax_scale``. Released checkpoints also carry
-``num_nextn_predict_layers`` (alias ``num_mtp_layers``) multi-token-prediction layers after the
-decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward pass, and
-neither does this build: they are set aside by name and recorded in the container's provenance
-as dropped tensors, never classified as decoder layers and never dropped silently. The released
+``num_nextn_predict_layers`` (alias ``num_mtp_layers``) multi-token-prediction modules after the
+decoder, ``model.layers.{L + j}.*``: the reference never runs them in a forward pass. A complete
+module (``enorm``, ``hnorm``, ``eh_proj`` [H, 2H], ``shared_head.norm``, optionally its own copies
+``embed_tokens`` / ``shared_head.head``, and a decoder block of layer L + j's kind) is admitted as
+the ``mtp`` drafter component (object ``mtp``, tensors ``j.<suffix>``; vindex3.draft.mtp runs
+it), never as a decoder layer; an unknown tensor of a module is refused by name; an incomplete
+module is set aside by name with what it lacks and recorded in the container's provenance as
+dropped tensors. The released
 weights are FP8 (e4m3) with a float32 ``weight_scale_inv`` per 128 x 128 block of each linear and
 a ``quantization_config`` (vindex3.families.deepseek_common.read_fp8): each linear's two tensors
 are packed into the ``fp8_e4m3_b128`` encoding and run as stored (a widening encode decodes
@@ -80,20 +84,38 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         ok = False
     elif ok:
         kinds = ["dense" if i < k else "routed" for i in range(L)]
-    ffn_ok, ffn, act = ds.dense_ffn_surface(r, dense=kinds is None or "dense" in kinds)
-    ok = ok and ffn_ok
-    routed = bool(kinds) and "routed" in kinds
-    facts = ds.read_router(r, ROUTER_SPELLINGS, routed)
-    moe = ds.router_surface(r, facts, ROUTER_SPELLINGS, act) if routed and ok else None
-    ok = ok and (moe is not None or not routed)
 
     mtp = ds.aliased(r, ("num_nextn_predict_layers", "num_mtp_layers"),
-                     "multi-token-prediction layers stored after the decoder (set aside, never executed)",
-                     default=1, default_reason="the reference default is 1")
+                     "multi-token-prediction (MTP) modules stored after the decoder (a drafter component when "
+                     "complete, else set aside)", default=1, default_reason="the reference default is 1")
     if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
         if mtp is not None:
             r.refuse("num_nextn_predict_layers", f"expected an integer >= 0, found {mtp!r}")
         ok = False
+    # MTP module j is decoder layer L + j of the reference's numbering: its FFN kind follows
+    # first_k_dense_replace like any layer's. Modules 0, 1, ... run while their tensors are all
+    # there (module j chains on module j - 1); from the first incomplete one on they are set aside.
+    mtp_kinds: dict[int, str] = {}
+    incomplete: dict[int, list[str] | str] = {}
+    if ok and kinds is not None and mtp:
+        stored = ds.mtp_modules(src, L, mtp)
+        for j in range(mtp):
+            kind = "dense" if L + j < k else "routed"
+            missing = ds.mtp_complete(stored.get(j, set()), kind)
+            if missing or incomplete:
+                if j in stored:
+                    incomplete[j] = missing or f"module {min(incomplete)}, which it chains on, is incomplete"
+                else:
+                    incomplete.setdefault(j, missing)
+            else:
+                mtp_kinds[j] = kind
+    ffn_ok, ffn, act = ds.dense_ffn_surface(r, dense=kinds is None or "dense" in kinds or "dense" in mtp_kinds.values())
+    ok = ok and ffn_ok
+    routed = bool(kinds) and "routed" in kinds
+    mtp_routed = "routed" in mtp_kinds.values()
+    facts = ds.read_router(r, ROUTER_SPELLINGS, routed or mtp_routed)
+    moe = ds.router_surface(r, facts, ROUTER_SPELLINGS, act) if (routed or mtp_routed) and ok else None
+    ok = ok and (moe is not None or not (routed or mtp_routed))
     for key, (want, why) in HUB_FIXED.items():
         if r.has(key):
             v = r.config[key]
@@ -108,7 +130,11 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
     if not ok or fp8 is None:
         return None
 
-    aside, dropped = ds.set_aside_layers(r, src, L, mtp, "multi-token-prediction (MTP)", "num_nextn_predict_layers")
+    # incomplete MTP modules are set aside by name (with what they lack); complete ones are placed
+    # as layers L + j and then moved into the drafter component
+    keep = set(mtp_kinds)
+    aside, dropped = ds.set_aside_layers(r, src, L, mtp, "multi-token-prediction (MTP)", "num_nextn_predict_layers",
+                                         skip=keep, missing=incomplete)
     layers = [{"index": i, "operator": "mla", "span": None, "window": None, "position": None, "ffn": kinds[i],
                "operands": {}} for i in range(L)]
     surface = {
@@ -123,15 +149,37 @@ def build(r: ConfigReader, src: CheckpointSource) -> Lowering | None:
         surface["ffn"] = ffn
     tables = {"dense": ("mla", TABLE)}
     if moe is not None:
-        surface["operators"]["moe_ffn"] = moe
+        if routed:  # a routed MTP module alone keeps the router facts in its own surface
+            surface["operators"]["moe_ffn"] = moe
         tables["routed"] = ("mla + moe_ffn", {**ds.NORM_ROLES, **ds.MLA_ROLES, **ds.routed_roles(
             moe["num_experts"], H, moe["expert_intermediate"], released="mlp", runtime="mlp",
             names=("gate_proj", "up_proj", "down_proj"))})
+    mods = sorted(keep)
+    mtp_surface = None
+    mtp_table = {kind: (f"multi-token-prediction module ({op})", {**t, **ds.MTP_ROLES}) for kind, (op, t) in tables.items()}
+    if mods:
+        mtp_surface = {"operators": {"mla": surface["operators"]["mla"]}}
+        if mtp_routed:
+            mtp_surface["operators"]["moe_ffn"] = moe
+        if "dense" in mtp_kinds.values():
+            mtp_surface["ffn"] = ffn
     if fp8:
         tables = {k: (op, ds.fp8_table(t, src)) for k, (op, t) in tables.items()}
+        mtp_table = {k: (op, ds.fp8_table(t, src)) for k, (op, t) in mtp_table.items()}
     graph = assemble_graph(src.name, "deepseek_v3", bool(tied), layers, surface)
-    placements, more = place_tensors(ds.WithoutTensors(src, aside), graph, r, bool(tied), ds.PREFIXES,
-                                     lambda i: tables[kinds[i]])
+    graph["layers"] += [{"index": L + j, "operator": "mla", "span": None, "window": None, "position": None,
+                         "ffn": mtp_kinds[j], "operands": {}} for j in mods]
+
+    def table(i: int):
+        return tables[kinds[i]] if i < L else mtp_table[mtp_kinds[mods[i - L]]]
+
+    placements, more = place_tensors(ds.WithoutTensors(src, aside), graph, r, bool(tied), ds.PREFIXES, table)
+    if mods:
+        drafter = {"kind": "mtp", "edge": {"kind": "hidden_state", "component": "text", "after_layer": L - 1,
+                                           "site": "final_norm"},
+                   "formulation": "deepseek_v3", "norm_eps": float(eps), "norm_weight_offset": 0.0,
+                   "chain": "own_hidden", "surface": mtp_surface}
+        placements = ds.split_mtp(placements, graph, L, mods, drafter)
     return Lowering(graph=graph, placements=placements, dropped=dropped + more)
 
 

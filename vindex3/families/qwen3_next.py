@@ -30,10 +30,17 @@ save's ``mlp.experts.gate_up_proj`` [E, 2I, H] / ``mlp.experts.down_proj`` [E, H
 it is; the router ``mlp.gate.weight`` [E, H], ``mlp.shared_expert.{gate,up,down}_proj.weight``
 and ``mlp.shared_expert_gate.weight`` [1, H].
 
+The released checkpoints' multi-token-prediction head (``mtp.*``, which transformers itself
+ignores on load) is admitted as a ``drafter`` component (vindex3.draft.mtp) when it is complete
+and one layer: ``mtp.fc`` [H, 2H], ``mtp.pre_fc_norm_embedding``, ``mtp.pre_fc_norm_hidden``,
+``mtp.norm`` (zero-centred norms) and ``mtp.layers.0.*``, a full-attention layer whose FFN kind is
+that of layer index 0 (the serving code builds it with index 0); the model's embedding and head
+are shared. Any other ``mtp.*`` tensor is refused by name. An incomplete head, or one of more
+layers, is set aside with the reason.
+
 Set aside by name, never silently: the VL checkpoints' vision tower (``model.visual.*``, a
-perception component this build does not execute) and the released checkpoints' multi-token
-prediction head (``mtp.*``, which transformers itself ignores on load). Both are findings at
-admission and entries of the container's provenance (``components_not_carried`` and
+perception component this build does not execute) and an MTP head that does not run. Both are
+findings at admission and entries of the container's provenance (``components_not_carried`` and
 ``dropped_tensors``).
 """
 
@@ -359,8 +366,13 @@ def lower_text(r: ConfigReader, v: Variant, tied: bool) -> TextLowering | None:
             r.refuse("output_gate_type", "the reference's gated norm multiplies by silu(z) (swish); no other gate runs")
     r.ignore("mamba_ssm_dtype", "a serving engine's dtype for the recurrent state cache; the reference keeps the state "
                                 "in its compute dtype and this executor in float32")
-    r.meta("mtp_num_hidden_layers", "layers of the multi-token-prediction head; its mtp.* tensors are set aside")
-    r.meta("mtp_use_dedicated_embeddings", "a multi-token-prediction head setting; the head is set aside")
+    r.meta("mtp_num_hidden_layers", "layers of the multi-token-prediction head (mtp.*): a drafter component when "
+                                    "complete and one layer, else set aside")
+    if r.has("mtp_use_dedicated_embeddings") and r.config["mtp_use_dedicated_embeddings"] not in (False, None):
+        r.refuse("mtp_use_dedicated_embeddings", f"{r.config['mtp_use_dedicated_embeddings']!r}: an MTP head with its "
+                                                 "own embedding has no tensor spelling this build knows")
+    else:
+        r.meta("mtp_use_dedicated_embeddings", "the multi-token-prediction head reads the model's own embedding")
 
     ok = True
     for key, val in (("hidden_size", H), ("num_hidden_layers", L), ("vocab_size", vocab), ("num_attention_heads", nh),
@@ -554,12 +566,106 @@ def _place(r: ConfigReader, src, t: TextLowering, v: Variant, P: str, tied: bool
         label = t.kinds[i] + (" + moe_ffn" if t.ffns[i] == "routed" else "")
         return (label, tables[(t.kinds[i], t.ffns[i])])
 
-    placements, dropped = place_tensors(_Without(src, aside), graph, r, tied, prefixes, table)
+    L = len(t.layers)
+    mtp = _mtp_view(r, src, t, P, L)
+    if mtp is not None:  # the head runs: its tensors are placed as layer L, then moved to the drafter
+        view, alias, ffn = mtp
+        aside = [x for x in aside if x != MTP_PREFIX]
+        graph["layers"].append({"index": L, "operator": "softmax", "span": "full", "window": None,
+                                "position": t.layers[next(i for i, k in enumerate(t.kinds) if k == "softmax")]["position"],
+                                "ffn": ffn, "operands": {}})
+        mtp_table = (f"multi-token-prediction head (softmax{' + moe_ffn' if ffn == 'routed' else ''})",
+                     {**_layer_table(v, "softmax", ffn, H, t.routed), **MTP_OWN})
+
+        def table(i: int):
+            if i == L:
+                return mtp_table
+            label = t.kinds[i] + (" + moe_ffn" if t.ffns[i] == "routed" else "")
+            return (label, tables[(t.kinds[i], t.ffns[i])])
+
+        placements, dropped = place_tensors(_Without(view, aside), graph, r, tied, prefixes, table)
+        placements = [_unalias(p, alias) for p in placements]
+        groups = {"operators": {k: v2 for k, v2 in t.surface["operators"].items() if k == "moe_ffn" and ffn == "routed"},
+                  "attention": t.surface["attention"]}
+        if ffn == "dense":
+            groups["ffn"] = t.surface["ffn"]
+        drafter = {"kind": "mtp", "edge": {"kind": "hidden_state", "component": "text", "after_layer": L - 1,
+                                           "site": "final_norm"},
+                   "formulation": "qwen3_next", "norm_eps": float(t.surface["norms"]["eps"]),
+                   "norm_weight_offset": 1.0, "chain": "own_hidden", "surface": groups}
+        from .deepseek_common import split_mtp
+
+        placements = split_mtp(placements, graph, L, [0], drafter)
+    else:
+        placements, dropped = place_tensors(_Without(src, aside), graph, r, tied, prefixes, table)
     low = Lowering(graph=graph, placements=placements, dropped=dropped, not_carried_components=[])
     if vision:
         _set_aside(r, src, VISION_PREFIX, "vision tower", "perception", VISION_WHY, low)
-    _set_aside(r, src, MTP_PREFIX, "multi-token-prediction head", "drafter", MTP_WHY, low)
+    if mtp is None:
+        _set_aside(r, src, MTP_PREFIX, "multi-token-prediction head", "drafter", MTP_WHY, low)
     return low
+
+
+# the head's own tensors (spelled here after their alias below layer L) -> roles of the MTP drafter
+MTP_OWN = {"enorm.weight": "mtp_enorm", "hnorm.weight": "mtp_hnorm", "eh_proj.weight": "mtp_eh_proj",
+           "shared_head.norm.weight": "mtp_head_norm"}
+MTP_ALIASES = {"mtp.fc.weight": "eh_proj.weight", "mtp.pre_fc_norm_embedding.weight": "enorm.weight",
+               "mtp.pre_fc_norm_hidden.weight": "hnorm.weight", "mtp.norm.weight": "shared_head.norm.weight"}
+MTP_BLOCK_MARKERS = ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight")
+
+
+class _Aliased:
+    """A source whose mtp.* tensors are spelled as decoder layer L's (placement places them there)."""
+
+    def __init__(self, src, alias: dict[str, str]):
+        self._src, self._alias = src, alias
+        self.name = getattr(src, "name", "")
+
+    def tensor_specs(self):
+        back = {v: k for k, v in self._alias.items()}
+        return {back.get(n, n): s for n, s in self._src.tensor_specs().items()}
+
+
+def _unalias(p, alias: dict[str, str]):
+    from dataclasses import replace
+
+    if p.source_name in alias or any(x in alias for x in p.sources):
+        return replace(p, source_name=alias.get(p.source_name, p.source_name),
+                       sources=tuple(alias.get(x, x) for x in p.sources))
+    return p
+
+
+def _mtp_view(r: ConfigReader, src, t: TextLowering, P: str, L: int):
+    """(source view, alias -> real name, ffn kind) when the checkpoint's mtp.* head is complete and
+    one layer (it then runs as a drafter component), else None (it is set aside, with the reason
+    in the finding). The head's layer is a full-attention layer; its FFN kind is that of the
+    reference's layer index 0 (the serving code builds it with index 0)."""
+    names = sorted(n for n in src.tensor_specs() if n.startswith(MTP_PREFIX))
+    if not names:
+        return None
+    cfg = r.config.get("text_config") if isinstance(r.config.get("text_config"), dict) else r.config  # VL: the text's
+    n_layers = cfg.get("mtp_num_hidden_layers", 1)
+    layers = {n[len("mtp.layers."):].partition(".")[0] for n in names if n.startswith("mtp.layers.")}
+    present = set(names)
+    missing = [k for k in MTP_ALIASES if k not in present] + [f"mtp.layers.0.{m}" for m in MTP_BLOCK_MARKERS
+                                                               if f"mtp.layers.0.{m}" not in present]
+    if n_layers != 1 or layers != {"0"} or missing or "softmax" not in t.kinds:
+        why = (f"mtp_num_hidden_layers is {n_layers!r} (one layer runs here)" if n_layers != 1 or layers != {"0"} else
+               f"incomplete: it lacks {', '.join(missing[:4])}" if missing else "the model has no full-attention layer")
+        r.findings.append(Finding(category=METADATA, key="mtp.*", value=len(names), blocks=False,
+                                  message=f"the multi-token-prediction head does not run as a drafter: {why}"))
+        return None
+    alias = {}
+    for n in names:
+        if n in MTP_ALIASES:
+            alias[f"{P}layers.{L}.{MTP_ALIASES[n]}"] = n
+        elif n.startswith("mtp.layers.0."):
+            alias[f"{P}layers.{L}.{n[len('mtp.layers.0.'):]}"] = n
+        else:
+            r.refuse(n, "an mtp.* tensor of no known role (known: mtp.fc, mtp.pre_fc_norm_embedding, "
+                        "mtp.pre_fc_norm_hidden, mtp.norm, mtp.layers.0.*)", category="structure")
+            return None
+    return _Aliased(src, alias), alias, t.ffns[0]
 
 
 for _mt in TEXT:
