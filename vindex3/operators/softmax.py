@@ -122,6 +122,16 @@ class KvRows(OpState):
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: [T, kv_heads, head_dim]."""
         T = k.shape[0]
+        lo = self.reserve(T)
+        hi = lo + T
+        self.k[:, lo:hi] = k.transpose(1, 0, 2)
+        self.v[:, lo:hi] = v.transpose(1, 0, 2)
+        self.end += T
+
+    def reserve(self, T: int) -> int:
+        """Room for T more rows (releasing rows a window no longer reaches first): the row
+        index the next position goes to. The caller writes rows [lo, lo + T) of ``k`` and ``v``
+        and then advances ``end`` by T."""
         self._compact()
         lo = self.end - self.start
         hi = lo + T
@@ -132,9 +142,7 @@ class KvRows(OpState):
             nk[:, :lo] = self.k[:, :lo]
             nv[:, :lo] = self.v[:, :lo]
             self.k, self.v = nk, nv
-        self.k[:, lo:hi] = k.transpose(1, 0, 2)
-        self.v[:, lo:hi] = v.transpose(1, 0, 2)
-        self.end += T
+        return lo
 
     def _compact(self) -> None:
         if self.window is None:

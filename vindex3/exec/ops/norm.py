@@ -12,9 +12,29 @@ def make_weight(weight: np.ndarray, offset: float) -> np.ndarray:
 
 
 _sum = np.add.reduce
+SMALL_ROWS = 8  # vindex3.exec.ops.decode.ROWS: passes up to this many positions take its kernel
+
+
+_decode: list = []
+
+
+def decode_kernels():
+    """vindex3.exec.ops.decode when its kernels are on (imported on first use), else None."""
+    if not _decode:
+        from . import decode
+
+        _decode.append(decode)
+    k = _decode[0]
+    return k if k.enabled() else None
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
+    if x.shape[0] <= SMALL_ROWS and x.ndim > 1 and (k := decode_kernels()) is not None:
+        # a decode-sized pass: one compiled call with numpy's own bytes (decode.rms_rows)
+        y, ok = k.rms_rows(x, weight, eps)
+        if not ok:
+            _finite(np.array([np.nan], np.float32))
+        return y
     # x: [..., d]. The mean is np.mean's own two ufunc calls (a float32 sum, then a division by
     # the count as an intp, in place), so the bytes are np.mean's; its Python wrapper cost
     # ~10 us a call, 61 calls a decode step on SmolLM2.
