@@ -218,16 +218,22 @@ def _rotate(x, cos, sin, scale, out):  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def _attend(q, k, v, cos, sin, qscale, K, V, row0, first, start, p0, window, sscale, cap, sinks, keep, probs,
+def _attend(q, k, v, cos, sin, qscale, KT, V, row0, first, start, p0, window, sscale, cap, sinks, keep, probs,
             out):  # pragma: no cover - compiled
     """One attention pass of T positions from p0 for every head.
 
     q [T, nh, hd], k and v [T, nkv, hd] (projected, before rope); cos, sin [T, r] (r = 0: no
-    rope); K, V [nkv, rows, hd] the layer's KV rows, the T new rows written at row0.. (rotated
-    k, and v); the keys in reach are absolute positions first .. p0+T-1, at row first - start.
-    window <= 0: full span. cap <= 0: no softcap. sinks [nh] (empty: none). keep: write the
-    attention weights into probs [nkv, g, T, S] (S keys from ``first``; masked ones 0).
-    out [T, nh, hd]: the heads' output."""
+    rope); KT [nkv, hd, rows] and V [nkv, rows, hd] the layer's KV rows (K transposed), the T new
+    rows written at row0.. (rotated k, and v); the keys in reach are absolute positions first ..
+    p0+T-1, at row first - start. window <= 0: full span. cap <= 0: no softcap. sinks [nh]
+    (empty: none). keep: write the attention weights into probs [nkv, g, T, S] (S keys from
+    ``first``; masked ones 0). out [T, nh, hd]: the heads' output.
+
+    Order of the float operations: a score is ((q0·k0 + q1·k1) + q2·k2) + ... over the head
+    dims in order, then times the score scale; the softmax denominator is numpy's pairwise sum
+    of the exponentials; an output dim is ((p0·v0 + p1·v1) + ...) over the keys in order. The
+    loops over keys (scores) and over head dims (output) have independent lanes, so whatever
+    width the target vectorizes them at, each value is computed the same way."""
     T, nh, hd = q.shape
     nkv = k.shape[1]
     g = nh // nkv
@@ -237,9 +243,11 @@ def _attend(q, k, v, cos, sin, qscale, K, V, row0, first, start, p0, window, ssc
     for t in range(T):
         _rotate(k[t], cos[t], sin[t], F32(1.0), qr[:nkv])
         for j in range(nkv):
-            K[j, row0 + t, :] = qr[j]
+            for i in range(hd):
+                KT[j, i, row0 + t] = qr[j, i]
             V[j, row0 + t, :] = v[t, j]
     s = np.empty(S, np.float32)
+    acc = np.empty(hd, np.float32)
     has_sinks = sinks.shape[0] > 0
     for t in range(T):
         _rotate(q[t], cos[t], sin[t], qscale, qr)
@@ -252,32 +260,46 @@ def _attend(q, k, v, cos, sin, qscale, K, V, row0, first, start, p0, window, ssc
             if window > 0:
                 a = max(0, qpos - window + 1 - first)
             b = qpos + 1 - first
+            n = b - a
+            sk = s[a:b]
+            kr = KT[j, 0, base + a:base + b]
+            q0 = qh[0]
+            for kk in range(n):
+                sk[kk] = q0 * kr[kk]
+            for i in range(1, hd):
+                kr = KT[j, i, base + a:base + b]
+                qi = qh[i]
+                for kk in range(n):
+                    sk[kk] += qi * kr[kk]
             m = F32(-np.inf)
-            for kk in range(a, b):
-                sc = _dot(qh, K[j, base + kk], hd) * sscale
+            for kk in range(n):
+                sc = sk[kk] * sscale
                 if cap > F32(0.0):
                     sc = sc / cap
                     sc = F32(math.tanh(np.float64(sc)))
                     sc = sc * cap
-                s[kk] = sc
+                sk[kk] = sc
                 m = max(m, sc)
             if has_sinks and sinks[h] > m:
                 m = sinks[h]
-            for kk in range(a, b):
-                s[kk] = _exp(s[kk] - m)
-            den = pairwise(s, a, b - a)
+            for kk in range(n):
+                sk[kk] = _exp(sk[kk] - m)
+            den = pairwise(s, a, n)
             if has_sinks:
                 den = den + _exp(sinks[h] - m)
             inv = F32(1.0) / den
-            o = out[t, h]
+            for kk in range(n):
+                sk[kk] = sk[kk] * inv
+            p = sk[0]
+            vr = V[j, base + a]
             for i in range(hd):
-                o[i] = F32(0.0)
-            for kk in range(a, b):
-                p = s[kk] * inv
-                s[kk] = p
-                vr = V[j, base + kk]
+                acc[i] = p * vr[i]
+            for kk in range(1, n):
+                p = sk[kk]
+                vr = V[j, base + a + kk]
                 for i in range(hd):
-                    o[i] += p * vr[i]
+                    acc[i] += p * vr[i]
+            out[t, h, :] = acc
             if keep:
                 pr = probs[j, h - j * g, t]
                 for kk in range(S):
@@ -322,7 +344,7 @@ def attend(q, k, v, cos, sin, qscale, kv, first: int, p0: int, window: int, ssca
         cos = sin = _NO_ROPE
     out = np.empty((T, nh, hd), np.float32)
     with threads.launch():
-        _attend(q, k, v, cos, sin, qscale, kv.k, kv.v, row0, first, kv.start, p0, window, sscale, cap,
+        _attend(q, k, v, cos, sin, qscale, kv.kt, kv.v, row0, first, kv.start, p0, window, sscale, cap,
                 _NO_SINKS if sinks is None else sinks, probs is not None, _NO_PROBS if probs is None else probs, out)
     kv.end += T
     return out.reshape(T, nh * hd)
