@@ -11,9 +11,9 @@ numpy call overhead around the products). Each kernel is one launch through
   and k (any rope table, partial rotary), the query scale, the write of the new K/V rows,
   scores with score scale, softcap, causal and sliding-window masks, learned sinks, softmax
   and the weighted sum of V. Its rope and scale are numpy's arithmetic element for element;
-  its dot products and sums run in the fixed order written below (not BLAS's), and exp and
-  tanh are libm's double ones rounded once to float32, so its bytes differ from the numpy
-  path in the last bits and depend on no SIMD
+  its dot products and sums run in the fixed order written below (not BLAS's), exp is a
+  polynomial written out here (`_exp_into`) and tanh libm's double one rounded once to
+  float32, so its bytes differ from the numpy path in the last bits and depend on no SIMD
   width numba picks for the target.
 
 No kernel lets LLVM reassociate (no fastmath) nor contract a multiply and an add into an FMA
@@ -126,11 +126,47 @@ def pairwise(a, lo, n):  # pragma: no cover - compiled
     return vals[0]
 
 
+# exp in float32 (the Cephes expf scheme): x = n·ln2 + r with ln2 split in two, a degree-6
+# polynomial in r, times 2^n built in the exponent bits. Every operation is written out (no libm,
+# no FMA), so the bytes are the same on every target and the loops vectorize; within 2e-7
+# relative of exp over [-87, 88] (tests/test_decode_kernels.py), where the argument is clamped.
+_LOG2E = F32(1.44269504088896341)
+_LN2_HI = F32(0.693359375)
+_LN2_LO = F32(-2.12194440e-4)
+_E0, _E1, _E2 = F32(1.9875691500e-4), F32(1.3981999507e-3), F32(8.3334519073e-3)
+_E3, _E4, _E5 = F32(4.1665795894e-2), F32(1.6666665459e-1), F32(5.0000001201e-1)
+_EXP_HI = F32(88.0)
+_EXP_LO = F32(-87.0)
+
+
+@numba.njit(**_JIT)
+def _exp_poly(x):  # pragma: no cover - compiled
+    """(polynomial part, n) of exp(x) = poly · 2^n, x clamped to [-87, 88]."""
+    v = min(max(x, _EXP_LO), _EXP_HI)
+    fn = np.floor(v * _LOG2E + F32(0.5))
+    r = (v - fn * _LN2_HI) - fn * _LN2_LO
+    z = r * r
+    p = ((((((_E0 * r + _E1) * r + _E2) * r + _E3) * r + _E4) * r + _E5) * z + r) + F32(1.0)
+    return p, fn
+
+
+@numba.njit(**_JIT)
+def _exp_into(x, out, n, bits):  # pragma: no cover - compiled
+    """out[i] = exp(x[i]) for i < n (out may be x); ``bits`` an int32 scratch of >= n."""
+    for i in range(n):
+        p, fn = _exp_poly(x[i])
+        out[i] = p
+        bits[i] = (np.int32(fn) + np.int32(127)) << np.int32(23)
+    scale = bits.view(np.float32)
+    for i in range(n):
+        out[i] = out[i] * scale[i]
+
+
 @numba.njit(**_JIT)
 def _exp(x):  # pragma: no cover - compiled
-    """exp of a float32 through float64, rounded once: the float32 result libm's double exp
-    gives, whatever float32 exp (and its SIMD variant) the target would have picked."""
-    return F32(math.exp(np.float64(x)))
+    """exp of one float32, the same bytes as `_exp_into`."""
+    p, fn = _exp_poly(x)
+    return F32(math.ldexp(np.float64(p), int(fn)))
 
 
 @numba.njit(**_JIT)
@@ -159,11 +195,15 @@ def _rms_rows(x, w, eps, out):  # pragma: no cover - compiled
 def _silu_mul(g, u, out):  # pragma: no cover - compiled
     """out = g / (1 + exp(-g)) * u elementwise ([R, n] each; g and u may be strided views)."""
     R, n = out.shape
+    e = np.empty(n, np.float32)
+    bits = np.empty(n, np.int32)
     for r in range(R):
         gr, ur, o = g[r], u[r], out[r]
         for i in range(n):
-            v = gr[i]
-            o[i] = v / (F32(1.0) + _exp(-v)) * ur[i]
+            e[i] = -gr[i]
+        _exp_into(e, e, n, bits)
+        for i in range(n):
+            o[i] = gr[i] / (F32(1.0) + e[i]) * ur[i]
 
 
 @numba.njit(**_JIT)
@@ -247,6 +287,7 @@ def _attend(q, k, v, cos, sin, qscale, KT, V, row0, first, start, p0, window, ss
                 KT[j, i, row0 + t] = qr[j, i]
             V[j, row0 + t, :] = v[t, j]
     s = np.empty(S, np.float32)
+    bits = np.empty(S, np.int32)
     acc = np.empty(hd, np.float32)
     has_sinks = sinks.shape[0] > 0
     for t in range(T):
@@ -283,7 +324,8 @@ def _attend(q, k, v, cos, sin, qscale, KT, V, row0, first, start, p0, window, ss
             if has_sinks and sinks[h] > m:
                 m = sinks[h]
             for kk in range(n):
-                sk[kk] = _exp(sk[kk] - m)
+                sk[kk] = sk[kk] - m
+            _exp_into(sk, sk, n, bits)
             den = pairwise(s, a, n)
             if has_sinks:
                 den = den + _exp(sinks[h] - m)
