@@ -198,3 +198,60 @@ def test_exp_polynomial_is_within_two_ulp_of_exp():
     got1 = np.empty(1, np.float32)
     decode._exp_into(np.array([-3.25], np.float32), got1, 1, np.empty(1, np.int32))
     assert one == got1[0]
+
+
+_CHILD = """
+import json, numpy as np
+from vindex3.exec.ops import decode
+from vindex3.exec.ops.norm import rms_norm
+from vindex3.exec.ops.rope import RopeTable
+from vindex3.operators.softmax import KvRows
+rng = np.random.default_rng(9)
+f = np.float32
+out = {}
+table = RopeTable(10000.0, 8, None)
+for name, window, cap, sinks, r in (("softcap_sinks_window", 6, f(3.0), rng.standard_normal(6).astype(f), True),
+                                    ("plain_partial_rope", 0, f(0.0), None, True), ("nope", 0, f(0.0), None, False)):
+    kv = KvRows(2, 16, window or None)
+    ys = []
+    for p0, T in [(0, 5)] + [(p, 1) for p in range(5, 20)]:
+        q = rng.standard_normal((T, 6, 16)).astype(f)
+        k = rng.standard_normal((T, 2, 16)).astype(f)
+        v = rng.standard_normal((T, 2, 16)).astype(f)
+        cos, sin = table.rows(p0, T) if r else (None, None)
+        first = 0 if not window else max(0, p0 - window + 1)
+        ys.append(decode.attend(q, k, v, cos, sin, f(0.25), kv, first, p0, window, f(0.9), cap, sinks, None))
+    K, V = kv.view(kv.start)
+    out[name] = np.concatenate(ys).tobytes().hex() + K.tobytes().hex() + V.tobytes().hex()
+x = rng.standard_normal((3, 300)).astype(f)
+out["norm"] = rms_norm(x, rng.standard_normal(300).astype(f), f(1e-6)).tobytes().hex()
+out["silu"] = decode.silu_mul(x * 5, x).tobytes().hex()
+print(json.dumps(out))
+"""
+
+
+def _child(env_extra: dict) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU") and k != "VINDEX3_DECODE_KERNELS"}
+    env.update(env_extra, PYTHONPATH=str(root))
+    r = subprocess.run([sys.executable, "-c", _CHILD], check=False, env=env, cwd=root, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_decode_kernels_give_the_same_bytes_on_every_target():
+    """The kernels fix the order of their float operations and take exp from a polynomial of
+    their own: numba compiling for the baseline x86-64 target, for haswell (AVX2, FMA) and for
+    this host gives the same bytes."""
+    host = _child({})
+    generic = _child({"NUMBA_CPU_NAME": "generic"})
+    haswell = _child({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt"})
+    for key in host:
+        assert generic[key] == host[key] == haswell[key], key
