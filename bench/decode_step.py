@@ -4,8 +4,8 @@ one process, arms interleaved (round r runs both, the order alternating), 1 thre
 Per arm: the median over rounds of the best-of-``--repeats`` ms per token (a 16-token prefill,
 then ``--steps`` greedy steps, only the steps timed), kernel launches per token (every numba
 call that enters vindex3.codecs.threads.launch: the rows kernels and the decode kernels), C-level
-calls per token (numpy functions and other builtins, counted with sys.setprofile in one untimed
-step), and how far the arms' logits are apart after the steps. The machine facts and load average
+calls per token (numpy functions and other builtins) and Python calls, counted with
+sys.setprofile in one untimed step), and how far the arms' logits are apart after the steps. The machine facts and load average
 before and after go into the JSON.
 
     python bench/decode_step.py [--encoding int8] [--activations q8] [--rounds 7] [--steps 32]
@@ -29,8 +29,9 @@ from machine import facts, pin_threads
 TEXT = " ".join(["The quick brown fox jumps over the lazy dog while the model keeps counting tokens."] * 8)
 
 
-def counts_of_a_step(st, tok: int) -> tuple[int, int]:
-    """(kernel launches, C calls) of one step."""
+def counts_of_a_step(st, tok: int) -> tuple[int, int, int]:
+    """(kernel launches, Python calls, C calls) of one step. Operators (``a + b`` on arrays) are
+    neither: only calls of functions and methods count."""
     from vindex3.codecs import threads
 
     launches = [0]
@@ -41,11 +42,13 @@ def counts_of_a_step(st, tok: int) -> tuple[int, int]:
             launches[0] += 1
             return real.__enter__()
 
-    ccalls = [0]
+    ccalls, pycalls = [0], [0]
 
     def prof(frame, event, arg):
         if event == "c_call":
             ccalls[0] += 1
+        elif event == "call":
+            pycalls[0] += 1
 
     threads._LAUNCH = Counting()
     sys.setprofile(prof)
@@ -54,7 +57,7 @@ def counts_of_a_step(st, tok: int) -> tuple[int, int]:
     finally:
         sys.setprofile(None)
         threads._LAUNCH = real
-    return launches[0], ccalls[0]
+    return launches[0], pycalls[0], ccalls[0]
 
 
 def main() -> None:
@@ -104,8 +107,8 @@ def main() -> None:
         decode.set_enabled(on)
         st = ex.start()
         logits = st.prefill(ids, last_only=True)[-1]
-        launches, ccalls = counts_of_a_step(st, int(np.argmax(logits)))
-        info[name] = {"launches_per_token": launches, "c_calls_per_token": ccalls}
+        launches, pycalls, ccalls = counts_of_a_step(st, int(np.argmax(logits)))
+        info[name] = {"launches_per_token": launches, "python_calls_per_token": pycalls, "c_calls_per_token": ccalls}
     ms: dict = {n: [] for n in arms}
     final: dict = {}
     for r in range(a.rounds):
@@ -154,7 +157,7 @@ def main() -> None:
     for name in arms:
         i = info[name]
         print(f"{name:<8} {i['ms_per_token_median']:7.2f} ms/token  {i['launches_per_token']:4d} launches/token  "
-              f"{i['c_calls_per_token']:5d} C calls/token")
+              f"{i['python_calls_per_token']:5d} Python calls/token  {i['c_calls_per_token']:5d} C calls/token")
     print(f"speed-up {res['speedup_kernels_over_numpy']}x, logits max|d| {d:.3g} (same tokens), argmax differs at "
           f"{flips}/{len(toks)} steps, same greedy text {res['same_greedy_tokens']}, "
           f"load {load_before[0]:.2f} -> {load_after[0]:.2f}  ({out})")

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ..codecs.base import products
 from ..errors import GraphSchemaError
-from ..exec.ops.norm import SMALL_ROWS, decode_kernels
+from ..exec.ops.norm import DECODE, SMALL_ROWS, decode_kernels
 from .base import (
     ARRAY,
     FFN,
@@ -67,7 +67,7 @@ class _Bound(FeatureFfnKernel):
                 g = g + self.gate_b
             if self.up_b is not None:
                 u = u + self.up_b
-        if self.silu and g.shape[0] <= SMALL_ROWS and g.ndim == 2 and (k := decode_kernels()) is not None:
+        if DECODE.on and self.silu and g.ndim == 2 and g.shape[0] <= SMALL_ROWS and (k := DECODE.mod or decode_kernels()):
             return k.silu_mul(g, u)  # a decode-sized pass: one compiled call
         return self.act(g) * u
 

@@ -32,26 +32,20 @@ import numba
 import numpy as np
 
 from ...codecs import threads
+from .norm import DECODE
 
 F32 = np.float32
 
 #: Positions per pass up to which the kernels run (vindex3.exec.batch.ROWS streams share a pass).
 ROWS = 8
 
-_on: list[bool] = []
-
-
 def enabled() -> bool:
-    if not _on:
-        _on.append(os.environ.get("VINDEX3_DECODE_KERNELS", "1") != "0")
-    return _on[0]
+    return DECODE.on
 
 
 def set_enabled(flag: bool | None) -> None:
     """Turn the kernels on or off for this process (None: read ``VINDEX3_DECODE_KERNELS`` again)."""
-    _on.clear()
-    if flag is not None:
-        _on.append(bool(flag))
+    DECODE.on = (os.environ.get("VINDEX3_DECODE_KERNELS", "1") != "0") if flag is None else bool(flag)
 
 
 _JIT = {"cache": True, "error_model": "numpy", "nogil": True}
@@ -350,6 +344,11 @@ def _attend(q, k, v, cos, sin, qscale, KT, V, row0, first, start, p0, window, ss
 
 def rms_rows(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> tuple[np.ndarray, bool]:
     """x [..., d] float32 -> (its RMSNorm, whether every mean of squares is finite)."""
+    if x.ndim == 2 and x.flags.c_contiguous:
+        out = np.empty(x.shape, np.float32)
+        with threads.launch():
+            ok = _rms_rows(x, weight, eps, out)
+        return out, ok
     shape = x.shape
     x2 = np.ascontiguousarray(x).reshape(-1, shape[-1])
     out = np.empty(x2.shape, np.float32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 
@@ -15,21 +17,31 @@ _sum = np.add.reduce
 SMALL_ROWS = 8  # vindex3.exec.ops.decode.ROWS: passes up to this many positions take its kernel
 
 
-_decode: list = []
+class _Switch:
+    """Whether decode-sized passes take the compiled kernels (`vindex3.exec.ops.decode`, whose
+    `set_enabled` sets ``on``), and that module once imported (numba costs resident memory a
+    run that never decodes should not pay). Plain attributes: the hot path makes no call to ask."""
+
+    on = os.environ.get("VINDEX3_DECODE_KERNELS", "1") != "0"
+    mod = None
+
+
+DECODE = _Switch()
 
 
 def decode_kernels():
     """vindex3.exec.ops.decode when its kernels are on (imported on first use), else None."""
-    if not _decode:
+    if not DECODE.on:
+        return None
+    if DECODE.mod is None:
         from . import decode
 
-        _decode.append(decode)
-    k = _decode[0]
-    return k if k.enabled() else None
+        DECODE.mod = decode
+    return DECODE.mod
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
-    if x.shape[0] <= SMALL_ROWS and x.ndim > 1 and (k := decode_kernels()) is not None:
+    if DECODE.on and x.ndim > 1 and x.shape[0] <= SMALL_ROWS and (k := DECODE.mod or decode_kernels()) is not None:
         # a decode-sized pass: one compiled call with numpy's own bytes (decode.rms_rows)
         y, ok = k.rms_rows(x, weight, eps)
         if not ok:

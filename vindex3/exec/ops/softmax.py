@@ -19,7 +19,7 @@ import numpy as np
 from ...codecs.base import products
 from . import rope as rope_mod
 from .gated_attention import gate_output
-from .norm import SMALL_ROWS, decode_kernels, make_weight, rms_norm
+from .norm import DECODE, SMALL_ROWS, decode_kernels, make_weight, rms_norm
 
 QUERY_BLOCK = 128
 
@@ -100,7 +100,7 @@ def make_attention(p, w: dict, tap=None):
         if qn is not None and not whole:
             q = rms_norm(q, qn, qk_eps)
             k = rms_norm(k, kn, qk_eps)
-        if T <= SMALL_ROWS and (dk := decode_kernels()) is not None:
+        if DECODE.on and T <= SMALL_ROWS and (dk := DECODE.mod or decode_kernels()) is not None:
             return attend_small(dk, q, k, v, kv, p0, T, gate if gated else None)
         if table is not None:
             cos, sin = table.rows(p0, T)
