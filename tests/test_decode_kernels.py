@@ -255,3 +255,13 @@ def test_decode_kernels_give_the_same_bytes_on_every_target():
     haswell = _child({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt"})
     for key in host:
         assert generic[key] == host[key] == haswell[key], key
+
+
+def test_a_norm_of_another_dtype_keeps_the_numpy_path():
+    """The kernel computes in float32; a float64 input (no executor path makes one) is normed by
+    numpy in float64 as before, and a Python-float eps is taken as float32, as numpy takes it."""
+    x = np.random.default_rng(2).standard_normal((2, 40))
+    y = rms_norm(x, np.ones(40, F32), F32(1e-6))
+    assert y.dtype == np.float64
+    x32 = x.astype(F32)
+    assert np.array_equal(rms_norm(x32, np.ones(40, F32), 1e-6), _norm_numpy(x32, np.ones(40, F32), 1e-6))

@@ -67,7 +67,8 @@ class _Bound(FeatureFfnKernel):
                 g = g + self.gate_b
             if self.up_b is not None:
                 u = u + self.up_b
-        if DECODE.on and self.silu and g.ndim == 2 and g.shape[0] <= SMALL_ROWS and (k := DECODE.mod or decode_kernels()):
+        if (DECODE.on and self.silu and g.ndim == 2 and g.shape[0] <= SMALL_ROWS and g.dtype == u.dtype == np.float32
+                and (k := DECODE.mod or decode_kernels())):
             return k.silu_mul(g, u)  # a decode-sized pass: one compiled call
         return self.act(g) * u
 

@@ -344,6 +344,8 @@ def _attend(q, k, v, cos, sin, qscale, KT, V, row0, first, start, p0, window, ss
 
 def rms_rows(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> tuple[np.ndarray, bool]:
     """x [..., d] float32 -> (its RMSNorm, whether every mean of squares is finite)."""
+    if type(eps) is not np.float32:  # a float64 eps would make the kernel's mean float64
+        eps = np.float32(eps)
     if x.ndim == 2 and x.flags.c_contiguous:
         out = np.empty(x.shape, np.float32)
         with threads.launch():

@@ -41,7 +41,8 @@ def decode_kernels():
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
-    if DECODE.on and x.ndim > 1 and x.shape[0] <= SMALL_ROWS and (k := DECODE.mod or decode_kernels()) is not None:
+    if (DECODE.on and x.ndim > 1 and x.shape[0] <= SMALL_ROWS and x.dtype == np.float32 and weight.dtype == np.float32
+            and (k := DECODE.mod or decode_kernels()) is not None):
         # a decode-sized pass: one compiled call with numpy's own bytes (decode.rms_rows)
         y, ok = k.rms_rows(x, weight, eps)
         if not ok:
