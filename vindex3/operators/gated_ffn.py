@@ -15,6 +15,7 @@ from pydantic import Field
 
 from ..codecs.base import products
 from ..errors import GraphSchemaError
+from ..exec.ops.norm import DECODE, SMALL_ROWS, decode_kernels
 from .base import (
     ARRAY,
     FFN,
@@ -46,6 +47,7 @@ class _Bound(FeatureFfnKernel):
         from ..exec.ops.ffn import activation
 
         self.act = activation(p.activation)
+        self.silu = p.activation == "silu"
         self.gate, self.up, self.gate_up, self.down = (w.get(n) for n in ("ffn_gate", "ffn_up", "ffn_gate_up", "ffn_down"))
         self.gate_b, self.up_b, self.gate_up_b, self.down_b = (
             w.get(n) for n in ("ffn_gate_bias", "ffn_up_bias", "ffn_gate_up_bias", "ffn_down_bias"))
@@ -65,6 +67,9 @@ class _Bound(FeatureFfnKernel):
                 g = g + self.gate_b
             if self.up_b is not None:
                 u = u + self.up_b
+        if (DECODE.on and self.silu and g.ndim == 2 and g.shape[0] <= SMALL_ROWS and g.dtype == u.dtype == np.float32
+                and (k := DECODE.mod or decode_kernels())):
+            return k.silu_mul(g, u)  # a decode-sized pass: one compiled call
         return self.act(g) * u
 
 

@@ -109,12 +109,14 @@ class SoftmaxParams(Params):
 
 
 class KvRows(OpState):
-    """K and V rows of one layer: [kv_heads, rows, head_dim] each, grown geometrically."""
+    """K and V rows of one layer, grown geometrically: V as [kv_heads, rows, head_dim], K stored
+    transposed as ``kt`` [kv_heads, head_dim, rows] so that the decode kernel's scores run along
+    contiguous keys (vindex3.exec.ops.decode). `view` gives both as [kv_heads, rows, head_dim]."""
 
     def __init__(self, kv_heads: int, head_dim: int, window: int | None):
         self.kv_heads, self.head_dim, self.window = kv_heads, head_dim, window
         cap = 64
-        self.k = np.empty((kv_heads, cap, head_dim), np.float32)
+        self.kt = np.empty((kv_heads, head_dim, cap), np.float32)
         self.v = np.empty((kv_heads, cap, head_dim), np.float32)
         self.start = 0  # absolute position of row 0
         self.end = 0  # absolute position one past the last row
@@ -122,19 +124,27 @@ class KvRows(OpState):
     def append(self, k: np.ndarray, v: np.ndarray) -> None:
         """k, v: [T, kv_heads, head_dim]."""
         T = k.shape[0]
+        lo = self.reserve(T)
+        hi = lo + T
+        self.kt[:, :, lo:hi] = k.transpose(1, 2, 0)
+        self.v[:, lo:hi] = v.transpose(1, 0, 2)
+        self.end += T
+
+    def reserve(self, T: int) -> int:
+        """Room for T more rows (releasing rows a window no longer reaches first): the row
+        index the next position goes to. The caller writes rows [lo, lo + T) of ``kt`` and ``v``
+        and then advances ``end`` by T."""
         self._compact()
         lo = self.end - self.start
         hi = lo + T
-        if hi > self.k.shape[1]:
-            cap = max(hi, 2 * self.k.shape[1])
-            nk = np.empty((self.kv_heads, cap, self.head_dim), np.float32)
-            nv = np.empty_like(nk)
-            nk[:, :lo] = self.k[:, :lo]
+        if hi > self.v.shape[1]:
+            cap = max(hi, 2 * self.v.shape[1])
+            nk = np.empty((self.kv_heads, self.head_dim, cap), np.float32)
+            nv = np.empty((self.kv_heads, cap, self.head_dim), np.float32)
+            nk[:, :, :lo] = self.kt[:, :, :lo]
             nv[:, :lo] = self.v[:, :lo]
-            self.k, self.v = nk, nv
-        self.k[:, lo:hi] = k.transpose(1, 0, 2)
-        self.v[:, lo:hi] = v.transpose(1, 0, 2)
-        self.end += T
+            self.kt, self.v = nk, nv
+        return lo
 
     def _compact(self) -> None:
         if self.window is None:
@@ -143,15 +153,17 @@ class KvRows(OpState):
         rows = self.end - self.start
         if rows > 2 * keep:
             drop = rows - keep
-            self.k[:, : rows - drop] = self.k[:, drop:rows].copy()
+            self.kt[:, :, : rows - drop] = self.kt[:, :, drop:rows].copy()
             self.v[:, : rows - drop] = self.v[:, drop:rows].copy()
             self.start += drop
 
     def view(self, from_pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V of positions from_pos .. end-1, each [kv_heads, rows, head_dim] (K a
+        transposed view of the stored layout)."""
         if from_pos < self.start:
             raise StateError(f"KV rows before position {self.start} were released (asked for {from_pos})")
         a, b = from_pos - self.start, self.end - self.start
-        return self.k[:, a:b], self.v[:, a:b]
+        return self.kt[:, :, a:b].transpose(0, 2, 1), self.v[:, a:b]
 
     def truncate(self, pos: int) -> None:
         if pos > self.end:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 
@@ -12,9 +14,40 @@ def make_weight(weight: np.ndarray, offset: float) -> np.ndarray:
 
 
 _sum = np.add.reduce
+SMALL_ROWS = 8  # vindex3.exec.ops.decode.ROWS: passes up to this many positions take its kernel
+
+
+class _Switch:
+    """Whether decode-sized passes take the compiled kernels (`vindex3.exec.ops.decode`, whose
+    `set_enabled` sets ``on``), and that module once imported (numba costs resident memory a
+    run that never decodes should not pay). Plain attributes: the hot path makes no call to ask."""
+
+    on = os.environ.get("VINDEX3_DECODE_KERNELS", "1") != "0"
+    mod = None
+
+
+DECODE = _Switch()
+
+
+def decode_kernels():
+    """vindex3.exec.ops.decode when its kernels are on (imported on first use), else None."""
+    if not DECODE.on:
+        return None
+    if DECODE.mod is None:
+        from . import decode
+
+        DECODE.mod = decode
+    return DECODE.mod
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
+    if (DECODE.on and x.ndim > 1 and x.shape[0] <= SMALL_ROWS and x.dtype == np.float32 and weight.dtype == np.float32
+            and (k := DECODE.mod or decode_kernels()) is not None):
+        # a decode-sized pass: one compiled call with numpy's own bytes (decode.rms_rows)
+        y, ok = k.rms_rows(x, weight, eps)
+        if not ok:
+            _finite(np.array([np.nan], np.float32))
+        return y
     # x: [..., d]. The mean is np.mean's own two ufunc calls (a float32 sum, then a division by
     # the count as an intp, in place), so the bytes are np.mean's; its Python wrapper cost
     # ~10 us a call, 61 calls a decode step on SmolLM2.

@@ -19,9 +19,11 @@ import numpy as np
 from ...codecs.base import products
 from . import rope as rope_mod
 from .gated_attention import gate_output
-from .norm import make_weight, rms_norm
+from .norm import DECODE, SMALL_ROWS, decode_kernels, make_weight, rms_norm
 
 QUERY_BLOCK = 128
+
+
 
 
 def make_attention(p, w: dict, tap=None):
@@ -50,6 +52,31 @@ def make_attention(p, w: dict, tap=None):
     cap = np.float32(p.logit_softcap) if p.logit_softcap is not None else None
     neg = np.float32(-np.inf)
 
+    flat_sinks = w["sinks"].astype(np.float32).reshape(nh) if p.sinks is not None else None
+    no_cap = np.float32(0.0)
+
+    def attend_small(dk, q, k, v, kv, p0: int, T: int, gate) -> np.ndarray:
+        # a decode-sized pass: rope, the K/V write, scores, softmax and the weighted sum of V
+        # in one compiled call (vindex3.exec.ops.decode), the rest as below
+        first = 0 if window is None else max(0, p0 - window + 1)
+        cos = sin = None
+        if table is not None:
+            cos, sin = table.rows(p0, T)
+        probs = np.empty((nkv, g, T, p0 + T - first), np.float32) if tap is not None else None
+        out = dk.attend(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), cos, sin,
+                            qscale, kv, first, p0, 0 if window is None else window, sscale,
+                            no_cap if cap is None else cap, flat_sinks, probs)
+        if tap is not None:
+            tap("weights", p0, first, probs)
+        if gated:
+            out = gate_output(out, gate)
+        if tap is not None:
+            tap("heads", p0, out)
+        y = Wo.mm(out)
+        if ob is not None:
+            y = y + ob
+        return y
+
     def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
         T = x.shape[0]
         q, k, v = qkv(x)
@@ -73,6 +100,8 @@ def make_attention(p, w: dict, tap=None):
         if qn is not None and not whole:
             q = rms_norm(q, qn, qk_eps)
             k = rms_norm(k, kn, qk_eps)
+        if DECODE.on and T <= SMALL_ROWS and (dk := DECODE.mod or decode_kernels()) is not None:
+            return attend_small(dk, q, k, v, kv, p0, T, gate if gated else None)
         if table is not None:
             cos, sin = table.rows(p0, T)
             q = rope_mod.apply(q, cos, sin)
