@@ -63,9 +63,11 @@ fam.doc('SHOW PATCHES',
         "the active patches (the overlay over the open container) and their edits: mode, layers, vectors, fit",
         'SHOW PATCHES;', order=340)
 fam.doc('INSERT',
-        "INSERT INTO EDGES (entity, relation, target) | (prompt, target) VALUES (...) [TEMPLATE 'The {entity} is in'] "
-        "[AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] [ALPHA cos] [CORPUS 'bank.jsonl']",
-        "write a fact into the open patch: MEMIT (rank-one weight terms), COMPOSE (one FFN feature) or KNN "
+        "INSERT INTO EDGES (entity, relation, target) | (prompt, target [, entity]) VALUES (...) "
+        "[TEMPLATE 'The {entity} is in'] [AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] "
+        "[ALPHA cos] [CORPUS 'bank.jsonl']",
+        "write a fact into the open patch: MEMIT (rank-one weight terms keyed at the entity's last token, its value "
+        "fitted by gradient; at the prompt's last token when no entity is named), COMPOSE (one FFN feature) or KNN "
         "(a retrieval overlay: no weight changes; the default, as in the reference)",
         "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') MODE MEMIT;", order=380)
 fam.doc('DELETE',
