@@ -3,7 +3,9 @@
 single (one edit on the unedited model) and all 20 together, scored with CounterFact's metrics
 (vindex3.edits.score). Writes bench/results/edits_smollm2.json with the machine facts.
 
-    python bench/edits_smollm2.py [--modes memit,compose,knn] [--single-kl 5]
+    python bench/edits_smollm2.py [--modes memit,compose,knn] [--single-kl 5] [--key subject|last-token]
+
+MODE MEMIT keys at each line's subject (its last token) unless --key last-token.
 """
 
 from __future__ import annotations
@@ -35,13 +37,49 @@ def summary(r) -> dict:
             "p_target": r.p_target, "kl": r.kl, "kl_positions": r.kl_positions}
 
 
+def merge(parts: list[str], dest: Path) -> None:
+    """One result file from several runs over parts of the singles (run side by side), the
+    together figures from whichever part has them; the single figures recomputed over all cases."""
+    runs = [json.loads((ROOT / "bench" / "results" / f).read_text()) for f in parts]
+    out = {**runs[0], "parts": parts, "load_averages": [r["load_average"] for r in runs]}
+    for mode in runs[0]["modes"]:
+        res = {}
+        per, fits, secs = [], [], 0.0
+        for r in runs:
+            m = r["modes"][mode]
+            res.update({k: v for k, v in m.items() if k not in ("single",) and v is not None})
+            if "single" in m:
+                per += m["single"]["per_case"]
+                fits += m["single"]["fits"]
+                secs += m["single"]["seconds"]
+        if per:
+            kls = [c["kl"] for c in per if c.get("kl") is not None]
+            res["single"] = {"efficacy": float(np.mean([c["efficacy"] for c in per])),
+                             "paraphrase": float(np.mean([c["paraphrase"] for c in per])),
+                             "neighborhood": float(np.mean([c["neighborhood"] for c in per])),
+                             "p_target": float(np.mean([c["p_target"] for c in per])), "cases": len(per),
+                             "kl_mean_first": len(kls), "kl": float(np.mean(kls)) if kls else None,
+                             "seconds_summed": secs, "per_case": per, "fits": fits}
+        out["modes"][mode] = res
+    dest.write_text(json.dumps(out, indent=1) + "\n")
+    print("wrote", dest)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="memit,compose,knn")
     ap.add_argument("--single-kl", type=int, default=2, help="single edits whose prompt-bank KL is measured")
     ap.add_argument("--layers", default=None, help="a-b for MEMIT, n for the others")
     ap.add_argument("--out", default="edits_smollm2.json", help="file name under bench/results")
+    ap.add_argument("--key", default="subject", help="MEMIT's key: subject or last-token")
+    ap.add_argument("--lam", type=float, default=None, help="MEMIT's covariance weight for this key")
+    ap.add_argument("--singles", default="0-19", help="a-b: the cases fitted one at a time; none: no single edits")
+    ap.add_argument("--no-together", dest="together", action="store_false", help="skip the 20 fitted together")
+    ap.add_argument("--merge", nargs="+", default=None, help="combine result files of parts of the singles into --out")
     a = ap.parse_args()
+    if a.merge:
+        merge(a.merge, ROOT / "bench" / "results" / a.out)
+        return
     c = vindex3.open(default_model.container_path())
     tok = c.tokenizer
     cases = load_cases(ROOT / "tests" / "data" / "edits_smollm2.jsonl")
@@ -54,7 +92,13 @@ def main() -> None:
     unedited = score(c, c, cases, kl=False, executor=base_ex)
     out = {"machine": facts(), "load_average": os.getloadavg(), "known": sum(known), "cases": len(cases),
            "unedited": summary(unedited), "modes": {}}
-    settings = FitSettings()
+    settings = FitSettings(key=a.key)
+    if a.lam is not None:
+        setattr(settings, "lam_subject" if a.key == "subject" else "lam", a.lam)
+    out["settings"] = {**settings.record(), **settings.value_record()}
+    lo_, _, hi_ = a.singles.partition("-")
+    picked = [] if a.singles == "none" else list(range(int(lo_), int(hi_ or lo_) + 1))
+    out["singles_run"] = picked
     for mode in a.modes.split(","):
         layers = None
         if a.layers:
@@ -62,34 +106,44 @@ def main() -> None:
             layers = list(range(int(lo), int(hi or lo) + 1))
         t0 = time.time()
         singles = []
-        for i, cs in enumerate(cases):
+        fitted = []
+        for i in picked:
+            cs = cases[i]
             p = Patch(name=f"single-{i}", base_digest=c.digest, base_name=c.name)
-            make_edits(c, p, [request(c, cs.prompt, cs.target)], mode, layers, settings)
+            make_edits(c, p, [request(c, cs.prompt, cs.target, cs.subject)], mode, layers, settings)
+            fitted.append(p.edits[0])
             m = EditedModel(c, [p])
-            r = score(c, m, [cs], kl=i < a.single_kl, base_executor=base_ex)
+            r = score(c, m, [cs], kl=i - picked[0] < a.single_kl, base_executor=base_ex)
             singles.append(r)
             print(f"{mode} single {i}: eff {r.efficacy:.0f} para {r.paraphrase:.2f} nb {r.neighborhood:.2f} "
                   f"p {r.p_target:.3f} kl {r.kl}", flush=True)
         t_single = time.time() - t0
-        t0 = time.time()
-        p = Patch(name="all", base_digest=c.digest, base_name=c.name)
-        make_edits(c, p, [request(c, cs.prompt, cs.target) for cs in cases], mode, layers, settings)
-        m = EditedModel(c, [p])
-        together = score(c, m, cases, base_executor=base_ex)
-        t_all = time.time() - t0
-        kls = [r.kl for r in singles if r.kl is not None]
-        out["modes"][mode] = {
-            "layers": p.edits[0].layers, "label": p.edits[0].label,
-            "single": {"efficacy": float(np.mean([r.efficacy for r in singles])),
-                       "paraphrase": float(np.mean([r.paraphrase for r in singles])),
-                       "neighborhood": float(np.mean([r.neighborhood for r in singles])),
-                       "p_target": float(np.mean([r.p_target for r in singles])),
-                       "kl_mean_first": len(kls), "kl": float(np.mean(kls)) if kls else None, "seconds": t_single},
-            "together": {**summary(together), "seconds": t_all,
-                         "per_case": [cs.model_dump() for cs in together.cases]},
-        }
-        print(mode, json.dumps({k: v for k, v in out["modes"][mode].items() if k != "together"}),
-              json.dumps(summary(together)), flush=True)
+        res = out["modes"][mode] = {"layers": None, "label": None}
+        if singles:
+            kls = [r.kl for r in singles if r.kl is not None]
+            res.update(layers=fitted[0].layers, label=fitted[0].label)
+            res["single"] = {
+                "efficacy": float(np.mean([r.efficacy for r in singles])),
+                "paraphrase": float(np.mean([r.paraphrase for r in singles])),
+                "neighborhood": float(np.mean([r.neighborhood for r in singles])),
+                "p_target": float(np.mean([r.p_target for r in singles])),
+                "kl_mean_first": len(kls), "kl": float(np.mean(kls)) if kls else None, "seconds": t_single,
+                "per_case": [r.cases[0].model_dump() | {"kl": r.kl} for r in singles],
+                "fits": [{k: v for k, v in e.fit.items() if k not in ("covariance", "settings", "value_fit")}
+                         for e in fitted]}
+            print(mode, json.dumps({k: v for k, v in res["single"].items() if k not in ("per_case", "fits")}), flush=True)
+        if a.together:
+            t0 = time.time()
+            p = Patch(name="all", base_digest=c.digest, base_name=c.name)
+            make_edits(c, p, [request(c, cs.prompt, cs.target, cs.subject) for cs in cases], mode, layers, settings)
+            m = EditedModel(c, [p])
+            together = score(c, m, cases, base_executor=base_ex)
+            res.update(layers=p.edits[0].layers, label=p.edits[0].label)
+            res["together"] = {**summary(together), "seconds": time.time() - t0,
+                               "per_case": [cs.model_dump() for cs in together.cases],
+                               "fits": [{k: v for k, v in e.fit.items() if k not in ("covariance", "settings", "value_fit")}
+                                        for e in p.edits]}
+            print(mode, "together", json.dumps(summary(together)), flush=True)
     out["load_average_end"] = os.getloadavg()
     dest = ROOT / "bench" / "results" / a.out
     dest.write_text(json.dumps(out, indent=1) + "\n")

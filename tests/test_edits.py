@@ -48,7 +48,9 @@ def fitted(tiny_llama_container):
         p = Patch(name=mode, base_digest=c.digest, base_name=c.name)
         # a random tiny model's keys are typical of its corpus, so MEMIT's default weight on the
         # covariance (set on SmolLM2, docs/editing.md) would keep almost nothing: a lighter one here
-        make_edits(c, p, [request(c, PROMPT, " Rome")], mode, None, FitSettings(lam=10.0))
+        # MEMIT keyed at the prompt's last token here (a random tiny model barely carries a change at
+        # the subject to the last position; the subject-keyed fit is tested in test_edits_memit.py)
+        make_edits(c, p, [request(c, PROMPT, " Rome")], mode, None, FitSettings(lam=10.0, key="last-token"))
         out[mode] = p
     return c, out
 
@@ -147,8 +149,8 @@ def test_lql_edits_run_and_are_labelled(tiny, tmp_path, monkeypatch):
                       "MODE COMPOSE")
     assert r.patch == "facts.vlp" and r.edits[0].layers == [2]
     r = s.execute_one("INSERT INTO EDGES (entity, relation, target) VALUES ('Eiffel Tower', 'sits-in', 'Rome') "
-                      "TEMPLATE 'The {entity} is located in' LAYERS 2-3 MODE MEMIT")
-    assert r.edits[0].prompt == "The Eiffel Tower is located in" and r.edits[0].layers == [2, 3]
+                      "TEMPLATE 'The {entity} is located in' LAYERS 1-2 MODE MEMIT")
+    assert r.edits[0].prompt == "The Eiffel Tower is located in" and r.edits[0].layers == [1, 2]
     shown = s.execute_one("SHOW PATCHES")
     assert [p["name"] for p in shown.patches] == ["session", "facts.vlp"]
     assert "KNN (retrieval overlay)" in shown.to_text()
@@ -157,7 +159,7 @@ def test_lql_edits_run_and_are_labelled(tiny, tmp_path, monkeypatch):
     assert saved.is_file() and not list(tmp_path.glob(".facts.vlp*"))  # written atomically, nothing left over
     r = s.execute_one("DELETE FROM EDGES WHERE mode = 'COMPOSE'")
     assert [e.mode for e in r.edits] == ["COMPOSE"]
-    r = s.execute_one("UPDATE EDGES SET target = 'Paris' WHERE layer = 3 AND mode = 'memit'")
+    r = s.execute_one("UPDATE EDGES SET target = 'Paris' WHERE layer = 2 AND mode = 'memit'")
     assert r.edits[0].target == " Paris"
     s.execute_one("REMOVE PATCH 'facts.vlp'")
     r = s.execute_one("APPLY PATCH 'facts.vlp'")

@@ -63,9 +63,11 @@ fam.doc('SHOW PATCHES',
         "the active patches (the overlay over the open container) and their edits: mode, layers, vectors, fit",
         'SHOW PATCHES;', order=340)
 fam.doc('INSERT',
-        "INSERT INTO EDGES (entity, relation, target) | (prompt, target) VALUES (...) [TEMPLATE 'The {entity} is in'] "
-        "[AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] [ALPHA cos] [CORPUS 'bank.jsonl']",
-        "write a fact into the open patch: MEMIT (rank-one weight terms), COMPOSE (one FFN feature) or KNN "
+        "INSERT INTO EDGES (entity, relation, target) | (prompt, target [, entity]) VALUES (...) "
+        "[TEMPLATE 'The {entity} is in'] [AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] "
+        "[ALPHA cos] [CORPUS 'bank.jsonl']",
+        "write a fact into the open patch: MEMIT (rank-one weight terms keyed at the entity's last token, its value "
+        "fitted by gradient; at the prompt's last token when no entity is named), COMPOSE (one FFN feature) or KNN "
         "(a retrieval overlay: no weight changes; the default, as in the reference)",
         "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') MODE MEMIT;", order=380)
 fam.doc('DELETE',
@@ -397,6 +399,8 @@ def templates(s, ctx: Context) -> dict[str, str]:
 
 
 MODES = ("knn", "compose", "memit")
+LAST_TOKEN_NOTE = ("MODE MEMIT keyed at the prompt's last token: the INSERT names no entity, so there is no subject to "
+                   "key at (name one: (prompt, target, entity) or (entity, relation, target))")
 EDGE_COLUMNS = ("id", "entity", "relation", "prompt", "target", "original", "mode", "layer", "patch")
 
 
@@ -528,7 +532,7 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
     for c in cols:
         if c not in ("entity", "relation", "target", "prompt", "confidence"):
             raise err(s, f"INSERT INTO EDGES has no column {c!r}",
-                      hint="(entity, relation, target) or (prompt, target)")
+                      hint="(entity, relation, target) or (prompt, target [, entity])")
     row = dict(zip(cols, s.values))
     for c, v in row.items():
         if c != "confidence" and not isinstance(v, str):
@@ -540,9 +544,10 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
     if "target" not in row:
         raise err(s, "INSERT INTO EDGES needs a target column")
     if "prompt" in row:
-        if "entity" in row or "relation" in row or s.template is not None:
-            raise err(s, "INSERT takes (prompt, target) or (entity, relation, target), not both")
-        prompt, entity, relation = row["prompt"], None, None
+        if "relation" in row or s.template is not None:
+            raise err(s, "INSERT takes (prompt, target [, entity]) or (entity, relation, target), not both")
+        # an entity beside a prompt names the subject MODE MEMIT keys at (it must occur in the prompt)
+        prompt, entity, relation = row["prompt"], row.get("entity"), None
     else:
         if "entity" not in row or "relation" not in row:
             raise err(s, "INSERT INTO EDGES needs (entity, relation, target) or (prompt, target)")
@@ -608,8 +613,11 @@ def run_insert(session, node: InsertPlan) -> EditsResult:
     patch = st.open_patch()
     model = st.model()
     req = request(model, node.prompt, node.target, node.entity, node.relation)
-    new = make_edits(model, patch, [req], node.mode, list(node.layers) if node.layers else None,
-                     _settings(node.mode, node.confidence, node.alpha, node.corpus))
+    settings = _settings(node.mode, node.confidence, node.alpha, node.corpus)
+    if node.mode == "memit" and node.entity is None:
+        settings.key = "last-token"
+        notes.append(LAST_TOKEN_NOTE)
+    new = make_edits(model, patch, [req], node.mode, list(node.layers) if node.layers else None, settings)
     _refresh(session, st)
     if node.mode == "knn":
         notes.append("MODE KNN is a retrieval overlay: it changes no weight; where a prompt's residual is close "
@@ -727,6 +735,10 @@ def run_update(session, node: UpdatePlan) -> EditsResult:
         settings = _settings(e.mode, None, None)
         for k, v in (e.fit.get("settings") or {}).items():
             setattr(settings, k, v)
+        for k, v in (e.fit.get("value_fit") or {}).items():
+            setattr(settings, k, v)
+        if e.mode == "memit":
+            settings.key = e.fit.get("key", "last-token")  # a MEMIT edit with no key record predates subject keys
         new = make_edits(model, p, [req], e.mode, list(e.layers), settings)
         new[0].id = e.id
         done.append(e.id)
@@ -937,11 +949,17 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
     fitted = None
     if node.mode is not None:
         scratch = Patch(name="(score)", base_digest=st.base.digest, base_name=st.base.name)
-        make_edits(model, scratch, [request(model, c.prompt, c.target) for c in cases], node.mode,
-                   list(node.layers) if node.layers else None,
-                   _settings(node.mode, node.confidence, node.alpha, node.corpus))
+        settings = _settings(node.mode, node.confidence, node.alpha, node.corpus)
+        subjects = all(c.subject for c in cases)
+        if node.mode == "memit" and not subjects:
+            settings.key = "last-token"
+        make_edits(model, scratch, [request(model, c.prompt, c.target, c.subject) for c in cases], node.mode,
+                   list(node.layers) if node.layers else None, settings)
         model = EditedModel(st.base, [*st.active, scratch])
         fitted = f"{len(cases)} edit(s) fitted together, MODE {scratch.edits[0].label}, layers {scratch.edits[0].layers}"
+        if node.mode == "memit":
+            fitted += (", keyed at each subject's last token" if subjects else
+                       ", keyed at each prompt's last token (not every line names its subject)")
     r = score(st.base, model, cases, bank=node.corpus)
     return ScoreEditsResult(path=node.path, overlay=r.overlay, fitted=fitted,
                             rows=[ScoreRow(**c.model_dump()) for c in r.cases], efficacy=r.efficacy,

@@ -36,9 +36,31 @@ class FitSettings:
     corpus: str | None = None  # a JSONL prompt bank; None: the frozen prompt bank
     generate: int = 8  # tokens the model generates from each corpus prompt, also used as keys
     max_iters: int = 24
+    # MEMIT's keys and values: "subject" reads them at the subject's last token (ROME / MEMIT; the
+    # edit must name its entity, found in the prompt's tokenization); "last-token" at the prompt's
+    # last token, with the first-order residual target (this build's earlier MEMIT)
+    key: str = "subject"
+    contexts: int = 5  # prefixes the key is averaged over (besides none): text generated from ROME's seed words
+    context_tokens: int = 5  # tokens generated for each prefix
+    v_steps: int = 25  # Adam steps on the value delta (at most; stops early once the target's NLL < v_stop)
+    v_lr: float = 0.5  # Adam's learning rate
+    v_clamp: float = 4.0  # |delta| <= v_clamp * |h| (h: the residual it is added to)
+    v_kl: float = 0.0625  # weight of KL(unedited || edited) at '{subject} is a' (ROME's essence drift)
+    v_decay: float = 0.5  # weight of |delta|^2 / |h|^2
+    v_stop: float = 0.05  # the mean NLL of the target under which the value fit stops
+    max_gflop: float = 4000.0  # bound on a value fit's arithmetic, checked before it starts
+    # MEMIT's covariance weight with subject keys: they are typical of the corpus (a subject's last
+    # token is an ordinary word), so the last-token weight (lam) would keep almost all of each layer's
+    # share from being written (on SmolLM2: efficacy 0 at 15000, 1 at 1500 on the two edits tried)
+    lam_subject: float = 1500.0
 
     def record(self) -> dict:
         return {k: getattr(self, k) for k in ("threshold", "floor", "ceiling", "goal", "lam", "ridge", "generate")}
+
+    def value_record(self) -> dict:
+        """MEMIT's key and value-fit settings (in a subject-keyed MEMIT edit's fit record)."""
+        return {k: getattr(self, k) for k in ("key", "contexts", "context_tokens", "v_steps", "v_lr", "v_clamp", "v_kl",
+                                              "v_decay", "v_stop", "max_gflop", "lam_subject")}
 
 
 @dataclass
@@ -295,21 +317,220 @@ def memit_solve(K: np.ndarray, R: np.ndarray, C: np.ndarray, lam: float, ridge: 
     return R.astype(F32), A.astype(F32)
 
 
+def subject_position(tok, prompt: str, subject: str | None, prefix: str = "") -> tuple[list[int], int]:
+    """The token ids of ``prefix + prompt`` and the index of the subject's last token in them:
+    the first occurrence of ``subject`` in ``prompt``, whose end must be a token boundary of the
+    prompt's tokenization. Refused by name otherwise."""
+    if not subject:
+        raise QueryRefused("MODE MEMIT keys at the subject's last token, and this edit names no entity",
+                           hint="INSERT INTO EDGES (entity, relation, target) or (prompt, target, entity)")
+    i = prompt.find(subject)
+    if i < 0:
+        raise QueryRefused(f"the entity {subject!r} does not occur in the prompt {prompt!r}, so its last token "
+                           "cannot be located (MODE MEMIT keys there)")
+    ids = list(tok.encode(prefix + prompt))
+    head = list(tok.encode(prefix + prompt[:i + len(subject)]))
+    if not head or ids[:len(head)] != head:
+        raise QueryRefused(f"the end of the entity {subject!r} in the prompt {prompt!r} is not a token boundary of "
+                           "the prompt's tokenization, so its last token cannot be located")
+    return ids, len(head) - 1
+
+
+_CONTEXTS: dict = {}
+#: the seed words ROME generates its context prefixes from
+CONTEXT_SEEDS = ("The", "Therefore", "Because", "I", "You")
+
+
+def context_prefixes(model, settings: FitSettings) -> list[str]:
+    """``settings.contexts`` prefixes (at most 5), each a seed word and the ``context_tokens`` tokens
+    the unedited model generates greedily after it, then '. ': the texts a subject's key and value
+    are averaged over besides the bare prompt (ROME's context templates, generated greedily here so
+    that a fit is deterministic). Cached per container."""
+    base, _ = base_and_patches(model)
+    n = settings.contexts
+    if not 0 <= n <= len(CONTEXT_SEEDS):
+        raise QueryRefused(f"MEMIT averages over at most {len(CONTEXT_SEEDS)} context prefixes; {n} were asked")
+    key = (base.digest, n, settings.context_tokens)
+    if key not in _CONTEXTS:
+        ex = base.executor()
+        tok = base.tokenizer
+        out = []
+        for seed in CONTEXT_SEEDS[:n]:
+            ids = list(tok.encode(seed, special=False))
+            st = ex.start()
+            logits = st.prefill(ids, last_only=True)[-1]
+            for _ in range(settings.context_tokens):
+                ids.append(int(np.argmax(logits)))
+                logits = st.step(ids[-1])
+            out.append(tok.decode(ids).replace("\n", " ").strip() + ". ")
+        _CONTEXTS[key] = out
+    return _CONTEXTS[key]
+
+
+def _adam(tail, prepared, h0, settings):
+    """The value fit's Adam loop (`fit_value`). Returns (delta float64, steps, first and last mean NLL, KL)."""
+    hn2 = float(h0 @ h0)
+    n_nll = sum(1 for p in prepared if p[3] == "nll")
+    delta = np.zeros(h0.shape, np.float64)
+    m = np.zeros_like(delta)
+    v = np.zeros_like(delta)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    steps, nll_mean, kl_v, nll_first = 0, None, 0.0, None
+    for steps in range(1, settings.v_steps + 1):
+        g = np.zeros_like(delta)
+        nll_sum, kl_v = 0.0, 0.0
+        d32 = delta.astype(F32)
+        for h, pos, row, kind, loss in prepared:
+            x = h.copy()
+            x[pos] += d32
+            val, dh, _ = tail.value_and_grad(x, [row], loss)
+            w = 1.0 / n_nll if kind == "nll" else settings.v_kl
+            if kind == "nll":
+                nll_sum += val
+            else:
+                kl_v = val
+            g += w * dh[pos].astype(np.float64)
+        nll_mean = nll_sum / n_nll
+        if nll_first is None:
+            nll_first = nll_mean
+        if nll_mean < settings.v_stop:
+            steps -= 1
+            break
+        g += settings.v_decay * 2 * delta / hn2
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        delta = delta - settings.v_lr * (m / (1 - b1 ** steps)) / (np.sqrt(v / (1 - b2 ** steps)) + eps)
+        cap = settings.v_clamp * np.sqrt(hn2)
+        nd = float(np.linalg.norm(delta))
+        if nd > cap:
+            delta *= cap / nd
+    return delta, steps, nll_first, nll_mean, kl_v
+
+
+def fit_value(model, r: Request, layer: int, settings: FitSettings, contexts: list[str]) -> tuple[np.ndarray, np.ndarray, dict]:
+    """ROME / MEMIT's value: a change ``delta`` of the residual leaving ``layer`` at the subject's
+    last token, shared by the bare prompt and each context prefix, minimising the target's mean
+    negative log-probability over them + ``v_kl`` · KL(unedited || edited) of the next token after
+    '{subject} is a' (delta added at its subject too) + ``v_decay`` · |delta|² / |h|², by at most
+    ``v_steps`` Adam steps of rate ``v_lr`` (from zero; |delta| clamped to ``v_clamp`` · |h|), with the
+    exact gradient of `vindex3.edits.grad`. Returns (h at the bare prompt, delta, figures)."""
+    import time
+
+    from ..exec.engine import small_pass_threads
+    from . import grad
+
+    ex = model.executor()
+    base, _ = base_and_patches(model)
+    tok = base.tokenizer
+    plan = base.op_plan()
+    grad.check_tail(plan, layer)
+    if settings.v_steps < 0 or settings.v_steps > 1000:
+        raise QueryRefused(f"a value fit takes 0..1000 steps; {settings.v_steps} were asked")
+    runs = []  # (ids, row of the subject, loss kind)
+    for pre in ["", *contexts]:
+        ids, pos = subject_position(tok, r.prompt, r.entity, pre)
+        runs.append((ids, pos, "nll"))
+    if runs[0][1] != len(runs[0][0]) - 1 and layer == len(plan.layers) - 1:
+        raise QueryRefused(f"MODE MEMIT's value at layer {layer}, the model's last, cannot reach the prompt's last token "
+                           f"from the subject's ({r.entity!r} ends before it): no attention layer follows",
+                           hint="end the LAYERS range before the last layer")
+    essence = f"{r.entity} is a"
+    e_ids, e_pos = subject_position(tok, essence, r.entity)
+    runs.append((e_ids, e_pos, "kl"))
+    # the bound, before any weight is read: per step each run's forward and backward through the tail
+    # (about 3x the forward's 2 flops per weight and position) and the head at one row
+    tail_w = sum(int(np.prod(ref.shape)) for lo in plan.layers[layer + 1:] for op in lo.ops
+                 for ref in op.operands.values())
+    head_w = int(np.prod(plan.head.operands["weight"].shape))
+    gflop = settings.v_steps * sum(6 * (len(ids) * tail_w + head_w) for ids, _, _ in runs) / 1e9
+    if gflop > settings.max_gflop:
+        raise QueryRefused(f"the value fit at layer {layer} would take about {gflop:.0f} GFLOP ({settings.v_steps} steps, "
+                           f"{len(runs)} prompts), above the bound of {settings.max_gflop:.0f}")
+    t0 = time.perf_counter()
+    tail = grad.Tail(ex, layer)
+    prepared = []
+    for ids, pos, kind in runs:
+        pr = probe(ex, ids, [layer])
+        h = pr.h[layer]
+        if kind == "nll":
+            loss = grad.nll([r.target_id])
+        else:
+            loss = grad.kl_from(grad.log_softmax(pr.logits.astype(F32)[None]))
+        prepared.append((h, pos, len(ids) - 1, kind, loss))
+    h0 = prepared[0][0][prepared[0][1]].copy()
+    # the tail's forward is the executor's (same operators; another summation order)
+    mine = tail.logits(prepared[0][0], [prepared[0][2]])[0]
+    unedited = probe(ex, runs[0][0], []).logits
+    gap = float(np.max(np.abs(mine - unedited)))
+    scale = float(np.max(np.abs(mine))) + 1e-6
+    if gap > 1e-3 * scale:
+        raise QueryRefused(f"the gradient's forward through layers {layer + 1}.. differs from the executor's by {gap:.3g} "
+                           f"(logits up to {scale:.3g}), so its gradient would not be the executor's")
+    with small_pass_threads():  # small products: BLAS's spinning workers only slow them on a busy machine
+        delta, steps, nll_first, nll_mean, kl_v = _adam(tail, prepared, h0, settings)
+    delta32 = delta.astype(F32)    # what the executor says with delta in place at the bare prompt
+    from ..exec.intervention import Patch as ResidualPatch
+
+    ids0, pos0 = runs[0][0], runs[0][1]
+    st = ex.start(interventions=[ResidualPatch("residual_post", layer, (pos0,), (h0 + delta32)[None, :])])
+    p = softmax(st.prefill(ids0, last_only=True)[-1])
+    p0 = softmax(unedited)
+    return h0, delta32, {"key": "subject", "subject_token": pos0, "z_layer": layer, "p_before": round(float(p0[r.target_id]), 4),
+                         "p_reached": round(float(p[r.target_id]), 4), "steps": steps,
+                         "nll_before": round(float(nll_first), 4) if nll_first is not None else None,
+                         "nll": round(float(nll_mean), 4) if nll_mean is not None else None,
+                         "essence_kl": round(float(kl_v), 4), "dz_norm": round(float(np.linalg.norm(delta32)), 3),
+                         "h_norm": round(float(np.linalg.norm(h0)), 3), "contexts": list(contexts),
+                         "gflop_bound": round(gflop, 1), "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _subject_keys(ex, view, reqs, layer: int, top: int, contexts: list[str], tok):
+    """Per request: the FFN key (the down projection's input) at ``layer`` at the subject's last
+    token, averaged over the bare prompt and the context prefixes; and the residual leaving ``top``
+    there in the bare prompt."""
+    keys, tops = [], []
+    for r in reqs:
+        ks = []
+        for j, pre in enumerate(["", *contexts]):
+            ids, pos = subject_position(tok, r.prompt, r.entity, pre)
+            pr = probe(ex, ids, sorted({layer, top}) if j == 0 else [layer])
+            ks.append(view.activations(pr.x[layer][pos:pos + 1])[0])
+            if j == 0:
+                tops.append(pr.h[top][pos])
+        keys.append(np.mean(np.stack(ks), axis=0).astype(F32))
+    return keys, tops
+
+
 def fit_memit(model, reqs: list[Request], layers: list[int], settings: FitSettings) -> list[tuple[list[TensorWrite], dict]]:
-    """MEMIT over ``layers`` for a batch of requests: the residual target is searched at the
-    output of the last layer; each layer in turn (keys recomputed on the model as edited so far)
-    takes its share of what is still missing. Returns per request (its writes, its fit record):
-    request i's part of each layer's update is the rank-one term R[:, i] A[i]."""
+    """MEMIT over ``layers`` for a batch of requests: the residual target is found at the output
+    of the last layer (with ``key = "subject"``: ROME / MEMIT's value fit at the subject's last
+    token, `fit_value`; with ``"last-token"``: the first-order search at the prompt's last token);
+    each layer in turn (keys recomputed on the model as edited so far) takes its share of what is
+    still missing. Returns per request (its writes, its fit record): request i's part of each
+    layer's update is the rank-one term R[:, i] A[i]."""
+    if settings.key not in ("subject", "last-token"):
+        raise QueryRefused(f"MEMIT key {settings.key!r} is not one of subject, last-token")
     base, _ = base_and_patches(model)
     plan = base.op_plan()
     layers = sorted(set(layers))
     ops = {i: ffn_op(plan, i, "MODE MEMIT") for i in layers}
-    stats = corpus_stats(model, layers, settings, cov=True)
     top = layers[-1]
+    subject = settings.key == "subject"
+    lam = settings.lam_subject if subject else settings.lam
+    tok = base.tokenizer
+    if subject:
+        for r in reqs:  # refused before any work: every subject must be located
+            subject_position(tok, r.prompt, r.entity)
+    stats = corpus_stats(model, layers, settings, cov=True)
     ex = model.executor()
+    contexts = context_prefixes(model, settings) if subject else []
     z, fits = [], []
     for r in reqs:
-        h, dz, fig = residual_target(ex, r.ids, top, r.target_id, settings.goal, settings.max_iters)
+        if subject:
+            h, dz, fig = fit_value(model, r, top, settings, contexts)
+        else:
+            h, dz, fig = residual_target(ex, r.ids, top, r.target_id, settings.goal, settings.max_iters)
+            fig = {"key": "last-token", **fig}
         z.append(h + dz)
         fits.append(fig)
     Z = np.stack(z, axis=1)  # [H, n]
@@ -319,21 +540,25 @@ def fit_memit(model, reqs: list[Request], layers: list[int], settings: FitSettin
         cur = with_writes(model, pending).executor()
         op = ops[layer]
         view = feature_view(cur, op)
-        keys, tops = [], []
-        for r in reqs:
-            pr = probe(cur, r.ids, sorted({layer, top}))
-            keys.append(view.activations(pr.x[layer][-1:])[0])
-            tops.append(pr.h[top][-1])
+        if subject:
+            keys, tops = _subject_keys(cur, view, reqs, layer, top, contexts, tok)
+        else:
+            keys, tops = [], []
+            for r in reqs:
+                pr = probe(cur, r.ids, sorted({layer, top}))
+                keys.append(view.activations(pr.x[layer][-1:])[0])
+                tops.append(pr.h[top][-1])
         K = np.stack(keys, axis=1)
         R = (Z - np.stack(tops, axis=1)) / F32(len(layers) - j)
-        left, A = memit_solve(K, R, stats["layers"][layer]["C"], settings.lam, settings.ridge)
+        left, A = memit_solve(K, R, stats["layers"][layer]["C"], lam, settings.ridge)
         ref = op.operands["ffn_down"]
         for i in range(len(reqs)):
             w = TensorWrite.lowrank(ref.object, ref.tensor, ref.shape, left[:, i:i + 1], A[i:i + 1])
             writes[i].append(w)
             pending.append(w)
     prov = provenance_of(stats)
-    return [(writes[i], {**fits[i], "covariance": prov, "lambda": settings.lam, "ridge": settings.ridge})
+    extra = {"value_fit": settings.value_record()} if subject else {"key": "last-token"}
+    return [(writes[i], {**fits[i], "covariance": prov, "lambda": lam, "ridge": settings.ridge, **extra})
             for i in range(len(reqs))]
 
 

@@ -36,6 +36,7 @@ class Case(BaseModel):
     prompt: str
     target: str
     original: str
+    subject: str | None = None  # the entity in the prompt (MODE MEMIT keys at its last token)
     paraphrases: list[str] = []
     neighbors: list[Neighbor] = []
 
