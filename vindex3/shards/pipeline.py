@@ -482,6 +482,13 @@ class ShardedStream:
             _release(self._remote, key)  # snapshots nobody holds any more
         self.trace.replays += 1
 
+    def _limit(self) -> float:
+        """Seconds one call may take: the model's per-pass limit, or, while a rebuild replays the
+        log onto recreated shards, the open limit, because a fresh actor's first passes compile or
+        load its kernels, which is part of starting it rather than a stall."""
+        m = self.ex.model
+        return m.open_timeout if self._replaying else m.timeout
+
     def _collect(self, refs: list, doing: str, deadline: float) -> list:
         """Results of one call per hop, in pipeline order; the first shard that failed or stalled
         is reported by name and the stream is marked stale (rebuilt on its next call)."""
@@ -516,7 +523,7 @@ class ShardedStream:
 
     def _broadcast(self, method: str, *args) -> list:
         hops = self._ready()
-        deadline = time.monotonic() + self.ex.model.timeout
+        deadline = time.monotonic() + self._limit()
         refs = [getattr(s.actor, method).remote(self.sid, end, *args) for s, end in hops]
         for s, _ in hops:
             self.trace.shard_calls[s.name] += 1
@@ -525,7 +532,7 @@ class ShardedStream:
     def _run(self, h: np.ndarray) -> tuple[np.ndarray, list]:
         """Hidden states [T, H] through every hop; the last shard's output and the reports."""
         hops = self._ready()
-        deadline = time.monotonic() + self.ex.model.timeout
+        deadline = time.monotonic() + self._limit()
         x, infos = h, []
         for s, end in hops:
             x, info = s.actor.run.options(num_returns=2).remote(self.sid, end, x)
@@ -600,7 +607,7 @@ class ShardedStream:
     def state_bytes(self) -> dict[str, int]:
         """Live continuation bytes per shard for this stream (asks each shard)."""
         hops = self._ready()
-        deadline = time.monotonic() + self.ex.model.timeout
+        deadline = time.monotonic() + self._limit()
         got = self._collect([s.actor.state_bytes.remote(self.sid) for s, _ in hops], "reporting state", deadline)
         return {s.name: int(b) for (s, _), b in zip(hops, got)}
 
