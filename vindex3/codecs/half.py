@@ -48,9 +48,8 @@ class BF16Weight(Half):
     def _rows(self, x, y):
         # widened in registers, 64 accumulators and a fixed tree (vindex3.codecs.intrinsics):
         # about 2x the rate of widening the row into L1 scratch first (kernels.rows_bf16, still
-        # used by f16; bench/intdot_kernels.py), and an order of additions that no target or
-        # thread count changes. That order is not the one LLVM picked for the scratch kernel,
-        # so bf16 products moved in the last bits when this kernel was wired in.
+        # used by f16; bench/intdot_kernels.py), and an order of additions that no target,
+        # thread count or number of activation rows changes (the rows share each load of W).
         I = intdot()
         I.rows_bf16("vector", threads.count() > 1)(self.h, x, y, I.ROWS_PER_TASK)
 
