@@ -43,7 +43,7 @@ class DenseF32(Weight):
             I = intdot()
             y = np.empty((x.shape[0], self.a.shape[0]), F32)
             with launch():
-                I.float_kernel("f32", "vector", threads.count() > 1)(self.a, np.ascontiguousarray(x), y, I.ROWS_PER_TASK)
+                I.float_kernel("f32", "vector", threads.parallel(self.a.nbytes))(self.a, np.ascontiguousarray(x), y, I.ROWS_PER_TASK)
             return y
         return x @ self.aT
 
@@ -55,6 +55,7 @@ class DenseF32(Weight):
             return None  # a numba tuple indexed at run time holds one array type
         cols = A[0].shape[1]
         sizes = tuple(a.shape[0] for a in A)
+        nbytes = sum(a.nbytes for a in A)
 
         def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
             if (type(x) is np.ndarray and x.ndim == 2 and x.dtype == F32 and x.shape[1] == cols
@@ -62,7 +63,7 @@ class DenseF32(Weight):
                 I = intdot()
                 ys = tuple(np.empty((x.shape[0], r), F32) for r in sizes)
                 with launch():
-                    I.float_kernel("f32", "vector", threads.count() > 1, True)(A, x, ys, I.ROWS_PER_TASK)
+                    I.float_kernel("f32", "vector", threads.parallel(nbytes), True)(A, x, ys, I.ROWS_PER_TASK)
                 return ys
             return tuple(w.mm(x) for w in ws)
 
