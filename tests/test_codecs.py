@@ -441,9 +441,11 @@ def test_mm_t_and_sub_rows_read_the_same_bytes(name):
         wt.sub_rows(40, 16)
 
 
-def test_the_decode_thread_count_is_one_setting_and_results_ignore_it():
+def test_the_decode_thread_count_is_one_setting_and_results_ignore_it(monkeypatch):
     from vindex3.codecs import threads
     from vindex3.errors import ConfigError
+
+    monkeypatch.setattr(threads, "PARALLEL_MIN_BYTES", 0)  # every launch of 2 threads goes to the pool
 
     shape = (64, 96)
     x = rng.standard_normal((2, 96)).astype(F32)
@@ -454,7 +456,7 @@ def test_the_decode_thread_count_is_one_setting_and_results_ignore_it():
         try:
             for n in (1, 2):
                 threads.set_count(n)
-                assert threads.count() == n
+                assert threads.count() == n and threads.parallel(wt.nbytes) == (n == 2)
                 outs.append(wt.mm(x))
         finally:
             threads.set_count(None)

@@ -495,9 +495,9 @@ def test_a_decode_with_fused_projections_is_the_decode_without_them(int_reps, en
     n_apart = step_launches(c.executor(activations=act))
     assert np.array_equal(fused, apart)
     L = c.graph.num_layers
-    # q/k/v: 3 launches become 1, gate/up: 2 become 1, for the fixed-order kernels (bf16, and
-    # int8/q4 under q8); f32 and int8/q4 under 'exact' keep one launch per weight
-    fuses = enc == "bf16" or (act == "q8" and enc in ("int8", "q4"))
+    # q/k/v: 3 launches become 1, gate/up: 2 become 1, for the fixed-order kernels (f32, bf16,
+    # and int8/q4 under q8); int8/q4 under 'exact' keep one launch per weight
+    fuses = enc in ("f32", "bf16") or (act == "q8" and enc in ("int8", "q4"))
     assert n_apart - n_fused == (3 * L if fuses else 0)
 
 

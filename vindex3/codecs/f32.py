@@ -1,19 +1,23 @@
 """float32, little-endian, C order: the reference encoding. Weights are views of the mapped
 segment, so nothing is copied.
 
-``mm`` of up to ``SMALL_T`` activation rows (decode steps, short drafts) runs the numba rows
-kernel (kernels.rows_plain): on these machines it streams the matrix about twice as fast as
-BLAS's GEMV (bench/codecs_gemv.py). Its summation order differs from BLAS's, so its results
-differ from ``x @ W.T`` in the last bits; they do not depend on the thread count, and every
-slice of a model (Full or Draft) runs the same kernel, so bit-identity between them holds.
-Larger batches (prefill) stay one BLAS call on the transposed view."""
+``mm`` of up to ``SMALL_T`` activation rows (decode steps, batched streams, verified drafts)
+runs the f32 rows kernel of vindex3.codecs.intrinsics (`float_kernel`): every row of W is read
+once for all the activation rows, and each product is summed in an order written out in LLVM
+vector IR (32 accumulators per position, a fixed tree), not left to LLVM. So a product's bytes
+do not depend on how many activation rows ride along (a batched stream equals a lone one, a
+verified draft position equals a step), on the thread count, or on the CPU target numba
+compiles for (generic, haswell and the host give the same bytes). They differ from BLAS's
+``x @ W.T`` in the last bits. Several f32 weights against one activation (q/k/v, gate/up) run
+in one launch (`fused`). Larger batches (prefill) stay one BLAS call on the transposed view."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import threads
 from .base import Codec, Weight, register
-from .threads import kernels, launch
+from .threads import intdot, launch
 
 F32 = np.dtype("<f4")
 SMALL_T = 8  # largest T the rows kernel takes (bench/codecs_gemv.py: at T=8 it still beat BLAS 1.5x)
@@ -36,12 +40,34 @@ class DenseF32(Weight):
             and self.a.flags.c_contiguous
             and x.shape[1] == self.a.shape[1]
         ):
-            K = kernels()
+            I = intdot()
             y = np.empty((x.shape[0], self.a.shape[0]), F32)
             with launch():
-                K.rows_plain(self.a, np.ascontiguousarray(x), y, K.ROWS_PER_TASK)
+                I.float_kernel("f32", "vector", threads.parallel(self.a.nbytes))(self.a, np.ascontiguousarray(x), y, I.ROWS_PER_TASK)
             return y
         return x @ self.aT
+
+    @classmethod
+    def fused(cls, weights):
+        ws = tuple(weights)
+        A = tuple(w.a for w in ws)
+        if any(a.ndim != 2 or a.shape[1] != A[0].shape[1] for a in A) or not threads.one_array_type(A):
+            return None  # a numba tuple indexed at run time holds one array type
+        cols = A[0].shape[1]
+        sizes = tuple(a.shape[0] for a in A)
+        nbytes = sum(a.nbytes for a in A)
+
+        def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+            if (type(x) is np.ndarray and x.ndim == 2 and x.dtype == F32 and x.shape[1] == cols
+                    and 0 < x.shape[0] <= SMALL_T and x.flags.c_contiguous):
+                I = intdot()
+                ys = tuple(np.empty((x.shape[0], r), F32) for r in sizes)
+                with launch():
+                    I.float_kernel("f32", "vector", threads.parallel(nbytes), True)(A, x, ys, I.ROWS_PER_TASK)
+                return ys
+            return tuple(w.mm(x) for w in ws)
+
+        return run
 
     def mm_t(self, x: np.ndarray) -> np.ndarray:
         return x @ self.a

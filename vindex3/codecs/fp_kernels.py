@@ -5,16 +5,30 @@ scratch row and dot it with every activation row.
 Element values come from 256- and 16-entry tables of exact float32 values (every e4m3 and e2m1
 value is a float32); a weight is then one float32 product (fp8: value * block scale) or two
 (nvfp4: e2m1 * (e4m3 scale * global scale)), each rounded once, no fused multiply-add (the
-decoders are compiled without fastmath). The dot products use ``fastmath={"reassoc"}`` as in
-vindex3.codecs.kernels, one thread per output element."""
+decoders are compiled without fastmath). The dot products of a decoded row are those of the f32
+rows kernel (vindex3.codecs.intrinsics, an order written in LLVM IR, every activation row in
+one pass), one thread per output element: a product equals its dequantized float32 twin's."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
+from .intrinsics import FLOAT_GEOMETRY, _make_float_dots
+
 F32 = np.float32
-_FM = {"reassoc"}
+_L, _PT = FLOAT_GEOMETRY["f32"]
+_dots = _make_float_dots("f32", _L, _PT)
+
+
+@njit(inline="always")
+def _row_dots(w, X, Y, o, tmp):
+    """Y[t, o] = w . X[t] for every t, in the f32 rows kernel's order."""
+    w2 = w.reshape(1, w.shape[0])
+    for t0 in range(0, X.shape[0], _PT):
+        _dots(w2, 0, 1, X, t0, tmp)
+        for t in range(t0, min(X.shape[0], t0 + _PT)):
+            Y[t, o] = tmp[t, 0]
 
 
 def _e4m3_table() -> np.ndarray:
@@ -57,20 +71,17 @@ def decode_fp8(Q, S, O, r0, rows, out, table):
         _fp8_row(Q[rows[r]], S, O, r0 + rows[r], out[r], table)
 
 
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(parallel=True)
 def rows_fp8(Q, S, O, r0, X, Y, rpt, table):
     R, I = Q.shape
     T = X.shape[0]
     ntask = (R + rpt - 1) // rpt
     for k in prange(ntask):
         w = np.empty(I, F32)
+        tmp = np.empty((T, 1), F32)
         for o in range(k * rpt, min(R, (k + 1) * rpt)):
             _fp8_decode_one(Q[o], S, O, r0 + o, w, table)
-            for t in range(T):
-                s = F32(0.0)
-                for j in range(I):
-                    s += w[j] * X[t, j]
-                Y[t, o] = s
+            _row_dots(w, X, Y, o, tmp)
 
 
 @njit(cache=True)
@@ -106,7 +117,7 @@ def decode_nvfp4(P, Sc, G, O, r0, rows, out, e2m1, e4m3):
         _nvfp4_row(P[o], Sc[o], G, O, r0 + o, out[r], e2m1, e4m3)
 
 
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(parallel=True)
 def rows_nvfp4(P, Sc, G, O, r0, X, Y, rpt, e2m1, e4m3):
     R = P.shape[0]
     I = X.shape[1]
@@ -114,10 +125,7 @@ def rows_nvfp4(P, Sc, G, O, r0, X, Y, rpt, e2m1, e4m3):
     ntask = (R + rpt - 1) // rpt
     for k in prange(ntask):
         w = np.empty(I, F32)
+        tmp = np.empty((T, 1), F32)
         for o in range(k * rpt, min(R, (k + 1) * rpt)):
             _nvfp4_decode_one(P[o], Sc[o], G, O, r0 + o, w, e2m1, e4m3)
-            for t in range(T):
-                s = F32(0.0)
-                for j in range(I):
-                    s += w[j] * X[t, j]
-                Y[t, o] = s
+            _row_dots(w, X, Y, o, tmp)

@@ -48,21 +48,21 @@ class BF16Weight(Half):
     def _rows(self, x, y):
         # widened in registers, 64 accumulators and a fixed tree (vindex3.codecs.intrinsics):
         # about 2x the rate of widening the row into L1 scratch first (kernels.rows_bf16, still
-        # used by f16; bench/intdot_kernels.py), and an order of additions that no target or
-        # thread count changes. That order is not the one LLVM picked for the scratch kernel,
-        # so bf16 products moved in the last bits when this kernel was wired in.
+        # used by f16; bench/intdot_kernels.py), and an order of additions that no target,
+        # thread count or number of activation rows changes (the rows share each load of W).
         I = intdot()
-        I.rows_bf16("vector", threads.count() > 1)(self.h, x, y, I.ROWS_PER_TASK)
+        I.rows_bf16("vector", threads.parallel(self.h.nbytes))(self.h, x, y, I.ROWS_PER_TASK)
 
     @classmethod
     def _group_rows(cls, weights):
         H = tuple(w.h for w in weights)
+        nbytes = sum(h.nbytes for h in H)
         if not threads.one_array_type(H):
             return None  # a numba tuple indexed at run time holds one array type
 
         def run(x, ys):
             I = intdot()
-            I.group_bf16("vector", threads.count() > 1)(H, x, ys, I.ROWS_PER_TASK)
+            I.group_bf16("vector", threads.parallel(nbytes))(H, x, ys, I.ROWS_PER_TASK)
 
         return run
 

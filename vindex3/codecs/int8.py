@@ -73,7 +73,7 @@ class Int8BlocksQ8(Int8Blocks):
 
     def _rows(self, x, y):
         I = intdot()
-        I.rows_kernel("i8", parallel=threads.count() > 1)(self.q, self.s, x, y, I.ROWS_PER_TASK)
+        I.rows_kernel("i8", parallel=threads.parallel(self.q.nbytes))(self.q, self.s, x, y, I.ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
         return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)
@@ -81,12 +81,13 @@ class Int8BlocksQ8(Int8Blocks):
     @classmethod
     def _group_rows(cls, weights):
         Q, S = tuple(w.q for w in weights), tuple(w.s for w in weights)
+        nbytes = sum(q.nbytes for q in Q)
         if not (threads.one_array_type(Q) and threads.one_array_type(S)):
             return None  # a numba tuple indexed at run time holds one array type
 
         def run(x, ys):
             I = intdot()
-            I.group_kernel("i8", parallel=threads.count() > 1)(Q, S, x, ys, I.ROWS_PER_TASK)
+            I.group_kernel("i8", parallel=threads.parallel(nbytes))(Q, S, x, ys, I.ROWS_PER_TASK)
 
         return run
 

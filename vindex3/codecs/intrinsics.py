@@ -34,14 +34,25 @@ for q4, the offsets' term ``mt`` (from 0, ``mt = mt + m_b * xs_b`` block by bloc
 path and the float steps are the same operations in the same order, so the paths, the targets
 and the thread counts all give identical bytes (each output element is computed by one thread).
 
-bf16 (`rows_bf16`): a row of bf16 bit patterns dotted with float32 x, widened in registers (a
-16-bit shift per lane, never a widened row in memory), 64 accumulators and a tree of halves, in
-plain LLVM vector IR (any target). The ``dpbf16ps`` instruction would round x to bf16, i.e.
-change the numbers (an activation treatment of its own); it is not used. BF16Weight multiplies
-with it (vindex3.codecs.half).
+float32 and bf16 (`float_kernel`, `rows_bf16`): a row of float32 weights, or of bf16 bit
+patterns widened in registers (a 16-bit shift per lane, never a widened row in memory), dotted
+with float32 x. Per position L accumulators (f32: 32, bf16: 64), ``acc[i] = acc[i] + w[cL+i] *
+x[cL+i]`` chunk by chunk (a product rounded, then a sum rounded: no fused multiply-add), the
+K % L tail elements to lanes 0 .. K % L - 1, then the tree of halves L -> L/2 -> ... -> 1. The
+order is written in LLVM vector IR without fast-math flags, so LLVM cannot change it: the bytes
+are the same on every compile target (generic, haswell and the host give the same bytes; tests
+compare the vector path with `_make_float_dots_plain`, the same order in numba loops). The
+``dpbf16ps`` instruction would round x to bf16, i.e. change the numbers; it is not used.
 
-Groups (`group_kernel`, `group_bf16`): the weights that multiply one activation (a layer's
-q/k/v, an FFN's gate and up) in one launch, the activation quantized once, tasks of
+Several positions per pass: every kernel takes up to MAX_T (8; bf16 4, whose 64 accumulators
+per position would not fit the registers) activation rows per pass over a weight row (a decode batch of streams, a verified draft): each chunk of the row is loaded (and
+widened, unpacked or made unsigned) once and updates the accumulators of every position. Each
+position keeps its own accumulators in the one-position order, so its bytes do not depend on
+T nor on the other rows (tests/test_rows_multi.py): a batched stream equals a lone one, a
+verified position equals a step.
+
+Groups (`group_kernel`, `group_bf16`, `float_kernel(group=True)`): the weights that multiply
+one activation (a layer's q/k/v, an FFN's gate and up) in one launch, the activation quantized once, tasks of
 ``ROWS_PER_TASK`` rows laid end to end over the weights. An output element is the same row dot,
 computed by one thread, so the bytes are those of one launch per weight (vindex3.codecs.base
 `products` binds them; tests/test_intrinsics.py compares).
@@ -305,118 +316,220 @@ def _arrays(context, builder, sig, args):
     return [context.make_array(t)(context, builder, v) for t, v in zip(sig.args, args)]
 
 
+def _arrays_at(context, builder, sig, args, which):
+    return [context.make_array(sig.args[i])(context, builder, args[i]) for i in which]
+
+
 def _check_rows(name, *tys):
     for t in tys:
         if not isinstance(t, types.Array) or t.ndim != 1 or t.layout != "C":
             raise TypingError(f"{name}: every operand must be a C-contiguous 1-D array, got {t}")
 
 
-def _make_i8_dot(path):
-    """row_dot(qw int8[K], sw f32[K/32], qx int8[K], xd f32[K/32], xc int32[K/4]) -> float32."""
+def _row_ptr(builder, arr, row, width):
+    return builder.gep(arr.data, [builder.mul(row, width)])
+
+
+def _make_i8_dots(path):
+    """dots(Q int8 [O, K], S f32 [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
+    XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
+    position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
+    row is loaded (and made unsigned) once for every position."""
 
     @intrinsic
-    def dot(typingctx, qw, sw, qx, xd, xc):
-        _check_rows("i8 dot", qw, sw, qx, xd, xc)
-        sig = types.float32(qw, sw, qx, xd, xc)
+    def dots(typingctx, Q, S, o0, o1, XQ, XD, XC, t0, Y):
+        _check_multi("i8 dots", (), (Q, S, XQ, XD, XC), Y, t0, o0)
+        _check_multi("i8 dots", (), (), Y, o1, o1)
+        sig = types.void(Q, S, o0, o1, XQ, XD, XC, t0, Y)
 
         def codegen(context, builder, sig, args):
-            aw, asw, ax, axd, axc = _arrays(context, builder, sig, args)
-            K = builder.extract_value(aw.shape, 0)
-            pw, px = aw.data, ax.data
-            psw, pxd, pxc = asw.data, axd.data, axc.data
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0))
-            nchunk = builder.ashr(K, ir.Constant(K.type, 6))
+            aq, asw, axq, axd, axc, ay = _arrays_at(context, builder, sig, args, (0, 1, 4, 5, 6, 8))
+            o0v, o1v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (2, 3, 7))
+            K = builder.extract_value(aq.shape, 1)
+            nb = builder.extract_value(asw.shape, 1)
+            T = builder.extract_value(axq.shape, 0)
+            O = builder.extract_value(ay.shape, 1)
+            c = lambda v: ir.Constant(K.type, v)
+            K4 = builder.ashr(K, c(2))
+            nchunk = builder.ashr(K, c(6))
+            has_tail = builder.icmp_signed("!=", builder.and_(K, c(32)), c(0))
 
-            def chunk(off, blk, n):  # n = 64 (two blocks) or 32 (the tail block)
-                w = _load(builder, pw, off, _vec(_i8, n))
-                x = _load(builder, px, off, _vec(_i8, n))
-                c = _load(builder, pxc, builder.ashr(off, ir.Constant(K.type, 2)), _vec(_i32, n // 4))
-                lanes = _lanes(builder, path, w, x, c, True, n)
-                s0 = builder.fmul(builder.load(builder.gep(psw, [blk])), builder.load(builder.gep(pxd, [blk])))
-                if n == 64:
-                    b1 = builder.add(blk, ir.Constant(K.type, 1))
-                    s1 = builder.fmul(builder.load(builder.gep(psw, [b1])), builder.load(builder.gep(pxd, [b1])))
-                else:
-                    lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
-                    s1 = ir.Constant(_f32, 0.0)
-                f = builder.sitofp(lanes, _vec(_f32, 16))
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(f, _scale16(builder, s0, s1))), acc)
+            def emit(Tc):
+                pos = [builder.add(t0v, c(t)) for t in range(Tc)]
+                pxq = [_row_ptr(builder, axq, p, K) for p in pos]
+                pxd = [_row_ptr(builder, axd, p, nb) for p in pos]
+                pxc = [_row_ptr(builder, axc, p, K4) for p in pos]
+                accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0)) for _ in range(Tc)]
+                with cgutils.for_range(builder, builder.sub(o1v, o0v)) as rl:
+                    o = builder.add(o0v, rl.index)
+                    pw, psw = _row_ptr(builder, aq, o, K), _row_ptr(builder, asw, o, nb)
+                    for a in accs:
+                        builder.store(ir.Constant(_vec(_f32, 16), 0.0), a)
 
-            with cgutils.for_range(builder, nchunk) as loop:
-                i = loop.index
-                chunk(builder.shl(i, ir.Constant(K.type, 6)), builder.shl(i, ir.Constant(K.type, 1)), 64)
-            has_tail = builder.icmp_signed("!=", builder.and_(K, ir.Constant(K.type, 32)), ir.Constant(K.type, 0))
-            with builder.if_then(has_tail):
-                off = builder.shl(nchunk, ir.Constant(K.type, 6))
-                chunk(off, builder.shl(nchunk, ir.Constant(K.type, 1)), 32)
-            return _tree16(builder, builder.load(acc))
+                    def chunk(off, blk, n):  # n = 64 (two blocks) or 32 (the tail block)
+                        w = _load(builder, pw, off, _vec(_i8, n))
+                        sw0 = builder.load(builder.gep(psw, [blk]))
+                        b1 = builder.add(blk, c(1))
+                        sw1 = builder.load(builder.gep(psw, [b1])) if n == 64 else None
+                        for t in range(Tc):
+                            x = _load(builder, pxq[t], off, _vec(_i8, n))
+                            cc = _load(builder, pxc[t], builder.ashr(off, c(2)), _vec(_i32, n // 4))
+                            lanes = _lanes(builder, path, w, x, cc, True, n)
+                            s0 = builder.fmul(sw0, builder.load(builder.gep(pxd[t], [blk])))
+                            if n == 64:
+                                s1 = builder.fmul(sw1, builder.load(builder.gep(pxd[t], [b1])))
+                            else:
+                                lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
+                                s1 = ir.Constant(_f32, 0.0)
+                            f = builder.sitofp(lanes, _vec(_f32, 16))
+                            prod = builder.fmul(f, _scale16(builder, s0, s1))
+                            builder.store(builder.fadd(builder.load(accs[t]), prod), accs[t])
+
+                    with cgutils.for_range(builder, nchunk) as loop:
+                        i = loop.index
+                        chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
+                    with builder.if_then(has_tail):
+                        chunk(builder.shl(nchunk, c(6)), builder.shl(nchunk, c(1)), 32)
+                    for t in range(Tc):
+                        yo = builder.add(builder.mul(pos[t], O), o)
+                        builder.store(_tree16(builder, builder.load(accs[t])), builder.gep(ay.data, [yo]))
+
+            _per_T(builder, _tn(builder, T, t0v), emit)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return dot
+    return dots
 
 
-def _make_q4_dot(path):
-    """row_dot(qs uint8[K/2], d uint16[K/32], m uint16[K/32] (f16 bits), table f32[65536],
-    qx int8[K], xd f32[K/32], xs f32[K/32]) -> float32. Byte l of a block's 16 holds element
-    l (low nibble) and l + 16 (high nibble). The offsets' term ``mt`` is summed block by block
-    from 0 (mt = mt + m_b * xs_b) and added to the tree last."""
+def _make_q4_dots(path):
+    """dots(QS uint8 [O, K/2], D, M uint16 [O, K/32] (f16 bits), table f32[65536], o0, o1,
+    XQ int8 [T, K], XD f32 [T, K/32], XS f32 [T, K/32], t0, Y f32 [T, O]): as `_make_i8_dots`
+    for q4 rows. Byte l of a block's 16 holds element l (low nibble) and l + 16 (high nibble);
+    a chunk's codes are unpacked once for every position. The offsets' term ``mt`` is summed
+    block by block from 0 (mt = mt + m_b * xs_b) and added to the tree last."""
 
     @intrinsic
-    def dot(typingctx, qs, d, m, table, qx, xd, xs):
-        _check_rows("q4 dot", qs, d, m, table, qx, xd, xs)
-        sig = types.float32(qs, d, m, table, qx, xd, xs)
+    def dots(typingctx, QS, D, M, table, o0, o1, XQ, XD, XS, t0, Y):
+        _check_multi("q4 dots", (table,), (QS, D, M, XQ, XD, XS), Y, t0, o0)
+        _check_multi("q4 dots", (), (), Y, o1, o1)
+        sig = types.void(QS, D, M, table, o0, o1, XQ, XD, XS, t0, Y)
 
         def codegen(context, builder, sig, args):
-            aq, ad, am, at, ax, axd, axs = _arrays(context, builder, sig, args)
-            H = builder.extract_value(aq.shape, 0)
-            pq = builder.bitcast(aq.data, _i8.as_pointer())
-            pd, pm, pt, px, pxd, pxs = ad.data, am.data, at.data, ax.data, axd.data, axs.data
-            acc = cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0))
-            mt = cgutils.alloca_once_value(builder, ir.Constant(_f32, 0.0))
-            nchunk = builder.ashr(H, ir.Constant(H.type, 5))
+            aq, ad, am, at, axq, axd, axs, ay = _arrays_at(context, builder, sig, args, (0, 1, 2, 3, 6, 7, 8, 10))
+            o0v, o1v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (4, 5, 9))
+            H = builder.extract_value(aq.shape, 1)
+            nb = builder.extract_value(ad.shape, 1)
+            T = builder.extract_value(axq.shape, 0)
+            O = builder.extract_value(ay.shape, 1)
+            c = lambda v: ir.Constant(H.type, v)
+            K = builder.shl(H, c(1))
+            nchunk = builder.ashr(H, c(5))
+            has_tail = builder.icmp_signed("!=", builder.and_(H, c(16)), c(0))
+            pt = at.data
 
-            def f16(ptr, blk):
-                bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
-                return builder.load(builder.gep(pt, [bits]))
+            def emit(Tc):
+                pos = [builder.add(t0v, c(t)) for t in range(Tc)]
+                pxq = [_row_ptr(builder, axq, p, K) for p in pos]
+                pxd = [_row_ptr(builder, axd, p, nb) for p in pos]
+                pxs = [_row_ptr(builder, axs, p, nb) for p in pos]
+                accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0)) for _ in range(Tc)]
+                mts = [cgutils.alloca_once_value(builder, ir.Constant(_f32, 0.0)) for _ in range(Tc)]
+                with cgutils.for_range(builder, builder.sub(o1v, o0v)) as rl:
+                    o = builder.add(o0v, rl.index)
+                    pq = builder.bitcast(_row_ptr(builder, aq, o, H), _i8.as_pointer())
+                    pd, pm = _row_ptr(builder, ad, o, nb), _row_ptr(builder, am, o, nb)
+                    for a, m in zip(accs, mts):
+                        builder.store(ir.Constant(_vec(_f32, 16), 0.0), a)
+                        builder.store(ir.Constant(_f32, 0.0), m)
 
-            def block(blk):
-                """(d_b * xd_b) and mt += m_b * xs_b, in block order."""
-                mb = builder.fmul(f16(pm, blk), builder.load(builder.gep(pxs, [blk])))
-                builder.store(builder.fadd(builder.load(mt), mb), mt)
-                return builder.fmul(f16(pd, blk), builder.load(builder.gep(pxd, [blk])))
+                    def f16(ptr, blk):
+                        bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
+                        return builder.load(builder.gep(pt, [bits]))
 
-            def chunk(qoff, blk, n):  # n elements: 64 (32 code bytes) or 32 (16)
-                v = _load(builder, pq, qoff, _vec(_i8, n // 2))
-                lo = builder.and_(v, _consts(_i8, [15] * (n // 2)))
-                hi = builder.lshr(v, _consts(_i8, [4] * (n // 2)))
-                if n == 64:
-                    idx = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
-                else:
-                    idx = list(range(32))
-                w = _shuffle(builder, lo, hi, idx)
-                x = _load(builder, px, builder.shl(qoff, ir.Constant(H.type, 1)), _vec(_i8, n))
-                lanes = _lanes(builder, path, w, x, None, False, n)
-                s0 = block(blk)
-                if n == 64:
-                    s1 = block(builder.add(blk, ir.Constant(H.type, 1)))
-                else:
-                    lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
-                    s1 = ir.Constant(_f32, 0.0)
-                f = builder.sitofp(lanes, _vec(_f32, 16))
-                builder.store(builder.fadd(builder.load(acc), builder.fmul(f, _scale16(builder, s0, s1))), acc)
+                    def chunk(qoff, blk, n):  # n elements: 64 (32 code bytes) or 32 (16)
+                        v = _load(builder, pq, qoff, _vec(_i8, n // 2))
+                        lo = builder.and_(v, _consts(_i8, [15] * (n // 2)))
+                        hi = builder.lshr(v, _consts(_i8, [4] * (n // 2)))
+                        if n == 64:
+                            idx = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
+                        else:
+                            idx = list(range(32))
+                        w = _shuffle(builder, lo, hi, idx)
+                        blks = [blk, builder.add(blk, c(1))][: n // 32]
+                        dm = [(f16(pd, b), f16(pm, b)) for b in blks]
+                        for t in range(Tc):
+                            x = _load(builder, pxq[t], builder.shl(qoff, c(1)), _vec(_i8, n))
+                            lanes = _lanes(builder, path, w, x, None, False, n)
+                            ss = []
+                            for b, (db, mb) in zip(blks, dm):  # block order: mt, then the scale
+                                term = builder.fmul(mb, builder.load(builder.gep(pxs[t], [b])))
+                                builder.store(builder.fadd(builder.load(mts[t]), term), mts[t])
+                                ss.append(builder.fmul(db, builder.load(builder.gep(pxd[t], [b]))))
+                            if n == 32:
+                                lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
+                                ss.append(ir.Constant(_f32, 0.0))
+                            f = builder.sitofp(lanes, _vec(_f32, 16))
+                            prod = builder.fmul(f, _scale16(builder, ss[0], ss[1]))
+                            builder.store(builder.fadd(builder.load(accs[t]), prod), accs[t])
 
-            with cgutils.for_range(builder, nchunk) as loop:
-                i = loop.index
-                chunk(builder.shl(i, ir.Constant(H.type, 5)), builder.shl(i, ir.Constant(H.type, 1)), 64)
-            has_tail = builder.icmp_signed("!=", builder.and_(H, ir.Constant(H.type, 16)), ir.Constant(H.type, 0))
-            with builder.if_then(has_tail):
-                chunk(builder.shl(nchunk, ir.Constant(H.type, 5)), builder.shl(nchunk, ir.Constant(H.type, 1)), 32)
-            return builder.fadd(_tree16(builder, builder.load(acc)), builder.load(mt))
+                    with cgutils.for_range(builder, nchunk) as loop:
+                        i = loop.index
+                        chunk(builder.shl(i, c(5)), builder.shl(i, c(1)), 64)
+                    with builder.if_then(has_tail):
+                        chunk(builder.shl(nchunk, c(5)), builder.shl(nchunk, c(1)), 32)
+                    for t in range(Tc):
+                        r = builder.fadd(_tree16(builder, builder.load(accs[t])), builder.load(mts[t]))
+                        builder.store(r, builder.gep(ay.data, [builder.add(builder.mul(pos[t], O), o)]))
+
+            _per_T(builder, _tn(builder, T, t0v), emit)
+            return context.get_dummy_value()
 
         return sig, codegen
 
-    return dot
+    return dots
+
+
+# --------------------------------------------------------------------------------------------
+# several positions per pass over a weight row (decode batches, verified drafts): T <= MAX_T
+# activation rows share every load of the row. Each position keeps its own accumulators and
+# the order of its additions is the one-position order, so a position's bytes do not depend
+# on T nor on which other rows ride along (tests/test_rows_multi.py).
+MAX_T = 8
+
+
+def _int_arg(context, builder, ty, val):
+    return context.cast(builder, val, ty, types.intp)
+
+
+def _check_multi(name, rows, X, Y, t0, o):
+    _check_rows(name, *rows)
+    for t in X + (Y,):
+        if not isinstance(t, types.Array) or t.ndim != 2 or t.layout != "C":
+            raise TypingError(f"{name}: X and Y must be C-contiguous 2-D arrays, got {t}")
+    for t in (t0, o):
+        if not isinstance(t, types.Integer):
+            raise TypingError(f"{name}: t0 and o must be integers, got {t}")
+
+
+def _per_T(builder, tn, emit, most=MAX_T):
+    """Emit ``emit(Tc)`` for Tc = 1 .. ``most``, the one that runs chosen by ``tn`` at run time
+    (each Tc unrolled over its positions, so every accumulator stays in a register)."""
+    end = builder.append_basic_block("T.end")
+    sw = builder.switch(tn, end)
+    for Tc in range(1, most + 1):
+        blk = builder.append_basic_block(f"T.{Tc}")
+        sw.add_case(ir.Constant(tn.type, Tc), blk)
+        builder.position_at_end(blk)
+        emit(Tc)
+        builder.branch(end)
+    builder.position_at_end(end)
+
+
+def _tn(builder, T, t0, most=MAX_T):
+    left = builder.sub(T, t0)
+    cap = ir.Constant(T.type, most)
+    return builder.select(builder.icmp_signed("<", left, cap), left, cap)
 
 
 # --------------------------------------------------------------------------------------------
@@ -479,25 +592,40 @@ def _q4_dot_plain(qs, d, m, table, qx, xd, xs):
     return _tree_plain(acc) + mt
 
 
+@njit
+def _i8_dots_plain(Q, S, o0, o1, XQ, XD, XC, t0, Y):
+    for o in range(o0, o1):
+        for t in range(t0, min(XQ.shape[0], t0 + MAX_T)):
+            Y[t, o] = _i8_dot_plain(Q[o], S[o], XQ[t], XD[t], XC[t])
+
+
+@njit
+def _q4_dots_plain(QS, D, M, table, o0, o1, XQ, XD, XS, t0, Y):
+    for o in range(o0, o1):
+        for t in range(t0, min(XQ.shape[0], t0 + MAX_T)):
+            Y[t, o] = _q4_dot_plain(QS[o], D[o], M[o], table, XQ[t], XD[t], XS[t])
+
+
 _DOTS: dict[tuple[str, str], object] = {}
 
 
 def dot(kind: str, path: str):
-    """The row dot of ``kind`` ('i8' | 'q4') on ``path`` (a numba-callable function)."""
+    """The several-positions row dots of ``kind`` ('i8' | 'q4') on ``path`` (numba-callable)."""
     key = (kind, path)
     if key not in _DOTS:
         if path == "plain":
-            _DOTS[key] = _i8_dot_plain if kind == "i8" else _q4_dot_plain
+            _DOTS[key] = _i8_dots_plain if kind == "i8" else _q4_dots_plain
         elif not available(path):
             raise ValueError(f"the compile target lacks {', '.join(NEEDS[path])}: path {path!r} cannot run")
         else:
-            _DOTS[key] = (_make_i8_dot if kind == "i8" else _make_q4_dot)(path)
+            _DOTS[key] = (_make_i8_dots if kind == "i8" else _make_q4_dots)(path)
     return _DOTS[key]
 
 
 # --------------------------------------------------------------------------------------------
-# row kernels over a whole weight: one output element per (token, row), each by one thread
-def _make_rows_i8(rowdot, parallel):
+# row kernels over a whole weight: one output element per (token, row), each by one thread;
+# every position of a pass (up to MAX_T) shares each load of a row
+def _make_rows_i8(dots, parallel):
     @njit(parallel=parallel)
     def rows(Q, S, X, Y, rpt):
         """Y[t, o] = row o of int8 blocks (codes Q, scales S) . q8(X[t])."""
@@ -510,14 +638,13 @@ def _make_rows_i8(rowdot, parallel):
         quantize_x(X, XQ, XD, XC, XS)
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
-            for o in range(k * rpt, min(O, (k + 1) * rpt)):
-                for t in range(T):
-                    Y[t, o] = rowdot(Q[o], S[o], XQ[t], XD[t], XC[t])
+            for t0 in range(0, T, MAX_T):
+                dots(Q, S, k * rpt, min(O, (k + 1) * rpt), XQ, XD, XC, t0, Y)
 
     return rows
 
 
-def _make_rows_q4(rowdot, parallel):
+def _make_rows_q4(dots, parallel):
     @njit(parallel=parallel)
     def rows(QS, D, M, table, X, Y, rpt):
         """Y[t, o] = row o of q4 (codes QS, f16 scales D and offsets M) . q8(X[t])."""
@@ -530,9 +657,8 @@ def _make_rows_q4(rowdot, parallel):
         quantize_x(X, XQ, XD, XC, XS)
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
-            for o in range(k * rpt, min(O, (k + 1) * rpt)):
-                for t in range(T):
-                    Y[t, o] = rowdot(QS[o], D[o], M[o], table, XQ[t], XD[t], XS[t])
+            for t0 in range(0, T, MAX_T):
+                dots(QS, D, M, table, k * rpt, min(O, (k + 1) * rpt), XQ, XD, XS, t0, Y)
 
     return rows
 
@@ -540,7 +666,7 @@ def _make_rows_q4(rowdot, parallel):
 # Several weights against one activation (q/k/v, gate/up): one launch, the activation quantized
 # once, tasks of ``rpt`` rows laid end to end over the weights. Each output element is the same
 # row dot as `rows_kernel` computes, by one thread: the bytes equal one call per weight.
-def _make_group_i8(rowdot, parallel):
+def _make_group_i8(dots, parallel):
     @njit(parallel=parallel)
     def group(Qs, Ss, X, Ys, rpt):
         """Ys[i][t, o] = row o of int8 weight i (Qs[i], Ss[i]) . q8(X[t]), q8(X) computed once."""
@@ -557,16 +683,14 @@ def _make_group_i8(rowdot, parallel):
         starts = _task_starts(n, rows_of, rpt)
         for k in prange(starts[n]):
             i = _which(starts, k)
-            Q, S, Y = Qs[i], Ss[i], Ys[i]
             k0 = k - starts[i]
-            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
-                for t in range(T):
-                    Y[t, o] = rowdot(Q[o], S[o], XQ[t], XD[t], XC[t])
+            for t0 in range(0, T, MAX_T):
+                dots(Qs[i], Ss[i], k0 * rpt, min(rows_of[i], (k0 + 1) * rpt), XQ, XD, XC, t0, Ys[i])
 
     return group
 
 
-def _make_group_q4(rowdot, parallel):
+def _make_group_q4(dots, parallel):
     @njit(parallel=parallel)
     def group(QSs, Ds, Ms, table, X, Ys, rpt):
         """Ys[i][t, o] = row o of q4 weight i . q8(X[t]), q8(X) computed once."""
@@ -583,11 +707,9 @@ def _make_group_q4(rowdot, parallel):
         starts = _task_starts(n, rows_of, rpt)
         for k in prange(starts[n]):
             i = _which(starts, k)
-            QS, D, M, Y = QSs[i], Ds[i], Ms[i], Ys[i]
             k0 = k - starts[i]
-            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
-                for t in range(T):
-                    Y[t, o] = rowdot(QS[o], D[o], M[o], table, XQ[t], XD[t], XS[t])
+            for t0 in range(0, T, MAX_T):
+                dots(QSs[i], Ds[i], Ms[i], table, k0 * rpt, min(rows_of[i], (k0 + 1) * rpt), XQ, XD, XS, t0, Ys[i])
 
     return group
 
@@ -617,14 +739,6 @@ def rows_kernel(kind: str, path: str | None = None, parallel: bool = False):
     return _ROWS[key]
 
 
-# --------------------------------------------------------------------------------------------
-# bf16 rows: a row of bf16 bit patterns times float32 x, widened in registers. 64 accumulators:
-# acc[i] = acc[i] + widen(h[64c + i]) * x[64c + i] chunk by chunk (the tail chunk touches lanes
-# 0 .. K%64 - 1), then the tree of halves 64 -> 32 -> ... -> 1. Plain LLVM vector IR (no x86
-# intrinsic), so it compiles for any target; `_bf16_chunks_plain` is the same in numba loops.
-BF16_LANES = 64
-
-
 def _tree_halves(builder, v, n):
     """v (<n x float>) summed as the tree of halves: v[i] + v[i + n/2], ... down to one."""
     while n > 1:
@@ -634,152 +748,211 @@ def _tree_halves(builder, v, n):
     return builder.extract_element(v, ir.Constant(_i32, 0))
 
 
-def _bf16_chunk_loop(builder, ah, ax, cur, nchunk, K):
-    vf = _vec(_f32, BF16_LANES)
-    with cgutils.for_range(builder, nchunk) as loop:
-        off = builder.mul(loop.index, ir.Constant(K.type, BF16_LANES))
-        hv = _load(builder, ah.data, off, _vec(_i16, BF16_LANES))
-        wide = builder.shl(builder.zext(hv, _vec(_i32, BF16_LANES)), _consts(_i32, [16] * BF16_LANES))
-        xv = _load(builder, ax.data, off, vf)
-        builder.store(builder.fadd(builder.load(cur), builder.fmul(builder.bitcast(wide, vf), xv)), cur)
+# --------------------------------------------------------------------------------------------
+# float rows (f32 and bf16 weights times float32 x), several positions per pass over a row.
+# Per position, ``lanes`` float32 accumulators: acc[i] = acc[i] + w[cL + i] * x[cL + i] chunk
+# by chunk (L = lanes; a product rounded, then a sum rounded: no fused multiply-add), the
+# tail elements K - K % L .. K - 1 going to lanes 0 .. K % L - 1 in order, then the tree of
+# halves L -> L/2 -> ... -> 1. Written as LLVM vector IR without fast-math flags, so LLVM
+# cannot reorder it: the bytes are the same on every target (generic, haswell, the host) and
+# equal those of the numba loops of `_make_float_dots_plain`.
+VECTOR = 16  # lanes per IR vector operation (one 512-bit register; 8 measured no faster)
+F32_LANES = 32  # two 512-bit registers per position: 8 positions keep 16 in registers
+BF16_LANES = 64  # the order bf16 products had before positions shared a pass: bytes unchanged
 
 
-@intrinsic
-def _bf16_dot_whole(typingctx, h, x):
-    """The whole documented bf16 dot of a row whose length is a multiple of 64."""
-    _check_rows("bf16 dot", h, x)
-    sig = types.float32(h, x)
+def _make_float_dots(kind: str, L: int, PT: int):
+    """dots(W, o0, o1, X, t0, Y): Y[t, o] = W[o] . X[t] for rows o0 .. o1 - 1 and positions
+    t = t0 .. min(T, t0 + PT) - 1. W [O, K] float32, or uint16 bf16 bit patterns widened in
+    registers; X [T, K], Y [T, O] float32; all C-contiguous. One load of each chunk of a row
+    serves every position; the row loop is in the IR, so a row costs no call."""
+    bf16 = kind == "bf16"
 
-    def codegen(context, builder, sig, args):
-        ah, ax = _arrays(context, builder, sig, args)
-        K = builder.extract_value(ah.shape, 0)
-        cur = cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, BF16_LANES), 0.0))
-        _bf16_chunk_loop(builder, ah, ax, cur, builder.udiv(K, ir.Constant(K.type, BF16_LANES)), K)
-        return _tree_halves(builder, builder.load(cur), BF16_LANES)
+    @intrinsic
+    def dots(typingctx, W, o0, o1, X, t0, Y):
+        _check_multi(f"{kind} dots", (), (W, X), Y, t0, o0)
+        _check_multi(f"{kind} dots", (), (), Y, o1, o1)
+        sig = types.void(W, o0, o1, X, t0, Y)
 
-    return sig, codegen
+        def codegen(context, builder, sig, args):
+            aw, aX, aY = _arrays_at(context, builder, sig, args, (0, 3, 5))
+            o0v, o1v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2, 4))
+            K = builder.extract_value(aw.shape, 1)
+            T = builder.extract_value(aX.shape, 0)
+            O = builder.extract_value(aY.shape, 1)
+            VW = min(L, VECTOR)
+            P = L // VW
+            vf = _vec(_f32, VW)
+            cL = ir.Constant(K.type, L)
+            px = builder.gep(aX.data, [builder.mul(t0v, K)])
+            py = builder.gep(aY.data, [builder.mul(t0v, O)])
+            nchunk = builder.udiv(K, cL)
+            base = builder.mul(nchunk, cL)
+            rem = builder.sub(K, base)
+            zero = ir.Constant(vf, 0.0)
+
+            def wvec(pw, off):
+                if not bf16:
+                    return _load(builder, pw, off, vf)
+                hv = _load(builder, pw, off, _vec(_i16, VW))
+                return builder.bitcast(builder.shl(builder.zext(hv, _vec(_i32, VW)), _consts(_i32, [16] * VW)), vf)
+
+            def wone(pw, i):
+                v = builder.load(builder.gep(pw, [i]))
+                if not bf16:
+                    return v
+                return builder.bitcast(builder.shl(builder.zext(v, _i32), ir.Constant(_i32, 16)), _f32)
+
+            def emit(Tc):
+                # a position's L accumulators as P vectors of VW lanes (vector p: lanes p*VW ..)
+                accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(P)] for _ in range(Tc)]
+                rowoff = [builder.mul(ir.Constant(K.type, t), K) for t in range(Tc)]
+                youts = [builder.mul(ir.Constant(K.type, t), O) for t in range(Tc)]
+                with cgutils.for_range(builder, builder.sub(o1v, o0v)) as rl:
+                    o = builder.add(o0v, rl.index)
+                    pw = builder.gep(aw.data, [builder.mul(o, K)])
+                    for acc in accs:
+                        for a in acc:
+                            builder.store(zero, a)
+                    with cgutils.for_range(builder, nchunk) as loop:
+                        off = builder.mul(loop.index, cL)
+                        for p in range(P):
+                            offp = builder.add(off, ir.Constant(K.type, p * VW))
+                            wv = wvec(pw, offp)
+                            for t in range(Tc):
+                                xv = _load(builder, px, builder.add(offp, rowoff[t]), vf)
+                                a = accs[t][p]
+                                builder.store(builder.fadd(builder.load(a), builder.fmul(wv, xv)), a)
+                    with cgutils.for_range(builder, rem) as loop:  # the tail: lanes 0 .. rem - 1
+                        i = builder.add(base, loop.index)
+                        wi = wone(pw, i)
+                        lane = builder.urem(loop.index, ir.Constant(K.type, VW))
+                        part = builder.udiv(loop.index, ir.Constant(K.type, VW))
+                        for t in range(Tc):
+                            xi = builder.load(builder.gep(px, [builder.add(i, rowoff[t])]))
+                            prod = builder.fmul(wi, xi)
+                            for p in range(P):
+                                with builder.if_then(builder.icmp_unsigned("==", part, ir.Constant(K.type, p))):
+                                    v = builder.load(accs[t][p])
+                                    a = builder.fadd(builder.extract_element(v, lane), prod)
+                                    builder.store(builder.insert_element(v, a, lane), accs[t][p])
+                    for t in range(Tc):
+                        parts = [builder.load(a) for a in accs[t]]
+                        while len(parts) > 1:  # the first levels of the tree of halves
+                            h = len(parts) // 2
+                            parts = [builder.fadd(parts[i], parts[i + h]) for i in range(h)]
+                        res = _tree_halves(builder, parts[0], VW)
+                        builder.store(res, builder.gep(py, [builder.add(youts[t], o)]))
+
+            _per_T(builder, _tn(builder, T, t0v, PT), emit, PT)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dots
 
 
-@intrinsic
-def _bf16_chunks_vec(typingctx, h, x, acc):
-    """acc[0:64] (float32, in and out) += the full chunks of row h (uint16) times x."""
-    _check_rows("bf16 dot", h, x, acc)
-    sig = types.void(h, x, acc)
-
-    def codegen(context, builder, sig, args):
-        ah, ax, aacc = _arrays(context, builder, sig, args)
-        K = builder.extract_value(ah.shape, 0)
-        pacc = builder.bitcast(aacc.data, _vec(_f32, BF16_LANES).as_pointer())
-        cur = cgutils.alloca_once_value(builder, builder.load(pacc, align=4))
-        _bf16_chunk_loop(builder, ah, ax, cur, builder.udiv(K, ir.Constant(K.type, BF16_LANES)), K)
-        builder.store(builder.load(cur), pacc, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+@njit(inline="always")
+def _w_f32(w, j):
+    return w[j]
 
 
-@njit
-def _bf16_chunks_plain(h, x, acc):
-    K = h.shape[0]
-    for c in range(K // 64):
-        for i in range(64):
-            w = np.array([np.uint32(h[64 * c + i]) << np.uint32(16)], np.uint32).view(F32)[0]
-            acc[i] = acc[i] + w * x[64 * c + i]
+@njit(inline="always")
+def _w_bf16(w, j):
+    b = np.empty(1, np.uint32)
+    b[0] = np.uint32(w[j]) << np.uint32(16)
+    return b.view(F32)[0]
 
 
-def _make_bf16_dot(chunks):
+def _make_float_dots_plain(kind: str, L: int, PT: int):
+    """`_make_float_dots` in numba loops (no fastmath): the same order, the same bytes."""
+    wget = _w_bf16 if kind == "bf16" else _w_f32
+
     @njit
-    def dot(h, x, acc):
-        for i in range(64):
-            acc[i] = F32(0.0)
-        chunks(h, x, acc)
-        K = h.shape[0]
-        base = (K // 64) * 64
-        wb = np.empty(1, np.uint32)
-        wf = wb.view(F32)
-        for i in range(K - base):
-            wb[0] = np.uint32(h[base + i]) << np.uint32(16)
-            acc[i] = acc[i] + wf[0] * x[base + i]
-        n = 32
-        while n >= 1:
-            for i in range(n):
-                acc[i] = acc[i] + acc[i + n]
-            n //= 2
-        return acc[0]
+    def dots(W, o0, o1, X, t0, Y):
+        K = W.shape[1]
+        tn = min(PT, X.shape[0] - t0)
+        acc = np.empty(L, F32)
+        for o in range(o0, o1):
+            w = W[o]
+            for t in range(t0, t0 + tn):
+                for i in range(L):
+                    acc[i] = F32(0.0)
+                for j in range(K):
+                    acc[j % L] = acc[j % L] + wget(w, j) * X[t, j]
+                n = L // 2
+                while n >= 1:
+                    for i in range(n):
+                        acc[i] = acc[i] + acc[i + n]
+                    n //= 2
+                Y[t, o] = acc[0]
 
-    return dot
+    return dots
 
 
-def _make_rows_bf16(rowdot, whole, parallel):
+def _make_rows_float(dots, PT, parallel):
     @njit(parallel=parallel)
-    def rows(H, X, Y, rpt):
-        """Y[t, o] = widen(H[o]) . X[t] in the documented order."""
-        O, K = H.shape
+    def rows(W, X, Y, rpt):
+        """Y[t, o] = W[o] . X[t] in the documented order."""
+        O = W.shape[0]
         T = X.shape[0]
-        fast = whole and K % 64 == 0
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
-            acc = np.empty(64, F32)
-            for o in range(k * rpt, min(O, (k + 1) * rpt)):
-                for t in range(T):
-                    if fast:
-                        Y[t, o] = _bf16_dot_whole(H[o], X[t])
-                    else:
-                        Y[t, o] = rowdot(H[o], X[t], acc)
+            for t0 in range(0, T, PT):
+                dots(W, k * rpt, min(O, (k + 1) * rpt), X, t0, Y)
 
     return rows
 
 
-_BF16: dict[tuple[str, bool], object] = {}
-
-
-def rows_bf16(path: str = "vector", parallel: bool = False):
-    """The bf16 rows kernel: ``vector`` (LLVM vector IR, any target) or ``plain`` (numba loops),
-    the same bytes."""
-    key = (path, parallel)
-    if key not in _BF16:
-        if path not in ("vector", "plain"):
-            raise ValueError(f"unknown bf16 dot path {path!r} (known: vector, plain)")
-        chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
-        _BF16[key] = _make_rows_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
-    return _BF16[key]
-
-
-def _make_group_bf16(rowdot, whole, parallel):
+def _make_group_float(dots, PT, parallel):
     @njit(parallel=parallel)
-    def group(Hs, X, Ys, rpt):
-        """Ys[i][t, o] = widen(Hs[i][o]) . X[t]: `rows_bf16` on each weight, in one launch."""
-        T, K = X.shape
-        fast = whole and K % 64 == 0
-        n = len(Hs)
+    def group(Ws, X, Ys, rpt):
+        """Ys[i][t, o] = Ws[i][o] . X[t]: the rows kernel on each weight, in one launch."""
+        T = X.shape[0]
+        n = len(Ws)
         rows_of = np.empty(n, np.int64)
         for i in range(n):
-            rows_of[i] = Hs[i].shape[0]
+            rows_of[i] = Ws[i].shape[0]
         starts = _task_starts(n, rows_of, rpt)
         for k in prange(starts[n]):
             i = _which(starts, k)
-            H, Y = Hs[i], Ys[i]
             k0 = k - starts[i]
-            acc = np.empty(64, F32)
-            for o in range(k0 * rpt, min(rows_of[i], (k0 + 1) * rpt)):
-                for t in range(T):
-                    if fast:
-                        Y[t, o] = _bf16_dot_whole(H[o], X[t])
-                    else:
-                        Y[t, o] = rowdot(H[o], X[t], acc)
+            for t0 in range(0, T, PT):
+                dots(Ws[i], k0 * rpt, min(rows_of[i], (k0 + 1) * rpt), X, t0, Ys[i])
 
     return group
 
 
-_BF16_GROUPS: dict[tuple[str, bool], object] = {}
+_FLOAT: dict[tuple, object] = {}
+# accumulators per position, and positions per pass over a task's rows (their accumulators
+# fit the 32 vector registers; more positions take another pass over rows still in L1)
+FLOAT_GEOMETRY = {"f32": (F32_LANES, 8), "bf16": (BF16_LANES, 4)}
+
+
+def float_kernel(kind: str, path: str = "vector", parallel: bool = False, group: bool = False, geometry=None):
+    """The rows kernel (``group``: the several-weights kernel) of ``kind`` ('f32' | 'bf16') on
+    ``path``: ``vector`` (LLVM vector IR, any target) or ``plain`` (numba loops), the same bytes."""
+    L, PT = FLOAT_GEOMETRY[kind] if geometry is None else geometry
+    key = (kind, path, parallel, group, L, PT)
+    if key not in _FLOAT:
+        if path not in ("vector", "plain"):
+            raise ValueError(f"unknown {kind} dot path {path!r} (known: vector, plain)")
+        dots = _make_float_dots(kind, L, PT) if path == "vector" else _make_float_dots_plain(kind, L, PT)
+        _FLOAT[key] = (_make_group_float if group else _make_rows_float)(dots, PT, parallel)
+    return _FLOAT[key]
+
+
+def rows_bf16(path: str = "vector", parallel: bool = False):
+    """The bf16 rows kernel (H [O, K] uint16 bit patterns): `float_kernel` ('bf16')."""
+    return _float_checked("bf16", path, parallel, False)
 
 
 def group_bf16(path: str = "vector", parallel: bool = False):
     """`rows_bf16` over a tuple of weights (their bit patterns) and one activation, one launch."""
-    key = (path, parallel)
-    if key not in _BF16_GROUPS:
-        if path not in ("vector", "plain"):
-            raise ValueError(f"unknown bf16 dot path {path!r} (known: vector, plain)")
-        chunks = _bf16_chunks_vec if path == "vector" else _bf16_chunks_plain
-        _BF16_GROUPS[key] = _make_group_bf16(_make_bf16_dot(chunks), path == "vector", parallel)
-    return _BF16_GROUPS[key]
+    return _float_checked("bf16", path, parallel, True)
+
+
+def _float_checked(kind, path, parallel, group):
+    if path not in ("vector", "plain"):
+        raise ValueError(f"unknown {kind} dot path {path!r} (known: vector, plain)")
+    return float_kernel(kind, path, parallel, group)

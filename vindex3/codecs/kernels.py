@@ -50,7 +50,8 @@ F16_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float1
 # rows path: f32 and int8 weights (the element converts to f32 exactly)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def rows_plain(W, X, Y, rpt):
-    """Y[t, o] = W[o] . X[t]; W [O, I] float32 or int8."""
+    """Y[t, o] = W[o] . X[t]; W [O, I] float32 or int8. Benches only: float32 weights multiply
+    with intrinsics.float_kernel (a fixed order, every position in one pass over a row)."""
     O, I = W.shape
     T = X.shape[0]
     ntask = (O + rpt - 1) // rpt

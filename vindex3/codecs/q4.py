@@ -73,7 +73,7 @@ class Q4WeightQ8(Q4Weight):
 
     def _rows(self, x, y):
         I = intdot()
-        I.rows_kernel("q4", parallel=threads.count() > 1)(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
+        I.rows_kernel("q4", parallel=threads.parallel(self.qs.nbytes))(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
                                                            I.ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
@@ -82,12 +82,13 @@ class Q4WeightQ8(Q4Weight):
     @classmethod
     def _group_rows(cls, weights):
         QS, D, M = (tuple(getattr(w, a) for w in weights) for a in ("qs", "d", "m"))
+        nbytes = sum(q.nbytes for q in QS)
         if not all(threads.one_array_type(t) for t in (QS, D, M)):
             return None  # a numba tuple indexed at run time holds one array type
 
         def run(x, ys):
             I = intdot()
-            I.group_kernel("q4", parallel=threads.count() > 1)(QS, D, M, kernels().F16_TABLE, x, ys, I.ROWS_PER_TASK)
+            I.group_kernel("q4", parallel=threads.parallel(nbytes))(QS, D, M, kernels().F16_TABLE, x, ys, I.ROWS_PER_TASK)
 
         return run
 

@@ -15,6 +15,21 @@
   decoding in two threads (the server's model workers, an embedding application) take turns
   kernel by kernel; on two cores they could not run faster side by side anyway.
 
+* **Which launches go parallel.** A parallel launch costs more than a serial call (numba's
+  pool hands the work out and waits for it: ~2 us with spinning workers, ~10 us more with
+  sleeping ones, bench/intdot_passes.py), so `parallel()` sends a weight to the pool only when
+  the count is above one and the weight has at least ``PARALLEL_MIN_BYTES`` (its serial pass
+  takes tens of microseconds); smaller ones (SmolLM2's k/v projections, int8 and q4 matrices
+  of the hidden width) run the serial kernel. The bytes are the same either way.
+* **Workers sleep when idle.** numba's OpenMP workers spin after a parallel region by default;
+  on a machine whose cores are shared with other processes a spinning worker takes the core
+  the decode thread needs and a parallel region waits for a descheduled one. Measured on this
+  2-core machine at load ~9 with SmolLM2 f32 decode at 2 threads: 0.9-1.3 tok/s with spinning
+  workers, 17.6 tok/s with ``OMP_WAIT_POLICY=PASSIVE`` (1 thread: 14-35 tok/s in the same
+  minutes). So this module sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already
+  says otherwise (``ACTIVE`` restores spinning for a machine kept to oneself); it must be set
+  before numba first loads its threading layer, which importing this module precedes.
+
 This module never imports numba itself: `launch()` is entered by code that is about to call a
 kernel, which has imported numba already.
 """
@@ -23,6 +38,10 @@ from __future__ import annotations
 
 import os
 import threading
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the module docstring
+
+PARALLEL_MIN_BYTES = 1 << 20  # weight bytes from which a launch goes to numba's pool
 
 _LOCK = threading.Lock()
 _local = threading.local()
@@ -48,6 +67,11 @@ def count() -> int:
     if _count is None:
         _count = _from_env()
     return _count
+
+
+def parallel(nbytes: int) -> bool:
+    """Should a launch over ``nbytes`` of weights use numba's pool (see the module docstring)?"""
+    return count() > 1 and nbytes >= PARALLEL_MIN_BYTES
 
 
 def set_count(n: int | None) -> None:

@@ -1,0 +1,189 @@
+"""Rows kernels that multiply several activation rows in one pass over a weight
+(vindex3.codecs.intrinsics: `float_kernel` for f32 and bf16, the q8 kernels for int8 and q4).
+
+Invariant (``a_position_does_not_depend_on_its_companions``): the bytes of one activation
+row's product do not depend on how many rows ride along nor on which — a batched stream equals
+a lone stream and a verified draft position equals a decode step. The float order is written
+out in LLVM vector IR, so it is also the same on every compile target: the suite compares the
+vector path with the numba-loop path of the same order in one process (and, run again under
+NUMBA_CPU_NAME=generic, on that target), and a child process compiled for generic and for
+haswell hands back bytes equal to this process's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vindex3 import codecs
+from vindex3.codecs import intrinsics as I
+
+pytestmark = pytest.mark.numeric
+
+F32 = np.float32
+ROOT = Path(__file__).resolve().parents[1]
+rng = np.random.default_rng(31)
+
+
+def ref_float(w: np.ndarray, x: np.ndarray, L: int) -> np.ndarray:
+    """The documented order in numpy, float32 step by step: L accumulators per position, chunk
+    by chunk (the tail to lanes 0 ..), then the tree of halves."""
+    O, K = w.shape
+    y = np.empty((x.shape[0], O), F32)
+    for t in range(x.shape[0]):
+        acc = np.zeros((O, L), F32)
+        for c in range(0, K, L):
+            n = min(L, K - c)
+            acc[:, :n] = acc[:, :n] + w[:, c : c + n] * x[t, c : c + n]
+        n = L // 2
+        while n >= 1:
+            acc[:, :n] = acc[:, :n] + acc[:, n : 2 * n]
+            n //= 2
+        y[t] = acc[:, 0]
+    return y
+
+
+def _float_weight(kind: str, O: int, K: int):
+    W = rng.standard_normal((O, K)).astype(F32)
+    if kind == "f32":
+        return W, W
+    h = codecs.get("bf16").weight(codecs.get("bf16").encode(W), W.shape).h
+    return h, (h.astype(np.uint32) << 16).view(F32)
+
+
+def _run(kind, path, w, x, parallel=False):
+    y = np.empty((x.shape[0], w.shape[0]), F32)
+    I.float_kernel(kind, path, parallel)(w, np.ascontiguousarray(x), y, I.ROWS_PER_TASK)
+    return y
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize("K", [7, 64, 100, 576])
+def test_float_rows_are_the_documented_order_on_both_paths(kind, K):
+    w, wf = _float_weight(kind, 37, K)
+    x = rng.standard_normal((11, K)).astype(F32)
+    want = ref_float(wf, x, I.FLOAT_GEOMETRY[kind][0])
+    for path in ("vector", "plain"):
+        assert np.array_equal(_run(kind, path, w, x), want), path
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_a_position_does_not_depend_on_its_companions(kind):
+    K = 576
+    w, _ = _float_weight(kind, 70, K)
+    x = rng.standard_normal((12, K)).astype(F32)
+    lone = np.stack([_run(kind, "vector", w, x[t : t + 1])[0] for t in range(12)])
+    for T in range(1, 13):
+        assert np.array_equal(_run(kind, "vector", w, x[:T]), lone[:T]), T
+    others = rng.standard_normal((7, K)).astype(F32) * 1e6  # different companions, far larger
+    mixed = np.concatenate([others[:3], x[5:6], others[3:]])
+    assert np.array_equal(_run(kind, "vector", w, mixed)[3], lone[5])
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_float_rows_do_not_depend_on_the_thread_count(kind):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip(f"numba has {numba.config.NUMBA_NUM_THREADS} thread(s); thread independence needs 2")
+    w, _ = _float_weight(kind, 300, 192)
+    x = rng.standard_normal((5, 192)).astype(F32)
+    serial = _run(kind, "vector", w, x)
+    before = numba.get_num_threads()
+    try:
+        for n in (1, 2):
+            numba.set_num_threads(n)
+            assert np.array_equal(_run(kind, "vector", w, x, parallel=True), serial)
+    finally:
+        numba.set_num_threads(before)
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_fused_float_products_are_the_bytes_of_one_product_per_weight(kind):
+    from vindex3.codecs.base import products
+
+    c = codecs.get(kind)
+    ws = []
+    for O in (37, 16, 16):
+        raw = c.encode(rng.standard_normal((O, 96)).astype(F32))
+        raw.flags.writeable = False  # as a mapped segment hands them out
+        ws.append(c.weight(raw, (O, 96)))
+    fused = products(ws)
+    assert "fused" in fused.__qualname__  # the one-launch kernel ran
+    for T in (1, 3, 8):
+        x = rng.standard_normal((T, 96)).astype(F32)
+        for g, w in zip(fused(x), ws):
+            assert np.array_equal(g, w.mm(x))
+
+
+_CHILD = """
+import json, numpy as np
+from vindex3 import codecs
+rng = np.random.default_rng(5)
+W = rng.standard_normal((40, 100)).astype(np.float32)
+x = rng.standard_normal((3, 100)).astype(np.float32)
+out = {}
+for enc in ("f32", "bf16"):
+    c = codecs.get(enc)
+    out[enc] = c.weight(c.encode(W), W.shape).mm(x).tobytes().hex()
+print(json.dumps(out))
+"""
+
+
+def _child(env_extra: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU")}
+    env.update(env_extra, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-c", _CHILD], check=False, env=env, cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_float_products_are_the_same_bytes_on_every_compile_target():
+    here = {}
+    r = np.random.default_rng(5)
+    W = r.standard_normal((40, 100)).astype(F32)
+    x = r.standard_normal((3, 100)).astype(F32)
+    for enc in ("f32", "bf16"):
+        c = codecs.get(enc)
+        here[enc] = c.weight(c.encode(W), W.shape).mm(x).tobytes().hex()
+    generic = _child({"NUMBA_CPU_NAME": "generic"})
+    haswell = _child({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt"})
+    assert generic == here == haswell
+
+
+# -- int8 and q4 under activations = 'q8' -------------------------------------------------------
+RUNNABLE = [p for p in I.PATHS if I.available(p)]
+
+
+def _int_run(kind, w, x, path):
+    from vindex3.codecs.kernels import F16_TABLE
+
+    y = np.empty((x.shape[0], w.rows), F32)
+    k = I.rows_kernel(kind, path)
+    x = np.ascontiguousarray(x)
+    if kind == "i8":
+        k(w.q, w.s, x, y, I.ROWS_PER_TASK)
+    else:
+        k(w.qs, w.d, w.m, F16_TABLE, x, y, I.ROWS_PER_TASK)
+    return y
+
+
+@pytest.mark.parametrize("kind", ["i8", "q4"])
+@pytest.mark.parametrize("K", [32, 96, 576])
+@pytest.mark.parametrize("path", RUNNABLE)
+def test_a_q8_position_does_not_depend_on_its_companions(kind, K, path):
+    c = codecs.get("int8" if kind == "i8" else "q4")
+    w = c.weight(c.encode(rng.standard_normal((40, K)).astype(F32)), (40, K))
+    x = rng.standard_normal((12, K)).astype(F32)
+    lone = np.stack([_int_run(kind, w, x[t : t + 1], "plain")[0] for t in range(12)])
+    for T in (1, 2, 5, 8, 9, 12):
+        assert np.array_equal(_int_run(kind, w, x[:T], path), lone[:T]), T
+    others = rng.standard_normal((4, K)).astype(F32) * 1e4
+    mixed = np.concatenate([others[:2], x[7:8], others[2:]])
+    assert np.array_equal(_int_run(kind, w, mixed, path)[2], lone[7])
