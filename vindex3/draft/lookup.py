@@ -27,9 +27,16 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import VindexError
-from ..generate import Sampler, generate_step
 from .slices import make_executor, open_container, resolve_slice
-from .speculative import SpecResult, _check_prompt, _rollback_mode, _Tally, greedy_generate
+from .speculative import (
+    SpecResult,
+    _check_counts,
+    _check_prompt,
+    _compared,
+    _drafted,
+    _rollback_mode,
+    _Tally,
+)
 
 DEFAULT_NGRAM = 3
 # One more verified position, in decode steps: SmolLM2 f32, 1 BLAS thread, quiet machine,
@@ -145,10 +152,7 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     ``lookahead`` is the cap) or "fixed" (``lookahead`` at every match)."""
     c = open_container(container)
     prompt = _check_prompt(token_ids)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-        raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
+    _check_counts(n, lookahead)
     if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
         raise VindexError(f"NGRAM must be an integer ≥ 1; got {ngram!r}")
     full_slice, _ = resolve_slice(c, None)
@@ -169,12 +173,7 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     if n > 0:
         fst = full_ex.start()
         mode = _rollback_mode(c, full_slice, fst, "full")
-        for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
-            stats.add(step)
-            for t in step.emitted:
-                out.append(t)
-                if on_token:
-                    on_token(t)
+        out = _drafted(fst, prompt, n, drafter, mode, stats, on_token)
     secs = time.perf_counter() - t0
 
     result = SpecResult(
@@ -183,9 +182,4 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
         rollback=mode, **stats.facts(len(out)), draft_steps=0, prepare_seconds=prep_full, seconds=secs,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
-    if compare_plain:
-        plain = greedy_generate(c, prompt, n, ex=full_ex)
-        result.plain = plain
-        result.matches_plain = plain.tokens == out
-        result.speedup = plain.seconds / secs if secs > 0 else None
-    return result
+    return _compared(result, compare_plain, c, prompt, n, full_ex, secs)

@@ -366,16 +366,20 @@ def mtp_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: in
     """Greedy generation of ``n`` tokens with the container's MTP module proposing up to
     ``lookahead`` tokens a round (chained on its own output), verified by the full model: the
     tokens are the full model's greedy continuation. Returns a `SpecResult` (drafter "mtp")."""
-    from ..generate import Sampler, generate_step
     from .slices import make_executor, open_container, resolve_slice
-    from .speculative import SpecResult, _check_prompt, _rollback_mode, _Tally, greedy_generate
+    from .speculative import (
+        SpecResult,
+        _check_counts,
+        _check_prompt,
+        _compared,
+        _drafted,
+        _rollback_mode,
+        _Tally,
+    )
 
     c = open_container(container)
     prompt = _check_prompt(token_ids)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-        raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
+    _check_counts(n, lookahead)
     full_slice, _ = resolve_slice(c, None)
     full_ex, prep = make_executor(c, full_slice, max_positions=max_positions)
     head = MtpHead(c, module, max_positions=max_positions, main=full_ex)
@@ -390,21 +394,11 @@ def mtp_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: in
         fst = full_ex.start()
         mode = _rollback_mode(c, full_slice, fst, "full")
         drafter = MtpDrafter(head, fst, lookahead, chain)
-        for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
-            stats.add(step)
-            for t in step.emitted:
-                out.append(t)
-                if on_token:
-                    on_token(t)
+        out = _drafted(fst, prompt, n, drafter, mode, stats, on_token)
         steps = drafter.steps
     secs = time.perf_counter() - t0
     result = SpecResult(tokens=out, prompt_tokens=len(prompt), n=n, depth=None, lookahead=lookahead, drafter="mtp",
                         rollback=mode, **stats.facts(len(out)), draft_steps=steps,
                         prepare_seconds=prep + head.prepare_seconds, seconds=secs,
                         tokens_per_second=len(out) / secs if secs > 0 else 0.0)
-    if compare_plain:
-        plain = greedy_generate(c, prompt, n, ex=full_ex)
-        result.plain = plain
-        result.matches_plain = plain.tokens == out
-        result.speedup = plain.seconds / secs if secs > 0 else None
-    return result
+    return _compared(result, compare_plain, c, prompt, n, full_ex, secs)

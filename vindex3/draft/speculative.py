@@ -205,6 +205,38 @@ def _check_prompt(token_ids: Sequence[int]) -> list[int]:
     return prompt
 
 
+def _check_counts(n: Any, lookahead: Any) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
+    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
+        raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
+
+
+def _drafted(fst: Any, prompt: list[int], n: int, drafter: Any, mode: str, stats: _Tally,
+             on_token: Callable[[int], None] | None) -> list[int]:
+    """The greedy tokens ``drafter`` and the full stream ``fst`` emit together (generate_step),
+    each counted into ``stats`` and handed to ``on_token`` as it is emitted."""
+    out: list[int] = []
+    for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
+        stats.add(step)
+        for t in step.emitted:
+            out.append(t)
+            if on_token:
+                on_token(t)
+    return out
+
+
+def _compared(result: SpecResult, compare_plain: bool, c: Any, prompt: list[int], n: int, full_ex: Any,
+              secs: float) -> SpecResult:
+    """``result`` with, when asked, plain greedy decoding beside it (its tokens and the speed-up)."""
+    if compare_plain:
+        plain = greedy_generate(c, prompt, n, ex=full_ex)
+        result.plain = plain
+        result.matches_plain = plain.tokens == result.tokens
+        result.speedup = plain.seconds / secs if secs > 0 else None
+    return result
+
+
 def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth: int,
                          lookahead: int = 4, on_token: Callable[[int], None] | None = None, *,
                          compare_plain: bool = False, max_positions: int | None = None,
@@ -228,10 +260,7 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
     """
     c = open_container(container)
     prompt = _check_prompt(token_ids)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise VindexError(f"GENERATE count must be a non-negative integer; got {n!r}")
-    if isinstance(lookahead, bool) or not isinstance(lookahead, int) or lookahead < 1:
-        raise VindexError(f"LOOKAHEAD must be an integer ≥ 1; got {lookahead!r}")
+    _check_counts(n, lookahead)
     draft_slice, draft_depth = resolve_slice(c, depth)
     if draft_depth is None:
         raise SliceError("SPECULATE needs a draft depth (1..L); the full model cannot draft for itself")
@@ -269,12 +298,7 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         # Decide (or refuse) how each stream rolls back before computing anything.
         mode = _rollback_mode(c, full_slice, fst, "full")
         drafter = DepthDrafter(dst, _rollback_mode(c, draft_slice, dst, "draft"), lookahead, cut_ids)
-        for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
-            stats.add(step)
-            for t in step.emitted:
-                out.append(t)
-                if on_token:
-                    on_token(t)
+        out = _drafted(fst, prompt, n, drafter, mode, stats, on_token)
         draft_steps = drafter.steps
     secs = time.perf_counter() - t0
 
@@ -284,9 +308,4 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         rollback=mode, **stats.facts(len(out)), draft_steps=draft_steps, prepare_seconds=prep_full + prep_draft, seconds=secs,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
-    if compare_plain:
-        plain = greedy_generate(c, prompt, n, ex=full_ex)
-        result.plain = plain
-        result.matches_plain = plain.tokens == out
-        result.speedup = plain.seconds / secs if secs > 0 else None
-    return result
+    return _compared(result, compare_plain, c, prompt, n, full_ex, secs)
