@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,16 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = [
-    "The capital of France is",
-    "Water boils at a temperature of",
-    "Once upon a time, there was",
-    "def add(a, b):",
-    "The three primary colors are",
-    "In the morning I like to",
-    "The largest planet in the solar system is",
-    "A good name for a cat is",
-]
+from bench.serving import COMPLETION_PROMPTS as PROMPTS
+from bench.serving import free_port, greedy_answers, start, stop, stream_completion, wait_up
 
 # the peer: the same server, its worker's batched prefetch a no-op (each generation steps alone)
 UNBATCHED = ("import sys; import lql.server.worker as w; w.ModelWorker._prefetch = lambda self: None; "
@@ -46,57 +37,14 @@ UNBATCHED = ("import sys; import lql.server.worker as w; w.ModelWorker._prefetch
 BATCHED = "import sys; from lql.server.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def greedy_answers(container: Path, max_tokens: int) -> dict[str, str]:
-    """The oracle: LQL's own greedy continuation of each prompt, end-of-sequence cut."""
-    import lql
-
-    s = lql.connect(container)
-    eos = set(s.catalog.eos_ids())
-    out = {}
-    for p in PROMPTS:
-        ids = list(s.execute_one(f"INFER {p!r} GENERATE {max_tokens}").generated_ids)
-        cut = next((i for i, t in enumerate(ids) if t in eos), len(ids))
-        out[p] = s.catalog.decode(ids[:cut])
-    return out
-
-
 def start_server(code: str, container: Path, clients: int) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-c", code, str(container), "--host", "127.0.0.1", "--port", str(port),
            "--max-concurrent", str(clients), "--max-queue", str(clients), "--time-limit", "600", "--log-level", "warning"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = start(cmd, {**os.environ, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"lql serve exited: {proc.stderr.read()}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise SystemExit("lql serve did not come up in 120 s")
-        time.sleep(0.2)
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
+    wait_up(proc, url + "/health", what="lql serve")
+    return proc, url
 
 
 async def one_client(k: int, url: str, model: str, requests: int, max_tokens: int, answers: dict[str, str],
@@ -108,19 +56,9 @@ async def one_client(k: int, url: str, model: str, requests: int, max_tokens: in
             prompt = PROMPTS[(k + r_i * 3) % len(PROMPTS)]
             body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
                     "stream_options": {"include_usage": True}}
-            text, usage, status = "", None, None
-            async with c.stream("POST", url + "/v1/completions", json=body) as r:
-                status = r.status_code
-                async for line in r.aiter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    obj = json.loads(line[6:])
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                    for ch in obj.get("choices", []):
-                        text += ch.get("text") or ""
-            records.append({"client": k, "prompt": prompt, "status": status, "matches": text == answers[prompt],
-                            "tokens": (usage or {}).get("completion_tokens", 0)})
+            got = await stream_completion(c, url, body)
+            records.append({"client": k, "prompt": prompt, "status": got["status"], "matches": got["text"] == answers[prompt],
+                            "tokens": (got["usage"] or {}).get("completion_tokens", 0)})
 
 
 def run_arm(url: str, model: str, clients: int, requests: int, max_tokens: int, answers: dict[str, str]) -> dict:
@@ -182,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model = model_id_for(container)
     print(f"greedy answers for {len(PROMPTS)} prompts ...", file=sys.stderr)
-    answers = greedy_answers(container, args.max_tokens)
+    answers = greedy_answers(container, PROMPTS, args.max_tokens)
     servers = {}
     arms: list[dict] = []
     try:
@@ -200,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                           file=sys.stderr)
     finally:
         for proc, _url in servers.values():
-            stop_server(proc)
+            stop(proc)
 
     from bench.machine import facts
 
