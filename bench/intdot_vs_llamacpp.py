@@ -25,6 +25,11 @@ import sys
 import time
 from pathlib import Path
 
+# The caller's OpenMP wait policy, read before anything imports vindex3 (whose thread module sets
+# OMP_WAIT_POLICY=PASSIVE when it is unset): the peer's arms run with the caller's environment,
+# not ours (ggml's OpenMP barriers slow down 3-4x at 2 threads when its workers sleep).
+USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -154,6 +159,10 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
                PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
     if path_force:
         env["VINDEX3_INTDOT_PATH"] = path_force
+    if spec["kind"] == "llama":
+        env.pop("OMP_WAIT_POLICY", None)
+        if USER_OMP_WAIT is not None:
+            env["OMP_WAIT_POLICY"] = USER_OMP_WAIT
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800, env=env)
     if p.returncode:
         raise SystemExit(f"arm {spec} t={threads} failed:\n{p.stderr[-3000:]}")
