@@ -34,3 +34,20 @@ def small_bank(directory: Path, bank: list[dict] = BANK) -> Iterator[Path]:
 def hashes(d: Path) -> dict[str, str]:
     """sha256 of every file under ``d``, by relative path."""
     return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def two_edits(directory: Path, container: Path, *, layers: bool = True):
+    """A copy of ``container`` in ``directory`` opened in a session whose patch 'facts' holds two
+    edits: France's capital to ' Rome' (MEMIT) and Italy's capital to 'Paris' (COMPOSE), at
+    layers 1-2 and 3 when ``layers``, else at each mode's default layers."""
+    import shutil
+
+    import lql
+
+    shutil.copytree(container, directory / "tiny.vindex3")
+    s = lql.Session(str(directory / "tiny.vindex3"))
+    memit, compose = ("LAYERS 1-2 ", "AT LAYER 3 ") if layers else ("", "")
+    s.execute("BEGIN PATCH 'facts'; "
+              f"INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') {memit}MODE MEMIT; "
+              f"INSERT INTO EDGES (entity, relation, target) VALUES ('Italy', 'capital', 'Paris') {compose}MODE COMPOSE")
+    return s

@@ -6,14 +6,12 @@ writes a checkpoint transformers loads and that computes the overlay's logits; a
 from __future__ import annotations
 
 import json
-import shutil
 
 import edits_fixtures
 import numpy as np
 import pytest
 from fixtures import hf_logits, hf_logits64, load_reference
 
-import lql
 import vindex3
 from lql.errors import LqlError
 
@@ -34,11 +32,7 @@ def small_bank(tmp_path_factory):
 @pytest.fixture
 def edited(tmp_path, tiny_llama_container, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_llama_container, tmp_path / "tiny.vindex3")
-    s = lql.Session(str(tmp_path / "tiny.vindex3"))
-    s.execute("BEGIN PATCH 'facts'; "
-              "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') MODE MEMIT; "
-              "INSERT INTO EDGES (entity, relation, target) VALUES ('Italy', 'capital', 'Paris') MODE COMPOSE")
+    s = edits_fixtures.two_edits(tmp_path, tiny_llama_container, layers=False)
     return s, tmp_path
 
 

@@ -6,7 +6,6 @@ in more than tensor values."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import edits_fixtures
 import numpy as np
@@ -30,11 +29,7 @@ def small_bank(tmp_path_factory):
 @pytest.fixture
 def edited(tmp_path, tiny_llama_container, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_llama_container, tmp_path / "tiny.vindex3")
-    s = lql.Session(str(tmp_path / "tiny.vindex3"))
-    s.execute("BEGIN PATCH 'facts'; "
-              "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') LAYERS 1-2 MODE MEMIT; "
-              "INSERT INTO EDGES (entity, relation, target) VALUES ('Italy', 'capital', 'Paris') AT LAYER 3 MODE COMPOSE")
+    s = edits_fixtures.two_edits(tmp_path, tiny_llama_container)
     return s, tmp_path
 
 

@@ -6,13 +6,11 @@ the result says so."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import edits_fixtures
 import numpy as np
 import pytest
 
-import lql
 from lql.errors import LqlError
 
 BANK = [{"id": "fact-01", "category": "fact", "text": "The capital of France is"},
@@ -28,11 +26,7 @@ def small_bank(tmp_path_factory):
 @pytest.fixture
 def session(tmp_path, tiny_llama_container, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_llama_container, tmp_path / "tiny.vindex3")
-    s = lql.Session(str(tmp_path / "tiny.vindex3"))
-    s.execute("BEGIN PATCH 'facts'; "
-              "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') LAYERS 1-2 MODE MEMIT; "
-              "INSERT INTO EDGES (entity, relation, target) VALUES ('Italy', 'capital', 'Paris') AT LAYER 3 MODE COMPOSE")
+    s = edits_fixtures.two_edits(tmp_path, tiny_llama_container)
     return s
 
 
