@@ -70,7 +70,8 @@ def test_batched_steps_are_bit_identical_on_low_bit_weights(containers, tmp_path
 
 
 @pytest.mark.numeric
-@pytest.mark.parametrize("encoding", ["f32", "bf16", "f16", "int8", "q4"])
+@pytest.mark.parametrize("encoding", ["f32", "bf16", "f16", "int8", "q4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4",
+                                      "q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("activations", ["exact", "q8"])
 def test_attention_products_give_each_of_up_to_rows_rows_the_bytes_of_that_row_alone(encoding, activations):
     """What batching the attention projections rests on: the fused q/k/v products and the output
@@ -82,10 +83,15 @@ def test_attention_products_give_each_of_up_to_rows_rows_the_bytes_of_that_row_a
     c = codecs.get(encoding)
 
     def weight(rows, cols):
-        w = c.weight(c.encode(rng.standard_normal((rows, cols)).astype(np.float32)), (rows, cols))
+        if encoding in ("q4_k", "q5_k", "q6_k"):  # carried from GGUF files only: random blocks
+            from test_codecs_ggml import random_blocks, readonly
+
+            w = c.weight(readonly(random_blocks(encoding, rows, cols)), (rows, cols))
+        else:
+            w = c.weight(c.encode(rng.standard_normal((rows, cols)).astype(np.float32)), (rows, cols))
         return w.with_activations(activations)
 
-    hidden, q, kv = 256, 128, 64
+    hidden, q, kv = 256, 256, 128  # widths that every block size divides (k-quants: 256)
     qkv = products((weight(q, hidden), weight(kv, hidden), weight(kv, hidden)))
     wo = weight(hidden, q)
     for n in range(2, ROWS + 1):
