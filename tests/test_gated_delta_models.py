@@ -687,3 +687,24 @@ def test_a_missing_expert_is_refused_by_name(models, tmp_path):
     save_file(t, ck / "model.safetensors", metadata={"format": "pt"})
     b = _blocking(vindex3.admit(ck))
     assert "1 missing: model.layers.2.mlp.experts.4.down_proj.weight" in b["model.layers.2.mlp.experts.4.down_proj.weight"]
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("name", ["qwen3_next", "qwen3_5_text"])
+def test_batched_steps_with_gated_attention_equal_lone_steps(models, name):
+    """vindex3.exec.batch runs gated attention's projections (q_proj holding the gate) once over
+    all streams' rows and the recurrence per stream: every row is the bytes of its lone step."""
+    from vindex3.exec.batch import split_ops, step_many
+
+    ex = models(name).executor()
+    assert any(st is not None and ex.plan.layers[i].ops[j].params.output_gate
+               for i, ops in split_ops(ex).items() for j, st in enumerate(ops))
+    prompts = [[5, 9, 23], [7], [40, 41, 42, 43], [11, 12]]
+    lone, together = [ex.start() for _ in prompts], [ex.start() for _ in prompts]
+    toks = [int(np.argmax(s.prefill(p)[-1])) for s, p in zip(lone, prompts)]
+    assert toks == [int(np.argmax(s.prefill(p)[-1])) for s, p in zip(together, prompts)]
+    for _ in range(4):
+        rl = [s.step(t) for s, t in zip(lone, toks)]
+        rb = step_many(together, toks)
+        assert all(np.array_equal(a, b) for a, b in zip(rl, rb))
+        toks = [int(np.argmax(r)) for r in rl]

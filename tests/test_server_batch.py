@@ -44,7 +44,7 @@ def _same_streams(lone, together):
 
 
 @pytest.mark.numeric
-@pytest.mark.parametrize("family", ["llama", "mistral", "granitemoehybrid", "mixtral"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "granitemoehybrid", "mixtral", "qwen2", "qwen3", "olmoe", "gpt_oss"])
 def test_batched_steps_are_bit_identical_to_lone_steps(containers, family):
     ex = vindex3.open(containers(family)).executor()
     prompts = PROMPTS[:5]
@@ -65,6 +65,64 @@ def test_batched_steps_are_bit_identical_on_low_bit_weights(containers, tmp_path
     represent(containers("llama"), out, encoding)
     ex = vindex3.open(out).executor()
     rows_l, rows_b, lone, together = _lone_and_batched(ex, PROMPTS[:4], steps=4)
+    assert all(np.array_equal(a, b) for rl, rb in zip(rows_l, rows_b) for a, b in zip(rl, rb))
+    _same_streams(lone, together)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize("encoding", ["f32", "bf16", "f16", "int8", "q4", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "mxfp4",
+                                      "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("activations", ["exact", "q8"])
+def test_attention_products_give_each_of_up_to_rows_rows_the_bytes_of_that_row_alone(encoding, activations):
+    """What batching the attention projections rests on: the fused q/k/v products and the output
+    projection compute each of up to ROWS activation rows exactly as they compute that row alone."""
+    from vindex3 import codecs
+    from vindex3.codecs.base import products
+
+    rng = np.random.default_rng(31)
+    c = codecs.get(encoding)
+
+    def weight(rows, cols):
+        if encoding in ("q4_k", "q5_k", "q6_k"):  # carried from GGUF files only: random blocks
+            from test_codecs_ggml import random_blocks, readonly
+
+            w = c.weight(readonly(random_blocks(encoding, rows, cols)), (rows, cols))
+        else:
+            w = c.weight(c.encode(rng.standard_normal((rows, cols)).astype(np.float32)), (rows, cols))
+        return w.with_activations(activations)
+
+    hidden, q, kv = 256, 256, 128  # widths that every block size divides (k-quants: 256)
+    qkv = products((weight(q, hidden), weight(kv, hidden), weight(kv, hidden)))
+    wo = weight(hidden, q)
+    for n in range(2, ROWS + 1):
+        x = rng.standard_normal((n, hidden)).astype(np.float32)
+        heads = rng.standard_normal((n, q)).astype(np.float32)
+        together, out = qkv(x), wo.mm(heads)
+        for r in range(n):
+            alone = qkv(x[r:r + 1])
+            assert all(np.array_equal(a[0], b[r]) for a, b in zip(alone, together))
+            assert np.array_equal(wo.mm(heads[r:r + 1])[0], out[r])
+
+
+def test_softmax_attention_runs_its_projections_over_all_streams_rows(containers):
+    from vindex3.exec.batch import split_ops
+
+    ex = vindex3.open(containers("llama")).executor()
+    staged = {i: [(st[0], op.kind) for st, op in zip(ops, ex.plan.layers[i].ops) if st is not None]
+              for i, ops in split_ops(ex).items()}
+    assert staged == {i: [("mixer", "softmax")] for i in ex.layers}
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize(("encoding", "activations"), [("bf16", "exact"), ("int8", "q8"), ("q4", "q8")])
+def test_batched_steps_are_bit_identical_under_bf16_and_quantized_activations(containers, tmp_path, encoding,
+                                                                               activations):
+    from vindex3.represent import represent
+
+    out = tmp_path / f"llama-{encoding}.vindex3"
+    represent(containers("llama"), out, encoding)
+    ex = vindex3.open(out).executor(activations=activations)
+    rows_l, rows_b, lone, together = _lone_and_batched(ex, PROMPTS[:ROWS], steps=4)
     assert all(np.array_equal(a, b) for rl, rb in zip(rows_l, rows_b) for a, b in zip(rl, rb))
     _same_streams(lone, together)
 

@@ -3,10 +3,13 @@
 ``step_many(streams, tokens)`` is ``[s.step(t) for s, t in zip(streams, tokens)]`` computed
 together: the rows of the streams are stacked, and every op that treats rows independently and
 keeps no state (norms, residual adds, a stateless FFN that does not report per call) runs once
-over all of them, as does the readout (final norm and head); ops that keep state (attention's
-KV rows, a recurrence) or report what each call read run once per stream on that stream's row,
-with its state and position. The weights of the shared ops are streamed from memory once per
-pass instead of once per stream, which is where a decode step's time goes.
+over all of them, as does the readout (final norm and head); ops that keep state (a
+recurrence) or report what each call read run once per stream on that stream's row, with its
+state and position. Softmax attention runs in its stages (`split_ops`): the q/k/v projections
+and the output projection once over all rows, and only the attention proper (rotary at the
+stream's own position, over its own KV rows) per stream. The weights of the shared ops are
+streamed from memory once per pass instead of once per stream, which is where a decode step's
+time goes.
 
 Bit-identical by construction, not by tolerance: at most `ROWS` rows go through one product,
 the activation-row count up to which the codecs' rows kernels compute every row exactly as
@@ -29,9 +32,10 @@ import numpy as np
 
 from ..errors import NonFiniteActivation, VindexError
 from ..operators import FFN
+from ..operators.base import distinct_bytes
 from .engine import Executor, Stream, _small_pass_limit, _token_ids
 
-__all__ = ["ROWS", "Prefetched", "prefetch", "row_wise_ops", "step_many"]
+__all__ = ["ROWS", "Prefetched", "prefetch", "row_wise_ops", "split_ops", "step_many"]
 
 #: Rows per pass: the activation rows the codecs' rows kernels take while computing each row as
 #: they would alone (larger products go to BLAS, whose sums depend on the row count).
@@ -56,6 +60,67 @@ def row_wise_ops(ex: Executor) -> dict[int, list[bool]]:
         out[i] = flags
     ex._row_wise = out
     return out
+
+
+def split_ops(ex: Executor) -> dict[int, list[tuple | None]]:
+    """Per executed layer, per op: for an op that keeps state per stream but whose kernel comes
+    in stages (softmax attention: `vindex3.exec.ops.softmax`), ``(slot, bytes, (project, attend,
+    output))``, the stages whose first and last treat rows independently; None otherwise."""
+    cached = getattr(ex, "_split_ops", None)
+    if cached is not None:
+        return cached
+    flags = row_wise_ops(ex)
+    out: dict[int, list[tuple | None]] = {}
+    for i, fns in ex._kernels:
+        out[i] = [(op.role, distinct_bytes(op.operands), fn.stages)
+                  if not together and getattr(fn, "stages", None) is not None else None
+                  for fn, op, together in zip(fns, ex.plan.layers[i].ops, flags[i])]
+    ex._split_ops = out
+    return out
+
+
+def _staged(staged, i: int, h: np.ndarray, x: np.ndarray, streams: list[Stream], live: list[int],
+            touched: list[int], result: list) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
+    """A staged op over the live rows: its projections once over all of them, its attention per
+    stream (that stream's KV rows, at its own position), its output projection once over the
+    rows that got through. Returns (h, x, live) for the rows that go on, None when none does."""
+    slot, nb, (project, attend, output) = staged
+
+    def shared_failure(e: Exception, rows: list[int]) -> None:
+        err = e.at(i) if isinstance(e, NonFiniteActivation) else e
+        for b in rows:
+            result[b] = err
+
+    try:
+        q, k, v, gate = project(x)
+    except Exception as e:  # noqa: BLE001 - a shared stage failed: every stream it served did
+        shared_failure(e, live)
+        return None
+    heads, keep, kept = [], [], []
+    for r, b in enumerate(live):
+        s = streams[b]
+        try:
+            heads.append(attend(q[r:r + 1], k[r:r + 1], v[r:r + 1], None if gate is None else gate[r:r + 1],
+                                s.state.layers[i].ops.get(slot), s.state.position))
+        except NonFiniteActivation as e:
+            result[b] = e.at(i)
+            continue
+        except Exception as e:  # noqa: BLE001 - this stream's failure; the others go on
+            result[b] = e
+            continue
+        touched[b] += nb
+        keep.append(b)
+        kept.append(r)
+    if not keep:
+        return None
+    if len(kept) < len(live):
+        h = h[kept]
+    try:
+        y = output(np.concatenate(heads, axis=0))
+    except Exception as e:  # noqa: BLE001 - a shared stage failed: every stream it served did
+        shared_failure(e, keep)
+        return None
+    return h, y, keep
 
 
 def _check(streams: Sequence[Stream], tokens: Sequence[int]) -> Executor:
@@ -105,13 +170,14 @@ def _pass(ex: Executor, streams: list[Stream], tokens: list[int]) -> list[np.nda
     if not live:
         return result  # type: ignore[return-value]
     flags = row_wise_ops(ex)
+    split = split_ops(ex)
     h = np.concatenate(rows, axis=0)  # [live, hidden]
     touched = [0] * n
     ran: list[int] = []
     with _small_pass_limit():
         x = h
         for i, fns in ex._kernels:
-            for fn, together in zip(fns, flags[i]):
+            for fn, together, staged in zip(fns, flags[i], split[i]):
                 if together:
                     s0 = streams[live[0]]
                     try:
@@ -123,6 +189,12 @@ def _pass(ex: Executor, streams: list[Stream], tokens: list[int]) -> list[np.nda
                         return result  # type: ignore[return-value]
                     for b in live:
                         touched[b] += nb
+                    continue
+                if staged is not None:
+                    out = _staged(staged, i, h, x, streams, live, touched, result)
+                    if out is None:
+                        return result  # type: ignore[return-value]
+                    h, x, live = out
                     continue
                 hs, xs, keep = [], [], []
                 for r, b in enumerate(live):

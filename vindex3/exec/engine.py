@@ -254,6 +254,7 @@ def _bind_slot(op: Op, W: PreparedOperands, layer: int, ablate: np.ndarray | Non
             return h, (step if one else prefill)(x, ls.ops.get(slot), p0), nbytes
 
         run.reports = False  # vindex3.exec.batch may run it once over several streams' rows
+        run.stages = getattr(kernel, "stages", None)  # ... or its row-wise stages (softmax attention)
         return run
     name = op.kind
 

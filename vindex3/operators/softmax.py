@@ -187,6 +187,7 @@ class KvRows(OpState):
 class _Bound(Kernel):
     def __init__(self, run):
         self.run = run
+        self.stages = run.stages  # (project, attend, output): see vindex3.exec.ops.softmax
 
     def prefill(self, x: np.ndarray, state: KvRows, p0: int) -> np.ndarray:
         return self.run(x, state, p0)

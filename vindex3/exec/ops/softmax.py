@@ -57,7 +57,7 @@ def make_attention(p, w: dict, tap=None):
 
     def attend_small(dk, q, k, v, kv, p0: int, T: int, gate) -> np.ndarray:
         # a decode-sized pass: rope, the K/V write, scores, softmax and the weighted sum of V
-        # in one compiled call (vindex3.exec.ops.decode), the rest as below
+        # in one compiled call (vindex3.exec.ops.decode); returns the heads' output as attend does
         first = 0 if window is None else max(0, p0 - window + 1)
         cos = sin = None
         if table is not None:
@@ -72,17 +72,17 @@ def make_attention(p, w: dict, tap=None):
             out = gate_output(out, gate)
         if tap is not None:
             tap("heads", p0, out)
-        y = Wo.mm(out)
-        if ob is not None:
-            y = y + ob
-        return y
+        return out
 
-    def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
-        T = x.shape[0]
+    def project(x: np.ndarray):
+        """x [T, hidden] -> (q, k, v, gate): the projections with their biases, the gate split
+        off, a whole-projection QK-norm and the clamp; each row from its own row of x alone."""
         q, k, v = qkv(x)
+        gate = None
         if qb is not None:
             q = q + qb
         if gated:  # per head [query | gate]: the query half goes on, the gate waits for the output
+            T = x.shape[0]
             qg = q.reshape(T, nh, 2 * hd)
             q, gate = qg[:, :, :hd].reshape(T, nh * hd), qg[:, :, hd:].reshape(T, nh * hd)
         if kb is not None:
@@ -94,6 +94,13 @@ def make_attention(p, w: dict, tap=None):
             k = rms_norm(k, kn, qk_eps)
         if clip is not None:
             q, k, v = np.clip(q, -clip, clip), np.clip(k, -clip, clip), np.clip(v, -clip, clip)
+        return q, k, v, gate
+
+    def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, gate, kv, p0: int) -> np.ndarray:
+        """The projected rows of positions p0.. of one stream -> the heads' output [T, heads *
+        head_dim] (gated, before the output projection): per-head QK-norm, rotary at the
+        stream's own positions, the rows appended to its KV rows ``kv`` and attended over them."""
+        T = q.shape[0]
         q = q.reshape(T, nh, hd)
         k = k.reshape(T, nkv, hd)
         v = v.reshape(T, nkv, hd)
@@ -154,9 +161,20 @@ def make_attention(p, w: dict, tap=None):
             out = gate_output(out, gate)
         if tap is not None:
             tap("heads", p0, out)
+        return out
+
+    def output(out: np.ndarray) -> np.ndarray:
+        """The heads' output [T, heads * head_dim] -> the op's write [T, hidden], row by row."""
         y = Wo.mm(out)
         if ob is not None:
             y = y + ob
         return y
+
+    def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
+        return output(attend(*project(x), kv, p0))
+
+    # The three stages, for a caller that runs the row-wise ones (projections, output projection)
+    # once over rows of several streams and only ``attend`` per stream (vindex3.exec.batch).
+    run.stages = (project, attend, output)
 
     return run
