@@ -7,7 +7,9 @@ over all of them, as does the readout (final norm and head); ops that keep state
 recurrence) or report what each call read run once per stream on that stream's row, with its
 state and position. Softmax attention runs in its stages (`split_ops`): the q/k/v projections
 and the output projection once over all rows, and only the attention proper (rotary at the
-stream's own position, over its own KV rows) per stream. The weights of the shared ops are
+stream's own position, over its own KV rows) per stream -- for all streams in one compiled call
+when the decode kernels are on (``attend.rows``: vindex3.exec.ops.decode_many), one call per
+stream otherwise or when a stream's attention refuses. The weights of the shared ops are
 streamed from memory once per pass instead of once per stream, which is where a decode step's
 time goes.
 
@@ -82,8 +84,9 @@ def split_ops(ex: Executor) -> dict[int, list[tuple | None]]:
 def _staged(staged, i: int, h: np.ndarray, x: np.ndarray, streams: list[Stream], live: list[int],
             touched: list[int], result: list) -> tuple[np.ndarray, np.ndarray, list[int]] | None:
     """A staged op over the live rows: its projections once over all of them, its attention per
-    stream (that stream's KV rows, at its own position), its output projection once over the
-    rows that got through. Returns (h, x, live) for the rows that go on, None when none does."""
+    stream (that stream's KV rows, at its own position; all streams in one call through
+    ``attend.rows`` when it can), its output projection once over the rows that got through.
+    Returns (h, x, live) for the rows that go on, None when none does."""
     slot, nb, (project, attend, output) = staged
 
     def shared_failure(e: Exception, rows: list[int]) -> None:
@@ -96,6 +99,24 @@ def _staged(staged, i: int, h: np.ndarray, x: np.ndarray, streams: list[Stream],
     except Exception as e:  # noqa: BLE001 - a shared stage failed: every stream it served did
         shared_failure(e, live)
         return None
+    rows = getattr(attend, "rows", None)
+    if rows is not None:
+        # every stream's attention in one call; any refusal (a stream's released KV rows, a
+        # non-finite norm) leaves the states as they were and the streams attend one by one
+        kvs = [streams[b].state.layers[i].ops.get(slot) for b in live]
+        try:
+            out = rows(q, k, v, gate, kvs, [streams[b].state.position for b in live])
+        except Exception:  # noqa: BLE001 - sorted out stream by stream below
+            out = None
+        if out is not None:
+            for b in live:
+                touched[b] += nb
+            try:
+                y = output(out)
+            except Exception as e:  # noqa: BLE001 - a shared stage failed: every stream it served did
+                shared_failure(e, live)
+                return None
+            return h, y, live
     heads, keep, kept = [], [], []
     for r, b in enumerate(live):
         s = streams[b]

@@ -173,8 +173,37 @@ def make_attention(p, w: dict, tap=None):
     def run(x: np.ndarray, kv, p0: int) -> np.ndarray:
         return output(attend(*project(x), kv, p0))
 
-    # The three stages, for a caller that runs the row-wise ones (projections, output projection)
-    # once over rows of several streams and only ``attend`` per stream (vindex3.exec.batch).
+    def attend_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, gate, kvs, p0s) -> np.ndarray | None:
+        """``attend`` for N streams at one position each (row n of q, k, v and gate is stream
+        n's, ``kvs[n]`` its KV rows, ``p0s[n]`` its position) in one compiled call
+        (vindex3.exec.ops.decode_many); row n of the result is the bytes ``attend`` gives
+        stream n alone. None when the decode kernels are off (the caller attends per stream)."""
+        N = q.shape[0]
+        if not (DECODE.on and N <= SMALL_ROWS and decode_kernels() is not None):
+            return None
+        from .decode_many import attend_many
+
+        q = q.reshape(N, nh, hd)
+        k = k.reshape(N, nkv, hd)
+        v = v.reshape(N, nkv, hd)
+        if qn is not None and not whole:  # per row and head, as each stream's own pass does it
+            q = rms_norm(q, qn, qk_eps)
+            k = rms_norm(k, kn, qk_eps)
+        cos = sin = None
+        if table is not None:
+            table.rows(max(p0s), 1)  # the table reaches every stream's position
+            at = np.asarray(p0s, np.intp)
+            cos, sin = table.cos[at], table.sin[at]
+        out = attend_many(np.ascontiguousarray(q), np.ascontiguousarray(k), np.ascontiguousarray(v), cos, sin,
+                          qscale, kvs, p0s, window, sscale, no_cap if cap is None else cap, flat_sinks)
+        if gated:  # each stream's row gated on its own, as its own pass gates it
+            out = np.concatenate([gate_output(out[n:n + 1], gate[n:n + 1]) for n in range(N)], axis=0)
+        return out
+
+    # The stages, for a caller that runs the row-wise ones (projections, output projection) once
+    # over rows of several streams and only ``attend`` per stream (vindex3.exec.batch), or
+    # ``attend.rows`` once for all of them when it can.
+    attend.rows = attend_rows if tap is None else None
     run.stages = (project, attend, output)
 
     return run
