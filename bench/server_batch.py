@@ -3,9 +3,9 @@ concurrent streaming completion clients, on a server that batches concurrent dec
 (vindex3.exec.batch) beside the same server with batching switched off (each generation steps
 alone, interleaved token by token: what the server did before). Loopback only, bounded.
 
-Both servers are `lql serve` child processes on free 127.0.0.1 ports, started once and kept for
-the run; the peer's worker has its batched prefetch replaced by a no-op at start-up (nothing
-else differs). Arms are interleaved: for each repeat, for each server, for each client count.
+Both servers are `lql serve` child processes on free 127.0.0.1 ports, started once, warmed up
+by two uncounted concurrent requests and kept for the run; the peer's worker has its batched
+prefetch replaced by a no-op at start-up (nothing else differs). Arms are interleaved: for each repeat, for each server, for each client count.
 Each client sends ``--requests`` greedy requests one after another (``max_tokens`` fixed, no
 stop strings); every text is checked against the lone greedy answer computed through LQL in
 this process before the load (a mismatch fails the bench). Writes
@@ -59,6 +59,21 @@ async def one_client(k: int, url: str, model: str, requests: int, max_tokens: in
             got = await stream_completion(c, url, body)
             records.append({"client": k, "prompt": prompt, "status": got["status"], "matches": got["text"] == answers[prompt],
                             "tokens": (got["usage"] or {}).get("completion_tokens", 0)})
+
+
+def warm_up(url: str, model: str) -> None:
+    """Two concurrent short requests, not counted: the first arm must not pay for loading the
+    numba kernels (a single step's and a batched pass's) into the fresh server process."""
+    import httpx
+
+    async def two() -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as c:
+            body = {"model": model, "max_tokens": 4, "temperature": 0, "stream": True}
+            got = await asyncio.gather(*(stream_completion(c, url, {**body, "prompt": p}) for p in PROMPTS[:2]))
+            if any(g["status"] != 200 for g in got):
+                raise SystemExit(f"the warm-up requests failed: {[g.get('error') for g in got]}")
+
+    asyncio.run(two())
 
 
 def run_arm(url: str, model: str, clients: int, requests: int, max_tokens: int, answers: dict[str, str]) -> dict:
@@ -126,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, code in (("batched", BATCHED), ("unbatched", UNBATCHED)):
             servers[name] = start_server(code, container, max(counts))
+            warm_up(servers[name][1], model)
         for rep in range(args.repeats):
             for name, (_proc, url) in servers.items():
                 for c in counts:
