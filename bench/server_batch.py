@@ -95,7 +95,7 @@ def run_arm(url: str, model: str, clients: int, requests: int, max_tokens: int, 
     return {"clients": clients, "requests": len(records), "failed": sum(r["status"] != 200 for r in records),
             "mismatched": sum(not r["matches"] for r in records), "tokens": tokens, "wall_seconds": wall,
             "tokens_per_second": tokens / wall, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
-            "batched_passes": _batches(after, before)}
+            "batched_passes": _batches(after, before), "worker_seconds": _busy(after, before)}
 
 
 def _batches(after: str, before: str) -> dict[str, int]:
@@ -111,6 +111,22 @@ def _batches(after: str, before: str) -> dict[str, int]:
 
     a, b = table(after), table(before)
     return {k: a[k] - b.get(k, 0) for k in sorted(a, key=int) if a[k] - b.get(k, 0)}
+
+
+def _busy(after: str, before: str) -> dict[str, float]:
+    """Seconds the worker spent during an arm by work (batched passes; generation steps run
+    alone, prefills included; calls), from two /metrics texts."""
+
+    def table(text: str) -> dict[str, float]:
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("lql_worker_seconds_total{"):
+                work = line.split('work="', 1)[1].split('"', 1)[0]
+                out[work] = float(line.rsplit(" ", 1)[1])
+        return out
+
+    a, b = table(after), table(before)
+    return {k: round(a[k] - b.get(k, 0.0), 3) for k in sorted(a)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
                     arm.update(server=name, repeat=rep)
                     arms.append(arm)
                     print(f"  {arm['tokens']} tokens in {arm['wall_seconds']:.1f} s: {arm['tokens_per_second']:.1f} tok/s "
-                          f"(load {arm['loadavg_before']:.1f} -> {arm['loadavg_after']:.1f}), passes {arm['batched_passes']}",
+                          f"(load {arm['loadavg_before']:.1f} -> {arm['loadavg_after']:.1f}), passes {arm['batched_passes']}, "
+                          f"worker seconds {arm['worker_seconds']}",
                           file=sys.stderr)
     finally:
         for proc, _url in servers.values():

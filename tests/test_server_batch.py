@@ -237,6 +237,9 @@ def test_eight_concurrent_streams_share_batched_passes_and_each_equals_greedy(ti
         assert max(worker.batches) > 1  # passes computed several streams' steps at once
         metrics = httpx.get(url + "/metrics", timeout=10).text
         assert 'lql_batched_steps_total{model="tiny",rows="' in metrics
+        busy = {line.split('work="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines() if line.startswith('lql_worker_seconds_total{model="tiny"')}
+        assert set(busy) == {"batched", "steps", "calls"} and busy["batched"] > 0 and busy["steps"] > 0
 
 
 def test_n_choices(tiny_llama_container):

@@ -794,7 +794,8 @@ async def metrics(request: Request) -> Response:
         "lql_generations_active": [({"model": h.id}, h.worker.active_generations) for h in srv.hosts.values()],
     }
     batches = {h.id: dict(h.worker.batches) for h in srv.hosts.values()}
-    return Response(srv.metrics.text(gauges, batches), media_type="text/plain; version=0.0.4; charset=utf-8")
+    busy = {h.id: dict(h.worker.seconds) for h in srv.hosts.values()}
+    return Response(srv.metrics.text(gauges, batches, busy), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
 # ---- the application ------------------------------------------------------------------------

@@ -54,9 +54,10 @@ class Metrics:
             self.completion_tokens[model] += int(usage.get("completion_tokens", 0))
 
     def text(self, gauges: dict[str, list[tuple[dict[str, str], float]]],
-             batches: dict[str, dict[int, int]] | None = None) -> str:
+             batches: dict[str, dict[int, int]] | None = None, busy: dict[str, dict[str, float]] | None = None) -> str:
         """The exposition: every counter, the histogram, then ``gauges`` (name -> [(labels, value)]);
-        ``batches``: per model, the batched decode passes by rows computed (the workers count them)."""
+        ``batches``: per model, the batched decode passes by rows computed (the workers count them);
+        ``busy``: per model, the seconds its worker spent by kind of work."""
         out: list[str] = []
 
         def head(name: str, kind: str, what: str) -> None:
@@ -90,6 +91,13 @@ class Metrics:
             for model, table in sorted(batches.items()):
                 for rows, n in sorted(table.items()):
                     out.append(f'lql_batched_steps_total{{model="{model}",rows="{rows}"}} {n}')
+        if busy is not None:
+            head("lql_worker_seconds_total", "counter",
+                 "Seconds a model's worker spent, by work: batched decode passes, generation steps run "
+                 "alone (prefills included), one-shot calls.")
+            for model, table in sorted(busy.items()):
+                for work, sec in sorted(table.items()):
+                    out.append(f'lql_worker_seconds_total{{model="{model}",work="{work}"}} {sec:.6f}')
         for name, rows in gauges.items():
             head(name, "gauge", GAUGES[name])
             for labels, v in rows:

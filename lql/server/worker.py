@@ -87,6 +87,9 @@ class ModelWorker:
         self._generations = 0  # admitted and not finished (a job being stepped is out of _active)
         # batched passes by the number of rows they computed (what /metrics shows as batch sizes)
         self.batches: dict[int, int] = {}
+        # seconds the thread spent on each kind of work (/metrics): batched passes, generation
+        # steps (prefills, lone steps and picking up a batched row) and one-shot calls
+        self.seconds: dict[str, float] = {"batched": 0.0, "steps": 0.0, "calls": 0.0}
 
     def start(self) -> None:
         """Start the thread (idempotent; called by the server's lifespan, or on first use)."""
@@ -137,7 +140,9 @@ class ModelWorker:
                     self._active.clear()
                     return
                 if isinstance(item, _Call):
+                    t0 = time.perf_counter()
                     self._run_call(item)
+                    self.seconds["calls"] += time.perf_counter() - t0
                 else:
                     self._generations += 1
                     self._active.append(item)
@@ -145,11 +150,15 @@ class ModelWorker:
                     item = self._q.get_nowait()
                 except queue.Empty:
                     item = None
+            t0 = time.perf_counter()
             self._prefetch()
+            t1 = time.perf_counter()
             for _ in range(len(self._active)):
                 job = self._active.popleft()
                 if self._step(job):
                     self._active.append(job)
+            self.seconds["batched"] += t1 - t0
+            self.seconds["steps"] += time.perf_counter() - t1
 
     def _prefetch(self) -> None:
         """The wanted next steps of the active generations, batched (nothing for fewer than two:
