@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import NonFiniteActivation, VindexError
+from ..errors import NonFiniteActivation, StateError, VindexError
 from ..operators import FFN
 from ..operators.base import distinct_bytes
 from .engine import Executor, Stream, _small_pass_limit, _token_ids
@@ -101,13 +101,17 @@ def _staged(staged, i: int, h: np.ndarray, x: np.ndarray, streams: list[Stream],
         return None
     rows = getattr(attend, "rows", None)
     if rows is not None:
-        # every stream's attention in one call; any refusal (a stream's released KV rows, a
-        # non-finite norm) leaves the states as they were and the streams attend one by one
+        # every stream's attention in one call; its refusals (a stream's released KV rows, a
+        # non-finite norm) come before any state changes, and the streams then attend one by
+        # one, so that the refusal is the refusing stream's alone
         kvs = [streams[b].state.layers[i].ops.get(slot) for b in live]
         try:
             out = rows(q, k, v, gate, kvs, [streams[b].state.position for b in live])
-        except Exception:  # noqa: BLE001 - sorted out stream by stream below
+        except (StateError, NonFiniteActivation):
             out = None
+        except Exception as e:  # noqa: BLE001 - anything else failed the call every stream shared
+            shared_failure(e, live)
+            return None
         if out is not None:
             for b in live:
                 touched[b] += nb
