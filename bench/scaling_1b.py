@@ -65,17 +65,21 @@ def _timed_decode(prefill, step, ids: list[int], steps: int, repeats: int) -> di
     import numpy as np
 
     best = best_cpu = 1e9
+    greedy: list[int] = []
     for r in range(repeats + 1):  # the first is a warm-up (compiles, faults the pages in)
         logits = prefill(ids[:16])
         n = 2 if r == 0 else steps
+        greedy = []
         c0, t0 = time.process_time(), time.perf_counter()
         for _ in range(n):
-            logits = step(int(np.argmax(logits)))
+            greedy.append(int(np.argmax(logits)))
+            logits = step(greedy[-1])
         if r:
             best = min(best, time.perf_counter() - t0)
             best_cpu = min(best_cpu, time.process_time() - c0)
+    # the greedy ids show both engines run the same model (equal at equal bits, up to rounding)
     return {"decode_ms_per_token": 1e3 * best / steps, "decode_tok_s": steps / best,
-            "decode_tok_per_cpu_s": steps / best_cpu}
+            "decode_tok_per_cpu_s": steps / best_cpu, "greedy": greedy}
 
 
 def _timed_prefill(prefill, ids: list[int], repeats: int) -> dict:
@@ -157,9 +161,11 @@ def run_arm(spec: dict, threads: int, ids: list[int], steps: int, repeats: int, 
             env["OMP_WAIT_POLICY"] = USER_OMP_WAIT
     load0 = os.getloadavg()[0]
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600, env=env)
-    if p.returncode:
-        raise SystemExit(f"arm {spec} t={threads} failed:\n{p.stderr[-3000:]}")
-    r = json.loads(p.stdout.strip().splitlines()[-1])
+    if p.returncode:  # recorded and reported; the other arms still run
+        print(f"arm {spec} t={threads} failed:\n{p.stderr[-3000:]}", file=sys.stderr, flush=True)
+        r = {"error": (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]}
+    else:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
     r["loadavg_before"], r["loadavg_after"] = load0, os.getloadavg()[0]
     return r
 
@@ -227,7 +233,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["135m", "1.1b"], choices=["135m", "1.1b"])
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="timed repeats inside a 135m arm (best kept)")
+    ap.add_argument("--repeats-1b", type=int, default=1, help="timed repeats inside a 1.1b arm")
     ap.add_argument("--threads", type=int, nargs="+", default=[1])
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--prefill-shapes", nargs="+", default=["135m", "1.1b"], help="shapes whose arms also time prefill-512")
@@ -278,8 +285,11 @@ def main() -> int:
             pre = shape in a.prefill_shapes and not a.no_prefill
             for th in a.threads:
                 for name, spec in p["arms"]:
-                    res = run_arm(spec, th, p["ids"], STEPS[shape], a.repeats, pre)
+                    reps = a.repeats if shape == "135m" else a.repeats_1b
+                    res = run_arm(spec, th, p["ids"], STEPS[shape], reps, pre)
                     runs.setdefault(shape, {}).setdefault(name, {}).setdefault(f"threads_{th}", []).append(res)
+                    if "error" in res:
+                        continue
                     dec = f"decode {res['decode_ms_per_token']:.1f} ms/tok" if "decode_ms_per_token" in res else ""
                     pf = f" prefill-512 {res['prefill_512_tok_s']:.0f} tok/s" if "prefill_512_tok_s" in res else ""
                     print(f"round {r} {shape} t={th} {name}: {dec}{pf} (load {res['loadavg_before']:.1f}"
@@ -288,7 +298,14 @@ def main() -> int:
     for shape, by_arm in runs.items():
         for name, by_t in by_arm.items():
             for tk, lst in by_t.items():
-                s: dict = {"loadavg": [x["loadavg_before"] for x in lst] + [lst[-1]["loadavg_after"]]}
+                errors = [x["error"] for x in lst if "error" in x]
+                lst = [x for x in lst if "error" not in x]
+                if errors:
+                    summary.setdefault(shape, {}).setdefault(name, {})[tk] = {"errors": errors}
+                if not lst:
+                    continue
+                s: dict = {"errors": errors} if errors else {}
+                s["loadavg"] = [x["loadavg_before"] for x in lst] + [lst[-1]["loadavg_after"]]
                 for k in ("decode_ms_per_token", "decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s"):
                     vals = [x[k] for x in lst if k in x]
                     if vals:
@@ -300,6 +317,8 @@ def main() -> int:
                     s["bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / bw
                     s["bandwidth_fraction_per_cpu_s"] = bpt * s["decode_tok_per_cpu_s_median"] / bw
                 s["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in lst)
+                if "greedy" in lst[0]:
+                    s["greedy"] = lst[0]["greedy"]
                 summary.setdefault(shape, {}).setdefault(name, {})[tk] = s
     ratios: dict = {}
     for shape, by_arm in summary.items():
@@ -310,6 +329,9 @@ def main() -> int:
                         r = {k: by_arm[mine][tk][k + "_median"] / by_arm[other][tk][k + "_median"]
                              for k in ("decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s")
                              if k + "_median" in by_arm[mine][tk] and k + "_median" in by_arm[other][tk]}
+                        ga, gb = by_arm[mine][tk].get("greedy"), by_arm[other][tk].get("greedy")
+                        if ga and gb:  # greedy ids the two arms agree on before the first difference
+                            r["greedy_equal_prefix"] = next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), len(ga))
                         ratios.setdefault(shape, {}).setdefault(f"{mine} / {other}", {})[tk] = r
     growth: dict = {}  # ms/token at 1.1b over ms/token at 135m, beside the bytes ratio
     if "135m" in summary and "1.1b" in summary:
@@ -330,7 +352,7 @@ def main() -> int:
                            "(bench/scale_shape.py, seed 26)"},
         "llama_cpp_python": _llama_version(),
         "decode_steps": {s: STEPS[s] for s in plan}, "prefill_positions": PREFILL, "rounds": a.rounds,
-        "repeats": a.repeats, "threads": a.threads,
+        "repeats": {"135m": a.repeats, "1.1b": a.repeats_1b}, "threads": a.threads,
         "stream_bandwidth_bytes_per_s": bw,
         "machine": facts(None) | {"loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "growth": growth, "runs": runs,
@@ -341,6 +363,9 @@ def main() -> int:
     for shape, by_arm in summary.items():
         for name, by_t in by_arm.items():
             for tk, s in by_t.items():
+                if "loadavg" not in s:
+                    print(f"{shape:<6}{name:<28}{tk[-1]:>4}  failed: {s['errors'][-1]}")
+                    continue
                 ms = f"{s['decode_ms_per_token_median']:.1f}" if "decode_ms_per_token_median" in s else "-"
                 mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else "-"
                 fr = f"{s['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in s else "-"
