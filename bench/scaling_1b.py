@@ -149,6 +149,22 @@ def arm_transformers(spec: dict, threads: int, ids: list[int], repeats: int) -> 
 
 # ------------------------------------------------------------------------------- driver
 
+def read_bandwidth() -> float:
+    """Bytes/s one thread reads streaming two 256 MiB float32 arrays through a BLAS dot product
+    (best of 3): the ceiling of a step that only reads its weights. The copy rate of
+    `stream_bandwidth` counts a write per read and sits below it."""
+    import numpy as np
+
+    a = np.ones(1 << 26, np.float32)
+    b = np.ones(1 << 26, np.float32)
+    best = 1e9
+    for _ in range(3):
+        t = time.perf_counter()
+        np.dot(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * a.nbytes / best
+
+
 def run_arm(spec: dict, threads: int, ids: list[int], steps: int, repeats: int, do_prefill: bool) -> dict:
     cmd = [sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(threads), "--ids", json.dumps(ids),
            "--steps", str(steps), "--repeats", str(repeats)] + ([] if do_prefill else ["--no-prefill"])
@@ -239,6 +255,7 @@ def main() -> int:
     ap.add_argument("--no-prefill", action="store_true")
     ap.add_argument("--prefill-shapes", nargs="+", default=["135m", "1.1b"], help="shapes whose arms also time prefill-512")
     ap.add_argument("--skip-exact", action="store_true", help="leave out the int8/q4 arms under activations = 'exact'")
+    ap.add_argument("--skip-native", action="store_true", help="leave out our native imports of the Q8_0/Q4_1 files")
     ap.add_argument("--transformers-1b", action="store_true", help="also time transformers' prefill of the 1.1b F32 GGUF")
     ap.add_argument("--out", default=str(HERE / "results" / "scaling_1b.json"))
     ap.add_argument("--arm", help=argparse.SUPPRESS)
@@ -261,6 +278,7 @@ def main() -> int:
         print(json.dumps(r))
         return 0
 
+    pin_threads(1)  # the driver's bandwidths are one thread's (set before it imports numpy; each arm sets its own)
     from llamacpp_peer import _llama_version
 
     if _llama_version() == "not installed":
@@ -273,12 +291,15 @@ def main() -> int:
         arms, peers = arms_of(shape, a.transformers_1b)
         if a.skip_exact:
             arms = [(n, s) for n, s in arms if not n.endswith(("int8 exact", "q4 exact"))]
+        if a.skip_native:
+            arms = [(n, s) for n, s in arms if "(native)" not in n]
         if shape not in a.prefill_shapes or a.no_prefill:
             arms = [(n, s) for n, s in arms if s["kind"] != "transformers"]
         plan[shape] = {"arms": arms, "ids": shape_ids(arms),
                        "peer_step_bytes": {f"llama.cpp {t}": gguf_step_bytes(p) for t, p in peers.items()}}
-    bw = stream_bandwidth()
-    print(f"stream bandwidth {bw / 1e9:.1f} GB/s (load {os.getloadavg()[0]:.1f})", flush=True)
+    bw, rbw = stream_bandwidth(), read_bandwidth()
+    print(f"stream bandwidth {bw / 1e9:.1f} GB/s copy, {rbw / 1e9:.1f} GB/s read (load {os.getloadavg()[0]:.1f})",
+          flush=True)
     runs: dict = {}
     for r in range(a.rounds):
         for shape, p in plan.items():
@@ -316,6 +337,7 @@ def main() -> int:
                     s["bytes_per_token"] = bpt
                     s["bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / bw
                     s["bandwidth_fraction_per_cpu_s"] = bpt * s["decode_tok_per_cpu_s_median"] / bw
+                    s["read_bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / rbw
                 s["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in lst)
                 if "greedy" in lst[0]:
                     s["greedy"] = lst[0]["greedy"]
@@ -353,13 +375,13 @@ def main() -> int:
         "llama_cpp_python": _llama_version(),
         "decode_steps": {s: STEPS[s] for s in plan}, "prefill_positions": PREFILL, "rounds": a.rounds,
         "repeats": {"135m": a.repeats, "1.1b": a.repeats_1b}, "threads": a.threads,
-        "stream_bandwidth_bytes_per_s": bw,
+        "stream_bandwidth_bytes_per_s": bw, "read_bandwidth_bytes_per_s": rbw,
         "machine": facts(None) | {"loadavg_start": load_start, "loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "growth": growth, "runs": runs,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"{'shape':<6}{'arm':<28}{'thr':>4}{'ms/tok':>9}{'MB/tok':>9}{'bw frac':>8}{'pf512 tok/s':>12}  load")
+    print(f"{'shape':<6}{'arm':<28}{'thr':>4}{'ms/tok':>9}{'MB/tok':>9}{'bw frac':>8}{'rd frac':>8}{'pf512 tok/s':>12}  load")
     for shape, by_arm in summary.items():
         for name, by_t in by_arm.items():
             for tk, s in by_t.items():
@@ -369,9 +391,10 @@ def main() -> int:
                 ms = f"{s['decode_ms_per_token_median']:.1f}" if "decode_ms_per_token_median" in s else "-"
                 mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else "-"
                 fr = f"{s['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in s else "-"
+                rf = f"{s['read_bandwidth_fraction']:.2f}" if "read_bandwidth_fraction" in s else "-"
                 pf = f"{s['prefill_512_tok_s_median']:.0f}" if "prefill_512_tok_s_median" in s else "-"
                 ld = "/".join(f"{x:.1f}" for x in s["loadavg"])
-                print(f"{shape:<6}{name:<28}{tk[-1]:>4}{ms:>9}{mb:>9}{fr:>8}{pf:>12}  {ld}")
+                print(f"{shape:<6}{name:<28}{tk[-1]:>4}{ms:>9}{mb:>9}{fr:>8}{rf:>8}{pf:>12}  {ld}")
     for shape, rs in ratios.items():
         for pair, by_t in rs.items():
             for tk, r in by_t.items():
