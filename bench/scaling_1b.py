@@ -188,14 +188,19 @@ def run_arm(spec: dict, threads: int, ids: list[int], steps: int, repeats: int, 
 
 def gguf_step_bytes(path: Path) -> int:
     """Bytes of a llama.cpp decode step's weights: every tensor but the token embedding, plus one
-    row of it (the file's own encoding of each)."""
+    row of it (the file's own encoding of each); a file without output.weight reads the whole
+    embedding again as its tied head."""
     import gguf
 
     r = gguf.GGUFReader(path, "r")
+    tied = all(t.name != "output.weight" for t in r.tensors)
     total = 0
     for t in r.tensors:
         n = int(t.n_bytes)
-        total += n // int(t.shape[-1]) if t.name == "token_embd.weight" else n  # shape[-1]: rows (ggml order)
+        if t.name == "token_embd.weight":
+            total += n if tied else 0
+            n //= int(t.shape[-1])  # one row; shape[-1] is the row count (ggml order)
+        total += n
     return total
 
 
@@ -245,6 +250,94 @@ def shape_ids(arms: list[tuple[str, dict]]) -> list[int]:
     return list(ids[:PREFILL])
 
 
+def summarize(runs: dict, peer_bytes: dict, bw: float, rbw: float | None) -> tuple[dict, dict, dict]:
+    """Medians over rounds per arm, ratios at equal bits, growth from 135m to 1.1b."""
+    summary: dict = {}
+    for shape, by_arm in runs.items():
+        for name, by_t in by_arm.items():
+            for tk, lst in by_t.items():
+                errors = [x["error"] for x in lst if "error" in x]
+                lst = [x for x in lst if "error" not in x]
+                if errors:
+                    summary.setdefault(shape, {}).setdefault(name, {})[tk] = {"errors": errors}
+                if not lst:
+                    continue
+                s: dict = {"errors": errors} if errors else {}
+                s["loadavg"] = [x["loadavg_before"] for x in lst] + [lst[-1]["loadavg_after"]]
+                for k in ("decode_ms_per_token", "decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s"):
+                    vals = [x[k] for x in lst if k in x]
+                    if vals:
+                        s[k + "_median"] = statistics.median(vals)
+                        s[k + "_best"] = (min if k == "decode_ms_per_token" else max)(vals)
+                bpt = lst[0].get("bytes_per_token", peer_bytes.get(shape, {}).get(name))
+                if bpt and "decode_tok_s_median" in s:
+                    s["bytes_per_token"] = bpt
+                    s["bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / bw
+                    s["bandwidth_fraction_per_cpu_s"] = bpt * s["decode_tok_per_cpu_s_median"] / bw
+                    if rbw:
+                        s["read_bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / rbw
+                s["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in lst)
+                if "greedy" in lst[0]:
+                    s["greedy"] = lst[0]["greedy"]
+                summary.setdefault(shape, {}).setdefault(name, {})[tk] = s
+    ratios: dict = {}
+    for shape, by_arm in summary.items():
+        for mine, other in PAIRS:
+            if mine in by_arm and other in by_arm:
+                for tk in by_arm[mine]:
+                    if tk in by_arm[other]:
+                        r = {k: by_arm[mine][tk][k + "_median"] / by_arm[other][tk][k + "_median"]
+                             for k in ("decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s")
+                             if k + "_median" in by_arm[mine][tk] and k + "_median" in by_arm[other][tk]}
+                        ga, gb = by_arm[mine][tk].get("greedy"), by_arm[other][tk].get("greedy")
+                        if ga and gb:  # greedy ids the two arms agree on before the first difference
+                            r["greedy_equal_prefix"] = next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), len(ga))
+                        ratios.setdefault(shape, {}).setdefault(f"{mine} / {other}", {})[tk] = r
+    growth: dict = {}  # ms/token at 1.1b over ms/token at 135m, beside the bytes ratio
+    if "135m" in summary and "1.1b" in summary:
+        for name in summary["1.1b"]:
+            for tk, big in summary["1.1b"][name].items():
+                small = summary["135m"].get(name, {}).get(tk)
+                if small and "decode_ms_per_token_median" in big and "decode_ms_per_token_median" in small:
+                    g = {"ms_per_token_135m": small["decode_ms_per_token_median"],
+                         "ms_per_token_1.1b": big["decode_ms_per_token_median"],
+                         "time_ratio": big["decode_ms_per_token_median"] / small["decode_ms_per_token_median"],
+                         "cpu_time_ratio": small["decode_tok_per_cpu_s_median"] / big["decode_tok_per_cpu_s_median"]}
+                    if "bytes_per_token" in big and "bytes_per_token" in small:
+                        g["bytes_ratio"] = big["bytes_per_token"] / small["bytes_per_token"]
+                    growth.setdefault(name, {})[tk] = g
+    return summary, ratios, growth
+
+
+def print_report(summary: dict, ratios: dict, growth: dict) -> None:
+    # cpu-ms/tok: CPU time a token took (the machine is shared: wall time includes waiting for a core)
+    print(f"{'shape':<6}{'arm':<28}{'thr':>4}{'ms/tok':>9}{'cpu-ms':>8}{'MB/tok':>9}{'bw frac':>8}{'rd frac':>8}{'pf512 tok/s':>12}  load")
+    for shape, by_arm in summary.items():
+        for name, by_t in by_arm.items():
+            for tk, s in by_t.items():
+                if "loadavg" not in s:
+                    print(f"{shape:<6}{name:<28}{tk[-1]:>4}  failed: {s['errors'][-1]}")
+                    continue
+                ms = f"{s['decode_ms_per_token_median']:.1f}" if "decode_ms_per_token_median" in s else "-"
+                mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else "-"
+                cms = f"{1e3 / s['decode_tok_per_cpu_s_median']:.1f}" if "decode_tok_per_cpu_s_median" in s else "-"
+                fr = f"{s['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in s else "-"
+                rf = f"{s['read_bandwidth_fraction']:.2f}" if "read_bandwidth_fraction" in s else "-"
+                pf = f"{s['prefill_512_tok_s_median']:.0f}" if "prefill_512_tok_s_median" in s else "-"
+                ld = "/".join(f"{x:.1f}" for x in s["loadavg"])
+                print(f"{shape:<6}{name:<28}{tk[-1]:>4}{ms:>9}{cms:>8}{mb:>9}{fr:>8}{rf:>8}{pf:>12}  {ld}")
+    for shape, rs in ratios.items():
+        for pair, by_t in rs.items():
+            for tk, r in by_t.items():
+                print(f"{shape:<6}{pair:<50} t={tk[-1]}  "
+                      + "  ".join(f"{k} {v:.2f}x" if isinstance(v, float) else f"{k} {v}" for k, v in r.items()))
+    for name, by_t in growth.items():
+        for tk, g in by_t.items():
+            br = f"  bytes x{g['bytes_ratio']:.1f}" if "bytes_ratio" in g else ""
+            print(f"growth {name:<28} t={tk[-1]}  {g['ms_per_token_135m']:.1f} -> {g['ms_per_token_1.1b']:.1f} ms/tok "
+                  f"(x{g['time_ratio']:.1f}; per cpu-s x{g['cpu_time_ratio']:.1f}){br}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", nargs="+", default=["135m", "1.1b"], choices=["135m", "1.1b"])
@@ -258,6 +351,7 @@ def main() -> int:
     ap.add_argument("--skip-native", action="store_true", help="leave out our native imports of the Q8_0/Q4_1 files")
     ap.add_argument("--transformers-1b", action="store_true", help="also time transformers' prefill of the 1.1b F32 GGUF")
     ap.add_argument("--out", default=str(HERE / "results" / "scaling_1b.json"))
+    ap.add_argument("--resummarize", metavar="JSON", help="recompute a result file's summary from its runs, and print it")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--ids", help=argparse.SUPPRESS)
@@ -278,6 +372,16 @@ def main() -> int:
         print(json.dumps(r))
         return 0
 
+    if a.resummarize:
+        doc = json.loads(Path(a.resummarize).read_text())
+        peer_bytes = doc.get("peer_step_bytes") or {
+            shape: {f"llama.cpp {t}": gguf_step_bytes(p) for t, p in arms_of(shape, False)[1].items()} for shape in doc["runs"]}
+        doc["peer_step_bytes"] = peer_bytes
+        doc["summary"], doc["ratios"], doc["growth"] = summarize(doc["runs"], peer_bytes, doc["stream_bandwidth_bytes_per_s"],
+                                                                 doc.get("read_bandwidth_bytes_per_s"))
+        Path(a.resummarize).write_text(json.dumps(doc, indent=2) + "\n")
+        print_report(doc["summary"], doc["ratios"], doc["growth"])
+        return 0
     pin_threads(1)  # the driver's bandwidths are one thread's (set before it imports numpy; each arm sets its own)
     from llamacpp_peer import _llama_version
 
@@ -315,58 +419,8 @@ def main() -> int:
                     pf = f" prefill-512 {res['prefill_512_tok_s']:.0f} tok/s" if "prefill_512_tok_s" in res else ""
                     print(f"round {r} {shape} t={th} {name}: {dec}{pf} (load {res['loadavg_before']:.1f}"
                           f"->{res['loadavg_after']:.1f})", flush=True)
-    summary: dict = {}
-    for shape, by_arm in runs.items():
-        for name, by_t in by_arm.items():
-            for tk, lst in by_t.items():
-                errors = [x["error"] for x in lst if "error" in x]
-                lst = [x for x in lst if "error" not in x]
-                if errors:
-                    summary.setdefault(shape, {}).setdefault(name, {})[tk] = {"errors": errors}
-                if not lst:
-                    continue
-                s: dict = {"errors": errors} if errors else {}
-                s["loadavg"] = [x["loadavg_before"] for x in lst] + [lst[-1]["loadavg_after"]]
-                for k in ("decode_ms_per_token", "decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s"):
-                    vals = [x[k] for x in lst if k in x]
-                    if vals:
-                        s[k + "_median"] = statistics.median(vals)
-                        s[k + "_best"] = (min if k == "decode_ms_per_token" else max)(vals)
-                bpt = lst[0].get("bytes_per_token", plan[shape]["peer_step_bytes"].get(name))
-                if bpt and "decode_tok_s_median" in s:
-                    s["bytes_per_token"] = bpt
-                    s["bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / bw
-                    s["bandwidth_fraction_per_cpu_s"] = bpt * s["decode_tok_per_cpu_s_median"] / bw
-                    s["read_bandwidth_fraction"] = bpt * s["decode_tok_s_median"] / rbw
-                s["peak_rss_bytes"] = max(x["peak_rss_bytes"] for x in lst)
-                if "greedy" in lst[0]:
-                    s["greedy"] = lst[0]["greedy"]
-                summary.setdefault(shape, {}).setdefault(name, {})[tk] = s
-    ratios: dict = {}
-    for shape, by_arm in summary.items():
-        for mine, other in PAIRS:
-            if mine in by_arm and other in by_arm:
-                for tk in by_arm[mine]:
-                    if tk in by_arm[other]:
-                        r = {k: by_arm[mine][tk][k + "_median"] / by_arm[other][tk][k + "_median"]
-                             for k in ("decode_tok_s", "decode_tok_per_cpu_s", "prefill_512_tok_s")
-                             if k + "_median" in by_arm[mine][tk] and k + "_median" in by_arm[other][tk]}
-                        ga, gb = by_arm[mine][tk].get("greedy"), by_arm[other][tk].get("greedy")
-                        if ga and gb:  # greedy ids the two arms agree on before the first difference
-                            r["greedy_equal_prefix"] = next((i for i, (x, y) in enumerate(zip(ga, gb)) if x != y), len(ga))
-                        ratios.setdefault(shape, {}).setdefault(f"{mine} / {other}", {})[tk] = r
-    growth: dict = {}  # ms/token at 1.1b over ms/token at 135m, beside the bytes ratio
-    if "135m" in summary and "1.1b" in summary:
-        for name in summary["1.1b"]:
-            for tk, big in summary["1.1b"][name].items():
-                small = summary["135m"].get(name, {}).get(tk)
-                if small and "decode_ms_per_token_median" in big and "decode_ms_per_token_median" in small:
-                    g = {"ms_per_token_135m": small["decode_ms_per_token_median"],
-                         "ms_per_token_1.1b": big["decode_ms_per_token_median"],
-                         "time_ratio": big["decode_ms_per_token_median"] / small["decode_ms_per_token_median"]}
-                    if "bytes_per_token" in big and "bytes_per_token" in small:
-                        g["bytes_ratio"] = big["bytes_per_token"] / small["bytes_per_token"]
-                    growth.setdefault(name, {})[tk] = g
+    peer_bytes = {shape: p["peer_step_bytes"] for shape, p in plan.items()}
+    summary, ratios, growth = summarize(runs, peer_bytes, bw, rbw)
     doc = {
         "benchmark": "scaling_1b",
         "shapes": {"135m": "SmolLM2-135M-Instruct (peer GGUFs by bench/make_peer_ggufs.py; Q4_1 = the shipped file)",
@@ -377,33 +431,11 @@ def main() -> int:
         "repeats": {"135m": a.repeats, "1.1b": a.repeats_1b}, "threads": a.threads,
         "stream_bandwidth_bytes_per_s": bw, "read_bandwidth_bytes_per_s": rbw,
         "machine": facts(None) | {"loadavg_start": load_start, "loadavg_end": os.getloadavg()},
-        "summary": summary, "ratios": ratios, "growth": growth, "runs": runs,
+        "peer_step_bytes": peer_bytes, "summary": summary, "ratios": ratios, "growth": growth, "runs": runs,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"{'shape':<6}{'arm':<28}{'thr':>4}{'ms/tok':>9}{'MB/tok':>9}{'bw frac':>8}{'rd frac':>8}{'pf512 tok/s':>12}  load")
-    for shape, by_arm in summary.items():
-        for name, by_t in by_arm.items():
-            for tk, s in by_t.items():
-                if "loadavg" not in s:
-                    print(f"{shape:<6}{name:<28}{tk[-1]:>4}  failed: {s['errors'][-1]}")
-                    continue
-                ms = f"{s['decode_ms_per_token_median']:.1f}" if "decode_ms_per_token_median" in s else "-"
-                mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else "-"
-                fr = f"{s['bandwidth_fraction']:.2f}" if "bandwidth_fraction" in s else "-"
-                rf = f"{s['read_bandwidth_fraction']:.2f}" if "read_bandwidth_fraction" in s else "-"
-                pf = f"{s['prefill_512_tok_s_median']:.0f}" if "prefill_512_tok_s_median" in s else "-"
-                ld = "/".join(f"{x:.1f}" for x in s["loadavg"])
-                print(f"{shape:<6}{name:<28}{tk[-1]:>4}{ms:>9}{mb:>9}{fr:>8}{rf:>8}{pf:>12}  {ld}")
-    for shape, rs in ratios.items():
-        for pair, by_t in rs.items():
-            for tk, r in by_t.items():
-                print(f"{shape:<6}{pair:<50} t={tk[-1]}  " + "  ".join(f"{k} {v:.2f}x" for k, v in r.items()))
-    for name, by_t in growth.items():
-        for tk, g in by_t.items():
-            br = f"  bytes x{g['bytes_ratio']:.1f}" if "bytes_ratio" in g else ""
-            print(f"growth {name:<28} t={tk[-1]}  {g['ms_per_token_135m']:.1f} -> {g['ms_per_token_1.1b']:.1f} ms/tok "
-                  f"(x{g['time_ratio']:.1f}){br}")
+    print_report(summary, ratios, growth)
     print("wrote", a.out)
     return 0
 
