@@ -349,6 +349,7 @@ def main() -> int:
     ap.add_argument("--prefill-shapes", nargs="+", default=["135m", "1.1b"], help="shapes whose arms also time prefill-512")
     ap.add_argument("--skip-exact", action="store_true", help="leave out the int8/q4 arms under activations = 'exact'")
     ap.add_argument("--skip-native", action="store_true", help="leave out our native imports of the Q8_0/Q4_1 files")
+    ap.add_argument("--only", nargs="+", help="run only the arms with these exact names")
     ap.add_argument("--transformers-1b", action="store_true", help="also time transformers' prefill of the 1.1b F32 GGUF")
     ap.add_argument("--out", default=str(HERE / "results" / "scaling_1b.json"))
     ap.add_argument("--resummarize", metavar="JSON", help="recompute a result file's summary from its runs, and print it")
@@ -395,6 +396,8 @@ def main() -> int:
         arms, peers = arms_of(shape, a.transformers_1b)
         if a.skip_exact:
             arms = [(n, s) for n, s in arms if not n.endswith(("int8 exact", "q4 exact"))]
+        if a.only:
+            arms = [(n, s) for n, s in arms if n in a.only]
         if a.skip_native:
             arms = [(n, s) for n, s in arms if "(native)" not in n]
         if shape not in a.prefill_shapes or a.no_prefill:
