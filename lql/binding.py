@@ -195,9 +195,14 @@ class SliceBinding:
 
     depth: int | None
     plan: Any = field(repr=False)  # vindex3.exec.slice.SlicePlan
+    # the session's DRAFT DEPTH d WITH ADAPTER: the exit adapter stored for d (its
+    # vindex3.draft.store.components row) that the draft's final norm and head read through
+    adapter: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def label(self) -> str:
+        if self.adapter is not None:
+            return f"{slice_label(self.depth)} through exit adapter {self.adapter['key']!r}"
         return slice_label(self.depth)
 
     @property

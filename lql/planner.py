@@ -30,6 +30,7 @@ class Context:
 
     catalog: Catalog | None
     draft_depth: int | None = None
+    draft_adapter: bool = False  # DRAFT DEPTH d WITH ADAPTER: the session's draft reads through its exit adapter
     settings: catalog.Settings = field(default_factory=catalog.Settings)
     remote: Any = None  # lql.server.client.Remote when the session is bound to a server (USE REMOTE)
 
@@ -166,6 +167,15 @@ def check_infer(s) -> None:
 
 
 def depth_of(ctx: Context, depth: int | None) -> int | None:
+    """The statement's depth, else the session's. A statement that runs the bare draft is refused
+    while the session's draft reads through an exit adapter (DRAFT DEPTH d WITH ADAPTER): the
+    statements that read the adapted draft bind it with `lql.statements.drafts.draft_slice`."""
+    if depth is None and ctx.draft_adapter:
+        d = ctx.draft_depth
+        raise StatementError(f"the session's DRAFT DEPTH {d} WITH ADAPTER reads the draft through its exit adapter, "
+                             "and this statement runs the bare draft (only INFER, TRACE, EXPLAIN and DUMP LOGITS read "
+                             "through it)", hint=f"name the depth on the statement (DRAFT DEPTH {d}), or set DRAFT DEPTH "
+                                                 f"{d} without WITH ADAPTER")
     return depth if depth is not None else ctx.draft_depth
 
 

@@ -43,6 +43,7 @@ class Session:
         self.catalog: Catalog | None = None
         self.default_model = False
         self.draft_depth: int | None = None
+        self.draft_adapter = False  # DRAFT DEPTH d WITH ADAPTER: the draft reads through its stored exit adapter
         self.remote = None  # lql.server.client.Remote after USE REMOTE: statements run there
         self.settings = catalog.Settings()  # typed, defaults from the catalogue
         self.on_token = on_token
@@ -121,7 +122,8 @@ class Session:
 
     def context(self) -> Context:
         """What the planner may know about this session."""
-        return Context(catalog=self.catalog, draft_depth=self.draft_depth, settings=self.settings.model_copy(),
+        return Context(catalog=self.catalog, draft_depth=self.draft_depth, draft_adapter=self.draft_adapter,
+                       settings=self.settings.model_copy(),
                        remote=self.remote)
 
     def bind(self, container, *, default_model: bool = False, shards: int = 0, prepared=None) -> None:
@@ -141,6 +143,7 @@ class Session:
         self.container, self.base_container, self.catalog, self.default_model, self._executors, self.draft_depth, \
             self._internals, self.prepared = (model, container, Catalog(model), bool(default_model), {}, None, None,
                                               prepared)
+        self.draft_adapter = False
         self.settings.shards = shards
         self.shared_internals = None  # another model: its own internals
         self.remote = None
@@ -148,9 +151,9 @@ class Session:
 
     def reshard(self, shards: int) -> None:
         """Run the bound model in ``shards`` actors (0: in this process); the draft depth stays."""
-        depth = self.draft_depth
+        depth, adapter = self.draft_depth, self.draft_adapter
         self.bind(self.base_container, default_model=self.default_model, shards=shards)
-        self.draft_depth = depth
+        self.draft_depth, self.draft_adapter = depth, adapter
 
     def _release(self, old) -> None:
         from vindex3.shards import ShardedModel
@@ -163,17 +166,21 @@ class Session:
         self.close()
         self.remote = remote
 
-    def executor(self, depth: int | None, intervention: Any = None) -> tuple[Any, bool]:
+    def executor(self, depth: int | None, intervention: Any = None, adapter: dict[str, Any] | None = None
+                 ) -> tuple[Any, bool]:
         """The executor for a depth, an intervention (ABLATE FEATURES), the position limit and the
         ``activations`` setting (prepared once per session), and whether it was prepared now. Its
         streams are limited to the model's context length, or to the ``max_positions`` setting
-        when one is set (an explicit override)."""
+        when one is set (an explicit override). ``adapter`` (a stored exit adapter's component
+        row, DRAFT DEPTH d WITH ADAPTER): the draft's final norm and head read through it, read
+        from the container and checked (SHA-256, container, shape) when the executor is made."""
         limit = self.settings.max_positions
         activations = self.settings.activations
-        # keyed by depth alone without an intervention, a limit or q8 activations: a server shares
-        # this table with its completions endpoint (lql.server.models.ModelHost.executors)
-        plain = intervention is None and limit is None and activations == "exact"
-        key = depth if plain else (depth, limit, intervention, activations)
+        # keyed by depth alone without an intervention, a limit, q8 activations or an adapter: a
+        # server shares this table with its completions endpoint (lql.server.models.ModelHost.executors)
+        plain = intervention is None and limit is None and activations == "exact" and adapter is None
+        via = (adapter["key"], adapter.get("sha256")) if adapter is not None else None
+        key = depth if plain else (depth, limit, intervention, activations, via)
         ex = self._executors.get(key)
         if ex is not None:
             return ex, False
@@ -190,6 +197,15 @@ class Session:
                                      "as shards", hint="SET activations = 'exact', or SET shards = 0")
             kw["activations"] = activations
         ex = self.container.executor(slice=slice_of(depth), **kw)
+        if adapter is not None:
+            from vindex3.draft.adapter import AdaptedReadout
+            from vindex3.draft.store import load_adapter
+
+            if depth is None or getattr(ex, "readout", None) is None:
+                raise StatementError("an exit adapter reads a draft's residual before the final norm and head, and "
+                                     "this executor has no head of its own to read it", hint="DRAFT DEPTH d WITH ADAPTER "
+                                     "on a model run in this process (SET shards = 0)")
+            ex.readout = AdaptedReadout(ex.readout, load_adapter(self.base_container, depth))
         self._executors[key] = ex
         return ex, True
 
@@ -223,4 +239,5 @@ class Session:
         self._executors = {}
         self._internals = None
         self.draft_depth = None
+        self.draft_adapter = False
         self.remote = None

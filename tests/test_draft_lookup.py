@@ -9,6 +9,7 @@ import pytest
 import lql
 import vindex3
 from vindex3.draft import LookupIndex, greedy_generate, lookup_generate
+from vindex3.draft.lookup import DEFAULT_NGRAM, VERIFY_COST, LookupDrafter
 from vindex3.errors import VindexError
 
 # a prompt that repeats itself, so lookup has something to propose from the first round
@@ -53,15 +54,18 @@ def c(tiny_llama_container):
     return _open(tiny_llama_container)
 
 
-@pytest.mark.parametrize("ngram", [1, 2, 3])
+@pytest.mark.parametrize("ngram", [1, 2, 3, 8])
 @pytest.mark.parametrize("lookahead", [1, 3, 6])
-def test_lookup_output_equals_greedy(c, ngram, lookahead):
+@pytest.mark.parametrize("policy", ["adaptive", "fixed"])
+def test_lookup_output_equals_greedy(c, ngram, lookahead, policy):
     want = greedy_generate(c, PROMPT, N).tokens
-    r = lookup_generate(c, PROMPT, N, lookahead, ngram)
+    r = lookup_generate(c, PROMPT, N, lookahead, ngram, policy=policy)
     assert r.tokens == want
     assert r.drafter == "lookup" and r.depth is None and r.ngram == ngram
     assert r.rollback == "truncate" and r.draft_steps == 0
-    assert r.proposed > 0  # the repeated prompt gives lookup something to verify
+    # the repeated prompt gives lookup something to verify (adaptive: not on one-token matches,
+    # whose prior acceptance is below what a verified position costs)
+    assert r.proposed > 0 or (policy == "adaptive" and ngram == 1)
     assert sum(r.accepted_histogram) == r.rounds
     assert r.accepted == sum(j * n for j, n in enumerate(r.accepted_histogram))
     # a round without a match is one plain step, so every full-model call emits 1 + accepted tokens
@@ -95,7 +99,7 @@ def test_lookup_refusals(c, kwargs, needle):
 def test_lookup_rolls_back_recurrent_state_exactly(containers, family):
     fc = vindex3.open(containers(family))
     want = greedy_generate(fc, PROMPT, N).tokens
-    r = lookup_generate(fc, PROMPT, N, 4, 2)
+    r = lookup_generate(fc, PROMPT, N, 4, 2, policy="fixed")  # fixed: rejections to roll back
     assert r.rollback == "snapshot"
     assert r.tokens == want
     # some proposal was rejected after another was kept, so a restore replayed accepted tokens
@@ -111,7 +115,7 @@ def test_lql_speculate_lookup(c, tiny_llama_container):
     assert r.kind == "speculate" and r.drafter == "lookup" and r.ngram == 2 and r.depth is None
     assert r.generated_ids == plain.generated_ids and r.matches_plain is True
     (r,) = s.execute(f"INFER TOKENS ({toks}) GENERATE 16 SPECULATE DRAFTER LOOKUP")
-    assert r.ngram == 3 and r.lookahead == 4 and r.generated_ids == plain.generated_ids
+    assert r.ngram == DEFAULT_NGRAM and r.lookahead == 4 and r.generated_ids == plain.generated_ids
     assert "prompt lookup" in r.to_text()
 
 
@@ -128,3 +132,51 @@ def test_lookup_with_min_ngram_equals_greedy(c):
     assert r.tokens == greedy_generate(c, PROMPT, N).tokens
     with pytest.raises(VindexError, match="shortest lookup match"):
         lookup_generate(c, PROMPT, N, 4, 2, min_ngram=3)
+
+
+def _replay(drafter, prompt, tokens):
+    """(proposals, emitted) per round when ``tokens`` is what the full model picks (as
+    vindex3.generate's drafted loop feeds a drafter)."""
+    drafter.begin(prompt)
+    drafter.accept(tokens[:1])
+    done, rounds = 1, []
+    while done < len(tokens):
+        props = drafter.propose(len(tokens) - done - 1)
+        j = 0
+        while j < len(props) and props[j] == tokens[done + j]:
+            j += 1
+        emitted = props[:j] + [tokens[done + j]]
+        rounds.append((props, emitted))
+        done += len(emitted)
+        drafter.accept(emitted)
+    return rounds
+
+
+def test_adaptive_lookup_proposes_as_far_as_a_draft_is_expected_to_pay():
+    # a long copy: an 8-token match's prior acceptance is high, so the whole lookahead is proposed
+    text = list(range(10, 30))
+    d = LookupDrafter(8, 6)
+    first = _replay(d, text + text[:8], text[8:16] + [99])[0][0]  # the first pick, text[8], extends the match
+    assert first == text[9:15]
+    # each further draft is proposed only while P(all of the first j accepted) > VERIFY_COST
+    n = 8
+    p, q, k = d.acceptance(n), d.continuation(n), 0
+    while k < 6 and p > VERIFY_COST:
+        k, p = k + 1, p * q
+    assert k == 6
+    # a one-token match is a guess below what a verified position costs: a plain step instead
+    d1 = LookupDrafter(8, 6)
+    assert d1.acceptance(1) <= VERIFY_COST
+    assert _replay(d1, [5, 6, 7, 5], [8, 9])[0][0] == []
+
+
+def test_adaptive_lookup_learns_from_rejections_within_the_generation():
+    # a 2-token match starts above the cost; after its first drafts are rejected it stops proposing
+    d = LookupDrafter(2, 4)
+    assert d.acceptance(2) > VERIFY_COST
+    for _ in range(6):
+        d.tried[2] += 1  # rounds at match length 2 whose first draft was rejected
+    assert d.acceptance(2) <= VERIFY_COST
+    d.index.extend([1, 2, 3, 1, 2])
+    assert d.propose(4) == []
+    assert LookupDrafter(2, 4, policy="fixed").index.ngram == 2

@@ -19,7 +19,6 @@ from ..planner import (
     Context,
     Node,
     bind_prompt,
-    depth_of,
     err,
     may_overwrite,
     run_words,
@@ -32,7 +31,7 @@ from ..text import fields, fmt_bytes, fmt_layers, fmt_seconds, fmt_text, layers_
 fam = family("drafts", module=__name__, statements=("draft_depth", "draft_off", "draft_ladder", "dump_stmt", "score_stmt",
                                                     "fit_adapter_stmt", "fit_vocab_stmt"),
              path_keywords=("INTO", "AGAINST", "ON", "DRAFT"), grammar=r"""
-draft_depth: draft_clause
+draft_depth: draft_clause [adapter_clause]
 draft_off: DRAFT OFF
 draft_ladder: DRAFT LADDER DEPTHS _LPAR int_list _RPAR ON STRING [adapter_clause] [INTO STRING] [PLOT INTO STRING] [overwrite_clause]
 
@@ -54,8 +53,9 @@ fit_vocab_stmt: FIT VOCAB CUT TOP INT [ON STRING]
 """)
 
 fam.doc('DRAFT DEPTH',
-        'DRAFT DEPTH n | DRAFT OFF',
-        "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS",
+        'DRAFT DEPTH n [WITH ADAPTER] | DRAFT OFF',
+        "set (or clear) the session's default draft depth for INFER, TRACE, EXPLAIN, DUMP LOGITS "
+        "(WITH ADAPTER: read through the exit adapter stored for n)",
         'DRAFT DEPTH 2;', order=130, aliases=('DRAFT', 'DRAFT OFF'))
 fam.doc('DRAFT LADDER',
         "DRAFT LADDER DEPTHS (d, ...) ON 'prompts.jsonl' [WITH ADAPTER] [INTO 'ladder.json'] [PLOT INTO 'ladder.png']",
@@ -84,7 +84,8 @@ fam.doc('FIT VOCAB CUT',
 
 @fam.rule
 def draft_depth(c: Children) -> DraftDepth:
-    return DraftDepth(depth=c.options("DRAFT DEPTH")["depth"])
+    opts = c.options("DRAFT DEPTH")
+    return DraftDepth(depth=opts["depth"], adapter="adapter" in opts)
 
 
 @fam.rule
@@ -142,6 +143,7 @@ class DraftDepth(ast.Statement):
     needs_container: ClassVar[bool] = True
     kind: Literal["draft_depth"] = "draft_depth"
     depth: int
+    adapter: bool = False  # WITH ADAPTER: the session's draft reads through the exit adapter stored for depth
 
 
 class DraftOff(ast.Statement):
@@ -256,6 +258,7 @@ class DraftResult(Result):
     model_layers: int
     executed_layers: list[int]
     reads: ReadCost
+    adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored exit adapter (key, digest, edge, fit's provenance)
 
 
 # ---- the container, checkpoints, the session ------------------------------------------
@@ -337,6 +340,7 @@ class SetDraft(Node):
 
     slice: SliceBinding | None
     depth: int | None
+    adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored drafter component (store.components' row)
 
 
 @dataclass(frozen=True, eq=False)
@@ -404,7 +408,21 @@ def plan_fit_vocab(s: FitVocabCut, ctx: Context) -> Node:
 
 @fam.plans(DraftDepth)
 def plan_draft_depth(s: DraftDepth, ctx: Context) -> Node:
-    return SetDraft(s, slice=ctx.catalog.bind_slice(s.depth), depth=s.depth)
+    sl = ctx.catalog.bind_slice(s.depth)
+    adapter = _stored_adapter(s, ctx, s.depth) if s.adapter else None
+    return SetDraft(s, slice=sl, depth=s.depth, adapter=adapter)
+
+
+def draft_slice(s: ast.Statement, ctx: Context, depth: int | None) -> SliceBinding:
+    """The slice a statement that reads the draft's logits runs (INFER, TRACE, EXPLAIN, DUMP
+    LOGITS): the depth it names, else the session's; with the session's DRAFT DEPTH d WITH
+    ADAPTER (and no depth on the statement) the slice reads through the exit adapter stored for
+    d, looked up again here, so one removed or gone stale since is refused by name."""
+    if depth is not None or not ctx.draft_adapter:
+        return ctx.catalog.bind_slice(depth if depth is not None else ctx.draft_depth)
+    d = ctx.draft_depth
+    sl = ctx.catalog.bind_slice(d)
+    return SliceBinding(sl.depth, sl.plan, adapter=_stored_adapter(s, ctx, d, session=True))
 
 
 @fam.plans(DraftOff)
@@ -442,7 +460,7 @@ def plan_dump(s: DumpLogits, ctx: Context) -> Node:
     cat = ctx.catalog
     overwrite = may_overwrite(s, ctx)
     files.output_file(s.into, "DUMP LOGITS file", overwrite=overwrite, inside=files.container_paths(cat))
-    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    sl = draft_slice(s, ctx, s.depth)
     prompt = bind_prompt(ctx, s.prompt)
     p = len(prompt.ids)
     limits.check_positions(p, cat.context_length, ctx.settings, run_words("DUMP LOGITS", p))
@@ -451,22 +469,25 @@ def plan_dump(s: DumpLogits, ctx: Context) -> Node:
      .check(ctx.settings, "DUMP LOGITS"))
     from .interventions import bind_interventions
 
-    adapter = _stored_adapter(s, ctx, sl.depth) if s.adapter else None
+    adapter = _stored_adapter(s, ctx, sl.depth) if s.adapter else sl.adapter
     return Dump(s, slice=sl, prompt=prompt, into=s.into, overwrite=overwrite,
                 intervention=cat.ablation(s.ablate, sl),
                 stream=bind_interventions(s, ctx, sl, prompt, s.patch, s.steer, s.steer_vector), adapter=adapter)
 
 
-def _stored_adapter(s: DumpLogits | DraftLadder, ctx: Context, depth: int | None) -> dict[str, Any]:
+def _stored_adapter(s: ast.Statement, ctx: Context, depth: int | None, *, session: bool = False) -> dict[str, Any]:
     """DRAFT DEPTH d WITH ADAPTER outside speculation: the exit adapter the container stores for d
     (index.json only; the run reads the file and checks its SHA-256). Absent, stale, or asked of
-    the full model: refused by name."""
+    the full model: refused by name. ``session``: the depth is the session's DRAFT DEPTH d WITH
+    ADAPTER, read by ``s``."""
     from vindex3.draft.store import ADAPTER, adapter_key, components
 
     if depth is None:
         raise err(s, f"{s.keyword} ... WITH ADAPTER reads a draft's residual through its exit adapter; this run is the "
                      "full model", hint="name the draft: DRAFT DEPTH d WITH ADAPTER")
     what = (f"DRAFT LADDER ... WITH ADAPTER (depth {depth})" if isinstance(s, DraftLadder)
+            else f"DRAFT DEPTH {depth} WITH ADAPTER" if isinstance(s, DraftDepth)
+            else f"{s.keyword} (the session's DRAFT DEPTH {depth} WITH ADAPTER)" if session
             else f"{s.keyword} ... DRAFT DEPTH {depth} WITH ADAPTER")
     rows = components(ctx.catalog.container)
     key = adapter_key(depth)
@@ -496,13 +517,38 @@ def plan_score(s: ScoreDraft, ctx: Context) -> Node:
 @fam.runs(SetDraft)
 def run_set_draft(session, node: SetDraft) -> DraftResult:
     session.draft_depth = node.depth
+    session.draft_adapter = node.adapter is not None
     sl = node.slice
     if sl is None:  # DRAFT OFF with nothing bound
         return DraftResult(depth=None, model_layers=0, executed_layers=[],
                              reads=ReadCost(ends_reads=0, ends_bytes=0, layer_reads=0, layer_bytes=0,
                                               total_reads=0, total_bytes=0))
     return DraftResult(depth=node.depth, model_layers=session.catalog.num_layers,
-                         executed_layers=sl.executed_layers, reads=sl.reads)
+                         executed_layers=sl.executed_layers, reads=sl.reads, adapter=adapter_facts(node.adapter))
+
+
+def adapter_facts(row: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A stored exit adapter as results name it: key, the SHA-256 of its file, the edge and the
+    fit's provenance (depth, corpus and its digest, positions, ridge, fit residual)."""
+    if row is None:
+        return None
+    p = row.get("params") or {}
+    return {"key": row["key"], "sha256": row.get("sha256"), "edge": row.get("edge"),
+            **{k: p.get(k) for k in ("depth", "corpus", "corpus_sha256", "positions", "ridge", "fit_residual") if k in p}}
+
+
+def adapter_words(a: dict[str, Any]) -> str:
+    """'drafter_adapter_d2' (sha256 0123456789ab…, after layer 1; ridge 1 on 2072 positions of
+    'seeds', fit residual 0.362)."""
+    edge = a.get("edge") or {}
+    fit = []
+    if a.get("ridge") is not None and a.get("positions") is not None:
+        fit.append(f"ridge {a['ridge']:g} on {a['positions']} positions of {a.get('corpus')!r}")
+    if a.get("fit_residual") is not None:
+        fit.append(f"fit residual {a['fit_residual']:.3g}")
+    sha = f"sha256 {str(a.get('sha256'))[:12]}…, " if a.get("sha256") else ""
+    return (f"{a['key']!r} ({sha}after layer {edge.get('after_layer')}"
+            + (f"; {', '.join(fit)}" if fit else "") + ")")
 
 
 @fam.runs(Dump)
@@ -669,8 +715,10 @@ def layout_draft(r: DraftResult, timing: bool) -> list[str]:
     c = r.reads
     return [
         (f"draft depth {r.depth}: later INFER, TRACE, EXPLAIN and DUMP LOGITS run "
-        f"{layers_phrase(r.executed_layers)} of {r.model_layers}"),
-    ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}")])
+        f"{layers_phrase(r.executed_layers)} of {r.model_layers}"
+         + (", read through its exit adapter" if r.adapter is not None else "")),
+    ] + fields([("reads", f"{c.total_reads} operands, {fmt_bytes(c.total_bytes)}"),
+                ("adapter", adapter_words(r.adapter) if r.adapter is not None else None)])
 
 
 @fam.layout(DumpResult)

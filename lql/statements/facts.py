@@ -222,6 +222,8 @@ class StatsResult(Result):
     state_bytes_at_positions: int | None = None
     placement: PlacementInfo | None = None  # when the model runs as shards
     reads: ReadsInfo | None = None  # what a position reads (expert banks apart from always-read bytes)
+    # the session's DRAFT DEPTH (None: the full model): {"depth": d, "adapter": the exit adapter read, or None}
+    session_draft: dict[str, Any] | None = None
 
 
 class LayerRow(BaseModel):
@@ -420,7 +422,23 @@ def run_stats(session, node: StatsPlan) -> StatsResult:
         continuation=continuation_summary(geoms), positions=positions,
         state_bytes_at_positions=None if positions is None else sum(g.bytes_at(positions) for g in geoms),
         placement=placement_info(c, slice_of(None), positions or 0), reads=reads_info(op_plan),
+        session_draft=_session_draft(session),
     )
+
+
+def _session_draft(session) -> dict[str, Any] | None:
+    """The session's DRAFT DEPTH and, with WITH ADAPTER, the stored exit adapter it reads through."""
+    if session.draft_depth is None:
+        return None
+    row = None
+    if getattr(session, "draft_adapter", False):
+        from vindex3.draft.store import adapter_key, components
+
+        from .drafts import adapter_facts
+
+        key = adapter_key(session.draft_depth)
+        row = adapter_facts(next((x for x in components(session.base_container) if x["key"] == key), None))
+    return {"depth": session.draft_depth, "adapter": row}
 
 
 def continuation_summary(geoms: list) -> ContinuationSummary:
@@ -562,6 +580,16 @@ def layout_stats(r: StatsResult, timing: bool) -> list[str]:
     return _stats_facts(r) + reads(r.reads, "reads per position") + placement(r.placement)
 
 
+def _draft_words(d: dict[str, Any] | None) -> str | None:
+    if d is None:
+        return None
+    if d.get("adapter") is None:
+        return f"depth {d['depth']}"
+    from .drafts import adapter_words
+
+    return f"depth {d['depth']} through exit adapter {adapter_words(d['adapter'])}"
+
+
 def _stats_facts(r: StatsResult) -> list[str]:
     c = r.continuation
     out = fields([
@@ -576,6 +604,7 @@ def _stats_facts(r: StatsResult) -> list[str]:
         ("weights", fmt_bytes(r.bytes)),
         ("output head", f"vocab {r.vocab:,}, " + ("tied to the embedding" if r.head_tied else "its own weights")),
         ("tokenizer", "yes" if r.tokenizer else "no"),
+        ("session draft", _draft_words(r.session_draft)),
     ])
     out += [""] + table(
         ["object", "representation", num("tensors"), num("parameters"), num("bytes"), num("bits/weight")],

@@ -44,7 +44,6 @@ from ..planner import (
     Node,
     bind_prompt,
     check_infer,
-    depth_of,
     err,
     positive,
     routed_or_refuse,
@@ -76,6 +75,7 @@ from ..text import (
     num,
     table,
 )
+from .drafts import adapter_facts, adapter_words, draft_slice
 from .interventions import (
     BoundInterventions,
     PatchSpec,
@@ -310,6 +310,7 @@ class ExplainResult(Result):
     placement: PlacementInfo | None = None  # when the model runs as shards
     per_position: ReadsInfo | None = None  # what one position of this slice reads
     activations: Literal["exact", "q8"] = "exact"  # how int8 / q4 decode products treat activations
+    adapter: dict[str, Any] | None = None  # the session's DRAFT DEPTH d WITH ADAPTER: the exit adapter read
 
 
 # ---- running the model ----------------------------------------------------------------
@@ -519,7 +520,7 @@ def plan_explain(s: Explain, ctx: Context) -> Node:
         target = plan_infer(s.infer, ctx)
         sl = target.slice if isinstance(target, Run) else target.target
         return ExplainPlan(s, slice=sl, target=target)
-    return ExplainPlan(s, slice=ctx.catalog.bind_slice(depth_of(ctx, s.depth)))
+    return ExplainPlan(s, slice=draft_slice(s, ctx, s.depth))
 
 
 @fam.plans(Infer)
@@ -552,7 +553,7 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
                          vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored, mtp=mtp)
         _check_speculate(node, ctx)
         return node
-    sl = cat.bind_slice(depth_of(ctx, s.depth))  # a bad depth is refused before tokenising anything
+    sl = draft_slice(s, ctx, s.depth)  # a bad depth is refused before tokenising anything
     ablation = cat.ablation(s.ablate, sl)
     prompt = bind_prompt(ctx, s.prompt, chat=chat)
     top = s.top if s.top is not None else (None if s.generate is not None else ctx.settings.top)
@@ -641,7 +642,7 @@ def _check_speculate(node: Speculate, ctx: Context) -> None:
 @fam.plans(Trace)
 def plan_trace(s: Trace, ctx: Context) -> Node:
     cat = ctx.catalog
-    sl = cat.bind_slice(depth_of(ctx, s.depth))
+    sl = draft_slice(s, ctx, s.depth)
     experts = None
     if s.experts is not None:
         layer = s.experts.layer
@@ -704,6 +705,7 @@ def run_explain(session, node: ExplainPlan) -> ExplainResult:
         operation=target.describe() if target is not None else None, steps=steps, reads=sl.reads,
         placement=placement_info(c, slice_of(sl.depth), len(prompt.ids) if prompt is not None else 0),
         per_position=reads_info(op_plan, executed), activations=session.settings.activations,
+        adapter=adapter_facts(sl.adapter),
     )
 
 
@@ -711,7 +713,7 @@ def run_explain(session, node: ExplainPlan) -> ExplainResult:
 def run_infer(session, node: Run) -> InferResult:
     cat = session.catalog
     prompt = prompt_info(node.prompt)
-    ex, fresh = session.executor(node.slice.depth, node.intervention)
+    ex, fresh = session.executor(node.slice.depth, node.intervention, adapter=node.slice.adapter)
     ivs = build_interventions(ex, node.stream)
     st = ex.start(interventions=ivs) if ivs else ex.start()
     # the one decode step (vindex3.generate): the prefill's record first, then one per token
@@ -812,13 +814,13 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
                                              adapter=adapter)
     except KeyboardInterrupt:  # Ctrl-C: the tokens so far, no statistics
         return SpeculateResult(prompt=prompt, depth=depth, lookahead=node.lookahead, drafter=drafter, ngram=node.ngram,
-                               adapter=_adapter_facts(node.adapter), vocab_top=node.vocab_top,
+                               adapter=adapter_facts(node.adapter), vocab_top=node.vocab_top,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)
     plain = res.plain
     return SpeculateResult(
         prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram,
         vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut, node.vocab_stored) if cut is not None else None,
-        adapter=_adapter_facts(node.adapter) if res.adapter else None,
+        adapter=adapter_facts(node.adapter) if res.adapter else None,
         generated_ids=list(res.tokens),
         generated_text=cat.decode(list(res.tokens)), rounds=res.rounds, proposed=res.proposed,
         accepted=res.accepted, acceptance_rate=res.acceptance_rate, tokens_per_full_step=res.tokens_per_full_step,
@@ -848,7 +850,7 @@ def run_trace(session, node: TracePlan) -> TraceResult:
         if isinstance(c, ShardedModel):
             raise StatementError("TRACE ... EXPERTS reads the routing each layer records, and a sharded model's layers "
                                  "record it in their actors, not here", hint="SET shards = 0 (or OPEN without SHARDS)")
-    ex, _ = session.executor(node.slice.depth, node.intervention)
+    ex, _ = session.executor(node.slice.depth, node.intervention, adapter=node.slice.adapter)
     labels = [lp.label() for lp in c.graph.layers]
     ivs = build_interventions(ex, node.stream)
     st = ex.start(interventions=ivs) if ivs else ex.start()
@@ -894,6 +896,8 @@ def _explain_plan(r: ExplainResult) -> list[str]:
     out = [head]
     if r.activations != "exact":  # an executor choice that changes numbers: said wherever it applies
         out.append(f"activations: {r.activations} (int8 and q4 decode products quantize activations per block of 32)")
+    if r.adapter is not None:  # the session's DRAFT DEPTH d WITH ADAPTER
+        out.append(f"exit adapter: {adapter_words(r.adapter)}, read before the final norm and head")
     if r.skipped_layers:
         out.append(f"not run: {layers_phrase(r.skipped_layers)}")
     if r.prompt is not None:
@@ -988,15 +992,6 @@ def _cut_facts(cut, stored: dict[str, Any] | None = None) -> dict[str, Any]:
     """The cut's provenance; ``stored``: the drafter component's key it was read from (None: counted for the run)."""
     return {**{k: getattr(cut, k) for k in ("k", "vocab", "corpus", "corpus_sha256", "texts", "tokens_counted",
                                              "kept_share")}, "stored": stored["key"] if stored is not None else None}
-
-
-def _adapter_facts(row: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored adapter a run read, as its result names it: key, edge and the fit's provenance."""
-    if row is None:
-        return None
-    p = row.get("params") or {}
-    return {"key": row["key"], "edge": row.get("edge"),
-            **{k: p.get(k) for k in ("depth", "corpus", "corpus_sha256", "positions", "ridge", "fit_residual") if k in p}}
 
 
 def _drafter_words(r: SpeculateResult) -> str:

@@ -8,16 +8,18 @@ Costs nothing to draft, so it earns its keep wherever text repeats itself (code,
 quoting the prompt) and costs one dictionary probe per token elsewhere.
 
 What a proposal costs is not nothing: verifying k drafts is one call over k + 1 positions, and
-on SmolLM2 each position beyond the first costs about ``VERIFY_COST`` of a decode step (the
-rows kernels stream the weights once but multiply every position; bench/speculative.py
-measures it). The default ``adaptive`` policy therefore proposes only where it expects to gain:
-it keeps, per match length n, how often the first proposed token was accepted (a Beta(1, 1)
-prior, counted within the generation, never fitted on the prompt bank) and proposes only while
-that estimate is above the cost of verifying one more position; how many it proposes follows
-the last round (double after a round that kept every draft, one past the kept ones after a
-rejection, up to ``lookahead``), as copying runs long once it starts. A match length whose
-first drafts are rejected stops proposing, so text that does not repeat itself decodes at
-greedy speed. ``fixed`` proposes ``lookahead`` tokens at every match.
+on SmolLM2 each position beyond the first costs about ``VERIFY_COST`` of a decode step
+(bench/speculative.py measures it). The default ``adaptive`` policy therefore proposes only what
+it expects to pay: how often a proposal is right depends mostly on how long the matched suffix
+is (a one-token match is a guess, an eight-token match a copy), so it keeps, per match length,
+how often the first proposed token was accepted and, per length, how often a proposed token was
+accepted after the ones before it were — each a Beta estimate whose prior is the rate measured
+on the greedy continuations of the seed list (``vindex3.draft.seeds``; bench/draft_lookup_replay.py
+``--fit``), never on the prompt bank, updated by what this generation shows. A round proposes
+the j-th token only while the estimated chance that the first j are all accepted exceeds
+``VERIFY_COST``, so a short match whose first drafts keep failing proposes nothing (a plain
+step) and a long copy proposes up to ``lookahead``. ``fixed`` proposes ``lookahead`` tokens at
+every match.
 """
 
 from __future__ import annotations
@@ -38,12 +40,18 @@ from .speculative import (
     _Tally,
 )
 
-DEFAULT_NGRAM = 3
-# One more verified position, in decode steps: SmolLM2 f32, 1 BLAS thread, quiet machine,
-# best of 7 (bench/speculative.py pass costs): 2, 3, 4, 5 positions cost 1.50, 1.89, 2.31,
-# 2.48 steps, i.e. 0.37-0.50 a position.
-VERIFY_COST = 0.45
+DEFAULT_NGRAM = 8
+# One more verified position, in decode steps, end to end (bench/speculative.py's pass costs on
+# SmolLM2 after the multi-row kernels: about 0.3 a position at 2-5 positions).
+VERIFY_COST = 0.3
 POLICIES = ("adaptive", "fixed")
+# Priors of the adaptive policy, fitted on the seed list's greedy continuations (SmolLM2, 96
+# tokens each; bench/draft_lookup_replay.py --fit), never on the prompt bank: the chance that the
+# first token proposed by a match of length n (index n - 1; the last entry for every longer
+# match) is accepted, and that a proposed token is accepted after the ones before it were.
+PRIOR_FIRST = (0.26, 0.54, 0.57, 0.78, 0.75, 0.83, 0.94, 0.96)
+PRIOR_NEXT = (0.67, 0.71, 0.80, 0.82, 0.88, 0.91, 0.91, 0.97)
+PRIOR_WEIGHT = 4.0  # pseudo-observations the prior counts for
 
 
 class LookupIndex:
@@ -75,22 +83,31 @@ class LookupIndex:
     def match(self, k: int) -> tuple[int, list[int]]:
         """(n, proposal): the length of the longest recurring suffix and up to ``k`` tokens that
         followed its most recent earlier occurrence; (0, []) when no suffix recurs."""
+        n, e = self.find()
+        return (n, self.tokens[e:e + k]) if n and k > 0 else (0, [])
+
+    def find(self) -> tuple[int, int]:
+        """(n, e): the length of the longest recurring suffix (at most ``ngram``, at least
+        ``min_ngram``) and the position just after its most recent earlier occurrence; (0, 0)
+        when no suffix recurs."""
         t = self.tokens
         size = len(t)
-        if k <= 0 or size < 2:
-            return 0, []
+        if size < 2:
+            return 0, 0
         self._index_upto(size - 1)  # every n-gram that ends before the suffix's own end
         for n in range(min(self.ngram, size - 1), self.min_ngram - 1, -1):
             e = self._last[n].get(tuple(t[size - n:]))
             if e is not None:
-                return n, t[e:e + k]
-        return 0, []
+                return n, e
+        return 0, 0
 
 
 class LookupDrafter:
     """Prompt lookup as a `vindex3.generate.Drafter`: proposes up to ``lookahead`` tokens that
     followed the longest earlier occurrence of the context's suffix; nothing when no suffix of
-    at least ``min_ngram`` tokens recurs (the round is then a plain step and costs one probe)."""
+    at least ``min_ngram`` tokens recurs (the round is then a plain step and costs one probe).
+    The ``adaptive`` policy proposes as many of them as it expects to be worth verifying (see
+    the module docstring)."""
 
     name = "lookup"
 
@@ -106,7 +123,8 @@ class LookupDrafter:
         self.verify_cost = float(verify_cost)
         self.tried = [0] * (ngram + 1)  # per match length: rounds that verified a proposal
         self.kept = [0] * (ngram + 1)  # of those, rounds whose first proposed token was accepted
-        self.run = 1  # how many to propose next (adaptive)
+        self.next_tried = [0] * (ngram + 1)  # per match length: later tokens verified after accepted ones
+        self.next_kept = [0] * (ngram + 1)  # of those, accepted
         self._last: tuple[int, list[int]] | None = None
 
     def begin(self, prompt: Sequence[int]) -> None:
@@ -120,20 +138,42 @@ class LookupDrafter:
                 j += 1
             self.tried[n] += 1
             self.kept[n] += j > 0
-            self.run = min(self.lookahead, 2 * len(props)) if j == len(props) else j + 1
+            if j > 0:  # tokens 2..: each verified after the ones before it were accepted
+                later = min(len(props), j + 1) - 1
+                self.next_tried[n] += later
+                self.next_kept[n] += j - 1
             self._last = None
         self.index.extend(tokens)
 
+    @staticmethod
+    def _prior(table: tuple[float, ...], n: int) -> float:
+        return table[min(n, len(table)) - 1]
+
     def acceptance(self, n: int) -> float:
         """The estimated chance that the first token proposed by a match of length ``n`` is
-        accepted (Beta(1, 1) prior)."""
-        return (self.kept[n] + 1) / (self.tried[n] + 2)
+        accepted (the seed list's rate as a prior of ``PRIOR_WEIGHT`` observations)."""
+        return (self.kept[n] + PRIOR_WEIGHT * self._prior(PRIOR_FIRST, n)) / (self.tried[n] + PRIOR_WEIGHT)
+
+    def continuation(self, n: int) -> float:
+        """The estimated chance that a token a match of length ``n`` proposes is accepted once
+        the ones before it were."""
+        return ((self.next_kept[n] + PRIOR_WEIGHT * self._prior(PRIOR_NEXT, n))
+                / (self.next_tried[n] + PRIOR_WEIGHT))
 
     def propose(self, limit: int) -> list[int]:
-        adaptive = self.policy == "adaptive"
-        n, props = self.index.match(min(self.run if adaptive else self.lookahead, limit))
-        if props and adaptive and self.acceptance(n) <= self.verify_cost:
-            props = []
+        cap = min(self.lookahead, limit)
+        if cap <= 0:
+            return []
+        n, e = self.index.find()
+        if not n:
+            return []
+        k = cap
+        if self.policy == "adaptive":  # the j-th draft only while P(the first j all accepted) > its cost
+            p, q, k = self.acceptance(n), self.continuation(n), 0
+            while k < cap and p > self.verify_cost:
+                k += 1
+                p *= q
+        props = self.index.tokens[e:e + k]
         if props:
             self._last = (n, props)
         return props

@@ -47,13 +47,18 @@ def vocab_key(k: int) -> str:
 
 def components(container: Any) -> list[dict[str, Any]]:
     """The drafter components the container records (index.json only, no file read): key, kind,
-    edge, parameters, summary and whether they were derived from this container as it is."""
+    edge, parameters, summary, whether they were derived from this container as it is, the
+    SHA-256 the index records for the component's file and the fit's method."""
     c = open_container(container)
     out = []
     for key, e in sorted((c.index.get("derived") or {}).items()):
         if isinstance(e, dict) and e.get("role") == "drafter":
+            files = e.get("files") or {}
+            meta = files.get(f"{DIRECTORY}/{key}.npz")
             out.append({"key": key, "kind": e.get("kind"), "edge": e.get("edge"), "params": e.get("params") or {},
-                        "summary": e.get("summary"), "fresh": e.get("source_digest") == c.digest})
+                        "summary": e.get("summary"), "fresh": e.get("source_digest") == c.digest,
+                        "sha256": meta.get("sha256") if isinstance(meta, dict) else None,
+                        "method": e.get("method")})
     return out
 
 
