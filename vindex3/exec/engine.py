@@ -29,6 +29,7 @@ from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
 from .intervention import Intervention, resolve_stream
 from .intervention import resolve as resolve_intervention
+from .ops.fused_layer import plan_fused
 from .ops.norm import make_weight, norm_fn, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
 from .state import ContinuationState, LayerState
@@ -100,6 +101,10 @@ class PreparedOperands:
             self._cache[ref.label] = w
             self.bytes += ref.nbytes
         return w
+
+    def held(self, ref: OperandRef) -> Weight:
+        """An operand already read (no read counted): for a second binding of the same ops."""
+        return self._cache[ref.label]
 
     def array(self, ref: OperandRef) -> np.ndarray:
         """The operand whole, as float32 (norm weights, biases, small operands)."""
@@ -336,6 +341,8 @@ class Executor:
         # None) of a slot op, None of a norm.
         self._sites: dict[int, list[tuple[str, np.float32 | None] | None]] = {i: [_site(op) for op in plan.layers[i].ops]
                                                                              for i in self.layers}
+        # decode-sized passes of plain pre-norm blocks: one compiled call a layer (same bytes)
+        self.fused = plan_fused(plan, self.layers, self._kernels, W, intervention)
         self.prepared = W
         self.prepare_seconds = time.perf_counter() - t0
         self.operand_reads = W.reads
@@ -425,6 +432,8 @@ class Executor:
         return h, touched
 
     def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> tuple[np.ndarray, int]:
+        if self.fused.takes(h.shape[0]):
+            return self.fused.run(h, state, trace)
         p0 = state.position
         one = h.shape[0] == 1
         ran = []
