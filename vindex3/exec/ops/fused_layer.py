@@ -162,11 +162,12 @@ class FusedLayer:
     def fn(self):
         """The compiled call for this layer's kinds and the current thread count (each product
         on numba's pool exactly when the unfused path would send it there)."""
-        par = tuple(threads.parallel(self.kinds[g + "_bytes"]) for g in ("qkv", "o", "gu", "down"))
-        f = self._fns.get(par)
+        n = threads.count()
+        f = self._fns.get(n)
         if f is None:
-            f = self._fns[par] = _layer_fn(tuple(self.kinds[g] for g in ("qkv", "o", "gu", "down")), par,
-                                           self.m1 == 1, self.m2 == 1)
+            groups = ("qkv", "o", "gu", "down")
+            par = tuple(threads.parallel(self.kinds[g + "_bytes"]) for g in groups)
+            f = self._fns[n] = _layer_fn(tuple(self.kinds[g] for g in groups), par, self.m1 == 1, self.m2 == 1)
         return f
 
     def run(self, h: np.ndarray, kv, p0: int, cos, sin) -> np.ndarray:
@@ -211,8 +212,9 @@ class FusedStack:
         self._no_rope = np.empty((ROWS, 0), F32)
 
     def describe(self) -> list[str]:
-        """One line per executed layer: fused, or why not."""
-        return [f"layer {i}: " + ("fused" if w is None else f"not fused ({w})") for i, w in self.why.items()]
+        """One line per executed layer: fused, or why not (the switches are read per pass)."""
+        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS=0 or VINDEX3_DECODE_KERNELS=0)"
+        return [f"layer {i}: " + ("fused" + off if w is None else f"not fused ({w})") for i, w in self.why.items()]
 
     def takes(self, T: int) -> bool:
         return self.active and T <= ROWS and FUSED.on and DECODE.on
@@ -260,9 +262,7 @@ def plan_fused(plan, layers: list[int], kernels, W, intervention) -> FusedStack:
         ops = plan.layers[i].ops
         kinds = tuple(op.kind for op in ops)
         reason = None
-        if not FUSED.on:
-            reason = "VINDEX3_FUSED_LAYERS=0"
-        elif intervention is not None:
+        if intervention is not None:
             reason = "the executor is bound with an intervention"
         elif kinds != _BLOCK:
             reason = f"ops {' → '.join(kinds)} are not the plain pre-norm block"
