@@ -15,6 +15,7 @@ executor binds the FFN kernels it names differently (no check at all on the hot 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ F32 = np.float32
 # workers fight other processes for the cores. Large prefills keep BLAS's own thread count.
 SMALL_PASS = 16
 _threads: dict = {}
+_NO_LIMIT = contextlib.nullcontext()
 
 
 def _small_pass_limit():
@@ -342,7 +344,8 @@ class Executor:
         self._sites: dict[int, list[tuple[str, np.float32 | None] | None]] = {i: [_site(op) for op in plan.layers[i].ops]
                                                                              for i in self.layers}
         # decode-sized passes of plain pre-norm blocks: one compiled call a layer (same bytes)
-        self.fused = plan_fused(plan, self.layers, self._kernels, W, intervention)
+        self.fused = plan_fused(plan, self.layers, self._kernels, W, intervention,
+                                self.readout.head if self.readout is not None else None)
         self.prepared = W
         self.prepare_seconds = time.perf_counter() - t0
         self.operand_reads = W.reads
@@ -491,7 +494,7 @@ class Executor:
         out = None
         obs, ed = stream.observer, stream.edits
         if T <= SMALL_PASS:
-            with _small_pass_limit():
+            with _small_pass_limit() if not self.fused.blas_free(T) else _NO_LIMIT:
                 h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
                     self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)
                 if ends:

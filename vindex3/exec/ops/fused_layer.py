@@ -198,10 +198,14 @@ class FusedStack:
 
     rows = ROWS
 
-    def __init__(self, layers: dict[int, FusedLayer], why: dict[int, str | None], kernels):
+    def __init__(self, layers: dict[int, FusedLayer], why: dict[int, str | None], kernels, head_rows: bool = True):
         self.layers = layers
         self.why = why
         self.active = bool(layers)
+        # every layer fused and a head with a rows kernel: a decode-sized pass makes no BLAS
+        # call, so it need not hold BLAS's thread count (a threadpoolctl limit costs ~0.1-0.2 ms
+        # a pass, enter and exit)
+        self._blas_free = self.active and len(layers) == len(why) and head_rows
         self._kernels = kernels
         self._tables: dict = {}
         for fl in layers.values():
@@ -218,6 +222,11 @@ class FusedStack:
 
     def takes(self, T: int) -> bool:
         return self.active and T <= ROWS and FUSED.on and DECODE.on
+
+    def blas_free(self, T: int) -> bool:
+        """Does a pass of T positions run without any BLAS call (every layer fused, the head a
+        rows kernel)?"""
+        return self._blas_free and T <= ROWS and FUSED.on and DECODE.on
 
     def run(self, h: np.ndarray, state, trace) -> tuple[np.ndarray, int]:
         from ...errors import NonFiniteActivation
@@ -252,8 +261,9 @@ class FusedStack:
         return h, touched
 
 
-def plan_fused(plan, layers: list[int], kernels, W, intervention) -> FusedStack:
-    """Which executed layers fuse, decided once per executor (see the module docstring)."""
+def plan_fused(plan, layers: list[int], kernels, W, intervention, head=None) -> FusedStack:
+    """Which executed layers fuse, decided once per executor (see the module docstring).
+    ``head``: the readout's head weight, if the slice has one."""
     from ...operators import distinct_bytes
 
     fused: dict[int, FusedLayer] = {}
@@ -277,7 +287,7 @@ def plan_fused(plan, layers: list[int], kernels, W, intervention) -> FusedStack:
             if reason is None:
                 fused[i] = fl
         why[i] = reason
-    return FusedStack(fused, why, kernels)
+    return FusedStack(fused, why, kernels, head is None or _kind(head) is not None)
 
 
 # --------------------------------------------------------------------------------------------
