@@ -1,5 +1,7 @@
-"""Time of a decode step with the decode-sized kernels (vindex3.exec.ops.decode) on and off, in
-one process, arms interleaved (round r runs both, the order alternating), 1 thread by default.
+"""Time of a decode step with the decode-sized kernels (vindex3.exec.ops.decode) on and off, and
+with fused layers (vindex3.exec.ops.fused_layer: one compiled call a layer) on top of them, in
+one process, arms interleaved (round r runs every arm, the order alternating), 1 thread by
+default. The fused arm's logits must equal the kernels arm's byte for byte (checked, recorded).
 
 Per arm: the median over rounds of the best-of-``--repeats`` ms per token (a 16-token prefill,
 then ``--steps`` greedy steps, only the steps timed), kernel launches per token (every numba
@@ -77,17 +79,22 @@ def main() -> None:
     from make_peer_ggufs import peer_dir
 
     import vindex3
-    from vindex3.exec.ops import decode
+    from vindex3.exec.ops import decode, fused_layer
 
     load_before = os.getloadavg()
     path = our_containers([a.encoding], peer_dir(None))[a.encoding]
     c = vindex3.open(path)
     ex = c.executor(activations=a.activations)
     ids = c.tokenizer.encode(TEXT)[:16]
-    arms = {"numpy": False, "kernels": True}
+    # arm -> (decode kernels on, fused layers on)
+    arms = {"numpy": (False, False), "kernels": (True, False), "fused": (True, True)}
 
-    def decode_run(on: bool) -> tuple[float, np.ndarray, list[int]]:
-        decode.set_enabled(on)
+    def switch(on: tuple[bool, bool]) -> None:
+        decode.set_enabled(on[0])
+        fused_layer.set_enabled(on[1])
+
+    def decode_run(on: tuple[bool, bool]) -> tuple[float, np.ndarray, list[int]]:
+        switch(on)
         best, last, toks = 1e9, None, []
         for _ in range(a.repeats):
             st = ex.start()
@@ -104,7 +111,7 @@ def main() -> None:
     info: dict = {}
     for name, on in arms.items():  # warm-up (compiles) and the counts
         decode_run(on)
-        decode.set_enabled(on)
+        switch(on)
         st = ex.start()
         logits = st.prefill(ids, last_only=True)[-1]
         launches, pycalls, ccalls = counts_of_a_step(st, int(np.argmax(logits)))
@@ -112,12 +119,13 @@ def main() -> None:
     ms: dict = {n: [] for n in arms}
     final: dict = {}
     for r in range(a.rounds):
-        order = list(arms) if r % 2 == 0 else list(arms)[::-1]
+        order = list(arms)[r % len(arms):] + list(arms)[:r % len(arms)]
+        order = order if r % 2 == 0 else order[::-1]
         for name in order:
             t, last, toks = decode_run(arms[name])
             ms[name].append(t)
             final[name] = (last, toks)
-    decode.set_enabled(None)
+    switch((None, None))
     load_after = os.getloadavg()
     for name in arms:
         info[name]["ms_per_token_rounds"] = [round(x, 3) for x in ms[name]]
@@ -127,12 +135,12 @@ def main() -> None:
     toks = final["numpy"][1]
     per_arm = {}
     for name, on in arms.items():
-        decode.set_enabled(on)
+        switch(on)
         st = ex.start()
         rows = [st.prefill(ids, last_only=True)[-1]]
         rows += [st.step(t) for t in toks[:-1]]
         per_arm[name] = np.stack(rows)
-    decode.set_enabled(None)
+    switch((None, None))
     d = float(np.abs(per_arm["kernels"] - per_arm["numpy"]).max())
     flips = int((per_arm["kernels"].argmax(-1) != per_arm["numpy"].argmax(-1)).sum())
     res = {
@@ -145,6 +153,10 @@ def main() -> None:
         "repeats": a.repeats,
         "arms": info,
         "speedup_kernels_over_numpy": round(info["numpy"]["ms_per_token_median"] / info["kernels"]["ms_per_token_median"], 3),
+        "speedup_fused_over_kernels": round(info["kernels"]["ms_per_token_median"] / info["fused"]["ms_per_token_median"], 3),
+        "fused_logits_equal_kernels": bool(np.array_equal(per_arm["fused"], per_arm["kernels"])),
+        "fused_layers": sum(w is None for w in ex.fused.why.values()),
+        "layers": len(ex.fused.why),
         "logits_max_abs_diff_same_tokens": d,
         "argmax_differs_at_steps": flips,
         "same_greedy_tokens": final["kernels"][1] == final["numpy"][1],
@@ -158,6 +170,8 @@ def main() -> None:
         i = info[name]
         print(f"{name:<8} {i['ms_per_token_median']:7.2f} ms/token  {i['launches_per_token']:4d} launches/token  "
               f"{i['python_calls_per_token']:5d} Python calls/token  {i['c_calls_per_token']:5d} C calls/token")
+    print(f"fused over kernels {res['speedup_fused_over_kernels']}x ({res['fused_layers']}/{res['layers']} layers fused), "
+          f"fused logits == kernels logits: {res['fused_logits_equal_kernels']}")
     print(f"speed-up {res['speedup_kernels_over_numpy']}x, logits max|d| {d:.3g} (same tokens), argmax differs at "
           f"{flips}/{len(toks)} steps, same greedy text {res['same_greedy_tokens']}, "
           f"load {load_before[0]:.2f} -> {load_after[0]:.2f}  ({out})")

@@ -4,7 +4,10 @@ own f32, at 1 and 2 threads. Every arm runs in its own process; arms are interle
 runs every arm once) and each reports its best over ``--repeats`` inside the process; ratios
 are of medians over rounds. Our arms also report kernel launches per token (numba calls of the
 rows kernels; q/k/v and gate/up are one fused launch each where the encoding has the kernel),
-operand bytes per token and the fraction of the measured streaming bandwidth.
+operand bytes per token and the fraction of the measured streaming bandwidth. Our arms run with
+fused decode layers (vindex3.exec.ops.fused_layer: one numba call a layer); the ``unfused`` arms
+turn them off (VINDEX3_FUSED_LAYERS=0) to measure what the fusion gives. ``--select`` keeps the
+arms whose name contains one of its comma-separated parts (a short run on a busy machine).
 
 Decode: prefill 16 prompt tokens, then ``--steps`` greedy steps (argmax in numpy, as the peer
 arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without llama-cpp-python
@@ -12,6 +15,7 @@ arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without ll
 float-lane kernels (activations = 'exact').
 
     python bench/intdot_vs_llamacpp.py [--rounds 3] [--threads 1 2] [--steps 32] [--path vnni512]
+        [--select "int8 q8,q4 q8,Q8_0,Q4_1"]
 """
 
 from __future__ import annotations
@@ -159,6 +163,7 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
                PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
     if path_force:
         env["VINDEX3_INTDOT_PATH"] = path_force
+    env["VINDEX3_FUSED_LAYERS"] = "0" if spec.get("fused") is False else "1"
     if spec["kind"] == "llama":
         env.pop("OMP_WAIT_POLICY", None)
         if USER_OMP_WAIT is not None:
@@ -179,6 +184,7 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--dir", help="peer GGUF directory (default: <vindex3 cache>/peer-ggufs)")
     ap.add_argument("--out", default=str(HERE / "results" / "intdot_vs_llamacpp.json"))
+    ap.add_argument("--select", help="comma-separated parts of arm names: run only the arms that contain one")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -206,6 +212,11 @@ def main() -> int:
     for enc, acts in (("f32", ["exact"]), ("bf16", ["exact"]), ("int8", ["exact", "q8"]), ("q4", ["exact", "q8"])):
         for act in acts:
             arms.append((f"vindex3 {enc} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
+            arms.append((f"vindex3 {enc} {act} unfused", {"kind": "ours", "path": ours[enc], "activations": act,
+                                                          "fused": False}))
+    if a.select:
+        parts = [p.strip() for p in a.select.split(",") if p.strip()]
+        arms = [(n, s) for n, s in arms if any(p in n for p in parts)]
     bw = stream_bandwidth()
     runs: dict = {}
     for r in range(a.rounds):
@@ -235,7 +246,10 @@ def main() -> int:
     pairs = [("vindex3 int8 q8", "llama.cpp Q8_0"), ("vindex3 q4 q8", "llama.cpp Q4_1"),
              ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
              ("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 bf16 exact", "vindex3 f32 exact"),
-             ("vindex3 int8 q8", "vindex3 int8 exact"), ("vindex3 q4 q8", "vindex3 q4 exact")]
+             ("vindex3 int8 q8", "vindex3 int8 exact"), ("vindex3 q4 q8", "vindex3 q4 exact"),
+             ("vindex3 int8 q8 unfused", "llama.cpp Q8_0"), ("vindex3 q4 q8 unfused", "llama.cpp Q4_1")]
+    pairs += [(f"vindex3 {e} {act}", f"vindex3 {e} {act} unfused")
+              for e, act in (("int8", "q8"), ("q4", "q8"), ("int8", "exact"), ("q4", "exact"), ("f32", "exact"), ("bf16", "exact"))]
     ratios: dict = {}
     for mine, other in pairs:
         if mine in summary and other in summary:

@@ -15,6 +15,7 @@ executor binds the FFN kernels it names differently (no check at all on the hot 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
 from .intervention import Intervention, resolve_stream
 from .intervention import resolve as resolve_intervention
+from .ops.fused_layer import plan_fused
 from .ops.norm import make_weight, norm_fn, rms_norm
 from .slice import ExecutionSlice, LayerRange, plan_slice
 from .state import ContinuationState, LayerState
@@ -41,6 +43,7 @@ F32 = np.float32
 # workers fight other processes for the cores. Large prefills keep BLAS's own thread count.
 SMALL_PASS = 16
 _threads: dict = {}
+_NO_LIMIT = contextlib.nullcontext()
 
 
 def _small_pass_limit():
@@ -100,6 +103,10 @@ class PreparedOperands:
             self._cache[ref.label] = w
             self.bytes += ref.nbytes
         return w
+
+    def held(self, ref: OperandRef) -> Weight:
+        """An operand already read (no read counted): for a second binding of the same ops."""
+        return self._cache[ref.label]
 
     def array(self, ref: OperandRef) -> np.ndarray:
         """The operand whole, as float32 (norm weights, biases, small operands)."""
@@ -337,6 +344,9 @@ class Executor:
         # None) of a slot op, None of a norm.
         self._sites: dict[int, list[tuple[str, np.float32 | None] | None]] = {i: [_site(op) for op in plan.layers[i].ops]
                                                                              for i in self.layers}
+        # decode-sized passes of plain pre-norm blocks: one compiled call a layer (same bytes)
+        self.fused = plan_fused(plan, self.layers, self._kernels, W, intervention,
+                                self.readout.head if self.readout is not None else None)
         self.prepared = W
         self.prepare_seconds = time.perf_counter() - t0
         self.operand_reads = W.reads
@@ -426,6 +436,8 @@ class Executor:
         return h, touched
 
     def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> tuple[np.ndarray, int]:
+        if self.fused.takes(h.shape[0]):
+            return self.fused.run(h, state, trace)
         p0 = state.position
         one = h.shape[0] == 1
         ran = []
@@ -483,7 +495,7 @@ class Executor:
         out = None
         obs, ed = stream.observer, stream.edits
         if T <= SMALL_PASS:
-            with _small_pass_limit():
+            with _small_pass_limit() if not self.fused.blas_free(T) else _NO_LIMIT:
                 h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
                     self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)
                 if ends:

@@ -1,0 +1,410 @@
+"""Fused decode layers: a decode-sized pass (at most `ROWS` positions, one stream, no observer,
+no stream intervention) through a plain pre-norm transformer block in ONE compiled call a layer,
+instead of about eight kernel launches and a few dozen numpy and Python calls around them.
+
+The block it takes, read from the plan's ops and operator params (never from a model family):
+
+    rms_norm → softmax attention → residual add → rms_norm → gated FFN (SiLU) → residual add
+
+with the attention full-span, rope (any table) or none, and without biases, QK-norm, clamp,
+softcap, sinks or an output gate; the FFN with separate gate and up, no biases, SiLU; the norms
+pre-norms; every weight in an encoding with a rows kernel (f32, bf16, int8 and q4, under
+activations 'exact' or 'q8'), the weights of one product group (q/k/v, gate/up) in one
+encoding. Anything else, and any layer of an executor bound with an intervention, runs the ops
+as before; `FusedStack.why` says why, per layer (EXPLAIN-able: `Executor.fused.describe()`).
+
+Same bytes as the unfused path, by construction: the call runs the very compiled kernels the
+unfused path launches one by one — `vindex3.exec.ops.decode`'s RMSNorm, attention and SiLU
+kernels, and the rows / group kernels of vindex3.codecs (`intrinsics` for f32, bf16 and the q8
+products, `kernels` for int8 and q4 under 'exact') — in the same order, on the same arrays; the
+residual adds are float32 adds (times the multiplier when it is not 1) as numpy's. Each output
+element is still computed by one thread, so the thread count changes no byte either. The
+refusals are the unfused path's: a norm whose mean of squares is not finite, a residual holding
+NaN or infinity, each raised after the same state changes (tests/test_fused_layer.py).
+
+``VINDEX3_FUSED_LAYERS=0`` turns the fast path off for a process, `set_enabled` in one (tests and
+bench/decode_step.py run both); ``VINDEX3_DECODE_KERNELS=0`` turns it off with the decode
+kernels it is made of. numba is imported when a fused layer first runs, not before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from ...codecs import threads
+from .norm import DECODE, make_weight
+
+F32 = np.float32
+ROWS = 8  # positions per pass up to which layers fuse (vindex3.exec.ops.decode.ROWS)
+
+
+class _Switch:
+    on = os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0"
+
+
+FUSED = _Switch()
+
+
+def enabled() -> bool:
+    return FUSED.on
+
+
+def set_enabled(flag: bool | None) -> None:
+    """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again)."""
+    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0") if flag is None else bool(flag)
+
+
+# --------------------------------------------------------------------------------------------
+# eligibility: read once per executor from the plan's ops, their params and the weight classes
+_BLOCK = ("rms_norm", "softmax", "residual_add", "rms_norm", "gated_ffn", "residual_add")
+
+
+def _kind(w) -> str | None:
+    """The product kind of a weight object (its class, exactly: a subclass may multiply
+    otherwise), or None when it has no rows kernel the fused call can run."""
+    from ...codecs.f32 import DenseF32
+    from ...codecs.half import BF16Weight
+    from ...codecs.int8 import Int8Blocks, Int8BlocksQ8
+    from ...codecs.q4 import Q4Weight, Q4WeightQ8
+
+    kinds = {DenseF32: "f32", BF16Weight: "bf16", Int8Blocks: "i8", Int8BlocksQ8: "i8q8", Q4Weight: "q4",
+             Q4WeightQ8: "q4q8"}
+    k = kinds.get(type(w))
+    if k is None or len(w.shape) != 2 or w.shape[0] == 0:
+        return None
+    return k
+
+
+def _arrays(kind: str, w) -> tuple:
+    return {"f32": lambda: (w.a,), "bf16": lambda: (w.h,), "i8": lambda: (w.q, w.s), "i8q8": lambda: (w.q, w.s),
+            "q4": lambda: (w.qs, w.d, w.m), "q4q8": lambda: (w.qs, w.d, w.m)}[kind]()
+
+
+def _group(ws: tuple, what: str) -> tuple[str, tuple, int] | str:
+    """(kind, the arrays the product kernel takes, weight bytes) of weights that multiply one
+    activation, or why they cannot be fused."""
+    kinds = {_kind(w) for w in ws}
+    if None in kinds:
+        names = sorted({type(w).__name__ for w in ws if _kind(w) is None})
+        return f"{what}: weight class {', '.join(names)} has no rows kernel the fused call runs"
+    if len(kinds) != 1:
+        return f"{what}: weights in different encodings ({', '.join(sorted(kinds))})"
+    kind = kinds.pop()
+    if any(w.shape[1] != ws[0].shape[1] for w in ws):
+        return f"{what}: weights of different widths"
+    parts = [_arrays(kind, w) for w in ws]
+    cols = []
+    for j in range(len(parts[0])):
+        arrs = tuple(p[j] for p in parts)
+        if not all(a.flags.c_contiguous for a in arrs) or not threads.one_array_type(arrs):
+            return f"{what}: weight arrays are not of one C-contiguous array type"
+        cols.append(arrs)
+    if kind in ("q4", "q4q8"):
+        cols.append(threads.kernels().F16_TABLE)
+    return kind, tuple(cols), sum(a.nbytes for a in cols[0])
+
+
+def _norm_ok(op) -> str | None:
+    if op.params.post:
+        return f"{op.role}: a post-norm"
+    return None
+
+
+def _attention_ok(p) -> str | None:
+    bad = [name for name, on in (
+        ("an output gate", p.output_gate), ("a sliding window", p.span != "full"),
+        ("biases", any(p.bias.values())), ("QK-norm", p.qk_norm_eps is not None),
+        ("a q/k/v clamp", p.qkv_clip is not None), ("attention sinks", p.sinks is not None),
+        ("a logit softcap", p.logit_softcap is not None)) if on]
+    return f"softmax with {', '.join(bad)}" if bad else None
+
+
+def _ffn_ok(p) -> str | None:
+    bad = [name for name, on in (("activation " + p.activation, p.activation != "silu"), ("biases", p.bias),
+                                 ("a fused gate_up matrix", p.fused_gate_up)) if on]
+    return f"gated_ffn with {', '.join(bad)}" if bad else None
+
+
+class FusedLayer:
+    """One layer's operands as the fused call takes them, and the call."""
+
+    def __init__(self, index: int, ops, W, touched: int):
+        n1, att, r1, n2, ffn, r2 = ops
+        self.index = index
+        self.touched = touched
+        self.n1 = make_weight(W.held(n1.operands["weight"]).dense(), n1.params.weight_offset)
+        self.n2 = make_weight(W.held(n2.operands["weight"]).dense(), n2.params.weight_offset)
+        self.e1, self.e2 = F32(n1.params.eps), F32(n2.params.eps)
+        self.m1, self.m2 = F32(r1.params.multiplier), F32(r2.params.multiplier)
+        p = att.params
+        self.nh, self.nkv, self.hd = p.heads, p.kv_heads, p.head_dim
+        self.qscale, self.sscale = F32(p.query_scale), F32(p.score_scale)
+        self.rope = (p.rope_theta, p.rotary_dims, json.dumps(p.rope_scaling, sort_keys=True)) if p.position == "rope" else None
+        self.rope_args = (p.rope_theta, p.rotary_dims, p.rope_scaling)
+        w = {role: W.held(ref) for role, ref in {**att.operands, **ffn.operands}.items()}
+        groups = {"qkv": (w["q_proj"], w["k_proj"], w["v_proj"]), "o": (w["o_proj"],),
+                  "gu": (w["ffn_gate"], w["ffn_up"]), "down": (w["ffn_down"],)}
+        self.why = None
+        self.args = {}
+        self.kinds = {}
+        for name, ws in groups.items():
+            g = _group(ws, name)
+            if isinstance(g, str):
+                self.why = g
+                return
+            self.kinds[name], self.args[name], nbytes = g
+            self.kinds[name + "_bytes"] = nbytes
+        self._fns: dict = {}
+
+    def fn(self):
+        """The compiled call for this layer's kinds and the current thread count (each product
+        on numba's pool exactly when the unfused path would send it there)."""
+        n = threads.count()
+        f = self._fns.get(n)
+        if f is None:
+            groups = ("qkv", "o", "gu", "down")
+            par = tuple(threads.parallel(self.kinds[g + "_bytes"]) for g in groups)
+            f = self._fns[n] = _layer_fn(tuple(self.kinds[g] for g in groups), par, self.m1 == 1, self.m2 == 1)
+        return f
+
+    def run(self, h: np.ndarray, kv, p0: int, cos, sin) -> np.ndarray:
+        T = h.shape[0]
+        row0 = kv.reserve(T)
+        out = np.empty(h.shape, F32)
+        a = self.args
+        f = self.fn()
+        with threads.launch():
+            status = f(h, self.n1, self.e1, a["qkv"], a["o"], self.n2, self.e2, a["gu"], a["down"], kv.kt, kv.v,
+                       row0, p0, cos, sin, self.qscale, self.sscale, self.m1, self.m2, self.nh, self.nkv, self.hd, out)
+        if status != 1:  # the K/V rows were written (the unfused path advances them before its FFN norm)
+            kv.end += T
+        if status:
+            from .norm import _finite
+
+            if status in (1, 2):
+                _finite(np.array([np.nan], F32))  # the unfused norm's refusal, located by the caller
+            from ..engine import _check_finite
+
+            _check_finite(out, self.index)
+        return out
+
+
+class FusedStack:
+    """The executed layers of one executor, each fused or not (``why[i]``: None when layer i
+    fuses, else the reason it runs op by op). `run` is `Executor._layers` with fused layers."""
+
+    rows = ROWS
+
+    def __init__(self, layers: dict[int, FusedLayer], why: dict[int, str | None], kernels, head_rows: bool = True):
+        self.layers = layers
+        self.why = why
+        self.active = bool(layers)
+        # every layer fused and a head with a rows kernel: a decode-sized pass makes no BLAS
+        # call, so it need not hold BLAS's thread count (a threadpoolctl limit costs ~0.1-0.2 ms
+        # a pass, enter and exit)
+        self._blas_free = self.active and len(layers) == len(why) and head_rows
+        self._kernels = kernels
+        self._tables: dict = {}
+        for fl in layers.values():
+            if fl.rope is not None and fl.rope not in self._tables:
+                from .rope import RopeTable
+
+                self._tables[fl.rope] = RopeTable(*fl.rope_args)
+        self._no_rope = np.empty((ROWS, 0), F32)
+
+    def describe(self) -> list[str]:
+        """One line per executed layer: fused, or why not (the switches are read per pass)."""
+        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS=0 or VINDEX3_DECODE_KERNELS=0)"
+        return [f"layer {i}: " + ("fused" + off if w is None else f"not fused ({w})") for i, w in self.why.items()]
+
+    def takes(self, T: int) -> bool:
+        return self.active and T <= ROWS and FUSED.on and DECODE.on
+
+    def blas_free(self, T: int) -> bool:
+        """Does a pass of T positions run without any BLAS call (every layer fused, the head a
+        rows kernel)?"""
+        return self._blas_free and T <= ROWS and FUSED.on and DECODE.on
+
+    def run(self, h: np.ndarray, state, trace) -> tuple[np.ndarray, int]:
+        from ...errors import NonFiniteActivation
+        from ..engine import _check_finite
+
+        p0 = state.position
+        T = h.shape[0]
+        one = T == 1
+        rope = {key: t.rows(p0, T) for key, t in self._tables.items()}
+        ran = []
+        touched = 0
+        x = h
+        layers = self.layers
+        for i, fns in self._kernels:
+            ls = state.layers[i]
+            fl = layers.get(i)
+            try:
+                if fl is not None:
+                    cos, sin = rope[fl.rope] if fl.rope is not None else (self._no_rope, self._no_rope)
+                    h = x = fl.run(h, ls.ops["mixer"], p0, cos, sin)
+                    touched += fl.touched
+                    ran.append(i)
+                    continue
+                for fn in fns:
+                    h, x, n = fn(h, x, ls, p0, one, trace)
+                    touched += n
+            except NonFiniteActivation as e:
+                raise e.at(i) from None
+            _check_finite(h, i)
+            ran.append(i)
+        trace.executed_layers = ran
+        return h, touched
+
+
+def plan_fused(plan, layers: list[int], kernels, W, intervention, head=None) -> FusedStack:
+    """Which executed layers fuse, decided once per executor (see the module docstring).
+    ``head``: the readout's head weight, if the slice has one."""
+    from ...operators import distinct_bytes
+
+    fused: dict[int, FusedLayer] = {}
+    why: dict[int, str | None] = {}
+    for i, fns in kernels:
+        ops = plan.layers[i].ops
+        kinds = tuple(op.kind for op in ops)
+        reason = None
+        if intervention is not None:
+            reason = "the executor is bound with an intervention"
+        elif kinds != _BLOCK:
+            reason = f"ops {' → '.join(kinds)} are not the plain pre-norm block"
+        elif any(getattr(fn, "reports", False) for fn in fns):
+            reason = "an op reports what each call read"
+        else:
+            reason = _norm_ok(ops[0]) or _norm_ok(ops[3]) or _attention_ok(ops[1].params) or _ffn_ok(ops[4].params)
+        if reason is None:
+            touched = sum(distinct_bytes(op.operands) for op in ops if op.kind != "residual_add")
+            fl = FusedLayer(i, ops, W, touched)
+            reason = fl.why
+            if reason is None:
+                fused[i] = fl
+        why[i] = reason
+    return FusedStack(fused, why, kernels, head is None or _kind(head) is not None)
+
+
+# --------------------------------------------------------------------------------------------
+# the compiled calls
+_PRODUCTS: dict = {}
+_LAYERS: dict = {}
+
+
+def _product(kind: str, parallel: bool):
+    """An njit ``prod(arrays, x, ys)``: ys[i] = weight i times x, the kernel the unfused path
+    launches for a group of weights of ``kind`` (a group kernel, or the rows kernel per weight
+    where the encoding has no group kernel)."""
+    key = (kind, parallel)
+    if key in _PRODUCTS:
+        return _PRODUCTS[key]
+    from numba import njit
+
+    I, K = threads.intdot(), threads.kernels()
+    rpt = I.ROWS_PER_TASK
+    if kind == "f32":
+        g = I.float_kernel("f32", "vector", parallel, True)
+
+        @njit
+        def prod(ws, x, ys):  # pragma: no cover - compiled
+            g(ws[0], x, ys, rpt)
+    elif kind == "bf16":
+        g = I.group_bf16("vector", parallel)
+
+        @njit
+        def prod(ws, x, ys):  # pragma: no cover - compiled
+            g(ws[0], x, ys, rpt)
+    elif kind == "i8q8":
+        g = I.group_kernel("i8", parallel=parallel)
+
+        @njit
+        def prod(ws, x, ys):  # pragma: no cover - compiled
+            g(ws[0], ws[1], x, ys, rpt)
+    elif kind == "q4q8":
+        g = I.group_kernel("q4", parallel=parallel)
+
+        @njit
+        def prod(ws, x, ys):  # pragma: no cover - compiled
+            g(ws[0], ws[1], ws[2], ws[3], x, ys, rpt)
+    elif kind == "i8":  # the reassociating rows kernel, one launch per weight as unfused
+        r = K.rows_i8_block_scale
+        krpt = K.ROWS_PER_TASK
+
+        @njit
+        def prod(ws, x, ys):  # pragma: no cover - compiled
+            for i in range(len(ys)):
+                r(ws[0][i], ws[1][i], x, ys[i], krpt)
+    elif kind == "q4":
+        r = K.rows_q4
+        split = K.q4_split_x
+        krpt = K.ROWS_PER_TASK
+
+        @njit
+        def prod(ws, x, ys):  # pragma: no cover - compiled
+            for i in range(len(ys)):
+                xl, xh, xs = split(x)
+                r(ws[0][i], ws[1][i], ws[2][i], ws[3], xl, xh, xs, ys[i], krpt)
+    else:
+        raise ValueError(f"no fused product for kind {kind!r}")
+    _PRODUCTS[key] = prod
+    return prod
+
+
+def _layer_fn(kinds: tuple, par: tuple, unit1: bool, unit2: bool):
+    key = (kinds, par, unit1, unit2)
+    if key in _LAYERS:
+        return _LAYERS[key]
+    from numba import njit
+
+    from . import decode as D
+
+    p_qkv, p_o, p_gu, p_down = (_product(k, p) for k, p in zip(kinds, par))
+    rms, attend, silu = D._rms_rows, D._attend, D._silu_mul
+
+    @njit(error_model="numpy", nogil=True)
+    def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
+              out):  # pragma: no cover - compiled
+        """h [T, H] -> out [T, H], the layer's residual; returns 0, or 1 / 2 (the first / second
+        norm's mean of squares is not finite: nothing after it ran), 3 (out holds NaN or inf)."""
+        T, H = h.shape
+        x = np.empty((T, H), F32)
+        if not rms(h, n1, e1, x):
+            return 1
+        q = np.empty((T, nh * hd), F32)
+        k = np.empty((T, nkv * hd), F32)
+        v = np.empty((T, nkv * hd), F32)
+        p_qkv(wqkv, x, (q, k, v))
+        att = np.empty((T, nh, hd), F32)
+        attend(q.reshape((T, nh, hd)), k.reshape((T, nkv, hd)), v.reshape((T, nkv, hd)), cos, sin, qscale, KT, V,
+               row0, 0, 0, p0, 0, sscale, F32(0.0), np.empty(0, F32), False, np.empty((1, 1, 1, 1), F32), att)
+        y = np.empty((T, H), F32)
+        p_o(wo, att.reshape((T, nh * hd)), (y,))
+        r = np.empty((T, H), F32)
+        for t in range(T):
+            for i in range(H):
+                r[t, i] = h[t, i] + y[t, i] if unit1 else h[t, i] + y[t, i] * m1
+        if not rms(r, n2, e2, x):
+            return 2
+        n_i = wgu[0][0].shape[0]
+        g = np.empty((T, n_i), F32)
+        u = np.empty((T, n_i), F32)
+        p_gu(wgu, x, (g, u))
+        a = np.empty((T, n_i), F32)
+        silu(g, u, a)
+        p_down(wd, a, (y,))
+        ok = True
+        for t in range(T):
+            for i in range(H):
+                s = r[t, i] + y[t, i] if unit2 else r[t, i] + y[t, i] * m2
+                out[t, i] = s
+                if not np.isfinite(s):
+                    ok = False
+        return 0 if ok else 3
+
+    _LAYERS[key] = layer
+    return layer
