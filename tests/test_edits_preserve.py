@@ -166,3 +166,21 @@ def test_nothing_reads_the_held_out_files_by_default():
         assert "edits_smollm2_tune" not in text and "edits_smollm2_preserve" not in text, f
     bench = (ROOT / "bench" / "edits_smollm2.py").read_text()
     assert 'default="tests/data/edits_smollm2.jsonl"' in bench and "edits_smollm2_tune" not in bench
+
+
+def test_score_edits_names_the_neighbors_its_overlay_edits(tiny_llama_container, tmp_path, monkeypatch):
+    import shutil
+
+    import lql
+
+    shutil.copytree(tiny_llama_container, tmp_path / "tiny.vindex3")
+    monkeypatch.chdir(tmp_path)
+    lines = [{"prompt": PROMPT, "subject": "France", "target": "Rome", "original": "Paris",
+              "neighbors": [{"prompt": "The capital of Italy is", "answer": "Madrid"}]},
+             {"prompt": "The capital of Italy is", "subject": "Italy", "target": "Berlin", "original": "Madrid"}]
+    (tmp_path / "edits.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    s = lql.Session(str(tmp_path / "tiny.vindex3"))
+    r = s.execute_one("SCORE EDITS ON 'edits.jsonl' MODE MEMIT LAYERS 1-2")
+    assert (r.neighbors_edited, r.rows[0].neighbors_edited, r.neighbors_undecidable) == (1, 1, 0)
+    assert "1 neighbor prompt(s) are edited by the overlay itself" in r.to_text()
+    assert s.execute_one("SCORE EDITS ON 'edits.jsonl'").neighbors_edited == 0  # nothing fitted: as written

@@ -920,6 +920,8 @@ class ScoreRow(BaseModel):
     p_target: float
     rank: int
     retrieval_hits: int
+    neighbors_edited: int = 0  # neighbors whose prompt the overlay edits: scored against that edit's target
+    neighbors_undecidable: int = 0  # of those, left out: that target shares the case target's first token
 
 
 class ScoreEditsResult(Result):
@@ -935,6 +937,8 @@ class ScoreEditsResult(Result):
     kl: float | None
     kl_positions: int
     bank: str | None
+    neighbors_edited: int = 0
+    neighbors_undecidable: int = 0
 
 
 @fam.runs(ScorePlan)
@@ -964,7 +968,8 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
     return ScoreEditsResult(path=node.path, overlay=r.overlay, fitted=fitted,
                             rows=[ScoreRow(**c.model_dump()) for c in r.cases], efficacy=r.efficacy,
                             paraphrase=r.paraphrase, neighborhood=r.neighborhood, p_target=r.p_target, kl=r.kl,
-                            kl_positions=r.kl_positions, bank=r.bank)
+                            kl_positions=r.kl_positions, bank=r.bank, neighbors_edited=r.neighbors_edited,
+                            neighbors_undecidable=r.neighbors_undecidable)
 
 
 # ---- SELECT ... FROM EDGES -----------------------------------------------------------------------
@@ -1113,6 +1118,10 @@ def layout_score(r: ScoreEditsResult, timing: bool) -> list[str]:
     out += fields([("efficacy", _pct(r.efficacy)), ("paraphrase", _pct(r.paraphrase)),
                    ("neighborhood", _pct(r.neighborhood)), ("mean p(target)", f"{r.p_target:.3f}"),
                    ("prompt-bank KL", None if r.kl is None else f"{r.kl:.4f} nats over {r.kl_positions} positions of {r.bank}")])
+    if r.neighbors_edited:
+        out.append(f"note: {r.neighbors_edited} neighbor prompt(s) are edited by the overlay itself: scored against "
+                   f"that edit's target, not the file's answer ({r.neighbors_undecidable} left out: that target begins "
+                   "with the case's own target's token)")
     if "retrieval overlay" in r.overlay:
         out.append("note: KNN edits are a retrieval overlay (no weight changes); "
                    f"{sum(x.retrieval_hits for x in r.rows)} position(s) were overridden while scoring")
