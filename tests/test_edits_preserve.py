@@ -160,7 +160,7 @@ def test_the_tuning_set_and_the_preservation_corpus_are_held_out_from_the_scored
 
 def test_nothing_reads_the_held_out_files_by_default():
     st = FitSettings()
-    assert st.preserve is None and st.preserve_weight == 0.0  # preservation is named or absent
+    assert st.preserve is None  # preservation is named or absent
     for f in [*(ROOT / "vindex3").rglob("*.py"), *(ROOT / "lql").rglob("*.py")]:
         text = f.read_text()
         assert "edits_smollm2_tune" not in text and "edits_smollm2_preserve" not in text, f
@@ -184,3 +184,23 @@ def test_score_edits_names_the_neighbors_its_overlay_edits(tiny_llama_container,
     assert (r.neighbors_edited, r.rows[0].neighbors_edited, r.neighbors_undecidable) == (1, 1, 0)
     assert "1 neighbor prompt(s) are edited by the overlay itself" in r.to_text()
     assert s.execute_one("SCORE EDITS ON 'edits.jsonl'").neighbors_edited == 0  # nothing fitted: as written
+
+
+def test_lql_preserve_names_its_corpus(tiny_llama_container, tmp_path, monkeypatch):
+    import shutil
+
+    import lql
+    from lql.errors import LqlError
+
+    shutil.copytree(tiny_llama_container, tmp_path / "tiny.vindex3")
+    monkeypatch.chdir(tmp_path)
+    _corpus(tmp_path / "keep.jsonl", [{"prompt": "The capital of Italy is", "subject": "Italy"}])
+    s = lql.Session(str(tmp_path / "tiny.vindex3"))
+    r = s.execute_one("INSERT INTO EDGES (prompt, target, entity) VALUES ('The capital of France is', ' Rome', 'France') "
+                      "LAYERS 1-2 MODE MEMIT PRESERVE 'keep.jsonl'")
+    rec = r.edits[0].fit["preservation"]
+    assert rec["corpus"] == "keep.jsonl" and rec["keys"] == 1 and rec["weight"] == FitSettings().preserve_weight
+    with pytest.raises(LqlError) as e:
+        s.execute_one("INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') MODE KNN "
+                      "PRESERVE 'keep.jsonl'")
+    assert "PRESERVE names keys MEMIT's closed form keeps; MODE KNN has no closed form" in e.value.message
