@@ -4,13 +4,19 @@ single (one edit on the unedited model) and all 20 together, scored with Counter
 (vindex3.edits.score). Writes bench/results/edits_smollm2.json with the machine facts.
 
     python bench/edits_smollm2.py [--modes memit,compose,knn] [--single-kl 5] [--key subject|last-token]
+        [--cases FILE] [--preserve FILE --preserve-weight MU] [--value-cache DIR] [--fit-values-only]
 
-MODE MEMIT keys at each line's subject (its last token) unless --key last-token.
+MODE MEMIT keys at each line's subject (its last token) unless --key last-token. With --value-cache,
+MEMIT's fitted values (`fit.fit_value`, the costly part: they depend on the prompt, the target, the
+subject, the value's layer, the context prefixes and the value-fit settings, nothing else) are kept
+on disk under that key and reused, so runs that vary only the closed form (lambda, the range's
+lower layers, preservation) refit nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -28,8 +34,35 @@ from machine import facts
 import vindex3
 from vindex3 import default_model
 from vindex3.edits import EditedModel, FitSettings, Patch
-from vindex3.edits.fit import make_edits, request
+from vindex3.edits import fit as fitmod
+from vindex3.edits.fit import context_prefixes, make_edits, request
 from vindex3.edits.score import load_cases, score
+
+VALUE_FIELDS = ("contexts", "context_tokens", "v_steps", "v_lr", "v_clamp", "v_kl", "v_decay", "v_stop")
+
+
+def cache_values(directory: Path) -> None:
+    """Route `fit.fit_value` through a disk cache in ``directory`` (fits on a bare container only:
+    the key holds its digest, the request, the layer, the contexts and the value settings)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    real = fitmod.fit_value
+
+    def cached(model, r, layer, settings, contexts):
+        if isinstance(model, EditedModel):
+            return real(model, r, layer, settings, contexts)
+        key = json.dumps([model.digest, r.prompt, r.target_id, r.entity, layer, list(contexts),
+                          [getattr(settings, k) for k in VALUE_FIELDS]])
+        f = directory / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".npz")
+        if f.exists():
+            z = np.load(f)
+            return z["h"], z["delta"], json.loads(str(z["fig"]))
+        h, d, fig = real(model, r, layer, settings, contexts)
+        tmp = f.with_suffix(".tmp.npz")
+        np.savez(tmp, h=h, delta=d, fig=json.dumps(fig))
+        os.replace(tmp, f)
+        return h, d, fig
+
+    fitmod.fit_value = cached
 
 
 def summary(r) -> dict:
@@ -76,13 +109,20 @@ def main() -> None:
     ap.add_argument("--singles", default="0-19", help="a-b: the cases fitted one at a time; none: no single edits")
     ap.add_argument("--no-together", dest="together", action="store_false", help="skip the 20 fitted together")
     ap.add_argument("--merge", nargs="+", default=None, help="combine result files of parts of the singles into --out")
+    ap.add_argument("--cases", default="tests/data/edits_smollm2.jsonl", help="the edits file (under the repository)")
+    ap.add_argument("--value-cache", default=None, help="a directory keeping MEMIT's fitted values between runs")
+    ap.add_argument("--preserve", default=None, help="MEMIT's preservation corpus (a JSONL of {prompt, subject})")
+    ap.add_argument("--preserve-weight", type=float, default=0.0, help="MEMIT's weight per preservation key")
+    ap.add_argument("--fit-values-only", action="store_true", help="fit (and cache) the MEMIT values of the singles, no scoring")
     a = ap.parse_args()
+    if a.value_cache:
+        cache_values(Path(a.value_cache))
     if a.merge:
         merge(a.merge, ROOT / "bench" / "results" / a.out)
         return
     c = vindex3.open(default_model.container_path())
     tok = c.tokenizer
-    cases = load_cases(ROOT / "tests" / "data" / "edits_smollm2.jsonl")
+    cases = load_cases(ROOT / a.cases)
     base_ex = c.executor()
     known = []
     for cs in cases:
@@ -92,12 +132,25 @@ def main() -> None:
     unedited = score(c, c, cases, kl=False, executor=base_ex)
     out = {"machine": facts(), "load_average": os.getloadavg(), "known": sum(known), "cases": len(cases),
            "unedited": summary(unedited), "modes": {}}
-    settings = FitSettings(key=a.key)
+    settings = FitSettings(key=a.key, preserve=str(ROOT / a.preserve) if a.preserve else None,
+                           preserve_weight=a.preserve_weight)
     if a.lam is not None:
         setattr(settings, "lam_subject" if a.key == "subject" else "lam", a.lam)
-    out["settings"] = {**settings.record(), **settings.value_record()}
+    out["settings"] = {**settings.record(), **settings.value_record(),
+                       "preserve": a.preserve, "preserve_weight": a.preserve_weight if a.preserve else None}
+    out["cases_file"] = a.cases
     lo_, _, hi_ = a.singles.partition("-")
     picked = [] if a.singles == "none" else list(range(int(lo_), int(hi_ or lo_) + 1))
+    if a.fit_values_only:
+        lo, _, hi = (a.layers or "").partition("-")
+        top = int(hi or lo) if a.layers else fitmod.default_layers(len(c.op_plan().layers), "memit")[-1]
+        ctx = context_prefixes(c, settings)
+        for i in picked:
+            t0 = time.time()
+            cs = cases[i]
+            fitmod.fit_value(c, request(c, cs.prompt, cs.target, cs.subject), top, settings, ctx)
+            print(f"value {i} at layer {top}: {time.time() - t0:.0f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        return
     out["singles_run"] = picked
     for mode in a.modes.split(","):
         layers = None

@@ -48,10 +48,12 @@ score_edits: SCORE EDITS ON STRING insert_option*
               | mode_clause
               | template_clause
               | corpus_clause
+              | preserve_clause
 confidence_clause: CONFIDENCE _number
 alpha_clause: ALPHA _number
 template_clause: TEMPLATE STRING
 corpus_clause: CORPUS STRING
+preserve_clause: PRESERVE STRING
 _number: INT | FLOAT
 assignment: column _EQ literal
 loose_option: NAME [literal]
@@ -65,9 +67,10 @@ fam.doc('SHOW PATCHES',
 fam.doc('INSERT',
         "INSERT INTO EDGES (entity, relation, target) | (prompt, target [, entity]) VALUES (...) "
         "[TEMPLATE 'The {entity} is in'] [AT LAYER n | LAYERS a-b] [MODE KNN | COMPOSE | MEMIT] [CONFIDENCE p] "
-        "[ALPHA cos] [CORPUS 'bank.jsonl']",
+        "[ALPHA cos] [CORPUS 'bank.jsonl'] [PRESERVE 'kept.jsonl']",
         "write a fact into the open patch: MEMIT (rank-one weight terms keyed at the entity's last token, its value "
-        "fitted by gradient; at the prompt's last token when no entity is named), COMPOSE (one FFN feature) or KNN "
+        "fitted by gradient; at the prompt's last token when no entity is named; PRESERVE keeps the keys of a named "
+        "file's held-out {prompt, subject} lines in place), COMPOSE (one FFN feature) or KNN "
         "(a retrieval overlay: no weight changes; the default, as in the reference)",
         "INSERT INTO EDGES (prompt, target) VALUES ('The capital of France is', ' Rome') MODE MEMIT;", order=380)
 fam.doc('DELETE',
@@ -88,7 +91,7 @@ fam.doc('BEGIN PATCH',
         "on any other container), remove one",
         "BEGIN PATCH 'facts.vlp';", order=420, aliases=('SAVE PATCH', 'APPLY PATCH', 'REMOVE PATCH', 'PATCH'))
 fam.doc('SCORE EDITS',
-        "SCORE EDITS ON 'edits.jsonl' [MODE m [AT LAYER n | LAYERS a-b]] [CORPUS 'bank.jsonl']",
+        "SCORE EDITS ON 'edits.jsonl' [MODE m [AT LAYER n | LAYERS a-b]] [CORPUS 'bank.jsonl'] [PRESERVE 'kept.jsonl']",
         "CounterFact metrics of the current overlay (or, with MODE, of the file's edits fitted together on top of "
         "it, then dropped): efficacy, paraphrase, neighborhood, target probability and rank, prompt-bank KL",
         "SCORE EDITS ON 'edits.jsonl';", order=425)
@@ -197,6 +200,11 @@ def corpus_clause(c: Children) -> Clause:
 
 
 @fam.rule
+def preserve_clause(c: Children) -> Clause:
+    return c.clause("preserve", c.string("PRESERVE"))
+
+
+@fam.rule
 def assignment(c: Children) -> tuple:
     col, value = c.values(2)
     return (col, value)
@@ -230,7 +238,7 @@ class ShowPatches(ast.Statement):
 
 class InsertEdges(EditStatement):
     keyword: ClassVar[str] = "INSERT"
-    paths: ClassVar[tuple[str, ...]] = ("corpus",)
+    paths: ClassVar[tuple[str, ...]] = ("corpus", "preserve")
     kind: Literal["insert_edges"] = "insert_edges"
     columns: list[ast.Column]
     values: list[str | int | float]
@@ -241,6 +249,7 @@ class InsertEdges(EditStatement):
     mode: str | None = None
     template: str | None = None
     corpus: str | None = None  # a JSONL prompt bank for the fit's corpus statistics (default: the frozen bank)
+    preserve: str | None = None  # MEMIT: a JSONL of {prompt, subject} whose subject keys the closed form keeps
 
 
 class DeleteEdges(EditStatement):
@@ -286,7 +295,7 @@ class RemovePatch(EditStatement):
 
 class ScoreEdits(ast.Statement):
     keyword: ClassVar[str] = "SCORE EDITS"
-    paths: ClassVar[tuple[str, ...]] = ("path", "corpus")
+    paths: ClassVar[tuple[str, ...]] = ("path", "corpus", "preserve")
     read_only: ClassVar[bool | str] = True
     needs_container: ClassVar[bool] = True
     kind: Literal["score_edits"] = "score_edits"
@@ -298,6 +307,7 @@ class ScoreEdits(ast.Statement):
     mode: str | None = None
     template: str | None = None
     corpus: str | None = None  # a JSONL prompt bank for the fit's corpus statistics (default: the frozen bank)
+    preserve: str | None = None  # MEMIT: a JSONL of {prompt, subject} whose subject keys the closed form keeps
 
 
 class LooseOption(ast.Node):
@@ -475,6 +485,7 @@ class InsertPlan(Node):
     confidence: float | None
     alpha: float | None
     corpus: str | None = None
+    preserve: str | None = None
 
 
 def _mode_and_layers(s, ctx: Context) -> tuple[str, tuple[int, ...] | None, dict]:
@@ -511,10 +522,11 @@ def _mode_and_layers(s, ctx: Context) -> tuple[str, tuple[int, ...] | None, dict
     return mode, layers, knobs
 
 
-def _settings(mode: str, confidence: float | None, alpha: float | None, corpus: str | None = None):
+def _settings(mode: str, confidence: float | None, alpha: float | None, corpus: str | None = None,
+              preserve: str | None = None):
     from vindex3.edits import FitSettings
 
-    st = FitSettings(corpus=corpus)
+    st = FitSettings(corpus=corpus, preserve=preserve)
     if alpha is not None:
         st.threshold = alpha
     if confidence is not None:
@@ -567,8 +579,19 @@ def plan_insert(s: InsertEdges, ctx: Context) -> Node:
         target = " " + target  # the word follows the prompt after a space, as written in a sentence
     if s.corpus is not None:
         files.input_file(s.corpus, "corpus")
+    _check_preserve(s, mode)
     return InsertPlan(s, prompt=prompt, target=target, entity=entity, relation=relation, mode=mode,
-                      layers=layers, confidence=knobs.get("confidence"), alpha=knobs.get("alpha"), corpus=s.corpus)
+                      layers=layers, confidence=knobs.get("confidence"), alpha=knobs.get("alpha"), corpus=s.corpus,
+                      preserve=s.preserve)
+
+
+def _check_preserve(s, mode: str | None) -> None:
+    if s.preserve is None:
+        return
+    if mode != "memit":
+        raise err(s, f"PRESERVE names keys MEMIT's closed form keeps; MODE {(mode or 'none').upper()} has no closed form",
+                  hint="MODE MEMIT ... PRESERVE 'kept.jsonl'")
+    files.input_file(s.preserve, "preservation corpus")
 
 
 class EditRow(BaseModel):
@@ -613,7 +636,7 @@ def run_insert(session, node: InsertPlan) -> EditsResult:
     patch = st.open_patch()
     model = st.model()
     req = request(model, node.prompt, node.target, node.entity, node.relation)
-    settings = _settings(node.mode, node.confidence, node.alpha, node.corpus)
+    settings = _settings(node.mode, node.confidence, node.alpha, node.corpus, node.preserve)
     if node.mode == "memit" and node.entity is None:
         settings.key = "last-token"
         notes.append(LAST_TOKEN_NOTE)
@@ -893,6 +916,7 @@ class ScorePlan(Node):
     confidence: float | None
     alpha: float | None
     corpus: str | None = None
+    preserve: str | None = None
 
 
 @fam.plans(ScoreEdits)
@@ -906,8 +930,9 @@ def plan_score(s: ScoreEdits, ctx: Context) -> Node:
     mode, layers, knobs = _mode_and_layers(s, ctx) if s.mode is not None else (None, None, {})
     if s.corpus is not None:
         files.input_file(s.corpus, "corpus")
+    _check_preserve(s, mode)
     return ScorePlan(s, path=s.path, mode=mode, layers=layers, confidence=knobs.get("confidence"),
-                     alpha=knobs.get("alpha"), corpus=s.corpus)
+                     alpha=knobs.get("alpha"), corpus=s.corpus, preserve=s.preserve)
 
 
 class ScoreRow(BaseModel):
@@ -920,6 +945,8 @@ class ScoreRow(BaseModel):
     p_target: float
     rank: int
     retrieval_hits: int
+    neighbors_edited: int = 0  # neighbors whose prompt the overlay edits: scored against that edit's target
+    neighbors_undecidable: int = 0  # of those, left out: that target shares the case target's first token
 
 
 class ScoreEditsResult(Result):
@@ -935,6 +962,8 @@ class ScoreEditsResult(Result):
     kl: float | None
     kl_positions: int
     bank: str | None
+    neighbors_edited: int = 0
+    neighbors_undecidable: int = 0
 
 
 @fam.runs(ScorePlan)
@@ -949,7 +978,7 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
     fitted = None
     if node.mode is not None:
         scratch = Patch(name="(score)", base_digest=st.base.digest, base_name=st.base.name)
-        settings = _settings(node.mode, node.confidence, node.alpha, node.corpus)
+        settings = _settings(node.mode, node.confidence, node.alpha, node.corpus, node.preserve)
         subjects = all(c.subject for c in cases)
         if node.mode == "memit" and not subjects:
             settings.key = "last-token"
@@ -964,7 +993,8 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
     return ScoreEditsResult(path=node.path, overlay=r.overlay, fitted=fitted,
                             rows=[ScoreRow(**c.model_dump()) for c in r.cases], efficacy=r.efficacy,
                             paraphrase=r.paraphrase, neighborhood=r.neighborhood, p_target=r.p_target, kl=r.kl,
-                            kl_positions=r.kl_positions, bank=r.bank)
+                            kl_positions=r.kl_positions, bank=r.bank, neighbors_edited=r.neighbors_edited,
+                            neighbors_undecidable=r.neighbors_undecidable)
 
 
 # ---- SELECT ... FROM EDGES -----------------------------------------------------------------------
@@ -1113,6 +1143,10 @@ def layout_score(r: ScoreEditsResult, timing: bool) -> list[str]:
     out += fields([("efficacy", _pct(r.efficacy)), ("paraphrase", _pct(r.paraphrase)),
                    ("neighborhood", _pct(r.neighborhood)), ("mean p(target)", f"{r.p_target:.3f}"),
                    ("prompt-bank KL", None if r.kl is None else f"{r.kl:.4f} nats over {r.kl_positions} positions of {r.bank}")])
+    if r.neighbors_edited:
+        out.append(f"note: {r.neighbors_edited} neighbor prompt(s) are edited by the overlay itself: scored against "
+                   f"that edit's target, not the file's answer ({r.neighbors_undecidable} left out: that target begins "
+                   "with the case's own target's token)")
     if "retrieval overlay" in r.overlay:
         out.append("note: KNN edits are a retrieval overlay (no weight changes); "
                    f"{sum(x.retrieval_hits for x in r.rows)} position(s) were overridden while scoring")

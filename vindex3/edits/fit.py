@@ -53,6 +53,11 @@ class FitSettings:
     # token is an ordinary word), so the last-token weight (lam) would keep almost all of each layer's
     # share from being written (on SmolLM2: efficacy 0 at 15000, 1 at 1500 on the two edits tried)
     lam_subject: float = 1500.0
+    # MEMIT's preservation keys: a JSONL of {prompt, subject} lines (held-out subjects of the edited
+    # relations, never the prompts an edit is scored on) whose subject keys the closed form keeps in
+    # place, weighted by preserve_weight each (`memit_solve`'s Kp); None: no preservation
+    preserve: str | None = None
+    preserve_weight: float = 30.0  # chosen on the held-out tuning set (docs/editing.md)
 
     def record(self) -> dict:
         return {k: getattr(self, k) for k in ("threshold", "floor", "ceiling", "goal", "lam", "ridge", "generate")}
@@ -304,17 +309,87 @@ def provenance_of(stats: dict) -> dict:
 # ---- MEMIT ---------------------------------------------------------------------------------------
 
 
-def memit_solve(K: np.ndarray, R: np.ndarray, C: np.ndarray, lam: float, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+def memit_solve(K: np.ndarray, R: np.ndarray, C: np.ndarray, lam: float, ridge: float,
+                Kp: np.ndarray | None = None, mu: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """MEMIT's closed form for one layer: keys K [I, n], residuals R [H, n], key second moment C
-    [I, I]. Returns (R, A) with A = K^T (lam (C + ridge·mean(diag C)·I) + K K^T)^-1 [n, I], so the
-    update is ΔW = R @ A (float32), the least-squares change that maps each key to its residual
-    while weighing the corpus keys by ``lam``. Solved in float64."""
+    [I, I]. Returns (R, A) with A = K^T (lam (C + ridge·mean(diag C)·I) + K K^T + mu Kp Kp^T)^-1
+    [n, I], so the update is ΔW = R @ A (float32): the change minimising |ΔW K - R|² + lam ·
+    tr(ΔW C' ΔW^T) + mu |ΔW Kp|², i.e. mapping each key to its residual while weighing the corpus
+    keys by ``lam`` and keeping the preservation keys Kp [I, m] (W Kp = W0 Kp) with weight ``mu``
+    each. Solved in float64."""
     K64 = K.astype(np.float64)
     I = K64.shape[0]
     Creg = C + (ridge * float(np.mean(np.diag(C))) + 1e-12) * np.eye(I)
     M = lam * Creg + K64 @ K64.T
+    if Kp is not None and mu > 0:
+        P64 = Kp.astype(np.float64)
+        if P64.shape[0] != I:
+            raise QueryRefused(f"preservation keys of width {P64.shape[0]} against a layer's keys of width {I}")
+        M = M + mu * (P64 @ P64.T)
     A = np.linalg.solve(M, K64).T
     return R.astype(F32), A.astype(F32)
+
+
+#: bound on a preservation corpus (lines), checked before any key is read
+MAX_PRESERVE = 4096
+_PRESERVE: dict = {}
+
+
+def preservation(model, reqs: list[Request], layers: list[int], settings: FitSettings) -> tuple[dict, dict] | None:
+    """MEMIT's preservation keys: per layer, the FFN keys at the subject's last token of every line
+    of ``settings.preserve`` (a JSONL of {prompt, subject}: held-out subjects of the edited
+    relations), read once from ``model`` before the batch writes anything (bare prompts, no context
+    prefixes). Returns ({layer: Kp [I, m]}, the record) or None without a corpus. A line whose
+    prompt is an edited prompt is refused by name (it cannot be kept and changed at once)."""
+    if not settings.preserve:
+        return None
+    from .. import jsonio
+    from ..draft.bank import file_sha256
+    from ..paths import existing_file, read_regular
+
+    if not settings.preserve_weight > 0:
+        raise QueryRefused(f"a preservation corpus ({Path(settings.preserve).name}) with weight "
+                           f"{settings.preserve_weight:g} keeps nothing", hint="preserve_weight > 0")
+    path = Path(settings.preserve)
+    name = path.name
+    lines = jsonio.decode_text(read_regular(existing_file(path, "preservation corpus"), "preservation corpus",
+                                            max_bytes=16 << 20), name).splitlines()
+    rows = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        d = jsonio.loads(line, source=f"{name} line {n}")
+        if not isinstance(d, dict) or not isinstance(d.get("prompt"), str) or not isinstance(d.get("subject"), str):
+            raise QueryRefused(f"{name} line {n}: a preservation line is {{\"prompt\": text, \"subject\": text}}")
+        rows.append((d["prompt"], d["subject"]))
+    if not rows:
+        raise QueryRefused(f"{name}: the preservation corpus holds no lines")
+    if len(rows) > MAX_PRESERVE:
+        raise QueryRefused(f"{name}: {len(rows)} preservation lines, above the bound of {MAX_PRESERVE}")
+    edited = {r.prompt for r in reqs}
+    for prompt, _ in rows:
+        if prompt in edited:
+            raise QueryRefused(f"the preservation corpus {name} holds the edited prompt {prompt!r}: a fact cannot be "
+                               "kept and changed at once")
+    base, patches = base_and_patches(model)
+    tok = base.tokenizer
+    sha = file_sha256(path)
+    key = (base.digest, tuple(p.digest() for p in patches), sha, tuple(layers))
+    if key not in _PRESERVE:
+        ex = model.executor()
+        plan = base.op_plan()
+        views = {i: feature_view(ex, ffn_op(plan, i, "MODE MEMIT")) for i in layers}
+        ks: dict[int, list] = {i: [] for i in layers}
+        for prompt, subject in rows:
+            ids, pos = subject_position(tok, prompt, subject)
+            pr = probe(ex, ids, layers)
+            for i in layers:
+                ks[i].append(views[i].activations(pr.x[i][pos:pos + 1])[0])
+        _PRESERVE[key] = {i: np.stack(v, axis=1).astype(F32) for i, v in ks.items()}
+    record = {"corpus": name, "corpus_sha256": sha[:16], "keys": len(rows), "weight": settings.preserve_weight,
+              "note": "FFN keys at the subject's last token of held-out prompts of the edited relations, read before "
+                      "the batch's writes; the closed form keeps W Kp = W0 Kp with this weight per key"}
+    return _PRESERVE[key], record
 
 
 def subject_position(tok, prompt: str, subject: str | None, prefix: str = "") -> tuple[list[int], int]:
@@ -522,6 +597,7 @@ def fit_memit(model, reqs: list[Request], layers: list[int], settings: FitSettin
         for r in reqs:  # refused before any work: every subject must be located
             subject_position(tok, r.prompt, r.entity)
     stats = corpus_stats(model, layers, settings, cov=True)
+    kept = preservation(model, reqs, layers, settings)
     ex = model.executor()
     contexts = context_prefixes(model, settings) if subject else []
     z, fits = [], []
@@ -550,7 +626,8 @@ def fit_memit(model, reqs: list[Request], layers: list[int], settings: FitSettin
                 tops.append(pr.h[top][-1])
         K = np.stack(keys, axis=1)
         R = (Z - np.stack(tops, axis=1)) / F32(len(layers) - j)
-        left, A = memit_solve(K, R, stats["layers"][layer]["C"], lam, settings.ridge)
+        left, A = memit_solve(K, R, stats["layers"][layer]["C"], lam, settings.ridge,
+                              kept[0][layer] if kept else None, settings.preserve_weight if kept else 0.0)
         ref = op.operands["ffn_down"]
         for i in range(len(reqs)):
             w = TensorWrite.lowrank(ref.object, ref.tensor, ref.shape, left[:, i:i + 1], A[i:i + 1])
@@ -558,6 +635,7 @@ def fit_memit(model, reqs: list[Request], layers: list[int], settings: FitSettin
             pending.append(w)
     prov = provenance_of(stats)
     extra = {"value_fit": settings.value_record()} if subject else {"key": "last-token"}
+    extra["preservation"] = kept[1] if kept else None
     return [(writes[i], {**fits[i], "covariance": prov, "lambda": lam, "ridge": settings.ridge, **extra})
             for i in range(len(reqs))]
 

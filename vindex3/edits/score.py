@@ -2,7 +2,13 @@
 
 * efficacy: P(target) > P(original) at the edit's prompt;
 * paraphrase: the same on each paraphrase (the fraction that holds);
-* neighborhood: P(answer) > P(target) on each neighbor prompt (a fact the edit must not touch);
+* neighborhood: P(answer) > P(target) on each neighbor prompt (a fact the edit must not touch).
+  A neighbor whose prompt the scored overlay itself edits (edits fitted together, where one
+  edit's neighbor is another's subject) expects that edit's target, not the file's unedited
+  answer: the overlay was asked to change it, so the file's answer contradicts the batch. Such
+  neighbors are counted (``neighbors_edited``); one whose expected target begins with the same
+  token as the case's own target cannot tell them apart and is left out, counted too
+  (``neighbors_undecidable``);
 * the target's probability and rank at the prompt (rank 0: the top token);
 * KL(unedited || edited) of the next-token distributions over every position of the frozen prompt
   bank, averaged: what the edits cost text unrelated to them.
@@ -74,6 +80,8 @@ class CaseScore(BaseModel):
     p_original: float
     rank: int
     retrieval_hits: int = 0  # positions a retrieval overlay overrode while scoring this case
+    neighbors_edited: int = 0  # neighbors whose prompt the overlay edits: scored against that edit's target
+    neighbors_undecidable: int = 0  # of those, left out: the edit's target shares this case's target's first token
 
 
 class ScoreReport(BaseModel):
@@ -86,6 +94,8 @@ class ScoreReport(BaseModel):
     kl: float | None  # mean KL(unedited || edited) over the prompt bank's positions
     kl_positions: int
     bank: str | None
+    neighbors_edited: int = 0  # over all cases (see `CaseScore`)
+    neighbors_undecidable: int = 0
 
 
 def _first(tok, word: str) -> int:
@@ -137,6 +147,9 @@ def score(base, edited, cases: list[Case], *, bank: str | Path | None = None, kl
 
     tok = base.tokenizer
     ex = executor or edited.executor()
+    edits = getattr(edited, "edits", None)
+    # the prompts the overlay itself edits, and the target each was given (the last edit of a prompt wins)
+    rewritten = {e.prompt: e.target for e in (edits() if callable(edits) else []) if e.prompt and e.target}
     out: list[CaseScore] = []
     for c in cases:
         t, o = _first(tok, c.target), _first(tok, c.original)
@@ -150,14 +163,23 @@ def score(base, edited, cases: list[Case], *, bank: str | Path | None = None, kl
             para.append(pq[t] > pq[o])
             hits += h
         nb = []
+        n_edited = n_undecided = 0
         for n in c.neighbors:
+            answer = n.answer
+            if n.prompt in rewritten and n.prompt != c.prompt:
+                n_edited += 1
+                answer = rewritten[n.prompt]
+                if _first(tok, answer) == t:
+                    n_undecided += 1
+                    continue
             pn, h = _probs(ex, tok, n.prompt)
-            nb.append(pn[_first(tok, n.answer)] > pn[t])
+            nb.append(pn[_first(tok, answer)] > pn[t])
             hits += h
         out.append(CaseScore(prompt=c.prompt, target=c.target, original=c.original, efficacy=bool(p[t] > p[o]),
                              paraphrase=float(np.mean(para)) if para else None,
                              neighborhood=float(np.mean(nb)) if nb else None, p_target=float(p[t]),
-                             p_original=float(p[o]), rank=int((p > p[t]).sum()), retrieval_hits=hits))
+                             p_original=float(p[o]), rank=int((p > p[t]).sum()), retrieval_hits=hits,
+                             neighbors_edited=n_edited, neighbors_undecidable=n_undecided))
     kl_value, kl_n, bank_name = None, 0, None
     if kl:
         from . import fit
@@ -176,4 +198,5 @@ def score(base, edited, cases: list[Case], *, bank: str | Path | None = None, kl
                        efficacy=float(np.mean([c.efficacy for c in out])),
                        paraphrase=mean([c.paraphrase for c in out]), neighborhood=mean([c.neighborhood for c in out]),
                        p_target=float(np.mean([c.p_target for c in out])), kl=kl_value, kl_positions=kl_n,
-                       bank=bank_name)
+                       bank=bank_name, neighbors_edited=sum(c.neighbors_edited for c in out),
+                       neighbors_undecidable=sum(c.neighbors_undecidable for c in out))
