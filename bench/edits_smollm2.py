@@ -37,6 +37,7 @@ from vindex3.edits import EditedModel, FitSettings, Patch
 from vindex3.edits import fit as fitmod
 from vindex3.edits.fit import context_prefixes, make_edits, request
 from vindex3.edits.score import load_cases, score
+from vindex3.exec.slice import Draft
 
 VALUE_FIELDS = ("contexts", "context_tokens", "v_steps", "v_lr", "v_clamp", "v_kl", "v_decay", "v_stop")
 
@@ -114,16 +115,25 @@ def main() -> None:
     ap.add_argument("--preserve", default=None, help="MEMIT's preservation corpus (a JSONL of {prompt, subject})")
     ap.add_argument("--preserve-weight", type=float, default=0.0, help="MEMIT's weight per preservation key")
     ap.add_argument("--fit-values-only", action="store_true", help="fit (and cache) the MEMIT values of the singles, no scoring")
+    ap.add_argument("--container", default=None, help="a container to edit (a representation of SmolLM2, say); "
+                    "default the built-in model")
+    ap.add_argument("--depth", type=int, default=None, help="score Draft(depth) of the edited and of the base model "
+                    "(the edits are fitted on the full model, as INSERT fits them)")
     a = ap.parse_args()
     if a.value_cache:
         cache_values(Path(a.value_cache))
     if a.merge:
         merge(a.merge, ROOT / "bench" / "results" / a.out)
         return
-    c = vindex3.open(default_model.container_path())
+    c = vindex3.open(a.container or default_model.container_path())
     tok = c.tokenizer
     cases = load_cases(ROOT / a.cases)
-    base_ex = c.executor()
+    sl = Draft(a.depth) if a.depth is not None else None
+
+    def scored(model):  # the executor SCORE EDITS runs under the session's DRAFT DEPTH (or the full model)
+        return model.executor(slice=sl)
+
+    base_ex = scored(c)
     known = []
     for cs in cases:
         top = int(np.argmax(base_ex.forward(tok.encode(cs.prompt))[-1]))
@@ -131,6 +141,7 @@ def main() -> None:
     print(f"the model's own top-1 is the original answer on {sum(known)}/{len(cases)} prompts", flush=True)
     unedited = score(c, c, cases, kl=False, executor=base_ex)
     out = {"machine": facts(), "load_average": os.getloadavg(), "known": sum(known), "cases": len(cases),
+           "container": Path(a.container).name if a.container else "the built-in model", "depth": a.depth,
            "unedited": summary(unedited), "modes": {}}
     settings = FitSettings(key=a.key, preserve=str(ROOT / a.preserve) if a.preserve else None,
                            preserve_weight=a.preserve_weight)
@@ -166,7 +177,7 @@ def main() -> None:
             make_edits(c, p, [request(c, cs.prompt, cs.target, cs.subject)], mode, layers, settings)
             fitted.append(p.edits[0])
             m = EditedModel(c, [p])
-            r = score(c, m, [cs], kl=i - picked[0] < a.single_kl, base_executor=base_ex)
+            r = score(c, m, [cs], kl=i - picked[0] < a.single_kl, executor=scored(m), base_executor=base_ex)
             singles.append(r)
             print(f"{mode} single {i}: eff {r.efficacy:.0f} para {r.paraphrase:.2f} nb {r.neighborhood:.2f} "
                   f"p {r.p_target:.3f} kl {r.kl}", flush=True)
@@ -190,7 +201,7 @@ def main() -> None:
             p = Patch(name="all", base_digest=c.digest, base_name=c.name)
             make_edits(c, p, [request(c, cs.prompt, cs.target, cs.subject) for cs in cases], mode, layers, settings)
             m = EditedModel(c, [p])
-            together = score(c, m, cases, base_executor=base_ex)
+            together = score(c, m, cases, executor=scored(m), base_executor=base_ex)
             res.update(layers=p.edits[0].layers, label=p.edits[0].label)
             res["together"] = {**summary(together), "seconds": time.time() - t0,
                                "per_case": [cs.model_dump() for cs in together.cases],

@@ -227,3 +227,39 @@ def test_score_edits_reports_counterfact_metrics(tiny, tmp_path):
     with pytest.raises(LqlError) as e:
         s.execute_one(f"SCORE EDITS ON '{cases}'")
     assert "begin with the same token" in e.value.message
+
+
+def test_score_edits_scores_the_sessions_draft_depth(tiny, tmp_path):
+    """Under the session's DRAFT DEPTH d, SCORE EDITS scores Draft(d) — the probabilities are the
+    draft's own, computed here from the container's executor — and its KL reference is the base
+    model's draft at the same depth (0 for the unedited model); DRAFT OFF scores the full model."""
+    import json
+
+    from vindex3.exec.slice import Draft
+
+    cases = tmp_path / "edits.jsonl"
+    case = {"prompt": PROMPT, "target": "Rome", "original": "Paris", "paraphrases": ["France's capital is"],
+            "neighbors": [{"prompt": "The capital of Italy is", "answer": "Italy"}]}
+    cases.write_text(json.dumps(case) + "\n")
+    c = vindex3.open(tiny)
+    target = c.tokenizer.encode("Rome", special=False)[0]
+
+    def p_target(sl):
+        z = np.asarray(c.executor(slice=sl).forward(c.tokenizer.encode(PROMPT))[-1], dtype=np.float64)
+        z = np.exp(z - z.max())
+        return z[target] / z.sum()
+
+    s = lql.Session(str(tiny))
+    full = s.execute_one(f"SCORE EDITS ON '{cases}'")
+    s.execute_one("DRAFT DEPTH 1")
+    r = s.execute_one(f"SCORE EDITS ON '{cases}'")
+    assert r.depth == 1 and full.depth is None and r.kl == 0.0
+    # scores are float32 softmaxes; float64 here: 1e-6 is far above their rounding (~1e-7 at p ~ 1e-3)
+    assert abs(r.rows[0].p_target - p_target(Draft(1))) < 1e-6
+    assert r.rows[0].p_target != full.rows[0].p_target
+    assert "at draft depth 1" in r.to_text()
+    with pytest.raises(LqlError) as e:
+        s.execute_one("DRAFT DEPTH 99")
+    s.execute_one("DRAFT OFF")
+    assert s.execute_one(f"SCORE EDITS ON '{cases}'").rows[0].p_target == full.rows[0].p_target
+    assert "99" in e.value.message

@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from .. import ast, files
 from ..errors import StatementError
-from ..planner import Context, Node, err, may_overwrite
+from ..planner import Context, Node, depth_of, err, may_overwrite
 from ..registry import family
 from ..results import Result
 from ..syntax import BuildError, Children, Clause
@@ -93,7 +93,8 @@ fam.doc('BEGIN PATCH',
 fam.doc('SCORE EDITS',
         "SCORE EDITS ON 'edits.jsonl' [MODE m [AT LAYER n | LAYERS a-b]] [CORPUS 'bank.jsonl'] [PRESERVE 'kept.jsonl']",
         "CounterFact metrics of the current overlay (or, with MODE, of the file's edits fitted together on top of "
-        "it, then dropped): efficacy, paraphrase, neighborhood, target probability and rank, prompt-bank KL",
+        "it, then dropped): efficacy, paraphrase, neighborhood, target probability and rank, prompt-bank KL; "
+        "under the session's DRAFT DEPTH d it scores the draft at d, its KL against the base model's draft at d",
         "SCORE EDITS ON 'edits.jsonl';", order=425)
 fam.doc('REBALANCE',
         'REBALANCE [options]',
@@ -917,6 +918,7 @@ class ScorePlan(Node):
     alpha: float | None
     corpus: str | None = None
     preserve: str | None = None
+    depth: int | None = None  # the session's DRAFT DEPTH: both the edited and the base model run Draft(depth)
 
 
 @fam.plans(ScoreEdits)
@@ -931,8 +933,13 @@ def plan_score(s: ScoreEdits, ctx: Context) -> Node:
     if s.corpus is not None:
         files.input_file(s.corpus, "corpus")
     _check_preserve(s, mode)
+    # the session's DRAFT DEPTH d scores the draft (the edited model's and, for the KL, the base
+    # model's, both at d): a draft reads edits at layers below d only. WITH ADAPTER is refused.
+    depth = depth_of(ctx, None)
+    if depth is not None and ctx.bound:
+        ctx.catalog.bind_slice(depth)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
     return ScorePlan(s, path=s.path, mode=mode, layers=layers, confidence=knobs.get("confidence"),
-                     alpha=knobs.get("alpha"), corpus=s.corpus, preserve=s.preserve)
+                     alpha=knobs.get("alpha"), corpus=s.corpus, preserve=s.preserve, depth=depth)
 
 
 class ScoreRow(BaseModel):
@@ -964,6 +971,7 @@ class ScoreEditsResult(Result):
     bank: str | None
     neighbors_edited: int = 0
     neighbors_undecidable: int = 0
+    depth: int | None = None  # scored at the session's draft depth (edited and base drafts), else the full model
 
 
 @fam.runs(ScorePlan)
@@ -989,8 +997,13 @@ def run_score(session, node: ScorePlan) -> ScoreEditsResult:
         if node.mode == "memit":
             fitted += (", keyed at each subject's last token" if subjects else
                        ", keyed at each prompt's last token (not every line names its subject)")
-    r = score(st.base, model, cases, bank=node.corpus)
-    return ScoreEditsResult(path=node.path, overlay=r.overlay, fitted=fitted,
+    ex = bex = None
+    if node.depth is not None:
+        from vindex3.exec.slice import Draft
+
+        ex, bex = model.executor(slice=Draft(node.depth)), st.base.executor(slice=Draft(node.depth))
+    r = score(st.base, model, cases, bank=node.corpus, executor=ex, base_executor=bex)
+    return ScoreEditsResult(depth=node.depth, path=node.path, overlay=r.overlay, fitted=fitted,
                             rows=[ScoreRow(**c.model_dump()) for c in r.cases], efficacy=r.efficacy,
                             paraphrase=r.paraphrase, neighborhood=r.neighborhood, p_target=r.p_target, kl=r.kl,
                             kl_positions=r.kl_positions, bank=r.bank, neighbors_edited=r.neighbors_edited,
@@ -1135,6 +1148,9 @@ def records_patches(r: PatchesResult) -> list[dict[str, Any]]:
 @fam.layout(ScoreEditsResult)
 def layout_score(r: ScoreEditsResult, timing: bool) -> list[str]:
     out = [f"scored {len(r.rows)} edit(s) from {r.path} on {r.overlay}"]
+    if r.depth is not None:
+        out.append(f"at draft depth {r.depth} (the session's DRAFT DEPTH): the edited model's draft, KL against the "
+                   f"base model's draft at the same depth")
     if r.fitted:
         out.append(f"fitted for the score, then dropped: {r.fitted}")
     out += table(["prompt", "target", "efficacy", "paraphrase", "neighborhood", "p(target)", "rank"],
