@@ -436,16 +436,22 @@ class Executor:
         return h, touched
 
     def _layers(self, h: np.ndarray, state: ContinuationState, trace: ExecutionTrace) -> tuple[np.ndarray, int]:
-        if self.fused.takes(h.shape[0]):
-            return self.fused.run(h, state, trace)
         p0 = state.position
         one = h.shape[0] == 1
+        fused = self.fused.begin(h.shape[0], p0) if self.fused.takes(h.shape[0]) else {}
         ran = []
         touched = 0
         x = h
         for i, fns in self._kernels:
             ls = state.layers[i]
             try:
+                step = fused.get(i)
+                if step is not None:  # one compiled call for the whole layer (it checks finiteness itself)
+                    h, n = step(h, ls)
+                    x = h
+                    touched += n
+                    ran.append(i)
+                    continue
                 for fn in fns:
                     h, x, n = fn(h, x, ls, p0, one, trace)
                     touched += n

@@ -194,11 +194,11 @@ class FusedLayer:
 
 class FusedStack:
     """The executed layers of one executor, each fused or not (``why[i]``: None when layer i
-    fuses, else the reason it runs op by op). `run` is `Executor._layers` with fused layers."""
+    fuses, else the reason it runs op by op); `begin` gives `Executor._layers` a pass's fused steps."""
 
     rows = ROWS
 
-    def __init__(self, layers: dict[int, FusedLayer], why: dict[int, str | None], kernels, head_rows: bool = True):
+    def __init__(self, layers: dict[int, FusedLayer], why: dict[int, str | None], head_rows: bool = True):
         self.layers = layers
         self.why = why
         self.active = bool(layers)
@@ -206,7 +206,6 @@ class FusedStack:
         # call, so it need not hold BLAS's thread count (a threadpoolctl limit costs ~0.1-0.2 ms
         # a pass, enter and exit)
         self._blas_free = self.active and len(layers) == len(why) and head_rows
-        self._kernels = kernels
         self._tables: dict = {}
         for fl in layers.values():
             if fl.rope is not None and fl.rope not in self._tables:
@@ -228,37 +227,17 @@ class FusedStack:
         rows kernel)?"""
         return self._blas_free and T <= ROWS and FUSED.on and DECODE.on
 
-    def run(self, h: np.ndarray, state, trace) -> tuple[np.ndarray, int]:
-        from ...errors import NonFiniteActivation
-        from ..engine import _check_finite
-
-        p0 = state.position
-        T = h.shape[0]
-        one = T == 1
+    def begin(self, T: int, p0: int) -> dict:
+        """A pass of T positions from p0: each fused layer's step, ``step(h, layer_state) -> (h,
+        operand bytes touched)``; the engine's layer loop runs the other layers op by op."""
         rope = {key: t.rows(p0, T) for key, t in self._tables.items()}
-        ran = []
-        touched = 0
-        x = h
-        layers = self.layers
-        for i, fns in self._kernels:
-            ls = state.layers[i]
-            fl = layers.get(i)
-            try:
-                if fl is not None:
-                    cos, sin = rope[fl.rope] if fl.rope is not None else (self._no_rope, self._no_rope)
-                    h = x = fl.run(h, ls.ops["mixer"], p0, cos, sin)
-                    touched += fl.touched
-                    ran.append(i)
-                    continue
-                for fn in fns:
-                    h, x, n = fn(h, x, ls, p0, one, trace)
-                    touched += n
-            except NonFiniteActivation as e:
-                raise e.at(i) from None
-            _check_finite(h, i)
-            ran.append(i)
-        trace.executed_layers = ran
-        return h, touched
+        none = (self._no_rope, self._no_rope)
+
+        def step_of(fl):
+            cos, sin = rope[fl.rope] if fl.rope is not None else none
+            return lambda h, ls: (fl.run(h, ls.ops["mixer"], p0, cos, sin), fl.touched)
+
+        return {i: step_of(fl) for i, fl in self.layers.items()}
 
 
 def plan_fused(plan, layers: list[int], kernels, W, intervention, head=None) -> FusedStack:
@@ -287,7 +266,7 @@ def plan_fused(plan, layers: list[int], kernels, W, intervention, head=None) -> 
             if reason is None:
                 fused[i] = fl
         why[i] = reason
-    return FusedStack(fused, why, kernels, head is None or _kind(head) is not None)
+    return FusedStack(fused, why, head is None or _kind(head) is not None)
 
 
 # --------------------------------------------------------------------------------------------
