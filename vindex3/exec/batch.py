@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -121,23 +122,14 @@ def _staged(staged, i: int, h: np.ndarray, x: np.ndarray, streams: list[Stream],
                 shared_failure(e, live)
                 return None
             return h, y, live
-    heads, keep, kept = [], [], []
-    for r, b in enumerate(live):
-        s = streams[b]
-        try:
-            heads.append(attend(q[r:r + 1], k[r:r + 1], v[r:r + 1], None if gate is None else gate[r:r + 1],
-                                s.state.layers[i].ops.get(slot), s.state.position))
-        except NonFiniteActivation as e:
-            result[b] = e.at(i)
-            continue
-        except Exception as e:  # noqa: BLE001 - this stream's failure; the others go on
-            result[b] = e
-            continue
-        touched[b] += nb
-        keep.append(b)
-        kept.append(r)
-    if not keep:
+    done = _per_stream(live, result, i, lambda r, b: attend(
+        q[r:r + 1], k[r:r + 1], v[r:r + 1], None if gate is None else gate[r:r + 1],
+        streams[b].state.layers[i].ops.get(slot), streams[b].state.position))
+    if not done:
         return None
+    kept, keep, heads = (list(t) for t in zip(*done))
+    for b in keep:
+        touched[b] += nb
     if len(kept) < len(live):
         h = h[kept]
     try:
@@ -146,6 +138,20 @@ def _staged(staged, i: int, h: np.ndarray, x: np.ndarray, streams: list[Stream],
         shared_failure(e, keep)
         return None
     return h, y, keep
+
+
+def _per_stream(live: list[int], result: list, i: int, call) -> list[tuple[int, int, Any]]:
+    """``call(r, b)`` for each live stream b (row r): (r, b, its value) for those that ran; a
+    stream whose call fails gets its error in ``result`` (layer i named) and the others go on."""
+    done = []
+    for r, b in enumerate(live):
+        try:
+            done.append((r, b, call(r, b)))
+        except NonFiniteActivation as e:
+            result[b] = e.at(i)
+        except Exception as e:  # noqa: BLE001 - this stream's failure; the others go on
+            result[b] = e
+    return done
 
 
 def _check(streams: Sequence[Stream], tokens: Sequence[int]) -> Executor:
@@ -221,25 +227,16 @@ def _pass(ex: Executor, streams: list[Stream], tokens: list[int]) -> list[np.nda
                         return result  # type: ignore[return-value]
                     h, x, live = out
                     continue
-                hs, xs, keep = [], [], []
-                for r, b in enumerate(live):
-                    s = streams[b]
-                    try:
-                        hb, xb, nb = fn(h[r:r + 1], x[r:r + 1], s.state.layers[i], s.state.position, True, s.trace)
-                    except NonFiniteActivation as e:
-                        result[b] = e.at(i)
-                        continue
-                    except Exception as e:  # noqa: BLE001 - this stream's failure; the others go on
-                        result[b] = e
-                        continue
-                    touched[b] += nb
-                    hs.append(hb)
-                    xs.append(xb)
-                    keep.append(b)
-                if not keep:
+                done = _per_stream(live, result, i, lambda r, b, fn=fn, h=h, x=x, i=i: fn(
+                    h[r:r + 1], x[r:r + 1], streams[b].state.layers[i], streams[b].state.position, True,
+                    streams[b].trace))
+                if not done:
                     return result  # type: ignore[return-value]
-                live = keep
-                h, x = np.concatenate(hs, axis=0), np.concatenate(xs, axis=0)
+                live = [b for _, b, _ in done]
+                for b, (_, _, nb) in zip(live, (out for *_, out in done)):
+                    touched[b] += nb
+                h = np.concatenate([out[0] for *_, out in done], axis=0)
+                x = np.concatenate([out[1] for *_, out in done], axis=0)
             bad = ~np.isfinite(h).all(axis=1)
             if bad.any():
                 for r in np.flatnonzero(bad):
