@@ -169,7 +169,7 @@ def run_arm(spec: dict, threads: int, ids: list[int], steps: int, repeats: int, 
     cmd = [sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(threads), "--ids", json.dumps(ids),
            "--steps", str(steps), "--repeats", str(repeats)] + ([] if do_prefill else ["--no-prefill"])
     extra = os.environ.get("PYTHONPATH")  # e.g. where a bench-only llama-cpp-python build lives
-    env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads),
+    env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads), VINDEX3_FUSED_LAYERS=os.environ.get("VINDEX3_FUSED_LAYERS", "1"),
                PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
     if spec["kind"] == "llama":  # the caller's wait policy, not the PASSIVE vindex3 sets for itself
         env.pop("OMP_WAIT_POLICY", None)

@@ -22,9 +22,12 @@ element is still computed by one thread, so the thread count changes no byte eit
 refusals are the unfused path's: a norm whose mean of squares is not finite, a residual holding
 NaN or infinity, each raised after the same state changes (tests/test_fused_layer.py).
 
-``VINDEX3_FUSED_LAYERS=0`` turns the fast path off for a process, `set_enabled` in one (tests and
-bench/decode_step.py run both); ``VINDEX3_DECODE_KERNELS=0`` turns it off with the decode
-kernels it is made of. numba is imported when a fused layer first runs, not before.
+Opt-in: ``VINDEX3_FUSED_LAYERS=1`` turns the fast path on for a process, `set_enabled` in one
+(tests and bench/decode_step.py run both). A process compiles each fused layer function on its
+first use, and they are not in numba's on-disk cache (they close over the kernels they call):
+~4 s at load ~1 for SmolLM2's, against ~2 ms a token saved, so a one-shot statement or a fresh
+shard actor would pay more than it gains; a long-lived server or a long generation gains.
+``VINDEX3_DECODE_KERNELS=0`` turns it off with the decode kernels it is made of. numba is imported when a fused layer first runs, not before.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ ROWS = 8  # positions per pass up to which layers fuse (vindex3.exec.ops.decode.
 
 
 class _Switch:
-    on = os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0"
+    on = os.environ.get("VINDEX3_FUSED_LAYERS", "0") == "1"
 
 
 FUSED = _Switch()
@@ -53,8 +56,9 @@ def enabled() -> bool:
 
 
 def set_enabled(flag: bool | None) -> None:
-    """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again)."""
-    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0") if flag is None else bool(flag)
+    """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again;
+    on only when it is ``1``)."""
+    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "0") == "1") if flag is None else bool(flag)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +220,7 @@ class FusedStack:
 
     def describe(self) -> list[str]:
         """One line per executed layer: fused, or why not (the switches are read per pass)."""
-        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS=0 or VINDEX3_DECODE_KERNELS=0)"
+        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS is not 1, or VINDEX3_DECODE_KERNELS=0)"
         return [f"layer {i}: " + ("fused" + off if w is None else f"not fused ({w})") for i, w in self.why.items()]
 
     def takes(self, T: int) -> bool:
