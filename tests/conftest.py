@@ -77,6 +77,19 @@ def tiny_llama_container(containers):
     return containers("llama")
 
 
+@pytest.fixture()
+def tiny_llama_copy(tiny_llama_container, tmp_path):
+    """A writable copy of the tiny llama container, opened (tests that store into a container:
+    the shared session fixture stays untouched)."""
+    import shutil
+
+    import vindex3
+
+    dst = tmp_path / "model.vindex3"
+    shutil.copytree(tiny_llama_container, dst)
+    return vindex3.open(dst)
+
+
 ALL_FAMILIES = sorted(FAMILIES)
 
 

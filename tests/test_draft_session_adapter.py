@@ -5,7 +5,6 @@ the bare draft's residual; an absent or stale adapter is refused by name, and so
 that would run the bare draft while the session reads through an adapter."""
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,8 @@ PROMPT = [1, 5, 9, 33, 100, 7]
 
 
 @pytest.fixture()
-def c(tiny_llama_container, tmp_path):
-    src = Path(tiny_llama_container if isinstance(tiny_llama_container, (str, Path)) else tiny_llama_container.path)
-    dst = tmp_path / "model.vindex3"
-    shutil.copytree(src, dst)  # a writable copy: the shared fixture stays untouched
-    return vindex3.open(dst)
+def c(tiny_llama_copy):
+    return tiny_llama_copy
 
 
 def _runs(s: lql.Session, tmp_path: Path, tag: str):

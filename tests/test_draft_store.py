@@ -3,8 +3,6 @@ derived representations with provenance, listed without reading a file, read bac
 and refused by name when absent, fitted on another container, or damaged."""
 
 import json
-import shutil
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,11 +18,8 @@ CORPUS = [list(range(3, 200, 7)), [5, 17, 99, 3, 250, 42, 7, 7, 123, 310, 64, 1,
 
 
 @pytest.fixture()
-def c(tiny_llama_container, tmp_path):
-    src = Path(tiny_llama_container if isinstance(tiny_llama_container, (str, Path)) else tiny_llama_container.path)
-    dst = tmp_path / "model.vindex3"
-    shutil.copytree(src, dst)  # a writable copy: the shared fixture stays untouched
-    return vindex3.open(dst)
+def c(tiny_llama_copy):
+    return tiny_llama_copy
 
 
 def test_adapter_round_trips_through_the_container(c):
