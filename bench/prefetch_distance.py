@@ -7,6 +7,11 @@ each round; each figure is the best round's CPU milliseconds per call (the calli
 time: a round in which the process was descheduled does not count the time away).
 
     python bench/prefetch_distance.py [--kinds f32,bf16,i8,q4] [--dists 0,1024,2048,4096,8192]
+
+With ``--threads 2`` the arms are instead the serial kernel and the parallel one on numba's
+pool of two threads (both with the module's distances), timed by the wall clock (CPU time would
+count both threads): where a decode-sized product gains from a second core at the load of the
+moment (vindex3/codecs/threads.py, PARALLEL_MIN_BYTES).
 """
 
 from __future__ import annotations
@@ -60,18 +65,18 @@ def _nbytes(w) -> int:
     return sum(a.nbytes for a in w)
 
 
-def _kernel(kind: str, path: str, pf: int):
+def _kernel(kind: str, path: str, pf: int | None, parallel: bool = False):
     from vindex3.codecs import intrinsics as I
     from vindex3.codecs.kernels import F16_TABLE
 
     if kind in ("f32", "bf16"):
         L, PT = I.FLOAT_GEOMETRY[kind]
-        k = I._make_rows_float(I._make_float_dots(kind, L, PT, pf), PT, False)
+        k = I._make_rows_float(I._make_float_dots(kind, L, PT, pf), PT, parallel)
         return lambda w, x, y: k(w[0], x, y, I.ROWS_PER_TASK)
     if kind == "i8":
-        k = I._make_rows_i8(I._make_i8_dots(path, pf), False)
+        k = I._make_rows_i8(I._make_i8_dots(path, pf), parallel)
         return lambda w, x, y: k(w[0], w[1], x, y, I.ROWS_PER_TASK)
-    k = I._make_rows_q4(I._make_q4_dots(path, pf), False)
+    k = I._make_rows_q4(I._make_q4_dots(path, pf), parallel)
     return lambda w, x, y: k(w[0], w[1], w[2], F16_TABLE, x, y, I.ROWS_PER_TASK)
 
 
@@ -86,9 +91,10 @@ def main() -> int:
     ap.add_argument("--memory", choices=["mapped", "arrays", "hot"], default="mapped",
                     help="weights in mapped files (as a container's), in numpy arrays, or one array "
                          "used again and again (cache-resident when it fits)")
+    ap.add_argument("--threads", type=int, default=1, choices=[1, 2], help="2: serial against parallel arms")
     ap.add_argument("--out", default=str(HERE / "results" / "prefetch_distance.json"))
     a = ap.parse_args()
-    pin_threads(1)
+    pin_threads(a.threads)
     import numpy as np
 
     from vindex3.codecs import intrinsics as I
@@ -98,10 +104,14 @@ def main() -> int:
     dists = [int(d) for d in a.dists.split(",")]
     ts = [int(t) for t in a.ts.split(",")]
     rng = np.random.default_rng(38)
-    out = {"machine": facts(1), "path": path, "cold_bytes": COLD_BYTES, "memory": a.memory, "rows": []}
+    clock = time.thread_time if a.threads == 1 else time.perf_counter
+    out = {"machine": facts(a.threads), "clock": clock.__name__, "path": path, "cold_bytes": COLD_BYTES, "memory": a.memory, "rows": []}
     print(f"path {path} load {os.getloadavg()}")
     for kind in a.kinds.split(","):
-        arms = {pf: _kernel(kind, path, pf) for pf in dists}
+        if a.threads == 1:
+            arms = {pf: _kernel(kind, path, pf) for pf in dists}
+        else:
+            arms = {"1 thread": _kernel(kind, path, None), "2 threads": _kernel(kind, path, None, True)}
         for O, K in shapes:
             w0 = _weight(kind, O, K, rng)
             n = 1 if a.memory == "hot" else max(1, math.ceil(COLD_BYTES / _nbytes(w0)))
@@ -120,14 +130,14 @@ def main() -> int:
                 load0 = os.getloadavg()[0]
                 for _ in range(a.rounds):
                     for arm, f in arms.items():
-                        t0 = time.thread_time()
+                        t0 = clock()
                         for _ in range(reps):
                             for w in copies:
                                 f(w, x, y)
-                        best[arm] = min(best[arm], (time.thread_time() - t0) / (reps * len(copies)))
+                        best[arm] = min(best[arm], (clock() - t0) / (reps * len(copies)))
                 row = {"kind": kind, "O": O, "K": K, "T": T, "bytes": _nbytes(w0), "load1": load0,
                        "ms": {str(pf): round(best[pf] * 1e3, 4) for pf in arms}}
-                base = best.get(0)
+                base = best.get(0, best.get("1 thread"))
                 out["rows"].append(row)
                 cells = "  ".join(f"{k}:{v:.3f}" for k, v in row["ms"].items())
                 gbs = _nbytes(w0) / min(best.values()) / 1e9
