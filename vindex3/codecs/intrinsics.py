@@ -92,13 +92,16 @@ _FORCE_ENV = "VINDEX3_INTDOT_PATH"  # tests and benches force a path by name
 # cache lines (one prefetch per 64-byte line of a chunk; one per q4 chunk, half a line). A weight
 # larger than the caches was latency-bound: the hardware prefetcher does not run far enough
 # ahead (it stops at a 4 KB page, and a container's segments are mapped in 4 KB pages).
-# Measured by bench/prefetch_distance.py (cold, file-mapped weights, 1 thread, vnni512, load
-# 1.5-5: noisy, the distances 4-16 KB lie within the noise of one another, 0 and 1 KB do not),
-# ms per call without -> with:
-#   f32  49152x576 T=1 3.85 -> 2.89, T=8 13.1 -> 7.9; 5632x2048 T=8 6.3 -> 4.3
-#   bf16 49152x576 T=1 1.67 -> 1.29, T=8 6.4 -> 4.9; 5632x2048 T=8 3.4 -> 2.0
-#   i8   2048x2048 T=1 0.177 -> 0.141, T=8 1.03 -> 0.71; 32000x2048 T=8 10.5 -> 8.0
-#   q4   32000x2048 T=1 2.41 -> 1.73; 2048x5632 T=1 0.50 -> 0.33
+# Measured by bench/prefetch_distance.py (cold, file-mapped weights, 1 thread, vnni512, CPU ms per
+# call, load 8-10: noisy; distances of 4-32 KB lie within the noise of one another, 0 and 1 KB
+# do not; results/prefetch_distance.json), without -> with:
+#   f32  49152x576 T=1 3.84 -> 2.89, T=8 12.0 -> 7.7; 5632x2048 T=8 5.8 -> 4.3
+#   i8   32000x2048 T=1 2.66 -> 2.10, T=8 13.6 -> 8.6; 2048x2048 T=8 0.77 -> 0.58
+# bf16 and q4 (wall clock, numpy arrays, load 2.5-3.5: results/prefetch_distance_wall_arrays.json):
+#   bf16 5632x2048 T=8 3.4 -> 2.0 (8 KB; 4 KB 2.2); q4 32000x2048 T=1 3.6 -> 1.76 (4 KB)
+# Whole SmolLM2 decode, 1 thread, fused layers, tokens per CPU-second, median of 3 rounds
+# alternated with the kernels without prefetch (load 4-5, results/prefetch_ab_decode.json):
+# f32 35 -> 46, int8 q8 99 -> 152, q4 q8 109 -> 123.
 # The per-block scale streams (int8 scales, q4 d and m: 1/8 of the bytes) were also tried, at
 # 1 KB ahead: no gain beyond the noise, so they are left to the hardware.
 PREFETCH = {"f32": 4096, "bf16": 8192, "i8": 8192, "q4": 4096}
