@@ -187,3 +187,31 @@ def test_a_q8_position_does_not_depend_on_its_companions(kind, K, path):
     others = rng.standard_normal((4, K)).astype(F32) * 1e4
     mixed = np.concatenate([others[:2], x[7:8], others[2:]])
     assert np.array_equal(_int_run(kind, w, mixed, path)[2], lone[7])
+
+
+def test_the_vector_kernels_prefetch_the_weight_stream_and_the_plain_ones_do_not():
+    """Prefetch (intrinsics.PREFETCH) is wired into every vector dots kernel: the compiled
+    kernel's LLVM IR calls llvm.prefetch; the numba-loop paths never do. Values are the
+    other tests' business (a prefetch changes none)."""
+    from vindex3.codecs.kernels import F16_TABLE
+
+    K, O = 96, 20
+    x = rng.standard_normal((2, K)).astype(F32)
+
+    def ir_of(kernel, *args):
+        kernel(*args)
+        return "\n".join(kernel.inspect_llvm().values())
+
+    for kind in ("f32", "bf16"):
+        w, _ = _float_weight(kind, O, K)
+        for path in ("vector", "plain"):
+            k = I.float_kernel(kind, path)
+            text = ir_of(k, w, x, np.empty((2, O), F32), I.ROWS_PER_TASK)
+            assert ("llvm.prefetch" in text) == (path == "vector"), (kind, path)
+    W = rng.standard_normal((O, K)).astype(F32)
+    i8 = codecs.get("int8").weight(codecs.get("int8").encode(W), W.shape)
+    q4 = codecs.get("q4").weight(codecs.get("q4").encode(W), W.shape)
+    for path in [p for p in I.PATHS if I.available(p)]:
+        a = ir_of(I.rows_kernel("i8", path), i8.q, i8.s, x, np.empty((2, O), F32), I.ROWS_PER_TASK)
+        b = ir_of(I.rows_kernel("q4", path), q4.qs, q4.d, q4.m, F16_TABLE, x, np.empty((2, O), F32), I.ROWS_PER_TASK)
+        assert ("llvm.prefetch" in a) == ("llvm.prefetch" in b) == (path != "plain"), path
