@@ -274,120 +274,16 @@ def plan_fused(plan, layers: list[int], kernels, W, intervention, head=None) -> 
 
 
 # --------------------------------------------------------------------------------------------
-# the compiled calls
-_PRODUCTS: dict = {}
+# the compiled calls: generated modules, cached on disk by numba (vindex3.exec.ops.fused_source)
 _LAYERS: dict = {}
 
 
-def _product(kind: str, parallel: bool):
-    """An njit ``prod(arrays, x, ys)``: ys[i] = weight i times x, the kernel the unfused path
-    launches for a group of weights of ``kind`` (a group kernel, or the rows kernel per weight
-    where the encoding has no group kernel)."""
-    key = (kind, parallel)
-    if key in _PRODUCTS:
-        return _PRODUCTS[key]
-    from numba import njit
-
-    I, K = threads.intdot(), threads.kernels()
-    rpt = I.ROWS_PER_TASK
-    if kind == "f32":
-        g = I.float_kernel("f32", "vector", parallel, True)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], x, ys, rpt)
-    elif kind == "bf16":
-        g = I.group_bf16("vector", parallel)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], x, ys, rpt)
-    elif kind == "i8q8":
-        g = I.group_kernel("i8", parallel=parallel)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], ws[1], x, ys, rpt)
-    elif kind == "q4q8":
-        g = I.group_kernel("q4", parallel=parallel)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], ws[1], ws[2], ws[3], x, ys, rpt)
-    elif kind == "i8":  # the reassociating rows kernel, one launch per weight as unfused
-        r = K.rows_i8_block_scale
-        krpt = K.ROWS_PER_TASK
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            for i in range(len(ys)):
-                r(ws[0][i], ws[1][i], x, ys[i], krpt)
-    elif kind == "q4":
-        r = K.rows_q4
-        split = K.q4_split_x
-        krpt = K.ROWS_PER_TASK
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            for i in range(len(ys)):
-                xl, xh, xs = split(x)
-                r(ws[0][i], ws[1][i], ws[2][i], ws[3], xl, xh, xs, ys[i], krpt)
-    else:
-        raise ValueError(f"no fused product for kind {kind!r}")
-    _PRODUCTS[key] = prod
-    return prod
-
-
 def _layer_fn(kinds: tuple, par: tuple, unit1: bool, unit2: bool):
-    key = (kinds, par, unit1, unit2)
-    if key in _LAYERS:
-        return _LAYERS[key]
-    from numba import njit
+    path = threads.intdot().chosen() if any(k in ("i8q8", "q4q8") for k in kinds) else "-"
+    key = (kinds, par, unit1, unit2, path)
+    f = _LAYERS.get(key)
+    if f is None:
+        from . import fused_source
 
-    from . import decode as D
-
-    p_qkv, p_o, p_gu, p_down = (_product(k, p) for k, p in zip(kinds, par))
-    rms, attend, silu = D._rms_rows, D._attend, D._silu_mul
-
-    @njit(error_model="numpy", nogil=True)
-    def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
-              out):  # pragma: no cover - compiled
-        """h [T, H] -> out [T, H], the layer's residual; returns 0, or 1 / 2 (the first / second
-        norm's mean of squares is not finite: nothing after it ran), 3 (out holds NaN or inf)."""
-        T, H = h.shape
-        x = np.empty((T, H), F32)
-        if not rms(h, n1, e1, x):
-            return 1
-        q = np.empty((T, nh * hd), F32)
-        k = np.empty((T, nkv * hd), F32)
-        v = np.empty((T, nkv * hd), F32)
-        p_qkv(wqkv, x, (q, k, v))
-        att = np.empty((T, nh, hd), F32)
-        attend(q.reshape((T, nh, hd)), k.reshape((T, nkv, hd)), v.reshape((T, nkv, hd)), cos, sin, qscale, KT, V,
-               row0, 0, 0, p0, 0, sscale, F32(0.0), np.empty(0, F32), False, np.empty((1, 1, 1, 1), F32), att)
-        y = np.empty((T, H), F32)
-        p_o(wo, att.reshape((T, nh * hd)), (y,))
-        r = np.empty((T, H), F32)
-        for t in range(T):
-            for i in range(H):
-                r[t, i] = h[t, i] + y[t, i] if unit1 else h[t, i] + y[t, i] * m1
-        if not rms(r, n2, e2, x):
-            return 2
-        n_i = wgu[0][0].shape[0]
-        g = np.empty((T, n_i), F32)
-        u = np.empty((T, n_i), F32)
-        p_gu(wgu, x, (g, u))
-        a = np.empty((T, n_i), F32)
-        silu(g, u, a)
-        p_down(wd, a, (y,))
-        ok = True
-        for t in range(T):
-            for i in range(H):
-                s = r[t, i] + y[t, i] if unit2 else r[t, i] + y[t, i] * m2
-                out[t, i] = s
-                if not np.isfinite(s):
-                    ok = False
-        return 0 if ok else 3
-
-    _LAYERS[key] = layer
-    return layer
+        f = _LAYERS[key] = fused_source.load(key, fused_source.source(kinds, par, unit1, unit2, path))
+    return f
