@@ -53,9 +53,20 @@ def cache_dir() -> Path:
     return root() / SUBDIR
 
 
+def dependency_sources() -> list[tuple[str, bytes]]:
+    """(module name, source bytes) of every module in `DEPENDENCIES`."""
+    out = []
+    for name in DEPENDENCIES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.origin:
+            raise ImportError(f"the fused layer's dependency {name} has no source file")
+        out.append((name, Path(spec.origin).read_bytes()))
+    return out
+
+
 def dependency_digest() -> str:
-    """sha256 of the versions of numba, llvmlite and numpy and of the source bytes of every
-    module in `DEPENDENCIES` (computed once per process)."""
+    """sha256 of the versions of numba, llvmlite and numpy and of `dependency_sources`
+    (computed once per process)."""
     if not _digest:
         import llvmlite
         import numba
@@ -64,11 +75,8 @@ def dependency_digest() -> str:
         h = hashlib.sha256()
         for v in (numba.__version__, llvmlite.__version__, numpy.__version__):
             h.update(v.encode() + b"\0")
-        for name in DEPENDENCIES:
-            spec = importlib.util.find_spec(name)
-            if spec is None or not spec.origin:
-                raise ImportError(f"the fused layer's dependency {name} has no source file")
-            h.update(name.encode() + b"\0" + Path(spec.origin).read_bytes() + b"\0")
+        for name, data in dependency_sources():
+            h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
         _digest.append(h.hexdigest())
     return _digest[0]
 
