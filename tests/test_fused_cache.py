@@ -193,3 +193,16 @@ def test_a_read_only_cache_dir_compiles_in_memory(tiny_llama_container, tmp_path
     finally:
         (cache / S.SUBDIR).chmod(0o755)
     assert r["same"] and all(h.startswith("memory: ") for h in r["how"]), r
+
+
+def test_fused_layers_are_on_unless_the_switch_says_0(monkeypatch):
+    try:
+        monkeypatch.delenv("VINDEX3_FUSED_LAYERS", raising=False)
+        FL.set_enabled(None)
+        assert FL.enabled()
+        monkeypatch.setenv("VINDEX3_FUSED_LAYERS", "0")
+        FL.set_enabled(None)
+        assert not FL.enabled()
+    finally:
+        monkeypatch.undo()
+        FL.set_enabled(None)

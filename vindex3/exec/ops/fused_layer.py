@@ -22,12 +22,15 @@ element is still computed by one thread, so the thread count changes no byte eit
 refusals are the unfused path's: a norm whose mean of squares is not finite, a residual holding
 NaN or infinity, each raised after the same state changes (tests/test_fused_layer.py).
 
-Opt-in: ``VINDEX3_FUSED_LAYERS=1`` turns the fast path on for a process, `set_enabled` in one
-(tests and bench/decode_step.py run both). A process compiles each fused layer function on its
-first use, and they are not in numba's on-disk cache (they close over the kernels they call):
-~4 s at load ~1 for SmolLM2's, against ~2 ms a token saved, so a one-shot statement or a fresh
-shard actor would pay more than it gains; a long-lived server or a long generation gains.
-``VINDEX3_DECODE_KERNELS=0`` turns it off with the decode kernels it is made of. numba is imported when a fused layer first runs, not before.
+On by default; ``VINDEX3_FUSED_LAYERS=0`` turns the fast path off for a process, `set_enabled`
+in one (tests and bench/decode_step.py run both), and ``VINDEX3_DECODE_KERNELS=0`` turns it off
+with the decode kernels it is made of. Each fused layer function is a generated module held in
+numba's on-disk cache (vindex3.exec.ops.fused_source; its name digests its text and the source
+of every module whose kernels it calls, so a changed kernel never meets a stale entry): the
+first process compiles it (~6-7 s for SmolLM2's at load ~5), every later one, a fresh shard
+actor included, loads it (~0.04-0.15 s for its first fused step at load ~5). A cache directory
+that cannot be written compiles in memory, as before. numba is imported when a fused layer
+first runs, not before.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ ROWS = 8  # positions per pass up to which layers fuse (vindex3.exec.ops.decode.
 
 
 class _Switch:
-    on = os.environ.get("VINDEX3_FUSED_LAYERS", "0") == "1"
+    on = os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0"
 
 
 FUSED = _Switch()
@@ -57,8 +60,8 @@ def enabled() -> bool:
 
 def set_enabled(flag: bool | None) -> None:
     """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again;
-    on only when it is ``1``)."""
-    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "0") == "1") if flag is None else bool(flag)
+    off only when it is ``0``)."""
+    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0") if flag is None else bool(flag)
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,6 +178,8 @@ class FusedLayer:
         return f
 
     def run(self, h: np.ndarray, kv, p0: int, cos, sin) -> np.ndarray:
+        if not h.flags.writeable:  # a shard's input from Ray: one compiled signature, one cache entry
+            h = h.copy()
         T = h.shape[0]
         row0 = kv.reserve(T)
         out = np.empty(h.shape, F32)
@@ -220,7 +225,7 @@ class FusedStack:
 
     def describe(self) -> list[str]:
         """One line per executed layer: fused, or why not (the switches are read per pass)."""
-        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS is not 1, or VINDEX3_DECODE_KERNELS=0)"
+        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS=0, or VINDEX3_DECODE_KERNELS=0)"
         return [f"layer {i}: " + ("fused" + off if w is None else f"not fused ({w})") for i, w in self.why.items()]
 
     def takes(self, T: int) -> bool:
