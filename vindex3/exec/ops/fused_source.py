@@ -115,6 +115,16 @@ _PRODUCT = {
                 "        _K.rows_q4(ws[0][i], ws[1][i], ws[2][i], ws[3], xl, xh, xs, ys[i], _K.ROWS_PER_TASK)\n")),
 }
 
+# a group of one weight (o, down): the rows kernel the unfused path launches for one weight
+_ROWS = {
+    "f32": ('{n}_g = _I.float_kernel("f32", "vector", {par})\n', "    {n}_g(ws[0][0], x, ys[0], _I.ROWS_PER_TASK)\n"),
+    "bf16": ('{n}_g = _I.rows_bf16("vector", {par})\n', "    {n}_g(ws[0][0], x, ys[0], _I.ROWS_PER_TASK)\n"),
+    "i8q8": ('{n}_g = _I.rows_kernel("i8", "{path}", {par})\n',
+             "    {n}_g(ws[0][0], ws[1][0], x, ys[0], _I.ROWS_PER_TASK)\n"),
+    "q4q8": ('{n}_g = _I.rows_kernel("q4", "{path}", {par})\n',
+             "    {n}_g(ws[0][0], ws[1][0], ws[2][0], ws[3], x, ys[0], _I.ROWS_PER_TASK)\n"),
+}
+
 _LAYER = '''
 
 @njit(cache=True, error_model="numpy", nogil=True)
@@ -131,8 +141,10 @@ def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscal
     v = np.empty((T, nkv * hd), F32)
     _p_qkv(wqkv, x, (q, k, v))
     att = np.empty((T, nh, hd), F32)
+    zero = np.int64(0)  # not a literal 0: the signature the unfused path compiled (and cached) _attend for
     _attend(q.reshape((T, nh, hd)), k.reshape((T, nkv, hd)), v.reshape((T, nkv, hd)), cos, sin, qscale, KT, V,
-            row0, 0, 0, p0, 0, sscale, F32(0.0), np.empty(0, F32), False, np.empty((1, 1, 1, 1), F32), att)
+            row0, zero, zero, p0, zero, sscale, F32(0.0), np.empty(0, F32), zero != zero, np.empty((1, 1, 1, 1), F32),
+            att)
     y = np.empty((T, H), F32)
     _p_o(wo, att.reshape((T, nh * hd)), (y,))
     r = np.empty((T, H), F32)
@@ -168,7 +180,7 @@ def source(kinds: tuple, par: tuple, unit1: bool, unit2: bool, path: str) -> str
     parts = [_HEAD.format(kinds=", ".join(kinds), par=", ".join(map(str, par)), path=path)]
     for group, kind, p in zip(("qkv", "o", "gu", "down"), kinds, par):
         n = "_p_" + group
-        bind, body = _PRODUCT[kind]
+        bind, body = _ROWS[kind] if group in ("o", "down") and kind in _ROWS else _PRODUCT[kind]
         parts.append(("\n" + bind.format(n=n, par=p, path=path)) if bind else "")
         parts.append(f"\n\n@njit\ndef {n}(ws, x, ys):  # pragma: no cover - compiled\n" + body.format(n=n))
     parts.append(_LAYER.format(add1="h[t, i] + y[t, i]" if unit1 else "h[t, i] + y[t, i] * m1",
