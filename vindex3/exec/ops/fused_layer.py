@@ -27,10 +27,10 @@ in one (tests and bench/decode_step.py run both), and ``VINDEX3_DECODE_KERNELS=0
 with the decode kernels it is made of. Each fused layer function is a generated module held in
 numba's on-disk cache (vindex3.exec.ops.fused_source; its name digests its text and the source
 of every module whose kernels it calls, so a changed kernel never meets a stale entry): the
-first process compiles it (~6-7 s for SmolLM2's at load ~5), every later one, a fresh shard
-actor included, loads it (~0.04-0.15 s for its first fused step at load ~5). A cache directory
-that cannot be written compiles in memory, as before. numba is imported when a fused layer
-first runs, not before.
+first process compiles it (8-13 s for SmolLM2's at load 4-5), every later one, a fresh shard
+actor included, loads it (0.07-0.11 s for its first fused step, bench/decode_step.py
+--first-pass). A cache directory that cannot be written compiles in memory, as before. numba is
+imported when a fused layer first runs, not before.
 """
 
 from __future__ import annotations
