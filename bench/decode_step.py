@@ -11,6 +11,13 @@ sys.setprofile in one untimed step), and how far the arms' logits are apart afte
 before and after go into the JSON.
 
     python bench/decode_step.py [--encoding int8] [--activations q8] [--rounds 7] [--steps 32]
+
+``--first-pass``: what a FRESH process pays before its first token, fused layers off and on,
+the fused layer functions' disk cache (vindex3.exec.ops.fused_source) cold (an empty directory)
+and warm (the directory the cold arm filled). Each arm is its own process: open, a 16-token
+prefill, one unfused step (its kernels compiled or loaded as always), then the first step with
+fused layers on (or still off) and a second one; per arm the seconds of that first step and the
+open-to-second-step wall time, the rounds interleaved (cold, warm, off, each round a new cache).
 """
 
 from __future__ import annotations
@@ -62,6 +69,67 @@ def counts_of_a_step(st, tok: int) -> tuple[int, int, int]:
     return launches[0], pycalls[0], ccalls[0]
 
 
+_FIRST = """
+import json, sys, time
+t0 = time.perf_counter()
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import vindex3
+from vindex3.exec.ops import fused_layer as FL, fused_source as S
+if sys.argv[4]:
+    S.cache_dir = lambda: Path(sys.argv[4])  # this arm's fused cache, empty (cold) or filled (warm)
+c = vindex3.open(sys.argv[2])
+ex = c.executor(activations=sys.argv[3])
+st = ex.start()
+FL.set_enabled(False)
+logits = st.prefill(c.tokenizer.encode(sys.argv[6])[:16], last_only=True)[-1]
+tok = int(logits.argmax())
+logits = st.step(tok)
+FL.set_enabled(sys.argv[5] == "1")
+t1 = time.perf_counter()
+logits = st.step(int(logits.argmax()))
+t2 = time.perf_counter()
+st.step(int(logits.argmax()))
+t3 = time.perf_counter()
+fns = list(FL._LAYERS.values())
+print(json.dumps({"first_step_s": t2 - t1, "second_step_s": t3 - t2, "process_to_second_step_s": t3 - t0,
+                  "cache_hits": sum(sum(f.stats.cache_hits.values()) for f in fns),
+                  "cache_misses": sum(sum(f.stats.cache_misses.values()) for f in fns), "how": list(S.how.values())}))
+"""
+
+
+def first_pass(a, path: Path) -> None:
+    """The ``--first-pass`` measurement (see the module docstring)."""
+    import subprocess
+    import tempfile
+
+    load_before = os.getloadavg()
+    env = dict(os.environ, VINDEX3_DECODE_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads))
+    rows: dict = {"fused_cold": [], "fused_warm": [], "unfused": []}
+    for r in range(a.rounds):
+        with tempfile.TemporaryDirectory() as cache:
+            for arm in ("fused_cold", "fused_warm", "unfused"):
+                cmd = [sys.executable, "-c", _FIRST, str(HERE.parent), str(path), a.activations,
+                       cache if arm != "unfused" else "", "0" if arm == "unfused" else "1", TEXT]
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+                if p.returncode:
+                    raise SystemExit(p.stderr[-3000:])
+                rows[arm].append(json.loads(p.stdout.strip().splitlines()[-1]))
+    load_after = os.getloadavg()
+    summary = {arm: {k: round(statistics.median(x[k] for x in xs), 4) for k in ("first_step_s", "second_step_s",
+                                                                                 "process_to_second_step_s")}
+               for arm, xs in rows.items()}
+    res = {"bench": "decode_step_first_pass", "model": "SmolLM2-135M-Instruct", "encoding": a.encoding,
+           "activations": a.activations, "rounds": a.rounds, "median": summary, "runs": rows,
+           "loadavg_before": load_before, "loadavg_after": load_after, "machine": facts(a.threads)}
+    out = Path(a.out) if a.out else HERE / "results" / f"decode_step_first_pass_{a.encoding}_{a.activations}_{a.threads}t.json"
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    for arm, m in summary.items():
+        print(f"{arm:<11} first step {m['first_step_s']:7.3f} s  second {m['second_step_s']:.4f} s  "
+              f"process to second step {m['process_to_second_step_s']:6.2f} s")
+    print(f"load {load_before[0]:.2f} -> {load_after[0]:.2f}  ({out})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--encoding", default="int8", help="f32 | bf16 | int8 | q4 (represented once beside the peer GGUFs)")
@@ -71,6 +139,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--first-pass", action="store_true", help="a fresh process's first step: fused off / on with a cold and a warm cache")
     a = ap.parse_args()
     pin_threads(a.threads)
     os.environ["VINDEX3_DECODE_THREADS"] = str(a.threads)
@@ -81,8 +150,10 @@ def main() -> None:
     import vindex3
     from vindex3.exec.ops import decode, fused_layer
 
-    load_before = os.getloadavg()
     path = our_containers([a.encoding], peer_dir(None))[a.encoding]
+    if a.first_pass:
+        return first_pass(a, path)
+    load_before = os.getloadavg()
     c = vindex3.open(path)
     ex = c.executor(activations=a.activations)
     ids = c.tokenizer.encode(TEXT)[:16]

@@ -145,7 +145,7 @@ def test_switches_hooks_and_interventions_take_the_unfused_path(tiny_llama_conta
 
     c = vindex3.open(tiny_llama_container)
     FL.set_enabled(False)
-    assert all("off: VINDEX3_FUSED_LAYERS is not 1" in line for line in c.executor().fused.describe())
+    assert all("off: VINDEX3_FUSED_LAYERS=0" in line for line in c.executor().fused.describe())
     FL.set_enabled(True)
     ab = c.executor(intervention=FeatureAblation(features=((1, 0), (1, 3))))
     assert not ab.fused.active and "intervention" in ab.fused.why[1]

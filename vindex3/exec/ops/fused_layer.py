@@ -22,12 +22,15 @@ element is still computed by one thread, so the thread count changes no byte eit
 refusals are the unfused path's: a norm whose mean of squares is not finite, a residual holding
 NaN or infinity, each raised after the same state changes (tests/test_fused_layer.py).
 
-Opt-in: ``VINDEX3_FUSED_LAYERS=1`` turns the fast path on for a process, `set_enabled` in one
-(tests and bench/decode_step.py run both). A process compiles each fused layer function on its
-first use, and they are not in numba's on-disk cache (they close over the kernels they call):
-~4 s at load ~1 for SmolLM2's, against ~2 ms a token saved, so a one-shot statement or a fresh
-shard actor would pay more than it gains; a long-lived server or a long generation gains.
-``VINDEX3_DECODE_KERNELS=0`` turns it off with the decode kernels it is made of. numba is imported when a fused layer first runs, not before.
+On by default; ``VINDEX3_FUSED_LAYERS=0`` turns the fast path off for a process, `set_enabled`
+in one (tests and bench/decode_step.py run both), and ``VINDEX3_DECODE_KERNELS=0`` turns it off
+with the decode kernels it is made of. Each fused layer function is a generated module held in
+numba's on-disk cache (vindex3.exec.ops.fused_source; its name digests its text and the source
+of every module whose kernels it calls, so a changed kernel never meets a stale entry): the
+first process compiles it (8-13 s for SmolLM2's at load 4-5), every later one, a fresh shard
+actor included, loads it (0.07-0.11 s for its first fused step, bench/decode_step.py
+--first-pass). A cache directory that cannot be written compiles in memory, as before. numba is
+imported when a fused layer first runs, not before.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ ROWS = 8  # positions per pass up to which layers fuse (vindex3.exec.ops.decode.
 
 
 class _Switch:
-    on = os.environ.get("VINDEX3_FUSED_LAYERS", "0") == "1"
+    on = os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0"
 
 
 FUSED = _Switch()
@@ -57,8 +60,8 @@ def enabled() -> bool:
 
 def set_enabled(flag: bool | None) -> None:
     """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again;
-    on only when it is ``1``)."""
-    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "0") == "1") if flag is None else bool(flag)
+    off only when it is ``0``)."""
+    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0") if flag is None else bool(flag)
 
 
 # --------------------------------------------------------------------------------------------
@@ -175,6 +178,8 @@ class FusedLayer:
         return f
 
     def run(self, h: np.ndarray, kv, p0: int, cos, sin) -> np.ndarray:
+        if not h.flags.writeable:  # a shard's input from Ray: one compiled signature, one cache entry
+            h = h.copy()
         T = h.shape[0]
         row0 = kv.reserve(T)
         out = np.empty(h.shape, F32)
@@ -220,7 +225,7 @@ class FusedStack:
 
     def describe(self) -> list[str]:
         """One line per executed layer: fused, or why not (the switches are read per pass)."""
-        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS is not 1, or VINDEX3_DECODE_KERNELS=0)"
+        off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS=0, or VINDEX3_DECODE_KERNELS=0)"
         return [f"layer {i}: " + ("fused" + off if w is None else f"not fused ({w})") for i, w in self.why.items()]
 
     def takes(self, T: int) -> bool:
@@ -274,120 +279,16 @@ def plan_fused(plan, layers: list[int], kernels, W, intervention, head=None) -> 
 
 
 # --------------------------------------------------------------------------------------------
-# the compiled calls
-_PRODUCTS: dict = {}
+# the compiled calls: generated modules, cached on disk by numba (vindex3.exec.ops.fused_source)
 _LAYERS: dict = {}
 
 
-def _product(kind: str, parallel: bool):
-    """An njit ``prod(arrays, x, ys)``: ys[i] = weight i times x, the kernel the unfused path
-    launches for a group of weights of ``kind`` (a group kernel, or the rows kernel per weight
-    where the encoding has no group kernel)."""
-    key = (kind, parallel)
-    if key in _PRODUCTS:
-        return _PRODUCTS[key]
-    from numba import njit
-
-    I, K = threads.intdot(), threads.kernels()
-    rpt = I.ROWS_PER_TASK
-    if kind == "f32":
-        g = I.float_kernel("f32", "vector", parallel, True)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], x, ys, rpt)
-    elif kind == "bf16":
-        g = I.group_bf16("vector", parallel)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], x, ys, rpt)
-    elif kind == "i8q8":
-        g = I.group_kernel("i8", parallel=parallel)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], ws[1], x, ys, rpt)
-    elif kind == "q4q8":
-        g = I.group_kernel("q4", parallel=parallel)
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            g(ws[0], ws[1], ws[2], ws[3], x, ys, rpt)
-    elif kind == "i8":  # the reassociating rows kernel, one launch per weight as unfused
-        r = K.rows_i8_block_scale
-        krpt = K.ROWS_PER_TASK
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            for i in range(len(ys)):
-                r(ws[0][i], ws[1][i], x, ys[i], krpt)
-    elif kind == "q4":
-        r = K.rows_q4
-        split = K.q4_split_x
-        krpt = K.ROWS_PER_TASK
-
-        @njit
-        def prod(ws, x, ys):  # pragma: no cover - compiled
-            for i in range(len(ys)):
-                xl, xh, xs = split(x)
-                r(ws[0][i], ws[1][i], ws[2][i], ws[3], xl, xh, xs, ys[i], krpt)
-    else:
-        raise ValueError(f"no fused product for kind {kind!r}")
-    _PRODUCTS[key] = prod
-    return prod
-
-
 def _layer_fn(kinds: tuple, par: tuple, unit1: bool, unit2: bool):
-    key = (kinds, par, unit1, unit2)
-    if key in _LAYERS:
-        return _LAYERS[key]
-    from numba import njit
+    path = threads.intdot().chosen() if any(k in ("i8q8", "q4q8") for k in kinds) else "-"
+    key = (kinds, par, unit1, unit2, path)
+    f = _LAYERS.get(key)
+    if f is None:
+        from . import fused_source
 
-    from . import decode as D
-
-    p_qkv, p_o, p_gu, p_down = (_product(k, p) for k, p in zip(kinds, par))
-    rms, attend, silu = D._rms_rows, D._attend, D._silu_mul
-
-    @njit(error_model="numpy", nogil=True)
-    def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
-              out):  # pragma: no cover - compiled
-        """h [T, H] -> out [T, H], the layer's residual; returns 0, or 1 / 2 (the first / second
-        norm's mean of squares is not finite: nothing after it ran), 3 (out holds NaN or inf)."""
-        T, H = h.shape
-        x = np.empty((T, H), F32)
-        if not rms(h, n1, e1, x):
-            return 1
-        q = np.empty((T, nh * hd), F32)
-        k = np.empty((T, nkv * hd), F32)
-        v = np.empty((T, nkv * hd), F32)
-        p_qkv(wqkv, x, (q, k, v))
-        att = np.empty((T, nh, hd), F32)
-        attend(q.reshape((T, nh, hd)), k.reshape((T, nkv, hd)), v.reshape((T, nkv, hd)), cos, sin, qscale, KT, V,
-               row0, 0, 0, p0, 0, sscale, F32(0.0), np.empty(0, F32), False, np.empty((1, 1, 1, 1), F32), att)
-        y = np.empty((T, H), F32)
-        p_o(wo, att.reshape((T, nh * hd)), (y,))
-        r = np.empty((T, H), F32)
-        for t in range(T):
-            for i in range(H):
-                r[t, i] = h[t, i] + y[t, i] if unit1 else h[t, i] + y[t, i] * m1
-        if not rms(r, n2, e2, x):
-            return 2
-        n_i = wgu[0][0].shape[0]
-        g = np.empty((T, n_i), F32)
-        u = np.empty((T, n_i), F32)
-        p_gu(wgu, x, (g, u))
-        a = np.empty((T, n_i), F32)
-        silu(g, u, a)
-        p_down(wd, a, (y,))
-        ok = True
-        for t in range(T):
-            for i in range(H):
-                s = r[t, i] + y[t, i] if unit2 else r[t, i] + y[t, i] * m2
-                out[t, i] = s
-                if not np.isfinite(s):
-                    ok = False
-        return 0 if ok else 3
-
-    _LAYERS[key] = layer
-    return layer
+        f = _LAYERS[key] = fused_source.load(key, fused_source.source(kinds, par, unit1, unit2, path))
+    return f
