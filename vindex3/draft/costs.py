@@ -1,0 +1,155 @@
+"""What a verifying pass costs on this process's executor, in decode steps: ``cost(T)`` is the
+wall time of one pass over T positions divided by that of a single-position step (so
+``cost(1) == 1``). A speculative round that verifies k drafts runs one pass of k + 1 positions,
+so a drafter that knows the curve can weigh the tokens a proposal is expected to win against
+what verifying it costs here, now — the curve moves with the kernels (a multi-row product that
+streams its weights faster makes every T > 1 cheaper), the thread count and the machine.
+
+`PassCosts` is measured once per process for a (container, slice, activations, threads) key
+(`pass_costs`: a few interleaved passes over T = 1 .. t_max positions after a short context, the
+fastest of each kept) and then learns from the passes the generations run (`observe`: the
+median of the recent rounds that verified T positions over the median of the recent plain
+steps, once both have a few), so a cost that changes while the process runs is followed.
+A curve given by value (`PassCosts.linear`, `PassCosts.of`) never learns: tests and replays
+stay deterministic.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import VindexError
+
+CONTEXT = 16  # tokens held before a measured pass (a short prompt: attention is not what is measured)
+ROUNDS = 2  # interleaved measuring rounds; the fastest of each T is kept
+WINDOW = 9  # recent passes per T the learned curve reads (a median: one descheduled pass does not move it)
+MIN_SEEN = 3  # passes of both T and 1 before the learned figure replaces the measured one
+
+
+class PassCosts:
+    """cost(T) in decode steps for T = 1 .. ``len(curve)`` (``curve[0]`` is 1); past the last
+    measured T the last increment continues. Non-decreasing by construction (a pass over more
+    positions never costs less; a lower reading is noise)."""
+
+    def __init__(self, curve: Sequence[float], source: str = "given", learns: bool = False):
+        c = [float(x) for x in curve]
+        if not c or c[0] != 1.0 or any(not np.isfinite(x) or x <= 0 for x in c):
+            raise VindexError(f"a pass-cost curve starts at cost(1) = 1 and holds positive numbers; got {list(curve)!r}")
+        self.source = source  # "measured" | "given" | "linear c"
+        self.learns = learns
+        self._base = c
+        self._curve = _monotone(c)
+        self._seen: dict[int, deque] = {}
+
+    @classmethod
+    def linear(cls, c: float) -> PassCosts:
+        """1 + c (T - 1): every verified position beyond the first costs ``c`` steps."""
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < 1:
+            raise VindexError(f"lookup verify_cost must be a number in (0, 1) (decode steps per position); got {c!r}")
+        return cls([1.0, 1.0 + float(c)], f"linear {float(c):g}")
+
+    @classmethod
+    def of(cls, value: Any) -> PassCosts:
+        """A curve from what a caller gives: a PassCosts, a number c (`linear`), or cost(T) for
+        T = 1, 2, ... as a sequence starting at 1."""
+        if isinstance(value, PassCosts):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return cls.linear(value)
+        if isinstance(value, (list, tuple)):
+            return cls(value, "given")
+        raise VindexError(f"lookup verify_cost must be a number, a cost curve or None (measured); got {value!r}")
+
+    def cost(self, T: int) -> float:
+        c = self._curve
+        if T <= len(c):
+            return c[T - 1]
+        step = c[-1] - c[-2] if len(c) > 1 else 0.0
+        return c[-1] + step * (T - len(c))
+
+    def curve(self, t_max: int | None = None) -> list[float]:
+        return [self.cost(T) for T in range(1, (t_max or len(self._curve)) + 1)]
+
+    def observe(self, T: int, seconds: float) -> None:
+        """A round that ran one pass over ``T`` positions took ``seconds`` (drafting and
+        rollback included: what the round cost). Learning curves only."""
+        if not self.learns or T < 1 or not seconds > 0:
+            return
+        self._seen.setdefault(T, deque(maxlen=WINDOW)).append(seconds)
+        one = self._seen.get(1)
+        if one is None or len(one) < MIN_SEEN:
+            return
+        if T == 1:
+            ts = [t for t in self._seen if t > 1]
+        else:
+            ts = [T]
+        c = list(self._base)
+        for t in ts:
+            seen = self._seen[t]
+            if len(seen) >= MIN_SEEN:
+                while len(c) < t:
+                    c.append(c[-1] + (c[-1] - c[-2] if len(c) > 1 else 0.0))
+                c[t - 1] = max(1.0, statistics.median(seen) / statistics.median(one))
+        self._base = c
+        learned = {t for t, seen in self._seen.items() if len(seen) >= MIN_SEEN}
+        self._curve = _monotone(c, learned)
+
+
+def _monotone(c: list[float], learned: set[int] = frozenset()) -> list[float]:
+    """The curve made non-decreasing: a figure not yet learned is first lowered to the nearest
+    learned one above it (a fresh reading outranks an old one), then each is raised to the
+    largest before it."""
+    c = list(c)
+    cap = float("inf")
+    for T in range(len(c), 0, -1):
+        if T in learned:
+            cap = c[T - 1]
+        elif T > 1:
+            c[T - 1] = min(c[T - 1], cap)
+    out, hi = [], 0.0
+    for x in c:
+        hi = max(hi, x)
+        out.append(hi)
+    return out
+
+
+def measure(ex: Any, t_max: int, rounds: int = ROUNDS) -> list[float]:
+    """cost(T) for T = 1 .. ``t_max`` on executor ``ex``: ``rounds`` interleaved passes of each
+    T after a ``CONTEXT``-token prefill in a fresh stream, rolled back after each pass, the
+    fastest of each T over the fastest step. Token ids are arbitrary (the cost does not read them)."""
+    vocab = int(ex.plan.vocab)
+    ids = [(7 + 131 * i) % vocab for i in range(CONTEXT + t_max)]
+    st = ex.start()
+    st.prefill(ids[:CONTEXT])
+    base = st.position
+    best = [float("inf")] * t_max
+    for _ in range(rounds):
+        for T in range(1, t_max + 1):
+            t0 = time.perf_counter()
+            st.prefill(ids[CONTEXT:CONTEXT + T])
+            best[T - 1] = min(best[T - 1], time.perf_counter() - t0)
+            st.truncate(base)
+    return [b / best[0] for b in best]
+
+
+_CACHE: dict[tuple, PassCosts] = {}
+
+
+def pass_costs(container: Any, ex: Any, t_max: int) -> PassCosts:
+    """The learning cost curve of this process for ``ex`` (measured on first use, up to T =
+    ``t_max``; measured again when a longer one is asked), shared by every generation that
+    runs the same container, slice, activations and thread count."""
+    from ..codecs import threads
+
+    key = (str(getattr(container, "digest", id(container))), ex.slice.describe(), ex.activations, threads.count())
+    pc = _CACHE.get(key)
+    if pc is None or len(pc._base) < t_max:
+        pc = PassCosts(measure(ex, t_max), "measured", learns=True)
+        _CACHE[key] = pc
+    return pc
