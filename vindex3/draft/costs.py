@@ -6,8 +6,10 @@ what verifying it costs here, now — the curve moves with the kernels (a multi-
 streams its weights faster makes every T > 1 cheaper), the thread count and the machine.
 
 `PassCosts` is measured once per process for a (container, slice, activations, threads) key
-(`pass_costs`: a few interleaved passes over T = 1 .. t_max positions after a short context, the
-fastest of each kept) and then learns from the passes the generations run (`observe`: the
+(`pass_costs`: rounds of passes over T = 1 .. t_max positions after a short context, each T's
+time over the same round's single step, the median over the rounds kept: a pass and the step
+it is divided by run within a round of each other, so a load that changes between rounds
+cancels, and one descheduled pass does not move the median) and then learns from the passes the generations run (`observe`: the
 median of the recent rounds that verified T positions over the median of the recent plain
 steps, once both have a few), so a cost that changes while the process runs is followed.
 A curve given by value (`PassCosts.linear`, `PassCosts.of`) never learns: tests and replays
@@ -27,7 +29,7 @@ import numpy as np
 from ..errors import VindexError
 
 CONTEXT = 16  # tokens held before a measured pass (a short prompt: attention is not what is measured)
-ROUNDS = 2  # interleaved measuring rounds; the fastest of each T is kept
+ROUNDS = 3  # interleaved measuring rounds; the median of each T's per-round ratio is kept
 WINDOW = 9  # recent passes per T the learned curve reads (a median: one descheduled pass does not move it)
 MIN_SEEN = 3  # passes of both T and 1 before the learned figure replaces the measured one
 
@@ -120,22 +122,28 @@ def _monotone(c: list[float], learned: set[int] = frozenset()) -> list[float]:
 
 
 def measure(ex: Any, t_max: int, rounds: int = ROUNDS) -> list[float]:
-    """cost(T) for T = 1 .. ``t_max`` on executor ``ex``: ``rounds`` interleaved passes of each
-    T after a ``CONTEXT``-token prefill in a fresh stream, rolled back after each pass, the
-    fastest of each T over the fastest step. Token ids are arbitrary (the cost does not read them)."""
+    """cost(T) for T = 1 .. ``t_max`` on executor ``ex``: ``rounds`` rounds of one pass of each
+    T (a step first) after a ``CONTEXT``-token prefill in a fresh stream, rolled back after each
+    pass; per T the median over the rounds of its time over the round's step. Token ids are
+    arbitrary (the cost does not read them)."""
     vocab = int(ex.plan.vocab)
     ids = [(7 + 131 * i) % vocab for i in range(CONTEXT + t_max)]
     st = ex.start()
     st.prefill(ids[:CONTEXT])
     base = st.position
-    best = [float("inf")] * t_max
+    st.prefill(ids[CONTEXT:CONTEXT + t_max])  # warm: the first pass of a size may compile or fault pages in
+    st.truncate(base)
+    ratios: list[list[float]] = [[] for _ in range(t_max)]
     for _ in range(rounds):
+        times = []
         for T in range(1, t_max + 1):
             t0 = time.perf_counter()
             st.prefill(ids[CONTEXT:CONTEXT + T])
-            best[T - 1] = min(best[T - 1], time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             st.truncate(base)
-    return [b / best[0] for b in best]
+        for T in range(t_max):
+            ratios[T].append(times[T] / times[0])
+    return [1.0] + [max(1.0, statistics.median(r)) for r in ratios[1:]]
 
 
 _CACHE: dict[tuple, PassCosts] = {}
