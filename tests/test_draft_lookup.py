@@ -203,15 +203,19 @@ def test_pass_costs_curve_and_refusals():
 
 def test_pass_costs_learn_from_the_rounds_run():
     pc = PassCosts([1.0, 1.5, 2.0], "measured", learns=True)
+    pc.observe(3, 0.012)  # no plain step seen yet: nothing to divide by
     for _ in range(3):
         pc.observe(1, 0.010)
         pc.observe(3, 0.012)  # verifying 3 positions now costs 1.2 steps
-    assert pc.cost(3) == pytest.approx(1.2)
-    # T = 2 not seen since it was measured: lowered to the fresh reading above it (non-decreasing)
-    assert pc.cost(2) == pytest.approx(1.2)
-    for _ in range(3):
-        pc.observe(2, 0.011)
+    assert pc.cost(3) == pytest.approx(1.5)  # 1.2, raised to the unseen T = 2's measured 1.5
+    for step in (0.010, 0.020, 0.040):  # the machine slows down between rounds of T = 2
+        for _ in range(3):
+            pc.observe(1, step)
+        pc.observe(2, 1.1 * step)
+    # each round is divided by the steps just before it: the slowdown cancels
     assert pc.curve() == pytest.approx([1.0, 1.1, 1.2])
+    pc.observe(3, 1.0)  # one descheduled round does not move the median
+    assert pc.cost(3) == pytest.approx(1.2)
     fixed = PassCosts([1.0, 1.5, 2.0])
     for _ in range(3):
         fixed.observe(1, 0.010)

@@ -9,9 +9,10 @@ streams its weights faster makes every T > 1 cheaper), the thread count and the 
 (`pass_costs`: rounds of passes over T = 1 .. t_max positions after a short context, each T's
 time over the same round's single step, the median over the rounds kept: a pass and the step
 it is divided by run within a round of each other, so a load that changes between rounds
-cancels, and one descheduled pass does not move the median) and then learns from the passes the generations run (`observe`: the
-median of the recent rounds that verified T positions over the median of the recent plain
-steps, once both have a few), so a cost that changes while the process runs is followed.
+cancels, and one descheduled pass does not move the median) and then learns from the rounds
+the generations run (`observe`: each round that verified T positions over the plain steps just
+before it, the median of the recent such ratios), so a cost that changes while the process runs
+is followed.
 A curve given by value (`PassCosts.linear`, `PassCosts.of`) never learns: tests and replays
 stay deterministic.
 """
@@ -31,7 +32,8 @@ from ..errors import VindexError
 CONTEXT = 16  # tokens held before a measured pass (a short prompt: attention is not what is measured)
 ROUNDS = 3  # interleaved measuring rounds; the median of each T's per-round ratio is kept
 WINDOW = 9  # recent passes per T the learned curve reads (a median: one descheduled pass does not move it)
-MIN_SEEN = 3  # passes of both T and 1 before the learned figure replaces the measured one
+MIN_SEEN = 3  # rounds of a T before the learned figure replaces the measured one
+STEPS = 3  # plain steps a round's time is divided by (their median)
 
 
 class PassCosts:
@@ -47,7 +49,8 @@ class PassCosts:
         self.learns = learns
         self._base = c
         self._curve = _monotone(c)
-        self._seen: dict[int, deque] = {}
+        self._seen: dict[int, deque] = {}  # T -> recent rounds' cost over the steps before them
+        self._steps: deque = deque(maxlen=STEPS)  # the last plain steps' seconds
 
     @classmethod
     def linear(cls, c: float) -> PassCosts:
@@ -80,40 +83,33 @@ class PassCosts:
 
     def observe(self, T: int, seconds: float) -> None:
         """A round that ran one pass over ``T`` positions took ``seconds`` (drafting and
-        rollback included: what the round cost). Learning curves only."""
+        rollback included: what the round cost). A round over T > 1 positions is divided by the
+        median of the last few plain steps before it (so a load that drifts over the generation
+        cancels); cost(T) becomes the median of the last ``WINDOW`` such ratios once there are
+        ``MIN_SEEN``. Learning curves only."""
         if not self.learns or T < 1 or not seconds > 0:
             return
-        self._seen.setdefault(T, deque(maxlen=WINDOW)).append(seconds)
-        one = self._seen.get(1)
-        if one is None or len(one) < MIN_SEEN:
-            return
         if T == 1:
-            ts = [t for t in self._seen if t > 1]
-        else:
-            ts = [T]
+            self._steps.append(seconds)
+            return
+        if not self._steps:
+            return
+        ratio = max(1.0, seconds / statistics.median(self._steps))
+        seen = self._seen.setdefault(T, deque(maxlen=WINDOW))
+        seen.append(ratio)
+        if len(seen) < MIN_SEEN:
+            return
         c = list(self._base)
-        for t in ts:
-            seen = self._seen[t]
-            if len(seen) >= MIN_SEEN:
-                while len(c) < t:
-                    c.append(c[-1] + (c[-1] - c[-2] if len(c) > 1 else 0.0))
-                c[t - 1] = max(1.0, statistics.median(seen) / statistics.median(one))
+        while len(c) < T:
+            c.append(c[-1] + (c[-1] - c[-2] if len(c) > 1 else 0.0))
+        c[T - 1] = statistics.median(seen)
         self._base = c
-        learned = {t for t, seen in self._seen.items() if len(seen) >= MIN_SEEN}
-        self._curve = _monotone(c, learned)
+        # non-decreasing by raising only: a cost read too low makes a drafter propose drafts that
+        # do not pay (slower than plain decoding), one read too high only proposes fewer
+        self._curve = _monotone(c)
 
 
-def _monotone(c: list[float], learned: set[int] = frozenset()) -> list[float]:
-    """The curve made non-decreasing: a figure not yet learned is first lowered to the nearest
-    learned one above it (a fresh reading outranks an old one), then each is raised to the
-    largest before it."""
-    c = list(c)
-    cap = float("inf")
-    for T in range(len(c), 0, -1):
-        if T in learned:
-            cap = c[T - 1]
-        elif T > 1:
-            c[T - 1] = min(c[T - 1], cap)
+def _monotone(c: list[float]) -> list[float]:
     out, hi = [], 0.0
     for x in c:
         hi = max(hi, x)
