@@ -151,7 +151,9 @@ def pass_costs(container: Any, ex: Any, t_max: int) -> PassCosts:
     runs the same container, slice, activations and thread count."""
     from ..codecs import threads
 
-    key = (str(getattr(container, "digest", id(container))), ex.slice.describe(), ex.activations, threads.count())
+    sl = getattr(ex, "slice", None)
+    key = (str(getattr(container, "digest", id(container))), type(ex).__name__,
+           sl.describe() if sl is not None else None, getattr(ex, "activations", "exact"), threads.count())
     pc = _CACHE.get(key)
     if pc is None or len(pc._base) < t_max:
         pc = PassCosts(measure(ex, t_max), "measured", learns=True)
