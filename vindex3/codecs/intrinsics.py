@@ -51,6 +51,10 @@ position keeps its own accumulators in the one-position order, so its bytes do n
 T nor on the other rows (tests/test_rows_multi.py): a batched stream equals a lone one, a
 verified position equals a step.
 
+Prefetch: every vector dots kernel asks for the weight row's cache lines PREFETCH bytes ahead
+(``llvm.prefetch``, which exists on every target and never faults); it changes when bytes
+arrive, never a value or the order above. The plain paths do not prefetch.
+
 Groups (`group_kernel`, `group_bf16`, `float_kernel(group=True)`): the weights that multiply
 one activation (a layer's q/k/v, an FFN's gate and up) in one launch, the activation quantized once, tasks of
 ``ROWS_PER_TASK`` rows laid end to end over the weights. An output element is the same row dot,
@@ -83,6 +87,24 @@ NEEDS = {
     "plain": (),
 }
 _FORCE_ENV = "VINDEX3_INTDOT_PATH"  # tests and benches force a path by name
+# Software prefetch: bytes ahead of the current offset along a weight row (rows are contiguous,
+# so it runs on into the next rows) at which every dots kernel asks for the weight stream's
+# cache lines (one prefetch per 64-byte line of a chunk; one per q4 chunk, half a line). A weight
+# larger than the caches was latency-bound: the hardware prefetcher does not run far enough
+# ahead (it stops at a 4 KB page, and a container's segments are mapped in 4 KB pages).
+# Measured by bench/prefetch_distance.py (cold, file-mapped weights, 1 thread, vnni512, CPU ms per
+# call, load 8-10: noisy; distances of 4-32 KB lie within the noise of one another, 0 and 1 KB
+# do not; results/prefetch_distance.json), without -> with:
+#   f32  49152x576 T=1 3.84 -> 2.89, T=8 12.0 -> 7.7; 5632x2048 T=8 5.8 -> 4.3
+#   i8   32000x2048 T=1 2.66 -> 2.10, T=8 13.6 -> 8.6; 2048x2048 T=8 0.77 -> 0.58
+# bf16 and q4 (wall clock, numpy arrays, load 2.5-3.5: results/prefetch_distance_wall_arrays.json):
+#   bf16 5632x2048 T=8 3.4 -> 2.0 (8 KB; 4 KB 2.2); q4 32000x2048 T=1 3.6 -> 1.76 (4 KB)
+# Whole SmolLM2 decode, 1 thread, fused layers, tokens per CPU-second, median of 3 rounds
+# alternated with the kernels without prefetch (load 4-5, results/prefetch_ab_decode.json):
+# f32 35 -> 46, int8 q8 99 -> 152, q4 q8 109 -> 123.
+# The per-block scale streams (int8 scales, q4 d and m: 1/8 of the bytes) were also tried, at
+# 1 KB ahead: no gain beyond the noise, so they are left to the hardware.
+PREFETCH = {"f32": 4096, "bf16": 8192, "i8": 8192, "q4": 4096}
 
 
 # --------------------------------------------------------------------------------------------
@@ -232,6 +254,14 @@ def _call(builder, name, ret, args):
     return builder.call(fn, args)
 
 
+def _prefetch(builder, base, offset):
+    """A software prefetch of the cache line at typed pointer ``base`` + element ``offset``
+    (read, keep in all levels, data cache). It never faults (it may point past the array) and
+    changes no value; see PREFETCH."""
+    p = builder.bitcast(builder.gep(base, [offset]), _i8.as_pointer())
+    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+
+
 def _load(builder, base, offset, vty):
     """A vector load of ``vty`` at byte pointer ``base`` + element offset (align 1)."""
     p = builder.gep(base, [offset])
@@ -330,11 +360,13 @@ def _row_ptr(builder, arr, row, width):
     return builder.gep(arr.data, [builder.mul(row, width)])
 
 
-def _make_i8_dots(path):
+def _make_i8_dots(path, pf=None):
     """dots(Q int8 [O, K], S f32 [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
     XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
     position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
-    row is loaded (and made unsigned) once for every position."""
+    row is loaded (and made unsigned) once for every position. ``pf``: the prefetch distance
+    in bytes (default PREFETCH['i8']; 0: none)."""
+    pf = PREFETCH["i8"] if pf is None else pf
 
     @intrinsic
     def dots(typingctx, Q, S, o0, o1, XQ, XD, XC, t0, Y):
@@ -387,6 +419,8 @@ def _make_i8_dots(path):
 
                     with cgutils.for_range(builder, nchunk) as loop:
                         i = loop.index
+                        if pf:  # a 64-byte chunk is one cache line
+                            _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), c(pf)))
                         chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
                     with builder.if_then(has_tail):
                         chunk(builder.shl(nchunk, c(6)), builder.shl(nchunk, c(1)), 32)
@@ -402,12 +436,14 @@ def _make_i8_dots(path):
     return dots
 
 
-def _make_q4_dots(path):
+def _make_q4_dots(path, pf=None):
     """dots(QS uint8 [O, K/2], D, M uint16 [O, K/32] (f16 bits), table f32[65536], o0, o1,
     XQ int8 [T, K], XD f32 [T, K/32], XS f32 [T, K/32], t0, Y f32 [T, O]): as `_make_i8_dots`
     for q4 rows. Byte l of a block's 16 holds element l (low nibble) and l + 16 (high nibble);
     a chunk's codes are unpacked once for every position. The offsets' term ``mt`` is summed
-    block by block from 0 (mt = mt + m_b * xs_b) and added to the tree last."""
+    block by block from 0 (mt = mt + m_b * xs_b) and added to the tree last. ``pf``: the
+    prefetch distance in bytes (default PREFETCH['q4']; 0: none)."""
+    pf = PREFETCH["q4"] if pf is None else pf
 
     @intrinsic
     def dots(typingctx, QS, D, M, table, o0, o1, XQ, XD, XS, t0, Y):
@@ -475,6 +511,8 @@ def _make_q4_dots(path):
 
                     with cgutils.for_range(builder, nchunk) as loop:
                         i = loop.index
+                        if pf:  # a chunk is 32 code bytes: half a cache line
+                            _prefetch(builder, pq, builder.add(builder.shl(i, c(5)), c(pf)))
                         chunk(builder.shl(i, c(5)), builder.shl(i, c(1)), 64)
                     with builder.if_then(has_tail):
                         chunk(builder.shl(nchunk, c(5)), builder.shl(nchunk, c(1)), 32)
@@ -761,12 +799,15 @@ F32_LANES = 32  # two 512-bit registers per position: 8 positions keep 16 in reg
 BF16_LANES = 64  # the order bf16 products had before positions shared a pass: bytes unchanged
 
 
-def _make_float_dots(kind: str, L: int, PT: int):
+def _make_float_dots(kind: str, L: int, PT: int, pf=None):
     """dots(W, o0, o1, X, t0, Y): Y[t, o] = W[o] . X[t] for rows o0 .. o1 - 1 and positions
     t = t0 .. min(T, t0 + PT) - 1. W [O, K] float32, or uint16 bf16 bit patterns widened in
     registers; X [T, K], Y [T, O] float32; all C-contiguous. One load of each chunk of a row
-    serves every position; the row loop is in the IR, so a row costs no call."""
+    serves every position; the row loop is in the IR, so a row costs no call. ``pf``: prefetch
+    distance in bytes (default PREFETCH[kind]; 0: none)."""
     bf16 = kind == "bf16"
+    pf = PREFETCH[kind] if pf is None else pf
+    esize = 2 if bf16 else 4
 
     @intrinsic
     def dots(typingctx, W, o0, o1, X, t0, Y):
@@ -816,6 +857,8 @@ def _make_float_dots(kind: str, L: int, PT: int):
                             builder.store(zero, a)
                     with cgutils.for_range(builder, nchunk) as loop:
                         off = builder.mul(loop.index, cL)
+                        for q in range(0, L * esize, 64) if pf else ():  # each line of the chunk
+                            _prefetch(builder, pw, builder.add(off, ir.Constant(K.type, (pf + q) // esize)))
                         for p in range(P):
                             offp = builder.add(off, ir.Constant(K.type, p * VW))
                             wv = wvec(pw, offp)

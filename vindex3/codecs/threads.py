@@ -20,7 +20,12 @@
   sleeping ones, bench/intdot_passes.py), so `parallel()` sends a weight to the pool only when
   the count is above one and the weight has at least ``PARALLEL_MIN_BYTES`` (its serial pass
   takes tens of microseconds); smaller ones (SmolLM2's k/v projections, int8 and q4 matrices
-  of the hidden width) run the serial kernel. The bytes are the same either way.
+  of the hidden width) run the serial kernel. The bytes are the same either way. With the
+  dots kernels' software prefetch (intrinsics.PREFETCH) measured again on cold, file-mapped
+  weights at load 9-12 (bench/prefetch_distance.py --threads 2, results/prefetch_threads.json):
+  two threads lost on every f32 and q4 shape of SmolLM2 and the 1.1B shape but 576x1536 f32,
+  and won only on int8's largest (the 1.1B head 32000x2048 4.5 -> 3.6 ms); no evidence to move
+  the threshold either way, so it stays (and the count stays 1 by default).
 * **Workers sleep when idle.** numba's OpenMP workers spin after a parallel region by default;
   on a machine whose cores are shared with other processes a spinning worker takes the core
   the decode thread needs and a parallel region waits for a descheduled one. Measured on this
