@@ -10,7 +10,7 @@ step a token. The "ceiling" drafter knows the continuation and proposes the long
 that occurs anywhere in the context: no context-copying drafter can do better.
 
     python bench/draft_lookup_replay.py --fit            # the seed list: the adaptive policy's priors
-    python bench/draft_lookup_replay.py --bank [--c 0.3]  # the prompt bank: predicted speed by category
+    python bench/draft_lookup_replay.py --bank [--c 0.3 | --curve 1,1.4,1.65,...]  # the prompt bank: predicted speed
 
 ``--fit`` measures, on the greedy continuations of the seed list (``vindex3.draft.seeds``, never
 the prompt bank), how often the first token a match of length n proposes is accepted and how
@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vindex3 import jsonio
+from vindex3.draft.costs import PassCosts
 from vindex3.draft.lookup import LookupDrafter, LookupIndex
 from vindex3.draft.machine import machine_facts
 
@@ -112,12 +113,14 @@ class Ceiling:
         return []
 
 
-def predicted(data: dict, make, n: int, c: float) -> dict:
+def predicted(data: dict, make, n: int, c) -> dict:
+    """Speed over plain greedy by category when a pass over T positions costs ``c.cost(T)``
+    steps (a `PassCosts`)."""
     by: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
     for v in data.values():
         calls = replay(make(v), v["prompt"], v["tokens"], n)
         by[v["category"]][0] += n - 1
-        by[v["category"]][1] += sum(1 + c * (T - 1) for T in calls)
+        by[v["category"]][1] += sum(c.cost(T) for T in calls)
     out = {cat: a / b for cat, (a, b) in sorted(by.items())}
     if "code" in by and "long" in by:
         out["code+long"] = (by["code"][0] + by["long"][0]) / (by["code"][1] + by["long"][1])
@@ -155,9 +158,14 @@ def main() -> int:
     ap.add_argument("--bank", action="store_true", help="predict speed on the prompt bank")
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--c", type=float, default=0.3, help="one more verified position, in decode steps")
+    ap.add_argument("--curve", default=None,
+                    help="cost(T) in steps for T = 1, 2, ... (comma-separated, from 1): replaces --c")
     ap.add_argument("--lookaheads", default="4,8")
+    ap.add_argument("--out", default=str(RESULTS / "draft_lookup_replay.json"))
     args = ap.parse_args()
-    out: dict = {"benchmark": "draft-lookup-replay", "n": args.n, "c": args.c, "machine": machine_facts()}
+    costs = PassCosts([float(x) for x in args.curve.split(",")]) if args.curve else PassCosts.linear(args.c)
+    out: dict = {"benchmark": "draft-lookup-replay", "n": args.n, "c": args.c, "curve": costs.curve(9),
+                 "machine": machine_facts()}
     if args.fit:
         seeds = continuations("seeds", 96, RESULTS / "greedy-seeds.json")
         f = fit(seeds, 96, 8)
@@ -172,16 +180,16 @@ def main() -> int:
         rows = {}
         for k in (int(x) for x in args.lookaheads.split(",")):
             for name, make in (
-                (f"adaptive ngram 8 lookahead {k}", lambda v, k=k: LookupDrafter(8, k, verify_cost=args.c)),
-                (f"adaptive ngram 3 lookahead {k}", lambda v, k=k: LookupDrafter(3, k, verify_cost=args.c)),
+                (f"adaptive ngram 8 lookahead {k}", lambda v, k=k: LookupDrafter(8, k, verify_cost=costs)),
+                (f"adaptive ngram 3 lookahead {k}", lambda v, k=k: LookupDrafter(3, k, verify_cost=costs)),
                 (f"fixed ngram 3 lookahead {k}", lambda v, k=k: LookupDrafter(3, k, policy="fixed")),
                 (f"ceiling lookahead {k}", lambda v, k=k: Ceiling(v["tokens"], k)),
             ):
-                rows[name] = r = predicted(bank, make, args.n, args.c)
+                rows[name] = r = predicted(bank, make, args.n, costs)
                 print(f"{name:>32}: " + ", ".join(f"{cat} {x:.2f}x" for cat, x in r.items()))
         out["predicted_speed_on_bank"] = rows
     if args.fit or args.bank:
-        jsonio.write_atomic(RESULTS / "draft_lookup_replay.json", out)
+        jsonio.write_atomic(Path(args.out), out)
     return 0
 
 

@@ -25,6 +25,7 @@ figure the adaptive policy's VERIFY_COST stands for).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -86,17 +87,19 @@ def predicted_speedup(hist: list[int], k: int, step: float, draft: float, verify
     return tokens * step / cost if cost else 0.0
 
 
-def ratio(rows: list[dict]) -> float:
-    """Plain over speculative wall-clock, summed over the rows (time-weighted, not a mean of ratios)."""
-    return sum(x["plain_seconds"] for x in rows) / sum(x["spec_seconds"] for x in rows)
+def ratio(rows: list[dict], phase: str = "") -> float:
+    """Plain over speculative wall-clock, summed over the rows (time-weighted, not a mean of
+    ratios); ``phase`` "decode_": after the prompt's prefill, which both arms run alike."""
+    return sum(x[f"plain_{phase}seconds"] for x in rows) / sum(x[f"spec_{phase}seconds"] for x in rows)
 
 
-def write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before) -> dict:
+def write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before, curve=None) -> dict:
     """Write the lookup results so far (JSON with machine facts); returns the best row."""
     best = max(results, key=lambda r: r["speedup_overall"])
     out = {"benchmark": "speculative-lookup", "container": c.name, "container_digest": c.digest,
            "model_layers": c.graph.num_layers, "n": args.n, "repeats": args.repeats, "prompts": [p.id for p in prompts],
-           "full_step_ms": step_ms, "verify_cost_in_steps": verify, "results": results,
+           "full_step_ms": step_ms, "verify_cost_in_steps": verify, "policy_cost_curve_measured": curve,
+           "results": results,
            "best": {k: best[k] for k in best if k != "prompts"}, "all_match_plain": all_match,
            "loadavg_before": load_before, "loadavg_after": list(__import__("os").getloadavg()),
            "machine": machine_facts()}
@@ -118,6 +121,13 @@ def lookup_main(args, c, full_ex) -> int:
     verify = {T: pass_ms(full_ex, probe, T, 7) / step_ms for T in (2, 3, 4, 5)}
     print(f"full step {step_ms:.1f} ms; verifying T positions costs " +
           ", ".join(f"T={T}: {v:.2f}" for T, v in verify.items()) + " steps")
+    from vindex3.draft.costs import pass_costs
+
+    t_cost = time.perf_counter()
+    curve = pass_costs(c, full_ex, max(looks) + 1)  # what the adaptive policy starts from (then learns)
+    curve_measured = curve.curve(max(looks) + 1)
+    print(f"the adaptive policy's measured cost curve (T = 1..{max(looks) + 1}, {time.perf_counter() - t_cost:.2f} s): "
+          + ", ".join(f"{v:.2f}" for v in curve_measured))
     policies = args.policies.split(",")
     load_before = list(__import__("os").getloadavg())
     results, all_match = [], True
@@ -146,8 +156,13 @@ def lookup_main(args, c, full_ex) -> int:
                          "acceptance_rate": sp.acceptance_rate, "full_model_calls": sp.full_model_calls,
                          "tokens_per_full_step": sp.tokens_per_full_step, "rounds": sp.rounds,
                          "spec_seconds": sp.seconds, "plain_seconds": pl.seconds,
+                         "spec_decode_seconds": sp.seconds - sp.prefill_seconds,
+                         "plain_decode_seconds": pl.seconds - pl.prefill_seconds,
+                         "verify_costs": sp.verify_costs, "loadavg": os.getloadavg()[0],
                          "speedup": pl.seconds / sp.seconds})
-        by_cat = {cat: ratio([x for x in rows if x["category"] == cat]) for cat in sorted({x["category"] for x in rows})}
+        cats = sorted({x["category"] for x in rows})
+        by_cat = {cat: ratio([x for x in rows if x["category"] == cat]) for cat in cats}
+        by_cat_decode = {cat: ratio([x for x in rows if x["category"] == cat], "decode_") for cat in cats}
         cl = [x for x in rows if x["category"] in ("code", "long")]
         prop = sum(x["proposed"] for x in rows)
         acc = sum(x["accepted"] for x in rows) / prop if prop else 0.0
@@ -156,15 +171,21 @@ def lookup_main(args, c, full_ex) -> int:
         res = {"drafter": "lookup", "policy": pol, "ngram": ng, "min_ngram": args.min_ngram, "lookahead": k, "acceptance_rate": acc,
                "tokens_per_full_step": tps, "speedup_by_category": by_cat,
                "speedup_code_long": ratio(cl) if cl else None, "speedup_overall": ratio(rows),
+               "decode_speedup_by_category": by_cat_decode,
+               "decode_speedup_code_long": ratio(cl, "decode_") if cl else None,
+               "decode_speedup_overall": ratio(rows, "decode_"),
                "all_match_plain": m, "prompts": rows}
         results.append(res)
         print(f"{pol:>8} {ng:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {by_cat.get('code', float('nan')):>6.2f}x "
               f"{by_cat.get('long', float('nan')):>6.2f}x {res['speedup_code_long'] or float('nan'):>8.2f}x "
               f"{res['speedup_overall']:>7.2f}x {m!s:>6}")
         print("      by category: " + ", ".join(f"{cat} {v:.2f}x" for cat, v in by_cat.items()))
+        print("      after the prefill: " + ", ".join(f"{cat} {v:.2f}x" for cat, v in by_cat_decode.items())
+              + f"; code+long {res['decode_speedup_code_long'] or float('nan'):.2f}x, overall {res['decode_speedup_overall']:.2f}x"
+              + f" (load {os.getloadavg()[0]:.1f})")
         # written after every configuration: a run stopped early keeps what it measured
-        write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before)
-    best = write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before)
+        write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before, curve_measured)
+    best = write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_before, curve_measured)
     print(f"\nbest: lookup {best['policy']} ngram {best['ngram']} lookahead {best['lookahead']}: {best['speedup_overall']:.2f}x "
           f"plain greedy overall, code+long {best['speedup_code_long']:.2f}x")
     print(f"speculative tokens identical to plain greedy everywhere: {all_match}")

@@ -9,6 +9,7 @@ import pytest
 import lql
 import vindex3
 from vindex3.draft import LookupIndex, greedy_generate, lookup_generate
+from vindex3.draft.costs import PassCosts, pass_costs
 from vindex3.draft.lookup import DEFAULT_NGRAM, VERIFY_COST, LookupDrafter
 from vindex3.errors import VindexError
 
@@ -59,7 +60,8 @@ def c(tiny_llama_container):
 @pytest.mark.parametrize("policy", ["adaptive", "fixed"])
 def test_lookup_output_equals_greedy(c, ngram, lookahead, policy):
     want = greedy_generate(c, PROMPT, N).tokens
-    r = lookup_generate(c, PROMPT, N, lookahead, ngram, policy=policy)
+    # a fixed cost curve: which drafts are proposed must not depend on the machine here
+    r = lookup_generate(c, PROMPT, N, lookahead, ngram, policy=policy, verify_cost=VERIFY_COST)
     assert r.tokens == want
     assert r.drafter == "lookup" and r.depth is None and r.ngram == ngram
     assert r.rollback == "truncate" and r.draft_steps == 0
@@ -152,31 +154,93 @@ def _replay(drafter, prompt, tokens):
     return rounds
 
 
+def _best_k(d, n, cap):
+    """The k maximizing E(k) - rate * cost(k + 1), by brute force over the closed form."""
+    p, q, lam = d.acceptance(n), d.continuation(n), d.rate
+    value = [1 + sum(p * q ** i for i in range(k)) - lam * d.costs.cost(k + 1) for k in range(cap + 1)]
+    return max(range(cap + 1), key=lambda k: (value[k], -k))
+
+
 def test_adaptive_lookup_proposes_as_far_as_a_draft_is_expected_to_pay():
     # a long copy: an 8-token match's prior acceptance is high, so the whole lookahead is proposed
     text = list(range(10, 30))
     d = LookupDrafter(8, 6)
     first = _replay(d, text + text[:8], text[8:16] + [99])[0][0]  # the first pick, text[8], extends the match
     assert first == text[9:15]
-    # each further draft is proposed only while P(all of the first j accepted) > VERIFY_COST
-    n = 8
-    p, q, k = d.acceptance(n), d.continuation(n), 0
-    while k < 6 and p > VERIFY_COST:
-        k, p = k + 1, p * q
-    assert k == 6
+    assert _best_k(d, 8, 6) == 6 == d.worth(8, 6)
     # a one-token match is a guess below what a verified position costs: a plain step instead
     d1 = LookupDrafter(8, 6)
-    assert d1.acceptance(1) <= VERIFY_COST
+    assert d1.worth(1, 6) == 0 == _best_k(d1, 1, 6)
     assert _replay(d1, [5, 6, 7, 5], [8, 9])[0][0] == []
+
+
+def test_cheaper_verification_raises_the_lookahead_by_itself():
+    # the same match statistics, three cost curves: the proposal grows as a position gets cheaper
+    ks = []
+    for c in (0.6, 0.3, 0.1, 0.02):
+        d = LookupDrafter(8, 8, verify_cost=c)
+        ks.append(d.worth(3, 8))
+        assert ks[-1] == _best_k(d, 3, 8)
+    assert ks == sorted(ks) and ks[0] < ks[-1] == 8
+    # a measured curve is read as it is: cost(2) dear, cost(3..) barely dearer proposes past 1
+    steep = LookupDrafter(8, 4, verify_cost=[1.0, 1.9, 1.95, 2.0, 2.05])
+    assert steep.worth(3, 4) == _best_k(steep, 3, 4) == 4
+
+
+def test_pass_costs_curve_and_refusals():
+    pc = PassCosts([1.0, 1.4, 1.3, 1.9])
+    assert pc.curve() == [1.0, 1.4, 1.4, 1.9]  # a pass over more positions never costs less
+    assert pc.cost(6) == pytest.approx(1.9 + 2 * 0.5)  # the last increment continues
+    assert PassCosts.linear(0.25).curve(3) == [1.0, 1.25, 1.5]
+    for bad in ([2.0, 3.0], [], [1.0, float("nan")], [1.0, -1.0]):
+        with pytest.raises(VindexError, match="pass-cost curve starts at cost"):
+            PassCosts(bad)
+    with pytest.raises(VindexError, match="verify_cost must be a number in"):
+        LookupDrafter(verify_cost=1.5)
+    with pytest.raises(VindexError, match="verify_cost must be a number, a cost curve or None"):
+        LookupDrafter(verify_cost="cheap")
+
+
+def test_pass_costs_learn_from_the_rounds_run():
+    pc = PassCosts([1.0, 1.5, 2.0], "measured", learns=True)
+    pc.observe(3, 0.012)  # no plain step seen yet: nothing to divide by
+    for _ in range(3):
+        pc.observe(1, 0.010)
+        pc.observe(3, 0.012)  # verifying 3 positions now costs 1.2 steps
+    assert pc.cost(3) == pytest.approx(1.5)  # 1.2, raised to the unseen T = 2's measured 1.5
+    for step in (0.010, 0.020, 0.040):  # the machine slows down between rounds of T = 2
+        for _ in range(3):
+            pc.observe(1, step)
+        pc.observe(2, 1.1 * step)
+    # each round is divided by the steps just before it: the slowdown cancels
+    assert pc.curve() == pytest.approx([1.0, 1.1, 1.2])
+    pc.observe(3, 1.0)  # one descheduled round does not move the median
+    assert pc.cost(3) == pytest.approx(1.2)
+    fixed = PassCosts([1.0, 1.5, 2.0])
+    for _ in range(3):
+        fixed.observe(1, 0.010)
+        fixed.observe(3, 0.012)
+    assert fixed.curve() == [1.0, 1.5, 2.0]  # a curve given by value never learns
+
+
+def test_lookup_reads_this_process_measured_cost_curve(c):
+    r = lookup_generate(c, PROMPT, N, 4, 3)  # verify_cost None: measured here, once per process
+    assert r.tokens == greedy_generate(c, PROMPT, N).tokens
+    assert r.verify_costs is not None and len(r.verify_costs) == 5 and r.verify_costs[0] == 1.0
+    assert r.verify_costs == sorted(r.verify_costs)
+    ex = c.executor()
+    first = pass_costs(c, ex, 5)
+    assert pass_costs(c, ex, 3) is first and first.source == "measured" and first.learns
+    assert r.prefill_seconds is not None and 0 < r.prefill_seconds <= r.seconds
 
 
 def test_adaptive_lookup_learns_from_rejections_within_the_generation():
     # a 2-token match starts above the cost; after its first drafts are rejected it stops proposing
     d = LookupDrafter(2, 4)
-    assert d.acceptance(2) > VERIFY_COST
+    assert d.worth(2, 4) > 0
     for _ in range(6):
         d.tried[2] += 1  # rounds at match length 2 whose first draft was rejected
-    assert d.acceptance(2) <= VERIFY_COST
+    assert d.worth(2, 4) == 0
     d.index.extend([1, 2, 3, 1, 2])
     assert d.propose(4) == []
     assert LookupDrafter(2, 4, policy="fixed").index.ngram == 2

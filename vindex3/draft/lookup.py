@@ -8,18 +8,22 @@ Costs nothing to draft, so it earns its keep wherever text repeats itself (code,
 quoting the prompt) and costs one dictionary probe per token elsewhere.
 
 What a proposal costs is not nothing: verifying k drafts is one call over k + 1 positions, and
-on SmolLM2 each position beyond the first costs about ``VERIFY_COST`` of a decode step
-(bench/speculative.py measures it). The default ``adaptive`` policy therefore proposes only what
-it expects to pay: how often a proposal is right depends mostly on how long the matched suffix
-is (a one-token match is a guess, an eight-token match a copy), so it keeps, per match length,
-how often the first proposed token was accepted and, per length, how often a proposed token was
-accepted after the ones before it were — each a Beta estimate whose prior is the rate measured
-on the greedy continuations of the seed list (``vindex3.draft.seeds``; bench/draft_lookup_replay.py
-``--fit``), never on the prompt bank, updated by what this generation shows. A round proposes
-the j-th token only while the estimated chance that the first j are all accepted exceeds
-``VERIFY_COST``, so a short match whose first drafts keep failing proposes nothing (a plain
-step) and a long copy proposes up to ``lookahead``. ``fixed`` proposes ``lookahead`` tokens at
-every match.
+what that costs depends on the kernels, the thread count and the machine, so the default
+``adaptive`` policy reads the cost curve of this process (`vindex3.draft.costs`: cost(T) in
+decode steps, measured once per process for the container and learned from the rounds the
+generations run) and proposes only what it expects to pay for. How often a proposal is right
+depends mostly on how long the matched suffix is (a one-token match is a guess, an eight-token
+match a copy), so it keeps, per match length, how often the first proposed token was accepted
+and, per length, how often a proposed token was accepted after the ones before it were — each a
+Beta estimate whose prior is the rate measured on the greedy continuations of the seed list
+(``vindex3.draft.seeds``; bench/draft_lookup_replay.py ``--fit``), never on the prompt bank,
+updated by what this generation shows. With p the first rate and q the later one, proposing k
+tokens is expected to emit E(k) = 1 + p (1 + q + … + q^(k-1)) tokens for cost(k + 1) steps; a
+round proposes the k (0 .. ``lookahead``) that maximizes E(k) − λ·cost(k + 1), λ the tokens per
+step this generation has earned so far (Dinkelbach's rule for the best long-run tokens per unit
+cost; k = 0 is the plain step, E = cost = 1). So a short match whose first drafts keep failing
+proposes nothing, a long copy proposes up to ``lookahead``, and a cheaper verification raises
+the lookahead by itself. ``fixed`` proposes ``lookahead`` tokens at every match.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import VindexError
+from .costs import PassCosts, pass_costs
 from .slices import make_executor, open_container, resolve_slice
 from .speculative import (
     SpecResult,
@@ -41,9 +46,11 @@ from .speculative import (
 )
 
 DEFAULT_NGRAM = 8
-# One more verified position, in decode steps, end to end (bench/speculative.py's pass costs on
-# SmolLM2 after the multi-row kernels: about 0.3 a position at 2-5 positions).
+# One more verified position, in decode steps, when a drafter is built without a measured curve
+# (replays, tests): bench/speculative.py's pass costs on SmolLM2 after the multi-row kernels,
+# about 0.3 a position at 2-5 positions on a quiet machine.
 VERIFY_COST = 0.3
+RATE_PRIOR = 8.0  # plain steps (one token each) the generation's earned rate starts from
 POLICIES = ("adaptive", "fixed")
 # Priors of the adaptive policy, fitted on the seed list's greedy continuations (SmolLM2, 96
 # tokens each; bench/draft_lookup_replay.py --fit), never on the prompt bank: the chance that the
@@ -106,29 +113,33 @@ class LookupDrafter:
     """Prompt lookup as a `vindex3.generate.Drafter`: proposes up to ``lookahead`` tokens that
     followed the longest earlier occurrence of the context's suffix; nothing when no suffix of
     at least ``min_ngram`` tokens recurs (the round is then a plain step and costs one probe).
-    The ``adaptive`` policy proposes as many of them as it expects to be worth verifying (see
-    the module docstring)."""
+    The ``adaptive`` policy proposes as many of them as it expects to be worth verifying at the
+    pass costs ``verify_cost`` gives (see the module docstring): a `PassCosts` curve, a number c
+    (every verified position beyond the first costs c steps) or cost(T) for T = 1, 2, ..."""
 
     name = "lookup"
 
     def __init__(self, ngram: int = DEFAULT_NGRAM, lookahead: int = 4, min_ngram: int = 1, *,
-                 policy: str = "adaptive", verify_cost: float = VERIFY_COST):
+                 policy: str = "adaptive", verify_cost: Any = VERIFY_COST):
         if policy not in POLICIES:
             raise VindexError(f"lookup policy must be one of {', '.join(POLICIES)}; got {policy!r}")
-        if isinstance(verify_cost, bool) or not isinstance(verify_cost, (int, float)) or not 0 < verify_cost < 1:
-            raise VindexError(f"lookup verify_cost must be a number in (0, 1) (decode steps per position); got {verify_cost!r}")
+        self.costs = PassCosts.of(verify_cost)
         self.index = LookupIndex(ngram, min_ngram)
         self.lookahead = lookahead
         self.policy = policy
-        self.verify_cost = float(verify_cost)
         self.tried = [0] * (ngram + 1)  # per match length: rounds that verified a proposal
         self.kept = [0] * (ngram + 1)  # of those, rounds whose first proposed token was accepted
         self.next_tried = [0] * (ngram + 1)  # per match length: later tokens verified after accepted ones
         self.next_kept = [0] * (ngram + 1)  # of those, accepted
+        self.earned = RATE_PRIOR  # tokens the rounds so far emitted (with the prior's plain steps)
+        self.spent = RATE_PRIOR  # and what their passes cost, in steps
         self._last: tuple[int, list[int]] | None = None
+        self._asked = 0  # tokens proposed by the round the next accept answers
+        self._first = True  # the next accept is the prefill's pick, not a round's
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.index.extend(prompt)
+        self._first = True
 
     def accept(self, tokens: Sequence[int]) -> None:
         if self._last is not None:  # score the proposal these tokens answer
@@ -143,7 +154,17 @@ class LookupDrafter:
                 self.next_tried[n] += later
                 self.next_kept[n] += j - 1
             self._last = None
+        if not self._first:  # the first pick came with the prompt's prefill, not a round
+            self.earned += len(tokens)
+            self.spent += self.costs.cost(self._asked + 1)
+        self._first = False
+        self._asked = 0
         self.index.extend(tokens)
+
+    @property
+    def rate(self) -> float:
+        """Tokens per step this generation has earned so far (λ; plain decoding earns 1)."""
+        return self.earned / self.spent
 
     @staticmethod
     def _prior(table: tuple[float, ...], n: int) -> float:
@@ -160,6 +181,24 @@ class LookupDrafter:
         return ((self.next_kept[n] + PRIOR_WEIGHT * self._prior(PRIOR_NEXT, n))
                 / (self.next_tried[n] + PRIOR_WEIGHT))
 
+    def worth(self, n: int, cap: int) -> int:
+        """How many tokens (0 .. ``cap``) a match of length ``n`` should propose: the k that
+        maximizes E(k) − λ·cost(k + 1) (module docstring); 0 when none beats a plain step."""
+        p, q, lam = self.acceptance(n), self.continuation(n), self.rate
+        best_k, best = 0, 1.0 - lam  # the plain step: one token for one step
+        expected, reach = 1.0, p  # E(k), and P(the first k + 1 all accepted)
+        for k in range(1, cap + 1):
+            expected += reach
+            reach *= q
+            v = expected - lam * self.costs.cost(k + 1)
+            if v > best:
+                best_k, best = k, v
+        return best_k
+
+    def observe_pass(self, positions: int, seconds: float) -> None:
+        """A round's one pass over ``positions`` took ``seconds`` (the cost curve may learn it)."""
+        self.costs.observe(positions, seconds)
+
     def propose(self, limit: int) -> list[int]:
         cap = min(self.lookahead, limit)
         if cap <= 0:
@@ -167,29 +206,28 @@ class LookupDrafter:
         n, e = self.index.find()
         if not n:
             return []
-        k = cap
-        if self.policy == "adaptive":  # the j-th draft only while P(the first j all accepted) > its cost
-            p, q, k = self.acceptance(n), self.continuation(n), 0
-            while k < cap and p > self.verify_cost:
-                k += 1
-                p *= q
+        k = self.worth(n, cap) if self.policy == "adaptive" else cap
         props = self.index.tokens[e:e + k]
         if props:
             self._last = (n, props)
+        self._asked = len(props)
         return props
 
 
 def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
                     ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *, min_ngram: int = 1,
                     compare_plain: bool = False, max_positions: int | None = None, ex: Any = None,
-                    policy: str = "adaptive", verify_cost: float = VERIFY_COST) -> SpecResult:
+                    policy: str = "adaptive", verify_cost: Any = None) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, proposing up to
     ``lookahead`` tokens per full-model call by prompt lookup over n-grams of at most ``ngram``
     tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice).
     A match shorter than ``min_ngram`` tokens proposes nothing (a plain step instead).
     ``ex`` is a full-model executor to reuse (benches); None prepares one. ``policy``: "adaptive"
     (propose only the drafts expected to pay for their verification, see the module docstring;
-    ``lookahead`` is the cap) or "fixed" (``lookahead`` at every match)."""
+    ``lookahead`` is the cap) or "fixed" (``lookahead`` at every match). ``verify_cost``: what
+    the adaptive policy charges a verifying pass — None, this process's measured and learned
+    curve for the container (`vindex3.draft.costs.pass_costs`; measured on first use); a number
+    c (1 + c (T - 1) steps for T positions) or cost(T) for T = 1, 2, ... fixes it."""
     c = open_container(container)
     prompt = _check_prompt(token_ids)
     _check_counts(n, lookahead)
@@ -206,7 +244,13 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     out: list[int] = []
     if isinstance(min_ngram, bool) or not isinstance(min_ngram, int) or not 1 <= min_ngram <= ngram:
         raise VindexError(f"the shortest lookup match must be an integer in 1..NGRAM ({ngram}); got {min_ngram!r}")
-    drafter = LookupDrafter(ngram, lookahead, min_ngram, policy=policy, verify_cost=verify_cost)
+    costs = None
+    if verify_cost is None and policy == "adaptive" and n > 1:  # measured once per process, then cached
+        t_cost = time.perf_counter()
+        costs = pass_costs(c, full_ex, min(lookahead, n - 1) + 1)
+        prep_full += time.perf_counter() - t_cost
+    drafter = LookupDrafter(ngram, lookahead, min_ngram, policy=policy,
+                            verify_cost=costs if costs is not None else VERIFY_COST if verify_cost is None else verify_cost)
     stats = _Tally(lookahead, n)
     mode = "truncate"
     t0 = time.perf_counter()
@@ -220,6 +264,8 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
         tokens=out, prompt_tokens=len(prompt), n=n, depth=None, drafter="lookup", ngram=ngram, lookahead=lookahead,
         policy=policy,
         rollback=mode, **stats.facts(len(out)), draft_steps=0, prepare_seconds=prep_full, seconds=secs,
+        prefill_seconds=stats.prefill_seconds,
+        verify_costs=drafter.costs.curve(lookahead + 1) if policy == "adaptive" else None,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
     return _compared(result, compare_plain, c, prompt, n, full_ex, secs)

@@ -399,6 +399,6 @@ def mtp_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: in
     secs = time.perf_counter() - t0
     result = SpecResult(tokens=out, prompt_tokens=len(prompt), n=n, depth=None, lookahead=lookahead, drafter="mtp",
                         rollback=mode, **stats.facts(len(out)), draft_steps=steps,
-                        prepare_seconds=prep + head.prepare_seconds, seconds=secs,
+                        prepare_seconds=prep + head.prepare_seconds, seconds=secs, prefill_seconds=stats.prefill_seconds,
                         tokens_per_second=len(out) / secs if secs > 0 else 0.0)
     return _compared(result, compare_plain, c, prompt, n, full_ex, secs)

@@ -30,6 +30,7 @@ class PlainResult(BaseModel):
     tokens: list[int]
     seconds: float
     tokens_per_second: float
+    prefill_seconds: float | None = None  # the prompt's prefill and first pick, within ``seconds``
 
 
 class SpecResult(BaseModel):
@@ -55,9 +56,12 @@ class SpecResult(BaseModel):
     prepare_seconds: float  # full + draft executors
     seconds: float  # prompt prefill through the last token
     tokens_per_second: float
+    prefill_seconds: float | None = None  # the prompt's prefill and first pick, within ``seconds``
+    verify_costs: list[float] | None = None  # lookup adaptive: cost(T) in steps, T = 1 .. lookahead + 1, as last read
     plain: PlainResult | None = None
     matches_plain: bool | None = None
     speedup: float | None = None  # plain seconds / speculative seconds
+    decode_speedup: float | None = None  # the same after the prompt's prefill (which both run alike)
 
 
 class DepthDrafter:
@@ -160,8 +164,11 @@ class _Tally:
         # that, whatever LOOKAHEAD says (an unbounded lookahead must not size an allocation)
         self.hist = [0] * (min(lookahead, max(n - 1, 0)) + 1)
         self.rounds = self.proposed = self.accepted = self.calls = 0
+        self.prefill_seconds: float | None = None
 
     def add(self, step: Any) -> None:
+        if step.prompt:
+            self.prefill_seconds = step.seconds
         self.calls += step.calls
         if step.proposed:
             self.rounds += 1
@@ -188,14 +195,18 @@ def greedy_generate(container: Any, token_ids: Sequence[int], n: int, *, ex: Any
         ex, _ = make_executor(c, resolve_slice(c, None)[0])
     prompt = _check_prompt(token_ids)
     out: list[int] = []
+    first = None
     t0 = time.perf_counter()
     if n > 0:
         for step in generate_step(ex.start(), prompt, sampler=Sampler.greedy(), max_tokens=n):
+            if first is None:
+                first = step.seconds
             out.append(step.token)
             if on_token:
                 on_token(step.token)
     secs = time.perf_counter() - t0
-    return PlainResult(tokens=out, seconds=secs, tokens_per_second=len(out) / secs if secs > 0 else 0.0)
+    return PlainResult(tokens=out, seconds=secs, tokens_per_second=len(out) / secs if secs > 0 else 0.0,
+                       prefill_seconds=first)
 
 
 def _check_prompt(token_ids: Sequence[int]) -> list[int]:
@@ -217,8 +228,11 @@ def _drafted(fst: Any, prompt: list[int], n: int, drafter: Any, mode: str, stats
     """The greedy tokens ``drafter`` and the full stream ``fst`` emit together (generate_step),
     each counted into ``stats`` and handed to ``on_token`` as it is emitted."""
     out: list[int] = []
+    learn = getattr(drafter, "observe_pass", None)  # a drafter that learns what passes cost here
     for step in generate_step(fst, prompt, sampler=Sampler.greedy(), max_tokens=n, drafter=drafter, rollback=mode):
         stats.add(step)
+        if learn is not None and not step.prompt and step.calls == 1:
+            learn(len(step.fed), step.seconds)
         for t in step.emitted:
             out.append(t)
             if on_token:
@@ -234,6 +248,8 @@ def _compared(result: SpecResult, compare_plain: bool, c: Any, prompt: list[int]
         result.plain = plain
         result.matches_plain = plain.tokens == result.tokens
         result.speedup = plain.seconds / secs if secs > 0 else None
+        if plain.prefill_seconds is not None and result.prefill_seconds is not None and secs > result.prefill_seconds:
+            result.decode_speedup = (plain.seconds - plain.prefill_seconds) / (secs - result.prefill_seconds)
     return result
 
 
@@ -306,6 +322,7 @@ def speculative_generate(container: Any, token_ids: Sequence[int], n: int, depth
         tokens=out, prompt_tokens=len(prompt), n=n, depth=draft_depth, lookahead=lookahead,
         vocab_top=vocab_cut.k if vocab_cut is not None else None, adapter=adapter is not None,
         rollback=mode, **stats.facts(len(out)), draft_steps=draft_steps, prepare_seconds=prep_full + prep_draft, seconds=secs,
+        prefill_seconds=stats.prefill_seconds,
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
     return _compared(result, compare_plain, c, prompt, n, full_ex, secs)

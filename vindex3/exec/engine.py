@@ -38,10 +38,16 @@ from .trace import ExecutionTrace, OpCall
 
 F32 = np.float32
 
-# Small passes (decode steps, short prompts) are matrix-vector work: one BLAS thread does them
-# as fast as two on a quiet machine and many times faster on a busy one, where spinning BLAS
-# workers fight other processes for the cores. Large prefills keep BLAS's own thread count.
-SMALL_PASS = 16
+# Small passes (decode steps, verified drafts, prompts) are held at the decode thread count: one
+# BLAS thread does matrix-vector work as fast as two on a quiet machine and many times faster on
+# a busy one, where spinning BLAS workers fight other processes for the cores. That holds for
+# prompt-sized prefills too: on this 2-core machine at load ~6 an 82-token SmolLM2 prefill took
+# 0.7-7.5 s with BLAS's own two threads and 0.28-0.78 s held at one (docs/draft.md, "Where a
+# verify pass goes"), and a prompt's prefill starts every generation and server request. Only
+# prefills longer than this keep BLAS's own thread count. (BLAS's bytes depend on its thread
+# count, so everything that must agree byte for byte -- shard actors, the sharded head -- reads
+# this one threshold.)
+SMALL_PASS = 512
 _threads: dict = {}
 _NO_LIMIT = contextlib.nullcontext()
 
