@@ -19,7 +19,7 @@ import vindex3.shards
 from vindex3 import Draft, LayerRange
 from vindex3.errors import StateError
 
-IDS = [5, 17, 42, 7, 99, 3, 250, 12, 64, 8, 31, 77, 150, 9, 200, 45, 11, 120, 33, 21, 6, 88]  # 22 > SMALL_PASS
+IDS = [5, 17, 42, 7, 99, 3, 250, 12, 64, 8, 31, 77, 150, 9, 200, 45, 11, 120, 33, 21, 6, 88]  # 22 > 8 rows: a BLAS pass (held at the decode threads, as every pass up to SMALL_PASS = 512; the tiny fixtures hold 256 positions, so a longer pass is not reached here)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def models(ray_cluster, containers):
 def _same_as_one_process(c, ex, n_greedy=6, ids=IDS):
     one = c.executor()
     with bounded(120, "a sharded comparison"):
-        assert np.array_equal(ex.start().prefill(ids), one.start().prefill(ids))  # > SMALL_PASS positions
+        assert np.array_equal(ex.start().prefill(ids), one.start().prefill(ids))  # a BLAS pass (more than 8 positions)
         assert np.array_equal(ex.start().prefill(ids[:7]), one.start().prefill(ids[:7]))  # a decode-sized pass
         assert np.array_equal(token_by_token(ex, ids[:10]), token_by_token(one, ids[:10]))
         assert our_greedy(ex, ids, n_greedy) == our_greedy(one, ids, n_greedy)
