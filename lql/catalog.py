@@ -143,12 +143,31 @@ def _show_templates(v: str | None) -> Any:
     return DEFAULT if v is None else v
 
 
+MEASURED = "measured"  # verify_cost = measured: this process's pass timings (vindex3.draft.costs)
+
+
+def _verify_cost(v: Any) -> float | None:
+    if isinstance(v, str) and v.lower() == MEASURED:
+        return None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 1:
+        return float(v)
+    raise ValueError("takes measured, or a number of decode steps in (0, 1) that each verified position costs")
+
+
+def _show_verify_cost(v: float | None) -> Any:
+    return MEASURED if v is None else v
+
+
 SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("format", Literal["text", "json", "csv", "tsv", "markdown", "jsonl"], "text", "output format: text, json, csv, tsv, markdown or jsonl",
                _choice("text", "json", "csv", "tsv", "markdown", "jsonl")),
     SettingDoc("timing", bool, True, "show timings: wall time per statement, prepare, prefill, tok/s", _switch),
     SettingDoc("top", PositiveInt, 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
     SettingDoc("lookahead", PositiveInt, 4, "draft tokens SPECULATE proposes per round when LOOKAHEAD is not given", _count),
+    SettingDoc("verify_cost", float | None, None,
+               "what DRAFTER LOOKUP weighs one more verified position at: measured (this process's pass timings, "
+               "followed as it runs) or a number c in (0, 1), a pass over T positions costing 1 + c(T - 1) steps "
+               "(proposals then do not depend on the machine)", _verify_cost, _show_verify_cost),
     SettingDoc("shards", NonNegativeInt, 0, "run the layers as this many Ray actors (0: in this process); applies to the bound model",
                _count0),
     SettingDoc("compare", bool, True, "SPECULATE also runs plain greedy decoding to check and time it", _switch),

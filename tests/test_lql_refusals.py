@@ -197,6 +197,10 @@ def test_unknown_setting(s):
     ("SET format = xml", "setting format takes one of text, json, csv, tsv, markdown, jsonl; got 'xml'"),
     ("SET timing = 3", "setting timing takes on or off; got 3"),
     ("SET top = 0", "setting top takes a whole number of at least 1; got 0"),
+    ("SET verify_cost = 1.5", ("setting verify_cost takes measured, or a number of decode steps in (0, 1) that each "
+                              "verified position costs; got 1.5")),
+    ("SET verify_cost = fast", ("setting verify_cost takes measured, or a number of decode steps in (0, 1) that each "
+                               "verified position costs; got 'fast'")),
 ])
 def test_bad_setting_value(s, text, message):
     assert refuse(s, text, SettingError).message == message

@@ -794,7 +794,8 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
         elif node.draft is None:
             res = draft.lookup_generate(c, list(node.prompt.ids), node.generate, node.lookahead, node.ngram,
                                         on_token=on_token, compare_plain=node.compare,
-                                        max_positions=session.settings.max_positions)
+                                        max_positions=session.settings.max_positions,
+                                        verify_cost=session.settings.verify_cost)
         else:
             if node.vocab_stored is not None:  # FIT VOCAB CUT's, read and checked (SHA-256, container)
                 from vindex3.draft.store import load_vocab_cut
