@@ -165,3 +165,17 @@ def test_fit_without_a_ridge_chooses_it_on_the_corpus_and_records_how(c):
     assert f.cv_top1[f"{f.ridge:g}"] == max(f.cv_top1.values())
     given = fit_adapter(c, 2, corpus, corpus="toy", ridge=f.ridge)  # the same fit, the ridge given
     assert np.array_equal(given.W, ad.W) and given.facts.ridge_choice == "given" and given.facts.cv_top1 is None
+
+
+def test_seed_continuations_are_reproducible_samples_after_each_seed(c):
+    from vindex3.draft.seeds import SEED_TEXTS, seed_continuations
+
+    a = seed_continuations(c, 6, rounds=2, seed=3)
+    assert a == seed_continuations(c, 6, rounds=2, seed=3)  # seeded per round and text
+    assert len(a) == 2 * len(SEED_TEXTS)
+    for k, ids in enumerate(a):
+        head = list(c.tokenizer.encode(SEED_TEXTS[k % len(SEED_TEXTS)]))
+        assert ids[:len(head)] == head and len(head) < len(ids) <= len(head) + 6
+    assert a[:len(SEED_TEXTS)] != a[len(SEED_TEXTS):]  # the rounds draw differently
+    with pytest.raises(VindexError, match="rounds >= 1"):
+        seed_continuations(c, 6, rounds=0)

@@ -91,12 +91,21 @@ def ridge_fit(X: np.ndarray, Y: np.ndarray, ridge: float) -> tuple[np.ndarray, n
         raise VindexError(f"an adapter fit needs X [N, H] and Y [N, H] with N ≥ 1; got {X64.shape} and {Y64.shape}")
     if not (ridge >= 0 and np.isfinite(ridge)):
         raise VindexError(f"ridge must be a finite number ≥ 0; got {ridge!r}")
+    return _solve(*_normal(X64, Y64), float(ridge))
+
+
+def _normal(X64: np.ndarray, Y64: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[X 1]^T [X 1] and [X 1]^T Y (float64): the normal equations before the ridge."""
     Xa = np.hstack([X64, np.ones((X64.shape[0], 1))])
-    G = Xa.T @ Xa
-    reg = np.full(G.shape[0], float(ridge))
+    return Xa.T @ Xa, Xa.T @ Y64
+
+
+def _solve(G: np.ndarray, XtY: np.ndarray, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+    G = G.copy()
+    reg = np.full(G.shape[0], ridge)
     reg[-1] = 0.0
     G[np.diag_indices_from(G)] += reg
-    M = np.linalg.solve(G, Xa.T @ Y64)
+    M = np.linalg.solve(G, XtY)
     return M[:-1], M[-1]
 
 
@@ -131,8 +140,9 @@ def choose_ridge(X: np.ndarray, Y: np.ndarray, text_of: np.ndarray, readout: Any
         if not held.any():
             continue
         Xh = np.ascontiguousarray(X[evals[held]], dtype=F32)
+        normal = _normal(X64[train], Y64[train])
         for r in grid:
-            W, b = ridge_fit(X64[train], Y64[train], float(r))
+            W, b = _solve(*normal, float(r))
             got = np.asarray(readout(Xh @ W.astype(F32) + b.astype(F32))).argmax(-1)
             hits[float(r)] += int((got == want[held]).sum())
     n = len(evals)
