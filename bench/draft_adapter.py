@@ -1,14 +1,19 @@
 """Fitted exit adapters on the real model: top-1 agreement and KL(full || draft) p50 of Draft(d)
 against the full model over the held-out prompt bank, with and without an adapter fitted on the
-seed list (never the bank), at each depth; and the issue's targets (the adapter triples top-1 at
-depth 16, halves KL p50 at every depth >= 8). Writes bench/results/draft_adapter.json with machine facts.
+seed list (never the bank) or on the seeds followed by the model's own sampled continuations
+(--continuations N tokens a seed, --rounds R passes over the seed list), at each depth; and the
+issue's targets (the adapter triples top-1 at depth 16, halves KL p50 at every depth >= 8). The
+ridge is chosen by cross-validation on the fitting corpus unless --ridge is given. Writes
+bench/results/draft_adapter.json with machine facts (and the generated corpus beside it).
 
-    python bench/draft_adapter.py [--container DIR] [--depths 8,16,24] [--ridge 1.0]
+    python bench/draft_adapter.py [--container DIR] [--depths 8,16,24] [--ridge R]
+                                  [--continuations 160 --rounds 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +28,7 @@ from vindex3 import jsonio
 from vindex3.draft.adapter import adapter_executor, fit_adapter
 from vindex3.draft.bank import default_bank, load_prompts
 from vindex3.draft.machine import machine_facts
+from vindex3.draft.seeds import SEED_TEXTS, seed_continuations
 
 
 def container_path(arg: str | None) -> Path:
@@ -50,6 +56,7 @@ def write(args, c, rows: list[dict]) -> None:
                "kl_p50_halves_at_every_depth_ge_8": all(r["kl_p50_ratio"] <= 0.5 for r in rows if r["depth"] >= 8)}
     print(f"targets so far: {targets}")
     out = {"benchmark": "draft_adapter", "container": c.name, "container_digest": c.digest, "ridge": args.ridge,
+           "continuations": args.continuations, "rounds": args.rounds,
            "rows": rows, "targets": targets, "machine": machine_facts()}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     jsonio.write_atomic(args.out, out)
@@ -59,7 +66,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--container")
     ap.add_argument("--depths", default="8,16,24")
-    ap.add_argument("--ridge", type=float, default=1.0)
+    ap.add_argument("--ridge", type=float, default=None, help="default: chosen by cross-validation on the corpus")
+    ap.add_argument("--continuations", type=int, default=0, help="tokens the model samples after each seed")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "draft_adapter.json"))
     args = ap.parse_args()
     c = vindex3.open(container_path(args.container))
@@ -67,10 +76,20 @@ def main() -> int:
     full = c.executor()
     ref_logits = [full.start().prefill(ids) for ids in bank]
     ref = [x.argmax(-1) for x in ref_logits]
+    texts, corpus = list(SEED_TEXTS), "seeds"
+    if args.continuations:
+        t0 = time.perf_counter()
+        texts = seed_continuations(c, args.continuations, rounds=args.rounds)
+        corpus = f"seeds + {args.continuations}-token sampled continuations x{args.rounds}"
+        path = Path(args.out).with_suffix(".corpus.jsonl")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"token_ids": t}) + "\n" for t in texts))
+        tmp.replace(path)
+        print(f"generated {sum(map(len, texts))} tokens of corpus in {time.perf_counter() - t0:.0f} s -> {path.name}")
     rows = []
     for d in (int(x) for x in args.depths.split(",")):
         t0 = time.perf_counter()
-        ad = fit_adapter(c, d, ridge=args.ridge)
+        ad = fit_adapter(c, d, texts, corpus=corpus, ridge=args.ridge)
         fit_s = time.perf_counter() - t0
         plain_ex = c.executor(slice=vindex3.Draft(d))
         ad_ex, _ = adapter_executor(c, d, ad)

@@ -9,8 +9,10 @@ import pytest
 
 import vindex3
 from vindex3.draft.adapter import (
+    RIDGE_GRID,
     ExitAdapter,
     adapter_executor,
+    choose_ridge,
     fit_adapter,
     hidden_pairs,
     ridge_fit,
@@ -114,3 +116,68 @@ def test_speculation_with_a_fitted_adapter_equals_greedy(c, containers):
     fc = vindex3.open(containers("granitemoehybrid"))
     r = speculative_generate(fc, PROMPT, 16, 1, 3, adapter=fit_adapter(fc, 1, CORPUS, ridge=1e-3))
     assert r.rollback == "snapshot" and r.tokens == greedy_generate(fc, PROMPT, 16).tokens
+
+
+def _cv_by_hand(X, Y, text_of, head, grid, folds):
+    """choose_ridge's table recomputed in the plainest way: fold k holds the texts whose rank
+    among the distinct texts is k mod folds; every position is evaluated."""
+    texts = sorted(set(text_of.tolist()))
+    fold = np.array([texts.index(t) % folds for t in text_of])
+    want = (Y @ head).argmax(-1)
+    table = {}
+    for r in grid:
+        hit = 0
+        for k in range(folds):
+            tr, he = fold != k, fold == k
+            W, b = ridge_fit(X[tr], Y[tr], r)
+            hit += int((((X[he] @ W + b) @ head).argmax(-1) == want[he]).sum())
+        table[f"{r:g}"] = hit / len(X)
+    return table
+
+
+def test_choose_ridge_is_held_out_top1_over_folds_of_texts():
+    rng = np.random.default_rng(7)
+    N, H, V = 240, 6, 11
+    X = rng.standard_normal((N, H)).astype(np.float32)
+    Y = (X @ rng.standard_normal((H, H)) + 0.8 * rng.standard_normal((N, H))).astype(np.float32)
+    head = rng.standard_normal((H, V)).astype(np.float32)
+    text_of = np.repeat(np.arange(12), 20)
+    grid = (0.0, 1.0, 30.0, 1e3, 1e5)
+    best, table = choose_ridge(X, Y, text_of, lambda h: h @ head, grid=grid, folds=4)
+    by_hand = _cv_by_hand(X, Y, text_of, head, grid, 4)
+    assert table.keys() == by_hand.keys()
+    assert all(abs(table[k] - by_hand[k]) <= 1.5 / N for k in table)  # float32 readout vs float64: at most a near-tie flips
+    top = max(table.values())
+    assert best == max(r for r in grid if table[f"{r:g}"] == top)  # the best, ties to the larger ridge
+    assert table["100000"] < top  # a ridge that crushes W to 0 predicts only the bias: it must lose here
+
+
+def test_choose_ridge_refuses_a_corpus_of_fewer_texts_than_folds():
+    X = np.ones((8, 3), np.float32)
+    with pytest.raises(VindexError, match="needs at least 5 texts in the corpus; it holds 2"):
+        choose_ridge(X, X, np.array([0, 0, 0, 0, 1, 1, 1, 1]), lambda h: h)
+
+
+def test_fit_without_a_ridge_chooses_it_on_the_corpus_and_records_how(c):
+    corpus = CORPUS + [list(range(7, 300, 11)), list(range(250, 2, -13)), [9, 8, 7, 6, 5, 4, 3, 2, 1, 40, 41, 42]]
+    ad = fit_adapter(c, 2, corpus, corpus="toy")
+    f = ad.facts
+    assert f.ridge in RIDGE_GRID and f.ridge_choice.startswith("5-fold cross-validation")
+    assert set(f.cv_top1) == {f"{r:g}" for r in RIDGE_GRID}
+    assert f.cv_top1[f"{f.ridge:g}"] == max(f.cv_top1.values())
+    given = fit_adapter(c, 2, corpus, corpus="toy", ridge=f.ridge)  # the same fit, the ridge given
+    assert np.array_equal(given.W, ad.W) and given.facts.ridge_choice == "given" and given.facts.cv_top1 is None
+
+
+def test_seed_continuations_are_reproducible_samples_after_each_seed(c):
+    from vindex3.draft.seeds import SEED_TEXTS, seed_continuations
+
+    a = seed_continuations(c, 6, rounds=2, seed=3)
+    assert a == seed_continuations(c, 6, rounds=2, seed=3)  # seeded per round and text
+    assert len(a) == 2 * len(SEED_TEXTS)
+    for k, ids in enumerate(a):
+        head = list(c.tokenizer.encode(SEED_TEXTS[k % len(SEED_TEXTS)]))
+        assert ids[:len(head)] == head and len(head) < len(ids) <= len(head) + 6
+    assert a[:len(SEED_TEXTS)] != a[len(SEED_TEXTS):]  # the rounds draw differently
+    with pytest.raises(VindexError, match="rounds >= 1"):
+        seed_continuations(c, 6, rounds=0)

@@ -120,7 +120,7 @@ def test_session_adapter_refusals_name_what_is_missing(c):
                                            "FIT ADAPTER AT DEPTH 2"):
         s.execute("DRAFT DEPTH 2 WITH ADAPTER")
     assert s.draft_depth is None and not s.draft_adapter  # a refused statement leaves the session as it was
-    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=0.5))
     s = lql.connect(c.path)
     with pytest.raises(lql.LqlError, match=r"stores no exit adapter at depth 3 \(adapters are stored for depths 2\)"):
         s.execute("DRAFT DEPTH 3 WITH ADAPTER")

@@ -63,7 +63,7 @@ def test_smollm2_lql_speculate_with_adapter_equals_greedy(smollm2_container, smo
         "def add(a, b):\n    return a + b\n", "The river runs past the old mill and into the sea.",
         "Water boils at one hundred degrees Celsius at sea level.")) + "\n")
     s = lql.connect(c)
-    (fit,) = s.execute(f"FIT ADAPTER AT DEPTH 16 ON '{corpus}'")
+    (fit,) = s.execute(f"FIT ADAPTER AT DEPTH 16 ON '{corpus}' RIDGE 1.0")  # 3 texts: too few to cross-validate
     assert fit.key == "drafter_adapter_d16"
     prompt = "def fibonacci(n):"
     (r,) = s.execute(f"INFER '{prompt}' GENERATE 16 SPECULATE DEPTH 16 WITH ADAPTER LOOKAHEAD 3")

@@ -47,14 +47,14 @@ def test_vocab_cut_round_trips_through_the_container(c):
 def test_absent_stale_and_damaged_components_are_refused_by_name(c):
     with pytest.raises(VindexError, match="(?s)stores no exit adapter at depth 3.*FIT ADAPTER AT DEPTH 3"):
         store.load_adapter(c, 3)
-    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=1e-2))
     # another container's digest in the entry: stale
     derived = json.loads((c.path / "index.json").read_text())["derived"]
     derived["drafter_adapter_d2"]["source_digest"] = "0" * 64
     rewrite_index(c.path, derived=derived)  # resealed: only the provenance changed
     with pytest.raises(DerivedStale, match="derived from container 000000000000"):
         store.load_adapter(vindex3.open(c.path), 2)
-    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=1e-2))
     f = c.path / "derived/drafters/drafter_adapter_d2.npz"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF
@@ -91,7 +91,7 @@ def test_speculation_reads_the_stored_adapter(c):
     prompt = [1, 5, 9, 33, 100, 7]
     with pytest.raises(VindexError, match="stores no exit adapter at depth 2"):
         speculative_generate(c, prompt, 8, 2, 3, adapter="stored")
-    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=1e-2))
     r = speculative_generate(c, prompt, 12, 2, 3, adapter="stored")
     assert r.adapter and r.tokens == greedy_generate(c, prompt, 12).tokens
 
@@ -122,7 +122,7 @@ def test_tuned_lens_through_identity_adapters_is_the_logit_lens(c):
 def test_tuned_lens_refuses_what_it_cannot_read(c):
     import lql
 
-    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=1e-2))
     s = lql.connect(c.path)
     (r,) = s.execute("TRACE TOKENS (1, 5, 9, 33) FOR 7 LENS TUNED")
     assert [x.layer for x in r.rows] == [1]
@@ -172,7 +172,7 @@ def test_lql_speculate_with_adapter_reads_the_stored_component(c):
 def test_lql_speculate_with_a_damaged_adapter_is_refused_by_name(c):
     import lql
 
-    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy"))
+    store.store_adapter(c, fit_adapter(c, 2, CORPUS, corpus="toy", ridge=1e-2))
     f = c.path / "derived/drafters/drafter_adapter_d2.npz"
     data = bytearray(f.read_bytes())
     data[-1] ^= 0xFF

@@ -222,7 +222,7 @@ class FitAdapter(ast.Statement):
     kind: Literal["fit_adapter"] = "fit_adapter"
     depth: int
     corpus: str | None = None
-    ridge: float | None = None  # None: DEFAULT_RIDGE
+    ridge: float | None = None  # None: chosen by cross-validation on the corpus
 
     def check(self) -> None:
         import math
@@ -375,7 +375,7 @@ class FitAdapterPlan(Node):
     slice: SliceBinding
     depth: int
     corpus: str | None
-    ridge: float
+    ridge: float | None  # None: chosen by cross-validation on the corpus (vindex3.draft.adapter.choose_ridge)
 
 
 @dataclass(frozen=True, eq=False)
@@ -384,16 +384,13 @@ class FitVocabPlan(Node):
     corpus: str | None
 
 
-DEFAULT_RIDGE = 1.0  # the ridge bench/draft_adapter.py measures with
-
-
 @fam.plans(FitAdapter)
 def plan_fit_adapter(s: FitAdapter, ctx: Context) -> Node:
     sl = ctx.catalog.bind_slice(s.depth)  # the same refusal as DRAFT DEPTH n for a depth the model lacks
     if s.corpus is not None:
         files.input_file(s.corpus, "FIT ADAPTER corpus")
     return FitAdapterPlan(s, slice=sl, depth=s.depth, corpus=s.corpus,
-                          ridge=DEFAULT_RIDGE if s.ridge is None else s.ridge)
+                          ridge=s.ridge)
 
 
 @fam.plans(FitVocabCut)
@@ -811,7 +808,8 @@ def layout_fit_adapter(r: AdapterResult, timing: bool) -> list[str]:
     out += fields([
         ("edge", f"hidden state after layer {r.edge.get('after_layer')} -> the final norm"),
         ("corpus", f"{f['corpus']} ({f['texts']} texts, {f['positions']} positions)"),
-        ("ridge", f"{f['ridge']:g}"),
+        ("ridge", f"{f['ridge']:g}" + (" (given)" if f.get("ridge_choice", "given") == "given" else
+                                       f" (chosen by {f['ridge_choice'].split(':')[0]})")),
         ("fit residual", f"{f['fit_residual']:.3g} of the final residual's norm (no adapter: {f['identity_residual']:.3g})"),
     ])
     if timing:

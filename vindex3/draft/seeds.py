@@ -35,3 +35,36 @@ SEED_TEXTS: tuple[str, ...] = (
     "Our solar panels produced 412 kilowatt hours in June, up from 365 in May.",
     "To convert Celsius to Fahrenheit, multiply by nine, divide by five and add thirty-two.",
 )
+
+
+def seed_continuations(container, tokens: int, rounds: int = 1, seed: int = 0,
+                       temperature: float = 0.8, top_p: float = 0.95) -> list[list[int]]:
+    """The model's own text: each seed text followed by up to ``tokens`` tokens the full model
+    samples after it (`vindex3.generate.Sampler`, seeded per round and text, so a call is
+    reproducible), ``rounds`` times over the seed list; a continuation stops at the model's
+    end-of-text token. Token ids, one list a text. Many more fitting positions than the seeds
+    alone, and still nothing of the prompt bank."""
+    from ..errors import VindexError
+    from ..generate import Sampler
+    from .slices import open_container
+
+    if not (isinstance(tokens, int) and tokens >= 0 and isinstance(rounds, int) and rounds >= 1):
+        raise VindexError(f"seed continuations need tokens >= 0 and rounds >= 1; got {tokens!r}, {rounds!r}")
+    c = open_container(container)
+    ex = c.executor()
+    eos = getattr(c.tokenizer, "eos_id", None)
+    out: list[list[int]] = []
+    for r in range(rounds):
+        for i, text in enumerate(SEED_TEXTS):
+            ids = [int(t) for t in c.tokenizer.encode(text)]
+            pick = Sampler(temperature, top_p, seed + 1000 * r + i).start()
+            st = ex.start()
+            logits = st.prefill(ids, last_only=True)
+            for _ in range(tokens):
+                t = pick(logits.reshape(-1, logits.shape[-1])[-1])
+                ids.append(t)
+                if t == eos:
+                    break
+                logits = st.step(t)
+            out.append(ids)
+    return out
