@@ -165,7 +165,7 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("top", PositiveInt, 5, "candidates INFER shows when neither TOP nor GENERATE is given", _count),
     SettingDoc("lookahead", PositiveInt, 4, "draft tokens SPECULATE proposes per round when LOOKAHEAD is not given", _count),
     SettingDoc("verify_cost", float | None, None,
-               "what DRAFTER LOOKUP weighs one more verified position at: measured (this process's pass timings, "
+               "what DRAFTER LOOKUP counts each further drafted position's check as: measured (this process's pass timings, "
                "followed as it runs) or a number c in (0, 1), a pass over T positions costing 1 + c(T - 1) steps "
                "(proposals then do not depend on the machine)", _verify_cost, _show_verify_cost),
     SettingDoc("shards", NonNegativeInt, 0, "run the layers as this many Ray actors (0: in this process); applies to the bound model",
