@@ -244,3 +244,15 @@ def test_adaptive_lookup_learns_from_rejections_within_the_generation():
     d.index.extend([1, 2, 3, 1, 2])
     assert d.propose(4) == []
     assert LookupDrafter(2, 4, policy="fixed").index.ngram == 2
+
+
+def test_measured_cost_curve_fits_a_tight_position_limit(tiny_llama_container):
+    # the measurement holds a short context before its passes: it must stay inside the run's own
+    # position limit, never refuse a generation that fits
+    from vindex3.draft import costs
+
+    c = vindex3.open(tiny_llama_container)
+    prompt = [5, 17, 42, 7, 5, 17]
+    costs._CACHE.clear()
+    r = lookup_generate(c, prompt, 6, 4, 3, max_positions=len(prompt) + 6 - 1)
+    assert r.tokens == greedy_generate(c, prompt, 6).tokens

@@ -121,20 +121,26 @@ def measure(ex: Any, t_max: int, rounds: int = ROUNDS) -> list[float]:
     """cost(T) for T = 1 .. ``t_max`` on executor ``ex``: ``rounds`` rounds of one pass of each
     T (a step first) after a ``CONTEXT``-token prefill in a fresh stream, rolled back after each
     pass; per T the median over the rounds of its time over the round's step. Token ids are
-    arbitrary (the cost does not read them)."""
+    arbitrary (the cost does not read them). Context and T are cut to the executor's position
+    limit, so a run that fits it is never refused by its own measurement."""
     vocab = int(ex.plan.vocab)
-    ids = [(7 + 131 * i) % vocab for i in range(CONTEXT + t_max)]
+    limit = getattr(ex, "max_positions", None)  # the run's own limit: the measurement stays inside it
+    if limit is not None:
+        t_max = max(1, min(t_max, int(limit)))
+    ctx = CONTEXT if limit is None else max(0, min(CONTEXT, int(limit) - t_max))
+    ids = [(7 + 131 * i) % vocab for i in range(ctx + t_max)]
     st = ex.start()
-    st.prefill(ids[:CONTEXT])
+    if ctx:
+        st.prefill(ids[:ctx])
     base = st.position
-    st.prefill(ids[CONTEXT:CONTEXT + t_max])  # warm: the first pass of a size may compile or fault pages in
+    st.prefill(ids[ctx:ctx + t_max])  # warm: the first pass of a size may compile or fault pages in
     st.truncate(base)
     ratios: list[list[float]] = [[] for _ in range(t_max)]
     for _ in range(rounds):
         times = []
         for T in range(1, t_max + 1):
             t0 = time.perf_counter()
-            st.prefill(ids[CONTEXT:CONTEXT + T])
+            st.prefill(ids[ctx:ctx + T])
             times.append(time.perf_counter() - t0)
             st.truncate(base)
         for T in range(t_max):
