@@ -215,3 +215,54 @@ def test_the_vector_kernels_prefetch_the_weight_stream_and_the_plain_ones_do_not
         a = ir_of(I.rows_kernel("i8", path), i8.q, i8.s, x, np.empty((2, O), F32), I.ROWS_PER_TASK)
         b = ir_of(I.rows_kernel("q4", path), q4.qs, q4.d, q4.m, F16_TABLE, x, np.empty((2, O), F32), I.ROWS_PER_TASK)
         assert ("llvm.prefetch" in a) == ("llvm.prefetch" in b) == (path != "plain"), path
+
+
+# -- register tiles: two weight rows side by side, positions in groups (intrinsics._tile) --------
+# The module's rule and two forced tiles (rows 3 with groups of 3 leaves remainders of rows and
+# of positions; rows 1 with one group of 8 is the walk the kernels had before tiles), against
+# the numba-loop path: 37 rows make a last task of 5 (an odd row left after the pairs), and
+# K = 7 / 100 (float) and 96 (q8: a tail block) leave tails.
+TILES = [{}, {"rows": 3, "group": 3}, {"rows": 1, "group": 8}]
+
+
+@pytest.mark.parametrize("tile", TILES, ids=["rule", "r3g3", "r1g8"])
+@pytest.mark.parametrize("K", [7, 100, 576])
+def test_float_tiles_are_the_bytes_of_the_plain_path(tile, K):
+    L, PT = I.FLOAT_GEOMETRY["f32"]
+    tiled = I._make_rows_float(I._make_float_dots("f32", L, PT, **tile), PT, False)
+    w, _ = _float_weight("f32", 37, K)
+    x = rng.standard_normal((11, K)).astype(F32)
+    for T in range(1, 12):
+        got = np.empty((T, 37), F32)
+        tiled(w, x[:T], got, I.ROWS_PER_TASK)
+        assert np.array_equal(got, _run("f32", "plain", w, x[:T])), T
+
+
+@pytest.mark.parametrize("tile", TILES, ids=["rule", "r3g3", "r1g8"])
+@pytest.mark.parametrize("kind", ["i8", "q4"])
+@pytest.mark.parametrize("K", [96, 576])
+@pytest.mark.parametrize("path", [p for p in RUNNABLE if p != "plain"])
+def test_q8_tiles_are_the_bytes_of_the_plain_path(tile, kind, K, path):
+    from vindex3.codecs.kernels import F16_TABLE
+
+    c = codecs.get("int8" if kind == "i8" else "q4")
+    w = c.weight(c.encode(rng.standard_normal((37, K)).astype(F32)), (37, K))
+    if kind == "i8":
+        k = I._make_rows_i8(I._make_i8_dots(path, **tile), False)
+        run = lambda x, y: k(w.q, w.s, x, y, I.ROWS_PER_TASK)
+    else:
+        k = I._make_rows_q4(I._make_q4_dots(path, **tile), False)
+        run = lambda x, y: k(w.qs, w.d, w.m, F16_TABLE, x, y, I.ROWS_PER_TASK)
+    x = rng.standard_normal((11, K)).astype(F32)
+    for T in range(1, 12):
+        got = np.empty((T, 37), F32)
+        run(np.ascontiguousarray(x[:T]), got)
+        assert np.array_equal(got, _int_run(kind, w, x[:T], "plain")), T
+
+
+def test_a_tile_refuses_an_empty_shape():
+    with pytest.raises(ValueError, match="at least one row"):
+        I._tile("f32", 8, rows=0)
+    assert I._tile("f32", 8) == (2, I.TILE_GROUP)
+    assert I._tile("f32", 2) == (1, 2)
+    assert I._tile("bf16", 4) == (1, 4)

@@ -46,10 +46,12 @@ compare the vector path with `_make_float_dots_plain`, the same order in numba l
 
 Several positions per pass: every kernel takes up to MAX_T (8; bf16 4, whose 64 accumulators
 per position would not fit the registers) activation rows per pass over a weight row (a decode batch of streams, a verified draft): each chunk of the row is loaded (and
-widened, unpacked or made unsigned) once and updates the accumulators of every position. Each
-position keeps its own accumulators in the one-position order, so its bytes do not depend on
-T nor on the other rows (tests/test_rows_multi.py): a batched stream equals a lone one, a
-verified position equals a step.
+widened, unpacked or made unsigned) once and updates the accumulators of every position. From
+4 positions on (q4: 5), two weight rows are walked side by side, four positions at a time
+(`_tile`: a register tile of 2 rows x 4 positions). Each (row, position) keeps its own
+accumulators in the one-position order, so its bytes do not depend on T, on the tile nor on
+the other rows (tests/test_rows_multi.py): a batched stream equals a lone one, a verified
+position equals a step.
 
 Prefetch: every vector dots kernel asks for the weight row's cache lines PREFETCH bytes ahead
 (``llvm.prefetch``, which exists on every target and never faults); it changes when bytes
@@ -254,12 +256,13 @@ def _call(builder, name, ret, args):
     return builder.call(fn, args)
 
 
-def _prefetch(builder, base, offset):
+def _prefetch(builder, base, offset, locality=3):
     """A software prefetch of the cache line at typed pointer ``base`` + element ``offset``
-    (read, keep in all levels, data cache). It never faults (it may point past the array) and
-    changes no value; see PREFETCH."""
+    (read, data cache; ``locality`` 3 keeps it in all levels, 2 and 1 ask for the outer
+    levels). It never faults (it may point past the array) and changes no value; see PREFETCH."""
     p = builder.bitcast(builder.gep(base, [offset]), _i8.as_pointer())
-    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(), [p, ir.Constant(_i32, 0), ir.Constant(_i32, 3), ir.Constant(_i32, 1)])
+    _call(builder, "llvm.prefetch.p0i8", ir.VoidType(),
+          [p, ir.Constant(_i32, 0), ir.Constant(_i32, locality), ir.Constant(_i32, 1)])
 
 
 def _load(builder, base, offset, vty):
@@ -360,12 +363,13 @@ def _row_ptr(builder, arr, row, width):
     return builder.gep(arr.data, [builder.mul(row, width)])
 
 
-def _make_i8_dots(path, pf=None):
+def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3):
     """dots(Q int8 [O, K], S f32 [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
     XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
     position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
     row is loaded (and made unsigned) once for every position. ``pf``: the prefetch distance
-    in bytes (default PREFETCH['i8']; 0: none)."""
+    in bytes (default PREFETCH['i8']; 0: none); ``rows``, ``group``, ``locality``: see `_tile`
+    and `_make_float_dots` (they change no byte)."""
     pf = PREFETCH["i8"] if pf is None else pf
 
     @intrinsic
@@ -391,42 +395,57 @@ def _make_i8_dots(path, pf=None):
                 pxq = [_row_ptr(builder, axq, p, K) for p in pos]
                 pxd = [_row_ptr(builder, axd, p, nb) for p in pos]
                 pxc = [_row_ptr(builder, axc, p, K4) for p in pos]
-                accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0)) for _ in range(Tc)]
-                with cgutils.for_range(builder, builder.sub(o1v, o0v)) as rl:
-                    o = builder.add(o0v, rl.index)
-                    pw, psw = _row_ptr(builder, aq, o, K), _row_ptr(builder, asw, o, nb)
-                    for a in accs:
-                        builder.store(ir.Constant(_vec(_f32, 16), 0.0), a)
+                Rt, G = _tile("i8", Tc, rows, group)
+                z = ir.Constant(_vec(_f32, 16), 0.0)
+                accs = {R: [[cgutils.alloca_once_value(builder, z) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
 
-                    def chunk(off, blk, n):  # n = 64 (two blocks) or 32 (the tail block)
-                        w = _load(builder, pw, off, _vec(_i8, n))
-                        sw0 = builder.load(builder.gep(psw, [blk]))
-                        b1 = builder.add(blk, c(1))
-                        sw1 = builder.load(builder.gep(psw, [b1])) if n == 64 else None
-                        for t in range(Tc):
-                            x = _load(builder, pxq[t], off, _vec(_i8, n))
-                            cc = _load(builder, pxc[t], builder.ashr(off, c(2)), _vec(_i32, n // 4))
-                            lanes = _lanes(builder, path, w, x, cc, True, n)
-                            s0 = builder.fmul(sw0, builder.load(builder.gep(pxd[t], [blk])))
-                            if n == 64:
-                                s1 = builder.fmul(sw1, builder.load(builder.gep(pxd[t], [b1])))
-                            else:
-                                lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
-                                s1 = ir.Constant(_f32, 0.0)
-                            f = builder.sitofp(lanes, _vec(_f32, 16))
-                            prod = builder.fmul(f, _scale16(builder, s0, s1))
-                            builder.store(builder.fadd(builder.load(accs[t]), prod), accs[t])
+                def walk(o, R):  # rows o .. o + R - 1, every position, group by group
+                    orows = [builder.add(o, c(r)) for r in range(R)]
+                    pws = [_row_ptr(builder, aq, orow, K) for orow in orows]
+                    psws = [_row_ptr(builder, asw, orow, nb) for orow in orows]
+                    for g0 in range(0, Tc, G):
+                        ts = list(range(g0, min(Tc, g0 + G)))
+                        acc = [accs[R][r][: len(ts)] for r in range(R)]
+                        for ar in acc:
+                            for a in ar:
+                                builder.store(z, a)
 
-                    with cgutils.for_range(builder, nchunk) as loop:
-                        i = loop.index
-                        if pf:  # a 64-byte chunk is one cache line
-                            _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), c(pf)))
-                        chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
-                    with builder.if_then(has_tail):
-                        chunk(builder.shl(nchunk, c(6)), builder.shl(nchunk, c(1)), 32)
-                    for t in range(Tc):
-                        yo = builder.add(builder.mul(pos[t], O), o)
-                        builder.store(_tree16(builder, builder.load(accs[t])), builder.gep(ay.data, [yo]))
+                        def chunk(off, blk, n, ts=ts, acc=acc):  # n = 64 (two blocks) or 32 (the tail block)
+                            ws = [_load(builder, pw, off, _vec(_i8, n)) for pw in pws]
+                            b1 = builder.add(blk, c(1))
+                            sw0 = [builder.load(builder.gep(psw, [blk])) for psw in psws]
+                            sw1 = [builder.load(builder.gep(psw, [b1])) if n == 64 else None for psw in psws]
+                            for j, t in enumerate(ts):
+                                x = _load(builder, pxq[t], off, _vec(_i8, n))
+                                cc = _load(builder, pxc[t], builder.ashr(off, c(2)), _vec(_i32, n // 4))
+                                xd0 = builder.load(builder.gep(pxd[t], [blk]))
+                                xd1 = builder.load(builder.gep(pxd[t], [b1])) if n == 64 else None
+                                for r in range(R):
+                                    lanes = _lanes(builder, path, ws[r], x, cc, True, n)
+                                    s0 = builder.fmul(sw0[r], xd0)
+                                    if n == 64:
+                                        s1 = builder.fmul(sw1[r], xd1)
+                                    else:
+                                        lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
+                                        s1 = ir.Constant(_f32, 0.0)
+                                    f = builder.sitofp(lanes, _vec(_f32, 16))
+                                    prod = builder.fmul(f, _scale16(builder, s0, s1))
+                                    builder.store(builder.fadd(builder.load(acc[r][j]), prod), acc[r][j])
+
+                        with cgutils.for_range(builder, nchunk) as loop:
+                            i = loop.index
+                            if pf and g0 == 0:  # a 64-byte chunk is one cache line
+                                for pw in pws:
+                                    _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), c(pf)), locality)
+                            chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
+                        with builder.if_then(has_tail):
+                            chunk(builder.shl(nchunk, c(6)), builder.shl(nchunk, c(1)), 32)
+                        for r in range(R):
+                            for j, t in enumerate(ts):
+                                yo = builder.add(builder.mul(pos[t], O), orows[r])
+                                builder.store(_tree16(builder, builder.load(acc[r][j])), builder.gep(ay.data, [yo]))
+
+                _walk_rows(builder, o0v, o1v, Rt, walk)
 
             _per_T(builder, _tn(builder, T, t0v), emit)
             return context.get_dummy_value()
@@ -436,13 +455,14 @@ def _make_i8_dots(path, pf=None):
     return dots
 
 
-def _make_q4_dots(path, pf=None):
+def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3):
     """dots(QS uint8 [O, K/2], D, M uint16 [O, K/32] (f16 bits), table f32[65536], o0, o1,
     XQ int8 [T, K], XD f32 [T, K/32], XS f32 [T, K/32], t0, Y f32 [T, O]): as `_make_i8_dots`
     for q4 rows. Byte l of a block's 16 holds element l (low nibble) and l + 16 (high nibble);
     a chunk's codes are unpacked once for every position. The offsets' term ``mt`` is summed
     block by block from 0 (mt = mt + m_b * xs_b) and added to the tree last. ``pf``: the
-    prefetch distance in bytes (default PREFETCH['q4']; 0: none)."""
+    prefetch distance in bytes (default PREFETCH['q4']; 0: none); ``rows``, ``group``,
+    ``locality``: see `_tile` and `_make_float_dots` (they change no byte)."""
     pf = PREFETCH["q4"] if pf is None else pf
 
     @intrinsic
@@ -469,56 +489,74 @@ def _make_q4_dots(path, pf=None):
                 pxq = [_row_ptr(builder, axq, p, K) for p in pos]
                 pxd = [_row_ptr(builder, axd, p, nb) for p in pos]
                 pxs = [_row_ptr(builder, axs, p, nb) for p in pos]
-                accs = [cgutils.alloca_once_value(builder, ir.Constant(_vec(_f32, 16), 0.0)) for _ in range(Tc)]
-                mts = [cgutils.alloca_once_value(builder, ir.Constant(_f32, 0.0)) for _ in range(Tc)]
-                with cgutils.for_range(builder, builder.sub(o1v, o0v)) as rl:
-                    o = builder.add(o0v, rl.index)
-                    pq = builder.bitcast(_row_ptr(builder, aq, o, H), _i8.as_pointer())
-                    pd, pm = _row_ptr(builder, ad, o, nb), _row_ptr(builder, am, o, nb)
-                    for a, m in zip(accs, mts):
-                        builder.store(ir.Constant(_vec(_f32, 16), 0.0), a)
-                        builder.store(ir.Constant(_f32, 0.0), m)
+                Rt, G = _tile("q4", Tc, rows, group)
+                z, zf = ir.Constant(_vec(_f32, 16), 0.0), ir.Constant(_f32, 0.0)
+                accs = {R: [[cgutils.alloca_once_value(builder, z) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
+                mts = {R: [[cgutils.alloca_once_value(builder, zf) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
 
-                    def f16(ptr, blk):
-                        bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
-                        return builder.load(builder.gep(pt, [bits]))
+                def f16(ptr, blk):
+                    bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
+                    return builder.load(builder.gep(pt, [bits]))
 
-                    def chunk(qoff, blk, n):  # n elements: 64 (32 code bytes) or 32 (16)
-                        v = _load(builder, pq, qoff, _vec(_i8, n // 2))
-                        lo = builder.and_(v, _consts(_i8, [15] * (n // 2)))
-                        hi = builder.lshr(v, _consts(_i8, [4] * (n // 2)))
-                        if n == 64:
-                            idx = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
-                        else:
-                            idx = list(range(32))
-                        w = _shuffle(builder, lo, hi, idx)
-                        blks = [blk, builder.add(blk, c(1))][: n // 32]
-                        dm = [(f16(pd, b), f16(pm, b)) for b in blks]
-                        for t in range(Tc):
-                            x = _load(builder, pxq[t], builder.shl(qoff, c(1)), _vec(_i8, n))
-                            lanes = _lanes(builder, path, w, x, None, False, n)
-                            ss = []
-                            for b, (db, mb) in zip(blks, dm):  # block order: mt, then the scale
-                                term = builder.fmul(mb, builder.load(builder.gep(pxs[t], [b])))
-                                builder.store(builder.fadd(builder.load(mts[t]), term), mts[t])
-                                ss.append(builder.fmul(db, builder.load(builder.gep(pxd[t], [b]))))
-                            if n == 32:
-                                lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
-                                ss.append(ir.Constant(_f32, 0.0))
-                            f = builder.sitofp(lanes, _vec(_f32, 16))
-                            prod = builder.fmul(f, _scale16(builder, ss[0], ss[1]))
-                            builder.store(builder.fadd(builder.load(accs[t]), prod), accs[t])
+                def walk(o, R):  # rows o .. o + R - 1, every position, group by group
+                    orows = [builder.add(o, c(r)) for r in range(R)]
+                    pqs = [builder.bitcast(_row_ptr(builder, aq, orow, H), _i8.as_pointer()) for orow in orows]
+                    pds = [_row_ptr(builder, ad, orow, nb) for orow in orows]
+                    pms = [_row_ptr(builder, am, orow, nb) for orow in orows]
+                    for g0 in range(0, Tc, G):
+                        ts = list(range(g0, min(Tc, g0 + G)))
+                        acc = [accs[R][r][: len(ts)] for r in range(R)]
+                        mt = [mts[R][r][: len(ts)] for r in range(R)]
+                        for r in range(R):
+                            for a, m in zip(acc[r], mt[r]):
+                                builder.store(z, a)
+                                builder.store(zf, m)
 
-                    with cgutils.for_range(builder, nchunk) as loop:
-                        i = loop.index
-                        if pf:  # a chunk is 32 code bytes: half a cache line
-                            _prefetch(builder, pq, builder.add(builder.shl(i, c(5)), c(pf)))
-                        chunk(builder.shl(i, c(5)), builder.shl(i, c(1)), 64)
-                    with builder.if_then(has_tail):
-                        chunk(builder.shl(nchunk, c(5)), builder.shl(nchunk, c(1)), 32)
-                    for t in range(Tc):
-                        r = builder.fadd(_tree16(builder, builder.load(accs[t])), builder.load(mts[t]))
-                        builder.store(r, builder.gep(ay.data, [builder.add(builder.mul(pos[t], O), o)]))
+                        def chunk(qoff, blk, n, ts=ts, acc=acc, mt=mt):  # n elements: 64 (32 code bytes) or 32 (16)
+                            if n == 64:
+                                idx = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
+                            else:
+                                idx = list(range(32))
+                            ws = []
+                            for pq in pqs:
+                                v = _load(builder, pq, qoff, _vec(_i8, n // 2))
+                                lo = builder.and_(v, _consts(_i8, [15] * (n // 2)))
+                                hi = builder.lshr(v, _consts(_i8, [4] * (n // 2)))
+                                ws.append(_shuffle(builder, lo, hi, idx))
+                            blks = [blk, builder.add(blk, c(1))][: n // 32]
+                            dms = [[(f16(pd, b), f16(pm, b)) for b in blks] for pd, pm in zip(pds, pms)]
+                            for j, t in enumerate(ts):
+                                x = _load(builder, pxq[t], builder.shl(qoff, c(1)), _vec(_i8, n))
+                                xss = [builder.load(builder.gep(pxs[t], [b])) for b in blks]
+                                xds = [builder.load(builder.gep(pxd[t], [b])) for b in blks]
+                                for r in range(R):
+                                    lanes = _lanes(builder, path, ws[r], x, None, False, n)
+                                    ss = []
+                                    for (db, mb), xs, xd in zip(dms[r], xss, xds):  # block order: mt, then the scale
+                                        term = builder.fmul(mb, xs)
+                                        builder.store(builder.fadd(builder.load(mt[r][j]), term), mt[r][j])
+                                        ss.append(builder.fmul(db, xd))
+                                    if n == 32:
+                                        lanes = _join(builder, lanes, ir.Constant(_vec(_i32, 8), None), 8)
+                                        ss.append(ir.Constant(_f32, 0.0))
+                                    f = builder.sitofp(lanes, _vec(_f32, 16))
+                                    prod = builder.fmul(f, _scale16(builder, ss[0], ss[1]))
+                                    builder.store(builder.fadd(builder.load(acc[r][j]), prod), acc[r][j])
+
+                        with cgutils.for_range(builder, nchunk) as loop:
+                            i = loop.index
+                            if pf and g0 == 0:  # a chunk is 32 code bytes: half a cache line
+                                for pq in pqs:
+                                    _prefetch(builder, pq, builder.add(builder.shl(i, c(5)), c(pf)), locality)
+                            chunk(builder.shl(i, c(5)), builder.shl(i, c(1)), 64)
+                        with builder.if_then(has_tail):
+                            chunk(builder.shl(nchunk, c(5)), builder.shl(nchunk, c(1)), 32)
+                        for r in range(R):
+                            for j, t in enumerate(ts):
+                                res = builder.fadd(_tree16(builder, builder.load(acc[r][j])), builder.load(mt[r][j]))
+                                builder.store(res, builder.gep(ay.data, [builder.add(builder.mul(pos[t], O), orows[r])]))
+
+                _walk_rows(builder, o0v, o1v, Rt, walk)
 
             _per_T(builder, _tn(builder, T, t0v), emit)
             return context.get_dummy_value()
@@ -568,6 +606,50 @@ def _tn(builder, T, t0, most=MAX_T):
     left = builder.sub(T, t0)
     cap = ir.Constant(T.type, most)
     return builder.select(builder.icmp_signed("<", left, cap), left, cap)
+
+
+# Register tiles of the several-position passes: from TILE_MIN_T[kind] positions on, two weight
+# rows are walked side by side and the positions go in groups of at most TILE_GROUP per walk
+# (the second group walks the same two rows again, from the L1 or L2). Each load of an
+# activation chunk (and its scales) then serves two weight rows, and a walk keeps at most
+# 2 x 4 positions' accumulators. Without it, a pass over 6-8 positions ran 2-2.5x slower than
+# one over 4 on cold weights (bench/multirow_cold.py, 1 thread, vnni512, load 1.5-3; CPU ms per
+# call, one row x 8 positions -> two rows x 4, results/multirow_cold.json):
+#   f32 49152x576 T=8 6.9 -> 4.5, 1536x576 T=8 0.25 -> 0.14, 5632x2048 T=8 3.7 -> 2.8
+#   i8  49152x576 T=8 3.7 -> 2.6, 5632x2048 T=8 1.3 -> 0.99
+#   q4  49152x576 T=8 4.5 -> 3.7, 5632x2048 T=8 1.9 -> 1.5
+# q4 at T=4 ran 0.95x with it (one row stays); bf16 (64 accumulators a position, PT = 4) keeps
+# one row: two would not fit the registers. Below TILE_MIN_T, two rows ran 0.75-1.1x.
+TILE_MIN_T = {"f32": 4, "i8": 4, "q4": 5, "bf16": MAX_T + 1}
+TILE_GROUP = 4
+
+
+def _tile(kind, Tc, rows=None, group=None):
+    """(weight rows side by side, positions per walk) of a ``kind`` pass over ``Tc`` positions;
+    ``rows`` and ``group``, when given, override the rule (benches)."""
+    tiled = Tc >= TILE_MIN_T[kind]
+    R = rows if rows is not None else (2 if tiled else 1)
+    G = group if group is not None else (TILE_GROUP if tiled else Tc)
+    if R < 1 or G < 1:
+        raise ValueError(f"a tile needs at least one row and one position, got rows={R} group={G}")
+    return R, min(G, Tc)
+
+
+def _walk_rows(builder, o0, o1, R, walk):
+    """``walk(o, R)`` over rows o0 .. o1 - 1, R at a time, then ``walk(o, 1)`` over the last
+    (o1 - o0) % R rows."""
+    n = builder.sub(o1, o0)
+    if R == 1:
+        with cgutils.for_range(builder, n) as rl:
+            walk(builder.add(o0, rl.index), 1)
+        return
+    cR = ir.Constant(n.type, R)
+    nr = builder.sdiv(n, cR)
+    with cgutils.for_range(builder, nr) as rl:
+        walk(builder.add(o0, builder.mul(rl.index, cR)), R)
+    last = builder.add(o0, builder.mul(nr, cR))
+    with cgutils.for_range(builder, builder.sub(n, builder.mul(nr, cR))) as rl:
+        walk(builder.add(last, rl.index), 1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -799,12 +881,17 @@ F32_LANES = 32  # two 512-bit registers per position: 8 positions keep 16 in reg
 BF16_LANES = 64  # the order bf16 products had before positions shared a pass: bytes unchanged
 
 
-def _make_float_dots(kind: str, L: int, PT: int, pf=None):
+def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None, group=None):
     """dots(W, o0, o1, X, t0, Y): Y[t, o] = W[o] . X[t] for rows o0 .. o1 - 1 and positions
     t = t0 .. min(T, t0 + PT) - 1. W [O, K] float32, or uint16 bf16 bit patterns widened in
     registers; X [T, K], Y [T, O] float32; all C-contiguous. One load of each chunk of a row
-    serves every position; the row loop is in the IR, so a row costs no call. ``pf``: prefetch
-    distance in bytes (default PREFETCH[kind]; 0: none)."""
+    serves every position (of a group); the row loop is in the IR, so a row costs no call.
+    ``pf``: prefetch distance in bytes (default PREFETCH[kind]; 0: none); ``locality``: the
+    prefetch's cache-level hint. ``rows``: weight rows walked side by side in one loop (each
+    chunk of X then serves them all); ``group``: positions per walk over those rows (the next
+    group walks the same rows again, from the L1); both default to `_tile`'s rule. Every
+    (row, position) keeps its own accumulators in the one-position order: no option changes a
+    byte."""
     bf16 = kind == "bf16"
     pf = PREFETCH[kind] if pf is None else pf
     esize = 2 if bf16 else 4
@@ -825,6 +912,7 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None):
             P = L // VW
             vf = _vec(_f32, VW)
             cL = ir.Constant(K.type, L)
+            c = lambda v: ir.Constant(K.type, v)
             px = builder.gep(aX.data, [builder.mul(t0v, K)])
             py = builder.gep(aY.data, [builder.mul(t0v, O)])
             nchunk = builder.udiv(K, cL)
@@ -845,47 +933,61 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None):
                 return builder.bitcast(builder.shl(builder.zext(v, _i32), ir.Constant(_i32, 16)), _f32)
 
             def emit(Tc):
-                # a position's L accumulators as P vectors of VW lanes (vector p: lanes p*VW ..)
-                accs = [[cgutils.alloca_once_value(builder, zero) for _ in range(P)] for _ in range(Tc)]
-                rowoff = [builder.mul(ir.Constant(K.type, t), K) for t in range(Tc)]
-                youts = [builder.mul(ir.Constant(K.type, t), O) for t in range(Tc)]
-                with cgutils.for_range(builder, builder.sub(o1v, o0v)) as rl:
-                    o = builder.add(o0v, rl.index)
-                    pw = builder.gep(aw.data, [builder.mul(o, K)])
-                    for acc in accs:
-                        for a in acc:
-                            builder.store(zero, a)
-                    with cgutils.for_range(builder, nchunk) as loop:
-                        off = builder.mul(loop.index, cL)
-                        for q in range(0, L * esize, 64) if pf else ():  # each line of the chunk
-                            _prefetch(builder, pw, builder.add(off, ir.Constant(K.type, (pf + q) // esize)))
-                        for p in range(P):
-                            offp = builder.add(off, ir.Constant(K.type, p * VW))
-                            wv = wvec(pw, offp)
-                            for t in range(Tc):
-                                xv = _load(builder, px, builder.add(offp, rowoff[t]), vf)
-                                a = accs[t][p]
-                                builder.store(builder.fadd(builder.load(a), builder.fmul(wv, xv)), a)
-                    with cgutils.for_range(builder, rem) as loop:  # the tail: lanes 0 .. rem - 1
-                        i = builder.add(base, loop.index)
-                        wi = wone(pw, i)
-                        lane = builder.urem(loop.index, ir.Constant(K.type, VW))
-                        part = builder.udiv(loop.index, ir.Constant(K.type, VW))
-                        for t in range(Tc):
-                            xi = builder.load(builder.gep(px, [builder.add(i, rowoff[t])]))
-                            prod = builder.fmul(wi, xi)
+                rowoff = [builder.mul(c(t), K) for t in range(Tc)]
+                youts = [builder.mul(c(t), O) for t in range(Tc)]
+                Rt, G = _tile(kind, Tc, rows, group)
+                # a (row, position)'s L accumulators as P vectors of VW lanes (vector p: lanes p*VW ..)
+                accs = {R: [[[cgutils.alloca_once_value(builder, zero) for _ in range(P)] for _ in range(G)]
+                            for _ in range(R)] for R in {Rt, 1}}
+
+                def walk(o, R):  # rows o .. o + R - 1, every position, group by group
+                    pws = [builder.gep(aw.data, [builder.mul(builder.add(o, c(r)), K)]) for r in range(R)]
+                    for g0 in range(0, Tc, G):
+                        ts = list(range(g0, min(Tc, g0 + G)))
+                        acc = [[accs[R][r][t - g0] for t in ts] for r in range(R)]
+                        for ar in acc:
+                            for at in ar:
+                                for a in at:
+                                    builder.store(zero, a)
+                        with cgutils.for_range(builder, nchunk) as loop:
+                            off = builder.mul(loop.index, cL)
+                            if pf and g0 == 0:
+                                for pw in pws:
+                                    for q in range(0, L * esize, 64):  # each line of the chunk
+                                        _prefetch(builder, pw, builder.add(off, c((pf + q) // esize)), locality)
                             for p in range(P):
-                                with builder.if_then(builder.icmp_unsigned("==", part, ir.Constant(K.type, p))):
-                                    v = builder.load(accs[t][p])
-                                    a = builder.fadd(builder.extract_element(v, lane), prod)
-                                    builder.store(builder.insert_element(v, a, lane), accs[t][p])
-                    for t in range(Tc):
-                        parts = [builder.load(a) for a in accs[t]]
-                        while len(parts) > 1:  # the first levels of the tree of halves
-                            h = len(parts) // 2
-                            parts = [builder.fadd(parts[i], parts[i + h]) for i in range(h)]
-                        res = _tree_halves(builder, parts[0], VW)
-                        builder.store(res, builder.gep(py, [builder.add(youts[t], o)]))
+                                offp = builder.add(off, c(p * VW))
+                                wvs = [wvec(pw, offp) for pw in pws]
+                                for j, t in enumerate(ts):
+                                    xv = _load(builder, px, builder.add(offp, rowoff[t]), vf)
+                                    for r in range(R):
+                                        a = acc[r][j][p]
+                                        builder.store(builder.fadd(builder.load(a), builder.fmul(wvs[r], xv)), a)
+                        with cgutils.for_range(builder, rem) as loop:  # the tail: lanes 0 .. rem - 1
+                            i = builder.add(base, loop.index)
+                            lane = builder.urem(loop.index, c(VW))
+                            part = builder.udiv(loop.index, c(VW))
+                            for r in range(R):
+                                wi = wone(pws[r], i)
+                                for j, t in enumerate(ts):
+                                    xi = builder.load(builder.gep(px, [builder.add(i, rowoff[t])]))
+                                    prod = builder.fmul(wi, xi)
+                                    for p in range(P):
+                                        with builder.if_then(builder.icmp_unsigned("==", part, c(p))):
+                                            v = builder.load(acc[r][j][p])
+                                            a = builder.fadd(builder.extract_element(v, lane), prod)
+                                            builder.store(builder.insert_element(v, a, lane), acc[r][j][p])
+                        for r in range(R):
+                            orow = builder.add(o, c(r))
+                            for j, t in enumerate(ts):
+                                parts = [builder.load(a) for a in acc[r][j]]
+                                while len(parts) > 1:  # the first levels of the tree of halves
+                                    h = len(parts) // 2
+                                    parts = [builder.fadd(parts[i], parts[i + h]) for i in range(h)]
+                                res = _tree_halves(builder, parts[0], VW)
+                                builder.store(res, builder.gep(py, [builder.add(youts[t], orow)]))
+
+                _walk_rows(builder, o0v, o1v, Rt, walk)
 
             _per_T(builder, _tn(builder, T, t0v, PT), emit, PT)
             return context.get_dummy_value()
