@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--shapes", default="smol,1b")
     ap.add_argument("--ts", default="1,2,4,8")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--memory", choices=["cold", "hot"], default="cold",
+                    help="hot: one weight in a numpy array used again and again (cache-resident when it fits)")
     ap.add_argument("--out", default=str(HERE / "results" / "multirow_cold.json"))
     a = ap.parse_args()
     pin_threads(1)
@@ -87,7 +89,7 @@ def main() -> int:
     ts = [int(t) for t in a.ts.split(",")]
     rpts = [int(r) for r in a.rpt.split(",")]
     rng = np.random.default_rng(38)
-    out = {"machine": facts(1), "clock": "thread_time", "path": path, "cold_bytes": COLD_BYTES,
+    out = {"machine": facts(1), "clock": "thread_time", "path": path, "cold_bytes": COLD_BYTES, "memory": a.memory,
            "arms": {n: arm_options(n) for n in a.arms.split(",")}, "rows": []}
     print(f"path {path} load {os.getloadavg()}")
     for kind in a.kinds.split(","):
@@ -99,7 +101,7 @@ def main() -> int:
             w0 = _weight(kind, O, K, rng)
             n = max(1, math.ceil(COLD_BYTES / _nbytes(w0)))
             tmp = tempfile.TemporaryDirectory()
-            copies = [_mapped(w0, Path(tmp.name), i) for i in range(n)]
+            copies = [w0] if a.memory == "hot" else [_mapped(w0, Path(tmp.name), i) for i in range(n)]
             for T in ts:
                 x = rng.standard_normal((T, K), np.float32)
                 y = np.empty((T, O), np.float32)
