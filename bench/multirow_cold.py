@@ -33,13 +33,16 @@ SHAPES = {"smol": [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576
 def arm_options(name: str) -> dict:
     """An arm's kernel options from its name: ``module`` (the kernel as the module builds it),
     else tokens joined by ``_``: ``pf<n>k`` prefetch distance n KB (``pf0``: none), ``loc<n>``
-    prefetch locality, ``r<n>`` weight rows side by side, ``g<n>`` positions per walk."""
+    prefetch locality, ``nolead`` one stream's distance for every row of a walk (no
+    `_lead`), ``r<n>`` weight rows side by side, ``g<n>`` positions per walk."""
     opts: dict = {}
     if name == "module":
         return opts
     for tok in name.split("_"):
         if tok.startswith("pf"):
             opts["pf"] = int(tok[2:].rstrip("k")) * (1024 if tok.endswith("k") else 1)
+        elif tok == "nolead":
+            opts["pair_lead"] = False
         elif tok.startswith("loc"):
             opts["locality"] = int(tok[3:])
         elif tok[0] == "r":

@@ -363,7 +363,7 @@ def _row_ptr(builder, arr, row, width):
     return builder.gep(arr.data, [builder.mul(row, width)])
 
 
-def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3):
+def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=True):
     """dots(Q int8 [O, K], S f32 [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
     XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
     position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
@@ -403,6 +403,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3):
                     orows = [builder.add(o, c(r)) for r in range(R)]
                     pws = [_row_ptr(builder, aq, orow, K) for orow in orows]
                     psws = [_row_ptr(builder, asw, orow, nb) for orow in orows]
+                    lead = _lead(builder, pf, R, K, pair_lead)
                     for g0 in range(0, Tc, G):
                         ts = list(range(g0, min(Tc, g0 + G)))
                         acc = [accs[R][r][: len(ts)] for r in range(R)]
@@ -436,7 +437,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3):
                             i = loop.index
                             if pf and g0 == 0:  # a 64-byte chunk is one cache line
                                 for pw in pws:
-                                    _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), c(pf)), locality)
+                                    _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), lead), locality)
                             chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
                         with builder.if_then(has_tail):
                             chunk(builder.shl(nchunk, c(6)), builder.shl(nchunk, c(1)), 32)
@@ -455,7 +456,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3):
     return dots
 
 
-def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3):
+def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=True):
     """dots(QS uint8 [O, K/2], D, M uint16 [O, K/32] (f16 bits), table f32[65536], o0, o1,
     XQ int8 [T, K], XD f32 [T, K/32], XS f32 [T, K/32], t0, Y f32 [T, O]): as `_make_i8_dots`
     for q4 rows. Byte l of a block's 16 holds element l (low nibble) and l + 16 (high nibble);
@@ -503,6 +504,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3):
                     pqs = [builder.bitcast(_row_ptr(builder, aq, orow, H), _i8.as_pointer()) for orow in orows]
                     pds = [_row_ptr(builder, ad, orow, nb) for orow in orows]
                     pms = [_row_ptr(builder, am, orow, nb) for orow in orows]
+                    lead = _lead(builder, pf, R, H, pair_lead)
                     for g0 in range(0, Tc, G):
                         ts = list(range(g0, min(Tc, g0 + G)))
                         acc = [accs[R][r][: len(ts)] for r in range(R)]
@@ -547,7 +549,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3):
                             i = loop.index
                             if pf and g0 == 0:  # a chunk is 32 code bytes: half a cache line
                                 for pq in pqs:
-                                    _prefetch(builder, pq, builder.add(builder.shl(i, c(5)), c(pf)), locality)
+                                    _prefetch(builder, pq, builder.add(builder.shl(i, c(5)), lead), locality)
                             chunk(builder.shl(i, c(5)), builder.shl(i, c(1)), 64)
                         with builder.if_then(has_tail):
                             chunk(builder.shl(nchunk, c(5)), builder.shl(nchunk, c(1)), 32)
@@ -620,6 +622,10 @@ def _tn(builder, T, t0, most=MAX_T):
 #   f32 49152x576 T=8 7.08 -> 4.45, 1536x576 0.256 -> 0.141, 5632x2048 3.81 -> 2.79 (T=4 1.0-1.9x)
 #   i8  49152x576 T=8 3.42 -> 2.75, 5632x2048 1.48 -> 1.02
 #   q4  49152x576 T=8 4.11 -> 3.49, 5632x2048 1.78 -> 1.50
+# Each row of a walk prefetches at `_lead` (the next walk's same row when two rows are longer
+# than PREFETCH): f32 5632x2048 T=4 1.98 -> 1.60 ms, T=8 3.25 -> 3.06, 49152x576 T=8 4.55 ->
+# 4.37 against one stream's distance (load 1.3, results/multirow_cold_arms.json, run
+# "multi_lead"); i8 and q4 rows are shorter than their distance there, so nothing changes.
 # Hot weights (in L2) gain less: T=8 1.06-1.25x. q4 at T=4 ran 0.95x with it (one row stays
 # there); bf16 (64 accumulators a position, PT = 4) keeps one row: two would not fit the
 # registers. Below 4 positions two rows ran 0.75-1.1x. Not kept (results/multirow_cold_arms.json):
@@ -656,6 +662,18 @@ def _walk_rows(builder, o0, o1, R, walk):
     last = builder.add(o0, builder.mul(nr, cR))
     with cgutils.for_range(builder, builder.sub(n, builder.mul(nr, cR))) as rl:
         walk(builder.add(last, rl.index), 1)
+
+
+def _lead(builder, pf, R, rowlen, pair_lead=True):
+    """The prefetch distance (elements) of each row of an R-row walk: ``pf``, or, when two or
+    more rows are walked side by side and R rows are longer than ``pf``, R rows (the same
+    offset of the same row in the next walk). Along one stream at ``pf``, the start of a walk's
+    second row would be asked for only as its first row ends, after it is needed."""
+    c = ir.Constant(rowlen.type, pf)
+    if R == 1 or not pair_lead:
+        return c
+    span = builder.mul(rowlen, ir.Constant(rowlen.type, R))
+    return builder.select(builder.icmp_signed(">", span, c), span, c)
 
 
 # --------------------------------------------------------------------------------------------
@@ -887,7 +905,7 @@ F32_LANES = 32  # two 512-bit registers per position: 8 positions keep 16 in reg
 BF16_LANES = 64  # the order bf16 products had before positions shared a pass: bytes unchanged
 
 
-def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None, group=None):
+def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None, group=None, pair_lead=True):
     """dots(W, o0, o1, X, t0, Y): Y[t, o] = W[o] . X[t] for rows o0 .. o1 - 1 and positions
     t = t0 .. min(T, t0 + PT) - 1. W [O, K] float32, or uint16 bf16 bit patterns widened in
     registers; X [T, K], Y [T, O] float32; all C-contiguous. One load of each chunk of a row
@@ -948,6 +966,7 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None,
 
                 def walk(o, R):  # rows o .. o + R - 1, every position, group by group
                     pws = [builder.gep(aw.data, [builder.mul(builder.add(o, c(r)), K)]) for r in range(R)]
+                    lead = _lead(builder, pf // esize, R, K, pair_lead)
                     for g0 in range(0, Tc, G):
                         ts = list(range(g0, min(Tc, g0 + G)))
                         acc = [[accs[R][r][t - g0] for t in ts] for r in range(R)]
@@ -960,7 +979,7 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None,
                             if pf and g0 == 0:
                                 for pw in pws:
                                     for q in range(0, L * esize, 64):  # each line of the chunk
-                                        _prefetch(builder, pw, builder.add(off, c((pf + q) // esize)), locality)
+                                        _prefetch(builder, pw, builder.add(off, builder.add(lead, c(q // esize))), locality)
                             for p in range(P):
                                 offp = builder.add(off, c(p * VW))
                                 wvs = [wvec(pw, offp) for pw in pws]
