@@ -617,21 +617,23 @@ def _tn(builder, T, t0, most=MAX_T):
 # 2 x 4 positions' accumulators. Without it, a pass over 8 positions ran 2-2.5x slower than
 # one over 4 on cold weights: it streamed at ~15 GB/s, far below both the memory's rate and the
 # kernel's cache-resident compute rate. Measured by bench/multirow_cold.py (cold, file-mapped
-# weights, 1 thread, vnni512, CPU ms per call, arms interleaved, load 2.9 from other jobs:
+# weights, 1 thread, vnni512, CPU ms per call, arms interleaved, load 0.9:
 # results/multirow_cold.json), one row x 8 positions -> two rows x 4:
-#   f32 49152x576 T=8 7.08 -> 4.45, 1536x576 0.256 -> 0.141, 5632x2048 3.81 -> 2.79 (T=4 1.0-1.9x)
-#   i8  49152x576 T=8 3.42 -> 2.75, 5632x2048 1.48 -> 1.02
-#   q4  49152x576 T=8 4.11 -> 3.49, 5632x2048 1.78 -> 1.50
-# Each row of a walk prefetches at `_lead` (the next walk's same row when two rows are longer
-# than PREFETCH): f32 5632x2048 T=4 1.98 -> 1.60 ms, T=8 3.25 -> 3.06, 49152x576 T=8 4.55 ->
-# 4.37 against one stream's distance (load 1.3, results/multirow_cold_arms.json, run
-# "multi_lead"); i8 and q4 rows are shorter than their distance there, so nothing changes.
-# Hot weights (in L2) gain less: T=8 1.06-1.25x. q4 at T=4 ran 0.95x with it (one row stays
-# there); bf16 (64 accumulators a position, PT = 4) keeps one row: two would not fit the
-# registers. Below 4 positions two rows ran 0.75-1.1x. Not kept (results/multirow_cold_arms.json):
+#   f32 49152x576 T=8 6.84 -> 4.33, 1536x576 0.267 -> 0.141, 5632x2048 3.93 -> 2.87 (T=4 1.3-1.9x)
+#   i8  49152x576 T=8 3.08 -> 2.36, 5632x2048 1.19 -> 0.91
+#   q4  49152x576 T=8 4.58 -> 3.78, 5632x2048 1.95 -> 1.41
+# (T = 1 and 2 run the code they ran before; their arms differed by up to 15%: the noise.)
+# q4 at T=4 ran 0.95x with it (one row stays there); bf16 (64 accumulators a position, PT = 4)
+# keeps one row: two would not fit the registers. Below 4 positions two rows ran 0.75-1.1x.
+# Not kept (results/multirow_cold_arms.json):
 # three rows or four (x 2 positions), groups of 3, no better than 2 x 4; longer prefetch
 # distances (16 KB: 1.33x at f32 49152x576 T=8 in one run, 0.91-0.98x in two others; 8-64 KB
 # none steady) and prefetch to L2 (locality 2: 0.87x); ROWS_PER_TASK 8 or 64: +-3%.
+# Hot weights (in L2) gain less: T=8 1.06-1.25x. Each row of a walk prefetches at `_lead` (the
+# next walk's same row when two rows are longer than PREFETCH): f32 5632x2048 T=4 1.98 -> 1.60
+# ms, T=8 3.25 -> 3.06, 49152x576 T=8 4.55 -> 4.37 against one stream's distance (load 1.3,
+# results/multirow_cold_arms.json, run "multi_lead"); i8 and q4 rows are shorter than their
+# distance there, so nothing changes.
 TILE_MIN_T = {"f32": 4, "i8": 4, "q4": 5, "bf16": MAX_T + 1}
 TILE_GROUP = 4
 
