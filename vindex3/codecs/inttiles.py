@@ -1,0 +1,323 @@
+"""Prefill-sized integer products (``activations = 'q8'``, T > small_t positions): register tiles
+of several weight rows times several positions, the activation quantized once per call.
+
+Why: the rows kernels of vindex3.codecs.intrinsics load one weight row's chunk and update up to
+8 positions; for a prompt of hundreds of positions that is one weight load per position pair
+but 2 activation loads (codes and corrections) and a scale built from two scalar products per
+(row, position, chunk). Here a tile of ``R`` rows x ``P`` positions loads, per chunk of 64
+elements, R weight vectors and P activation vectors and makes R x P integer dots from them, the
+block scales multiplied as vectors (R scale vectors of the rows times P of the positions).
+
+Bytes: every (row, position) pair computes exactly the float steps of the rows kernel of its
+path (intrinsics module docstring: integer lanes per chunk, ``acc = acc + float(lane) * (sw_b *
+xd_b)`` chunk by chunk without fused multiply-add, the same tail block, the same tree of
+halves; q4's offsets term ``mt = mt + m_b * xs_b`` block by block, added last). A product of two
+float32 vectors is the product of their elements, so the bytes of a prefill are those of its
+positions decoded one at a time (tests/test_int_prefill.py), on every path and thread count.
+Rows and positions that do not fill a tile go to the rows kernel's dots (the same bytes).
+
+The ``plain`` path (no vector instructions on the target) has no tile kernel: it runs the rows
+kernel over all positions, which is what the tiles compute.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .intrinsics import (
+    MAX_T,
+    _arrays_at,
+    _check_multi,
+    _f32,
+    _i8,
+    _i32,
+    _int_arg,
+    _join,
+    _lanes,
+    _load,
+    _row_ptr,
+    _scale16,
+    _shuffle,
+    _tree16,
+    _vec,
+    chosen,
+    dot,
+    quantize_x,
+)
+
+F32 = np.float32
+TASK_ROWS = 16  # weight rows per parallel task: their bytes stay in L1 while positions pass over them
+# register tile: rows x positions (R*P accumulators of 16 floats, R weight vectors, R row scales)
+TILE = {"i8": (4, 4), "q4": (2, 8)}
+
+
+def _pair16(builder, ptr, blk):
+    """<16 x float>: ptr[blk] in lanes 0..7, ptr[blk + 1] in lanes 8..15."""
+    v = builder.load(builder.bitcast(builder.gep(ptr, [blk]), _vec(_f32, 2).as_pointer()), align=4)
+    return _shuffle(builder, v, v, [0] * 8 + [1] * 8)
+
+
+def _make_i8_tile(path: str, R: int, P: int):
+    """tile(Q, S, o0, XQ, XD, XC, t0, Y): Y[t, o] for rows o0 .. o0 + R - 1 and positions
+    t0 .. t0 + P - 1 (all present), in the rows kernel's order per pair."""
+
+    @intrinsic
+    def tile(typingctx, Q, S, o0, XQ, XD, XC, t0, Y):
+        _check_multi("i8 tile", (), (Q, S, XQ, XD, XC), Y, t0, o0)
+        sig = types.void(Q, S, o0, XQ, XD, XC, t0, Y)
+
+        def codegen(context, builder, sig, args):
+            aq, asw, axq, axd, axc, ay = _arrays_at(context, builder, sig, args, (0, 1, 3, 4, 5, 7))
+            o0v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (2, 6))
+            K = builder.extract_value(aq.shape, 1)
+            nb = builder.extract_value(asw.shape, 1)
+            O = builder.extract_value(ay.shape, 1)
+            c = lambda v: ir.Constant(K.type, v)
+            K4 = builder.ashr(K, c(2))
+            nchunk = builder.ashr(K, c(6))
+            has_tail = builder.icmp_signed("!=", builder.and_(K, c(32)), c(0))
+            rows = [builder.add(o0v, c(r)) for r in range(R)]
+            pos = [builder.add(t0v, c(p)) for p in range(P)]
+            pw = [_row_ptr(builder, aq, o, K) for o in rows]
+            psw = [_row_ptr(builder, asw, o, nb) for o in rows]
+            pxq = [_row_ptr(builder, axq, t, K) for t in pos]
+            pxd = [_row_ptr(builder, axd, t, nb) for t in pos]
+            pxc = [_row_ptr(builder, axc, t, K4) for t in pos]
+            v16 = _vec(_f32, 16)
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(v16, 0.0)) for _ in range(P)] for _ in range(R)]
+
+            with cgutils.for_range(builder, nchunk) as loop:
+                off = builder.shl(loop.index, c(6))
+                blk = builder.shl(loop.index, c(1))
+                ws = [_load(builder, p, off, _vec(_i8, 64)) for p in pw]
+                sws = [_pair16(builder, p, blk) for p in psw]
+                for p in range(P):
+                    x = _load(builder, pxq[p], off, _vec(_i8, 64))
+                    cc = _load(builder, pxc[p], builder.ashr(off, c(2)), _vec(_i32, 16))
+                    xd = _pair16(builder, pxd[p], blk)
+                    for r in range(R):
+                        lanes = _lanes(builder, path, ws[r], x, cc, True, 64)
+                        prod = builder.fmul(builder.sitofp(lanes, v16), builder.fmul(sws[r], xd))
+                        a = accs[r][p]
+                        builder.store(builder.fadd(builder.load(a), prod), a)
+            with builder.if_then(has_tail):  # the rows kernel's tail block, pair by pair
+                off = builder.shl(nchunk, c(6))
+                blk = builder.shl(nchunk, c(1))
+                for r in range(R):
+                    w = _load(builder, pw[r], off, _vec(_i8, 32))
+                    sw0 = builder.load(builder.gep(psw[r], [blk]))
+                    for p in range(P):
+                        x = _load(builder, pxq[p], off, _vec(_i8, 32))
+                        cc = _load(builder, pxc[p], builder.ashr(off, c(2)), _vec(_i32, 8))
+                        lanes = _join(builder, _lanes(builder, path, w, x, cc, True, 32), ir.Constant(_vec(_i32, 8), None), 8)
+                        s0 = builder.fmul(sw0, builder.load(builder.gep(pxd[p], [blk])))
+                        prod = builder.fmul(builder.sitofp(lanes, v16), _scale16(builder, s0, ir.Constant(_f32, 0.0)))
+                        a = accs[r][p]
+                        builder.store(builder.fadd(builder.load(a), prod), a)
+            for r in range(R):
+                for p in range(P):
+                    yo = builder.add(builder.mul(pos[p], O), rows[r])
+                    builder.store(_tree16(builder, builder.load(accs[r][p])), builder.gep(ay.data, [yo]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+def _make_q4_tile(path: str, R: int, P: int):
+    """tile(QS, D, M, table, o0, XQ, XD, XS, t0, Y): as `_make_i8_tile` for q4 rows (codes
+    unpacked once per row chunk; the f16 scales and offsets looked up once per row block)."""
+
+    @intrinsic
+    def tile(typingctx, QS, D, M, table, o0, XQ, XD, XS, t0, Y):
+        _check_multi("q4 tile", (table,), (QS, D, M, XQ, XD, XS), Y, t0, o0)
+        sig = types.void(QS, D, M, table, o0, XQ, XD, XS, t0, Y)
+
+        def codegen(context, builder, sig, args):
+            aq, ad, am, at, axq, axd, axs, ay = _arrays_at(context, builder, sig, args, (0, 1, 2, 3, 5, 6, 7, 9))
+            o0v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (4, 8))
+            H = builder.extract_value(aq.shape, 1)
+            nb = builder.extract_value(ad.shape, 1)
+            O = builder.extract_value(ay.shape, 1)
+            c = lambda v: ir.Constant(H.type, v)
+            K = builder.shl(H, c(1))
+            nchunk = builder.ashr(H, c(5))
+            has_tail = builder.icmp_signed("!=", builder.and_(H, c(16)), c(0))
+            pt = at.data
+            rows = [builder.add(o0v, c(r)) for r in range(R)]
+            pos = [builder.add(t0v, c(p)) for p in range(P)]
+            pq = [builder.bitcast(_row_ptr(builder, aq, o, H), _i8.as_pointer()) for o in rows]
+            pd = [_row_ptr(builder, ad, o, nb) for o in rows]
+            pm = [_row_ptr(builder, am, o, nb) for o in rows]
+            pxq = [_row_ptr(builder, axq, t, K) for t in pos]
+            pxd = [_row_ptr(builder, axd, t, nb) for t in pos]
+            pxs = [_row_ptr(builder, axs, t, nb) for t in pos]
+            v16 = _vec(_f32, 16)
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(v16, 0.0)) for _ in range(P)] for _ in range(R)]
+            # the offsets' terms of the R x P pairs as one vector per row (lane p: position p), so
+            # that mt = mt + m_b * xs_b runs for P pairs in one operation (element-wise: the bytes
+            # of the scalar steps)
+            vP = _vec(_f32, P)
+            mts = [cgutils.alloca_once_value(builder, ir.Constant(vP, 0.0)) for _ in range(R)]
+
+            def f16(ptr, blk):
+                bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
+                return builder.load(builder.gep(pt, [bits]))
+
+            def splat(v, n):
+                u = builder.insert_element(ir.Constant(_vec(_f32, n), None), v, ir.Constant(_i32, 0))
+                return _shuffle(builder, u, u, [0] * n)
+
+            def unpack(ptr, qoff, n):
+                v = _load(builder, ptr, qoff, _vec(_i8, n // 2))
+                lo = builder.and_(v, ir.Constant(_vec(_i8, n // 2), [ir.Constant(_i8, 15)] * (n // 2)))
+                hi = builder.lshr(v, ir.Constant(_vec(_i8, n // 2), [ir.Constant(_i8, 4)] * (n // 2)))
+                if n == 64:
+                    idx = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
+                else:
+                    idx = list(range(32))
+                return _shuffle(builder, lo, hi, idx)
+
+            def xs_vec(blk):  # <P x float>: XS[t0 + p, blk]
+                v = ir.Constant(vP, None)
+                for p in range(P):
+                    v = builder.insert_element(v, builder.load(builder.gep(pxs[p], [blk])), ir.Constant(_i32, p))
+                return v
+
+            with cgutils.for_range(builder, nchunk) as loop:
+                qoff = builder.shl(loop.index, c(5))
+                blk = builder.shl(loop.index, c(1))
+                b1 = builder.add(blk, c(1))
+                ws, sds = [], []
+                xs0, xs1 = xs_vec(blk), xs_vec(b1)
+                for r in range(R):
+                    ws.append(unpack(pq[r], qoff, 64))
+                    d0, d1 = f16(pd[r], blk), f16(pd[r], b1)
+                    sds.append(_shuffle(builder, splat(d0, 2), splat(d1, 2), [0] * 8 + [2] * 8))
+                    # block order as the rows kernel: mt with block b, then block b + 1
+                    mt = builder.load(mts[r])
+                    mt = builder.fadd(mt, builder.fmul(splat(f16(pm[r], blk), P), xs0))
+                    mt = builder.fadd(mt, builder.fmul(splat(f16(pm[r], b1), P), xs1))
+                    builder.store(mt, mts[r])
+                for p in range(P):
+                    x = _load(builder, pxq[p], builder.shl(qoff, c(1)), _vec(_i8, 64))
+                    xd = _pair16(builder, pxd[p], blk)
+                    for r in range(R):
+                        lanes = _lanes(builder, path, ws[r], x, None, False, 64)
+                        prod = builder.fmul(builder.sitofp(lanes, v16), builder.fmul(sds[r], xd))
+                        a = accs[r][p]
+                        builder.store(builder.fadd(builder.load(a), prod), a)
+            with builder.if_then(has_tail):  # the rows kernel's tail block, pair by pair
+                qoff = builder.shl(nchunk, c(5))
+                blk = builder.shl(nchunk, c(1))
+                xs0 = xs_vec(blk)
+                for r in range(R):
+                    w = unpack(pq[r], qoff, 32)
+                    d0 = f16(pd[r], blk)
+                    mt = builder.fadd(builder.load(mts[r]), builder.fmul(splat(f16(pm[r], blk), P), xs0))
+                    builder.store(mt, mts[r])
+                    for p in range(P):
+                        x = _load(builder, pxq[p], builder.shl(qoff, c(1)), _vec(_i8, 32))
+                        lanes = _join(builder, _lanes(builder, path, w, x, None, False, 32), ir.Constant(_vec(_i32, 8), None), 8)
+                        s0 = builder.fmul(d0, builder.load(builder.gep(pxd[p], [blk])))
+                        prod = builder.fmul(builder.sitofp(lanes, v16), _scale16(builder, s0, ir.Constant(_f32, 0.0)))
+                        a = accs[r][p]
+                        builder.store(builder.fadd(builder.load(a), prod), a)
+            for r in range(R):
+                mt = builder.load(mts[r])
+                for p in range(P):
+                    res = builder.fadd(_tree16(builder, builder.load(accs[r][p])), builder.extract_element(mt, ir.Constant(_i32, p)))
+                    yo = builder.add(builder.mul(pos[p], O), rows[r])
+                    builder.store(res, builder.gep(ay.data, [yo]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
+def _make_tiles_i8(tile, dots, R, P, parallel):
+    @njit(parallel=parallel)
+    def tiles(Q, S, X, Y, rpt):
+        """Y[t, o] = row o of int8 blocks (codes Q, scales S) . q8(X[t]), every T."""
+        O = Q.shape[0]
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
+        TP = T - T % P
+        ntask = (O + rpt - 1) // rpt
+        for k in prange(ntask):
+            o0 = k * rpt
+            o1 = min(O, o0 + rpt)
+            oR = o0 + (o1 - o0) // R * R
+            for t0 in range(0, TP, P):
+                for o in range(o0, oR, R):
+                    tile(Q, S, o, XQ, XD, XC, t0, Y)
+            if TP < T:  # positions short of a tile (fewer than P <= MAX_T)
+                dots(Q, S, o0, oR, XQ, XD, XC, TP, Y)
+            if oR < o1:  # rows short of a tile
+                for t0 in range(0, T, MAX_T):
+                    dots(Q, S, oR, o1, XQ, XD, XC, t0, Y)
+
+    return tiles
+
+
+def _make_tiles_q4(tile, dots, R, P, parallel):
+    @njit(parallel=parallel)
+    def tiles(QS, D, M, table, X, Y, rpt):
+        """Y[t, o] = row o of q4 (codes QS, f16 scales D and offsets M) . q8(X[t]), every T."""
+        O = QS.shape[0]
+        T, K = X.shape
+        XQ = np.empty((T, K), np.int8)
+        XD = np.empty((T, K // 32), F32)
+        XC = np.empty((T, K // 4), np.int32)
+        XS = np.empty((T, K // 32), F32)
+        quantize_x(X, XQ, XD, XC, XS)
+        TP = T - T % P
+        ntask = (O + rpt - 1) // rpt
+        for k in prange(ntask):
+            o0 = k * rpt
+            o1 = min(O, o0 + rpt)
+            oR = o0 + (o1 - o0) // R * R
+            for t0 in range(0, TP, P):
+                for o in range(o0, oR, R):
+                    tile(QS, D, M, table, o, XQ, XD, XS, t0, Y)
+            if TP < T:
+                dots(QS, D, M, table, o0, oR, XQ, XD, XS, TP, Y)
+            if oR < o1:
+                for t0 in range(0, T, MAX_T):
+                    dots(QS, D, M, table, oR, o1, XQ, XD, XS, t0, Y)
+
+    return tiles
+
+
+_TILES: dict[tuple, object] = {}
+
+
+def tiles_kernel(kind: str, path: str | None = None, parallel: bool = False, tile: tuple[int, int] | None = None):
+    """The prefill kernel of ``kind`` ('i8' | 'q4') on ``path`` (default: the intrinsics
+    module's `chosen()`): the arguments of intrinsics.rows_kernel, any T, the same bytes.
+    ``tile``: (rows, positions) of a register tile (default TILE[kind]; positions <= MAX_T)."""
+    from .intrinsics import rows_kernel
+
+    R, P = TILE[kind] if tile is None else tile
+    if not (1 <= P <= MAX_T and 1 <= R):
+        raise ValueError(f"a register tile of {R} rows x {P} positions: positions must be 1..{MAX_T}, rows >= 1")
+    path = chosen() if path is None else path
+    if path == "plain":
+        return rows_kernel(kind, path, parallel)
+    key = (kind, path, parallel, R, P)
+    if key not in _TILES:
+        if kind == "i8":
+            _TILES[key] = _make_tiles_i8(_make_i8_tile(path, R, P), dot("i8", path), R, P, parallel)
+        else:
+            _TILES[key] = _make_tiles_q4(_make_q4_tile(path, R, P), dot("q4", path), R, P, parallel)
+    return _TILES[key]
