@@ -57,6 +57,32 @@ def _tiles(kind, w, x, path=None, parallel=False, tile=None) -> np.ndarray:
     return y
 
 
+@pytest.mark.parametrize("K", [32, 96, 576])
+def test_the_vector_quantizer_gives_the_bytes_of_quantize_x(K):
+    x = _x(40, K)
+    b = slice(0, 32)
+    x[1, b] = 0.0
+    x[2, b] = -0.0
+    x[3, 7] = np.inf
+    x[4, 9] = np.nan
+    x[5, b] = -np.inf
+    x[6, b] = np.float32(1e-42)  # subnormal magnitudes
+    x[7, b] = np.arange(32, dtype=F32) - F32(15.5)  # with x[7, 0] = 127: d = 1, ties at every .5
+    x[7, 0] = 127.0
+    x[8, 3] = F32(3.4e38)
+    T = x.shape[0]
+    outs = []
+    for f in (I.quantize_x, IT.quantize):
+        o = (np.empty((T, K), np.int8), np.empty((T, K // 32), F32), np.empty((T, K // 4), np.int32),
+             np.empty((T, K // 32), F32))
+        f(x, *o)
+        outs.append(o)
+    for a, c in zip(*outs):
+        assert a.tobytes() == c.tobytes()
+    assert np.isnan(outs[1][1][3, 0]) and (outs[1][0][3, :32] == 0).all()
+    assert (outs[1][0][7, 1:32] == np.rint(np.arange(1, 32) - 15.5)).all()  # ties to even
+
+
 @pytest.mark.parametrize("kind", ["i8", "q4"])
 @pytest.mark.parametrize("K", [32, 96, 160, 576])  # one block; tail blocks (96, 160); SmolLM2's width
 @pytest.mark.parametrize("T", [9, 17, 37, 64])

@@ -26,12 +26,15 @@ import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
+from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from .intrinsics import (
     MAX_T,
     _arrays_at,
+    _call,
     _check_multi,
+    _consts,
     _f32,
     _i8,
     _i32,
@@ -46,7 +49,6 @@ from .intrinsics import (
     _vec,
     chosen,
     dot,
-    quantize_x,
 )
 
 F32 = np.float32
@@ -130,13 +132,14 @@ def _make_i8_tile(path: str, R: int, P: int):
 
 
 def _make_q4_tile(path: str, R: int, P: int):
-    """tile(QS, D, M, table, o0, XQ, XD, XS, t0, Y): as `_make_i8_tile` for q4 rows (codes
-    unpacked once per row chunk; the f16 scales and offsets looked up once per row block)."""
+    """tile(QS, D, M, table, o0, XQ, XD, XST, t0, Y): as `_make_i8_tile` for q4 rows (codes
+    unpacked once per row chunk; the f16 scales and offsets looked up once per row block).
+    XST [K/32, T] is XS transposed, so that a block's offsets terms of P positions are one load."""
 
     @intrinsic
-    def tile(typingctx, QS, D, M, table, o0, XQ, XD, XS, t0, Y):
-        _check_multi("q4 tile", (table,), (QS, D, M, XQ, XD, XS), Y, t0, o0)
-        sig = types.void(QS, D, M, table, o0, XQ, XD, XS, t0, Y)
+    def tile(typingctx, QS, D, M, table, o0, XQ, XD, XST, t0, Y):
+        _check_multi("q4 tile", (table,), (QS, D, M, XQ, XD, XST), Y, t0, o0)
+        sig = types.void(QS, D, M, table, o0, XQ, XD, XST, t0, Y)
 
         def codegen(context, builder, sig, args):
             aq, ad, am, at, axq, axd, axs, ay = _arrays_at(context, builder, sig, args, (0, 1, 2, 3, 5, 6, 7, 9))
@@ -156,7 +159,7 @@ def _make_q4_tile(path: str, R: int, P: int):
             pm = [_row_ptr(builder, am, o, nb) for o in rows]
             pxq = [_row_ptr(builder, axq, t, K) for t in pos]
             pxd = [_row_ptr(builder, axd, t, nb) for t in pos]
-            pxs = [_row_ptr(builder, axs, t, nb) for t in pos]
+            TT = builder.extract_value(axs.shape, 1)
             v16 = _vec(_f32, 16)
             accs = [[cgutils.alloca_once_value(builder, ir.Constant(v16, 0.0)) for _ in range(P)] for _ in range(R)]
             # the offsets' terms of the R x P pairs as one vector per row (lane p: position p), so
@@ -183,11 +186,9 @@ def _make_q4_tile(path: str, R: int, P: int):
                     idx = list(range(32))
                 return _shuffle(builder, lo, hi, idx)
 
-            def xs_vec(blk):  # <P x float>: XS[t0 + p, blk]
-                v = ir.Constant(vP, None)
-                for p in range(P):
-                    v = builder.insert_element(v, builder.load(builder.gep(pxs[p], [blk])), ir.Constant(_i32, p))
-                return v
+            def xs_vec(blk):  # <P x float>: XS[t0 + p, blk] = XST[blk, t0 + p]
+                ptr = builder.gep(axs.data, [builder.add(builder.mul(blk, TT), t0v)])
+                return builder.load(builder.bitcast(ptr, vP.as_pointer()), align=4)
 
             with cgutils.for_range(builder, nchunk) as loop:
                 qoff = builder.shl(loop.index, c(5))
@@ -241,6 +242,66 @@ def _make_q4_tile(path: str, R: int, P: int):
     return tile
 
 
+# --------------------------------------------------------------------------------------------
+# the activation quantization of intrinsics.quantize_x, in LLVM vector IR (that loop runs
+# element by element: ~1 ns an element, a tenth of a prefill product's time at K = 576)
+@intrinsic
+def _quantize_vec(typingctx, X, XQ, XD, XC, XS):
+    """intrinsics.quantize_x, the same bytes: per block of 32, amax = the largest |x| (the
+    largest of the magnitudes' bit patterns: for finite floats their order is the float order),
+    a block holding a non-finite value gets codes 0 and the scale NaN; else d = amax / 127,
+    q = rint(x / d) (ties to even) clipped to [-127, 127]; XS = d * sum(q), XC = -128 * the sum
+    of each 4 codes."""
+    for t in (X, XQ, XD, XC, XS):
+        if not isinstance(t, types.Array) or t.ndim != 2 or t.layout != "C":
+            raise TypingError(f"quantize: operands must be C-contiguous 2-D arrays, got {t}")
+    sig = types.void(X, XQ, XD, XC, XS)
+
+    def codegen(context, builder, sig, args):
+        ax, aq, ad, ac, as_ = _arrays_at(context, builder, sig, args, (0, 1, 2, 3, 4))
+        T = builder.extract_value(ax.shape, 0)
+        K = builder.extract_value(ax.shape, 1)
+        c = lambda v: ir.Constant(K.type, v)
+        nb = builder.ashr(K, c(5))
+        n = builder.mul(T, nb)  # blocks, row after row: block i of the flat arrays
+        v16f, v32i = _vec(_f32, 16), _vec(_i32, 32)
+        with cgutils.for_range(builder, n) as loop:
+            i = loop.index
+            e = builder.shl(i, c(5))
+            a = _join(builder, _load(builder, ax.data, e, v16f), _load(builder, ax.data, builder.add(e, c(16)), v16f), 16)
+            mag = builder.and_(builder.bitcast(a, v32i), _consts(_i32, [0x7FFFFFFF] * 32))
+            m = _call(builder, "llvm.vector.reduce.smax.v32i32", _i32, [mag])
+            amax = builder.bitcast(m, _f32)
+            bad = builder.icmp_signed(">=", m, ir.Constant(_i32, 0x7F800000))
+            skip = builder.or_(bad, builder.icmp_signed("==", m, ir.Constant(_i32, 0)))
+            d = builder.fdiv(amax, ir.Constant(_f32, 127.0))
+            dv = _shuffle(builder, builder.insert_element(ir.Constant(_vec(_f32, 32), None), d, ir.Constant(_i32, 0)),
+                          ir.Constant(_vec(_f32, 32), None), [0] * 32)
+            q = _call(builder, "llvm.rint.v32f32", _vec(_f32, 32), [builder.fdiv(a, dv)])
+            q = _call(builder, "llvm.maxnum.v32f32", _vec(_f32, 32), [q, _consts(_f32, [-127.0] * 32)])
+            q = _call(builder, "llvm.minnum.v32f32", _vec(_f32, 32), [q, _consts(_f32, [127.0] * 32)])
+            qi = builder.select(skip, ir.Constant(v32i, None), builder.fptosi(q, v32i))
+            builder.store(builder.trunc(qi, _vec(_i8, 32)),
+                          builder.bitcast(builder.gep(aq.data, [e]), _vec(_i8, 32).as_pointer()), align=1)
+            dd = builder.select(skip, builder.select(bad, ir.Constant(_f32, float("nan")), ir.Constant(_f32, 0.0)), d)
+            builder.store(dd, builder.gep(ad.data, [i]))
+            ssum = _call(builder, "llvm.vector.reduce.add.v32i32", _i32, [qi])
+            builder.store(builder.fmul(dd, builder.sitofp(ssum, _f32)), builder.gep(as_.data, [i]))
+            p2 = builder.add(_shuffle(builder, qi, qi, list(range(0, 32, 2))), _shuffle(builder, qi, qi, list(range(1, 32, 2))))
+            p4 = builder.add(_shuffle(builder, p2, p2, list(range(0, 16, 2))), _shuffle(builder, p2, p2, list(range(1, 16, 2))))
+            cc = builder.mul(p4, _consts(_i32, [-128] * 8))
+            builder.store(cc, builder.bitcast(builder.gep(ac.data, [builder.shl(i, c(3))]), _vec(_i32, 8).as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit
+def quantize(X, XQ, XD, XC, XS):
+    """intrinsics.quantize_x (the same outputs, byte for byte; tests/test_int_prefill.py)."""
+    _quantize_vec(X, XQ, XD, XC, XS)
+
+
 def _make_tiles_i8(tile, dots, R, P, parallel):
     @njit(parallel=parallel)
     def tiles(Q, S, X, Y, rpt):
@@ -251,7 +312,7 @@ def _make_tiles_i8(tile, dots, R, P, parallel):
         XD = np.empty((T, K // 32), F32)
         XC = np.empty((T, K // 4), np.int32)
         XS = np.empty((T, K // 32), F32)
-        quantize_x(X, XQ, XD, XC, XS)
+        quantize(X, XQ, XD, XC, XS)
         TP = T - T % P
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
@@ -280,7 +341,8 @@ def _make_tiles_q4(tile, dots, R, P, parallel):
         XD = np.empty((T, K // 32), F32)
         XC = np.empty((T, K // 4), np.int32)
         XS = np.empty((T, K // 32), F32)
-        quantize_x(X, XQ, XD, XC, XS)
+        quantize(X, XQ, XD, XC, XS)
+        XST = np.ascontiguousarray(XS.T)
         TP = T - T % P
         ntask = (O + rpt - 1) // rpt
         for k in prange(ntask):
@@ -289,7 +351,7 @@ def _make_tiles_q4(tile, dots, R, P, parallel):
             oR = o0 + (o1 - o0) // R * R
             for t0 in range(0, TP, P):
                 for o in range(o0, oR, R):
-                    tile(QS, D, M, table, o, XQ, XD, XS, t0, Y)
+                    tile(QS, D, M, table, o, XQ, XD, XST, t0, Y)
             if TP < T:
                 dots(QS, D, M, table, o0, oR, XQ, XD, XS, TP, Y)
             if oR < o1:
