@@ -54,7 +54,7 @@ from .intrinsics import (
 F32 = np.float32
 TASK_ROWS = 16  # weight rows per parallel task: their bytes stay in L1 while positions pass over them
 # register tile: rows x positions (R*P accumulators of 16 floats, R weight vectors, R row scales)
-TILE = {"i8": (4, 4), "q4": (2, 8)}
+TILE = {"i8": (4, 4), "q4": (1, 8)}
 
 
 def _pair16(builder, ptr, blk):
