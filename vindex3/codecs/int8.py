@@ -77,10 +77,12 @@ class Int8BlocksQ8(Int8Blocks):
         I.rows_kernel("i8", parallel=threads.parallel(self.q.nbytes))(self.q, self.s, x, y, I.ROWS_PER_TASK)
 
     def _tiles(self, x, y):
+        # a prefill pass does T times a decode step's work: the pool's threshold (threads.parallel)
+        # is weighed against weight bytes x positions
         from .inttiles import tiles_kernel
 
         with threads.launch():
-            tiles_kernel("i8", parallel=threads.parallel(self.q.nbytes))(self.q, self.s, x, y, intdot().ROWS_PER_TASK)
+            tiles_kernel("i8", parallel=threads.parallel(self.q.nbytes * x.shape[0]))(self.q, self.s, x, y, intdot().ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
         return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)

@@ -78,10 +78,12 @@ class Q4WeightQ8(Q4Weight):
                                                            I.ROWS_PER_TASK)
 
     def _tiles(self, x, y):
+        # a prefill pass does T times a decode step's work: the pool's threshold (threads.parallel)
+        # is weighed against weight bytes x positions
         from .inttiles import tiles_kernel
 
         with threads.launch():
-            tiles_kernel("q4", parallel=threads.parallel(self.qs.nbytes))(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
+            tiles_kernel("q4", parallel=threads.parallel(self.qs.nbytes * x.shape[0]))(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
                                                                          intdot().ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
