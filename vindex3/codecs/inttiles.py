@@ -18,6 +18,12 @@ Rows and positions that do not fill a tile go to the rows kernel's dots (the sam
 
 The ``plain`` path (no vector instructions on the target) has no tile kernel: it runs the rows
 kernel over all positions, which is what the tiles compute.
+
+Measured (T = 512, 1 thread, CPU time, SmolLM2's shapes, load 1-3): int8 rows kernel ~60-70 G
+multiply-adds a second, 4 x 4 tiles ~105-120 G (2 x 8 and 2 x 6 within noise, 1 x 8 ~85 G, 3 x 4
+and 8 x 2 slower); q4 rows kernel ~50 G, 2 x 8 tiles over unpacked codes ~80-95 G. Tried and
+dropped: one multiply per row for the 2P scale products and a permute per pair (instead of a
+multiply per pair) was 1.1-1.5x slower (the permutes contend with the dots).
 """
 
 from __future__ import annotations
@@ -54,7 +60,7 @@ from .intrinsics import (
 F32 = np.float32
 TASK_ROWS = 16  # weight rows per parallel task: their bytes stay in L1 while positions pass over them
 # register tile: rows x positions (R*P accumulators of 16 floats, R weight vectors, R row scales)
-TILE = {"i8": (4, 4), "q4": (1, 8)}
+TILE = {"i8": (4, 4), "q4": (2, 8)}
 
 
 def _pair16(builder, ptr, blk):
@@ -131,82 +137,68 @@ def _make_i8_tile(path: str, R: int, P: int):
     return tile
 
 
-def _make_q4_tile(path: str, R: int, P: int):
-    """tile(QS, D, M, table, o0, XQ, XD, XST, t0, Y): as `_make_i8_tile` for q4 rows (codes
-    unpacked once per row chunk; the f16 scales and offsets looked up once per row block).
-    XST [K/32, T] is XS transposed, so that a block's offsets terms of P positions are one load."""
+def _make_q4u_tile(path: str, R: int, P: int):
+    """tile(U, DF, MF, u0, o0, XQ, XD, XST, t0, Y): q4 rows whose codes were unpacked to bytes in
+    element order (U [n, K] uint8, 0..15) and whose f16 scales and offsets were looked up (DF, MF
+    [n, K/32] float32) once per task (`_unpack_q4`): rows u0 .. u0 + R - 1 of U are rows o0 ..
+    of Y. XST [K/32, T] is XS transposed, so that a block's offsets terms of P positions (one
+    vector, ``mt = mt + m_b * xs_b`` element-wise) are one load. The float steps of the rows
+    kernel, the same bytes. (Unpacking once per task rather than per row chunk of each tile
+    measured 1.1-1.25x faster at T = 512; without it 1 x 8 tiles were best, with it 2 x 8.)"""
 
     @intrinsic
-    def tile(typingctx, QS, D, M, table, o0, XQ, XD, XST, t0, Y):
-        _check_multi("q4 tile", (table,), (QS, D, M, XQ, XD, XST), Y, t0, o0)
-        sig = types.void(QS, D, M, table, o0, XQ, XD, XST, t0, Y)
+    def tile(typingctx, U, DF, MF, u0, o0, XQ, XD, XST, t0, Y):
+        _check_multi("q4 unpacked tile", (), (U, DF, MF, XQ, XD, XST), Y, t0, o0)
+        _check_multi("q4 unpacked tile", (), (), Y, u0, u0)
+        sig = types.void(U, DF, MF, u0, o0, XQ, XD, XST, t0, Y)
 
         def codegen(context, builder, sig, args):
-            aq, ad, am, at, axq, axd, axs, ay = _arrays_at(context, builder, sig, args, (0, 1, 2, 3, 5, 6, 7, 9))
-            o0v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (4, 8))
-            H = builder.extract_value(aq.shape, 1)
+            au, ad, am, axq, axd, axs, ay = _arrays_at(context, builder, sig, args, (0, 1, 2, 5, 6, 7, 9))
+            u0v, o0v, t0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (3, 4, 8))
+            K = builder.extract_value(au.shape, 1)
             nb = builder.extract_value(ad.shape, 1)
             O = builder.extract_value(ay.shape, 1)
-            c = lambda v: ir.Constant(H.type, v)
-            K = builder.shl(H, c(1))
-            nchunk = builder.ashr(H, c(5))
-            has_tail = builder.icmp_signed("!=", builder.and_(H, c(16)), c(0))
-            pt = at.data
+            TT = builder.extract_value(axs.shape, 1)
+            c = lambda v: ir.Constant(K.type, v)
+            nchunk = builder.ashr(K, c(6))
+            has_tail = builder.icmp_signed("!=", builder.and_(K, c(32)), c(0))
+            urows = [builder.add(u0v, c(r)) for r in range(R)]
             rows = [builder.add(o0v, c(r)) for r in range(R)]
             pos = [builder.add(t0v, c(p)) for p in range(P)]
-            pq = [builder.bitcast(_row_ptr(builder, aq, o, H), _i8.as_pointer()) for o in rows]
-            pd = [_row_ptr(builder, ad, o, nb) for o in rows]
-            pm = [_row_ptr(builder, am, o, nb) for o in rows]
+            pw = [builder.bitcast(_row_ptr(builder, au, u, K), _i8.as_pointer()) for u in urows]
+            pd = [_row_ptr(builder, ad, u, nb) for u in urows]
+            pm = [_row_ptr(builder, am, u, nb) for u in urows]
             pxq = [_row_ptr(builder, axq, t, K) for t in pos]
             pxd = [_row_ptr(builder, axd, t, nb) for t in pos]
-            TT = builder.extract_value(axs.shape, 1)
             v16 = _vec(_f32, 16)
-            accs = [[cgutils.alloca_once_value(builder, ir.Constant(v16, 0.0)) for _ in range(P)] for _ in range(R)]
-            # the offsets' terms of the R x P pairs as one vector per row (lane p: position p), so
-            # that mt = mt + m_b * xs_b runs for P pairs in one operation (element-wise: the bytes
-            # of the scalar steps)
             vP = _vec(_f32, P)
+            accs = [[cgutils.alloca_once_value(builder, ir.Constant(v16, 0.0)) for _ in range(P)] for _ in range(R)]
             mts = [cgutils.alloca_once_value(builder, ir.Constant(vP, 0.0)) for _ in range(R)]
-
-            def f16(ptr, blk):
-                bits = builder.zext(builder.load(builder.gep(ptr, [blk])), H.type)
-                return builder.load(builder.gep(pt, [bits]))
 
             def splat(v, n):
                 u = builder.insert_element(ir.Constant(_vec(_f32, n), None), v, ir.Constant(_i32, 0))
                 return _shuffle(builder, u, u, [0] * n)
 
-            def unpack(ptr, qoff, n):
-                v = _load(builder, ptr, qoff, _vec(_i8, n // 2))
-                lo = builder.and_(v, ir.Constant(_vec(_i8, n // 2), [ir.Constant(_i8, 15)] * (n // 2)))
-                hi = builder.lshr(v, ir.Constant(_vec(_i8, n // 2), [ir.Constant(_i8, 4)] * (n // 2)))
-                if n == 64:
-                    idx = list(range(16)) + list(range(32, 48)) + list(range(16, 32)) + list(range(48, 64))
-                else:
-                    idx = list(range(32))
-                return _shuffle(builder, lo, hi, idx)
-
-            def xs_vec(blk):  # <P x float>: XS[t0 + p, blk] = XST[blk, t0 + p]
+            def xs_vec(blk):  # <P x float>: XST[blk, t0 .. t0 + P - 1]
                 ptr = builder.gep(axs.data, [builder.add(builder.mul(blk, TT), t0v)])
                 return builder.load(builder.bitcast(ptr, vP.as_pointer()), align=4)
 
+            def mt_step(r, blk, xs):
+                m = builder.load(builder.gep(pm[r], [blk]))
+                builder.store(builder.fadd(builder.load(mts[r]), builder.fmul(splat(m, P), xs)), mts[r])
+
             with cgutils.for_range(builder, nchunk) as loop:
-                qoff = builder.shl(loop.index, c(5))
+                off = builder.shl(loop.index, c(6))
                 blk = builder.shl(loop.index, c(1))
                 b1 = builder.add(blk, c(1))
-                ws, sds = [], []
                 xs0, xs1 = xs_vec(blk), xs_vec(b1)
-                for r in range(R):
-                    ws.append(unpack(pq[r], qoff, 64))
-                    d0, d1 = f16(pd[r], blk), f16(pd[r], b1)
-                    sds.append(_shuffle(builder, splat(d0, 2), splat(d1, 2), [0] * 8 + [2] * 8))
-                    # block order as the rows kernel: mt with block b, then block b + 1
-                    mt = builder.load(mts[r])
-                    mt = builder.fadd(mt, builder.fmul(splat(f16(pm[r], blk), P), xs0))
-                    mt = builder.fadd(mt, builder.fmul(splat(f16(pm[r], b1), P), xs1))
-                    builder.store(mt, mts[r])
+                ws = [_load(builder, p, off, _vec(_i8, 64)) for p in pw]
+                sds = [_pair16(builder, p, blk) for p in pd]
+                for r in range(R):  # block order as the rows kernel: mt with block b, then b + 1
+                    mt_step(r, blk, xs0)
+                    mt_step(r, b1, xs1)
                 for p in range(P):
-                    x = _load(builder, pxq[p], builder.shl(qoff, c(1)), _vec(_i8, 64))
+                    x = _load(builder, pxq[p], off, _vec(_i8, 64))
                     xd = _pair16(builder, pxd[p], blk)
                     for r in range(R):
                         lanes = _lanes(builder, path, ws[r], x, None, False, 64)
@@ -214,16 +206,15 @@ def _make_q4_tile(path: str, R: int, P: int):
                         a = accs[r][p]
                         builder.store(builder.fadd(builder.load(a), prod), a)
             with builder.if_then(has_tail):  # the rows kernel's tail block, pair by pair
-                qoff = builder.shl(nchunk, c(5))
+                off = builder.shl(nchunk, c(6))
                 blk = builder.shl(nchunk, c(1))
                 xs0 = xs_vec(blk)
                 for r in range(R):
-                    w = unpack(pq[r], qoff, 32)
-                    d0 = f16(pd[r], blk)
-                    mt = builder.fadd(builder.load(mts[r]), builder.fmul(splat(f16(pm[r], blk), P), xs0))
-                    builder.store(mt, mts[r])
+                    w = _load(builder, pw[r], off, _vec(_i8, 32))
+                    d0 = builder.load(builder.gep(pd[r], [blk]))
+                    mt_step(r, blk, xs0)
                     for p in range(P):
-                        x = _load(builder, pxq[p], builder.shl(qoff, c(1)), _vec(_i8, 32))
+                        x = _load(builder, pxq[p], off, _vec(_i8, 32))
                         lanes = _join(builder, _lanes(builder, path, w, x, None, False, 32), ir.Constant(_vec(_i32, 8), None), 8)
                         s0 = builder.fmul(d0, builder.load(builder.gep(pxd[p], [blk])))
                         prod = builder.fmul(builder.sitofp(lanes, v16), _scale16(builder, s0, ir.Constant(_f32, 0.0)))
@@ -233,13 +224,30 @@ def _make_q4_tile(path: str, R: int, P: int):
                 mt = builder.load(mts[r])
                 for p in range(P):
                     res = builder.fadd(_tree16(builder, builder.load(accs[r][p])), builder.extract_element(mt, ir.Constant(_i32, p)))
-                    yo = builder.add(builder.mul(pos[p], O), rows[r])
-                    builder.store(res, builder.gep(ay.data, [yo]))
+                    builder.store(res, builder.gep(ay.data, [builder.add(builder.mul(pos[p], O), rows[r])]))
             return context.get_dummy_value()
 
         return sig, codegen
 
     return tile
+
+
+@njit(inline="always")
+def _unpack_q4(QS, D, M, table, o0, o1, U, DF, MF):
+    """Rows o0 .. o1 - 1 of q4 into U (codes in element order: byte l of a block's 16 holds
+    element l in its low nibble and l + 16 in its high one), DF and MF (the f16 tables' floats)."""
+    H = QS.shape[1]
+    for i in range(o1 - o0):
+        q = QS[o0 + i]
+        u = U[i]
+        for b in range(H // 16):
+            for l in range(16):
+                v = q[16 * b + l]
+                u[32 * b + l] = v & np.uint8(15)
+                u[32 * b + 16 + l] = v >> np.uint8(4)
+        for b in range(D.shape[1]):
+            DF[i, b] = table[D[o0 + i, b]]
+            MF[i, b] = table[M[o0 + i, b]]
 
 
 # --------------------------------------------------------------------------------------------
@@ -331,10 +339,11 @@ def _make_tiles_i8(tile, dots, R, P, parallel):
     return tiles
 
 
-def _make_tiles_q4(tile, dots, R, P, parallel):
+def _make_tiles_q4u(tile, dots, R, P, parallel):
     @njit(parallel=parallel)
     def tiles(QS, D, M, table, X, Y, rpt):
-        """Y[t, o] = row o of q4 (codes QS, f16 scales D and offsets M) . q8(X[t]), every T."""
+        """Y[t, o] = row o of q4 (codes QS, f16 scales D and offsets M) . q8(X[t]), every T; each
+        task's rows unpacked once (`_unpack_q4`) for all its tiles."""
         O = QS.shape[0]
         T, K = X.shape
         XQ = np.empty((T, K), np.int8)
@@ -349,9 +358,13 @@ def _make_tiles_q4(tile, dots, R, P, parallel):
             o0 = k * rpt
             o1 = min(O, o0 + rpt)
             oR = o0 + (o1 - o0) // R * R
+            U = np.empty((rpt, K), np.uint8)
+            DF = np.empty((rpt, K // 32), F32)
+            MF = np.empty((rpt, K // 32), F32)
+            _unpack_q4(QS, D, M, table, o0, oR, U, DF, MF)
             for t0 in range(0, TP, P):
                 for o in range(o0, oR, R):
-                    tile(QS, D, M, table, o, XQ, XD, XST, t0, Y)
+                    tile(U, DF, MF, o - o0, o, XQ, XD, XST, t0, Y)
             if TP < T:
                 dots(QS, D, M, table, o0, oR, XQ, XD, XS, TP, Y)
             if oR < o1:
@@ -381,5 +394,5 @@ def tiles_kernel(kind: str, path: str | None = None, parallel: bool = False, til
         if kind == "i8":
             _TILES[key] = _make_tiles_i8(_make_i8_tile(path, R, P), dot("i8", path), R, P, parallel)
         else:
-            _TILES[key] = _make_tiles_q4(_make_q4_tile(path, R, P), dot("q4", path), R, P, parallel)
+            _TILES[key] = _make_tiles_q4u(_make_q4u_tile(path, R, P), dot("q4", path), R, P, parallel)
     return _TILES[key]
