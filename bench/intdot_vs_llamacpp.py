@@ -14,8 +14,13 @@ arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without ll
 (scripts/bench-setup) the peer arms are skipped and the ratios are against our own
 float-lane kernels (activations = 'exact').
 
+Prefill (``--prefill``): each arm instead times one prefill of 512 prompt tokens on an empty
+cache (llama.cpp: one eval with n_batch = n_ubatch = 512; ours: ``prefill(ids, last_only=True)``),
+best of ``--repeats`` after a warm-up, wall clock and CPU time; our q8 arms run every product
+through the integer kernels (vindex3.codecs.inttiles), the exact arms decode tiles for BLAS.
+
     python bench/intdot_vs_llamacpp.py [--rounds 3] [--threads 1 2] [--steps 32] [--path vnni512]
-        [--select "int8 q8,q4 q8,Q8_0,Q4_1"]
+        [--select "int8 q8,q4 q8,Q8_0,Q4_1"] [--prefill]
 """
 
 from __future__ import annotations
@@ -56,6 +61,61 @@ def stream_bandwidth() -> float:
         np.copyto(b, a)
         best = min(best, time.perf_counter() - t)
     return 2 * a.nbytes / best
+
+
+PREFILL_T = 512
+
+
+def prefill_ids(encode) -> list[int]:
+    """The first 512 tokens of the peer bench's long text (bench/llamacpp_peer.py)."""
+    from llamacpp_peer import TEXT as LONG
+
+    ids = list(encode(LONG))[:PREFILL_T]
+    assert len(ids) == PREFILL_T, len(ids)
+    return ids
+
+
+def _timed(fn, repeats: int) -> tuple[float, float]:
+    """Best wall and best CPU seconds of ``fn()`` over ``repeats`` runs after a warm-up."""
+    best = best_cpu = 1e9
+    for i in range(repeats + 1):
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        if i:
+            best = min(best, time.perf_counter() - t0)
+            best_cpu = min(best_cpu, time.process_time() - c0)
+    return best, best_cpu
+
+
+def prefill_ours(path: str, activations: str, repeats: int) -> dict:
+    import numpy as np
+
+    import vindex3
+    from vindex3.codecs import intrinsics
+
+    c = vindex3.open(path)
+    ex = c.executor(activations=activations)
+    ids = prefill_ids(c.tokenizer.encode)
+    wall, cpu = _timed(lambda: ex.start().prefill(ids, last_only=True), repeats)
+    q = c.tokenizer.encode("The capital of France is")
+    ans = c.tokenizer.decode([int(np.argmax(ex.start().prefill(q, last_only=True)[-1]))])
+    return {"prefill_tok_s": PREFILL_T / wall, "prefill_tok_per_cpu_s": PREFILL_T / cpu, "answer": ans,
+            "answer_ok": ans == " Paris", "intdot_path": intrinsics.chosen() if activations == "q8" else None}
+
+
+def prefill_llama(path: str, threads: int, repeats: int) -> dict:
+    import llama_cpp
+
+    m = llama_cpp.Llama(model_path=path, n_ctx=1024, n_batch=512, n_ubatch=512, n_threads=threads,
+                        n_threads_batch=threads, verbose=False, seed=0)
+    ids = prefill_ids(lambda t: m.tokenize(t.encode(), add_bos=False))
+
+    def run():
+        m.reset()
+        m.eval(ids)
+
+    wall, cpu = _timed(run, repeats)
+    return {"prefill_tok_s": PREFILL_T / wall, "prefill_tok_per_cpu_s": PREFILL_T / cpu}
 
 
 def arm_ours(path: str, activations: str, steps: int, repeats: int) -> dict:
@@ -155,9 +215,9 @@ def arm_llama(path: str, threads: int, steps: int, repeats: int) -> dict:
     return {"decode_tok_s": steps / best, "decode_tok_per_cpu_s": steps / best_cpu}
 
 
-def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str | None) -> dict:
+def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str | None, prefill: bool = False) -> dict:
     cmd = [sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(threads),
-           "--steps", str(steps), "--repeats", str(repeats)]
+           "--steps", str(steps), "--repeats", str(repeats)] + (["--prefill"] if prefill else [])
     extra = os.environ.get("PYTHONPATH")  # e.g. where a bench-only llama-cpp-python build lives
     env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads),
                PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
@@ -174,6 +234,61 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
+    from llamacpp_peer import _llama_version
+
+    runs: dict = {}
+    for r in range(a.rounds):
+        for th in a.threads:
+            for name, spec in arms:
+                res = run_arm(spec, th, a.steps, a.repeats, a.path, prefill=True)
+                res["loadavg"] = os.getloadavg()[0]
+                runs.setdefault(name, {}).setdefault(f"threads_{th}", []).append(res)
+                print(f"round {r} t={th} {name}: prefill-512 {res['prefill_tok_s']:.1f} tok/s, "
+                      f"{res['prefill_tok_per_cpu_s']:.1f} tok/cpu-s (load {res['loadavg']:.1f})", flush=True)
+    keys = ("prefill_tok_s", "prefill_tok_per_cpu_s")
+    summary: dict = {}
+    for name, by_t in runs.items():
+        for tk, lst in by_t.items():
+            s = {k + "_median": statistics.median(x[k] for x in lst) for k in keys}
+            s |= {k + "_best": max(x[k] for x in lst) for k in keys}
+            s["loadavg_range"] = [min(x["loadavg"] for x in lst), max(x["loadavg"] for x in lst)]
+            for k in ("answer", "answer_ok", "intdot_path"):
+                if k in lst[0]:
+                    s[k] = lst[0][k]
+            summary.setdefault(name, {})[tk] = s
+    pairs = [("vindex3 int8 q8", "llama.cpp Q8_0"), ("vindex3 q4 q8", "llama.cpp Q4_1"),
+             ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
+             ("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 int8 q8", "vindex3 int8 exact"),
+             ("vindex3 q4 q8", "vindex3 q4 exact")]
+    ratios: dict = {}
+    for mine, other in pairs:
+        for tk in summary.get(mine, {}):
+            if tk in summary.get(other, {}):
+                ratios.setdefault(f"{mine} / {other}", {})[tk] = {
+                    k: summary[mine][tk][k + "_median"] / summary[other][tk][k + "_median"] for k in keys}
+    doc = {
+        "benchmark": "intdot_vs_llamacpp --prefill",
+        "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
+        "llama_cpp_python": _llama_version(), "prefill_tokens": PREFILL_T,
+        "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
+        "machine": facts(None) | {"loadavg_end": os.getloadavg()},
+        "summary": summary, "ratios": ratios, "runs": runs,
+    }
+    out = a.out if a.out != str(HERE / "results" / "intdot_vs_llamacpp.json") else str(HERE / "results" / "intdot_prefill_vs_llamacpp.json")
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(doc, indent=2) + "\n")
+    for name, by_t in summary.items():
+        for tk, s in by_t.items():
+            print(f"{name:<24} t={tk[-1]}  prefill-512 med {s['prefill_tok_s_median']:.1f} tok/s, "
+                  f"{s['prefill_tok_per_cpu_s_median']:.1f} tok/cpu-s  answer {s.get('answer', '-')!r}")
+    for pair, by_t in ratios.items():
+        for tk, r in by_t.items():
+            print(f"{pair:<42} t={tk[-1]}  prefill {r['prefill_tok_s']:.2f}x  per cpu-s {r['prefill_tok_per_cpu_s']:.2f}x")
+    print("wrote", out)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
@@ -185,12 +300,18 @@ def main() -> int:
     ap.add_argument("--dir", help="peer GGUF directory (default: <vindex3 cache>/peer-ggufs)")
     ap.add_argument("--out", default=str(HERE / "results" / "intdot_vs_llamacpp.json"))
     ap.add_argument("--select", help="comma-separated parts of arm names: run only the arms that contain one")
+    ap.add_argument("--prefill", action="store_true", help="time prefill-512 instead of decode")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.arm:
         pin_threads(a.arm_threads)
         spec = json.loads(a.arm)
+        if a.prefill:
+            r = (prefill_llama(spec["path"], a.arm_threads, a.repeats) if spec["kind"] == "llama"
+                 else prefill_ours(spec["path"], spec["activations"], a.repeats))
+            print(json.dumps(r))
+            return 0
         r = (arm_llama(spec["path"], a.arm_threads, a.steps, a.repeats) if spec["kind"] == "llama"
              else arm_ours(spec["path"], spec["activations"], a.steps, a.repeats))
         print(json.dumps(r))
@@ -214,9 +335,13 @@ def main() -> int:
             arms.append((f"vindex3 {enc} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
             arms.append((f"vindex3 {enc} {act} unfused", {"kind": "ours", "path": ours[enc], "activations": act,
                                                           "fused": False}))
+    if a.prefill:  # fusion is a decode matter: prefill products run one weight at a time
+        arms = [(n, s) for n, s in arms if s.get("fused") is not False]
     if a.select:
         parts = [p.strip() for p in a.select.split(",") if p.strip()]
         arms = [(n, s) for n, s in arms if any(p in n for p in parts)]
+    if a.prefill:
+        return prefill_main(a, arms)
     bw = stream_bandwidth()
     runs: dict = {}
     for r in range(a.rounds):

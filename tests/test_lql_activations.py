@@ -27,8 +27,12 @@ def test_activations_is_a_named_setting_recorded_in_results(int8_container):
     q8 = s.execute_one("INFER 'The capital of France is' GENERATE 4")
     assert q8.activations == "q8" and "activations  q8" in q8.to_text(timing=False)
     assert "activations: q8" in s.execute_one("EXPLAIN").to_text()
-    # the prefill is the same (q8 changes decode-sized products only); the numbers of decode may differ
-    assert np.array_equal(exact.logits, q8.logits)
+    # q8 acts on the prompt's prefill too (integer tiles, vindex3.codecs.inttiles): its logits
+    # change by the activation quantization, and only by that much
+    assert q8.logits.shape == exact.logits.shape and np.isfinite(q8.logits).all()
+    assert not np.array_equal(exact.logits, q8.logits)
+    # measured on this fixture: max |difference| = 0.0076 of max |logit|; bound 0.05 (6x that)
+    assert np.abs(q8.logits - exact.logits).max() <= 0.05 * np.abs(exact.logits).max()
     assert any(r["name"] == "activations" and r["value"] == "q8" for r in s.execute_one("SHOW SETTINGS").to_records())
 
 

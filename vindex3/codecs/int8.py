@@ -66,14 +66,23 @@ class Int8Blocks(RowWeight):
 
 
 class Int8BlocksQ8(Int8Blocks):
-    """int8 blocks whose decode-sized products quantize the activation per block of 32 and sum
-    integer products (vindex3.codecs.intrinsics); tiles, gathers and dense() are unchanged."""
+    """int8 blocks whose products quantize the activation per block of 32 and sum integer
+    products (vindex3.codecs.intrinsics), at every T: a prefill's positions get the bytes each
+    would get alone (tests/test_int_prefill.py); mm_t, gathers and dense() are unchanged."""
 
     activations = "q8"
 
     def _rows(self, x, y):
         I = intdot()
         I.rows_kernel("i8", parallel=threads.parallel(self.q.nbytes))(self.q, self.s, x, y, I.ROWS_PER_TASK)
+
+    def _tiles(self, x, y):
+        # a prefill pass does T times a decode step's work: the pool's threshold (threads.parallel)
+        # is weighed against weight bytes x positions
+        from .inttiles import tiles_kernel
+
+        with threads.launch():
+            tiles_kernel("i8", parallel=threads.parallel(self.q.nbytes * x.shape[0]))(self.q, self.s, x, y, intdot().ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
         return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)

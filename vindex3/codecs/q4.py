@@ -66,8 +66,9 @@ class Q4Weight(RowWeight):
 
 
 class Q4WeightQ8(Q4Weight):
-    """q4 whose decode-sized products quantize the activation per block of 32 and sum integer
-    products of codes (vindex3.codecs.intrinsics); tiles, gathers and dense() are unchanged."""
+    """q4 whose products quantize the activation per block of 32 and sum integer products of
+    codes (vindex3.codecs.intrinsics), at every T: a prefill's positions get the bytes each
+    would get alone (tests/test_int_prefill.py); mm_t, gathers and dense() are unchanged."""
 
     activations = "q8"
 
@@ -75,6 +76,15 @@ class Q4WeightQ8(Q4Weight):
         I = intdot()
         I.rows_kernel("q4", parallel=threads.parallel(self.qs.nbytes))(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
                                                            I.ROWS_PER_TASK)
+
+    def _tiles(self, x, y):
+        # a prefill pass does T times a decode step's work: the pool's threshold (threads.parallel)
+        # is weighed against weight bytes x positions
+        from .inttiles import tiles_kernel
+
+        with threads.launch():
+            tiles_kernel("q4", parallel=threads.parallel(self.qs.nbytes * x.shape[0]))(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
+                                                                         intdot().ROWS_PER_TASK)
 
     def _sub(self, r0, r1, shape):
         return Q4WeightQ8(self.qs[r0:r1], self.d[r0:r1], self.m[r0:r1], shape)
