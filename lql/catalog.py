@@ -178,7 +178,7 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("threshold", FiniteFloat, 3.0, "DESCRIBE keeps features whose gate score exceeds this (3: a SiLU gate 95% open)",
                _number),
     SettingDoc("activations", Literal["exact", "q8"], "exact",
-               "int8 and q4 decode products: exact float32 activations, or q8 (per-block int8 activations and "
+               "int8 and q4 products, decode and prefill: exact float32 activations, or q8 (per-block int8 activations and "
                "integer dot products, as llama.cpp; faster, less faithful: docs/container.md)", _choice("exact", "q8")),
     SettingDoc("templates", str | None, None,
                "INSERT's relation -> prompt templates: a JSON file {relation: 'The {entity} is located in'} read at "
