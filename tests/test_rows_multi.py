@@ -238,10 +238,16 @@ def test_float_tiles_are_the_bytes_of_the_plain_path(tile, K):
         assert np.array_equal(got, _run("f32", "plain", w, x[:T])), T
 
 
+# a target without a vector integer path (NUMBA_CPU_NAME=generic) has no tile to compare: say so
+VECTOR_PATHS = [p for p in RUNNABLE if p != "plain"] or [pytest.param(
+    None, marks=pytest.mark.skip(reason="the compile target runs no vector integer path (only 'plain', "
+                                        "whose rows are compared with the documented order elsewhere)"))]
+
+
 @pytest.mark.parametrize("tile", TILES, ids=["rule", "r3g3", "r1g8"])
 @pytest.mark.parametrize("kind", ["i8", "q4"])
 @pytest.mark.parametrize("K", [96, 576])
-@pytest.mark.parametrize("path", [p for p in RUNNABLE if p != "plain"])
+@pytest.mark.parametrize("path", VECTOR_PATHS)
 def test_q8_tiles_are_the_bytes_of_the_plain_path(tile, kind, K, path):
     from vindex3.codecs.kernels import F16_TABLE
 
