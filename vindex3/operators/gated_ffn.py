@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ..codecs.base import products
 from ..errors import GraphSchemaError
-from ..exec.ops.norm import DECODE, SMALL_ROWS, decode_kernels
+from ..exec.ops.norm import DECODE, SMALL_ROWS, decode_kernels, prefill_kernels
 from .base import (
     ARRAY,
     FFN,
@@ -70,6 +70,9 @@ class _Bound(FeatureFfnKernel):
         if (DECODE.on and self.silu and g.ndim == 2 and g.shape[0] <= SMALL_ROWS and g.dtype == u.dtype == np.float32
                 and (k := DECODE.mod or decode_kernels())):
             return k.silu_mul(g, u)  # a decode-sized pass: one compiled call
+        if (self.silu and g.ndim == 2 and g.shape[0] > SMALL_ROWS and g.dtype == u.dtype == np.float32
+                and (k := prefill_kernels()) is not None):
+            return k.silu_mul(g, u)  # a prefill-sized pass: rows split over the threads
         return self.act(g) * u
 
 

@@ -40,10 +40,34 @@ def decode_kernels():
     return DECODE.mod
 
 
+_prefill: list = []
+
+
+def prefill_kernels():
+    """vindex3.exec.ops.prefill_attend when its kernels are on (imported on first use: numba
+    costs resident memory a run that never makes a pass of more than SMALL_ROWS should not
+    pay), else None. They are made of the decode kernels and go off with them
+    (``VINDEX3_DECODE_KERNELS=0``), or alone (``VINDEX3_PREFILL_KERNELS=0``)."""
+    if not DECODE.on:
+        return None
+    if not _prefill:
+        from . import prefill_attend
+
+        _prefill.append(prefill_attend)
+    return _prefill[0] if _prefill[0].PREFILL.on else None
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: np.float32) -> np.ndarray:
     if (DECODE.on and x.ndim > 1 and x.shape[0] <= SMALL_ROWS and x.dtype == np.float32 and weight.dtype == np.float32
             and (k := DECODE.mod or decode_kernels()) is not None):
         # a decode-sized pass: one compiled call with numpy's own bytes (decode.rms_rows)
+        y, ok = k.rms_rows(x, weight, eps)
+        if not ok:
+            _finite(np.array([np.nan], np.float32))
+        return y
+    if (x.ndim > 1 and x.shape[0] > SMALL_ROWS and x.dtype == np.float32 and weight.dtype == np.float32
+            and (k := prefill_kernels()) is not None):
+        # a prefill-sized pass: rows split over the threads, numpy's own bytes (prefill_attend.rms_rows)
         y, ok = k.rms_rows(x, weight, eps)
         if not ok:
             _finite(np.array([np.nan], np.float32))

@@ -19,11 +19,9 @@ import numpy as np
 from ...codecs.base import products
 from . import rope as rope_mod
 from .gated_attention import gate_output
-from .norm import DECODE, SMALL_ROWS, decode_kernels, make_weight, rms_norm
+from .norm import DECODE, SMALL_ROWS, decode_kernels, make_weight, prefill_kernels, rms_norm
 
 QUERY_BLOCK = 128
-
-
 
 
 def make_attention(p, w: dict, tap=None):
@@ -74,6 +72,22 @@ def make_attention(p, w: dict, tap=None):
             tap("heads", p0, out)
         return out
 
+    def attend_large(pk, q, k, v, kv, p0: int, T: int, gate) -> np.ndarray:
+        # a prefill-sized pass: rope, the K/V write and attention in compiled calls split over
+        # the threads (vindex3.exec.ops.prefill_attend); the weights, when tapped, per block of
+        # QUERY_BLOCK queries as below, from the same call that computes the output
+        first = 0 if window is None else max(0, p0 - window + 1)
+        cos = sin = None
+        if table is not None:
+            cos, sin = table.rows(p0, T)
+        out = pk.attend(q, k, v, cos, sin, qscale, kv, first, p0, 0 if window is None else window, sscale,
+                        no_cap if cap is None else cap, flat_sinks, tap, QUERY_BLOCK)
+        if gated:
+            out = gate_output(out, gate)
+        if tap is not None:
+            tap("heads", p0, out)
+        return out
+
     def project(x: np.ndarray):
         """x [T, hidden] -> (q, k, v, gate): the projections with their biases, the gate split
         off, a whole-projection QK-norm and the clamp; each row from its own row of x alone."""
@@ -109,6 +123,8 @@ def make_attention(p, w: dict, tap=None):
             k = rms_norm(k, kn, qk_eps)
         if DECODE.on and T <= SMALL_ROWS and (dk := DECODE.mod or decode_kernels()) is not None:
             return attend_small(dk, q, k, v, kv, p0, T, gate if gated else None)
+        if T > SMALL_ROWS and (pk := prefill_kernels()) is not None:
+            return attend_large(pk, q, k, v, kv, p0, T, gate if gated else None)
         if table is not None:
             cos, sin = table.rows(p0, T)
             q = rope_mod.apply(q, cos, sin)
