@@ -408,8 +408,6 @@ def _decode(cat, g: Generation, st, ts: TextStream, stop_ids: set[int], k: int |
     calls = generate_step(st, g.ids, sampler=Sampler(g.temperature, g.top_p, g.seed), max_tokens=g.max_tokens,
                           stop_ids=stop_ids, logits=k is not None, prompt_logits=g.echo is not None and k is not None)
     record = next(calls)
-    if record.token is None:  # nothing to generate (max_tokens 0): the prefill was the last model work
-        st.finished = True
     if g.echo is not None:
         ev: dict[str, Any] = {"delta": g.echo}
         if k is not None:
@@ -430,12 +428,10 @@ def _decode(cat, g: Generation, st, ts: TextStream, stop_ids: set[int], k: int |
             ev["logprobs"] = [logprob_entry(record.logits, tok, k, cat.token_text)]
         if hit:
             finish = "stop"
-            st.finished = True  # what is left (the last event) runs no model step
             yield ev
             break
         # generate_step feeds a pick back unless it stopped or was the max_tokens-th
         st.wants = tok if produced < g.max_tokens else None
-        st.finished = st.wants is None
         yield ev
         record = next(calls, None)
     out["produced"], out["finish"] = produced, finish

@@ -17,13 +17,6 @@ token it will feed (``wants``) is computed in one batched pass per executor
 the round then advances every generation, whose own step picks up its row. Prefills, the
 first step of a generation and anything a lone stream is left to do run as before.
 
-What keeps a request's own wait short (every round a stream sits out is a row missing from the
-passes): work that arrived during a round's batched pass is taken right after it (a call, such
-as a request's binding, runs; a new generation takes its first step, its prefill, in that same
-round and joins the next pass), and a generation whose stream says it is ``finished`` (it feeds
-no more tokens) has what is left of it (its last event, its end) taken in the same round, so its
-request ends, and its client can send the next, without waiting out two more batched passes.
-
 Work arrives from the event loop through a queue; results go back through futures (calls) or
 an ``emit`` callback the event loop gave (generations), which must be thread-safe."""
 
@@ -83,10 +76,6 @@ class _Gen:
 
 _STOP = object()
 
-#: The most steps a round takes of a generation whose stream is finished (its last event, then
-#: its end: two in `lql.server.completions.run`), after the step that finished it.
-_TAIL_STEPS = 4
-
 
 class ModelWorker:
     def __init__(self, name: str):
@@ -101,13 +90,6 @@ class ModelWorker:
         # seconds the thread spent on each kind of work (/metrics): batched passes, generation
         # steps (prefills, lone steps and picking up a batched row) and one-shot calls
         self.seconds: dict[str, float] = {"batched": 0.0, "steps": 0.0, "calls": 0.0}
-        # the steps' seconds split by what the step found: a row a batched pass computed for it
-        # ("picked": sampling, detokenising, emitting), or nothing ("alone": a prefill or a lone
-        # step, computed in the step); and the seconds the thread waited for work ("idle")
-        self.detail: dict[str, float] = {"picked": 0.0, "alone": 0.0, "idle": 0.0}
-        # generations admitted between a round's batched pass and its steps, and generations
-        # whose end was taken in the round of their last token (see _run)
-        self.counts: dict[str, int] = {"admitted_in_round": 0, "ended_in_round": 0}
 
     def start(self) -> None:
         """Start the thread (idempotent; called by the server's lifespan, or on first use)."""
@@ -147,66 +129,36 @@ class ModelWorker:
 
     def _run(self) -> None:
         while True:
-            if not self._admit(block=not self._active):
-                return
+            try:
+                item = self._q.get(block=not self._active)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                if item is _STOP:
+                    for job in self._active:
+                        self._finish(job, Stopped("shutdown"))
+                    self._active.clear()
+                    return
+                if isinstance(item, _Call):
+                    t0 = time.perf_counter()
+                    self._run_call(item)
+                    self.seconds["calls"] += time.perf_counter() - t0
+                else:
+                    self._generations += 1
+                    self._active.append(item)
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    item = None
             t0 = time.perf_counter()
             self._prefetch()
-            self.seconds["batched"] += time.perf_counter() - t0
-            # what arrived during the pass is taken now, not after the round: a call runs (a
-            # request's binding, which its generation waits for) and a new generation takes its
-            # first step (its prefill) in this round, so that it joins the next round's pass
-            before = self._generations
-            if not self._admit(block=False):
-                return
-            self.counts["admitted_in_round"] += self._generations - before
             t1 = time.perf_counter()
             for _ in range(len(self._active)):
                 job = self._active.popleft()
-                picked = bool(getattr(job.stream, "ready", False))
-                s0 = time.perf_counter()
-                alive = self._step(job)
-                self.detail["picked" if picked else "alone"] += time.perf_counter() - s0
-                # a generation whose stream is finished runs no model step any more: what is left
-                # (its last event, its end) is taken now, so that its request ends in this round
-                # instead of two rounds (two batched passes) later, and its client sends the next
-                tail = 0
-                while alive and getattr(job.stream, "finished", False) and tail < _TAIL_STEPS:
-                    alive = self._step(job)
-                    tail += 1
-                if tail and not alive:
-                    self.counts["ended_in_round"] += 1
-                if alive:
+                if self._step(job):
                     self._active.append(job)
+            self.seconds["batched"] += t1 - t0
             self.seconds["steps"] += time.perf_counter() - t1
-
-    def _admit(self, block: bool) -> bool:
-        """Take the work waiting in the queue (waiting for some when ``block``): run the calls,
-        admit the generations. False when the worker is told to stop (every generation ended)."""
-        t0 = time.perf_counter()
-        try:
-            item = self._q.get(block=block)
-        except queue.Empty:
-            item = None
-        if block:
-            self.detail["idle"] += time.perf_counter() - t0
-        while item is not None:
-            if item is _STOP:
-                for job in self._active:
-                    self._finish(job, Stopped("shutdown"))
-                self._active.clear()
-                return False
-            if isinstance(item, _Call):
-                t0 = time.perf_counter()
-                self._run_call(item)
-                self.seconds["calls"] += time.perf_counter() - t0
-            else:
-                self._generations += 1
-                self._active.append(item)
-            try:
-                item = self._q.get_nowait()
-            except queue.Empty:
-                item = None
-        return True
 
     def _prefetch(self) -> None:
         """The wanted next steps of the active generations, batched (nothing for fewer than two:

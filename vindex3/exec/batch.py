@@ -269,16 +269,12 @@ class Prefetched:
     (`prefetch`): ``wants`` is the token its decode loop will feed next (set by the loop's
     driver, who knows it), None when unknown. ``step(token)`` returns the stored row when it was
     computed for that token, and runs the stream's own step otherwise; a stored row for another
-    token is refused (the stream's state has already moved past it). ``finished``: set by the
-    driver when the loop will feed no more tokens (and by ``close``). Everything else is the
+    token is refused (the stream's state has already moved past it). Everything else is the
     stream's."""
 
     def __init__(self, stream: Stream):
         self.stream = stream
         self.wants: int | None = None
-        # set by the loop's driver when the loop feeds no more tokens: what is left of it runs
-        # no model step (a scheduler may take it at once)
-        self.finished = False
         self._ready: tuple[int, np.ndarray | BaseException] | None = None
 
     @property
@@ -301,7 +297,7 @@ class Prefetched:
         """Let the stream go: a pending row is dropped, and the executor, which keeps the stream
         that ran last (for ``ex.trace``), forgets it if it is this one, so that its state (KV
         rows) is freed as soon as the caller drops it."""
-        self._ready, self.wants, self.finished = None, None, True
+        self._ready, self.wants = None, None
         if getattr(self.stream.ex, "_last", None) is self.stream:
             self.stream.ex._last = None
 
