@@ -37,28 +37,35 @@ UNBATCHED = ("import sys; import lql.server.worker as w; w.ModelWorker._prefetch
 BATCHED = "import sys; from lql.server.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-def start_server(code: str, container: Path, clients: int) -> tuple[subprocess.Popen, str]:
+def start_server(code: str, container: Path, clients: int, root: Path = ROOT) -> tuple[subprocess.Popen, str]:
+    """``lql serve`` on a free loopback port, running the code under ``root`` (this checkout, or
+    another one's copy for a before/after comparison)."""
     port = free_port()
     cmd = [sys.executable, "-c", code, str(container), "--host", "127.0.0.1", "--port", str(port),
            "--max-concurrent", str(clients), "--max-queue", str(clients), "--time-limit", "600", "--log-level", "warning"]
-    proc = start(cmd, {**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = start(cmd, {**os.environ, "PYTHONPATH": str(root)})
     url = f"http://127.0.0.1:{port}"
     wait_up(proc, url + "/health", what="lql serve")
     return proc, url
 
 
 async def one_client(k: int, url: str, model: str, requests: int, max_tokens: int, answers: dict[str, str],
-                     records: list[dict]) -> None:
+                     records: list[dict], c=None) -> None:
+    """Client k's requests, one after another, over ``c`` (an httpx.AsyncClient; a new one,
+    closed at the end, when None)."""
     import httpx
 
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as c:
-        for r_i in range(requests):
-            prompt = PROMPTS[(k + r_i * 3) % len(PROMPTS)]
-            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                    "stream_options": {"include_usage": True}}
-            got = await stream_completion(c, url, body)
-            records.append({"client": k, "prompt": prompt, "status": got["status"], "matches": got["text"] == answers[prompt],
-                            "tokens": (got["usage"] or {}).get("completion_tokens", 0)})
+    if c is None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as own:
+            await one_client(k, url, model, requests, max_tokens, answers, records, own)
+        return
+    for r_i in range(requests):
+        prompt = PROMPTS[(k + r_i * 3) % len(PROMPTS)]
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True}}
+        got = await stream_completion(c, url, body)
+        records.append({"client": k, "prompt": prompt, "status": got["status"], "matches": got["text"] == answers[prompt],
+                        "tokens": (got["usage"] or {}).get("completion_tokens", 0)})
 
 
 def warm_up(url: str, model: str) -> None:
@@ -82,19 +89,33 @@ def run_arm(url: str, model: str, clients: int, requests: int, max_tokens: int, 
     before = httpx.get(url + "/metrics", timeout=10).text
     records: list[dict] = []
     load0 = os.getloadavg()[0]
-    t0 = time.monotonic()
+    clock: dict[str, float] = {}
 
     async def all_clients() -> None:
-        await asyncio.wait_for(asyncio.gather(*(one_client(k, url, model, requests, max_tokens, answers, records)
-                                                for k in range(clients))), timeout=900)
+        # the clients are made before the clock starts: an httpx client loads its TLS context
+        # when made (~20 ms each here), which is the client library's cost, not the server's, and
+        # would weigh 8 times as much on the 8-client arm as on the 1-client arm
+        clock["made"] = time.monotonic()
+        cs = [httpx.AsyncClient(timeout=httpx.Timeout(300.0)) for _ in range(clients)]
+        try:
+            clock["t0"] = time.monotonic()
+            await asyncio.wait_for(asyncio.gather(*(one_client(k, url, model, requests, max_tokens, answers, records, c)
+                                                    for k, c in enumerate(cs))), timeout=900)
+            clock["t1"] = time.monotonic()
+        finally:
+            for c in cs:
+                await c.aclose()
 
     asyncio.run(all_clients())
-    wall = time.monotonic() - t0
+    wall = clock["t1"] - clock["t0"]
     after = httpx.get(url + "/metrics", timeout=10).text
     tokens = sum(r["tokens"] for r in records)
     return {"clients": clients, "requests": len(records), "failed": sum(r["status"] != 200 for r in records),
             "mismatched": sum(not r["matches"] for r in records), "tokens": tokens, "wall_seconds": wall,
-            "tokens_per_second": tokens / wall, "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
+            "tokens_per_second": tokens / wall,
+            # the clock as it was before (the clients made inside it): what making them cost
+            "client_setup_seconds": clock["t0"] - clock["made"],
+            "tokens_per_second_with_client_setup": tokens / (clock["t1"] - clock["made"]), "loadavg_before": load0, "loadavg_after": os.getloadavg()[0],
             "batched_passes": _batches(after, before), "worker_seconds": _busy(after, before)}
 
 
@@ -137,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--container", help="default: the default model (SmolLM2-135M-Instruct)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "server_batch.json"))
+    ap.add_argument("--server-code", help="the checkout whose code the servers run (default: this one); e.g. a copy "
+                    "of a base commit, to compare before and after under the same clients")
+    ap.add_argument("--no-unbatched", action="store_true", help="run the batched server only")
     args = ap.parse_args(argv)
     counts = [int(c) for c in args.clients.split(",")]
     if any(c < 1 or c > 16 for c in counts) or not 1 <= args.requests <= 8 or not 1 <= args.repeats <= 4:
@@ -155,8 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     servers = {}
     arms: list[dict] = []
     try:
-        for name, code in (("batched", BATCHED), ("unbatched", UNBATCHED)):
-            servers[name] = start_server(code, container, max(counts))
+        root = Path(args.server_code).resolve() if args.server_code else ROOT
+        for name, code in (("batched", BATCHED), ("unbatched", UNBATCHED))[:1 if args.no_unbatched else 2]:
+            servers[name] = start_server(code, container, max(counts), root)
             warm_up(servers[name][1], model)
         for rep in range(args.repeats):
             for name, (_proc, url) in servers.items():
@@ -175,26 +200,36 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.machine import facts
 
-    def rate(server: str, c: int) -> float:
-        xs = [a["tokens_per_second"] for a in arms if a["server"] == server and a["clients"] == c]
+    def rate(server: str, c: int, key: str = "tokens_per_second") -> float:
+        xs = [a[key] for a in arms if a["server"] == server and a["clients"] == c]
         return sum(xs) / len(xs)
 
     summary: dict = {}
     for name in servers:
         one = rate(name, counts[0])
-        summary[name] = {str(c): {"tokens_per_second": rate(name, c), "over_one_client": rate(name, c) / one}
+        old = rate(name, counts[0], "tokens_per_second_with_client_setup")
+        summary[name] = {str(c): {"tokens_per_second": rate(name, c), "over_one_client": rate(name, c) / one,
+                                  "over_one_client_with_client_setup":
+                                      rate(name, c, "tokens_per_second_with_client_setup") / old}
                          for c in counts}
-    summary["batched_over_unbatched"] = {str(c): rate("batched", c) / rate("unbatched", c) for c in counts}
+    if "unbatched" in servers:
+        summary["batched_over_unbatched"] = {str(c): rate("batched", c) / rate("unbatched", c) for c in counts}
     report = {"bench": "server_batch", "model": model, "clients": counts, "requests_per_client": args.requests,
-              "max_tokens": args.max_tokens, "repeats": args.repeats, "summary": summary, "arms": arms,
+              "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "server_code": "this checkout" if not args.server_code else "another checkout (--server-code)",
+              "clock": "from the clients' first request to their last answer (clients made before)",
+              "summary": summary, "arms": arms,
               "failed": sum(a["failed"] for a in arms), "mismatched": sum(a["mismatched"] for a in arms),
               "machine": facts(threads=int(os.environ.get("VINDEX3_DECODE_THREADS", "1")))}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     for name in servers:
         print(f"{name}: " + ", ".join(f"{c} clients {summary[name][str(c)]['tokens_per_second']:.1f} tok/s "
-                                      f"({summary[name][str(c)]['over_one_client']:.2f}x one)" for c in counts))
-    print("batched / unbatched: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in summary["batched_over_unbatched"].items()))
+                                      f"({summary[name][str(c)]['over_one_client']:.2f}x one; with the clients' setup "
+                                      f"{summary[name][str(c)]['over_one_client_with_client_setup']:.2f}x)"
+                                      for c in counts))
+    if "unbatched" in servers:
+        print("batched / unbatched: " + ", ".join(f"{c} clients {v:.2f}x" for c, v in summary["batched_over_unbatched"].items()))
     print(f"failed {report['failed']}, mismatched {report['mismatched']}; load average {os.getloadavg()[0]:.1f} "
           f"on {os.cpu_count()} cores; wrote {args.out}")
     return 0 if report["failed"] == 0 and report["mismatched"] == 0 else 1
