@@ -272,6 +272,8 @@ def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
         "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
         "llama_cpp_python": _llama_version(), "prefill_tokens": PREFILL_T,
         "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
+        "omp_wait_policy": {"ours": USER_OMP_WAIT or "PASSIVE (vindex3.codecs.threads default)",
+                            "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)"},
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "runs": runs,
     }
@@ -388,6 +390,8 @@ def main() -> int:
         "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
         "llama_cpp_python": _llama_version(),
         "decode_steps": a.steps, "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
+        "omp_wait_policy": {"ours": USER_OMP_WAIT or "PASSIVE (vindex3.codecs.threads default)",
+                            "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)"},
         "stream_bandwidth_bytes_per_s": bw,
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "runs": runs,

@@ -18,6 +18,16 @@ def blas_identity() -> str:
         return f"unknown ({type(e).__name__})"
 
 
+def blas_kernel() -> str | None:
+    """The core type OpenBLAS chose (threadpoolctl's 'architecture'), or None."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        return next((i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"), None)
+    except Exception:  # noqa: BLE001  (no threadpoolctl, or an unknown library: not known)
+        return None
+
+
 def facts(threads: int | None = None) -> dict:
     import numpy as np
 
@@ -29,6 +39,10 @@ def facts(threads: int | None = None) -> dict:
         "numpy": np.__version__,
         "blas": blas_identity(),
         "threads": threads,
+        # which kernel OpenBLAS runs, and the variables that choose it (some machines set
+        # OPENBLAS_CORETYPE for old OpenBLAS builds; a current one is slower under it)
+        "blas_kernel": blas_kernel(),
+        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
     }
     try:
         import torch

@@ -34,6 +34,16 @@
   minutes). So this module sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment already
   says otherwise (``ACTIVE`` restores spinning for a machine kept to oneself); it must be set
   before numba first loads its threading layer, which importing this module precedes.
+  Measured again on an AMD Zen 5 two-core machine (bench/thread_wait_policy.py,
+  results/thread_wait_policy.json; SmolLM2 decode, tokens/s, 2 interleaved rounds). Quiet (load
+  1.6-2.2): f32 67-68 at one thread, 60-63 at two sleeping, 91-92 at two spinning (``ACTIVE``);
+  int8 q8 217-229 at one, 184-193 sleeping, 227-243 spinning. With two busy loops beside it
+  (load 1.7-3.9, rising as they ran): f32 41-51 at one, 50-54 sleeping, 26-30 spinning; int8
+  q8 140-168 at one, 153-209 sleeping, 98-116 spinning; a bounded spin (``GOMP_SPINCOUNT=20000``) fell between and
+  once to 31. Sleeping workers cost two threads their gain on a quiet machine and spinning ones
+  cost more than that on a busy one, so the default stays ``PASSIVE``, and
+  ``OMP_WAIT_POLICY=ACTIVE`` is the setting for two threads on a machine kept to oneself
+  (docs/container.md).
 
 This module never imports numba itself: `launch()` is entered by code that is about to call a
 kernel, which has imported numba already.
