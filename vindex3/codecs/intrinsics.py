@@ -343,6 +343,18 @@ def _scale16(builder, s0, s1):
     return _shuffle(builder, v, v, [0] * 8 + [1] * 8)
 
 
+def _pair(builder, ptr, blk):
+    """<2 x float>: the float32 values of blocks ``blk`` and ``blk + 1`` at typed pointer ``ptr``."""
+    return _load(builder, builder.bitcast(ptr, _i8.as_pointer()), builder.shl(blk, ir.Constant(blk.type, 2)),
+                 _vec(_f32, 2))
+
+
+def _acc_pair(builder, acc, lanes, s2):
+    """acc (a pointer to <16 x float>) += float(lanes) x (s2[0] on lanes 0-7, s2[1] on 8-15)."""
+    prod = builder.fmul(builder.sitofp(lanes, _vec(_f32, 16)), _shuffle(builder, s2, s2, [0] * 8 + [1] * 8))
+    builder.store(builder.fadd(builder.load(acc), prod), acc)
+
+
 def _tree16(builder, acc):
     a, b = _split(builder, acc, 8)
     v8 = builder.fadd(a, b)
@@ -426,20 +438,15 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                             sw1 = [builder.load(builder.gep(psw, [b1])) if n == 64 else None for psw in psws]
                             pair = n == 64 and SCALE_LANES
                             if pair:  # a chunk's two scales as <2 x float>: the same products, in lanes
-                                sw2 = [_load(builder, builder.bitcast(psw, _i8.as_pointer()), builder.shl(blk, c(2)),
-                                             _vec(_f32, 2)) for psw in psws]
+                                sw2 = [_pair(builder, psw, blk) for psw in psws]
                             for j, t in enumerate(ts):
                                 x = _load(builder, pxq[t], off, _vec(_i8, n))
                                 cc = _load(builder, pxc[t], builder.ashr(off, c(2)), _vec(_i32, n // 4))
                                 if pair:
-                                    xd2 = _load(builder, builder.bitcast(pxd[t], _i8.as_pointer()), builder.shl(blk, c(2)),
-                                                _vec(_f32, 2))
+                                    xd2 = _pair(builder, pxd[t], blk)
                                     for r in range(R):
                                         lanes = _lanes(builder, path, ws[r], x, cc, True, n)
-                                        s2 = builder.fmul(sw2[r], xd2)
-                                        f = builder.sitofp(lanes, _vec(_f32, 16))
-                                        prod = builder.fmul(f, _shuffle(builder, s2, s2, [0] * 8 + [1] * 8))
-                                        builder.store(builder.fadd(builder.load(acc[r][j]), prod), acc[r][j])
+                                        _acc_pair(builder, acc[r][j], lanes, builder.fmul(sw2[r], xd2))
                                     continue
                                 xd0 = builder.load(builder.gep(pxd[t], [blk]))
                                 xd1 = builder.load(builder.gep(pxd[t], [b1])) if n == 64 else None
@@ -563,10 +570,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                             for j, t in enumerate(ts):
                                 x = _load(builder, pxq[t], builder.shl(qoff, c(1)), _vec(_i8, n))
                                 if pair:
-                                    xs2 = _load(builder, builder.bitcast(pxs[t], _i8.as_pointer()), builder.shl(blk, c(2)),
-                                                _vec(_f32, 2))
-                                    xd2 = _load(builder, builder.bitcast(pxd[t], _i8.as_pointer()), builder.shl(blk, c(2)),
-                                                _vec(_f32, 2))
+                                    xs2, xd2 = _pair(builder, pxs[t], blk), _pair(builder, pxd[t], blk)
                                     for r in range(R):
                                         lanes = _lanes(builder, path, ws[r], x, None, False, n)
                                         d2, m2 = dms[r]
@@ -575,10 +579,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                                         mtv = builder.fadd(mtv, builder.extract_element(terms, ir.Constant(_i32, 0)))
                                         mtv = builder.fadd(mtv, builder.extract_element(terms, ir.Constant(_i32, 1)))
                                         builder.store(mtv, mt[r][j])
-                                        s2 = builder.fmul(d2, xd2)
-                                        f = builder.sitofp(lanes, _vec(_f32, 16))
-                                        prod = builder.fmul(f, _shuffle(builder, s2, s2, [0] * 8 + [1] * 8))
-                                        builder.store(builder.fadd(builder.load(acc[r][j]), prod), acc[r][j])
+                                        _acc_pair(builder, acc[r][j], lanes, builder.fmul(d2, xd2))
                                     continue
                                 xss = [builder.load(builder.gep(pxs[t], [b])) for b in blks]
                                 xds = [builder.load(builder.gep(pxd[t], [b])) for b in blks]
