@@ -64,6 +64,18 @@ def facts(threads: int | None = None) -> dict:
     return d
 
 
+def child_json(cmd: list[str], env: dict, what: str, timeout: float = 1800) -> dict:
+    """Run one bench arm in its own process and return the JSON object its last stdout line
+    holds; a failed arm stops the bench with its name and the end of its stderr."""
+    import json
+    import subprocess
+
+    p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env)
+    if p.returncode:
+        raise SystemExit(f"arm {what} failed:\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def pin_threads(n: int) -> None:
     """Same thread count for both arms; must run before numpy/torch are imported."""
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from machine import facts, pin_threads
+from machine import child_json, facts, pin_threads
 
 PREFILL_T = 512
 KINDS = ("projections", "attention", "rope", "norms", "silu_gating", "lm_head", "rest_of_layers", "embed_other")
@@ -170,12 +169,8 @@ def main() -> int:
                 spec = {"path": paths[enc], "activations": act}
                 env = dict(os.environ, VINDEX3_DECODE_THREADS=str(th), PYTHONPATH=str(HERE.parent),
                            VINDEX3_PREFILL_KERNELS="0" if rest == ["numpy"] else "1")
-                p = subprocess.run([sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(th),
-                                    "--repeats", str(a.repeats)], check=False, capture_output=True, text=True, env=env,
-                                   timeout=1800)
-                if p.returncode:
-                    raise SystemExit(f"arm {name} t={th} failed:\n{p.stderr[-3000:]}")
-                res = json.loads(p.stdout.strip().splitlines()[-1])
+                res = child_json([sys.executable, __file__, "--arm", json.dumps(spec), "--arm-threads", str(th),
+                                  "--repeats", str(a.repeats)], env, f"{name} t={th}")
                 res["loadavg"] = os.getloadavg()[0]
                 runs.setdefault(name, {}).setdefault(f"threads_{th}", []).append(res)
                 sp = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in res["split_s"].items())

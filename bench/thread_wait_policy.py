@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from machine import facts
+from machine import child_json, facts
 
 # name -> (decode threads, environment); PASSIVE at one thread too (no parallel region runs)
 VARIANTS = {
@@ -42,10 +42,7 @@ def run_arm(path: str, activations: str, threads: int, extra: dict) -> dict:
     spec = {"kind": "ours", "path": path, "activations": activations}
     cmd = [sys.executable, str(HERE / "intdot_vs_llamacpp.py"), "--arm", json.dumps(spec), "--arm-threads",
            str(threads), "--steps", "32", "--repeats", "2"]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, check=False)
-    if p.returncode:
-        raise SystemExit(f"arm {spec} failed:\n{p.stderr[-3000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return child_json(cmd, env, f"{spec} t={threads}", timeout=900)
 
 
 def main() -> int:
