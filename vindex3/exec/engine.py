@@ -314,7 +314,10 @@ class Executor:
     def __init__(self, plan: OpPlan, source: TensorSource, sl: ExecutionSlice, intervention: Intervention | None = None,
                  *, max_positions: int | None = None, activations: str = "exact"):
         from ..limits import context_limit
+        from ..switches import check_all
 
+        check_all()  # a bad switch value is named before any work, whichever paths this model takes
+        codecs.threads.count()  # and so is a bad VINDEX3_DECODE_THREADS
         # how products treat activations ('exact' | 'q8', vindex3.codecs.base.ACTIVATIONS):
         # a choice of the run, recorded in every trace and record it writes
         self.activations = codecs.check_activations(activations)

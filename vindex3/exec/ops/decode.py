@@ -26,12 +26,12 @@ process, `set_enabled` in one (tests and bench/decode_step.py run both paths).
 from __future__ import annotations
 
 import math
-import os
 
 import numba
 import numpy as np
 
 from ...codecs import threads
+from ...switches import set_switch
 from .norm import DECODE
 
 F32 = np.float32
@@ -45,7 +45,7 @@ def enabled() -> bool:
 
 def set_enabled(flag: bool | None) -> None:
     """Turn the kernels on or off for this process (None: read ``VINDEX3_DECODE_KERNELS`` again)."""
-    DECODE.on = (os.environ.get("VINDEX3_DECODE_KERNELS", "1") != "0") if flag is None else bool(flag)
+    set_switch(DECODE, "on", flag)
 
 
 _JIT = {"cache": True, "error_model": "numpy", "nogil": True}

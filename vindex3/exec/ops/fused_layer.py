@@ -36,11 +36,11 @@ imported when a fused layer first runs, not before.
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 
 from ...codecs import threads
+from ...switches import EnvSwitch, set_switch
 from .norm import DECODE, make_weight
 
 F32 = np.float32
@@ -48,7 +48,7 @@ ROWS = 8  # positions per pass up to which layers fuse (vindex3.exec.ops.decode.
 
 
 class _Switch:
-    on = os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0"
+    on = EnvSwitch("VINDEX3_FUSED_LAYERS")
 
 
 FUSED = _Switch()
@@ -61,7 +61,7 @@ def enabled() -> bool:
 def set_enabled(flag: bool | None) -> None:
     """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again;
     off only when it is ``0``)."""
-    FUSED.on = (os.environ.get("VINDEX3_FUSED_LAYERS", "1") != "0") if flag is None else bool(flag)
+    set_switch(FUSED, "on", flag)
 
 
 # --------------------------------------------------------------------------------------------

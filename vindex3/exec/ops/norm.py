@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
+
+from ...switches import EnvSwitch
 
 
 def make_weight(weight: np.ndarray, offset: float) -> np.ndarray:
@@ -22,7 +22,7 @@ class _Switch:
     `set_enabled` sets ``on``), and that module once imported (numba costs resident memory a
     run that never decodes should not pay). Plain attributes: the hot path makes no call to ask."""
 
-    on = os.environ.get("VINDEX3_DECODE_KERNELS", "1") != "0"
+    on = EnvSwitch("VINDEX3_DECODE_KERNELS")
     mod = None
 
 

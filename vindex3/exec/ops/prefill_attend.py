@@ -24,13 +24,13 @@ FMA contraction, as the decode kernels."""
 from __future__ import annotations
 
 import math
-import os
 
 import numba
 import numpy as np
 from numba import prange
 
 from ...codecs import threads
+from ...switches import EnvSwitch, set_switch
 from .decode import _exp, _exp_poly, _rms_rows, _rotate, pairwise
 
 F32 = np.float32
@@ -40,7 +40,7 @@ TASK_ROWS = (
 
 
 class _Switch:
-    on = os.environ.get("VINDEX3_PREFILL_KERNELS", "1") != "0"
+    on = EnvSwitch("VINDEX3_PREFILL_KERNELS")
 
 
 PREFILL = _Switch()
@@ -52,9 +52,7 @@ def enabled() -> bool:
 
 def set_enabled(flag: bool | None) -> None:
     """Turn the kernels on or off for this process (None: read ``VINDEX3_PREFILL_KERNELS`` again)."""
-    PREFILL.on = (
-        (os.environ.get("VINDEX3_PREFILL_KERNELS", "1") != "0") if flag is None else bool(flag)
-    )
+    set_switch(PREFILL, "on", flag)
 
 
 _JIT = {"cache": True, "error_model": "numpy", "nogil": True}

@@ -1,0 +1,69 @@
+"""Process switches read from the environment: the compiled fast paths a process may turn off
+(``VINDEX3_DECODE_KERNELS``, ``VINDEX3_PREFILL_KERNELS``, ``VINDEX3_FUSED_LAYERS``).
+
+A switch is ``1`` (on) or ``0`` (off); unset or empty leaves it on. Any other value is refused by
+name (`ConfigError`) rather than guessed at. The variable is read at first use, not at import, so
+a bad value surfaces as the error of the statement or call that first needs the path, which every
+front end reports as a message, never as an import-time traceback.
+
+    class _Switch:
+        on = EnvSwitch("VINDEX3_FUSED_LAYERS")
+
+After the first read ``on`` is a plain instance attribute (the descriptor has no ``__set__``, so
+the instance's own value shadows it): the hot paths that test ``FUSED.on`` pay nothing for this.
+``set_switch(obj, "on", None)`` forgets the value so the next use reads the environment again;
+`check_all` reads every switch up front.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import ConfigError
+
+ON, OFF = "1", "0"
+NAMES = ("VINDEX3_DECODE_KERNELS", "VINDEX3_PREFILL_KERNELS", "VINDEX3_FUSED_LAYERS")
+
+
+def read_switch(name: str) -> bool:
+    """The switch ``name`` from the environment: True when unset, empty or ``1``, False when ``0``;
+    anything else refused by name."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() in ("", ON):
+        return True
+    if raw.strip() == OFF:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a switch value: set it to 0 (off) or 1 (on), or leave it unset (on)")
+
+
+def check_all() -> None:
+    """Refuse a bad value of any switch now (an executor calls this when it is built, so a bad
+    value is named even by a run whose model never reaches the path it turns off)."""
+    for name in NAMES:
+        read_switch(name)
+
+
+class EnvSwitch:
+    """A class attribute whose value, per instance, is `read_switch(env)` at first access."""
+
+    def __init__(self, env: str):
+        self.env = env
+        self.attr = ""
+
+    def __set_name__(self, owner, attr: str) -> None:
+        self.attr = attr
+
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        value = read_switch(self.env)
+        obj.__dict__[self.attr] = value
+        return value
+
+
+def set_switch(obj, attr: str, flag: bool | None) -> None:
+    """Set ``obj.attr`` to ``flag``, or with None forget it so the environment is read again."""
+    if flag is None:
+        obj.__dict__.pop(attr, None)
+    else:
+        obj.__dict__[attr] = bool(flag)
