@@ -217,6 +217,35 @@ def test_the_vector_kernels_prefetch_the_weight_stream_and_the_plain_ones_do_not
         assert ("llvm.prefetch" in a) == ("llvm.prefetch" in b) == (path != "plain"), path
 
 
+def test_a_cpus_own_prefetch_entry_applies_to_its_kind_and_positions_only(monkeypatch):
+    """PREFETCH_BY_CPU overrides PREFETCH for the named CPU, kind and position count, and for
+    nothing else; the compile target's name is NUMBA_CPU_NAME's when that is set."""
+    from numba.core import config
+
+    assert I.prefetch_distance("f32", 1, cpu="znver4") == 0
+    assert I.prefetch_distance("f32", 8, cpu="znver4") == I.PREFETCH["f32"]
+    assert I.prefetch_distance("i8", 1, cpu="znver4") == I.PREFETCH["i8"]
+    for kind in I.PREFETCH:
+        assert I.prefetch_distance(kind, 1, cpu="a-cpu-with-no-entry") == I.PREFETCH[kind]
+    monkeypatch.setattr(config, "CPU_NAME", "haswell")
+    assert I.target_cpu() == "haswell"
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_a_kernel_without_prefetch_gives_the_same_bytes(T):
+    """Prefetch moves when bytes arrive, never a value: the f32 kernel built with no prefetch at
+    all (what PREFETCH_BY_CPU gives Zen 4's f32 at one position) equals the default's bytes."""
+    L, PT = I.FLOAT_GEOMETRY["f32"]
+    w, _ = _float_weight("f32", 37, 576)
+    x = rng.standard_normal((T, 576)).astype(F32)
+    got = {}
+    for pf in (None, 0):
+        y = np.empty((T, 37), F32)
+        I._make_rows_float(I._make_float_dots("f32", L, PT, pf=pf), PT, False)(w, x, y, I.ROWS_PER_TASK)
+        got[pf] = y
+    assert np.array_equal(got[None], got[0])
+
+
 # -- register tiles: two weight rows side by side, positions in groups (intrinsics._tile) --------
 # The module's rule and two forced tiles (rows 3 with groups of 3 leaves remainders of rows and
 # of positions; rows 1 with one group of 8 is the walk the kernels had before tiles), against

@@ -115,6 +115,34 @@ _FORCE_ENV = "VINDEX3_INTDOT_PATH"  # tests and benches force a path by name
 # 1.16x, T=1 within the noise (it is near the memory bound).
 SCALE_LANES = True
 PREFETCH = {"f32": 4096, "bf16": 8192, "i8": 8192, "q4": 4096}
+# Where a CPU's own measurement (bench/prefetch_distance.py on that CPU, quiet) shows a default
+# above losing, its entry by the CPU name LLVM gives the compile target: (kind, positions) ->
+# bytes. AMD Zen 4 (znver4, load 0.8-1.1, results/prefetch_distance_zen4*.json, CPU ms per call):
+# at one position the float rows stream faster with no software prefetch at all (f32 49152x576
+# 3.57 against 4.9 at every distance 2-16 KB, 32000x2048 8.2 against 11.0; bf16 49152x576 1.72
+# against 2.45-2.49, 32000x2048 4.56 against 7.9-8.5), while at 8 positions prefetch still gains
+# (f32 49152x576 13.2 -> 11.1, bf16 7.95 -> 6.7) and i8 and q4 gain at both (q4 32000x2048 T=1
+# 2.70 -> 2.24). A whole f32 SmolLM2 decode step there, same process kind, alternated 3 times:
+# 27.4-27.8 ms with the default, 23.0-23.8 with this entry.
+PREFETCH_BY_CPU = {"znver4": {("f32", 1): 0, ("bf16", 1): 0}}
+
+
+def target_cpu() -> str:
+    """The CPU name numba compiles for: NUMBA_CPU_NAME if set, else LLVM's name for the host."""
+    from numba.core import config
+
+    if config.CPU_NAME:
+        return str(config.CPU_NAME)
+    from llvmlite import binding as ll
+
+    return str(ll.get_host_cpu_name())
+
+
+def prefetch_distance(kind: str, T: int, cpu: str | None = None) -> int:
+    """Bytes ahead a ``kind`` kernel prefetches in a pass of ``T`` positions on ``cpu`` (default:
+    the compile target's): the CPU's entry in PREFETCH_BY_CPU, else PREFETCH[kind]."""
+    table = PREFETCH_BY_CPU.get(target_cpu() if cpu is None else cpu, {})
+    return int(table.get((kind, T), PREFETCH[kind]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,9 +416,8 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
     XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
     position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
     row is loaded (and made unsigned) once for every position. ``pf``: the prefetch distance
-    in bytes (default PREFETCH['i8']; 0: none); ``rows``, ``group``, ``locality``: see `_tile`
+    in bytes (default prefetch_distance('i8', T); 0: none); ``rows``, ``group``, ``locality``: see `_tile`
     and `_make_float_dots` (they change no byte)."""
-    pf = PREFETCH["i8"] if pf is None else pf
 
     @intrinsic
     def dots(typingctx, Q, S, o0, o1, XQ, XD, XC, t0, Y):
@@ -416,6 +443,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                 pxd = [_row_ptr(builder, axd, p, nb) for p in pos]
                 pxc = [_row_ptr(builder, axc, p, K4) for p in pos]
                 Rt, G = _tile("i8", Tc, rows, group)
+                pft = prefetch_distance("i8", Tc) if pf is None else pf
                 z = ir.Constant(_vec(_f32, 16), 0.0)
                 accs = {R: [[cgutils.alloca_once_value(builder, z) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
 
@@ -423,7 +451,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                     orows = [builder.add(o, c(r)) for r in range(R)]
                     pws = [_row_ptr(builder, aq, orow, K) for orow in orows]
                     psws = [_row_ptr(builder, asw, orow, nb) for orow in orows]
-                    lead = _lead(builder, pf, R, K, pair_lead)
+                    lead = _lead(builder, pft, R, K, pair_lead)
                     for g0 in range(0, Tc, G):
                         ts = list(range(g0, min(Tc, g0 + G)))
                         acc = [accs[R][r][: len(ts)] for r in range(R)]
@@ -464,7 +492,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
 
                         with cgutils.for_range(builder, nchunk) as loop:
                             i = loop.index
-                            if pf and g0 == 0:  # a 64-byte chunk is one cache line
+                            if pft and g0 == 0:  # a 64-byte chunk is one cache line
                                 for pw in pws:
                                     _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), lead), locality)
                             chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
@@ -491,9 +519,8 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
     for q4 rows. Byte l of a block's 16 holds element l (low nibble) and l + 16 (high nibble);
     a chunk's codes are unpacked once for every position. The offsets' term ``mt`` is summed
     block by block from 0 (mt = mt + m_b * xs_b) and added to the tree last. ``pf``: the
-    prefetch distance in bytes (default PREFETCH['q4']; 0: none); ``rows``, ``group``,
+    prefetch distance in bytes (default prefetch_distance('q4', T); 0: none); ``rows``, ``group``,
     ``locality``: see `_tile` and `_make_float_dots` (they change no byte)."""
-    pf = PREFETCH["q4"] if pf is None else pf
     # d and m two blocks at a time in lanes where the target has F16C (SCALE_LANES); the
     # conversion is exact, so the values are the table's
     cvt = SCALE_LANES and "f16c" in target_features()
@@ -523,6 +550,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                 pxd = [_row_ptr(builder, axd, p, nb) for p in pos]
                 pxs = [_row_ptr(builder, axs, p, nb) for p in pos]
                 Rt, G = _tile("q4", Tc, rows, group)
+                pft = prefetch_distance("q4", Tc) if pf is None else pf
                 z, zf = ir.Constant(_vec(_f32, 16), 0.0), ir.Constant(_f32, 0.0)
                 accs = {R: [[cgutils.alloca_once_value(builder, z) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
                 mts = {R: [[cgutils.alloca_once_value(builder, zf) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
@@ -540,7 +568,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                     pqs = [builder.bitcast(_row_ptr(builder, aq, orow, H), _i8.as_pointer()) for orow in orows]
                     pds = [_row_ptr(builder, ad, orow, nb) for orow in orows]
                     pms = [_row_ptr(builder, am, orow, nb) for orow in orows]
-                    lead = _lead(builder, pf, R, H, pair_lead)
+                    lead = _lead(builder, pft, R, H, pair_lead)
                     for g0 in range(0, Tc, G):
                         ts = list(range(g0, min(Tc, g0 + G)))
                         acc = [accs[R][r][: len(ts)] for r in range(R)]
@@ -599,7 +627,7 @@ def _make_q4_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
 
                         with cgutils.for_range(builder, nchunk) as loop:
                             i = loop.index
-                            if pf and g0 == 0:  # a chunk is 32 code bytes: half a cache line
+                            if pft and g0 == 0:  # a chunk is 32 code bytes: half a cache line
                                 for pq in pqs:
                                     _prefetch(builder, pq, builder.add(builder.shl(i, c(5)), lead), locality)
                             chunk(builder.shl(i, c(5)), builder.shl(i, c(1)), 64)
@@ -964,14 +992,13 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None,
     t = t0 .. min(T, t0 + PT) - 1. W [O, K] float32, or uint16 bf16 bit patterns widened in
     registers; X [T, K], Y [T, O] float32; all C-contiguous. One load of each chunk of a row
     serves every position (of a group); the row loop is in the IR, so a row costs no call.
-    ``pf``: prefetch distance in bytes (default PREFETCH[kind]; 0: none); ``locality``: the
+    ``pf``: prefetch distance in bytes (default prefetch_distance(kind, T); 0: none); ``locality``: the
     prefetch's cache-level hint. ``rows``: weight rows walked side by side in one loop (each
     chunk of X then serves them all); ``group``: positions per walk over those rows (the next
     group walks the same rows again, from the L1); both default to `_tile`'s rule. Every
     (row, position) keeps its own accumulators in the one-position order: no option changes a
     byte."""
     bf16 = kind == "bf16"
-    pf = PREFETCH[kind] if pf is None else pf
     esize = 2 if bf16 else 4
 
     @intrinsic
@@ -1014,13 +1041,14 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None,
                 rowoff = [builder.mul(c(t), K) for t in range(Tc)]
                 youts = [builder.mul(c(t), O) for t in range(Tc)]
                 Rt, G = _tile(kind, Tc, rows, group)
+                pft = prefetch_distance(kind, Tc) if pf is None else pf
                 # a (row, position)'s L accumulators as P vectors of VW lanes (vector p: lanes p*VW ..)
                 accs = {R: [[[cgutils.alloca_once_value(builder, zero) for _ in range(P)] for _ in range(G)]
                             for _ in range(R)] for R in {Rt, 1}}
 
                 def walk(o, R):  # rows o .. o + R - 1, every position, group by group
                     pws = [builder.gep(aw.data, [builder.mul(builder.add(o, c(r)), K)]) for r in range(R)]
-                    lead = _lead(builder, pf // esize, R, K, pair_lead)
+                    lead = _lead(builder, pft // esize, R, K, pair_lead)
                     for g0 in range(0, Tc, G):
                         ts = list(range(g0, min(Tc, g0 + G)))
                         acc = [[accs[R][r][t - g0] for t in ts] for r in range(R)]
@@ -1030,7 +1058,7 @@ def _make_float_dots(kind: str, L: int, PT: int, pf=None, locality=3, rows=None,
                                     builder.store(zero, a)
                         with cgutils.for_range(builder, nchunk) as loop:
                             off = builder.mul(loop.index, cL)
-                            if pf and g0 == 0:
+                            if pft and g0 == 0:
                                 for pw in pws:
                                     for q in range(0, L * esize, 64):  # each line of the chunk
                                         _prefetch(builder, pw, builder.add(off, builder.add(lead, c(q // esize))), locality)
