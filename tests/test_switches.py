@@ -79,3 +79,15 @@ def test_the_cli_prints_a_message_not_a_traceback(tiny_llama_container):
     assert p.returncode != 0
     assert "VINDEX3_DECODE_KERNELS='on'" in text
     assert "Traceback" not in text
+
+
+def test_an_unknown_vindex3_variable_is_refused_with_the_nearest_name(monkeypatch):
+    from vindex3.switches import KNOWN, check_all
+
+    for k in [k for k in os.environ if k.startswith("VINDEX3_") and k not in KNOWN]:
+        monkeypatch.delenv(k)
+    check_all()  # the known names (unset or valid) pass
+    monkeypatch.setenv("VINDEX3_FUSED_LAYER", "0")
+    with pytest.raises(ConfigError) as e:
+        check_all()
+    assert "VINDEX3_FUSED_LAYER" in str(e.value) and "did you mean VINDEX3_FUSED_LAYERS?" in str(e.value)

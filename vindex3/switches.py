@@ -36,9 +36,22 @@ def read_switch(name: str) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a switch value: set it to 0 (off) or 1 (on), or leave it unset (on)")
 
 
+# Every environment variable this project reads; another VINDEX3_* name is most likely a
+# misspelling of one of these (VINDEX3_FUSED_LAYER=0 would otherwise leave fused layers on).
+KNOWN = (*NAMES, "VINDEX3_DECODE_THREADS", "VINDEX3_INTDOT_PATH", "VINDEX3_CACHE")
+
+
 def check_all() -> None:
-    """Refuse a bad value of any switch now (an executor calls this when it is built, so a bad
-    value is named even by a run whose model never reaches the path it turns off)."""
+    """Refuse a bad value of any switch now, and any VINDEX3_* variable this project does not
+    read (an executor calls this when it is built, so a bad value is named even by a run whose
+    model never reaches the path it turns off)."""
+    unknown = sorted(k for k in os.environ if k.startswith("VINDEX3_") and k not in KNOWN)
+    if unknown:
+        import difflib
+
+        near = difflib.get_close_matches(unknown[0], KNOWN, n=1)
+        raise ConfigError(f"unknown environment variable {unknown[0]}" + (f" (did you mean {near[0]}?)" if near else ""),
+                          hint=f"the variables vindex3 reads: {', '.join(KNOWN)}")
     for name in NAMES:
         read_switch(name)
 
