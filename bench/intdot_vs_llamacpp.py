@@ -8,6 +8,9 @@ operand bytes per token and the fraction of the measured streaming bandwidth. Ou
 fused decode layers (vindex3.exec.ops.fused_layer: one numba call a layer); the ``unfused`` arms
 turn them off (VINDEX3_FUSED_LAYERS=0) to measure what the fusion gives. ``--select`` keeps the
 arms whose name contains one of its comma-separated parts (a short run on a busy machine).
+``--resident`` adds our fused arms again with ``VINDEX3_WEIGHTS=resident`` (each segment read
+into private memory asked for in huge pages instead of mapped; same bytes, same results), and
+the peer's arms again with ``use_mmap=False`` (llama.cpp's own read-into-memory load).
 
 Decode: prefill 16 prompt tokens, then ``--steps`` greedy steps (argmax in numpy, as the peer
 arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without llama-cpp-python
@@ -189,12 +192,12 @@ def _weight_classes(root):
     return seen
 
 
-def arm_llama(path: str, threads: int, steps: int, repeats: int) -> dict:
+def arm_llama(path: str, threads: int, steps: int, repeats: int, use_mmap: bool = True) -> dict:
     import llama_cpp
     import numpy as np
 
     m = llama_cpp.Llama(model_path=path, n_ctx=512, n_batch=512, n_ubatch=512, n_threads=threads,
-                        n_threads_batch=threads, verbose=False, seed=0)
+                        n_threads_batch=threads, verbose=False, seed=0, use_mmap=use_mmap)
     V = m.n_vocab()
     ids = m.tokenize(TEXT.encode(), add_bos=False)[:16]
 
@@ -224,6 +227,7 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
     if path_force:
         env["VINDEX3_INTDOT_PATH"] = path_force
     env["VINDEX3_FUSED_LAYERS"] = "0" if spec.get("fused") is False else "1"
+    env["VINDEX3_WEIGHTS"] = spec.get("weights", "mapped")  # vindex3.switches.weights_mode
     if spec["kind"] == "llama":
         env.pop("OMP_WAIT_POLICY", None)
         if USER_OMP_WAIT is not None:
@@ -303,6 +307,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "intdot_vs_llamacpp.json"))
     ap.add_argument("--select", help="comma-separated parts of arm names: run only the arms that contain one")
     ap.add_argument("--prefill", action="store_true", help="time prefill-512 instead of decode")
+    ap.add_argument("--resident", action="store_true",
+                    help="also run our fused arms with VINDEX3_WEIGHTS=resident (weights read into huge pages)")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -314,7 +320,7 @@ def main() -> int:
                  else prefill_ours(spec["path"], spec["activations"], a.repeats))
             print(json.dumps(r))
             return 0
-        r = (arm_llama(spec["path"], a.arm_threads, a.steps, a.repeats) if spec["kind"] == "llama"
+        r = (arm_llama(spec["path"], a.arm_threads, a.steps, a.repeats, spec.get("mmap", True)) if spec["kind"] == "llama"
              else arm_ours(spec["path"], spec["activations"], a.steps, a.repeats))
         print(json.dumps(r))
         return 0
@@ -329,6 +335,8 @@ def main() -> int:
         for t in ("F32", "Q8_0", "Q4_1"):
             if files[t].exists():
                 arms.append((f"llama.cpp {t}", {"kind": "llama", "path": str(files[t])}))
+                if a.resident:  # the peer's own way of holding weights in memory: read, not mapped
+                    arms.append((f"llama.cpp {t} no-mmap", {"kind": "llama", "path": str(files[t]), "mmap": False}))
             else:
                 print(f"peer GGUF {t} missing: run bench/make_peer_ggufs.py", file=sys.stderr)
     ours = our_containers(["f32", "bf16", "int8", "q4"], peer_dir(a.dir))
@@ -337,6 +345,9 @@ def main() -> int:
             arms.append((f"vindex3 {enc} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
             arms.append((f"vindex3 {enc} {act} unfused", {"kind": "ours", "path": ours[enc], "activations": act,
                                                           "fused": False}))
+            if a.resident:
+                arms.append((f"vindex3 {enc} {act} resident", {"kind": "ours", "path": ours[enc], "activations": act,
+                                                               "weights": "resident"}))
     if a.prefill:  # fusion is a decode matter: prefill products run one weight at a time
         arms = [(n, s) for n, s in arms if s.get("fused") is not False]
     if a.select:
@@ -375,6 +386,11 @@ def main() -> int:
              ("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 bf16 exact", "vindex3 f32 exact"),
              ("vindex3 int8 q8", "vindex3 int8 exact"), ("vindex3 q4 q8", "vindex3 q4 exact"),
              ("vindex3 int8 q8 unfused", "llama.cpp Q8_0"), ("vindex3 q4 q8 unfused", "llama.cpp Q4_1")]
+    pairs += [("vindex3 int8 q8 resident", "llama.cpp Q8_0"), ("vindex3 q4 q8 resident", "llama.cpp Q4_1"),
+              ("vindex3 f32 exact resident", "llama.cpp F32"), ("vindex3 int8 q8 resident", "llama.cpp Q8_0 no-mmap"),
+              ("vindex3 q4 q8 resident", "llama.cpp Q4_1 no-mmap"), ("vindex3 f32 exact resident", "llama.cpp F32 no-mmap"), ("vindex3 bf16 exact resident", "vindex3 f32 exact resident")]
+    pairs += [(f"vindex3 {e} {act} resident", f"vindex3 {e} {act}")
+              for e, act in (("int8", "q8"), ("q4", "q8"), ("f32", "exact"), ("bf16", "exact"))]
     pairs += [(f"vindex3 {e} {act}", f"vindex3 {e} {act} unfused")
               for e, act in (("int8", "q8"), ("q4", "q8"), ("int8", "exact"), ("q4", "exact"), ("f32", "exact"), ("bf16", "exact"))]
     ratios: dict = {}

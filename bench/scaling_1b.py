@@ -430,6 +430,8 @@ def main() -> int:
                    "1.1b": "seeded random llama, hidden 2048, 22 layers, FFN 5632, 32/4 heads, vocab 32000 "
                            "(bench/scale_shape.py, seed 26)"},
         "llama_cpp_python": _llama_version(),
+        # how our arms held their weights (VINDEX3_WEIGHTS, inherited by every arm; the peer maps)
+        "our_weights": os.environ.get("VINDEX3_WEIGHTS") or "mapped",
         "decode_steps": {s: STEPS[s] for s in plan}, "prefill_positions": PREFILL, "rounds": a.rounds,
         "repeats": {"135m": a.repeats, "1.1b": a.repeats_1b}, "threads": a.threads,
         "stream_bandwidth_bytes_per_s": bw, "read_bandwidth_bytes_per_s": rbw,

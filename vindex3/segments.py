@@ -233,12 +233,17 @@ class Segment:
 
     def _map(self) -> np.ndarray:
         if self._mm is None:
+            from .switches import weights_mode
+
+            resident = weights_mode() == "resident"
             with open_regular(self.path, self.what) as f:
                 size = os.fstat(f.fileno()).st_size
                 if size != self.size:
                     raise IntegrityError(f"{self.what} changed size since it was opened ({self.size} -> {size} bytes)")
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            self._mm = np.frombuffer(mm, dtype=np.uint8)
+                if resident:
+                    self._mm = _resident(f, size, self.what)
+                else:
+                    self._mm = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
         return self._mm
 
     def raw(self, name: str) -> np.ndarray:
@@ -261,6 +266,48 @@ class Segment:
     def tensor(self, name: str) -> np.ndarray:
         """The whole tensor as float32 (a view of the mapped file when it is stored as f32)."""
         return self.weight(name).dense()
+
+
+HUGE = 2 << 20  # the x86-64 huge page: a resident buffer is rounded up to whole ones
+
+
+def available_memory() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes (None where the system does not say)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _resident(f, size: int, what: str) -> np.ndarray:
+    """The file's bytes read into private anonymous memory asked for in huge pages
+    (MADV_HUGEPAGE where the platform has it), returned read-only. Refused by name, before any
+    byte is read, when the machine reports less memory available than the copy needs."""
+    need = -(-max(size, 1) // HUGE) * HUGE
+    avail = available_memory()
+    if avail is not None and need > avail:
+        from .errors import LimitExceeded
+
+        raise LimitExceeded(f"{what}: holding its {size} bytes resident needs {need >> 20} MiB; the machine has "
+                            f"{avail >> 20} MiB available", hint="unset VINDEX3_WEIGHTS (or set it to mapped) to map the file instead")
+    flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+    mm = mmap.mmap(-1, need, flags=flags) if flags else mmap.mmap(-1, need)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    buf = np.frombuffer(mm, dtype=np.uint8)[:size]
+    f.seek(0)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            raise IntegrityError(f"{what} gave {got} of its {size} bytes when read")
+        got += n
+    buf.flags.writeable = False
+    return buf
 
 
 def _entry(seg: str, t) -> TensorEntry:

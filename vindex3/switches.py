@@ -38,7 +38,22 @@ def read_switch(name: str) -> bool:
 
 # Every environment variable this project reads; another VINDEX3_* name is most likely a
 # misspelling of one of these (VINDEX3_FUSED_LAYER=0 would otherwise leave fused layers on).
-KNOWN = (*NAMES, "VINDEX3_DECODE_THREADS", "VINDEX3_INTDOT_PATH", "VINDEX3_CACHE")
+KNOWN = (*NAMES, "VINDEX3_DECODE_THREADS", "VINDEX3_INTDOT_PATH", "VINDEX3_CACHE", "VINDEX3_WEIGHTS")
+WEIGHTS = ("mapped", "resident")
+
+
+def weights_mode() -> str:
+    """``VINDEX3_WEIGHTS``: how segments hold their bytes. ``mapped`` (the default, also when
+    unset or empty): the file is memory-mapped read-only and shares the page cache. ``resident``:
+    each segment is read once into private anonymous memory asked for in huge pages
+    (`vindex3.segments`), which a decode streams faster (fewer TLB misses; docs/container.md)
+    at the cost of a private copy. Anything else is refused by name."""
+    raw = os.environ.get("VINDEX3_WEIGHTS")
+    if raw is None or raw.strip() == "":
+        return "mapped"
+    if raw.strip() in WEIGHTS:
+        return raw.strip()
+    raise ConfigError(f"VINDEX3_WEIGHTS={raw!r} is not a way of holding weights: set it to {' or '.join(WEIGHTS)}")
 
 
 def check_all() -> None:
@@ -54,6 +69,7 @@ def check_all() -> None:
                           hint=f"the variables vindex3 reads: {', '.join(KNOWN)}")
     for name in NAMES:
         read_switch(name)
+    weights_mode()
 
 
 class EnvSwitch:
