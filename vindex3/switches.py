@@ -1,5 +1,7 @@
-"""Process switches read from the environment: the compiled fast paths a process may turn off
-(``VINDEX3_DECODE_KERNELS``, ``VINDEX3_PREFILL_KERNELS``, ``VINDEX3_FUSED_LAYERS``).
+"""Process settings read from the environment: the compiled fast paths a process may turn off
+(``VINDEX3_DECODE_KERNELS``, ``VINDEX3_PREFILL_KERNELS``, ``VINDEX3_FUSED_LAYERS``), how segments
+hold their bytes (``VINDEX3_WEIGHTS``, `weights_mode`), and the check that refuses a misspelt
+``VINDEX3_*`` name (`check_all`).
 
 A switch is ``1`` (on) or ``0`` (off); unset or empty leaves it on. Any other value is refused by
 name (`ConfigError`) rather than guessed at. The variable is read at first use, not at import, so
