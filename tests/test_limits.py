@@ -110,14 +110,26 @@ def _traced_peak(ex, ids) -> int:
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen3", "mamba2", "granitemoehybrid"])
 def test_the_memory_estimate_bounds_what_a_prefill_allocates(containers, family):
+    """The estimate bounds the peak of both prefill paths: the compiled prefill kernels (the
+    default) and the numpy path (VINDEX3_PREFILL_KERNELS=0). Its slack (at most 3.5x plus the
+    fixed overhead) is checked against the numpy path, whose temporaries it models: the kernels
+    allocate less (mistral at 17 positions: 43.7 kB against 61.0 kB), so against them the same
+    factor sat within 0.1% of the bound and failed or passed with the interpreter's state."""
+    from vindex3.exec.ops import prefill_attend
+
     c = vindex3.open(containers(family))
     ex = c.executor(max_positions=1024)
     for T in (17, 200, 700):
         ids = [int(t) for t in np.random.RandomState(T).randint(0, 320, size=T)]
         peak = _traced_peak(ex, ids)
+        prefill_attend.set_enabled(False)
+        try:
+            peak_numpy = _traced_peak(ex, ids)
+        finally:
+            prefill_attend.set_enabled(None)
         est = c.estimate_prefill(T)
         assert est.complete and est.positions == T
-        assert peak <= est.total <= 3.5 * peak + limits.OVERHEAD, (T, peak, est.parts)
+        assert max(peak, peak_numpy) <= est.total <= 3.5 * peak_numpy + limits.OVERHEAD, (T, peak, peak_numpy, est.parts)
 
 
 def test_the_estimate_grows_with_positions_and_a_limit_refuses_with_the_bytes(tiny_llama_container):
