@@ -412,6 +412,20 @@ class Shell(Console):
         return 0
 
 
+def _own_ctrl_c() -> None:
+    """Ctrl-C stops a running statement whatever the shell inherited: a parent that ignores
+    SIGINT, or whose thread blocked it when it started this process (both survive exec), would
+    otherwise leave Ctrl-C dead in the shell. Only the main thread may set a handler."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def main(
     path: str | None = None,
     *,
@@ -423,6 +437,7 @@ def main(
     """Open the interactive shell, optionally on the container at ``path``; returns the exit
     status. ``input``/``output`` are prompt_toolkit's (tests inject a pipe and `DummyOutput`);
     ``history_path`` overrides ``$LQL_HISTORY`` and ``~/.lql_history``."""
+    _own_ctrl_c()
     shell = Shell(input=input, output=output, history_path=history_path, debug=debug)
     shell.banner()
     shell.run_rc(default_rc_path())

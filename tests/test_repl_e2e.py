@@ -47,8 +47,16 @@ class Screen:
         return self.expect(r"lql>")
 
 
-@pytest.fixture
-def screen(tiny_llama_container, tmp_path):
+def _sigint_dead_in_child():
+    """What a parent can hand a child: SIGINT ignored and blocked (both survive exec)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.fixture(params=["plain", "sigint-ignored-and-blocked"])
+def screen(request, tiny_llama_container, tmp_path):
     env = dict(os.environ)
     env.update(
         TERM="xterm",
@@ -69,6 +77,7 @@ def screen(tiny_llama_container, tmp_path):
         codec_errors="replace",
         timeout=TIMEOUT,
         dimensions=(40, 120),
+        preexec_fn=_sigint_dead_in_child if request.param != "plain" else None,
     )
     yield Screen(child)
     if child.isalive():
