@@ -74,3 +74,10 @@ def test_a_copy_larger_than_the_available_memory_is_refused_before_reading(tiny_
     with pytest.raises(LimitExceeded, match="MiB available"):
         c.executor()
     assert not allocated
+
+
+def test_a_system_that_reports_no_available_memory_is_refused(tiny_llama_container, monkeypatch):
+    monkeypatch.setenv("VINDEX3_WEIGHTS", "resident")
+    monkeypatch.setattr(segments, "available_memory", lambda: None)
+    with pytest.raises(LimitExceeded, match="does not report its available memory"):
+        vindex3.open(tiny_llama_container).executor()

@@ -286,10 +286,17 @@ def available_memory() -> int | None:
 def _resident(f, size: int, what: str) -> np.ndarray:
     """The file's bytes read into private anonymous memory asked for in huge pages
     (MADV_HUGEPAGE where the platform has it), returned read-only. Refused by name, before any
-    byte is read, when the machine reports less memory available than the copy needs."""
+    byte is read, when the machine reports less memory available than the copy needs, or
+    reports none."""
     need = -(-max(size, 1) // HUGE) * HUGE
     avail = available_memory()
-    if avail is not None and need > avail:
+    if avail is None:  # no figure to check the copy against: refused, not guessed
+        from .errors import LimitExceeded
+
+        raise LimitExceeded(f"{what}: holding it resident needs {need >> 20} MiB, and this system does not report "
+                            "its available memory (/proc/meminfo MemAvailable)",
+                            hint="unset VINDEX3_WEIGHTS (or set it to mapped) to map the file instead")
+    if need > avail:
         from .errors import LimitExceeded
 
         raise LimitExceeded(f"{what}: holding its {size} bytes resident needs {need >> 20} MiB; the machine has "

@@ -48,8 +48,8 @@ def weights_mode() -> str:
     """``VINDEX3_WEIGHTS``: how segments hold their bytes. ``mapped`` (the default, also when
     unset or empty): the file is memory-mapped read-only and shares the page cache. ``resident``:
     each segment is read once into private anonymous memory asked for in huge pages
-    (`vindex3.segments`), which a decode streams faster (fewer TLB misses; docs/container.md)
-    at the cost of a private copy. Anything else is refused by name."""
+    (`vindex3.segments`), which a decode streams faster (measured in docs/container.md; fewer
+    page-table walks is the likely cause, not measured) at the cost of a private copy. Anything else is refused by name."""
     raw = os.environ.get("VINDEX3_WEIGHTS")
     if raw is None or raw.strip() == "":
         return "mapped"
