@@ -75,6 +75,7 @@ from numba.core import cgutils
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
+from . import atomics as _A
 from .kernels import _task_starts, _which
 
 F32 = np.float32
@@ -261,6 +262,14 @@ def quantize_x(X, XQ, XD, XC, XS):
                 for l in range(4):
                     c += np.int32(XQ[t, 32 * b + 4 * g + l])
                 XC[t, 8 * b + g] = np.int32(-128) * c
+
+
+@njit(cache=True)
+def q8_buffers(X):
+    """Empty (XQ, XD, XC, XS) for `quantize_x` of X [T, K] (compiled callers)."""
+    T, K = X.shape
+    return (np.empty((T, K), np.int8), np.empty((T, K // 32), F32), np.empty((T, K // 4), np.int32),
+            np.empty((T, K // 32), F32))
 
 
 def quantized(X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -963,6 +972,131 @@ def rows_kernel(kind: str, path: str | None = None, parallel: bool = False):
     if key not in _ROWS:
         _ROWS[key] = (_make_rows_i8 if kind == "i8" else _make_rows_q4)(dot(kind, key[1]), parallel)
     return _ROWS[key]
+
+
+# --------------------------------------------------------------------------------------------
+# Team kernels: the group kernels' products called by every thread of ONE parallel region (a
+# fused layer's, vindex3.exec.ops.fused_source), which claim the group's row tasks from a shared
+# counter instead of receiving a fixed share, then wait until every task is done. Claims are
+# guided: a claim takes 1 / (2 x threads) of the tasks not yet claimed (at least one), so the
+# first claims are long runs of adjacent rows (the hardware prefetcher streams them) and a thread
+# that joins the region late, or is descheduled, leaves its work to the others instead of holding
+# the region. Tasks are the group kernels' ``rpt``-row tasks, a claim is a run of them, and each
+# row's dot is the same call on the same rows as the group kernel's: the bytes equal the group
+# kernel's whatever thread ran a task (tests/test_team.py). ``ctl`` holds the counters
+# (vindex3.codecs.atomics): phase ``p`` claims at ``2p`` slots and counts finished tasks at
+# ``2p + 1``; ``nt`` is the region's thread count.
+@njit(inline="always")
+def _claim(ctl, c, ntask, nt):  # pragma: no cover - compiled
+    seen = _A.load_acquire(ctl, c)
+    want = max(1, (ntask - seen) // (2 * nt))
+    k = _A.fetch_add(ctl, c, want)
+    return k, min(ntask, k + want)
+
+
+@njit(inline="always")
+def _claimed(starts, rows_of, i, k, k1, rpt):  # pragma: no cover - compiled
+    """Rows of weight i in the claimed tasks k .. k1 - 1 (o0 >= o1: none)."""
+    a = max(k, starts[i])
+    b = min(k1, starts[i + 1])
+    return (a - starts[i]) * rpt, min(rows_of[i], (b - starts[i]) * rpt)
+
+
+def _make_team_float(dots, PT):
+    @njit
+    def team(Ws, X, Ys, rpt, ctl, p, nt):
+        """Ys[i][t, o] = Ws[i][o] . X[t], the row tasks shared by the region's threads."""
+        T = X.shape[0]
+        n = len(Ws)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = Ws[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        c = 2 * p * _A.SLOT
+        while True:
+            k, k1 = _claim(ctl, c, starts[n], nt)
+            if k >= starts[n]:
+                break
+            for i in range(n):
+                o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
+                if o0 < o1:
+                    for t0 in range(0, T, PT):
+                        dots(Ws[i], o0, o1, X, t0, Ys[i])
+            _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
+        _A.wait_for(ctl, c + _A.SLOT, starts[n])
+
+    return team
+
+
+def _make_team_i8(dots):
+    @njit
+    def team(Qs, Ss, XQ, XD, XC, Ys, rpt, ctl, p, nt):
+        """Ys[i][t, o] = row o of int8 weight i . the q8 activation (XQ, XD, XC), shared."""
+        T = XQ.shape[0]
+        n = len(Qs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = Qs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        c = 2 * p * _A.SLOT
+        while True:
+            k, k1 = _claim(ctl, c, starts[n], nt)
+            if k >= starts[n]:
+                break
+            for i in range(n):
+                o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
+                if o0 < o1:
+                    for t0 in range(0, T, MAX_T):
+                        dots(Qs[i], Ss[i], o0, o1, XQ, XD, XC, t0, Ys[i])
+            _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
+        _A.wait_for(ctl, c + _A.SLOT, starts[n])
+
+    return team
+
+
+def _make_team_q4(dots):
+    @njit
+    def team(QSs, Ds, Ms, table, XQ, XD, XS, Ys, rpt, ctl, p, nt):
+        """Ys[i][t, o] = row o of q4 weight i . the q8 activation (XQ, XD, XS), shared."""
+        T = XQ.shape[0]
+        n = len(QSs)
+        rows_of = np.empty(n, np.int64)
+        for i in range(n):
+            rows_of[i] = QSs[i].shape[0]
+        starts = _task_starts(n, rows_of, rpt)
+        c = 2 * p * _A.SLOT
+        while True:
+            k, k1 = _claim(ctl, c, starts[n], nt)
+            if k >= starts[n]:
+                break
+            for i in range(n):
+                o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
+                if o0 < o1:
+                    for t0 in range(0, T, MAX_T):
+                        dots(QSs[i], Ds[i], Ms[i], table, o0, o1, XQ, XD, XS, t0, Ys[i])
+            _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
+        _A.wait_for(ctl, c + _A.SLOT, starts[n])
+
+    return team
+
+
+_TEAMS: dict[tuple[str, str], object] = {}
+TEAM_KINDS = ("f32", "bf16", "i8", "q4")
+
+
+def team_kernel(kind: str, path: str | None = None):
+    """The team kernel of ``kind`` ('f32' | 'bf16': the ``vector`` float dots; 'i8' | 'q4': the
+    q8 dots on ``path``, default `chosen()`): called by every thread of one region (see above)."""
+    if kind not in TEAM_KINDS:
+        raise ValueError(f"no team kernel for {kind!r} (known: {', '.join(TEAM_KINDS)})")
+    key = (kind, "vector" if kind in FLOAT_GEOMETRY else (chosen() if path is None else path))
+    if key not in _TEAMS:
+        if kind in FLOAT_GEOMETRY:
+            L, PT = FLOAT_GEOMETRY[kind]
+            _TEAMS[key] = _make_team_float(_make_float_dots(kind, L, PT), PT)
+        else:
+            _TEAMS[key] = (_make_team_i8 if kind == "i8" else _make_team_q4)(dot(kind, key[1]))
+    return _TEAMS[key]
 
 
 def _tree_halves(builder, v, n):

@@ -84,6 +84,14 @@ def count() -> int:
     return _count
 
 
+def numba_count() -> int:
+    """The threads a parallel region launched under `launch()` gets: `count()`, at most numba's
+    pool size."""
+    import numba
+
+    return min(count(), numba.config.NUMBA_NUM_THREADS)
+
+
 def parallel(nbytes: int) -> bool:
     """Should a launch over ``nbytes`` of weights use numba's pool (see the module docstring)?"""
     return count() > 1 and nbytes >= PARALLEL_MIN_BYTES
@@ -112,7 +120,7 @@ class _Launch:
             if getattr(_local, "n", None) != want:
                 import numba
 
-                numba.set_num_threads(min(want, numba.config.NUMBA_NUM_THREADS))
+                numba.set_num_threads(numba_count())
                 _local.n = want
         except BaseException:
             _LOCK.release()

@@ -41,17 +41,25 @@ import numpy as np
 
 from ...codecs import threads
 from ...switches import EnvSwitch, set_switch
+from .fused_source import CTL
 from .norm import DECODE, make_weight
 
 F32 = np.float32
 ROWS = 8  # positions per pass up to which layers fuse (vindex3.exec.ops.decode.ROWS)
+GROUPS = ("qkv", "o", "gu", "down")  # the products of a layer, in order
 
 
 class _Switch:
     on = EnvSwitch("VINDEX3_FUSED_LAYERS")
 
 
+class _TeamSwitch:
+    on = EnvSwitch("VINDEX3_TEAM_LAYERS")
+
+
 FUSED = _Switch()
+TEAM = _TeamSwitch()
+TEAM_KINDS = ("f32", "bf16", "i8q8", "q4q8")  # product kinds with a team kernel
 
 
 def enabled() -> bool:
@@ -62,6 +70,12 @@ def set_enabled(flag: bool | None) -> None:
     """Turn fused layers on or off for this process (None: read ``VINDEX3_FUSED_LAYERS`` again;
     off only when it is ``0``)."""
     set_switch(FUSED, "on", flag)
+
+
+def set_team(flag: bool | None) -> None:
+    """Turn team layers (one parallel region a layer at more than one decode thread) on or off
+    for this process (None: read ``VINDEX3_TEAM_LAYERS`` again; off only when it is ``0``)."""
+    set_switch(TEAM, "on", flag)
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,15 +180,21 @@ class FusedLayer:
             self.kinds[name + "_bytes"] = nbytes
         self._fns: dict = {}
 
+    def team(self) -> bool:
+        """Does this layer run as one parallel region (a team layer) at the current settings?"""
+        return threads.count() > 1 and TEAM.on and all(self.kinds[g] in TEAM_KINDS for g in GROUPS)
+
     def fn(self):
-        """The compiled call for this layer's kinds and the current thread count (each product
-        on numba's pool exactly when the unfused path would send it there)."""
-        n = threads.count()
-        f = self._fns.get(n)
+        """The compiled call for this layer's kinds and the current thread count: at one thread
+        each product on numba's pool exactly when the unfused path would send it there; at more,
+        the team layer when every product has a team kernel (and ``VINDEX3_TEAM_LAYERS`` is on)."""
+        team = self.team()
+        key = (threads.count(), team)
+        f = self._fns.get(key)
         if f is None:
-            groups = ("qkv", "o", "gu", "down")
-            par = tuple(threads.parallel(self.kinds[g + "_bytes"]) for g in groups)
-            f = self._fns[n] = _layer_fn(tuple(self.kinds[g] for g in groups), par, self.m1 == 1, self.m2 == 1)
+            kinds = tuple(self.kinds[g] for g in GROUPS)
+            par = ("team",) * 4 if team else tuple(threads.parallel(self.kinds[g + "_bytes"]) for g in GROUPS)
+            f = self._fns[key] = _layer_fn(kinds, par, self.m1 == 1, self.m2 == 1)
         return f
 
     def run(self, h: np.ndarray, kv, p0: int, cos, sin) -> np.ndarray:
@@ -187,7 +207,8 @@ class FusedLayer:
         f = self.fn()
         with threads.launch():
             status = f(h, self.n1, self.e1, a["qkv"], a["o"], self.n2, self.e2, a["gu"], a["down"], kv.kt, kv.v,
-                       row0, p0, cos, sin, self.qscale, self.sscale, self.m1, self.m2, self.nh, self.nkv, self.hd, out)
+                       row0, p0, cos, sin, self.qscale, self.sscale, self.m1, self.m2, self.nh, self.nkv, self.hd, out,
+                       threads.numba_count(), np.zeros(CTL, np.int64))
         if status != 1:  # the K/V rows were written (the unfused path advances them before its FFN norm)
             kv.end += T
         if status:
@@ -226,7 +247,10 @@ class FusedStack:
     def describe(self) -> list[str]:
         """One line per executed layer: fused, or why not (the switches are read per pass)."""
         off = "" if FUSED.on and DECODE.on else " (but off: VINDEX3_FUSED_LAYERS=0, or VINDEX3_DECODE_KERNELS=0)"
-        return [f"layer {i}: " + ("fused" + off if w is None else f"not fused ({w})") for i, w in self.why.items()]
+        def fused(i):
+            return "fused" + (" (one parallel region)" if self.layers[i].team() else "") + off
+
+        return [f"layer {i}: " + (fused(i) if w is None else f"not fused ({w})") for i, w in self.why.items()]
 
     def takes(self, T: int) -> bool:
         return self.active and T <= ROWS and FUSED.on and DECODE.on
@@ -290,5 +314,7 @@ def _layer_fn(kinds: tuple, par: tuple, unit1: bool, unit2: bool):
     if f is None:
         from . import fused_source
 
-        f = _LAYERS[key] = fused_source.load(key, fused_source.source(kinds, par, unit1, unit2, path))
+        text = (fused_source.team_source(kinds, unit1, unit2, path) if par == ("team",) * 4
+                else fused_source.source(kinds, par, unit1, unit2, path))
+        f = _LAYERS[key] = fused_source.load(key, text)
     return f

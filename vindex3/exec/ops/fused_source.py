@@ -36,7 +36,7 @@ import types
 from pathlib import Path
 
 # the modules whose compiled functions a generated module calls (directly or through them)
-DEPENDENCIES = ("vindex3.codecs.intrinsics", "vindex3.codecs.kernels", "vindex3.exec.ops.decode")
+DEPENDENCIES = ("vindex3.codecs.intrinsics", "vindex3.codecs.kernels", "vindex3.codecs.atomics", "vindex3.exec.ops.decode")
 SUBDIR = "fused"
 _CACHE_MARK = "cache=True"
 _digest: list[str] = []
@@ -129,8 +129,8 @@ _LAYER = '''
 
 @njit(cache=True, error_model="numpy", nogil=True)
 def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
-          out):  # pragma: no cover - compiled
-    """h [T, H] -> out [T, H], the layer's residual; returns 0, or 1 / 2 (the first / second
+          out, nt, ctl):  # pragma: no cover - compiled
+    """h [T, H] -> out [T, H], the layer's residual (``nt``, ``ctl``: the team layer's, unused); returns 0, or 1 / 2 (the first / second
     norm's mean of squares is not finite: nothing after it ran), 3 (out holds NaN or inf)."""
     T, H = h.shape
     x = np.empty((T, H), F32)
@@ -169,6 +169,153 @@ def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscal
                 ok = False
     return 0 if ok else 3
 '''
+
+
+# --------------------------------------------------------------------------------------------
+# the team layer: the same layer as ONE parallel region a call (at more than one decode thread),
+# instead of one region per product. Every thread of the region runs the body: the products'
+# row tasks are claimed from shared counters (vindex3.codecs.intrinsics `team_kernel`), and each
+# step between products (attention, the residual add and second norm, SiLU, quantizing the next
+# product's activation) is run by the first thread to reach it while the others wait. The same
+# kernels on the same arrays in the same order as `_LAYER`: the same bytes (tests/test_team.py).
+CTL = 16 * 8  # int64 counters a team layer's call takes (16 slots of vindex3.codecs.atomics.SLOT)
+_TEAM_HEAD = """
+from numba import prange
+
+from vindex3.codecs import atomics as _A
+"""
+
+# per product kind: (bindings, activation buffers ``_a_G(X)``, fill ``_f_G(X, A)``, product
+# ``_t_G(ws, X, A, ys, ctl, p, nt)``)
+_TEAM = {
+    "f32": ('{n}_k = _I.team_kernel("f32")\n', "    return (X,)\n", "    return 0\n",
+            "    {n}_k(ws[0], X, ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+    "bf16": ('{n}_k = _I.team_kernel("bf16")\n', "    return (X,)\n", "    return 0\n",
+             "    {n}_k(ws[0], X, ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+    "i8q8": ('{n}_k = _I.team_kernel("i8", "{path}")\n', "    return _I.q8_buffers(X)\n",
+             "    _I.quantize_x(X, A[0], A[1], A[2], A[3])\n    return 0\n",
+             "    {n}_k(ws[0], ws[1], A[0], A[1], A[2], ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+    "q4q8": ('{n}_k = _I.team_kernel("q4", "{path}")\n', "    return _I.q8_buffers(X)\n",
+             "    _I.quantize_x(X, A[0], A[1], A[2], A[3])\n    return 0\n",
+             "    {n}_k(ws[0], ws[1], ws[2], ws[3], A[0], A[1], A[3], ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+}
+
+_LAYER_TEAM = '''
+
+@njit(cache=True, parallel=True, error_model="numpy", nogil=True)
+def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
+          out, nt, ctl):  # pragma: no cover - compiled
+    """h [T, H] -> out [T, H] as `_LAYER`'s, in one parallel region of ``nt`` threads. ``ctl``: zeros,
+    `CTL` int64s, the region's counters (phases 0-6, and slot 14: the second norm failed); it comes
+    from the caller because numba loses a region's writes to an array allocated in the function
+    that holds the region (measured: a zeroed array counted into by two threads read back 0)."""
+    T, H = h.shape
+    x = np.empty((T, H), F32)
+    if not _rms(h, n1, e1, x):
+        return 1
+    q = np.empty((T, nh * hd), F32)
+    k = np.empty((T, nkv * hd), F32)
+    v = np.empty((T, nkv * hd), F32)
+    att = np.empty((T, nh, hd), F32)
+    att2 = att.reshape((T, nh * hd))
+    y = np.empty((T, H), F32)
+    r = np.empty((T, H), F32)
+    n_i = wgu[0][0].shape[0]
+    g = np.empty((T, n_i), F32)
+    u = np.empty((T, n_i), F32)
+    a = np.empty((T, n_i), F32)
+    # a parallel region takes arrays and scalars, not tuples: every tuple is unpacked here and
+    # built again inside
+{unpack}
+    _f_qkv(x, {A_qkv})
+    zero = np.int64(0)  # not a literal 0: the signature the unfused path compiled (and cached) _attend for
+    for w in prange(nt):
+        _t_qkv({ws_qkv}, x, {A_qkv}, (q, k, v), ctl, 0, nt)
+        if _A.phase_first(ctl, 1):
+            _attend(q.reshape((T, nh, hd)), k.reshape((T, nkv, hd)), v.reshape((T, nkv, hd)), cos, sin, qscale, KT,
+                    V, row0, zero, zero, p0, zero, sscale, F32(0.0), np.empty(0, F32), zero != zero,
+                    np.empty((1, 1, 1, 1), F32), att)
+            _f_o(att2, {A_o})
+            _A.phase_end(ctl, 1)
+        _A.phase_wait(ctl, 1)
+        _t_o({ws_o}, att2, {A_o}, (y,), ctl, 2, nt)
+        if _A.phase_first(ctl, 3):
+            for t in range(T):
+                for i in range(H):
+                    r[t, i] = {add1}
+            if _rms(r, n2, e2, x):
+                _f_gu(x, {A_gu})
+            else:
+                _A.fetch_add(ctl, 14 * _A.SLOT, 1)
+            _A.phase_end(ctl, 3)
+        _A.phase_wait(ctl, 3)
+        if _A.load_acquire(ctl, 14 * _A.SLOT) == 0:
+            _t_gu({ws_gu}, x, {A_gu}, (g, u), ctl, 4, nt)
+            if _A.phase_first(ctl, 5):
+                _silu(g, u, a)
+                _f_down(a, {A_down})
+                _A.phase_end(ctl, 5)
+            _A.phase_wait(ctl, 5)
+            _t_down({ws_down}, a, {A_down}, (y,), ctl, 6, nt)
+    if ctl[14 * _A.SLOT] != 0:
+        return 2
+    ok = True
+    for t in range(T):
+        for i in range(H):
+            s = {add2}
+            out[t, i] = s
+            if not np.isfinite(s):
+                ok = False
+    return 0 if ok else 3
+'''
+# weights a group holds, arrays a weight has per kind (q4 adds its f16 table after them)
+_NW = {"qkv": 3, "o": 1, "gu": 2, "down": 1}
+_COLS = {"f32": 1, "bf16": 1, "i8q8": 2, "q4q8": 3}
+_ACT_OF = {"qkv": "x", "o": "att2", "gu": "x", "down": "a"}
+_ARG_OF = {"qkv": "wqkv", "o": "wo", "gu": "wgu", "down": "wd"}
+
+
+def _unpacked(group: str, kind: str) -> tuple[list[str], str, str]:
+    """(lines unpacking group's weight tuple and activation buffers, the weight tuple and the
+    buffer tuple built again from the names)."""
+    lines, cols = [], []
+    for j in range(_COLS[kind]):
+        names = [f"w_{group}_{j}_{i}" for i in range(_NW[group])]
+        lines.append(f"    {', '.join(names)}{',' if len(names) == 1 else ''} = {_ARG_OF[group]}[{j}]")
+        cols.append("(" + ", ".join(names) + ("," if len(names) == 1 else "") + ")")
+    if kind == "q4q8":
+        lines.append(f"    w_{group}_table = {_ARG_OF[group]}[{_COLS[kind]}]")
+        cols.append(f"w_{group}_table")
+    if kind in ("i8q8", "q4q8"):
+        acts = [f"a_{group}_{i}" for i in range(4)]
+        lines.append(f"    {', '.join(acts)} = _a_{group}({_ACT_OF[group]})")
+        act = "(" + ", ".join(acts) + ")"
+    else:
+        act = f"({_ACT_OF[group]},)"
+    return lines, "(" + ", ".join(cols) + ("," if len(cols) == 1 else "") + ")", act
+
+
+def team_source(kinds: tuple, unit1: bool, unit2: bool, path: str) -> str:
+    """The module text of the team layer for product kinds (qkv, o, gu, down), each in `_TEAM`."""
+    for k in kinds:
+        if k not in _TEAM:
+            raise ValueError(f"no team product for kind {k!r} (known: {', '.join(_TEAM)})")
+    parts = [_HEAD.format(kinds=", ".join(kinds), par="team", path=path), _TEAM_HEAD]
+    unpack, fmt = [], {}
+    for group, kind in zip(("qkv", "o", "gu", "down"), kinds):
+        bind, alloc, fill, body = _TEAM[kind]
+        n = "_t_" + group
+        parts.append("\n" + bind.format(n=n, path=path))
+        parts.append(f"\n\n@njit\ndef _a_{group}(X):  # pragma: no cover - compiled\n" + alloc)
+        parts.append(f"\n\n@njit\ndef _f_{group}(X, A):  # pragma: no cover - compiled\n" + fill)
+        parts.append(f"\n\n@njit\ndef {n}(ws, X, A, ys, ctl, p, nt):  # pragma: no cover - compiled\n"
+                     + body.format(n=n))
+        lines, fmt["ws_" + group], fmt["A_" + group] = _unpacked(group, kind)
+        unpack += lines
+    parts.append(_LAYER_TEAM.format(unpack="\n".join(unpack), **fmt,
+                                    add1="h[t, i] + y[t, i]" if unit1 else "h[t, i] + y[t, i] * m1",
+                                    add2="r[t, i] + y[t, i]" if unit2 else "r[t, i] + y[t, i] * m2"))
+    return "".join(parts)
 
 
 def source(kinds: tuple, par: tuple, unit1: bool, unit2: bool, path: str) -> str:

@@ -1,0 +1,191 @@
+"""Team kernels and team layers (vindex3.codecs.intrinsics `team_kernel`,
+vindex3.exec.ops.fused_source `team_source`): at more than one decode thread a fused layer is one
+parallel region whose threads claim row tasks from shared counters (vindex3.codecs.atomics).
+
+Invariants: a team kernel writes the group kernel's bytes whoever claims which tasks, including
+when one thread ends up doing every task (a worker that never arrives); a team layer is the
+one-thread fused layer's bytes for every encoding it takes; its refusals are the unfused path's."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import pytest
+from numba import njit, prange
+
+import vindex3
+from vindex3 import codecs
+from vindex3.codecs import atomics as A
+from vindex3.codecs import intrinsics as I
+from vindex3.codecs import threads
+from vindex3.codecs.kernels import F16_TABLE
+from vindex3.errors import NonFiniteActivation
+from vindex3.exec.ops import decode
+from vindex3.exec.ops import fused_layer as FL
+from vindex3.exec.slice import LayerRange
+
+pytestmark = pytest.mark.numeric
+
+F32 = np.float32
+rng = np.random.default_rng(43)
+# rows of the three weights of a group: a partial task, one task exactly, and many tasks with a tail
+ROWS = (37, 16, 301)
+
+
+def _group(kind: str, K: int):
+    """(arrays the team / group kernels take, as a tuple of tuples) for three weights of ``kind``."""
+    Ws = [rng.standard_normal((o, K)).astype(F32) for o in ROWS]
+    if kind == "f32":
+        return ((*Ws,),)
+    if kind == "bf16":
+        ws = [codecs.get("bf16").weight(codecs.get("bf16").encode(W), W.shape) for W in Ws]
+        return (tuple(w.h for w in ws),)
+    if kind == "i8":
+        ws = [codecs.get("int8").weight(codecs.get("int8").encode(W), W.shape) for W in Ws]
+        return tuple(w.q for w in ws), tuple(w.s for w in ws)
+    ws = [codecs.get("q4").weight(codecs.get("q4").encode(W), W.shape) for W in Ws]
+    return tuple(w.qs for w in ws), tuple(w.d for w in ws), tuple(w.m for w in ws)
+
+
+def _group_bytes(kind, arrs, x, ys):
+    if kind in ("f32", "bf16"):
+        I.float_kernel(kind, "vector", False, True)(arrs[0], x, ys, I.ROWS_PER_TASK)
+    elif kind == "i8":
+        I.group_kernel("i8", I.best())(*arrs, x, ys, I.ROWS_PER_TASK)
+    else:
+        I.group_kernel("q4", I.best())(*arrs, F16_TABLE, x, ys, I.ROWS_PER_TASK)
+
+
+def _drivers(kind):
+    """(serial, parallel) callers of the team kernel over a three-weight group."""
+    team = I.team_kernel(kind, None if kind in ("f32", "bf16") else I.best())
+    if kind in ("f32", "bf16"):
+        def body(w0, w1, w2, x, y0, y1, y2, ctl, nt):
+            team((w0, w1, w2), x, (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
+
+        def par(w0, w1, w2, x, y0, y1, y2, ctl, nt):
+            for _ in prange(nt):
+                team((w0, w1, w2), x, (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
+
+        return njit(body), njit(parallel=True)(par)
+
+    def qbody(arrs, XQ, XD, XC, XS, ys, ctl, nt):
+        if kind == "i8":
+            team(arrs[0], arrs[1], XQ, XD, XC, ys, I.ROWS_PER_TASK, ctl, 3, nt)
+        else:
+            team(arrs[0], arrs[1], arrs[2], F16_TABLE, XQ, XD, XS, ys, I.ROWS_PER_TASK, ctl, 3, nt)
+
+    return None, njit(qbody)
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "i8", "q4"])
+def test_a_team_kernel_writes_the_group_kernels_bytes(kind, T):
+    """Called by one thread that claims every task (its partner never arrives), and by a region of
+    two threads: the group kernel's bytes either way, every task counted done exactly once."""
+    K = 96 if kind != "f32" else 80
+    arrs = _group(kind, K)
+    x = (rng.standard_normal((T, K)) * 3).astype(F32)
+    want = tuple(np.empty((T, o), F32) for o in ROWS)
+    _group_bytes(kind, arrs, x, want)
+    ntask = sum(-(-o // I.ROWS_PER_TASK) for o in ROWS)
+    serial, parallel = _drivers(kind)
+    for nt, how in ((2, "alone"), (2, "region"), (1, "region")):
+        ys = tuple(np.full((T, o), np.nan, F32) for o in ROWS)
+        ctl = np.zeros(8 * A.SLOT, np.int64)
+        if kind in ("f32", "bf16"):
+            f = serial if how == "alone" else parallel
+            numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+            try:
+                f(*arrs[0], x, *ys, ctl, nt)
+            finally:
+                numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        else:  # the q8 kinds: one thread claims every task (the region case runs in the layer tests)
+            parallel(arrs, *I.quantized(x), ys, ctl, nt)
+        assert all(np.array_equal(a, b) for a, b in zip(want, ys)), (kind, T, nt, how)
+        assert ctl[7 * A.SLOT] == ntask  # phase 3's done counter: every task once
+        assert ctl[6 * A.SLOT] >= ntask  # its claim counter ran past the end
+
+
+def test_a_team_kernel_of_an_unknown_kind_is_refused_by_name():
+    with pytest.raises(ValueError, match="no team kernel for 'f16'"):
+        I.team_kernel("f16")
+
+
+# -- team layers -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reps(tiny_llama_container, tmp_path_factory):
+    from vindex3.represent import represent
+
+    base = tmp_path_factory.mktemp("team")
+    out = {"f32": tiny_llama_container}
+    for e in ("bf16", "int8", "q4"):
+        out[e] = represent(tiny_llama_container, base / f"{e}.vindex3", e).path
+    return out
+
+
+@pytest.fixture
+def restore():
+    yield
+    FL.set_enabled(None)
+    FL.set_team(None)
+    decode.set_enabled(None)
+    threads.set_count(None)
+
+
+def _passes(ex, T: int):
+    st = ex.start()
+    outs = [st.prefill([5, 9, 11, 13, 17])]
+    tok = int(np.argmax(outs[-1][-1]))
+    for i in range(6):
+        outs.append(st.prefill([tok] + [3 + i + j for j in range(T - 1)]))
+        tok = int(np.argmax(outs[-1][-1]))
+    kv = [(ls.ops["mixer"].kt[:, :, : ls.ops["mixer"].end].copy(), ls.ops["mixer"].v[:, : ls.ops["mixer"].end].copy())
+          for ls in st.state.layers.values()]
+    return [o.tobytes() for o in outs], [(a.tobytes(), b.tobytes()) for a, b in kv]
+
+
+@pytest.mark.parametrize("T", [1, 5, 8])
+@pytest.mark.parametrize("enc,act", [("f32", "exact"), ("bf16", "exact"), ("int8", "q8"), ("q4", "q8")])
+def test_a_team_layer_is_the_one_thread_layers_bytes(reps, enc, act, T, restore):
+    ex = vindex3.open(reps[enc]).executor(activations=act)
+    threads.set_count(1)
+    one = _passes(ex, T)
+    threads.set_count(2)
+    assert all(line.endswith("fused (one parallel region)") for line in ex.fused.describe()), ex.fused.describe()
+    team = _passes(ex, T)
+    FL.set_team(False)
+    assert not any("parallel region" in line for line in ex.fused.describe())
+    per_product = _passes(ex, T)
+    assert team == one and per_product == one
+
+
+def test_layers_without_a_team_kernel_keep_a_region_per_product(reps, restore):
+    """int8 under activations 'exact' runs the reassociating kernels, which have no team kernel."""
+    ex = vindex3.open(reps["int8"]).executor(activations="exact")
+    threads.set_count(2)
+    assert ex.fused.active and not any(fl.team() for fl in ex.fused.layers.values())
+
+
+@pytest.mark.parametrize("where", ["first norm", "second norm"])
+def test_a_team_layer_refuses_as_the_unfused_path_refuses(tiny_llama_container, where, restore):
+    """The first norm fails before the region starts; the second fails inside it (huge cached
+    values reach the residual), and the other thread skips the FFN."""
+    ex = vindex3.open(tiny_llama_container).executor(LayerRange(0, 2))
+    errs = []
+    for count, fused in ((2, True), (1, True), (1, False)):
+        threads.set_count(count)
+        FL.set_enabled(fused)
+        st = ex.start()
+        st.prefill_hidden(np.ones((2, 64), F32))
+        if where == "first norm":
+            h = np.full((2, 64), np.nan, F32)
+        else:
+            h = np.ones((1, 64), F32)
+            mixer = st.state.layers[0].ops["mixer"]
+            mixer.v[:, : mixer.end] = 1e30  # finite, but its square overflows in the second norm
+        with pytest.raises(NonFiniteActivation, match="mean of squares") as e:
+            st.prefill_hidden(h)
+        errs.append((str(e.value), e.value.layer, e.value.site,
+                     [ls.ops["mixer"].end for ls in st.state.layers.values()], st.state.position))
+    assert errs[0] == errs[1] == errs[2]
