@@ -228,6 +228,10 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
         env["VINDEX3_INTDOT_PATH"] = path_force
     env["VINDEX3_FUSED_LAYERS"] = "0" if spec.get("fused") is False else "1"
     env["VINDEX3_WEIGHTS"] = spec.get("weights", "mapped")  # vindex3.switches.weights_mode
+    env["VINDEX3_TEAM_LAYERS"] = "0" if spec.get("team") is False else "1"  # vindex3.codecs.threads
+    if spec.get("spin") is not None:  # numba's OpenMP workers spin this long, then sleep
+        env.pop("OMP_WAIT_POLICY", None)
+        env["GOMP_SPINCOUNT"] = str(spec["spin"])
     if spec["kind"] == "llama":
         env.pop("OMP_WAIT_POLICY", None)
         if USER_OMP_WAIT is not None:
@@ -305,10 +309,14 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--dir", help="peer GGUF directory (default: <vindex3 cache>/peer-ggufs)")
     ap.add_argument("--out", default=str(HERE / "results" / "intdot_vs_llamacpp.json"))
-    ap.add_argument("--select", help="comma-separated parts of arm names: run only the arms that contain one")
+    ap.add_argument("--select", help="comma-separated parts of arm names: run only the arms that contain one "
+                                     "(a part starting with '=' names an arm exactly)")
     ap.add_argument("--prefill", action="store_true", help="time prefill-512 instead of decode")
     ap.add_argument("--resident", action="store_true",
                     help="also run our fused arms with VINDEX3_WEIGHTS=resident (weights read into huge pages)")
+    ap.add_argument("--team-ab", action="store_true",
+                    help="add arms of ours with a parallel region per product (VINDEX3_TEAM_LAYERS=0)")
+    ap.add_argument("--spin", type=int, help="add arms of ours whose OpenMP workers spin GOMP_SPINCOUNT=N, then sleep")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -345,6 +353,12 @@ def main() -> int:
             arms.append((f"vindex3 {enc} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
             arms.append((f"vindex3 {enc} {act} unfused", {"kind": "ours", "path": ours[enc], "activations": act,
                                                           "fused": False}))
+            if a.team_ab:
+                arms.append((f"vindex3 {enc} {act} per-product", {"kind": "ours", "path": ours[enc],
+                                                                  "activations": act, "team": False}))
+            if a.spin is not None:
+                arms.append((f"vindex3 {enc} {act} spin", {"kind": "ours", "path": ours[enc], "activations": act,
+                                                           "spin": a.spin}))
             if a.resident:
                 arms.append((f"vindex3 {enc} {act} resident", {"kind": "ours", "path": ours[enc], "activations": act,
                                                                "weights": "resident"}))
@@ -352,7 +366,7 @@ def main() -> int:
         arms = [(n, s) for n, s in arms if s.get("fused") is not False]
     if a.select:
         parts = [p.strip() for p in a.select.split(",") if p.strip()]
-        arms = [(n, s) for n, s in arms if any(p in n for p in parts)]
+        arms = [(n, s) for n, s in arms if any(n == p[1:] if p.startswith("=") else p in n for p in parts)]
     if a.prefill:
         return prefill_main(a, arms)
     bw = stream_bandwidth()
@@ -389,6 +403,9 @@ def main() -> int:
     pairs += [("vindex3 int8 q8 resident", "llama.cpp Q8_0"), ("vindex3 q4 q8 resident", "llama.cpp Q4_1"),
               ("vindex3 f32 exact resident", "llama.cpp F32"), ("vindex3 int8 q8 resident", "llama.cpp Q8_0 no-mmap"),
               ("vindex3 q4 q8 resident", "llama.cpp Q4_1 no-mmap"), ("vindex3 f32 exact resident", "llama.cpp F32 no-mmap"), ("vindex3 bf16 exact resident", "vindex3 f32 exact resident")]
+    pairs += [(f"vindex3 {e} {act} {v}", peer) for e, act, peer in (("int8", "q8", "llama.cpp Q8_0"),
+              ("q4", "q8", "llama.cpp Q4_1"), ("f32", "exact", "llama.cpp F32")) for v in ("per-product", "spin")]
+    pairs += [(f"vindex3 {e} {act}", f"vindex3 {e} {act} per-product") for e, act in (("int8", "q8"), ("q4", "q8"), ("f32", "exact"))]
     pairs += [(f"vindex3 {e} {act} resident", f"vindex3 {e} {act}")
               for e, act in (("int8", "q8"), ("q4", "q8"), ("f32", "exact"), ("bf16", "exact"))]
     pairs += [(f"vindex3 {e} {act}", f"vindex3 {e} {act} unfused")
@@ -407,7 +424,8 @@ def main() -> int:
         "llama_cpp_python": _llama_version(),
         "decode_steps": a.steps, "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
         "omp_wait_policy": {"ours": USER_OMP_WAIT or "PASSIVE (vindex3.codecs.threads default)",
-                            "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)"},
+                            "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)",
+                            "ours 'spin' arms": None if a.spin is None else f"unset, GOMP_SPINCOUNT={a.spin}"},
         "stream_bandwidth_bytes_per_s": bw,
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "runs": runs,

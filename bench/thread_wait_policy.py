@@ -29,14 +29,20 @@ from machine import child_json, facts
 VARIANTS = {
     "1 thread": (1, {"OMP_WAIT_POLICY": "PASSIVE"}),
     "2 threads, sleeping (PASSIVE)": (2, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "2 threads, sleeping, a region per product (VINDEX3_TEAM_LAYERS=0)": (2, {"OMP_WAIT_POLICY": "PASSIVE",
+                                                                              "VINDEX3_TEAM_LAYERS": "0"}),
     "2 threads, spinning (ACTIVE)": (2, {"OMP_WAIT_POLICY": "ACTIVE"}),
     "2 threads, bounded spin (GOMP_SPINCOUNT=20000)": (2, {"GOMP_SPINCOUNT": "20000"}),
 }
+
+
+def spin_variant(n: int) -> tuple[str, tuple[int, dict]]:
+    return f"2 threads, bounded spin (GOMP_SPINCOUNT={n})", (2, {"GOMP_SPINCOUNT": str(n)})
 ACTS = {"f32": "exact", "bf16": "exact", "int8": "q8", "q4": "q8"}
 
 
 def run_arm(path: str, activations: str, threads: int, extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VINDEX3_TEAM_LAYERS")}
     env.update(extra, VINDEX3_DECODE_THREADS=str(threads), VINDEX3_FUSED_LAYERS="1",
                PYTHONPATH=str(HERE.parent) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
     spec = {"kind": "ours", "path": path, "activations": activations}
@@ -50,11 +56,18 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--busy", type=int, default=2, help="busy loops beside the arms in the second part (0: none)")
     ap.add_argument("--encodings", default="f32,int8")
+    ap.add_argument("--spins", default="", help="more bounded-spin variants, comma-separated GOMP_SPINCOUNT values")
+    ap.add_argument("--skip", default="", help="variants to leave out, comma-separated substrings of their names")
     ap.add_argument("--out", default=str(HERE / "results" / "thread_wait_policy.json"))
     a = ap.parse_args()
     from llamacpp_peer import our_containers
     from make_peer_ggufs import peer_dir
 
+    for n in (int(v) for v in a.spins.split(",") if v.strip()):
+        VARIANTS.update([spin_variant(n)])
+    for sub in (v.strip() for v in a.skip.split(",") if v.strip()):
+        for name in [n for n in VARIANTS if sub in n]:
+            del VARIANTS[name]
     encs = [e.strip() for e in a.encodings.split(",") if e.strip()]
     bad = [e for e in encs if e not in ACTS]
     if bad:
