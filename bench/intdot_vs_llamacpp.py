@@ -228,7 +228,7 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
         env["VINDEX3_INTDOT_PATH"] = path_force
     env["VINDEX3_FUSED_LAYERS"] = "0" if spec.get("fused") is False else "1"
     env["VINDEX3_WEIGHTS"] = spec.get("weights", "mapped")  # vindex3.switches.weights_mode
-    env["VINDEX3_TEAM_LAYERS"] = "0" if spec.get("team") is False else "1"  # vindex3.codecs.threads
+    env["VINDEX3_TEAMS"] = "0" if spec.get("team") is False else "1"  # vindex3.codecs.threads
     if spec.get("spin") is not None:  # numba's OpenMP workers spin this long, then sleep
         env.pop("OMP_WAIT_POLICY", None)
         env["GOMP_SPINCOUNT"] = str(spec["spin"])
@@ -315,7 +315,7 @@ def main() -> int:
     ap.add_argument("--resident", action="store_true",
                     help="also run our fused arms with VINDEX3_WEIGHTS=resident (weights read into huge pages)")
     ap.add_argument("--team-ab", action="store_true",
-                    help="add arms of ours with a parallel region per product (VINDEX3_TEAM_LAYERS=0)")
+                    help="add arms of ours with a parallel region per product (VINDEX3_TEAMS=0)")
     ap.add_argument("--spin", type=int, help="add arms of ours whose OpenMP workers spin GOMP_SPINCOUNT=N, then sleep")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)

@@ -29,8 +29,8 @@ from machine import child_json, facts
 VARIANTS = {
     "1 thread": (1, {"OMP_WAIT_POLICY": "PASSIVE"}),
     "2 threads, sleeping (PASSIVE)": (2, {"OMP_WAIT_POLICY": "PASSIVE"}),
-    "2 threads, sleeping, a region per product (VINDEX3_TEAM_LAYERS=0)": (2, {"OMP_WAIT_POLICY": "PASSIVE",
-                                                                              "VINDEX3_TEAM_LAYERS": "0"}),
+    "2 threads, sleeping, a region per product (VINDEX3_TEAMS=0)": (2, {"OMP_WAIT_POLICY": "PASSIVE",
+                                                                              "VINDEX3_TEAMS": "0"}),
     "2 threads, spinning (ACTIVE)": (2, {"OMP_WAIT_POLICY": "ACTIVE"}),
     "2 threads, bounded spin (GOMP_SPINCOUNT=20000)": (2, {"GOMP_SPINCOUNT": "20000"}),
 }
@@ -42,7 +42,7 @@ ACTS = {"f32": "exact", "bf16": "exact", "int8": "q8", "q4": "q8"}
 
 
 def run_arm(path: str, activations: str, threads: int, extra: dict) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VINDEX3_TEAM_LAYERS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VINDEX3_TEAMS")}
     env.update(extra, VINDEX3_DECODE_THREADS=str(threads), VINDEX3_FUSED_LAYERS="1",
                PYTHONPATH=str(HERE.parent) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else ""))
     spec = {"kind": "ours", "path": path, "activations": activations}

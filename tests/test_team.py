@@ -107,6 +107,66 @@ def test_a_team_kernel_writes_the_group_kernels_bytes(kind, T):
         assert ctl[6 * A.SLOT] >= ntask  # its claim counter ran past the end
 
 
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "i8", "q4"])
+def test_a_team_of_one_weight_writes_the_rows_kernels_bytes(kind, T, restore):
+    """`team_rows` (the codecs' launch of a large weight, a model's head, at two threads)."""
+    K = 96
+    arrs = tuple(a[-1] for a in _group(kind, K))  # the 301-row weight
+    x = (rng.standard_normal((T, K)) * 3).astype(F32)
+    want = np.empty((T, ROWS[-1]), F32)
+    if kind in ("f32", "bf16"):
+        I.float_kernel(kind, "vector")(*arrs, x, want, I.ROWS_PER_TASK)
+        args = arrs
+    else:
+        args = arrs + ((F16_TABLE,) if kind == "q4" else ())
+        I.rows_kernel(kind, I.best())(*args, x, want, I.ROWS_PER_TASK)
+    threads.set_count(2)
+    got = np.full_like(want, np.nan)
+    with threads.launch():
+        I.team_rows(kind, *args, x, got, path=None if kind in ("f32", "bf16") else I.best())
+    assert np.array_equal(want, got)
+
+
+@pytest.mark.parametrize("enc", ["f32", "bf16", "int8", "q4"])
+def test_a_large_weights_product_is_the_same_bytes_as_a_team(enc, restore):
+    """A weight past `PARALLEL_MIN_BYTES` (as a model's head) multiplied through its codec (int8
+    and q4 under activations 'q8') at two threads, as a team, and at one."""
+    W = rng.standard_normal((4096 if enc != "f32" else 640, 576)).astype(F32)
+    w = codecs.get(enc).weight(codecs.get(enc).encode(W), W.shape)
+    if enc in ("int8", "q4"):
+        w = w.with_activations("q8")
+        assert w.activations == "q8"
+    x = rng.standard_normal((3, 576)).astype(F32)
+    threads.set_count(1)
+    one = w.mm(x)
+    threads.set_count(2)
+    calls = []
+    real = I.team_rows
+
+    def counted(*a, **k):
+        calls.append(a[0])
+        return real(*a, **k)
+
+    I.team_rows = counted
+    try:
+        two = w.mm(x)
+    finally:
+        I.team_rows = real
+    assert calls == [{"f32": "f32", "bf16": "bf16", "int8": "i8", "q4": "q4"}[enc]]
+    assert np.array_equal(one, two)
+
+
+def test_the_teams_switch_sends_large_weights_to_a_team(restore):
+    threads.set_count(2)
+    assert threads.team(threads.PARALLEL_MIN_BYTES) and not threads.team(threads.PARALLEL_MIN_BYTES - 1)
+    FL.set_team(False)
+    assert not threads.team(threads.PARALLEL_MIN_BYTES)
+    threads.set_team(None)
+    threads.set_count(1)
+    assert not threads.team(threads.PARALLEL_MIN_BYTES)
+
+
 def test_a_team_kernel_of_an_unknown_kind_is_refused_by_name():
     with pytest.raises(ValueError, match="no team kernel for 'f16'"):
         I.team_kernel("f16")

@@ -1,6 +1,6 @@
 """Process settings read from the environment: the compiled fast paths a process may turn off
 (``VINDEX3_DECODE_KERNELS``, ``VINDEX3_PREFILL_KERNELS``, ``VINDEX3_FUSED_LAYERS``,
-``VINDEX3_TEAM_LAYERS``), how segments
+``VINDEX3_TEAMS``), how segments
 hold their bytes (``VINDEX3_WEIGHTS``, `weights_mode`), and the check that refuses a misspelt
 ``VINDEX3_*`` name (`check_all`).
 
@@ -25,7 +25,7 @@ import os
 from .errors import ConfigError
 
 ON, OFF = "1", "0"
-NAMES = ("VINDEX3_DECODE_KERNELS", "VINDEX3_PREFILL_KERNELS", "VINDEX3_FUSED_LAYERS", "VINDEX3_TEAM_LAYERS")
+NAMES = ("VINDEX3_DECODE_KERNELS", "VINDEX3_PREFILL_KERNELS", "VINDEX3_FUSED_LAYERS", "VINDEX3_TEAMS")
 
 
 def read_switch(name: str) -> bool:

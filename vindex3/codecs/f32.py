@@ -43,7 +43,11 @@ class DenseF32(Weight):
             I = intdot()
             y = np.empty((x.shape[0], self.a.shape[0]), F32)
             with launch():
-                I.float_kernel("f32", "vector", threads.parallel(self.a.nbytes))(self.a, np.ascontiguousarray(x), y, I.ROWS_PER_TASK)
+                if threads.team(self.a.nbytes):
+                    I.team_rows("f32", self.a, np.ascontiguousarray(x), y)
+                else:
+                    I.float_kernel("f32", "vector", threads.parallel(self.a.nbytes))(self.a, np.ascontiguousarray(x), y,
+                                                                                     I.ROWS_PER_TASK)
             return y
         return x @ self.aT
 

@@ -51,7 +51,10 @@ class BF16Weight(Half):
         # used by f16; bench/intdot_kernels.py), and an order of additions that no target,
         # thread count or number of activation rows changes (the rows share each load of W).
         I = intdot()
-        I.rows_bf16("vector", threads.parallel(self.h.nbytes))(self.h, x, y, I.ROWS_PER_TASK)
+        if threads.team(self.h.nbytes):
+            I.team_rows("bf16", self.h, x, y)
+        else:
+            I.rows_bf16("vector", threads.parallel(self.h.nbytes))(self.h, x, y, I.ROWS_PER_TASK)
 
     @classmethod
     def _group_rows(cls, weights):

@@ -74,7 +74,10 @@ class Int8BlocksQ8(Int8Blocks):
 
     def _rows(self, x, y):
         I = intdot()
-        I.rows_kernel("i8", parallel=threads.parallel(self.q.nbytes))(self.q, self.s, x, y, I.ROWS_PER_TASK)
+        if threads.team(self.q.nbytes):
+            I.team_rows("i8", self.q, self.s, x, y)
+        else:
+            I.rows_kernel("i8", parallel=threads.parallel(self.q.nbytes))(self.q, self.s, x, y, I.ROWS_PER_TASK)
 
     def _tiles(self, x, y):
         # a prefill pass does T times a decode step's work: the pool's threshold (threads.parallel)

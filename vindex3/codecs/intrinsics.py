@@ -1080,6 +1080,47 @@ def _make_team_q4(dots):
     return team
 
 
+def _make_team_rows(kind, team):
+    """One weight's product as a team (numba's pool: one region, tasks claimed; see above)."""
+    if kind in FLOAT_GEOMETRY:
+        @njit(parallel=True)
+        def rows(W, X, Y, rpt, nt, ctl):
+            for _ in prange(nt):
+                team((W,), X, (Y,), rpt, ctl, 0, nt)
+    elif kind == "i8":
+        @njit(parallel=True)
+        def rows(Q, S, X, Y, rpt, nt, ctl):
+            XQ, XD, XC, XS = q8_buffers(X)
+            quantize_x(X, XQ, XD, XC, XS)
+            for _ in prange(nt):
+                team((Q,), (S,), XQ, XD, XC, (Y,), rpt, ctl, 0, nt)
+    else:
+        @njit(parallel=True)
+        def rows(QS, D, M, table, X, Y, rpt, nt, ctl):
+            XQ, XD, XC, XS = q8_buffers(X)
+            quantize_x(X, XQ, XD, XC, XS)
+            for _ in prange(nt):
+                team((QS,), (D,), (M,), table, XQ, XD, XS, (Y,), rpt, ctl, 0, nt)
+    return rows
+
+
+TEAM_CTL = 2 * _A.SLOT  # the counters of one team product (phase 0)
+_TEAM_ROWS: dict[tuple[str, str], object] = {}
+
+
+def team_rows(kind: str, *arrays, path: str | None = None) -> None:
+    """``arrays`` (the weight's arrays as `rows_kernel` / `float_kernel` take them, then X and Y)
+    multiplied as a team of `threads.numba_count()` threads: the rows kernel's bytes. The counters
+    are allocated here and passed in: numba loses a region's writes to an array allocated in the
+    function that holds the region (vindex3.exec.ops.fused_source says more)."""
+    from . import threads
+
+    key = (kind, "vector" if kind in FLOAT_GEOMETRY else (chosen() if path is None else path))
+    if key not in _TEAM_ROWS:
+        _TEAM_ROWS[key] = _make_team_rows(kind, team_kernel(kind, key[1]))
+    _TEAM_ROWS[key](*arrays, ROWS_PER_TASK, threads.numba_count(), np.zeros(TEAM_CTL, np.int64))
+
+
 _TEAMS: dict[tuple[str, str], object] = {}
 TEAM_KINDS = ("f32", "bf16", "i8", "q4")
 

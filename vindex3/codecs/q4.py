@@ -74,8 +74,11 @@ class Q4WeightQ8(Q4Weight):
 
     def _rows(self, x, y):
         I = intdot()
-        I.rows_kernel("q4", parallel=threads.parallel(self.qs.nbytes))(self.qs, self.d, self.m, kernels().F16_TABLE, x, y,
-                                                           I.ROWS_PER_TASK)
+        if threads.team(self.qs.nbytes):
+            I.team_rows("q4", self.qs, self.d, self.m, kernels().F16_TABLE, x, y)
+        else:
+            I.rows_kernel("q4", parallel=threads.parallel(self.qs.nbytes))(self.qs, self.d, self.m, kernels().F16_TABLE,
+                                                                           x, y, I.ROWS_PER_TASK)
 
     def _tiles(self, x, y):
         # a prefill pass does T times a decode step's work: the pool's threshold (threads.parallel)

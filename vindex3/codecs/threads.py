@@ -54,9 +54,18 @@ from __future__ import annotations
 import os
 import threading
 
+from ..switches import EnvSwitch, set_switch
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the module docstring
 
 PARALLEL_MIN_BYTES = 1 << 20  # weight bytes from which a launch goes to numba's pool
+
+
+class _TeamSwitch:
+    on = EnvSwitch("VINDEX3_TEAMS")
+
+
+TEAM = _TeamSwitch()
 
 _LOCK = threading.Lock()
 _local = threading.local()
@@ -95,6 +104,19 @@ def numba_count() -> int:
 def parallel(nbytes: int) -> bool:
     """Should a launch over ``nbytes`` of weights use numba's pool (see the module docstring)?"""
     return count() > 1 and nbytes >= PARALLEL_MIN_BYTES
+
+
+def team(nbytes: int | None = None) -> bool:
+    """Do parallel launches run as teams (one region whose threads claim row tasks from shared
+    counters, vindex3.codecs.intrinsics `team_kernel`) rather than a fixed split? At more than one
+    thread, unless ``VINDEX3_TEAMS=0``; with ``nbytes``, only for a launch `parallel` sends to the
+    pool."""
+    return count() > 1 and TEAM.on and (nbytes is None or nbytes >= PARALLEL_MIN_BYTES)
+
+
+def set_team(flag: bool | None) -> None:
+    """Turn teams on or off for this process (None: read ``VINDEX3_TEAMS`` again)."""
+    set_switch(TEAM, "on", flag)
 
 
 def set_count(n: int | None) -> None:

@@ -53,12 +53,7 @@ class _Switch:
     on = EnvSwitch("VINDEX3_FUSED_LAYERS")
 
 
-class _TeamSwitch:
-    on = EnvSwitch("VINDEX3_TEAM_LAYERS")
-
-
 FUSED = _Switch()
-TEAM = _TeamSwitch()
 TEAM_KINDS = ("f32", "bf16", "i8q8", "q4q8")  # product kinds with a team kernel
 
 
@@ -74,8 +69,8 @@ def set_enabled(flag: bool | None) -> None:
 
 def set_team(flag: bool | None) -> None:
     """Turn team layers (one parallel region a layer at more than one decode thread) on or off
-    for this process (None: read ``VINDEX3_TEAM_LAYERS`` again; off only when it is ``0``)."""
-    set_switch(TEAM, "on", flag)
+    for this process, with the other team launches (vindex3.codecs.threads `set_team`)."""
+    threads.set_team(flag)
 
 
 # --------------------------------------------------------------------------------------------
@@ -182,12 +177,12 @@ class FusedLayer:
 
     def team(self) -> bool:
         """Does this layer run as one parallel region (a team layer) at the current settings?"""
-        return threads.count() > 1 and TEAM.on and all(self.kinds[g] in TEAM_KINDS for g in GROUPS)
+        return threads.team() and all(self.kinds[g] in TEAM_KINDS for g in GROUPS)
 
     def fn(self):
         """The compiled call for this layer's kinds and the current thread count: at one thread
         each product on numba's pool exactly when the unfused path would send it there; at more,
-        the team layer when every product has a team kernel (and ``VINDEX3_TEAM_LAYERS`` is on)."""
+        the team layer when every product has a team kernel (and ``VINDEX3_TEAMS`` is not 0)."""
         team = self.team()
         key = (threads.count(), team)
         f = self._fns.get(key)
