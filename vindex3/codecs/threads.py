@@ -26,6 +26,12 @@
   two threads lost on every f32 and q4 shape of SmolLM2 and the 1.1B shape but 576x1536 f32,
   and won only on int8's largest (the 1.1B head 32000x2048 4.5 -> 3.6 ms); no evidence to move
   the threshold either way, so it stays (and the count stays 1 by default).
+* **Teams.** At more than one thread (unless ``VINDEX3_TEAMS=0``, `team`), a fused layer runs as
+  one parallel region and a pool-sized single weight (a head) as a team too: the region's threads
+  claim row tasks from shared counters instead of each taking a fixed share, so a worker that
+  wakes late leaves its share to the thread that is running (vindex3.codecs.intrinsics
+  `team_kernel`; docs/container.md measures it: 1.18-1.24x the tokens/s of a region per product
+  at two threads on AMD Zen 4). Same bytes: each output element is still one thread's row dot.
 * **Workers sleep when idle.** numba's OpenMP workers spin after a parallel region by default;
   on a machine whose cores are shared with other processes a spinning worker takes the core
   the decode thread needs and a parallel region waits for a descheduled one. Measured on this

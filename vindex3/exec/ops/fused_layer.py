@@ -22,6 +22,11 @@ element is still computed by one thread, so the thread count changes no byte eit
 refusals are the unfused path's: a norm whose mean of squares is not finite, a residual holding
 NaN or infinity, each raised after the same state changes (tests/test_fused_layer.py).
 
+At more than one decode thread a layer whose products all have team kernels (f32, bf16, and
+int8 and q4 under 'q8') runs as a team layer: one parallel region a call, its threads claiming the
+products' row tasks (vindex3.exec.ops.fused_source `team_source`; ``VINDEX3_TEAMS=0`` keeps a
+region per product).
+
 On by default; ``VINDEX3_FUSED_LAYERS=0`` turns the fast path off for a process, `set_enabled`
 in one (tests and bench/decode_step.py run both), and ``VINDEX3_DECODE_KERNELS=0`` turns it off
 with the decode kernels it is made of. Each fused layer function is a generated module held in
