@@ -77,6 +77,18 @@ def tiny_llama_container(containers):
     return containers("llama")
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_encodings(tiny_llama_container, tmp_path_factory):
+    """The tiny llama container by encoding: f32 (itself), bf16, int8 and q4 (vindex3.represent)."""
+    from vindex3.represent import represent
+
+    base = tmp_path_factory.mktemp("encodings")
+    out = {"f32": tiny_llama_container}
+    for e in ("bf16", "int8", "q4"):
+        out[e] = represent(tiny_llama_container, base / f"{e}.vindex3", e).path
+    return out
+
+
 @pytest.fixture()
 def tiny_llama_copy(tiny_llama_container, tmp_path):
     """A writable copy of the tiny llama container, opened (tests that store into a container:

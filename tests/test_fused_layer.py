@@ -31,14 +31,8 @@ ENCODINGS = ["f32", "bf16", "int8", "q4"]
 
 
 @pytest.fixture(scope="module")
-def reps(tiny_llama_container, tmp_path_factory):
-    from vindex3.represent import represent
-
-    base = tmp_path_factory.mktemp("fused")
-    out = {"f32": tiny_llama_container}
-    for e in ENCODINGS[1:]:
-        out[e] = represent(tiny_llama_container, base / f"{e}.vindex3", e).path
-    return out
+def reps(tiny_llama_encodings):
+    return tiny_llama_encodings
 
 
 @pytest.fixture

@@ -61,19 +61,19 @@ def _drivers(kind):
     team = I.team_kernel(kind, None if kind in ("f32", "bf16") else I.best())
     if kind in ("f32", "bf16"):
         def body(w0, w1, w2, x, y0, y1, y2, ctl, nt):
-            team((w0, w1, w2), x, (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
+            team(((w0, w1, w2),), (x,), (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
 
         def par(w0, w1, w2, x, y0, y1, y2, ctl, nt):
             for _ in prange(nt):
-                team((w0, w1, w2), x, (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
+                team(((w0, w1, w2),), (x,), (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
 
         return njit(body), njit(parallel=True)(par)
 
     def qbody(arrs, XQ, XD, XC, XS, ys, ctl, nt):
         if kind == "i8":
-            team(arrs[0], arrs[1], XQ, XD, XC, ys, I.ROWS_PER_TASK, ctl, 3, nt)
+            team(arrs, (XQ, XD, XC), ys, I.ROWS_PER_TASK, ctl, 3, nt)
         else:
-            team(arrs[0], arrs[1], arrs[2], F16_TABLE, XQ, XD, XS, ys, I.ROWS_PER_TASK, ctl, 3, nt)
+            team(arrs, (F16_TABLE, XQ, XD, XS), ys, I.ROWS_PER_TASK, ctl, 3, nt)
 
     return None, njit(qbody)
 
@@ -174,14 +174,8 @@ def test_a_team_kernel_of_an_unknown_kind_is_refused_by_name():
 
 # -- team layers -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def reps(tiny_llama_container, tmp_path_factory):
-    from vindex3.represent import represent
-
-    base = tmp_path_factory.mktemp("team")
-    out = {"f32": tiny_llama_container}
-    for e in ("bf16", "int8", "q4"):
-        out[e] = represent(tiny_llama_container, base / f"{e}.vindex3", e).path
-    return out
+def reps(tiny_llama_encodings):
+    return tiny_llama_encodings
 
 
 @pytest.fixture

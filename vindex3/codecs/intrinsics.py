@@ -1002,15 +1002,43 @@ def _claimed(starts, rows_of, i, k, k1, rpt):  # pragma: no cover - compiled
     return (a - starts[i]) * rpt, min(rows_of[i], (b - starts[i]) * rpt)
 
 
-def _make_team_float(dots, PT):
+# How a team calls its dots for rows o0 .. o1 - 1 of weight i: ``ws`` the weights' arrays (a
+# tuple of tuples, one tuple per array of the encoding), ``xs`` the activation's (float: X; q8:
+# its quantized arrays, q4's f16 table first)
+def _call_float(dots):
+    @njit(inline="always")
+    def call(ws, i, o0, o1, xs, t0, Y):  # pragma: no cover - compiled
+        dots(ws[0][i], o0, o1, xs[0], t0, Y)
+
+    return call
+
+
+def _call_i8(dots):
+    @njit(inline="always")
+    def call(ws, i, o0, o1, xs, t0, Y):  # pragma: no cover - compiled
+        dots(ws[0][i], ws[1][i], o0, o1, xs[0], xs[1], xs[2], t0, Y)
+
+    return call
+
+
+def _call_q4(dots):
+    @njit(inline="always")
+    def call(ws, i, o0, o1, xs, t0, Y):  # pragma: no cover - compiled
+        dots(ws[0][i], ws[1][i], ws[2][i], xs[0], o0, o1, xs[1], xs[2], xs[3], t0, Y)
+
+    return call
+
+
+def _make_team(call, PT):
     @njit
-    def team(Ws, X, Ys, rpt, ctl, p, nt):
-        """Ys[i][t, o] = Ws[i][o] . X[t], the row tasks shared by the region's threads."""
-        T = X.shape[0]
-        n = len(Ws)
+    def team(ws, xs, Ys, rpt, ctl, p, nt):
+        """Ys[i][t, o] = row o of weight i . the activation, the row tasks shared by the region's
+        threads (``PT`` positions a pass over a task's rows)."""
+        T = Ys[0].shape[0]
+        n = len(Ys)
         rows_of = np.empty(n, np.int64)
         for i in range(n):
-            rows_of[i] = Ws[i].shape[0]
+            rows_of[i] = Ys[i].shape[1]
         starts = _task_starts(n, rows_of, rpt)
         c = 2 * p * _A.SLOT
         while True:
@@ -1021,59 +1049,7 @@ def _make_team_float(dots, PT):
                 o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
                 if o0 < o1:
                     for t0 in range(0, T, PT):
-                        dots(Ws[i], o0, o1, X, t0, Ys[i])
-            _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
-        _A.wait_for(ctl, c + _A.SLOT, starts[n])
-
-    return team
-
-
-def _make_team_i8(dots):
-    @njit
-    def team(Qs, Ss, XQ, XD, XC, Ys, rpt, ctl, p, nt):
-        """Ys[i][t, o] = row o of int8 weight i . the q8 activation (XQ, XD, XC), shared."""
-        T = XQ.shape[0]
-        n = len(Qs)
-        rows_of = np.empty(n, np.int64)
-        for i in range(n):
-            rows_of[i] = Qs[i].shape[0]
-        starts = _task_starts(n, rows_of, rpt)
-        c = 2 * p * _A.SLOT
-        while True:
-            k, k1 = _claim(ctl, c, starts[n], nt)
-            if k >= starts[n]:
-                break
-            for i in range(n):
-                o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
-                if o0 < o1:
-                    for t0 in range(0, T, MAX_T):
-                        dots(Qs[i], Ss[i], o0, o1, XQ, XD, XC, t0, Ys[i])
-            _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
-        _A.wait_for(ctl, c + _A.SLOT, starts[n])
-
-    return team
-
-
-def _make_team_q4(dots):
-    @njit
-    def team(QSs, Ds, Ms, table, XQ, XD, XS, Ys, rpt, ctl, p, nt):
-        """Ys[i][t, o] = row o of q4 weight i . the q8 activation (XQ, XD, XS), shared."""
-        T = XQ.shape[0]
-        n = len(QSs)
-        rows_of = np.empty(n, np.int64)
-        for i in range(n):
-            rows_of[i] = QSs[i].shape[0]
-        starts = _task_starts(n, rows_of, rpt)
-        c = 2 * p * _A.SLOT
-        while True:
-            k, k1 = _claim(ctl, c, starts[n], nt)
-            if k >= starts[n]:
-                break
-            for i in range(n):
-                o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
-                if o0 < o1:
-                    for t0 in range(0, T, MAX_T):
-                        dots(QSs[i], Ds[i], Ms[i], table, o0, o1, XQ, XD, XS, t0, Ys[i])
+                        call(ws, i, o0, o1, xs, t0, Ys[i])
             _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
         _A.wait_for(ctl, c + _A.SLOT, starts[n])
 
@@ -1086,21 +1062,21 @@ def _make_team_rows(kind, team):
         @njit(parallel=True)
         def rows(W, X, Y, rpt, nt, ctl):
             for _ in prange(nt):
-                team((W,), X, (Y,), rpt, ctl, 0, nt)
+                team(((W,),), (X,), (Y,), rpt, ctl, 0, nt)
     elif kind == "i8":
         @njit(parallel=True)
         def rows(Q, S, X, Y, rpt, nt, ctl):
             XQ, XD, XC, XS = q8_buffers(X)
             quantize_x(X, XQ, XD, XC, XS)
             for _ in prange(nt):
-                team((Q,), (S,), XQ, XD, XC, (Y,), rpt, ctl, 0, nt)
+                team(((Q,), (S,)), (XQ, XD, XC), (Y,), rpt, ctl, 0, nt)
     else:
         @njit(parallel=True)
         def rows(QS, D, M, table, X, Y, rpt, nt, ctl):
             XQ, XD, XC, XS = q8_buffers(X)
             quantize_x(X, XQ, XD, XC, XS)
             for _ in prange(nt):
-                team((QS,), (D,), (M,), table, XQ, XD, XS, (Y,), rpt, ctl, 0, nt)
+                team(((QS,), (D,), (M,)), (table, XQ, XD, XS), (Y,), rpt, ctl, 0, nt)
     return rows
 
 
@@ -1127,16 +1103,18 @@ TEAM_KINDS = ("f32", "bf16", "i8", "q4")
 
 def team_kernel(kind: str, path: str | None = None):
     """The team kernel of ``kind`` ('f32' | 'bf16': the ``vector`` float dots; 'i8' | 'q4': the
-    q8 dots on ``path``, default `chosen()`): called by every thread of one region (see above)."""
+    q8 dots on ``path``, default `chosen()`): ``team(ws, xs, Ys, rpt, ctl, p, nt)``, called by
+    every thread of one region (see above; ``ws`` and ``xs`` as `_call_float` / `_call_i8` /
+    `_call_q4` read them)."""
     if kind not in TEAM_KINDS:
         raise ValueError(f"no team kernel for {kind!r} (known: {', '.join(TEAM_KINDS)})")
     key = (kind, "vector" if kind in FLOAT_GEOMETRY else (chosen() if path is None else path))
     if key not in _TEAMS:
         if kind in FLOAT_GEOMETRY:
             L, PT = FLOAT_GEOMETRY[kind]
-            _TEAMS[key] = _make_team_float(_make_float_dots(kind, L, PT), PT)
+            _TEAMS[key] = _make_team(_call_float(_make_float_dots(kind, L, PT)), PT)
         else:
-            _TEAMS[key] = (_make_team_i8 if kind == "i8" else _make_team_q4)(dot(kind, key[1]))
+            _TEAMS[key] = _make_team((_call_i8 if kind == "i8" else _call_q4)(dot(kind, key[1])), MAX_T)
     return _TEAMS[key]
 
 

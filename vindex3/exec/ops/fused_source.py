@@ -125,21 +125,36 @@ _ROWS = {
              "    {n}_g(ws[0][0], ws[1][0], ws[2][0], ws[3], x, ys[0], _I.ROWS_PER_TASK)\n"),
 }
 
-_LAYER = '''
-
-@njit(cache=True, error_model="numpy", nogil=True)
-def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
+# what the plain and the team layer share: the signature, the first norm and q/k/v's outputs, and
+# the second residual add
+_SIGNATURE = '''def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
           out, nt, ctl):  # pragma: no cover - compiled
-    """h [T, H] -> out [T, H], the layer's residual (``nt``, ``ctl``: the team layer's, unused); returns 0, or 1 / 2 (the first / second
-    norm's mean of squares is not finite: nothing after it ran), 3 (out holds NaN or inf)."""
-    T, H = h.shape
+'''
+_PROLOGUE = '''    T, H = h.shape
     x = np.empty((T, H), F32)
     if not _rms(h, n1, e1, x):
         return 1
     q = np.empty((T, nh * hd), F32)
     k = np.empty((T, nkv * hd), F32)
     v = np.empty((T, nkv * hd), F32)
-    _p_qkv(wqkv, x, (q, k, v))
+'''
+_TAIL = '''    ok = True
+    for t in range(T):
+        for i in range(H):
+            s = {add2}
+            out[t, i] = s
+            if not np.isfinite(s):
+                ok = False
+    return 0 if ok else 3
+'''
+
+_LAYER = '''
+
+@njit(cache=True, error_model="numpy", nogil=True)
+''' + _SIGNATURE + '''    """h [T, H] -> out [T, H], the layer's residual (``nt``, ``ctl``: the team layer's, unused);
+    returns 0, or 1 / 2 (the first / second norm's mean of squares is not finite: nothing after it
+    ran), 3 (out holds NaN or inf)."""
+''' + _PROLOGUE + '''    _p_qkv(wqkv, x, (q, k, v))
     att = np.empty((T, nh, hd), F32)
     zero = np.int64(0)  # not a literal 0: the signature the unfused path compiled (and cached) _attend for
     _attend(q.reshape((T, nh, hd)), k.reshape((T, nkv, hd)), v.reshape((T, nkv, hd)), cos, sin, qscale, KT, V,
@@ -160,15 +175,7 @@ def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscal
     a = np.empty((T, n_i), F32)
     _silu(g, u, a)
     _p_down(wd, a, (y,))
-    ok = True
-    for t in range(T):
-        for i in range(H):
-            s = {add2}
-            out[t, i] = s
-            if not np.isfinite(s):
-                ok = False
-    return 0 if ok else 3
-'''
+''' + _TAIL
 
 
 # --------------------------------------------------------------------------------------------
@@ -189,34 +196,25 @@ from vindex3.codecs import atomics as _A
 # ``_t_G(ws, X, A, ys, ctl, p, nt)``)
 _TEAM = {
     "f32": ('{n}_k = _I.team_kernel("f32")\n', "    return (X,)\n", "    return 0\n",
-            "    {n}_k(ws[0], X, ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+            "    {n}_k(ws, (X,), ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
     "bf16": ('{n}_k = _I.team_kernel("bf16")\n', "    return (X,)\n", "    return 0\n",
-             "    {n}_k(ws[0], X, ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+             "    {n}_k(ws, (X,), ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
     "i8q8": ('{n}_k = _I.team_kernel("i8", "{path}")\n', "    return _I.q8_buffers(X)\n",
              "    _I.quantize_x(X, A[0], A[1], A[2], A[3])\n    return 0\n",
-             "    {n}_k(ws[0], ws[1], A[0], A[1], A[2], ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+             "    {n}_k(ws, (A[0], A[1], A[2]), ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
     "q4q8": ('{n}_k = _I.team_kernel("q4", "{path}")\n', "    return _I.q8_buffers(X)\n",
              "    _I.quantize_x(X, A[0], A[1], A[2], A[3])\n    return 0\n",
-             "    {n}_k(ws[0], ws[1], ws[2], ws[3], A[0], A[1], A[3], ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
+             "    {n}_k((ws[0], ws[1], ws[2]), (ws[3], A[0], A[1], A[3]), ys, _I.ROWS_PER_TASK, ctl, p, nt)\n"),
 }
 
 _LAYER_TEAM = '''
 
 @njit(cache=True, parallel=True, error_model="numpy", nogil=True)
-def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscale, sscale, m1, m2, nh, nkv, hd,
-          out, nt, ctl):  # pragma: no cover - compiled
-    """h [T, H] -> out [T, H] as `_LAYER`'s, in one parallel region of ``nt`` threads. ``ctl``: zeros,
+''' + _SIGNATURE + '''    """h [T, H] -> out [T, H] as `_LAYER`'s, in one parallel region of ``nt`` threads. ``ctl``: zeros,
     `CTL` int64s, the region's counters (phases 0-6, and slot 14: the second norm failed); it comes
     from the caller because numba loses a region's writes to an array allocated in the function
     that holds the region (measured: a zeroed array counted into by two threads read back 0)."""
-    T, H = h.shape
-    x = np.empty((T, H), F32)
-    if not _rms(h, n1, e1, x):
-        return 1
-    q = np.empty((T, nh * hd), F32)
-    k = np.empty((T, nkv * hd), F32)
-    v = np.empty((T, nkv * hd), F32)
-    att = np.empty((T, nh, hd), F32)
+''' + _PROLOGUE + '''    att = np.empty((T, nh, hd), F32)
     att2 = att.reshape((T, nh * hd))
     y = np.empty((T, H), F32)
     r = np.empty((T, H), F32)
@@ -259,15 +257,7 @@ def layer(h, n1, e1, wqkv, wo, n2, e2, wgu, wd, KT, V, row0, p0, cos, sin, qscal
             _t_down({ws_down}, a, {A_down}, (y,), ctl, 6, nt)
     if ctl[14 * _A.SLOT] != 0:
         return 2
-    ok = True
-    for t in range(T):
-        for i in range(H):
-            s = {add2}
-            out[t, i] = s
-            if not np.isfinite(s):
-                ok = False
-    return 0 if ok else 3
-'''
+''' + _TAIL
 # weights a group holds, arrays a weight has per kind (q4 adds its f16 table after them)
 _NW = {"qkv": 3, "o": 1, "gu": 2, "down": 1}
 _COLS = {"f32": 1, "bf16": 1, "i8q8": 2, "q4q8": 3}
