@@ -6,7 +6,11 @@ arm in its own process, arms interleaved round by round; then the same with ``--
 loops running beside them (a shared machine). Writes bench/results/thread_wait_policy.json with
 the machine facts and the load average beside every arm.
 
-    python bench/thread_wait_policy.py [--rounds 2] [--busy 2] [--encodings f32,int8]
+    python bench/thread_wait_policy.py [--rounds 2] [--busy 2] [--encodings f32,int8] [--spins 3000]
+        [--skip ACTIVE,SPINCOUNT]
+
+The 2-thread arms run teams (vindex3.codecs.threads: one region a fused layer) unless the arm
+says ``VINDEX3_TEAMS=0`` (a region per product).
 """
 
 from __future__ import annotations

@@ -57,52 +57,50 @@ def _group_bytes(kind, arrs, x, ys):
 
 
 def _drivers(kind):
-    """(serial, parallel) callers of the team kernel over a three-weight group."""
+    """(alone, region): one body calling the team kernel over a three-weight group from every
+    iteration of ``prange(nt)``, compiled serial (one thread runs the iterations in turn: the
+    first claims every task, as when its partner never arrives) and parallel (a region of numba's
+    threads). A region takes arrays, not tuples, so the body takes each array by name."""
     team = I.team_kernel(kind, None if kind in ("f32", "bf16") else I.best())
+    rpt = I.ROWS_PER_TASK
     if kind in ("f32", "bf16"):
         def body(w0, w1, w2, x, y0, y1, y2, ctl, nt):
-            team(((w0, w1, w2),), (x,), (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
-
-        def par(w0, w1, w2, x, y0, y1, y2, ctl, nt):
             for _ in prange(nt):
-                team(((w0, w1, w2),), (x,), (y0, y1, y2), I.ROWS_PER_TASK, ctl, 3, nt)
-
-        return njit(body), njit(parallel=True)(par)
-
-    def qbody(arrs, XQ, XD, XC, XS, ys, ctl, nt):
-        if kind == "i8":
-            team(arrs, (XQ, XD, XC), ys, I.ROWS_PER_TASK, ctl, 3, nt)
-        else:
-            team(arrs, (F16_TABLE, XQ, XD, XS), ys, I.ROWS_PER_TASK, ctl, 3, nt)
-
-    return None, njit(qbody)
+                team(((w0, w1, w2),), (x,), (y0, y1, y2), rpt, ctl, 3, nt)
+    elif kind == "i8":
+        def body(q0, q1, q2, s0, s1, s2, XQ, XD, XC, XS, y0, y1, y2, ctl, nt):
+            for _ in prange(nt):
+                team(((q0, q1, q2), (s0, s1, s2)), (XQ, XD, XC), (y0, y1, y2), rpt, ctl, 3, nt)
+    else:
+        def body(q0, q1, q2, d0, d1, d2, m0, m1, m2, XQ, XD, XC, XS, y0, y1, y2, ctl, nt, table):
+            for _ in prange(nt):
+                team(((q0, q1, q2), (d0, d1, d2), (m0, m1, m2)), (table, XQ, XD, XS), (y0, y1, y2), rpt, ctl, 3, nt)
+    return njit(body), njit(parallel=True)(body)
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("kind", ["f32", "bf16", "i8", "q4"])
 def test_a_team_kernel_writes_the_group_kernels_bytes(kind, T):
-    """Called by one thread that claims every task (its partner never arrives), and by a region of
-    two threads: the group kernel's bytes either way, every task counted done exactly once."""
+    """Called by one thread that claims every task (its partner never arrives), and by regions of
+    two threads and of one: the group kernel's bytes each time, every task counted done once."""
     K = 96 if kind != "f32" else 80
     arrs = _group(kind, K)
     x = (rng.standard_normal((T, K)) * 3).astype(F32)
     want = tuple(np.empty((T, o), F32) for o in ROWS)
     _group_bytes(kind, arrs, x, want)
     ntask = sum(-(-o // I.ROWS_PER_TASK) for o in ROWS)
-    serial, parallel = _drivers(kind)
-    for nt, how in ((2, "alone"), (2, "region"), (1, "region")):
+    alone, region = _drivers(kind)
+    act = (x,) if kind in ("f32", "bf16") else I.quantized(x)
+    tail = (F16_TABLE,) if kind == "q4" else ()
+    for nt, f in ((2, alone), (2, region), (1, region)):
         ys = tuple(np.full((T, o), np.nan, F32) for o in ROWS)
         ctl = np.zeros(8 * A.SLOT, np.int64)
-        if kind in ("f32", "bf16"):
-            f = serial if how == "alone" else parallel
-            numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
-            try:
-                f(*arrs[0], x, *ys, ctl, nt)
-            finally:
-                numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        else:  # the q8 kinds: one thread claims every task (the region case runs in the layer tests)
-            parallel(arrs, *I.quantized(x), ys, ctl, nt)
-        assert all(np.array_equal(a, b) for a, b in zip(want, ys)), (kind, T, nt, how)
+        numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
+        try:
+            f(*(w for col in arrs for w in col), *act, *ys, ctl, nt, *tail)
+        finally:
+            numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
+        assert all(np.array_equal(a, b) for a, b in zip(want, ys)), (kind, T, nt, f)
         assert ctl[7 * A.SLOT] == ntask  # phase 3's done counter: every task once
         assert ctl[6 * A.SLOT] >= ntask  # its claim counter ran past the end
 

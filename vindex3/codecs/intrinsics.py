@@ -1087,8 +1087,8 @@ _TEAM_ROWS: dict[tuple[str, str], object] = {}
 def team_rows(kind: str, *arrays, path: str | None = None) -> None:
     """``arrays`` (the weight's arrays as `rows_kernel` / `float_kernel` take them, then X and Y)
     multiplied as a team of `threads.numba_count()` threads: the rows kernel's bytes. The counters
-    are allocated here and passed in: numba loses a region's writes to an array allocated in the
-    function that holds the region (vindex3.exec.ops.fused_source says more)."""
+    are zeroed here and passed in, not zeroed in the compiled function that holds the region
+    (vindex3.exec.ops.fused_source's team layer says why)."""
     from . import threads
 
     key = (kind, "vector" if kind in FLOAT_GEOMETRY else (chosen() if path is None else path))

@@ -211,9 +211,11 @@ _LAYER_TEAM = '''
 
 @njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 ''' + _SIGNATURE + '''    """h [T, H] -> out [T, H] as `_LAYER`'s, in one parallel region of ``nt`` threads. ``ctl``: zeros,
-    `CTL` int64s, the region's counters (phases 0-6, and slot 14: the second norm failed); it comes
-    from the caller because numba loses a region's writes to an array allocated in the function
-    that holds the region (measured: a zeroed array counted into by two threads read back 0)."""
+    `CTL` int64s, the region's counters (phases 0-6, and slot 14: the second norm failed). It comes
+    from the caller: zeroed in this function (``np.zeros``, or ``np.empty`` then ``[:] = 0``, both
+    array expressions numba's parfor passes rewrite), a counter two threads added to read back 0
+    after the region (measured; the cause inside numba not traced). Arrays only allocated here
+    with ``np.empty`` keep the region's writes (the outputs; tests/test_team.py)."""
 ''' + _PROLOGUE + '''    att = np.empty((T, nh, hd), F32)
     att2 = att.reshape((T, nh * hd))
     y = np.empty((T, H), F32)
