@@ -231,6 +231,17 @@ def test_a_cpus_own_prefetch_entry_applies_to_its_kind_and_positions_only(monkey
     assert I.target_cpu() == "haswell"
 
 
+def test_a_cpus_own_tile_entry_applies_to_its_kinds_only():
+    """TILE_MIN_T_BY_CPU moves the first tiled position count for the named CPU and kind only;
+    a rule where no pass tiles would leave the tiles untested, so each kind still tiles by 8."""
+    assert I.tile_min_t("f32", cpu="znver4") == 7 and I.tile_min_t("i8", cpu="znver4") == 5
+    assert I.tile_min_t("q4", cpu="znver4") == I.TILE_MIN_T["q4"]
+    for kind in I.TILE_MIN_T:
+        assert I.tile_min_t(kind, cpu="a-cpu-with-no-entry") == I.TILE_MIN_T[kind]
+    for table in [I.TILE_MIN_T, *I.TILE_MIN_T_BY_CPU.values()]:
+        assert all(t <= I.MAX_T for k, t in table.items() if k != "bf16"), table
+
+
 @pytest.mark.parametrize("T", [1, 3, 8])
 def test_a_kernel_without_prefetch_gives_the_same_bytes(T):
     """Prefetch moves when bytes arrive, never a value: the f32 kernel built with no prefetch at

@@ -125,7 +125,14 @@ PREFETCH = {"f32": 4096, "bf16": 8192, "i8": 8192, "q4": 4096}
 # (f32 49152x576 13.2 -> 11.1, bf16 7.95 -> 6.7) and i8 and q4 gain at both (q4 32000x2048 T=1
 # 2.70 -> 2.24). A whole f32 SmolLM2 decode step there, same process kind, alternated 3 times:
 # 27.4-27.8 ms with the default, 23.0-23.8 with this entry.
-PREFETCH_BY_CPU = {"znver4": {("f32", 1): 0, ("bf16", 1): 0}}
+# The same CPU at several positions (bench/multirow_cold.py, cold, file-mapped, 1 thread, CPU ms
+# per call, load 0.4-0.6; results/multirow_cold_zen4_f32*.json, prefetch_distance_zen4_f32_multi.json):
+# the f32 passes of 2-5 positions also stream faster without software prefetch, one weight row at
+# a time (see TILE_MIN_T_BY_CPU); a SmolLM2 layer's seven products at T = 2, 3, 4, 5 took 0.54,
+# 0.71, 0.76, 0.88 ms against 0.83, 0.91, 1.11, 1.24 as the defaults build them (the head
+# 49152x576 at T = 2: 4.8 against 6.2).
+PREFETCH_BY_CPU = {"znver4": {("f32", 1): 0, ("bf16", 1): 0, ("f32", 2): 0, ("f32", 3): 0, ("f32", 4): 0,
+                              ("f32", 5): 0}}
 
 
 def target_cpu() -> str:
@@ -724,13 +731,29 @@ def _tn(builder, T, t0, most=MAX_T):
 # results/multirow_cold_arms.json, run "multi_lead"); i8 and q4 rows are shorter than their
 # distance there, so nothing changes.
 TILE_MIN_T = {"f32": 4, "i8": 4, "q4": 5, "bf16": MAX_T + 1}
+# Where a CPU's own measurement shows the tile losing, its first tiled T by the CPU name LLVM gives
+# the compile target. AMD Zen 4 (znver4; bench/multirow_cold.py, cold, 1 thread, load 0.4-0.6,
+# results/multirow_cold_zen4_f32*.json and _i8_q4.json): f32 one row ran 1.3-1.5x faster than two
+# side by side at 4 and 5 positions on SmolLM2's shapes but the down projection (0.91-0.96x), a
+# layer's products 1.08x at 6, level at 7 and 8 (two rows kept there); i8 one row 1.10-1.22x at
+# 4 positions, two rows 1.0-1.15x at 5 and 8. Bytes do not depend on the tile
+# (tests/test_rows_multi.py).
+TILE_MIN_T_BY_CPU = {"znver4": {"f32": 7, "i8": 5}}
 TILE_GROUP = 4
+
+
+def tile_min_t(kind: str, cpu: str | None = None) -> int:
+    """The fewest positions at which a ``kind`` pass walks two weight rows side by side on
+    ``cpu`` (default: the compile target's): the CPU's entry in TILE_MIN_T_BY_CPU, else
+    TILE_MIN_T[kind]."""
+    table = TILE_MIN_T_BY_CPU.get(target_cpu() if cpu is None else cpu, {})
+    return int(table.get(kind, TILE_MIN_T[kind]))
 
 
 def _tile(kind, Tc, rows=None, group=None):
     """(weight rows side by side, positions per walk) of a ``kind`` pass over ``Tc`` positions;
     ``rows`` and ``group``, when given, override the rule (benches)."""
-    tiled = Tc >= TILE_MIN_T[kind]
+    tiled = Tc >= tile_min_t(kind)
     R = rows if rows is not None else (2 if tiled else 1)
     G = group if group is not None else (TILE_GROUP if tiled else Tc)
     if R < 1 or G < 1:
