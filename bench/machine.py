@@ -42,7 +42,7 @@ def facts(threads: int | None = None) -> dict:
         # which kernel OpenBLAS runs, and the variables that choose it (some machines set
         # OPENBLAS_CORETYPE for old OpenBLAS builds; a current one is slower under it)
         "blas_kernel": blas_kernel(),
-        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")},
+        "openblas_env": {k: os.environ.get(k) for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_THREAD_TIMEOUT")},
     }
     try:
         import torch
