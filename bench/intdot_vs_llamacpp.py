@@ -23,7 +23,11 @@ best of ``--repeats`` after a warm-up, wall clock and CPU time; our q8 arms run 
 through the integer kernels (vindex3.codecs.inttiles), the exact arms decode tiles for BLAS.
 
     python bench/intdot_vs_llamacpp.py [--rounds 3] [--threads 1 2] [--steps 32] [--path vnni512]
-        [--select "int8 q8,q4 q8,Q8_0,Q4_1"] [--prefill]
+        [--select "int8 q8,q4 q8,Q8_0,Q4_1"] [--prefill] [--drop-cache]
+
+``--drop-cache`` first drops every arm's files from the page cache (vindex3/segments.py says why
+it matters: a file's pages map 2 MB at a time only where the cache holds them in 2 MB folios);
+every arm reports how many kB of its weights were mapped so (``file_pmd_mapped_kb``).
 """
 
 from __future__ import annotations
@@ -48,6 +52,36 @@ sys.path.insert(0, str(HERE.parent))
 from machine import facts, pin_threads
 
 TEXT = " ".join(["The quick brown fox jumps over the lazy dog while the model keeps counting tokens."] * 8)
+
+
+def pmd_mapped_kb() -> int:
+    """kB of this process's file mappings of weights (container segments, GGUF files) that the
+    kernel maps 2 MB at a time (/proc/self/smaps FilePmdMapped; 0 where it is not reported)."""
+    try:
+        lines = Path("/proc/self/smaps").read_text().splitlines()
+    except OSError:
+        return 0
+    total, weights = 0, False
+    for line in lines:
+        head = line.split()
+        if head and "-" in head[0] and len(head) >= 5:  # a mapping's header line
+            weights = len(head) >= 6 and head[-1].endswith((".bin", ".gguf"))
+        elif weights and line.startswith("FilePmdMapped:"):
+            total += int(head[1])
+    return total
+
+
+def drop_page_cache(paths: list[Path]) -> None:
+    """POSIX_FADV_DONTNEED every regular file under ``paths`` (a container directory's
+    segments, a GGUF file): their clean pages leave the page cache unless a process maps them."""
+    files = [f for p in paths for f in ([p] if p.is_file() else sorted(p.rglob("*.bin")))]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    print(f"dropped {len(files)} files from the page cache", flush=True)
 
 
 def stream_bandwidth() -> float:
@@ -317,6 +351,9 @@ def main() -> int:
     ap.add_argument("--team-ab", action="store_true",
                     help="add arms of ours with a parallel region per product (VINDEX3_TEAMS=0)")
     ap.add_argument("--spin", type=int, help="add arms of ours whose OpenMP workers spin GOMP_SPINCOUNT=N, then sleep")
+    ap.add_argument("--drop-cache", action="store_true",
+                    help="first drop every arm's files (our segments, the peer's GGUFs) from the page cache, so that "
+                         "each engine's first process reads them from disk its own way")
     ap.add_argument("--arm", help=argparse.SUPPRESS)
     ap.add_argument("--arm-threads", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -330,6 +367,7 @@ def main() -> int:
             return 0
         r = (arm_llama(spec["path"], a.arm_threads, a.steps, a.repeats, spec.get("mmap", True)) if spec["kind"] == "llama"
              else arm_ours(spec["path"], spec["activations"], a.steps, a.repeats))
+        r["file_pmd_mapped_kb"] = pmd_mapped_kb()
         print(json.dumps(r))
         return 0
 
@@ -367,6 +405,8 @@ def main() -> int:
     if a.select:
         parts = [p.strip() for p in a.select.split(",") if p.strip()]
         arms = [(n, s) for n, s in arms if any(n == p[1:] if p.startswith("=") else p in n for p in parts)]
+    if a.drop_cache:
+        drop_page_cache([Path(spec["path"]) for _, spec in arms])
     if a.prefill:
         return prefill_main(a, arms)
     bw = stream_bandwidth()
@@ -388,7 +428,8 @@ def main() -> int:
                 vals = [x[k] for x in lst]
                 s[k + "_best"] = max(vals)
                 s[k + "_median"] = statistics.median(vals)
-            for k in ("calls_per_token", "mm_calls_per_token", "bytes_per_token", "intdot_path", "answer_ok"):
+            for k in ("calls_per_token", "mm_calls_per_token", "bytes_per_token", "intdot_path", "answer_ok",
+                      "file_pmd_mapped_kb"):
                 if k in lst[0]:
                     s[k] = lst[0][k]
             if "bytes_per_token" in s:  # operand bytes read per CPU-second, against the copy rate

@@ -27,6 +27,7 @@ import numpy as np
 from . import codecs
 from .errors import IntegrityError
 from .paths import open_regular
+from .switches import EnvSwitch
 
 SEGMENT_SCHEMA = 1
 ALIGN = 16
@@ -243,7 +244,7 @@ class Segment:
                 if resident:
                     self._mm = _resident(f, size, self.what)
                 else:
-                    self._mm = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+                    self._mm = _mapped(f)
         return self._mm
 
     def raw(self, name: str) -> np.ndarray:
@@ -269,6 +270,37 @@ class Segment:
 
 
 HUGE = 2 << 20  # the x86-64 huge page: a resident buffer is rounded up to whole ones
+
+# Mapped weights in huge pages. A decode step streams every weight once, and a file mapped in
+# 4 KB pages streams slower than the memory allows (a TLB miss per page; the hardware prefetcher
+# stops at each page). Linux maps a file 2 MB at a time where its page cache holds the pages in
+# 2 MB folios (ext4 and xfs keep large folios, Linux 6.x), and whoever reads the file first
+# decides the folios: a mapping marked MADV_HUGEPAGE is read ahead in 2 MB folios, while faults
+# through an unmarked mapping in a decode's order of tensors left mostly small ones, which every
+# later process then maps in 4 KB pages until the pages leave the cache. Measured on an AMD
+# Zen 4, Linux 6.18, ext4 (bench/mapped_huge.py, results/mapped_huge_zen4.json): SmolLM2 f32
+# decode with the page cache filled by an unmarked mapping against a marked one, ms a step and
+# kB mapped 2 MB at a time in the table there. VINDEX3_HUGE_PAGES=0 leaves the mapping unmarked.
+# No byte changes: it is where the bytes come from.
+
+
+class _Huge:
+    on = EnvSwitch("VINDEX3_HUGE_PAGES")
+
+
+HUGE_PAGES = _Huge()
+
+
+def _mapped(f) -> np.ndarray:
+    """The file mapped read-only, marked MADV_HUGEPAGE where the platform has it (unless
+    VINDEX3_HUGE_PAGES=0)."""
+    mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if HUGE_PAGES.on and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:  # advice only (a kernel built without THP refuses it): 4 KB pages, same bytes
+            pass
+    return np.frombuffer(mm, dtype=np.uint8)
 
 
 def available_memory() -> int | None:

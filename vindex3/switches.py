@@ -1,7 +1,8 @@
 """Process settings read from the environment: the compiled fast paths a process may turn off
 (``VINDEX3_DECODE_KERNELS``, ``VINDEX3_PREFILL_KERNELS``, ``VINDEX3_FUSED_LAYERS``,
 ``VINDEX3_TEAMS``), how segments
-hold their bytes (``VINDEX3_WEIGHTS``, `weights_mode`), and the check that refuses a misspelt
+hold their bytes (``VINDEX3_WEIGHTS``, `weights_mode`; ``VINDEX3_HUGE_PAGES``: a mapped segment
+asked for in 2 MB pages, vindex3.segments), and the check that refuses a misspelt
 ``VINDEX3_*`` name (`check_all`).
 
 A switch is ``1`` (on) or ``0`` (off); unset or empty leaves it on. Any other value is refused by
@@ -25,7 +26,8 @@ import os
 from .errors import ConfigError
 
 ON, OFF = "1", "0"
-NAMES = ("VINDEX3_DECODE_KERNELS", "VINDEX3_PREFILL_KERNELS", "VINDEX3_FUSED_LAYERS", "VINDEX3_TEAMS")
+NAMES = ("VINDEX3_DECODE_KERNELS", "VINDEX3_PREFILL_KERNELS", "VINDEX3_FUSED_LAYERS", "VINDEX3_TEAMS",
+         "VINDEX3_HUGE_PAGES")
 
 
 def read_switch(name: str) -> bool:
