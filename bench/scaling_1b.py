@@ -394,6 +394,7 @@ def main() -> int:
     plan: dict = {}
     for shape in a.shapes:
         arms, peers = arms_of(shape, a.transformers_1b)
+        ids = shape_ids(arms)  # from the f32 container, which --only may leave out
         if a.skip_exact:
             arms = [(n, s) for n, s in arms if not n.endswith(("int8 exact", "q4 exact"))]
         if a.only:
@@ -402,7 +403,7 @@ def main() -> int:
             arms = [(n, s) for n, s in arms if "(native)" not in n]
         if shape not in a.prefill_shapes or a.no_prefill:
             arms = [(n, s) for n, s in arms if s["kind"] != "transformers"]
-        plan[shape] = {"arms": arms, "ids": shape_ids(arms),
+        plan[shape] = {"arms": arms, "ids": ids,
                        "peer_step_bytes": {f"llama.cpp {t}": gguf_step_bytes(p) for t, p in peers.items()}}
     bw, rbw = stream_bandwidth(), read_bandwidth()
     print(f"stream bandwidth {bw / 1e9:.1f} GB/s copy, {rbw / 1e9:.1f} GB/s read (load {os.getloadavg()[0]:.1f})",
