@@ -7,6 +7,7 @@ and skip, saying why, where it does not."""
 from __future__ import annotations
 
 import mmap
+import os
 import sys
 from pathlib import Path
 
@@ -64,3 +65,47 @@ def test_a_bad_switch_value_is_refused_by_name(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("VINDEX3_HUGE_PAGES")
         set_switch(HUGE_PAGES, "on", None)
+
+
+def _pmd_kb(path: Path) -> int:
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(str(path)):
+            return int(next(x for x in lines[i + 1:] if x.startswith("FilePmdMapped:")).split()[1])
+    raise AssertionError(f"{path} is not mapped")
+
+
+def _drop(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def test_a_segment_read_afresh_is_mapped_two_megabytes_at_a_time(tmp_path):
+    """Reading the header must not leave the file's next pages marked for small-folio readahead:
+    a segment dropped from the page cache and read afresh through `Segment` maps about as much
+    of itself 2 MB at a time as a bare marked mapping of a file of the same size does (where the
+    platform maps any file so: the control says whether it does)."""
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not hasattr(os, "posix_fadvise"):
+        pytest.skip("no MADV_HUGEPAGE or posix_fadvise here")
+    specs = {f"w{i}": ("f32", (1024, 1024)) for i in range(6)}  # 24 MB
+    seg = tmp_path / "s.bin"
+    write_segment(seg, "test", specs, lambda n: np.full((1024, 1024), float(n[1:]), np.float32))
+    control = tmp_path / "control.bin"
+    control.write_bytes(seg.read_bytes())
+    _drop(control)
+    with open(control, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    mm.madvise(mmap.MADV_HUGEPAGE)
+    arr = np.frombuffer(mm, np.uint8)
+    assert int(arr[::4096].astype(np.int64).sum()) >= 0
+    want = _pmd_kb(control)
+    if want < 8 << 10:
+        pytest.skip(f"this kernel and filesystem ({tmp_path}) mapped only {want} kB of a bare marked 24 MB mapping "
+                    "2 MB at a time: nothing to compare against")
+    _drop(seg)
+    s = Segment(seg)
+    for name in specs:
+        s.tensor_sha256(name)  # the first use's integrity check reads every byte through the mapping
+    assert _pmd_kb(seg) >= want - (4 << 10), (_pmd_kb(seg), want)
+    del arr
