@@ -27,12 +27,22 @@ def _load(name: str) -> np.ndarray:
     return np.full((256, 256), float(name[1:]), np.float32)
 
 
-def _flags(seg: Path) -> list[str]:
+def _smaps(path: Path, field: str) -> str:
+    """The value of ``field`` (``VmFlags``, ``FilePmdMapped``, ...) in this process's mapping of
+    ``path`` (/proc/self/smaps)."""
     lines = Path("/proc/self/smaps").read_text().splitlines()
     for i, line in enumerate(lines):
-        if line.endswith(str(seg)):
-            return next(x for x in lines[i + 1:] if x.startswith("VmFlags:")).split()[1:]
-    raise AssertionError(f"{seg} is not mapped")
+        if line.endswith(str(path)):
+            return next(x for x in lines[i + 1:] if x.startswith(field + ":")).split(":", 1)[1].strip()
+    raise AssertionError(f"{path} is not mapped")
+
+
+def _flags(seg: Path) -> list[str]:
+    return _smaps(seg, "VmFlags").split()
+
+
+def _pmd_kb(path: Path) -> int:
+    return int(_smaps(path, "FilePmdMapped").split()[0])
 
 
 @pytest.mark.parametrize("switch", ["", "0"])
@@ -65,14 +75,6 @@ def test_a_bad_switch_value_is_refused_by_name(tmp_path, monkeypatch):
     finally:
         monkeypatch.delenv("VINDEX3_HUGE_PAGES")
         set_switch(HUGE_PAGES, "on", None)
-
-
-def _pmd_kb(path: Path) -> int:
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line.endswith(str(path)):
-            return int(next(x for x in lines[i + 1:] if x.startswith("FilePmdMapped:")).split()[1])
-    raise AssertionError(f"{path} is not mapped")
 
 
 def _drop(path: Path) -> None:

@@ -94,7 +94,9 @@ _FORCE_ENV = "VINDEX3_INTDOT_PATH"  # tests and benches force a path by name
 # so it runs on into the next rows) at which every dots kernel asks for the weight stream's
 # cache lines (one prefetch per 64-byte line of a chunk; one per q4 chunk, half a line). A weight
 # larger than the caches was latency-bound: the hardware prefetcher does not run far enough
-# ahead (it stops at a 4 KB page, and a container's segments are mapped in 4 KB pages).
+# ahead (it stops at a 4 KB page; when this was measured a container's segments were mapped in
+# 4 KB pages, before vindex3.segments asked for 2 MB ones; the distances were swept again for i8
+# with 2 MB pages, docs/container.md, and 8 KB stayed the fastest).
 # Measured by bench/prefetch_distance.py (cold, file-mapped weights, 1 thread, vnni512, CPU ms per
 # call, load 8-10: noisy; distances of 4-32 KB lie within the noise of one another, 0 and 1 KB
 # do not; results/prefetch_distance.json), without -> with:
