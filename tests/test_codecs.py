@@ -13,7 +13,7 @@ from vindex3.codecs import WeightShapeError
 from vindex3.errors import UnsupportedEncoding
 
 F32 = np.float32
-ALL = ["f32", "bf16", "f16", "int8", "q4"]
+ALL = ["f32", "bf16", "f16", "int8", "int8h", "q4"]
 ROWS = [*ALL, "int8_row"]  # int8_row: the per-row variant, not registered, kept for a measurement
 rng = np.random.default_rng(20)
 
@@ -41,6 +41,12 @@ def oracle_dense(name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarr
         q = raw[: rows * cols].view(np.int8).reshape(rows, nb, 32)
         off = pad16(rows * cols)
         s = raw[off : off + 4 * rows * nb].view("<f4").reshape(rows, nb, 1)
+        return (q.astype(F32) * s).reshape(shape)
+    if name == "int8h":
+        nb = cols // 32
+        q = raw[: rows * cols].view(np.int8).reshape(rows, nb, 32)
+        off = pad16(rows * cols)
+        s = raw[off : off + 2 * rows * nb].view("<f2").astype(F32).reshape(rows, nb, 1)
         return (q.astype(F32) * s).reshape(shape)
     if name == "int8_row":
         q = raw[: rows * cols].view(np.int8).reshape(rows, cols)
@@ -119,7 +125,7 @@ def test_any_last_dimension_is_accepted_by_elementwise_and_per_row_encodings(nam
     np.testing.assert_allclose(wt.mm(x), x @ wt.dense().T, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", ["int8", "q4"])
+@pytest.mark.parametrize("name", ["int8", "int8h", "q4"])
 def test_block_encodings_refuse_a_last_dimension_that_is_not_a_multiple_of_32_by_name(name):
     c = codecs.get(name)
     why = c.accepts((4, 40))
@@ -130,7 +136,7 @@ def test_block_encodings_refuse_a_last_dimension_that_is_not_a_multiple_of_32_by
         assert f"'{name}'" in str(e.value) and "[4, 40]" in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["bf16", "f16", "int8", "q4"])
+@pytest.mark.parametrize("name", ["bf16", "f16", "int8", "int8h", "q4"])
 def test_wrong_byte_count_is_refused(name):
     c = codecs.get(name)
     raw = c.encode(weights((4, 64)))
@@ -293,7 +299,7 @@ def test_mm_rows_kernel_does_not_depend_on_the_thread_count(name):
     assert np.array_equal(one, two) and np.array_equal(two, again)
 
 
-@pytest.mark.parametrize("name", ["bf16", "f16", "int8", "q4"])
+@pytest.mark.parametrize("name", ["bf16", "f16", "int8", "int8h", "q4"])
 def test_mm_refuses_activations_it_cannot_take(name):
     c = codecs.get(name)
     wt = c.weight(c.encode(weights((4, 64))), (4, 64))
@@ -401,6 +407,11 @@ def _poison(name: str, raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         q = raw[: rows * cols].view(np.int8)
         q[4 * 32 : 5 * 32] = 0
         q[4 * 32 + 2], q[4 * 32 + 9] = 127, -1  # 127 * 3e38 overflows; -1 * 3e38 does not
+    elif name == "int8h":  # a half scale cannot overflow a code's product: only inf and NaN scales
+        s = raw[pad16(rows * cols):].view("<u2")
+        s[1], s[4] = 0x7E00, 0xFC00  # NaN, -inf: whole blocks
+        q = raw[: rows * cols].view(np.int8)
+        q[4 * 32 + 3] = 0  # 0 x -inf is NaN: still counted
     elif name == "q4":
         nb = cols // 32
         o1 = pad16(rows * cols // 2)

@@ -265,7 +265,7 @@ def int_reps(tiny_llama_container, tmp_path_factory):
     from vindex3.represent import represent
 
     base = tmp_path_factory.mktemp("intdot")
-    reps = {e: represent(tiny_llama_container, base / f"{e}.vindex3", e).path for e in ("int8", "q4", "bf16")}
+    reps = {e: represent(tiny_llama_container, base / f"{e}.vindex3", e).path for e in ("int8", "int8h", "q4", "bf16")}
     return reps | {"f32": tiny_llama_container}
 
 
@@ -280,7 +280,7 @@ def _decode(ex, ids):
     return np.stack(rows), st.trace
 
 
-@pytest.mark.parametrize("enc", ["int8", "q4"])
+@pytest.mark.parametrize("enc", ["int8", "int8h", "q4"])
 def test_activations_q8_is_recorded_and_draft_at_full_depth_is_bit_identical(int_reps, enc):
     c = vindex3.open(int_reps[enc])
     L = c.graph.num_layers
@@ -328,7 +328,7 @@ def test_activations_are_in_the_dump_sidecar_and_the_observe_record(int_reps, tm
 
 
 # -- the real model ----------------------------------------------------------------------------
-@pytest.mark.parametrize("enc", ["int8", "q4"])
+@pytest.mark.parametrize("enc", ["int8", "int8h", "q4"])
 def test_smollm2_in_int8_and_q4_answers_paris_under_both_activation_treatments(smollm2_container, tmp_path, enc):
     from vindex3.represent import represent
 

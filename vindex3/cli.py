@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("represent", help="write a container in another weight encoding (same graph and objects)")
     s.add_argument("src")
     s.add_argument("out")
-    s.add_argument("--encoding", choices=["f32", "bf16", "f16", "int8", "q4"])
+    s.add_argument("--encoding", choices=["f32", "bf16", "f16", "int8", "int8h", "q4"])
     s.add_argument("--permute-experts", metavar="PROMPTS", default=None,
                    help="instead of re-encoding: store every routed layer's expert banks most-used first, from router "
                         "statistics on this JSONL prompt bank (outputs identical; the order is recorded)")

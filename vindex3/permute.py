@@ -37,8 +37,8 @@ def _sections(dtype: str, shape: tuple[int, ...]) -> list[int] | None:
     if dtype in _SINGLE or dtype in ggml.KINDS:
         return None
     r, c = rows_cols(shape, dtype)
-    if dtype == "int8":
-        return [r * c, 4 * r * (c // 32)]
+    if dtype in ("int8", "int8h"):
+        return [r * c, (4 if dtype == "int8" else 2) * r * (c // 32)]
     if dtype == "q4":
         from .codecs.q4 import Q4Codec
 

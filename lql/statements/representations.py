@@ -49,7 +49,7 @@ score_representation_stmt: SCORE REPRESENTATION _container_ref AGAINST _containe
 """)
 
 fam.doc('REPRESENT',
-        "REPRESENT INTO 'dir' ENCODING 'bf16' | 'f16' | 'int8' | 'q4' | 'f32'",
+        "REPRESENT INTO 'dir' ENCODING 'bf16' | 'f16' | 'int8' | 'int8h' | 'q4' | 'f32'",
         'write the bound container in another weight encoding: same graph and objects, new segments, fidelity per tensor in provenance',
         "REPRESENT INTO 'model-int8.vindex3' ENCODING 'int8';", order=260)
 fam.doc('SCORE REPRESENTATION',

@@ -10,8 +10,17 @@ to nearest, ties to even, clipped to [-127, 127]; a group of zeros has d = 0 and
 Dequantization: w' = float32(q) * d. Non-finite weights are refused by name, and so is a last
 dimension that is not a multiple of 32 (per-block only).
 
+int8h: the same codes with each block's scale in half precision (8.5 bits per weight: the bytes
+of GGUF's Q8_0, planar). d = float16(max|w_g| / 127) rounded to nearest; q = round(w / d) with
+that stored d, ties to even, clipped to [-127, 127]; a block whose d rounds to 0 has q = 0; a
+block whose d exceeds float16's range is refused by name. Dequantization: w' = float32(q) x
+float32(d). Every kernel reads the scale through `vindex3.codecs.f16bits` (exact: F16C where the
+target has it, integer operations elsewhere), so an int8h tensor multiplies bit for bit as the
+int8 tensor holding the same codes and the float32 values of its scales (tests/test_int8h.py).
+
 Bytes (sections 16-byte aligned from the tensor's start, see rowwise.py):
   int8       codes int8 [rows, in] | pad | scales <f4 [rows, in / 32]
+  int8h      codes int8 [rows, in] | pad | scales <f2 [rows, in / 32] (half-precision bits)
   int8_row   codes int8 [rows, in] | pad | scales <f4 [rows]
 """
 
@@ -54,7 +63,7 @@ class Int8Blocks(RowWeight):
         K.decode_i8_block_scale(self.q, self.s, rows, out, BLOCK)
 
     def _sub(self, r0, r1, shape):
-        return Int8Blocks(self.q[r0:r1], self.s[r0:r1], shape)
+        return type(self)(self.q[r0:r1], self.s[r0:r1], shape)
 
     def nonfinite(self) -> int:
         from . import kernels as K
@@ -62,7 +71,7 @@ class Int8Blocks(RowWeight):
         return int(K.nonfinite_i8_block_scale(self.q, self.s, BLOCK)) if self.rows else 0
 
     def with_activations(self, mode):
-        return Int8BlocksQ8(self.q, self.s, self.shape) if check_activations(mode) == "q8" else self
+        return _Q8[type(self)](self.q, self.s, self.shape) if check_activations(mode) == "q8" else self
 
 
 class Int8BlocksQ8(Int8Blocks):
@@ -87,9 +96,6 @@ class Int8BlocksQ8(Int8Blocks):
         with threads.launch():
             tiles_kernel("i8", parallel=threads.parallel(self.q.nbytes * x.shape[0]))(self.q, self.s, x, y, intdot().ROWS_PER_TASK)
 
-    def _sub(self, r0, r1, shape):
-        return Int8BlocksQ8(self.q[r0:r1], self.s[r0:r1], shape)
-
     @classmethod
     def _group_rows(cls, weights):
         Q, S = tuple(w.q for w in weights), tuple(w.s for w in weights)
@@ -104,7 +110,22 @@ class Int8BlocksQ8(Int8Blocks):
         return run
 
     def with_activations(self, mode):
-        return Int8Blocks(self.q, self.s, self.shape) if check_activations(mode) == "exact" else self
+        return _EXACT[type(self)](self.q, self.s, self.shape) if check_activations(mode) == "exact" else self
+
+
+class Int8HalfBlocks(Int8Blocks):
+    """int8h: int8 blocks whose scales are uint16 half-precision bits [rows, in / 32]; every
+    kernel is the int8 one (the scale is made float32 exactly where it is read)."""
+
+    encoding = "int8h"
+
+
+class Int8HalfBlocksQ8(Int8BlocksQ8):
+    encoding = "int8h"
+
+
+_Q8 = {Int8Blocks: Int8BlocksQ8, Int8HalfBlocks: Int8HalfBlocksQ8}
+_EXACT = {Int8BlocksQ8: Int8Blocks, Int8HalfBlocksQ8: Int8HalfBlocks}
 
 
 class Int8Rows(RowWeight):
@@ -194,4 +215,49 @@ class Int8RowCodec(Codec):
         return join_sections([q, d.astype("<f4")])
 
 
+def _quantize_half(groups: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """groups [..., 32] float32 -> codes int8 [..., 32], scales float16 [...] (int8h: the codes
+    are rounded against the stored half-precision scale)."""
+    if not np.isfinite(groups).all():
+        raise UnsupportedEncoding(f"{what}: the tensor holds a non-finite value, which int8h cannot encode")
+    amax = np.abs(groups).max(axis=-1) if groups.shape[-1] else np.zeros(groups.shape[:-1], F32)
+    with np.errstate(over="ignore"):
+        d16 = (amax / F32(127)).astype(F32).astype(np.float16)
+    if not np.isfinite(d16).all():
+        big = float(amax[~np.isfinite(d16)].max())
+        raise UnsupportedEncoding(f"{what}: a block's largest magnitude {big:.6g} needs a scale beyond float16's "
+                                  "range, which int8h cannot encode (int8 keeps float32 scales)")
+    d = d16.astype(F32)
+    safe = np.where(d > 0, d, F32(1))
+    q = np.clip(np.rint(groups / safe[..., None]), -127, 127).astype(np.int8)
+    q[d == 0] = 0
+    return q, d16
+
+
+class Int8HalfCodec(Int8Codec):
+    name = "int8h"
+    bits_per_weight = 8.5
+
+    def nbytes(self, shape):
+        shape = tuple(int(s) for s in shape)
+        self._check(shape)
+        r, c = rows_cols(shape, self.name)
+        return sections_nbytes([r * c, 2 * r * (c // BLOCK)])
+
+    def weight(self, raw, shape):
+        shape = tuple(int(s) for s in shape)
+        self._check(shape)
+        r, c = rows_cols(shape, self.name)
+        qb, sb = split_sections(raw, [r * c, 2 * r * (c // BLOCK)], f"int8h tensor of shape {list(shape)}")
+        return Int8HalfBlocks(qb.view(np.int8).reshape(r, c), sb.view("<u2").reshape(r, c // BLOCK), shape)
+
+    def encode(self, arr):
+        a = np.ascontiguousarray(arr, dtype=F32)
+        self._check(a.shape)
+        r, c = rows_cols(a.shape, self.name)
+        q, d = _quantize_half(a.reshape(r, c // BLOCK, BLOCK), self.name)
+        return join_sections([q.reshape(r, c), d.astype("<f2")])
+
+
 register(Int8Codec())
+register(Int8HalfCodec())

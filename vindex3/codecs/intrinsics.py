@@ -76,6 +76,7 @@ from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
 from . import atomics as _A
+from .f16bits import h2f_ir, scale_f32
 from .kernels import _task_starts, _which
 
 F32 = np.float32
@@ -395,6 +396,30 @@ def _pair(builder, ptr, blk):
                  _vec(_f32, 2))
 
 
+def _half_scales(S) -> bool:
+    """Whether an int8 rows operand's block scales are half-precision bits (uint16: int8h) rather
+    than float32 (int8); anything else is refused by name."""
+    if S.dtype == types.uint16:
+        return True
+    if S.dtype != types.float32:
+        raise TypingError(f"int8 block scales are float32 or uint16 (half-precision bits), got {S.dtype}")
+    return False
+
+
+def _scale_one(builder, ptr, blk, half):
+    """float: the scale of block ``blk`` at typed pointer ``ptr`` (float32, or half bits made exact)."""
+    v = builder.load(builder.gep(ptr, [blk]))
+    return h2f_ir(builder, v) if half else v
+
+
+def _scale_pair(builder, ptr, blk, half):
+    """<2 x float>: the scales of blocks ``blk`` and ``blk + 1`` (as `_pair`, for either width)."""
+    if not half:
+        return _pair(builder, ptr, blk)
+    h = _load(builder, builder.bitcast(ptr, _i8.as_pointer()), builder.shl(blk, ir.Constant(blk.type, 1)), _vec(_i16, 2))
+    return h2f_ir(builder, h)
+
+
 def _acc_pair(builder, acc, lanes, s2):
     """acc (a pointer to <16 x float>) += float(lanes) x (s2[0] on lanes 0-7, s2[1] on 8-15)."""
     prod = builder.fmul(builder.sitofp(lanes, _vec(_f32, 16)), _shuffle(builder, s2, s2, [0] * 8 + [1] * 8))
@@ -430,7 +455,7 @@ def _row_ptr(builder, arr, row, width):
 
 
 def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=True):
-    """dots(Q int8 [O, K], S f32 [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
+    """dots(Q int8 [O, K], S f32 or f16 bits [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
     XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
     position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
     row is loaded (and made unsigned) once for every position. ``pf``: the prefetch distance
@@ -441,6 +466,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
     def dots(typingctx, Q, S, o0, o1, XQ, XD, XC, t0, Y):
         _check_multi("i8 dots", (), (Q, S, XQ, XD, XC), Y, t0, o0)
         _check_multi("i8 dots", (), (), Y, o1, o1)
+        half = _half_scales(S)
         sig = types.void(Q, S, o0, o1, XQ, XD, XC, t0, Y)
 
         def codegen(context, builder, sig, args):
@@ -480,11 +506,12 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                         def chunk(off, blk, n, ts=ts, acc=acc):  # n = 64 (two blocks) or 32 (the tail block)
                             ws = [_load(builder, pw, off, _vec(_i8, n)) for pw in pws]
                             b1 = builder.add(blk, c(1))
-                            sw0 = [builder.load(builder.gep(psw, [blk])) for psw in psws]
-                            sw1 = [builder.load(builder.gep(psw, [b1])) if n == 64 else None for psw in psws]
                             pair = n == 64 and SCALE_LANES
                             if pair:  # a chunk's two scales as <2 x float>: the same products, in lanes
-                                sw2 = [_pair(builder, psw, blk) for psw in psws]
+                                sw2 = [_scale_pair(builder, psw, blk, half) for psw in psws]
+                            else:
+                                sw0 = [_scale_one(builder, psw, blk, half) for psw in psws]
+                                sw1 = [_scale_one(builder, psw, b1, half) if n == 64 else None for psw in psws]
                             for j, t in enumerate(ts):
                                 x = _load(builder, pxq[t], off, _vec(_i8, n))
                                 cc = _load(builder, pxc[t], builder.ashr(off, c(2)), _vec(_i32, n // 4))
@@ -814,8 +841,8 @@ def _i8_dot_plain(qw, sw, qx, xd, xc):
     nchunk = K >> 6
     for c in range(nchunk + ((K >> 5) & 1)):
         n = 16 if c < nchunk else 8
-        s0 = sw[2 * c] * xd[2 * c]
-        s1 = sw[2 * c + 1] * xd[2 * c + 1] if n == 16 else F32(0.0)
+        s0 = scale_f32(sw[2 * c]) * xd[2 * c]
+        s1 = scale_f32(sw[2 * c + 1]) * xd[2 * c + 1] if n == 16 else F32(0.0)
         for i in range(n):
             lane = np.int32(0)
             for k in range(4):

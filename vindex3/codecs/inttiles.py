@@ -42,6 +42,7 @@ from .intrinsics import (
     _check_multi,
     _consts,
     _f32,
+    _half_scales,
     _i8,
     _i32,
     _int_arg,
@@ -50,6 +51,8 @@ from .intrinsics import (
     _load,
     _row_ptr,
     _scale16,
+    _scale_one,
+    _scale_pair,
     _shuffle,
     _tree16,
     _vec,
@@ -63,10 +66,15 @@ TASK_ROWS = 16  # weight rows per parallel task: their bytes stay in L1 while po
 TILE = {"i8": (4, 4), "q4": (2, 8)}
 
 
+def _spread16(builder, v):
+    """<16 x float>: v[0] (of a <2 x float>) in lanes 0..7, v[1] in lanes 8..15."""
+    return _shuffle(builder, v, v, [0] * 8 + [1] * 8)
+
+
 def _pair16(builder, ptr, blk):
     """<16 x float>: ptr[blk] in lanes 0..7, ptr[blk + 1] in lanes 8..15."""
     v = builder.load(builder.bitcast(builder.gep(ptr, [blk]), _vec(_f32, 2).as_pointer()), align=4)
-    return _shuffle(builder, v, v, [0] * 8 + [1] * 8)
+    return _spread16(builder, v)
 
 
 def _make_i8_tile(path: str, R: int, P: int):
@@ -76,6 +84,7 @@ def _make_i8_tile(path: str, R: int, P: int):
     @intrinsic
     def tile(typingctx, Q, S, o0, XQ, XD, XC, t0, Y):
         _check_multi("i8 tile", (), (Q, S, XQ, XD, XC), Y, t0, o0)
+        half = _half_scales(S)
         sig = types.void(Q, S, o0, XQ, XD, XC, t0, Y)
 
         def codegen(context, builder, sig, args):
@@ -102,7 +111,7 @@ def _make_i8_tile(path: str, R: int, P: int):
                 off = builder.shl(loop.index, c(6))
                 blk = builder.shl(loop.index, c(1))
                 ws = [_load(builder, p, off, _vec(_i8, 64)) for p in pw]
-                sws = [_pair16(builder, p, blk) for p in psw]
+                sws = [_spread16(builder, _scale_pair(builder, p, blk, half)) for p in psw]
                 for p in range(P):
                     x = _load(builder, pxq[p], off, _vec(_i8, 64))
                     cc = _load(builder, pxc[p], builder.ashr(off, c(2)), _vec(_i32, 16))
@@ -117,7 +126,7 @@ def _make_i8_tile(path: str, R: int, P: int):
                 blk = builder.shl(nchunk, c(1))
                 for r in range(R):
                     w = _load(builder, pw[r], off, _vec(_i8, 32))
-                    sw0 = builder.load(builder.gep(psw[r], [blk]))
+                    sw0 = _scale_one(builder, psw[r], blk, half)
                     for p in range(P):
                         x = _load(builder, pxq[p], off, _vec(_i8, 32))
                         cc = _load(builder, pxc[p], builder.ashr(off, c(2)), _vec(_i32, 8))
