@@ -1,6 +1,7 @@
 """Decode of SmolLM2-135M-Instruct: vindex3's encodings under ``activations = 'exact' | 'q8'``
-against llama.cpp at equal bits (int8 vs Q8_0, q4 vs Q4_1, f32 vs F32) and bf16 against our
-own f32, at 1 and 2 threads. Every arm runs in its own process; arms are interleaved (round r
+against llama.cpp at equal bits (int8 and int8h vs Q8_0, q4 vs Q4_1, f32 vs F32) and bf16 against
+our own f32, at 1 and 2 threads (int8h: int8 codes with half-precision block scales, Q8_0's
+bytes). Every arm runs in its own process; arms are interleaved (round r
 runs every arm once) and each reports its best over ``--repeats`` inside the process; ratios
 are of medians over rounds. Our arms also report kernel launches per token (numba calls of the
 rows kernels; q/k/v and gate/up are one fused launch each where the encoding has the kernel),
@@ -302,7 +303,8 @@ def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
     pairs = [("vindex3 int8 q8", "llama.cpp Q8_0"), ("vindex3 q4 q8", "llama.cpp Q4_1"),
              ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
              ("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 int8 q8", "vindex3 int8 exact"),
-             ("vindex3 q4 q8", "vindex3 q4 exact")]
+             ("vindex3 q4 q8", "vindex3 q4 exact"), ("vindex3 int8h q8", "llama.cpp Q8_0"),
+             ("vindex3 int8h q8", "vindex3 int8 q8")]
     ratios: dict = {}
     for mine, other in pairs:
         for tk in summary.get(mine, {}):
@@ -385,8 +387,9 @@ def main() -> int:
                     arms.append((f"llama.cpp {t} no-mmap", {"kind": "llama", "path": str(files[t]), "mmap": False}))
             else:
                 print(f"peer GGUF {t} missing: run bench/make_peer_ggufs.py", file=sys.stderr)
-    ours = our_containers(["f32", "bf16", "int8", "q4"], peer_dir(a.dir))
-    for enc, acts in (("f32", ["exact"]), ("bf16", ["exact"]), ("int8", ["exact", "q8"]), ("q4", ["exact", "q8"])):
+    ours = our_containers(["f32", "bf16", "int8", "int8h", "q4"], peer_dir(a.dir))
+    for enc, acts in (("f32", ["exact"]), ("bf16", ["exact"]), ("int8", ["exact", "q8"]), ("int8h", ["exact", "q8"]),
+                      ("q4", ["exact", "q8"])):
         for act in acts:
             arms.append((f"vindex3 {enc} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
             arms.append((f"vindex3 {enc} {act} unfused", {"kind": "ours", "path": ours[enc], "activations": act,
@@ -440,7 +443,9 @@ def main() -> int:
              ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
              ("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 bf16 exact", "vindex3 f32 exact"),
              ("vindex3 int8 q8", "vindex3 int8 exact"), ("vindex3 q4 q8", "vindex3 q4 exact"),
-             ("vindex3 int8 q8 unfused", "llama.cpp Q8_0"), ("vindex3 q4 q8 unfused", "llama.cpp Q4_1")]
+             ("vindex3 int8 q8 unfused", "llama.cpp Q8_0"), ("vindex3 q4 q8 unfused", "llama.cpp Q4_1"),
+             ("vindex3 int8h q8", "llama.cpp Q8_0"), ("vindex3 int8h q8", "vindex3 int8 q8"),
+             ("vindex3 int8h exact", "vindex3 int8 exact")]
     pairs += [("vindex3 int8 q8 resident", "llama.cpp Q8_0"), ("vindex3 q4 q8 resident", "llama.cpp Q4_1"),
               ("vindex3 f32 exact resident", "llama.cpp F32"), ("vindex3 int8 q8 resident", "llama.cpp Q8_0 no-mmap"),
               ("vindex3 q4 q8 resident", "llama.cpp Q4_1 no-mmap"), ("vindex3 f32 exact resident", "llama.cpp F32 no-mmap"), ("vindex3 bf16 exact resident", "vindex3 f32 exact resident")]
@@ -448,7 +453,7 @@ def main() -> int:
               ("q4", "q8", "llama.cpp Q4_1"), ("f32", "exact", "llama.cpp F32")) for v in ("per-product", "spin")]
     pairs += [(f"vindex3 {e} {act}", f"vindex3 {e} {act} per-product") for e, act in (("int8", "q8"), ("q4", "q8"), ("f32", "exact"))]
     pairs += [(f"vindex3 {e} {act} resident", f"vindex3 {e} {act}")
-              for e, act in (("int8", "q8"), ("q4", "q8"), ("f32", "exact"), ("bf16", "exact"))]
+              for e, act in (("int8", "q8"), ("int8h", "q8"), ("q4", "q8"), ("f32", "exact"), ("bf16", "exact"))]
     pairs += [(f"vindex3 {e} {act}", f"vindex3 {e} {act} unfused")
               for e, act in (("int8", "q8"), ("q4", "q8"), ("int8", "exact"), ("q4", "exact"), ("f32", "exact"), ("bf16", "exact"))]
     ratios: dict = {}

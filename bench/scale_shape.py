@@ -136,7 +136,8 @@ def files(d: Path, shape: str) -> dict[str, Path]:
     """Every artifact of the shape: peer GGUFs by type, our containers by arm encoding."""
     stem = f"llama-{shape}"
     return {"F32": d / f"{stem}.F32.gguf", "Q8_0": d / f"{stem}.Q8_0.gguf", "Q4_1": d / f"{stem}.Q4_1.gguf",
-            "f32": d / f"{stem}.f32.vindex3", "int8": d / f"{stem}.int8.vindex3", "q4": d / f"{stem}.q4.vindex3",
+            "f32": d / f"{stem}.f32.vindex3", "int8": d / f"{stem}.int8.vindex3", "int8h": d / f"{stem}.int8h.vindex3",
+            "q4": d / f"{stem}.q4.vindex3",
             "q8_0": d / f"{stem}.q8_0.vindex3", "q4_1": d / f"{stem}.q4_1.vindex3"}
 
 
@@ -157,6 +158,7 @@ def build(d: Path, shape: str, seed: int = SEED, log=print) -> dict[str, Path]:
         ("Q4_1", lambda: write(f["F32"], f["Q4_1"], "Q4_1")),
         ("f32", lambda: encode(f["F32"], f["f32"])),
         ("int8", lambda: represent(f["f32"], f["int8"], "int8")),
+        ("int8h", lambda: represent(f["f32"], f["int8h"], "int8h")),
         ("q4", lambda: represent(f["f32"], f["q4"], "q4")),
         ("q8_0", lambda: encode(f["Q8_0"], f["q8_0"], native=True)),
         ("q4_1", lambda: encode(f["Q4_1"], f["q4_1"], native=True)),

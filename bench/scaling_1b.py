@@ -1,5 +1,5 @@
 """How time per token grows from SmolLM2-135M to a 1.1B-parameter llama shape, vindex3 against
-llama.cpp at equal bits (f32 vs F32, int8 vs Q8_0, q4 vs Q4_1), plus prefill-512 against llama.cpp
+llama.cpp at equal bits (f32 vs F32, int8 and int8h vs Q8_0, q4 vs Q4_1), plus prefill-512 against llama.cpp
 and against transformers fp32.
 
 Shapes and their files:
@@ -7,8 +7,8 @@ Shapes and their files:
         Q4_1) and our default container with its REPRESENTations (bench/llamacpp_peer.our_containers)
   1.1b  TinyLlama's geometry (hidden 2048, 22 layers, FFN 5632, 32 heads / 4 KV heads, vocab 32000)
         with seeded random weights, written once as an F32 GGUF; Q8_0 / Q4_1 quantized from the
-        same float32 arrays by the gguf package; our f32 imported from the F32 GGUF, our int8 / q4
-        REPRESENTed from that container (bench/scale_shape.py, files in <vindex3 cache>/scale-1b)
+        same float32 arrays by the gguf package; our f32 imported from the F32 GGUF, our int8 / int8h /
+        q4 REPRESENTed from that container (bench/scale_shape.py, files in <vindex3 cache>/scale-1b)
 Both shapes also run our native import of the Q8_0 / Q4_1 GGUFs (their block bytes as stored).
 
 Token ids, not text: the driver tokenizes one English text with the shape's tokenizer (the 1.1b
@@ -54,6 +54,7 @@ PREFILL = 512
 WARM = 32
 # ours vs llama.cpp at equal bits; the native imports against the file they import
 PAIRS = [("vindex3 f32 exact", "llama.cpp F32"), ("vindex3 int8 q8", "llama.cpp Q8_0"), ("vindex3 q4 q8", "llama.cpp Q4_1"),
+         ("vindex3 int8h q8", "llama.cpp Q8_0"), ("vindex3 int8h q8", "vindex3 int8 q8"),
          ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
          ("vindex3 q8_0(native) q8", "llama.cpp Q8_0"), ("vindex3 q4_1(native) q8", "llama.cpp Q4_1"),
          ("vindex3 f32 exact", "transformers fp32")]
@@ -214,7 +215,7 @@ def arms_of(shape: str, transformers_1b: bool) -> tuple[list[tuple[str, dict]], 
 
         d = peer_dir()
         peers = {t: peer_files(d)[t] for t in ("F32", "Q8_0", "Q4_1")}
-        ours = our_containers(["f32", "int8", "q4"], d)
+        ours = our_containers(["f32", "int8", "int8h", "q4"], d)
         for t in ("Q8_0", "Q4_1"):  # our native import of the peer's block file
             p = d / f"smollm2-135m-instruct.{t.lower()}-native.vindex3"
             if not p.exists():
@@ -228,12 +229,12 @@ def arms_of(shape: str, transformers_1b: bool) -> tuple[list[tuple[str, dict]], 
 
         f = scale_shape.build(cache_dir() / "scale-1b", "1.1b")
         peers = {t: f[t] for t in ("F32", "Q8_0", "Q4_1")}
-        ours = {k: str(f[k]) for k in ("f32", "int8", "q4", "q8_0", "q4_1")}
+        ours = {k: str(f[k]) for k in ("f32", "int8", "int8h", "q4", "q8_0", "q4_1")}
         tf = str(f["F32"]) if transformers_1b else None
     arms = [(f"llama.cpp {t}", {"kind": "llama", "path": str(p)}) for t, p in peers.items()]
-    for enc, acts in (("f32", ["exact"]), ("int8", ["q8", "exact"]), ("q4", ["q8", "exact"]),
+    for enc, acts in (("f32", ["exact"]), ("int8", ["q8", "exact"]), ("int8h", ["q8", "exact"]), ("q4", ["q8", "exact"]),
                       ("q8_0", ["q8"]), ("q4_1", ["q8"])):
-        label = enc if enc in ("f32", "int8", "q4") else f"{enc}(native)"
+        label = enc if enc in ("f32", "int8", "int8h", "q4") else f"{enc}(native)"
         for act in acts:
             arms.append((f"vindex3 {label} {act}", {"kind": "ours", "path": ours[enc], "activations": act}))
     if tf:
@@ -396,7 +397,7 @@ def main() -> int:
         arms, peers = arms_of(shape, a.transformers_1b)
         ids = shape_ids(arms)  # from the f32 container, which --only may leave out
         if a.skip_exact:
-            arms = [(n, s) for n, s in arms if not n.endswith(("int8 exact", "q4 exact"))]
+            arms = [(n, s) for n, s in arms if not n.endswith(("int8 exact", "int8h exact", "q4 exact"))]
         if a.only:
             arms = [(n, s) for n, s in arms if n in a.only]
         if a.skip_native:
