@@ -156,42 +156,63 @@ class Int8Rows(RowWeight):
         return bad
 
 
-def _quantize(groups: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """groups [..., g] float32 -> codes int8 [..., g], scales float32 [...]."""
+def _quantize(groups: np.ndarray, what: str, half: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """groups [..., g] float32 -> codes int8 [..., g], scales [...]: float32, or with ``half``
+    float16 (int8h: the codes are rounded against the stored half-precision scale)."""
+    enc = "int8h" if half else "int8"
     if not np.isfinite(groups).all():
-        raise UnsupportedEncoding(f"{what}: the tensor holds a non-finite value, which int8 cannot encode")
+        raise UnsupportedEncoding(f"{what}: the tensor holds a non-finite value, which {enc} cannot encode")
     amax = np.abs(groups).max(axis=-1) if groups.shape[-1] else np.zeros(groups.shape[:-1], F32)
     d = (amax / F32(127)).astype(F32)
+    stored = d
+    if half:
+        with np.errstate(over="ignore"):
+            stored = d.astype(np.float16)
+        if not np.isfinite(stored).all():
+            big = float(amax[~np.isfinite(stored)].max())
+            raise UnsupportedEncoding(f"{what}: a block's largest magnitude {big:.6g} needs a scale beyond float16's "
+                                      "range, which int8h cannot encode (int8 keeps float32 scales)")
+        d = stored.astype(F32)
     safe = np.where(d > 0, d, F32(1))
     q = np.clip(np.rint(groups / safe[..., None]), -127, 127).astype(np.int8)
     q[d == 0] = 0
-    return q, d
+    return q, stored
 
 
 class Int8Codec(BlockCodec):
     name = "int8"
     block = BLOCK  # the kernels index scales with j >> 5
     bits_per_weight = 9.0
+    half = False  # int8h: scales stored as half-precision bits
+
+    def _sizes(self, r, c):
+        return [r * c, (2 if self.half else 4) * r * (c // BLOCK)]
 
     def nbytes(self, shape):
         shape = tuple(int(s) for s in shape)
         self._check(shape)
-        r, c = rows_cols(shape, self.name)
-        return sections_nbytes([r * c, 4 * r * (c // BLOCK)])
+        return sections_nbytes(self._sizes(*rows_cols(shape, self.name)))
 
     def weight(self, raw, shape):
         shape = tuple(int(s) for s in shape)
         self._check(shape)
         r, c = rows_cols(shape, self.name)
-        qb, sb = split_sections(raw, [r * c, 4 * r * (c // BLOCK)], f"int8 tensor of shape {list(shape)}")
-        return Int8Blocks(qb.view(np.int8).reshape(r, c), sb.view("<f4").reshape(r, c // BLOCK), shape)
+        qb, sb = split_sections(raw, self._sizes(r, c), f"{self.name} tensor of shape {list(shape)}")
+        cls, dt = (Int8HalfBlocks, "<u2") if self.half else (Int8Blocks, "<f4")
+        return cls(qb.view(np.int8).reshape(r, c), sb.view(dt).reshape(r, c // BLOCK), shape)
 
     def encode(self, arr):
         a = np.ascontiguousarray(arr, dtype=F32)
         self._check(a.shape)
         r, c = rows_cols(a.shape, self.name)
-        q, d = _quantize(a.reshape(r, c // BLOCK, BLOCK), self.name)
-        return join_sections([q.reshape(r, c), d.astype("<f4")])
+        q, d = _quantize(a.reshape(r, c // BLOCK, BLOCK), self.name, self.half)
+        return join_sections([q.reshape(r, c), d.astype("<f2" if self.half else "<f4")])
+
+
+class Int8HalfCodec(Int8Codec):
+    name = "int8h"
+    bits_per_weight = 8.5
+    half = True
 
 
 class Int8RowCodec(Codec):
@@ -213,50 +234,6 @@ class Int8RowCodec(Codec):
         r, c = rows_cols(a.shape, self.name)
         q, d = _quantize(a.reshape(r, c), self.name)
         return join_sections([q, d.astype("<f4")])
-
-
-def _quantize_half(groups: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
-    """groups [..., 32] float32 -> codes int8 [..., 32], scales float16 [...] (int8h: the codes
-    are rounded against the stored half-precision scale)."""
-    if not np.isfinite(groups).all():
-        raise UnsupportedEncoding(f"{what}: the tensor holds a non-finite value, which int8h cannot encode")
-    amax = np.abs(groups).max(axis=-1) if groups.shape[-1] else np.zeros(groups.shape[:-1], F32)
-    with np.errstate(over="ignore"):
-        d16 = (amax / F32(127)).astype(F32).astype(np.float16)
-    if not np.isfinite(d16).all():
-        big = float(amax[~np.isfinite(d16)].max())
-        raise UnsupportedEncoding(f"{what}: a block's largest magnitude {big:.6g} needs a scale beyond float16's "
-                                  "range, which int8h cannot encode (int8 keeps float32 scales)")
-    d = d16.astype(F32)
-    safe = np.where(d > 0, d, F32(1))
-    q = np.clip(np.rint(groups / safe[..., None]), -127, 127).astype(np.int8)
-    q[d == 0] = 0
-    return q, d16
-
-
-class Int8HalfCodec(Int8Codec):
-    name = "int8h"
-    bits_per_weight = 8.5
-
-    def nbytes(self, shape):
-        shape = tuple(int(s) for s in shape)
-        self._check(shape)
-        r, c = rows_cols(shape, self.name)
-        return sections_nbytes([r * c, 2 * r * (c // BLOCK)])
-
-    def weight(self, raw, shape):
-        shape = tuple(int(s) for s in shape)
-        self._check(shape)
-        r, c = rows_cols(shape, self.name)
-        qb, sb = split_sections(raw, [r * c, 2 * r * (c // BLOCK)], f"int8h tensor of shape {list(shape)}")
-        return Int8HalfBlocks(qb.view(np.int8).reshape(r, c), sb.view("<u2").reshape(r, c // BLOCK), shape)
-
-    def encode(self, arr):
-        a = np.ascontiguousarray(arr, dtype=F32)
-        self._check(a.shape)
-        r, c = rows_cols(a.shape, self.name)
-        q, d = _quantize_half(a.reshape(r, c // BLOCK, BLOCK), self.name)
-        return join_sections([q.reshape(r, c), d.astype("<f2")])
 
 
 register(Int8Codec())
