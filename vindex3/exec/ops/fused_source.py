@@ -36,7 +36,8 @@ import types
 from pathlib import Path
 
 # the modules whose compiled functions a generated module calls (directly or through them)
-DEPENDENCIES = ("vindex3.codecs.intrinsics", "vindex3.codecs.kernels", "vindex3.codecs.atomics", "vindex3.exec.ops.decode")
+DEPENDENCIES = ("vindex3.codecs.intrinsics", "vindex3.codecs.kernels", "vindex3.codecs.atomics", "vindex3.codecs.f16bits",
+                "vindex3.exec.ops.decode")
 SUBDIR = "fused"
 _CACHE_MARK = "cache=True"
 _digest: list[str] = []
