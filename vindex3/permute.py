@@ -37,12 +37,10 @@ def _sections(dtype: str, shape: tuple[int, ...]) -> list[int] | None:
     if dtype in _SINGLE or dtype in ggml.KINDS:
         return None
     r, c = rows_cols(shape, dtype)
-    if dtype in ("int8", "int8h"):
-        return [r * c, (4 if dtype == "int8" else 2) * r * (c // 32)]
-    if dtype == "q4":
-        from .codecs.q4 import Q4Codec
+    if dtype in ("int8", "int8h", "q4"):
+        from . import codecs
 
-        return Q4Codec._sizes(r, c)
+        return codecs.get(dtype)._sizes(r, c)
     if dtype in ("fp8_e4m3_b128", "nvfp4"):
         from . import codecs
 
