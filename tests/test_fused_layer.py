@@ -237,3 +237,22 @@ def test_fused_passes_are_the_same_bytes_on_every_compile_target(reps, restore_s
 
     assert child({"NUMBA_CPU_NAME": "generic"}) == here
     assert child({"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": "+64bit,+avx,+avx2,+fma,+f16c,+sse4.2,+popcnt"}) == here
+
+
+def test_a_weight_class_is_fused_only_as_it_declares_itself():
+    from vindex3 import codecs
+    from vindex3.codecs.f32 import DenseF32
+
+    W = np.zeros((4, 64), np.float32)
+    kinds = {}
+    for enc in ("f32", "bf16", "f16", "int8", "int8h", "q4"):
+        w = codecs.get(enc).weight(codecs.get(enc).encode(W), W.shape)
+        kinds[enc] = (FL._kind(w), FL._kind(w.with_activations("q8")) if hasattr(w, "with_activations") else None)
+    assert kinds["int8h"] == kinds["int8"] == ("i8", "i8q8")  # int8h runs the int8 kernels
+    assert kinds["q4"] == ("q4", "q4q8") and kinds["f32"][0] == "f32" and kinds["bf16"][0] == "bf16"
+    assert kinds["f16"][0] is None  # no fused rows kernel for f16
+
+    class Other(DenseF32):  # a subclass may multiply otherwise: not fused unless it says so
+        pass
+
+    assert FL._kind(Other(W)) is None

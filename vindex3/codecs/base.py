@@ -55,6 +55,10 @@ class Weight:
 
     encoding: ClassVar[str] = "?"
     activations: ClassVar[str] = "exact"  # see ACTIVATIONS
+    # The product kind a fused layer runs this class with ('f32' | 'bf16' | 'i8' | 'i8q8' | 'q4' |
+    # 'q4q8', vindex3.exec.ops.fused_layer), declared by each class itself: read from the class's
+    # own namespace, never inherited, since a subclass may multiply otherwise. Absent: not fused.
+    fused_kind: ClassVar[str | None] = None
 
     def __init__(self, shape: tuple[int, ...], nbytes: int):
         self.shape = tuple(int(s) for s in shape)

@@ -25,6 +25,7 @@ SMALL_T = 8  # largest T the rows kernel takes (bench/codecs_gemv.py: at T=8 it 
 
 class DenseF32(Weight):
     encoding = "f32"
+    fused_kind = "f32"
 
     def __init__(self, a: np.ndarray):
         super().__init__(a.shape, a.nbytes)

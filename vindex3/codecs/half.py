@@ -43,6 +43,7 @@ class Half(RowWeight):
 
 class BF16Weight(Half):
     encoding = "bf16"
+    fused_kind = "bf16"
     _special = 0x7F80
 
     def _rows(self, x, y):

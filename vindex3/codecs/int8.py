@@ -47,6 +47,7 @@ BLOCK = 32  # the kernel indexes scales with j >> 5
 
 class Int8Blocks(RowWeight):
     encoding = "int8"
+    fused_kind = "i8"
 
     def __init__(self, q: np.ndarray, s: np.ndarray, shape):
         super().__init__(shape, sections_nbytes([q.nbytes, s.nbytes]))
@@ -80,6 +81,7 @@ class Int8BlocksQ8(Int8Blocks):
     would get alone (tests/test_int_prefill.py); mm_t, gathers and dense() are unchanged."""
 
     activations = "q8"
+    fused_kind = "i8q8"
 
     def _rows(self, x, y):
         I = intdot()
@@ -118,10 +120,12 @@ class Int8HalfBlocks(Int8Blocks):
     kernel is the int8 one (the scale is made float32 exactly where it is read)."""
 
     encoding = "int8h"
+    fused_kind = "i8"
 
 
 class Int8HalfBlocksQ8(Int8BlocksQ8):
     encoding = "int8h"
+    fused_kind = "i8q8"
 
 
 _Q8 = {Int8Blocks: Int8BlocksQ8, Int8HalfBlocks: Int8HalfBlocksQ8}

@@ -36,6 +36,7 @@ HALF = BLOCK // 2
 
 class Q4Weight(RowWeight):
     encoding = "q4"
+    fused_kind = "q4"
 
     def __init__(self, qs: np.ndarray, d: np.ndarray, m: np.ndarray, shape):
         super().__init__(shape, sections_nbytes([qs.nbytes, d.nbytes, m.nbytes]))
@@ -71,6 +72,7 @@ class Q4WeightQ8(Q4Weight):
     would get alone (tests/test_int_prefill.py); mm_t, gathers and dense() are unchanged."""
 
     activations = "q8"
+    fused_kind = "q4q8"
 
     def _rows(self, x, y):
         I = intdot()

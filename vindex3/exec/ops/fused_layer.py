@@ -84,16 +84,10 @@ _BLOCK = ("rms_norm", "softmax", "residual_add", "rms_norm", "gated_ffn", "resid
 
 
 def _kind(w) -> str | None:
-    """The product kind of a weight object (its class, exactly: a subclass may multiply
-    otherwise), or None when it has no rows kernel the fused call can run."""
-    from ...codecs.f32 import DenseF32
-    from ...codecs.half import BF16Weight
-    from ...codecs.int8 import Int8Blocks, Int8BlocksQ8, Int8HalfBlocks, Int8HalfBlocksQ8
-    from ...codecs.q4 import Q4Weight, Q4WeightQ8
-
-    kinds = {DenseF32: "f32", BF16Weight: "bf16", Int8Blocks: "i8", Int8BlocksQ8: "i8q8", Q4Weight: "q4",
-             Q4WeightQ8: "q4q8", Int8HalfBlocks: "i8", Int8HalfBlocksQ8: "i8q8"}  # int8h: the int8 kernels
-    k = kinds.get(type(w))
+    """The product kind of a weight object, as its class declares it in its own namespace
+    (`Weight.fused_kind`: never inherited, since a subclass may multiply otherwise), or None
+    when it has no rows kernel the fused call can run."""
+    k = type(w).__dict__.get("fused_kind")
     if k is None or len(w.shape) != 2 or w.shape[0] == 0:
         return None
     return k
