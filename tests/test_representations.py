@@ -25,9 +25,9 @@ from vindex3.errors import UnsupportedEncoding, VindexError
 from vindex3.evidence import score_representation
 from vindex3.represent import represent
 
-ENCODINGS = ["bf16", "f16", "int8", "q4"]
+ENCODINGS = ["bf16", "f16", "int8", "int8h", "q4"]
 IDS = [1, 40, 41, 77, 9, 200, 13, 5]
-BITS = {"bf16": 16.0, "f16": 16.0, "int8": 9.0, "q4": 5.0}
+BITS = {"bf16": 16.0, "f16": 16.0, "int8": 9.0, "int8h": 8.5, "q4": 5.0}
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_represent_keeps_the_logical_model_and_records_true_fidelity(tiny_llama_
         assert r["exact"] == (err == 0.0), label
         assert r["bits_per_weight"] == pytest.approx(BITS[dtype], abs=0.3), label
         scale = float(np.abs(x).max())
-        bound = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11, "int8": 1 / 254, "q4": 1 / 15}[dtype]
+        bound = {"bf16": 2.0 ** -8, "f16": 2.0 ** -11, "int8": 1 / 254, "int8h": 1 / 254, "q4": 1 / 15}[dtype]
         assert err <= bound * scale * 1.01, f"{label}: {err} against {bound} x max|w| {scale}"
     # the embedding (and the untied head) are int8 under q4, with the reason recorded
     if enc == "q4":
@@ -94,10 +94,33 @@ def test_a_represented_model_runs_close_to_its_source(tiny_llama_container, reps
     got = vindex3.open(reps[enc]).executor().forward(IDS)
     assert got.shape == ref.shape and np.isfinite(got).all()
     rel = float(np.abs(got - ref).max() / np.abs(ref).max())
-    assert rel < {"bf16": 0.02, "f16": 0.005, "int8": 0.05, "q4": 0.3}[enc], rel
+    assert rel < {"bf16": 0.02, "f16": 0.005, "int8": 0.05, "int8h": 0.05, "q4": 0.3}[enc], rel
     # Full and Draft run the same kernels: bit-identical at full depth
     c = vindex3.open(reps[enc])
     assert np.array_equal(c.executor(slice=vindex3.Draft(c.graph.num_layers)).forward(IDS), got)
+
+
+def test_int8h_refuses_a_block_beyond_half_precision_by_name_and_writes_nothing(tiny_llama_container, tmp_path):
+    """A finite float32 weight whose block scale (max|w| / 127) f16 cannot hold: REPRESENT into
+    int8h names the tensor and the magnitude and leaves no output; int8 still takes it."""
+    import shutil
+
+    from corruption import huge_into
+
+    from vindex3.errors import UnsupportedEncoding
+
+    src = tmp_path / "src" / "c.vindex3"
+    shutil.copytree(tiny_llama_container, src)
+    seg = Container(src).segments["decoder_stack"]
+    name = next(n for n, e in sorted(seg.entries.items()) if e.dtype == "f32" and len(e.shape) == 2)
+    huge_into("segments/decoder_stack.bin", name, 1e7)(src)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(UnsupportedEncoding, match=r"1e\+07 needs a scale beyond float16's range.*int8h") as e:
+        represent(src, out / "h.vindex3", "int8h")
+    assert name in str(e.value)
+    assert not any(out.iterdir())
+    assert represent(src, out / "i.vindex3", "int8").path.exists()
 
 
 def test_represent_refuses_an_unknown_target_and_writes_nothing(tiny_llama_container, tmp_path):

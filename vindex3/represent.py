@@ -37,7 +37,7 @@ from pathlib import Path
 from . import __version__, codecs
 from .codecs.fidelity import compare
 from .container import GRAPH, Container
-from .errors import EncodeError
+from .errors import EncodeError, UnsupportedEncoding
 from .opplan import OperandUse, operand_uses
 from .paths import read_regular
 from .rewrite import ContainerWriter, rewritten
@@ -145,7 +145,10 @@ def represent(src: str | Path, out: str | Path, encoding: str, progress: Progres
                 else:
                     src_f32 = seg.weight(name).dense()
                     codec = codecs.get(c.encoding)
-                    enc = codec.encode(src_f32)
+                    try:
+                        enc = codec.encode(src_f32)
+                    except UnsupportedEncoding as e:  # the values, not the shape: name the tensor
+                        raise UnsupportedEncoding(f"REPRESENT into {c.encoding}, tensor {label}: {e}") from None
                     f = compare(src_f32, codec.weight(enc, e.shape).dense(), c.encoding, enc.nbytes)
                     rec = {"encoding": c.encoding, "source_encoding": e.dtype, "exact": f.exact,
                            "bits_per_weight": f.bits_per_weight, "max_abs_error": f.max_abs_error,
