@@ -434,7 +434,7 @@ def huge_into(rel: str, tensor: str, value: float, *, where: str = "one", seal: 
     """Write a finite but huge ``value`` into ``tensor`` through its own encoding, as a tool that
     writes containers by hand would (resealed: every hash agrees): in f32, bf16 or f16 the
     value itself; in int8 a block scale (the codes stay, so the weights it makes are ``value``
-    times them). ``where``: "one" value (or scale) in the middle, or "all" of them."""
+    times them; int8h's half scale, infinite past 65504). ``where``: "one" value (or scale) in the middle, or "all" of them."""
 
     def run(c: Path) -> None:
         from vindex3 import codecs
@@ -453,6 +453,9 @@ def huge_into(rel: str, tensor: str, value: float, *, where: str = "one", seal: 
                 np.float16(value).view(np.uint16)
         elif t["dtype"] == "int8":
             target, v = w.s.reshape(-1), np.float32(value)
+        elif t["dtype"] == "int8h":  # a half scale: a value past 65504 is stored as infinity
+            with np.errstate(over="ignore"):
+                target, v = w.s.reshape(-1), np.float16(value).view(np.uint16)
         else:
             raise ValueError(f"huge_into does not write {t['dtype']}")
         if where == "all":

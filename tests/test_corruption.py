@@ -208,7 +208,7 @@ def test_a_legacy_container_without_tensor_hashes_is_checked_whole_on_first_use(
         opened.executor()
 
 
-@pytest.mark.parametrize("encoding", ["bf16", "int8"])
+@pytest.mark.parametrize("encoding", ["bf16", "int8", "int8h"])
 def test_resealed_huge_values_are_refused_by_name_in_each_encoding(pristine, tmp_path, encoding):
     """Finite but huge values written through an encoding (a bf16 weight of 3e38, an int8 block
     scale of 1e30) and resealed, so that every hash agrees: refused by name at first use (the
