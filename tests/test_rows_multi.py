@@ -312,3 +312,34 @@ def test_a_tile_refuses_an_empty_shape():
     assert I._tile("f32", 8) == (2, I.TILE_GROUP)
     assert I._tile("f32", 2) == (1, 2)
     assert I._tile("bf16", 4) == (1, 4)
+
+
+def test_a_cpus_own_prefetch_locality_applies_to_its_kinds_only():
+    """PREFETCH_LOCALITY_BY_CPU moves int8's prefetch to the outer cache levels on Zen 4 only;
+    every other CPU and kind keeps locality 3 (all levels)."""
+    assert I.prefetch_locality("i8", cpu="znver4") == 2
+    for kind in ("f32", "bf16", "q4"):
+        assert I.prefetch_locality(kind, cpu="znver4") == 3
+    for kind in I.PREFETCH:
+        assert I.prefetch_locality(kind, cpu="a-cpu-with-no-entry") == 3
+    assert all(loc in (0, 1, 2, 3) for table in I.PREFETCH_LOCALITY_BY_CPU.values() for loc in table.values())
+
+
+@pytest.mark.parametrize("path", VECTOR_PATHS)
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_every_prefetch_locality_gives_the_same_bytes(T, path):
+    """Where a prefetch puts a line changes no value: the int8 kernel built with each locality
+    (and without prefetch) equals the plain path's bytes, and its IR asks for the locality built."""
+    c = codecs.get("int8")
+    w = c.weight(c.encode(rng.standard_normal((37, 576)).astype(F32)), (37, 576))
+    x = np.ascontiguousarray(rng.standard_normal((T, 576)).astype(F32))
+    want = _int_run("i8", w, x, "plain")
+    for loc, pf in ((3, None), (2, None), (1, None), (0, None), (3, 0)):
+        k = I._make_rows_i8(I._make_i8_dots(path, pf=pf, locality=loc), False)
+        y = np.empty((T, 37), F32)
+        k(w.q, w.s, x, y, I.ROWS_PER_TASK)
+        assert np.array_equal(y, want), (loc, pf)
+        if pf is None:
+            ir = next(iter(k.inspect_llvm().values()))
+            assert f"i32 0, i32 {loc}, i32 1)" in ir, loc
+

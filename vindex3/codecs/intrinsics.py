@@ -149,6 +149,27 @@ def target_cpu() -> str:
     return str(ll.get_host_cpu_name())
 
 
+# Which cache level a kernel's software prefetch fills (``llvm.prefetch`` locality: 3 all levels,
+# the default; 2 and 1 the outer ones), where a CPU's own measurement shows the default losing:
+# kind -> locality, by the CPU name LLVM gives the compile target. AMD Zen 4 (znver4): the int8
+# q8 products of all 30 SmolLM2 layers (119 MB, the container's file-mapped arrays in 2 MB pages,
+# cold), every arm compiled in one process and the arms alternated pass by pass, paired median
+# ratio of the times to locality 3 (bench/prefetch_locality.py, 24 rounds, load 0.5-0.9,
+# results/prefetch_locality_zen4.json): locality 2 at one thread 0.90x at T = 1, 0.95x at 2,
+# 0.98x at 4, 0.97x at 8; at two threads (each thread half of every product) 1.01x, 0.88x,
+# 0.95x, 0.95x; locality 1 (the same level on this CPU) within 0.05 of 2, 0 (non-temporal) as
+# 3. A whole decode step, 1 thread, the two trees alternated with llama.cpp in the same rounds:
+# docs/container.md. q4 (bound by its unpacking at one thread) moved by less than the noise, and
+# f32 runs fastest there with no software prefetch at all (PREFETCH_BY_CPU).
+PREFETCH_LOCALITY_BY_CPU = {"znver4": {"i8": 2}}
+
+
+def prefetch_locality(kind: str, cpu: str | None = None) -> int:
+    """The locality a ``kind`` kernel's software prefetch asks for on ``cpu`` (default: the
+    compile target's): the CPU's entry in PREFETCH_LOCALITY_BY_CPU, else 3."""
+    return int(PREFETCH_LOCALITY_BY_CPU.get(target_cpu() if cpu is None else cpu, {}).get(kind, 3))
+
+
 def prefetch_distance(kind: str, T: int, cpu: str | None = None) -> int:
     """Bytes ahead a ``kind`` kernel prefetches in a pass of ``T`` positions on ``cpu`` (default:
     the compile target's): the CPU's entry in PREFETCH_BY_CPU, else PREFETCH[kind]."""
@@ -454,12 +475,13 @@ def _row_ptr(builder, arr, row, width):
     return builder.gep(arr.data, [builder.mul(row, width)])
 
 
-def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=True):
+def _make_i8_dots(path, pf=None, rows=None, group=None, locality=None, pair_lead=True):
     """dots(Q int8 [O, K], S f32 or f16 bits [O, K/32], o0, o1, XQ int8 [T, K], XD f32 [T, K/32],
     XC int32 [T, K/4], t0, Y f32 [T, O]): Y[t, o] = the documented dot of row o and the codes of
     position t, for rows o0 .. o1 - 1 and positions t0 .. min(T, t0 + MAX_T) - 1. A chunk of a
     row is loaded (and made unsigned) once for every position. ``pf``: the prefetch distance
-    in bytes (default prefetch_distance('i8', T); 0: none); ``rows``, ``group``, ``locality``: see `_tile`
+    in bytes (default prefetch_distance('i8', T); 0: none); ``locality``: the prefetch's (default
+    prefetch_locality('i8')); ``rows``, ``group``: see `_tile`
     and `_make_float_dots` (they change no byte)."""
 
     @intrinsic
@@ -488,6 +510,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                 pxc = [_row_ptr(builder, axc, p, K4) for p in pos]
                 Rt, G = _tile("i8", Tc, rows, group)
                 pft = prefetch_distance("i8", Tc) if pf is None else pf
+                loc = prefetch_locality("i8") if locality is None else locality
                 z = ir.Constant(_vec(_f32, 16), 0.0)
                 accs = {R: [[cgutils.alloca_once_value(builder, z) for _ in range(G)] for _ in range(R)] for R in {Rt, 1}}
 
@@ -539,7 +562,7 @@ def _make_i8_dots(path, pf=None, rows=None, group=None, locality=3, pair_lead=Tr
                             i = loop.index
                             if pft and g0 == 0:  # a 64-byte chunk is one cache line
                                 for pw in pws:
-                                    _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), lead), locality)
+                                    _prefetch(builder, pw, builder.add(builder.shl(i, c(6)), lead), loc)
                             chunk(builder.shl(i, c(6)), builder.shl(i, c(1)), 64)
                         with builder.if_then(has_tail):
                             chunk(builder.shl(nchunk, c(6)), builder.shl(nchunk, c(1)), 32)
