@@ -5,7 +5,8 @@ bytes). Every arm runs in its own process; arms are interleaved (round r
 runs every arm once) and each reports its best over ``--repeats`` inside the process; ratios
 are of medians over rounds. Our arms also report kernel launches per token (numba calls of the
 rows kernels; q/k/v and gate/up are one fused launch each where the encoding has the kernel),
-operand bytes per token and the fraction of the measured streaming bandwidth. Our arms run with
+operand bytes per token and the fraction of the measured streaming bandwidth (per CPU-second
+against one thread's copy rate, and by wall clock against what that many threads read). Our arms run with
 fused decode layers (vindex3.exec.ops.fused_layer: one numba call a layer); the ``unfused`` arms
 turn them off (VINDEX3_FUSED_LAYERS=0) to measure what the fusion gives. ``--select`` keeps the
 arms whose name contains one of its comma-separated parts (a short run on a busy machine).
@@ -99,6 +100,33 @@ def stream_bandwidth() -> float:
         np.copyto(b, a)
         best = min(best, time.perf_counter() - t)
     return 2 * a.nbytes / best
+
+
+def read_bandwidth(threads: int) -> float:
+    """Bytes/s that ``threads`` threads read together, each summing its own 256 MiB float32 array
+    four times (numpy's sum releases the GIL; best of 3): the ceiling for a decode step at that thread count
+    that streams its weights once, by wall clock. Measured in the driver, before the arms."""
+    import threading
+
+    import numpy as np
+
+    arrays = [np.full(1 << 26, i + 1, np.float32) for i in range(threads)]
+    passes = 4  # each thread's share long enough (~40 ms) that starting the threads does not count
+
+    def read(x):
+        for _ in range(passes):
+            np.sum(x)
+
+    best = 1e9
+    for _ in range(3):
+        workers = [threading.Thread(target=read, args=(x,)) for x in arrays]
+        t = time.perf_counter()
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        best = min(best, time.perf_counter() - t)
+    return passes * sum(x.nbytes for x in arrays) / best
 
 
 PREFILL_T = 512
@@ -413,6 +441,8 @@ def main() -> int:
     if a.prefill:
         return prefill_main(a, arms)
     bw = stream_bandwidth()
+    read_bw = {th: read_bandwidth(th) for th in a.threads}
+    print("read bandwidth " + ", ".join(f"{th} thread(s) {v / 1e9:.1f} GB/s" for th, v in read_bw.items()), flush=True)
     runs: dict = {}
     for r in range(a.rounds):
         for th in a.threads:
@@ -438,6 +468,8 @@ def main() -> int:
             if "bytes_per_token" in s:  # operand bytes read per CPU-second, against the copy rate
                 s["weight_bytes_per_cpu_s"] = s["bytes_per_token"] * s["decode_tok_per_cpu_s_median"]
                 s["bandwidth_fraction_per_cpu_s"] = s["weight_bytes_per_cpu_s"] / bw
+                th = int(tk.split("_")[1])  # by wall clock, against what that many threads read
+                s["read_bandwidth_fraction_wall"] = s["bytes_per_token"] * s["decode_tok_s_median"] / read_bw[th]
             summary.setdefault(name, {})[tk] = s
     pairs = [("vindex3 int8 q8", "llama.cpp Q8_0"), ("vindex3 q4 q8", "llama.cpp Q4_1"),
              ("vindex3 int8 exact", "llama.cpp Q8_0"), ("vindex3 q4 exact", "llama.cpp Q4_1"),
@@ -473,19 +505,21 @@ def main() -> int:
                             "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)",
                             "ours 'spin' arms": None if a.spin is None else f"unset, GOMP_SPINCOUNT={a.spin}"},
         "stream_bandwidth_bytes_per_s": bw,
+        "read_bandwidth_bytes_per_s": {f"threads_{th}": v for th, v in read_bw.items()},
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "runs": runs,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"{'arm':<24}{'thr':>4}{'tok/s med':>11}{'tok/cpu-s med':>15}{'calls':>7}{'MB/tok':>8}{'GB/cpu-s':>9}{'bw frac':>8}")
+    print(f"{'arm':<24}{'thr':>4}{'tok/s med':>11}{'tok/cpu-s med':>15}{'calls':>7}{'MB/tok':>8}{'GB/cpu-s':>9}{'bw frac':>8}{'read frac':>10}")
     for name, by_t in summary.items():
         for tk, s in by_t.items():
             mb = f"{s['bytes_per_token'] / 1e6:.0f}" if "bytes_per_token" in s else "-"
             gb = f"{s['weight_bytes_per_cpu_s'] / 1e9:.1f}" if "bytes_per_token" in s else "-"
             fr = f"{s['bandwidth_fraction_per_cpu_s']:.2f}" if "bytes_per_token" in s else "-"
+            rf = f"{s['read_bandwidth_fraction_wall']:.2f}" if "bytes_per_token" in s else "-"
             print(f"{name:<24}{tk[-1]:>4}{s['decode_tok_s_median']:>11.1f}{s['decode_tok_per_cpu_s_median']:>15.1f}"
-                  f"{s.get('calls_per_token', '-'):>7}{mb:>8}{gb:>9}{fr:>8}")
+                  f"{s.get('calls_per_token', '-'):>7}{mb:>8}{gb:>9}{fr:>8}{rf:>10}")
     for pair, by_t in ratios.items():
         for tk, r in by_t.items():
             print(f"{pair:<42} t={tk[-1]}  decode {r['decode_tok_s']:.2f}x  per cpu-s {r['decode_tok_per_cpu_s']:.2f}x")
