@@ -81,8 +81,9 @@ def _drivers(kind):
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("kind", ["f32", "bf16", "i8", "q4"])
 def test_a_team_kernel_writes_the_group_kernels_bytes(kind, T):
-    """Called by one thread that claims every task (its partner never arrives), and by regions of
-    two threads and of one: the group kernel's bytes each time, every task counted done once."""
+    """Called by one thread that takes every task (its own share from the front, then its
+    partner's from the back: the partner arrives only after), and by regions of two threads and of
+    one: the group kernel's bytes each time, every task counted done once."""
     K = 96 if kind != "f32" else 80
     arrs = _group(kind, K)
     x = (rng.standard_normal((T, K)) * 3).astype(F32)
@@ -94,7 +95,7 @@ def test_a_team_kernel_writes_the_group_kernels_bytes(kind, T):
     tail = (F16_TABLE,) if kind == "q4" else ()
     for nt, f in ((2, alone), (2, region), (1, region)):
         ys = tuple(np.full((T, o), np.nan, F32) for o in ROWS)
-        ctl = np.zeros(8 * A.SLOT, np.int64)
+        ctl = np.zeros(threads.team_ctl_len(nt), np.int64)
         numba.set_num_threads(min(nt, numba.config.NUMBA_NUM_THREADS))
         try:
             f(*(w for col in arrs for w in col), *act, *ys, ctl, nt, *tail)
@@ -102,7 +103,12 @@ def test_a_team_kernel_writes_the_group_kernels_bytes(kind, T):
             numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
         assert all(np.array_equal(a, b) for a, b in zip(want, ys)), (kind, T, nt, f)
         assert ctl[7 * A.SLOT] == ntask  # phase 3's done counter: every task once
-        assert ctl[6 * A.SLOT] >= ntask  # its claim counter ran past the end
+        assert ctl[6 * A.SLOT] == nt  # its arrivals: each of the region's iterations once
+        for sh in range(nt):  # every task of each share taken, each taker overshooting at most once
+            word = int(ctl[(16 + 3 * nt + sh) * A.SLOT])
+            taken = (word & 0xFFFFFFFF) + (word >> 32)
+            length = ntask * (sh + 1) // nt - ntask * sh // nt
+            assert length <= taken <= length + nt, (sh, word)
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])

@@ -1051,22 +1051,44 @@ def rows_kernel(kind: str, path: str | None = None, parallel: bool = False):
 
 # --------------------------------------------------------------------------------------------
 # Team kernels: the group kernels' products called by every thread of ONE parallel region (a
-# fused layer's, vindex3.exec.ops.fused_source), which claim the group's row tasks from a shared
-# counter instead of receiving a fixed share, then wait until every task is done. Claims are
-# guided: a claim takes 1 / (2 x threads) of the tasks not yet claimed (at least one), so the
-# first claims are long runs of adjacent rows (the hardware prefetcher streams them) and a thread
-# that joins the region late, or is descheduled, leaves its work to the others instead of holding
-# the region. Tasks are the group kernels' ``rpt``-row tasks, a claim is a run of them, and each
-# row's dot is the same call on the same rows as the group kernel's: the bytes equal the group
-# kernel's whatever thread ran a task (tests/test_team.py). ``ctl`` holds the counters
-# (vindex3.codecs.atomics): phase ``p`` claims at ``2p`` slots and counts finished tasks at
-# ``2p + 1``; ``nt`` is the region's thread count.
+# fused layer's, vindex3.exec.ops.fused_source), each thread taking row tasks from counters
+# instead of receiving a fixed share, then waiting until every task is done. The tasks (the group
+# kernels' ``rpt``-row tasks, laid end to end over the weights) are cut into ``nt`` contiguous
+# shares; the k-th thread to arrive owns share k and takes its tasks one at a time from the front,
+# so each thread streams one long run of adjacent rows, as a static split would; a thread that has
+# finished its own share then takes the others' remaining tasks from their back, so a thread that
+# joins late, or is descheduled, leaves its work to the others instead of holding the region.
+# A share's counter packs the tasks taken from its front (low 32 bits) and from its back (high
+# 32), so one atomic add decides who gets the last task. Each row's dot is the same call on the
+# same rows as the group kernel's: the bytes equal the group kernel's whatever thread ran a task
+# (tests/test_team.py). Why shares: the guided claims this replaced (a claim took 1 / (2 x
+# threads) of the tasks left, from one shared counter) broke each thread's stream into runs of a
+# few tasks, each starting cold; the int8 products of all SmolLM2 layers at 2 threads, spinning
+# workers, a region per product, took 4.4 ms with them against 3.2 with fixed halves (ad hoc,
+# Zen 4, load ~1). ``ctl`` holds the counters (vindex3.codecs.atomics): phase ``p``'s arrivals at
+# slot ``2p``, its finished tasks at ``2p + 1``, share s's counter at slot ``16 + p * nt + s``
+# (vindex3.codecs.threads `team_ctl_len`); ``nt`` is the region's thread count.
+_FRONT = np.int64(1)
+_BACK = np.int64(1) << 32
+_LOW = (np.int64(1) << 32) - 1
+
+
 @njit(inline="always")
-def _claim(ctl, c, ntask, nt):  # pragma: no cover - compiled
-    seen = _A.load_acquire(ctl, c)
-    want = max(1, (ntask - seen) // (2 * nt))
-    k = _A.fetch_add(ctl, c, want)
-    return k, min(ntask, k + want)
+def _share(ntask, s, nt):  # pragma: no cover - compiled
+    """Tasks lo .. hi - 1 of share s."""
+    return ntask * s // nt, ntask * (s + 1) // nt
+
+
+@njit(inline="always")
+def _take(ctl, word, length, back):  # pragma: no cover - compiled
+    """One task of a share of ``length`` tasks: its offset from the share's start, or -1 when
+    none is left; from the front (the owner) or the back (the others)."""
+    old = _A.fetch_add(ctl, word, _BACK if back else _FRONT)
+    front = old & _LOW
+    behind = old >> 32
+    if front + behind >= length:
+        return -1
+    return length - 1 - behind if back else front
 
 
 @njit(inline="always")
@@ -1115,18 +1137,27 @@ def _make_team(call, PT):
         for i in range(n):
             rows_of[i] = Ys[i].shape[1]
         starts = _task_starts(n, rows_of, rpt)
+        ntask = starts[n]
         c = 2 * p * _A.SLOT
-        while True:
-            k, k1 = _claim(ctl, c, starts[n], nt)
-            if k >= starts[n]:
-                break
-            for i in range(n):
-                o0, o1 = _claimed(starts, rows_of, i, k, k1, rpt)
-                if o0 < o1:
-                    for t0 in range(0, T, PT):
-                        call(ws, i, o0, o1, xs, t0, Ys[i])
-            _A.fetch_add(ctl, c + _A.SLOT, k1 - k)
-        _A.wait_for(ctl, c + _A.SLOT, starts[n])
+        me = _A.fetch_add(ctl, c, 1) % nt  # arrival order: the share this thread owns
+        done = 0
+        for j in range(nt):
+            sh = (me + j) % nt
+            lo, hi = _share(ntask, sh, nt)
+            word = (16 + p * nt + sh) * _A.SLOT
+            while True:
+                off = _take(ctl, word, hi - lo, j > 0)
+                if off < 0:
+                    break
+                k = lo + off
+                for i in range(n):
+                    o0, o1 = _claimed(starts, rows_of, i, k, k + 1, rpt)
+                    if o0 < o1:
+                        for t0 in range(0, T, PT):
+                            call(ws, i, o0, o1, xs, t0, Ys[i])
+                done += 1
+        _A.fetch_add(ctl, c + _A.SLOT, done)
+        _A.wait_for(ctl, c + _A.SLOT, ntask)
 
     return team
 
@@ -1155,7 +1186,6 @@ def _make_team_rows(kind, team):
     return rows
 
 
-TEAM_CTL = 2 * _A.SLOT  # the counters of one team product (phase 0)
 _TEAM_ROWS: dict[tuple[str, str], object] = {}
 
 
@@ -1169,7 +1199,8 @@ def team_rows(kind: str, *arrays, path: str | None = None) -> None:
     key = (kind, "vector" if kind in FLOAT_GEOMETRY else (chosen() if path is None else path))
     if key not in _TEAM_ROWS:
         _TEAM_ROWS[key] = _make_team_rows(kind, team_kernel(kind, key[1]))
-    _TEAM_ROWS[key](*arrays, ROWS_PER_TASK, threads.numba_count(), np.zeros(TEAM_CTL, np.int64))
+    nt = threads.numba_count()
+    _TEAM_ROWS[key](*arrays, ROWS_PER_TASK, nt, np.zeros(threads.team_ctl_len(nt, 1), np.int64))
 
 
 _TEAMS: dict[tuple[str, str], object] = {}

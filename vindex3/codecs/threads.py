@@ -65,6 +65,15 @@ from ..switches import EnvSwitch, set_switch
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the module docstring
 
 PARALLEL_MIN_BYTES = 1 << 20  # weight bytes from which a launch goes to numba's pool
+TEAM_PHASES = 7  # the phases of a team layer (vindex3.exec.ops.fused_source)
+
+
+def team_ctl_len(nt: int, phases: int = TEAM_PHASES) -> int:
+    """int64 counters (zeros) a team call of ``nt`` threads over ``phases`` phases takes: 16
+    slots of 8 int64s (one cache line each, vindex3.codecs.atomics.SLOT) for the phases' arrival
+    and finished counts and flags, then one slot per phase and thread share
+    (vindex3.codecs.intrinsics `team_kernel`)."""
+    return (16 + phases * max(1, nt)) * 8
 
 
 class _TeamSwitch:

@@ -46,7 +46,6 @@ import numpy as np
 
 from ...codecs import threads
 from ...switches import EnvSwitch, set_switch
-from .fused_source import CTL
 from .norm import DECODE, make_weight
 
 F32 = np.float32
@@ -199,10 +198,11 @@ class FusedLayer:
         out = np.empty(h.shape, F32)
         a = self.args
         f = self.fn()
+        nt = threads.numba_count()
         with threads.launch():
             status = f(h, self.n1, self.e1, a["qkv"], a["o"], self.n2, self.e2, a["gu"], a["down"], kv.kt, kv.v,
                        row0, p0, cos, sin, self.qscale, self.sscale, self.m1, self.m2, self.nh, self.nkv, self.hd, out,
-                       threads.numba_count(), np.zeros(CTL, np.int64))
+                       nt, np.zeros(threads.team_ctl_len(nt), np.int64))
         if status != 1:  # the K/V rows were written (the unfused path advances them before its FFN norm)
             kv.end += T
         if status:

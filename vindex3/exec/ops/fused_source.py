@@ -186,7 +186,6 @@ _LAYER = '''
 # step between products (attention, the residual add and second norm, SiLU, quantizing the next
 # product's activation) is run by the first thread to reach it while the others wait. The same
 # kernels on the same arrays in the same order as `_LAYER`: the same bytes (tests/test_team.py).
-CTL = 16 * 8  # int64 counters a team layer's call takes (16 slots of vindex3.codecs.atomics.SLOT)
 _TEAM_HEAD = """
 from numba import prange
 
@@ -212,7 +211,8 @@ _LAYER_TEAM = '''
 
 @njit(cache=True, parallel=True, error_model="numpy", nogil=True)
 ''' + _SIGNATURE + '''    """h [T, H] -> out [T, H] as `_LAYER`'s, in one parallel region of ``nt`` threads. ``ctl``: zeros,
-    `CTL` int64s, the region's counters (phases 0-6, and slot 14: the second norm failed). It comes
+    vindex3.codecs.threads `team_ctl_len(nt)` int64s, the region's counters (phases 0-6, slot 14:
+    the second norm failed, then the products' shares). It comes
     from the caller: zeroed in this function (``np.zeros``, or ``np.empty`` then ``[:] = 0``, both
     array expressions numba's parfor passes rewrite), a counter two threads added to read back 0
     after the region (measured; the cause inside numba not traced). Arrays only allocated here
