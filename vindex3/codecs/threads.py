@@ -28,7 +28,8 @@
   the threshold either way, so it stays (and the count stays 1 by default).
 * **Teams.** At more than one thread (unless ``VINDEX3_TEAMS=0``, `team`), a fused layer runs as
   one parallel region and a pool-sized single weight (a head) as a team too: the region's threads
-  claim row tasks from shared counters instead of each taking a fixed share, so a worker that
+  take row tasks from counters (a contiguous share each, then what the others left) instead of
+  each holding a fixed share, so a worker that
   wakes late leaves its share to the thread that is running (vindex3.codecs.intrinsics
   `team_kernel`; docs/container.md measures it: 1.18-1.24x the tokens/s of a region per product
   at two threads on AMD Zen 4). Same bytes: each output element is still one thread's row dot.
@@ -122,7 +123,7 @@ def parallel(nbytes: int) -> bool:
 
 
 def team(nbytes: int | None = None) -> bool:
-    """Do parallel launches run as teams (one region whose threads claim row tasks from shared
+    """Do parallel launches run as teams (one region whose threads take row tasks from shared
     counters, vindex3.codecs.intrinsics `team_kernel`) rather than a fixed split? At more than one
     thread, unless ``VINDEX3_TEAMS=0``; with ``nbytes``, only for a launch `parallel` sends to the
     pool."""

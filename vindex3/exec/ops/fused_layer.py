@@ -23,7 +23,7 @@ refusals are the unfused path's: a norm whose mean of squares is not finite, a r
 NaN or infinity, each raised after the same state changes (tests/test_fused_layer.py).
 
 At more than one decode thread a layer whose products all have team kernels (f32, bf16, and
-int8 and q4 under 'q8') runs as a team layer: one parallel region a call, its threads claiming the
+int8 and q4 under 'q8') runs as a team layer: one parallel region a call, its threads taking the
 products' row tasks (vindex3.exec.ops.fused_source `team_source`; ``VINDEX3_TEAMS=0`` keeps a
 region per product).
 

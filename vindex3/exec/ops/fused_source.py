@@ -182,7 +182,7 @@ _LAYER = '''
 # --------------------------------------------------------------------------------------------
 # the team layer: the same layer as ONE parallel region a call (at more than one decode thread),
 # instead of one region per product. Every thread of the region runs the body: the products'
-# row tasks are claimed from shared counters (vindex3.codecs.intrinsics `team_kernel`), and each
+# row tasks are taken from shared counters (vindex3.codecs.intrinsics `team_kernel`), and each
 # step between products (attention, the residual add and second norm, SiLU, quantizing the next
 # product's activation) is run by the first thread to reach it while the others wait. The same
 # kernels on the same arrays in the same order as `_LAYER`: the same bytes (tests/test_team.py).
