@@ -1064,8 +1064,8 @@ def rows_kernel(kind: str, path: str | None = None, parallel: bool = False):
 # (tests/test_team.py). Why shares: the guided claims this replaced (a claim took 1 / (2 x
 # threads) of the tasks left, from one shared counter) broke each thread's stream into runs of a
 # few tasks, each starting cold; the int8 products of all SmolLM2 layers at 2 threads, spinning
-# workers, a region per product, took 4.4 ms with them against 3.2 with fixed halves (ad hoc,
-# Zen 4, load ~1). ``ctl`` holds the counters (vindex3.codecs.atomics): phase ``p``'s arrivals at
+# workers, a region per product, took 4.4-4.6 ms with them, 3.65 with shares, 3.2-3.3 with fixed
+# halves (ad hoc, Zen 4, load ~1; docs/container.md has the whole decode before and after). ``ctl`` holds the counters (vindex3.codecs.atomics): phase ``p``'s arrivals at
 # slot ``2p``, its finished tasks at ``2p + 1``, share s's counter at slot ``16 + p * nt + s``
 # (vindex3.codecs.threads `team_ctl_len`); ``nt`` is the region's thread count.
 _FRONT = np.int64(1)
