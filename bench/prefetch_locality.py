@@ -36,8 +36,6 @@ GROUPS = ("qkv", "o", "gu", "down")
 
 def layer_weights(path: str) -> list[tuple]:
     """Every fused layer's product arrays, in execution order (q, k, v, o, gate, up, down)."""
-    import numpy as np
-
     import vindex3
     from vindex3.exec.ops import fused_layer as FL
 
@@ -51,9 +49,9 @@ def layer_weights(path: str) -> list[tuple]:
             seen.add(self.index)
             for g in GROUPS:
                 a = self.args[g]
-                ws.extend(zip(*a[:3]) if len(a) > 2 else zip(*a[:2]))
-                if len(a) > 3:  # q4: the f16 table after the weight arrays
-                    ws[-len(a[0]):] = [w + (a[3],) for w in ws[-len(a[0]):]]
+                # int8: (codes, scales) per weight; q4: (codes, d, m) per weight, then the f16 table
+                cols, extra = (a[:3], (a[3],)) if len(a) == 4 else (a[:2], ())
+                ws.extend(tuple(w) + extra for w in zip(*cols))
         return real(self, h, kv, p0, cos, sin)
 
     FL.FusedLayer.run = run
@@ -63,7 +61,7 @@ def layer_weights(path: str) -> list[tuple]:
         FL.FusedLayer.run = real
     if not ws:
         raise SystemExit(f"{path}: no fused layers ran (nothing to measure)")
-    return ws, np
+    return ws
 
 
 def build(kind: str, locality: int, pf: int):
@@ -123,12 +121,13 @@ def main() -> int:
     if not Path(path).exists():
         raise SystemExit(f"no container at {path} (bench/intdot_vs_llamacpp.py represents it)")
     import numba
+    import numpy as np
     from numba.typed import List
 
     from vindex3.codecs import intrinsics as I
 
     load0 = os.getloadavg()
-    ws, np = layer_weights(path)
+    ws = layer_weights(path)
     arms = [tuple(int(v) for v in s.split(":")) for s in a.arms.split(",")]
     runs = {(loc, pf): build(a.kind, loc, pf) for loc, pf in arms}
     WL = List(ws)

@@ -247,3 +247,14 @@ def test_a_team_layer_refuses_as_the_unfused_path_refuses(tiny_llama_container, 
         errs.append((str(e.value), e.value.layer, e.value.site,
                      [ls.ops["mixer"].end for ls in st.state.layers.values()], st.state.position))
     assert errs[0] == errs[1] == errs[2]
+
+
+def test_the_counter_layout_fits_every_phase_and_share():
+    """`threads.team_ctl_len` (computed without numba) is whole slots of vindex3.codecs.atomics,
+    and holds the last share counter a team layer's last product phase touches."""
+    for nt in (1, 2, 3, 8):
+        n = threads.team_ctl_len(nt)
+        assert n % A.SLOT == 0
+        last_phase = threads.TEAM_PHASES - 1
+        assert (16 + last_phase * nt + nt - 1) * A.SLOT < n
+        assert (16 + nt - 1) * A.SLOT < threads.team_ctl_len(nt, 1)
