@@ -129,6 +129,34 @@ def test_represent_refuses_an_unknown_target_and_writes_nothing(tiny_llama_conta
     assert not any(tmp_path.iterdir())
 
 
+def test_every_registered_encoding_is_a_target_or_refused_by_name(tiny_llama_container, reps, tmp_path):
+    """One list, read from the codecs: every encoding this build registers either is a REPRESENT
+    target (`Codec.represent_target`) and a whole container is written in it and opens, or is
+    refused by name with nothing written; the command line offers exactly the targets."""
+    from vindex3 import codecs
+    from vindex3.cli import build_parser
+
+    targets = codecs.targets()
+    assert {"f32", "int8", "q4"} <= set(targets) < set(codecs.known())
+    for enc in codecs.known():
+        out = tmp_path / f"{enc}.vindex3"
+        if enc in targets:
+            path = reps[enc] if enc in reps else represent(tiny_llama_container, out, enc).path
+            assert enc in {dtype for dtype, _ in _tensors(Container(path)).values()}, enc
+        else:
+            with pytest.raises(VindexError, match=f"cannot write encoding '{enc}'"):
+                represent(tiny_llama_container, out, enc)
+            assert not out.exists()
+    parser = build_parser()
+    for enc in codecs.known():
+        argv = ["represent", "a", "b", "--encoding", enc]
+        if enc in targets:
+            assert parser.parse_args(argv).encoding == enc
+        else:
+            with pytest.raises(SystemExit):
+                parser.parse_args(argv)
+
+
 # ---- DIFF -------------------------------------------------------------------------------------
 
 

@@ -349,6 +349,8 @@ def cmd_record_verify(a) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import codecs
+
     p = argparse.ArgumentParser(prog="vindex3", description="VINDEX3 containers: admit, encode, inspect, verify, run.")
     p.add_argument("--version", action="version", version=f"vindex3 {__version__}")
     p.add_argument("--debug", action="store_true", help="show Python tracebacks")
@@ -373,7 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("represent", help="write a container in another weight encoding (same graph and objects)")
     s.add_argument("src")
     s.add_argument("out")
-    s.add_argument("--encoding", choices=["f32", "bf16", "f16", "int8", "int8h", "q4"])
+    s.add_argument("--encoding", choices=codecs.targets())
     s.add_argument("--permute-experts", metavar="PROMPTS", default=None,
                    help="instead of re-encoding: store every routed layer's expert banks most-used first, from router "
                         "statistics on this JSONL prompt bank (outputs identical; the order is recorded)")

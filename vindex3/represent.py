@@ -43,7 +43,7 @@ from .paths import read_regular
 from .rewrite import ContainerWriter, rewritten
 from .segments import Encoded, write_segment
 
-TARGETS = ("f32", "bf16", "f16", "int8", "int8h", "q4")
+TARGETS = codecs.targets()  # the encodings whose Codec says REPRESENT writes them
 ENDS_UNDER_Q4 = "int8"
 METHOD = "vindex3 represent"
 VERSION = 1

@@ -14,6 +14,8 @@ from typing import Any, ClassVar, Literal
 from lark import Token
 from pydantic import BaseModel, Field
 
+from vindex3.codecs import targets as codec_targets
+
 from .. import ast
 from ..ast import dialect
 from ..errors import NoContainer
@@ -49,7 +51,7 @@ score_representation_stmt: SCORE REPRESENTATION _container_ref AGAINST _containe
 """)
 
 fam.doc('REPRESENT',
-        "REPRESENT INTO 'dir' ENCODING 'bf16' | 'f16' | 'int8' | 'int8h' | 'q4' | 'f32'",
+        "REPRESENT INTO 'dir' ENCODING " + " | ".join(f"'{e}'" for e in codec_targets()),
         'write the bound container in another weight encoding: same graph and objects, new segments, fidelity per tensor in provenance',
         "REPRESENT INTO 'model-int8.vindex3' ENCODING 'int8';", order=260)
 fam.doc('SCORE REPRESENTATION',
@@ -377,10 +379,9 @@ class ScoreRepresentationPlan(Node):
 
 @fam.plans(Represent)
 def plan_represent(s: Represent, ctx: Context) -> Node:
-    from vindex3.represent import TARGETS
-
-    if s.encoding not in TARGETS:
-        raise err(s, f"REPRESENT cannot write encoding {s.encoding!r}", hint=f"REPRESENT writes: {', '.join(TARGETS)}")
+    if s.encoding not in codec_targets():
+        raise err(s, f"REPRESENT cannot write encoding {s.encoding!r}",
+                  hint=f"REPRESENT writes: {', '.join(codec_targets())}")
     return RepresentPlan(s, source=ctx.catalog.path, into=s.into, encoding=s.encoding)
 
 

@@ -16,7 +16,8 @@ from .base import (
     is_known,
     known,
     register,
+    targets,
 )
 from .fidelity import Fidelity, measure
 
-__all__ = ["ACTIVATIONS", "Codec", "Fidelity", "Weight", "WeightShapeError", "cannot_execute", "check_activations", "get", "is_known", "known", "measure", "register"]
+__all__ = ["ACTIVATIONS", "Codec", "Fidelity", "Weight", "WeightShapeError", "cannot_execute", "check_activations", "get", "is_known", "known", "measure", "register", "targets"]

@@ -141,6 +141,9 @@ class Codec:
     name: ClassVar[str]
     version: ClassVar[int] = 1
     bits_per_weight: ClassVar[float]
+    # REPRESENT (vindex3.represent) writes whole containers in it; the others are kept as a source
+    # holds them (a checkpoint's fp8 blocks, a GGUF's block types) or are read from older builds
+    represent_target: ClassVar[bool] = False
 
     def nbytes(self, shape: tuple[int, ...]) -> int:
         return math.ceil(math.prod(shape) * self.bits_per_weight / 8)
@@ -172,6 +175,11 @@ def register(codec: Codec) -> Codec:
 def known() -> list[str]:
     """Encodings this build can execute."""
     return sorted(_CODECS)
+
+
+def targets() -> tuple[str, ...]:
+    """Encodings REPRESENT writes (`Codec.represent_target`), in registration order."""
+    return tuple(name for name, c in _CODECS.items() if c.represent_target)
 
 
 def is_known(name: str) -> bool:

@@ -105,6 +105,7 @@ class DenseF32(Weight):
 
 class F32Codec(Codec):
     name = "f32"
+    represent_target = True
     bits_per_weight = 32.0
 
     def weight(self, raw: np.ndarray, shape: tuple[int, ...]) -> DenseF32:

@@ -130,6 +130,7 @@ class BF16Codec(_HalfCodec):
     """bfloat16: the upper 16 bits of a float32 (sign, 8 exponent bits, 7 mantissa bits)."""
 
     name = "bf16"
+    represent_target = True
     weight_class = BF16Weight
 
     def _bits(self, a):
@@ -149,6 +150,7 @@ class F16Codec(_HalfCodec):
     """IEEE 754 binary16 (sign, 5 exponent bits, 10 mantissa bits)."""
 
     name = "f16"
+    represent_target = True
     weight_class = F16Weight
 
     def _bits(self, a):

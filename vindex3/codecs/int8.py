@@ -185,6 +185,7 @@ def _quantize(groups: np.ndarray, what: str, half: bool = False) -> tuple[np.nda
 
 class Int8Codec(BlockCodec):
     name = "int8"
+    represent_target = True  # and int8h, its subclass
     block = BLOCK  # the kernels index scales with j >> 5
     bits_per_weight = 9.0
     half = False  # int8h: scales stored as half-precision bits

@@ -144,6 +144,7 @@ def quantize_blocks(blocks: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarr
 
 class Q4Codec(BlockCodec):
     name = "q4"
+    represent_target = True
     block = BLOCK
     bits_per_weight = 5.0
 
