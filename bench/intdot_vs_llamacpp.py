@@ -43,15 +43,10 @@ import sys
 import time
 from pathlib import Path
 
-# The caller's OpenMP wait policy, read before anything imports vindex3 (whose thread module sets
-# OMP_WAIT_POLICY=PASSIVE when it is unset): the peer's arms run with the caller's environment,
-# not ours (ggml's OpenMP barriers slow down 3-4x at 2 threads when its workers sleep).
-USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
-from machine import facts, pin_threads
+from machine import facts, omp_labels, peer_omp_env, pin_threads
 
 TEXT = " ".join(["The quick brown fox jumps over the lazy dog while the model keeps counting tokens."] * 8)
 
@@ -296,9 +291,7 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
         env.pop("OMP_WAIT_POLICY", None)
         env["GOMP_SPINCOUNT"] = str(spec["spin"])
     if spec["kind"] == "llama":
-        env.pop("OMP_WAIT_POLICY", None)
-        if USER_OMP_WAIT is not None:
-            env["OMP_WAIT_POLICY"] = USER_OMP_WAIT
+        peer_omp_env(env)
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=1800, env=env)
     if p.returncode:
         raise SystemExit(f"arm {spec} t={threads} failed:\n{p.stderr[-3000:]}")
@@ -344,8 +337,7 @@ def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
         "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
         "llama_cpp_python": _llama_version(), "prefill_tokens": PREFILL_T,
         "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
-        "omp_wait_policy": {"ours": USER_OMP_WAIT or "PASSIVE (vindex3.codecs.threads default)",
-                            "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)"},
+        "omp_wait_policy": omp_labels(),
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
         "summary": summary, "ratios": ratios, "runs": runs,
     }
@@ -501,8 +493,7 @@ def main() -> int:
         "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
         "llama_cpp_python": _llama_version(),
         "decode_steps": a.steps, "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
-        "omp_wait_policy": {"ours": USER_OMP_WAIT or "PASSIVE (vindex3.codecs.threads default)",
-                            "llama.cpp": USER_OMP_WAIT or "unset (libgomp default)",
+        "omp_wait_policy": {**omp_labels(),
                             "ours 'spin' arms": None if a.spin is None else f"unset, GOMP_SPINCOUNT={a.spin}"},
         "stream_bandwidth_bytes_per_s": bw,
         "read_bandwidth_bytes_per_s": {f"threads_{th}": v for th, v in read_bw.items()},

@@ -6,6 +6,34 @@ import os
 import platform
 import sys
 
+# The caller's OpenMP wait settings, read when a bench imports this module, before anything imports
+# vindex3 (vindex3.codecs.threads sets both for itself when OMP_WAIT_POLICY is unset): a peer
+# engine's arms run with the caller's settings, not ours (ggml's OpenMP barriers slow down 3-4x at
+# 2 threads when its workers sleep).
+USER_OMP = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+
+
+def peer_omp_env(env: dict) -> dict:
+    """``env`` with the caller's own OpenMP wait settings in place of any vindex3 set for itself."""
+    for k, v in USER_OMP.items():
+        env.pop(k, None)
+        if v is not None:
+            env[k] = v
+    return env
+
+
+def omp_labels() -> dict:
+    """How our arms' and the peer's OpenMP workers wait, for a bench's JSON."""
+    w, spin = USER_OMP["OMP_WAIT_POLICY"], USER_OMP["GOMP_SPINCOUNT"]
+    if w:
+        ours = w + (f", GOMP_SPINCOUNT={spin}" if spin else "")
+    else:
+        from vindex3.codecs.threads import SPIN_COUNT
+
+        ours = f"PASSIVE, GOMP_SPINCOUNT={spin or SPIN_COUNT} (vindex3.codecs.threads default)"
+    peer = (w or "unset (libgomp default)") + (f", GOMP_SPINCOUNT={spin}" if spin else "")
+    return {"ours": ours, "llama.cpp": peer}
+
 
 def blas_identity() -> str:
     try:

@@ -38,14 +38,11 @@ import sys
 import time
 from pathlib import Path
 
-# the caller's OpenMP wait policy, read before anything imports vindex3 (see intdot_vs_llamacpp)
-USER_OMP_WAIT = os.environ.get("OMP_WAIT_POLICY")
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 from intdot_vs_llamacpp import stream_bandwidth
-from machine import facts, pin_threads
+from machine import facts, peer_omp_env, pin_threads
 
 SENTENCE = "The quick brown fox jumps over the lazy dog while the model keeps counting tokens and the benchmark keeps time."
 TEXT = " ".join([SENTENCE] * 60)
@@ -172,10 +169,8 @@ def run_arm(spec: dict, threads: int, ids: list[int], steps: int, repeats: int, 
     extra = os.environ.get("PYTHONPATH")  # e.g. where a bench-only llama-cpp-python build lives
     env = dict(os.environ, VINDEX3_DECODE_THREADS=str(threads), VINDEX3_FUSED_LAYERS=os.environ.get("VINDEX3_FUSED_LAYERS", "1"),
                PYTHONPATH=str(HERE.parent) + (os.pathsep + extra if extra else ""))
-    if spec["kind"] == "llama":  # the caller's wait policy, not the PASSIVE vindex3 sets for itself
-        env.pop("OMP_WAIT_POLICY", None)
-        if USER_OMP_WAIT is not None:
-            env["OMP_WAIT_POLICY"] = USER_OMP_WAIT
+    if spec["kind"] == "llama":  # the caller's wait settings, not those vindex3 sets for itself
+        peer_omp_env(env)
     load0 = os.getloadavg()[0]
     p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=3600, env=env)
     if p.returncode:  # recorded and reported; the other arms still run

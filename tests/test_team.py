@@ -258,3 +258,25 @@ def test_the_counter_layout_fits_every_phase_and_share():
         last_phase = threads.TEAM_PHASES - 1
         assert (16 + last_phase * nt + nt - 1) * A.SLOT < n
         assert (16 + nt - 1) * A.SLOT < threads.team_ctl_len(nt, 1)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(threads.SPIN_COUNT)}),
+    ({"GOMP_SPINCOUNT": "5"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "5"}),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": None}),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": None}),
+])
+def test_workers_spin_a_bounded_while_unless_the_environment_says_otherwise(given, expected):
+    """Importing the thread module (before numba's threading layer loads) sets a bounded spin only
+    when the environment names no wait policy; a caller's policy or spin count is kept."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(given)
+    code = ("import json, os; import vindex3.codecs.threads; "
+            "print(json.dumps({k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout) == expected

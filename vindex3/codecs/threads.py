@@ -48,9 +48,26 @@
   (load 1.7-3.9, rising as they ran): f32 41-51 at one, 50-54 sleeping, 26-30 spinning; int8
   q8 140-168 at one, 153-209 sleeping, 98-116 spinning; a bounded spin (``GOMP_SPINCOUNT=20000``) fell between and
   once to 31. Sleeping workers cost two threads their gain on a quiet machine and spinning ones
-  cost more than that on a busy one, so the default stays ``PASSIVE``, and
-  ``OMP_WAIT_POLICY=ACTIVE`` is the setting for two threads on a machine kept to oneself
-  (docs/container.md).
+  cost more than that on a busy one.
+* **Workers spin a bounded while, then sleep** (the default since a later round). With teams a
+  decode step is ~31 parallel regions (30 layers, the head) a few microseconds apart, so a
+  worker that sleeps after each one is woken ~31 times a token; one that spins
+  ``GOMP_SPINCOUNT`` = `SPIN_COUNT` (20000; libgomp's rough rate is 100000 spins a millisecond,
+  so ~0.2 ms) catches the next region and still sleeps while nothing runs (between generations,
+  a REPL waiting for input). Measured on an AMD Zen 4 two-core machine (bench/thread_wait_policy.py,
+  results/thread_wait_policy_zen4_spins.json and _zen4_bounded.json, 3 interleaved rounds each;
+  medians, tokens/s). Quiet (load 0.4-1.9): int8 q8 sleeping 140.2 / 161.5, spinning 165.3 /
+  168.4, bounded 169.7 / 167.9; f32 sleeping 56.9, spinning 66.4, bounded 68.7. With two busy
+  loops beside it (load 1.5-3.9): int8 q8 sleeping 71.3 / 56.3, spinning 45.0 / 68.6, bounded
+  83.6 / 87.5 (one thread 113.1 / 107.9); f32 sleeping 30.5, spinning 19.2, bounded 26.7 (one
+  thread 31.3). So the bounded spin is as fast as spinning on a quiet machine and as good as or
+  better than sleeping on a busy one except f32 there (-12%); on a busy machine one thread (the
+  default count) is faster than two in every form. This module sets ``OMP_WAIT_POLICY=PASSIVE``
+  and ``GOMP_SPINCOUNT=20000`` when the environment sets no ``OMP_WAIT_POLICY`` (an explicit
+  ``GOMP_SPINCOUNT`` is kept); ``OMP_WAIT_POLICY=PASSIVE`` sleeps at once and ``ACTIVE`` spins
+  without bound (docs/container.md). Both must be set before numba first loads its threading
+  layer, which importing this module precedes. One thread starts no region, so this changes
+  nothing at the default count.
 
 This module never imports numba itself: `launch()` is entered by code that is about to call a
 kernel, which has imported numba already.
@@ -63,7 +80,10 @@ import threading
 
 from ..switches import EnvSwitch, set_switch
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see the module docstring
+SPIN_COUNT = 20000  # GOMP_SPINCOUNT when the environment names no wait policy (module docstring)
+if "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
 
 PARALLEL_MIN_BYTES = 1 << 20  # weight bytes from which a launch goes to numba's pool
 TEAM_PHASES = 7  # the phases of a team layer (vindex3.exec.ops.fused_source)
