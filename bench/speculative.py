@@ -19,7 +19,9 @@ and overall (bench/results/speculative-lookup.json):
     python bench/speculative.py --drafter lookup [--n 48] [--ngrams 8] [--lookaheads 8] [--policies adaptive,fixed]
 
 The lookup run also measures what one more verified position costs in decode steps (the
-figure the adaptive policy's VERIFY_COST stands for).
+figure the adaptive policy's VERIFY_COST stands for). ``--corpus FILE`` gives the lookup drafter a
+corpus (JSON lines, ``{"text"}`` or ``{"token_ids"}``) whose n-grams propose when the context has no
+match; ``--corpus-ab`` runs every configuration without it too, in the same run.
 """
 
 from __future__ import annotations
@@ -132,7 +134,14 @@ def lookup_main(args, c, full_ex) -> int:
     load_before = list(__import__("os").getloadavg())
     results, all_match = [], True
     print(f"{'policy':>8} {'ngram':>5} {'k':>2} {'accept':>7} {'tok/full':>8} {'code':>7} {'long':>7} {'code+long':>9} {'overall':>8} {'match':>6}")
-    for pol, ng, k in [(pol, ng, k) for pol in policies for ng in ngrams for k in looks]:
+    corpora: list = [None]
+    if args.corpus:  # a corpus outside the context (vindex3.draft.lookup.CorpusIndex), with and without
+        from vindex3.draft.lookup import corpus_index
+
+        ix = corpus_index(c, args.corpus, max(ngrams))
+        print(f"corpus {ix.source}: {ix.tokens} tokens, sha256 {ix.digest[:16]}...")
+        corpora = [None, ix] if args.corpus_ab else [ix]
+    for pol, ng, k, cx in [(pol, ng, k, cx) for pol in policies for ng in ngrams for k in looks for cx in corpora]:
         rows = []
         for i, p in enumerate(prompts):
             pls, sps = [], []
@@ -141,10 +150,10 @@ def lookup_main(args, c, full_ex) -> int:
                 if (i + r) % 2:
                     pls.append(greedy_generate(c, ids[p.id], args.n, ex=full_ex))
                     sps.append(lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram,
-                                               policy=pol))
+                                               policy=pol, corpus=cx))
                 else:
                     sps.append(lookup_generate(c, ids[p.id], args.n, k, ng, ex=full_ex, min_ngram=args.min_ngram,
-                                               policy=pol))
+                                               policy=pol, corpus=cx))
                     pls.append(greedy_generate(c, ids[p.id], args.n, ex=full_ex))
             # best of the repeats for each arm: on a shared machine a run's time is its work plus
             # whatever else ran; the minimum is the closest to the work alone
@@ -159,6 +168,7 @@ def lookup_main(args, c, full_ex) -> int:
                          "spec_decode_seconds": sp.seconds - sp.prefill_seconds,
                          "plain_decode_seconds": pl.seconds - pl.prefill_seconds,
                          "verify_costs": sp.verify_costs, "loadavg": os.getloadavg()[0],
+                         "corpus_proposed": sp.corpus_proposed, "corpus_accepted": sp.corpus_accepted,
                          "speedup": pl.seconds / sp.seconds})
         cats = sorted({x["category"] for x in rows})
         by_cat = {cat: ratio([x for x in rows if x["category"] == cat]) for cat in cats}
@@ -168,7 +178,9 @@ def lookup_main(args, c, full_ex) -> int:
         acc = sum(x["accepted"] for x in rows) / prop if prop else 0.0
         tps = sum(args.n for _ in rows) / sum(x["full_model_calls"] for x in rows)
         m = all(x["matches_plain"] for x in rows)
-        res = {"drafter": "lookup", "policy": pol, "ngram": ng, "min_ngram": args.min_ngram, "lookahead": k, "acceptance_rate": acc,
+        res = {"drafter": "lookup", "policy": pol, "ngram": ng, "min_ngram": args.min_ngram, "lookahead": k,
+               "corpus": None if cx is None else {"file": cx.source, "sha256": cx.digest, "tokens": cx.tokens},
+               "acceptance_rate": acc,
                "tokens_per_full_step": tps, "speedup_by_category": by_cat,
                "speedup_code_long": ratio(cl) if cl else None, "speedup_overall": ratio(rows),
                "decode_speedup_by_category": by_cat_decode,
@@ -176,6 +188,9 @@ def lookup_main(args, c, full_ex) -> int:
                "decode_speedup_overall": ratio(rows, "decode_"),
                "all_match_plain": m, "prompts": rows}
         results.append(res)
+        if cx is not None:
+            print(f"      (with corpus {cx.source}: it proposed {sum(x['corpus_proposed'] for x in rows)}, "
+                  f"{sum(x['corpus_accepted'] for x in rows)} kept)")
         print(f"{pol:>8} {ng:>5} {k:>2} {acc:>7.3f} {tps:>8.2f} {by_cat.get('code', float('nan')):>6.2f}x "
               f"{by_cat.get('long', float('nan')):>6.2f}x {res['speedup_code_long'] or float('nan'):>8.2f}x "
               f"{res['speedup_overall']:>7.2f}x {m!s:>6}")
@@ -204,6 +219,9 @@ def main() -> int:
     ap.add_argument("--policies", default="adaptive,fixed", help="with --drafter lookup: proposal policies")
     ap.add_argument("--per-category", type=int, default=None, help="prompts per category (depth: 1, lookup: all)")
     ap.add_argument("--repeats", type=int, default=1, help="runs of each arm per prompt (best of)")
+    ap.add_argument("--corpus", default=None, help="with --drafter lookup: a JSONL corpus whose n-grams propose when "
+                    "the context has no match (vindex3.draft.lookup.CorpusIndex)")
+    ap.add_argument("--corpus-ab", action="store_true", help="with --corpus: also run every configuration without it")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 

@@ -256,3 +256,120 @@ def test_measured_cost_curve_fits_a_tight_position_limit(tiny_llama_container):
     costs._CACHE.clear()
     r = lookup_generate(c, prompt, 6, 4, 3, max_positions=len(prompt) + 6 - 1)
     assert r.tokens == greedy_generate(c, prompt, 6).tokens
+
+
+# ---- a corpus outside the context (CorpusIndex) -------------------------------------------------
+
+
+def test_corpus_index_chains_frequent_continuations_and_stops_where_the_corpus_is_unsure():
+    from vindex3.draft.lookup import CorpusIndex
+
+    corpus = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [9, 2, 3, 4, 5], [7, 8, 1, 2, 3]]
+    ix = CorpusIndex(corpus, ngram=3)
+    # (2, 3) was followed by 4 three times of three; (3, 4) by 5 twice and 6 once (2/3 >= 0.6)
+    assert ix.chain([0, 2, 3], 4) == [(4, 1.0), (5, pytest.approx(2 / 3))]
+    # the longest held suffix decides: (1, 2, 3) was followed by 4 twice of two; then (2, 3, 4):
+    # 5, 6, 5 -> 5 twice of three
+    assert [t for t, _ in ix.chain([1, 2, 3], 4)] == [4, 5]
+    # a suffix held once (7, 8) proposes nothing: a continuation seen once is not enough
+    assert ix.chain([7, 8], 4) == []
+    # a one-token suffix is never used, and an unknown one proposes nothing
+    assert ix.chain([3], 4) == [] and ix.chain([42, 43], 4) == []
+    assert ix.chain([0, 2, 3], 1) == [(4, 1.0)]
+
+
+def test_corpus_index_is_bounded_before_it_is_built(monkeypatch):
+    from vindex3.draft import lookup as L
+
+    monkeypatch.setattr(L, "CORPUS_MAX_TOKENS", 10)
+    with pytest.raises(VindexError, match=r"lookup corpus big\.jsonl holds 12 tokens; a corpus index holds at most 10"):
+        L.CorpusIndex([[1] * 6, [2] * 6], source="big.jsonl")
+
+
+def test_a_corpus_proposes_where_the_context_has_nothing_and_the_output_is_greedys(c, tmp_path):
+    """A prompt that never repeats itself gives prompt lookup nothing to copy; a corpus holding
+    the model's own continuation of a similar text proposes it, and the tokens are still the
+    full model's greedy ones."""
+    import json
+
+    from vindex3.draft.lookup import corpus_index
+
+    prompt = [3, 14, 15, 92, 65, 35]
+    want = greedy_generate(c, prompt, N).tokens
+    path = tmp_path / "corpus.jsonl"
+    # the continuation twice (a continuation must be seen at least twice), after other openings
+    path.write_text("".join(json.dumps({"token_ids": [40 + i, 41 + i] + want}) + "\n" for i in range(2)))
+    ix = corpus_index(c, str(path))
+    assert ix.source == "corpus.jsonl" and ix.tokens == 2 * (2 + N) and len(ix.digest) == 64
+    for policy in ("adaptive", "fixed"):
+        plain = lookup_generate(c, prompt, N, 4, policy=policy, verify_cost=VERIFY_COST)
+        r = lookup_generate(c, prompt, N, 4, policy=policy, verify_cost=VERIFY_COST, corpus=ix)
+        assert r.tokens == want == plain.tokens
+        assert r.corpus == "corpus.jsonl" and r.corpus_sha256 == ix.digest
+        assert r.corpus_accepted > 0 and r.corpus_proposed >= r.corpus_accepted
+        assert r.accepted >= r.corpus_accepted
+        assert r.full_model_calls < plain.full_model_calls  # the corpus's copies saved model calls
+        assert 1 + (r.full_model_calls - 1) + r.accepted == N
+
+
+@pytest.mark.parametrize("line, needle", [
+    ('{"token_ids": [1, 2, 999999]}', "token id 999999 is outside the vocabulary"),
+    ('{"ids": [1, 2]}', 'line 1 holds neither a string "text" nor a non-empty list'),
+    ("not json", "line 1 is not JSON"),
+])
+def test_a_corpus_is_refused_by_name(c, tmp_path, line, needle):
+    from vindex3.draft.lookup import corpus_index
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises(VindexError, match=needle):
+        corpus_index(c, str(path))
+
+
+def test_lql_speculate_lookup_with_a_corpus(c, tiny_llama_container, tmp_path):
+    import json
+
+    prompt = [3, 14, 15, 92, 65, 35]
+    want = greedy_generate(c, prompt, 16).tokens
+    path = tmp_path / "own.jsonl"
+    path.write_text("".join(json.dumps({"token_ids": [50 + i] + want}) + "\n" for i in range(2)))
+    s = lql.Session()
+    s.execute(f"OPEN '{tiny_llama_container}'")
+    toks = ", ".join(map(str, prompt))
+    (r,) = s.execute(f"INFER TOKENS ({toks}) GENERATE 16 SPECULATE DRAFTER LOOKUP CORPUS '{path}' LOOKAHEAD 3")
+    assert r.generated_ids == want and r.drafter == "lookup"
+    assert r.corpus["file"] == "own.jsonl" and r.corpus["tokens"] == 2 * 17 and r.corpus["accepted"] > 0
+    assert "corpus 'own.jsonl'" in r.to_text()
+    (e,) = s.execute(f"EXPLAIN INFER TOKENS ({toks}) GENERATE 16 SPECULATE DRAFTER LOOKUP CORPUS '{path}'")
+    assert "corpus 'own.jsonl'" in e.to_text()
+    with pytest.raises(lql.LqlError, match="SPECULATE DRAFTER LOOKUP corpus"):
+        s.execute(f"INFER TOKENS ({toks}) GENERATE 4 SPECULATE DRAFTER LOOKUP CORPUS '{tmp_path / 'missing.jsonl'}'")
+
+
+def test_a_server_confines_the_lookup_corpus_to_its_data_directory(c, tiny_llama_container, tmp_path):
+    pytest.importorskip("starlette", reason="SKIPPED LOUDLY: the server extra is not installed (pip install -e '.[dev]')")
+    import json
+
+    from server_fixtures import config
+    from starlette.testclient import TestClient
+
+    from lql.server.app import create_app
+
+    prompt = [3, 14, 15, 92, 65, 35]
+    line = "".join(json.dumps({"token_ids": [50 + i] + greedy_generate(c, prompt, 8).tokens}) + "\n" for i in range(2))
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "own.jsonl").write_text(line)
+    (tmp_path / "outside.jsonl").write_text(line)
+    toks = ", ".join(map(str, prompt))
+    with TestClient(create_app(config(tiny_llama_container, data_dir=data))) as client:
+        def ask(corpus):
+            q = f"INFER TOKENS ({toks}) GENERATE 8 SPECULATE DRAFTER LOOKUP CORPUS '{corpus}';"
+            return client.post("/v1/query", json={"lql": q}).json()["results"][0]
+
+        for outside in (str(tmp_path / "outside.jsonl"), "../outside.jsonl"):
+            res = ask(outside)
+            assert not res["ok"] and res["error"]["type"] == "PathRefusal", res
+        res = ask("own.jsonl")
+        assert res["ok"], res
+        assert res["result"]["corpus"]["file"] == "own.jsonl" and res["result"]["corpus"]["accepted"] > 0

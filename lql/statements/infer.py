@@ -4,6 +4,7 @@ and TRACE (which layers ran at each position, and with EXPERTS each routed layer
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from vindex3.generate import Sampler, generate_step, top_probabilities
 
-from .. import ast, limits
+from .. import ast, files, limits
 from .. import results as R
 from ..ast import dialect
 from ..binding import (
@@ -103,7 +104,7 @@ infer_stmt: INFER prompt infer_option*
 chat_clause: CHAT
 speculate_clause: SPECULATE DEPTH INT [WITH ADAPTER] [VOCAB TOP INT]
                 | SPECULATE DEPTH INT VOCAB TOP INT WITH ADAPTER
-                | SPECULATE DRAFTER LOOKUP [NGRAM INT]
+                | SPECULATE DRAFTER LOOKUP [NGRAM INT] [CORPUS STRING]
                 | SPECULATE DRAFTER MTP
 lookahead_clause: LOOKAHEAD INT
 
@@ -127,7 +128,7 @@ fam.doc('EXPLAIN',
         'the plan without running a token (of the very INFER given): ops, operands, state, bytes read; ... FEATURES: the FFN features most active in the run',
         'EXPLAIN DRAFT DEPTH 2;', order=30)
 fam.doc('INFER',
-        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [WITH ADAPTER] [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] | SPECULATE DRAFTER MTP] [LOOKAHEAD k] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
+        "INFER 'prompt' | TOKENS (ids) [TOP n] [GENERATE n [EXACTLY]] [DRAFT DEPTH n] [SPECULATE DEPTH d [WITH ADAPTER] [VOCAB TOP k] | SPECULATE DRAFTER LOOKUP [NGRAM n] [CORPUS 'corpus.jsonl'] | SPECULATE DRAFTER MTP] [LOOKAHEAD k] [CHAT] [ABLATE FEATURES (L:f, ...)] [PATCH site AT LAYER n POSITION p | POSITIONS p, ... | POSITIONS ALL FROM 'source'] [STEER AT LAYER n WITH 'a' MINUS 'b' | VECTOR 'v.npy' SCALE x]",
         'next-token distribution (TOP), greedy continuation (GENERATE), speculative decoding (draft depth, through its stored exit adapter WITH ADAPTER, prompt lookup, or a multi-token-prediction head the checkpoint carries)',
         "INFER 'The capital of France is' TOP 3;", order=110, aliases=('SPECULATE', 'GENERATE', 'CHAT', 'EXACTLY', 'ABLATE', 'ABLATE FEATURES'))
 fam.doc('TRACE',
@@ -142,7 +143,9 @@ def infer_stmt(c: Children) -> Infer:
     if "generate" in fields:
         fields["generate"], fields["exactly"] = fields["generate"]
     if "speculate" in fields:
-        fields["speculate"], fields["vocab_top"], fields["adapter"] = fields["speculate"]
+        fields["speculate"], fields["vocab_top"], fields["adapter"], corpus = fields["speculate"]
+        if corpus is not None:  # a path: the statement's own field (a server confines its paths)
+            fields["lookup_corpus"] = corpus
     return Infer(prompt=c.get("INFER"), **fields)
 
 
@@ -154,10 +157,11 @@ def chat_clause(c: Children) -> Clause:
 @fam.rule
 def speculate_clause(c: Children) -> Clause:
     if c.has("LOOKUP"):
-        return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None, False), "SPECULATE")
+        return c.clause("speculate", (LookupDrafter(ngram=c.int("NGRAM")), None, False, c.string("CORPUS")),
+                        "SPECULATE")
     if c.has("MTP"):
-        return c.clause("speculate", (MtpDrafter(), None, False), "SPECULATE")
-    return c.clause("speculate", (c.int("DEPTH"), c.int("TOP"), c.has("ADAPTER")), "SPECULATE")
+        return c.clause("speculate", (MtpDrafter(), None, False, None), "SPECULATE")
+    return c.clause("speculate", (c.int("DEPTH"), c.int("TOP"), c.has("ADAPTER"), None), "SPECULATE")
 
 
 @fam.rule
@@ -207,8 +211,10 @@ class Explain(ast.Statement):
 
 
 class LookupDrafter(ast.Node):
-    """SPECULATE DRAFTER LOOKUP [NGRAM n]: proposals are the continuation of the longest earlier
-    n-gram (n ≤ NGRAM) of the prompt and the generated text; no weights."""
+    """SPECULATE DRAFTER LOOKUP [NGRAM n] [CORPUS 'file']: proposals are the continuation of the
+    longest earlier n-gram (n ≤ NGRAM) of the prompt and the generated text; no weights. With
+    CORPUS, a round whose context holds no match proposes the continuation the corpus's n-grams
+    give (vindex3.draft.lookup `CorpusIndex`)."""
 
     ngram: int | None = None  # None: vindex3.draft.lookup.DEFAULT_NGRAM
 
@@ -224,7 +230,7 @@ class Infer(ast.Statement):
     """INFER: the next-token distribution, greedy generation, self-speculative decoding."""
 
     keyword: ClassVar[str] = "INFER"
-    paths: ClassVar[tuple[str, ...]] = ("steer_vector",)
+    paths: ClassVar[tuple[str, ...]] = ("steer_vector", "lookup_corpus")
     read_only: ClassVar[bool | str] = True
     needs_container: ClassVar[bool] = True
     kind: Literal["infer"] = "infer"
@@ -243,6 +249,7 @@ class Infer(ast.Statement):
     patch: PatchSpec | None = None  # PATCH site AT LAYER n ... FROM 'source'
     steer: SteerSpec | None = None  # STEER AT LAYER n WITH ... SCALE x
     steer_vector: str | None = None  # STEER ... WITH VECTOR 'v.npy': a file read on the server
+    lookup_corpus: str | None = None  # SPECULATE DRAFTER LOOKUP ... CORPUS 'file': a file read on the server
 
     def check(self) -> None:
         check_infer(self)
@@ -364,6 +371,7 @@ class SpeculateResult(Result):
     lookahead: int
     drafter: str = "depth"  # "depth": a reduced-depth draft; "lookup": prompt lookup; "mtp": the MTP head
     ngram: int | None = None  # prompt lookup: the longest n-gram matched
+    corpus: dict[str, Any] | None = None  # prompt lookup's corpus: file, sha256, tokens, proposed, accepted
     vocab_top: int | None = None  # the draft's head over this many most frequent tokens
     vocab_cut: dict[str, Any] | None = None  # the cut's provenance (corpus, digest, tokens counted, kept share)
     adapter: dict[str, Any] | None = None  # WITH ADAPTER: the drafter component read (key, edge, fit's provenance)
@@ -473,6 +481,7 @@ class Speculate(Node):
     adapter: dict[str, Any] | None = None  # WITH ADAPTER: the stored component (store.components' row)
     vocab_stored: dict[str, Any] | None = None  # VOCAB TOP k: the stored cut of k (None: counted on the seed list)
     mtp: dict[str, Any] | None = None  # DRAFTER MTP: the drafter component (name, object, edge, modules)
+    corpus: str | None = None  # DRAFTER LOOKUP ... CORPUS: the corpus file whose n-grams propose when the context has none
 
     def describe(self) -> str:
         if self.mtp is not None:
@@ -482,9 +491,10 @@ class Speculate(Node):
                     f"state after layer {m['after_layer']} through the final norm, proposes up to {self.lookahead} at a "
                     f"time chained on its own output, the {self.target.label} verifies)")
         if self.draft is None:
+            corpus = "" if self.corpus is None else f", then those of the corpus {os.path.basename(self.corpus)!r}"
             return (f"INFER: prefill {len(self.prompt.ids)} tokens, then {self.generate} tokens by prompt-lookup "
-                    f"speculation (n-grams of up to {self.ngram} tokens propose up to {self.lookahead} at a time, "
-                    f"the {self.target.label} verifies)")
+                    f"speculation (n-grams of up to {self.ngram} tokens of the context{corpus} propose up to "
+                    f"{self.lookahead} at a time, the {self.target.label} verifies)")
         via = ""
         if self.adapter is not None:
             via = f" through the exit adapter stored as drafter component {self.adapter['key']!r}"
@@ -542,6 +552,8 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
         elif isinstance(s.speculate, LookupDrafter):
             draft = None
             ngram = s.speculate.ngram if s.speculate.ngram is not None else draft_module("SPECULATE DRAFTER LOOKUP").DEFAULT_NGRAM
+            if s.lookup_corpus is not None:
+                files.input_file(s.lookup_corpus, "SPECULATE DRAFTER LOOKUP corpus")
         else:
             draft = cat.bind_slice(s.speculate)  # refuses depth 0 or deeper than the model
         target = cat.bind_slice(None)
@@ -550,7 +562,8 @@ def plan_infer(s: Infer, ctx: Context) -> Run | Speculate:
         vocab_stored = _stored_cut(s, ctx, s.vocab_top) if s.vocab_top is not None else None
         node = Speculate(s, prompt=prompt, target=target, draft=draft, generate=s.generate,
                          lookahead=lookahead, compare=bool(ctx.settings.compare), ngram=ngram,
-                         vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored, mtp=mtp)
+                         vocab_top=s.vocab_top, adapter=adapter, vocab_stored=vocab_stored, mtp=mtp,
+                         corpus=s.lookup_corpus)
         _check_speculate(node, ctx)
         return node
     sl = draft_slice(s, ctx, s.depth)  # a bad depth is refused before tokenising anything
@@ -785,6 +798,7 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
     drafter = "depth" if node.draft is not None else "mtp" if node.mtp is not None else "lookup"
     cut = None
     adapter = None
+    index = None  # prompt lookup's corpus index
     try:
         if node.mtp is not None:
             from vindex3.draft.mtp import mtp_generate
@@ -792,10 +806,13 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
             res = mtp_generate(c, list(node.prompt.ids), node.generate, node.lookahead, on_token=on_token,
                                compare_plain=node.compare, max_positions=session.settings.max_positions)
         elif node.draft is None:
+            from vindex3.draft.lookup import corpus_index
+
+            index = corpus_index(c, node.corpus, node.ngram) if node.corpus is not None else None
             res = draft.lookup_generate(c, list(node.prompt.ids), node.generate, node.lookahead, node.ngram,
                                         on_token=on_token, compare_plain=node.compare,
                                         max_positions=session.settings.max_positions,
-                                        verify_cost=session.settings.verify_cost)
+                                        verify_cost=session.settings.verify_cost, corpus=index)
         else:
             if node.vocab_stored is not None:  # FIT VOCAB CUT's, read and checked (SHA-256, container)
                 from vindex3.draft.store import load_vocab_cut
@@ -818,8 +835,10 @@ def run_speculate(session, node: Speculate) -> SpeculateResult:
                                adapter=adapter_facts(node.adapter), vocab_top=node.vocab_top,
                                  generated_ids=produced, generated_text=cat.decode(produced), interrupted=True)
     plain = res.plain
+    corpus = None if res.corpus is None else {"file": res.corpus, "sha256": res.corpus_sha256, "tokens": index.tokens,
+                                               "proposed": res.corpus_proposed, "accepted": res.corpus_accepted}
     return SpeculateResult(
-        prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram,
+        prompt=prompt, depth=res.depth, lookahead=res.lookahead, drafter=drafter, ngram=node.ngram, corpus=corpus,
         vocab_top=res.vocab_top, vocab_cut=_cut_facts(cut, node.vocab_stored) if cut is not None else None,
         adapter=adapter_facts(node.adapter) if res.adapter else None,
         generated_ids=list(res.tokens),
@@ -997,7 +1016,9 @@ def _cut_facts(cut, stored: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _drafter_words(r: SpeculateResult) -> str:
     if r.drafter == "lookup":
-        return f"prompt lookup (n-grams of up to {r.ngram} tokens), lookahead {r.lookahead}"
+        corpus = "" if r.corpus is None else (f", then corpus {r.corpus['file']!r} ({r.corpus['tokens']} tokens; "
+                                              f"{r.corpus['accepted']} of its {r.corpus['proposed']} proposals kept)")
+        return f"prompt lookup (n-grams of up to {r.ngram} tokens{corpus}), lookahead {r.lookahead}"
     if r.drafter == "mtp":
         return f"multi-token-prediction head (drafter component 'mtp', chained), lookahead {r.lookahead}"
     how = []

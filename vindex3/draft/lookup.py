@@ -109,18 +109,82 @@ class LookupIndex:
         return 0, 0
 
 
+# A corpus index (REST-style retrieval from text outside the context, e.g. the model's own
+# generations): the most tokens it holds, refused by name before it is built (each token adds up
+# to ``ngram`` n-gram entries), and what a continuation must show to be proposed.
+CORPUS_MAX_TOKENS = 200_000
+CORPUS_MIN_NGRAM = 2  # a one-token suffix says too little about what follows
+CORPUS_MIN_COUNT = 2  # the continuation followed the suffix at least this often in the corpus
+CORPUS_MIN_SHARE = 0.6  # and in at least this share of the suffix's occurrences
+
+
+class CorpusIndex:
+    """The n-grams (n = ``CORPUS_MIN_NGRAM``..``ngram``) of a corpus of token lists, each mapped to
+    the token that most often followed it (ties: the one seen first), how often, and how often
+    the n-gram was followed at all. Built once; read-only while drafting."""
+
+    def __init__(self, seqs: Sequence[Sequence[int]], ngram: int = DEFAULT_NGRAM, *, source: str = "corpus",
+                 digest: str = ""):
+        total = sum(len(s) for s in seqs)
+        if total > CORPUS_MAX_TOKENS:
+            raise VindexError(f"lookup corpus {source} holds {total} tokens; a corpus index holds at most "
+                              f"{CORPUS_MAX_TOKENS}", hint="name a smaller corpus")
+        self.ngram, self.source, self.digest, self.tokens = ngram, source, digest, total
+        counts: dict[tuple[int, ...], dict[int, int]] = {}
+        for s in seqs:
+            t = [int(x) for x in s]
+            for e in range(CORPUS_MIN_NGRAM, len(t)):
+                nxt = t[e]
+                for n in range(CORPUS_MIN_NGRAM, min(ngram, e) + 1):
+                    d = counts.setdefault(tuple(t[e - n:e]), {})
+                    d[nxt] = d.get(nxt, 0) + 1
+        self._best: dict[tuple[int, ...], tuple[int, float]] = {}
+        for key, d in counts.items():
+            tok, c = max(d.items(), key=lambda kv: kv[1])  # the first seen among equal counts
+            share = c / sum(d.values())
+            if c >= CORPUS_MIN_COUNT and share >= CORPUS_MIN_SHARE:
+                self._best[key] = (tok, share)
+        self._keys = set(counts)  # every n-gram the corpus holds: the longest held suffix decides
+
+    def chain(self, ctx: Sequence[int], k: int) -> list[tuple[int, float]]:
+        """Up to ``k`` (token, share) pairs: the longest suffix of ``ctx`` the corpus holds decides
+        the next token when its continuation is frequent enough (`CORPUS_MIN_COUNT`,
+        `CORPUS_MIN_SHARE`), then the same again on ``ctx`` plus that token; stops at the first
+        suffix whose continuation is not."""
+        t = [int(x) for x in ctx[-self.ngram:]]
+        out: list[tuple[int, float]] = []
+        while len(out) < k:
+            got = None
+            for n in range(min(self.ngram, len(t)), CORPUS_MIN_NGRAM - 1, -1):
+                key = tuple(t[len(t) - n:])
+                if key in self._keys:
+                    got = self._best.get(key)
+                    break
+            if got is None:
+                break
+            out.append(got)
+            t = (t + [got[0]])[-self.ngram:]
+        return out
+
+
 class LookupDrafter:
     """Prompt lookup as a `vindex3.generate.Drafter`: proposes up to ``lookahead`` tokens that
     followed the longest earlier occurrence of the context's suffix; nothing when no suffix of
     at least ``min_ngram`` tokens recurs (the round is then a plain step and costs one probe).
     The ``adaptive`` policy proposes as many of them as it expects to be worth verifying at the
     pass costs ``verify_cost`` gives (see the module docstring): a `PassCosts` curve, a number c
-    (every verified position beyond the first costs c steps) or cost(T) for T = 1, 2, ..."""
+    (every verified position beyond the first costs c steps) or cost(T) for T = 1, 2, ...
+
+    With a ``corpus`` (a `CorpusIndex`), a round in which the context proposes nothing proposes
+    the corpus's chain instead (`CorpusIndex.chain`): under ``adaptive`` the k maximizing
+    E(k) − λ·cost(k + 1) with E(k) = 1 + s1 + s1·s2 + …, each s the share of the corpus's
+    occurrences of that suffix that the proposed token followed (the corpus's own estimate of
+    the chance); under ``fixed`` the whole chain up to the lookahead."""
 
     name = "lookup"
 
     def __init__(self, ngram: int = DEFAULT_NGRAM, lookahead: int = 4, min_ngram: int = 1, *,
-                 policy: str = "adaptive", verify_cost: Any = VERIFY_COST):
+                 policy: str = "adaptive", verify_cost: Any = VERIFY_COST, corpus: CorpusIndex | None = None):
         if policy not in POLICIES:
             raise VindexError(f"lookup policy must be one of {', '.join(POLICIES)}; got {policy!r}")
         self.costs = PassCosts.of(verify_cost)
@@ -136,12 +200,23 @@ class LookupDrafter:
         self._last: tuple[int, list[int]] | None = None
         self._asked = 0  # tokens proposed by the round the next accept answers
         self._first = True  # the next accept is the prefill's pick, not a round's
+        self.corpus = corpus
+        self._from_corpus: list[int] | None = None  # the corpus's proposal the next accept answers
+        self.corpus_proposed = self.corpus_accepted = 0
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.index.extend(prompt)
         self._first = True
 
     def accept(self, tokens: Sequence[int]) -> None:
+        if self._from_corpus is not None:
+            props = self._from_corpus
+            j = 0
+            while j < len(props) and j < len(tokens) - 1 and tokens[j] == props[j]:
+                j += 1
+            self.corpus_proposed += len(props)
+            self.corpus_accepted += j
+            self._from_corpus = None
         if self._last is not None:  # score the proposal these tokens answer
             n, props = self._last
             j = 0
@@ -204,20 +279,72 @@ class LookupDrafter:
         if cap <= 0:
             return []
         n, e = self.index.find()
-        if not n:
-            return []
-        k = self.worth(n, cap) if self.policy == "adaptive" else cap
-        props = self.index.tokens[e:e + k]
-        if props:
-            self._last = (n, props)
+        props: list[int] = []
+        if n:
+            k = self.worth(n, cap) if self.policy == "adaptive" else cap
+            props = self.index.tokens[e:e + k]
+            if props:
+                self._last = (n, props)
+        if not props and self.corpus is not None:
+            props = self._corpus_proposal(cap)
+            if props:
+                self._from_corpus = props
         self._asked = len(props)
         return props
+
+    def _corpus_proposal(self, cap: int) -> list[int]:
+        chain = self.corpus.chain(self.index.tokens, cap)
+        if self.policy != "adaptive":
+            return [t for t, _ in chain]
+        lam = self.rate
+        best_k, best = 0, 1.0 - lam
+        expected, reach = 1.0, 1.0
+        for k, (_, share) in enumerate(chain, start=1):
+            reach *= share
+            expected += reach
+            v = expected - lam * self.costs.cost(k + 1)
+            if v > best:
+                best_k, best = k, v
+        return [t for t, _ in chain[:best_k]]
+
+
+def corpus_index(container: Any, path: str, ngram: int = DEFAULT_NGRAM) -> CorpusIndex:
+    """The `CorpusIndex` of a corpus file (JSON lines of ``{"text": ...}`` or ``{"token_ids": [...]}``,
+    `vindex3.draft.adapter.read_corpus`), texts tokenized by the container's tokenizer; refused by
+    name when a text needs a tokenizer the container lacks, an id is outside the vocabulary, or
+    the corpus holds more than `CORPUS_MAX_TOKENS` tokens."""
+    from pathlib import Path
+
+    from .adapter import read_corpus
+    from .vocab import corpus_digest
+
+    c = open_container(container)
+    texts = read_corpus(path)
+    V = int(c.graph.vocab_size)
+    seqs, total = [], 0
+    for t in texts:
+        if isinstance(t, str):
+            if c.tokenizer is None:
+                raise VindexError("a text corpus needs the container's tokenizer; this container has none",
+                                  hint="give the corpus as token ids")
+            ids = [int(x) for x in c.tokenizer.encode(t)]
+        else:
+            ids = t
+        bad = [x for x in ids if not 0 <= x < V]
+        if bad:
+            raise VindexError(f"corpus {Path(path).name}: token id {bad[0]} is outside the vocabulary [0, {V})")
+        total += len(ids)
+        if total > CORPUS_MAX_TOKENS:
+            raise VindexError(f"lookup corpus {Path(path).name} holds more than {CORPUS_MAX_TOKENS} tokens",
+                              hint="name a smaller corpus")
+        seqs.append(ids)
+    return CorpusIndex(seqs, ngram, source=Path(path).name, digest=corpus_digest(texts))
 
 
 def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead: int = 4,
                     ngram: int = DEFAULT_NGRAM, on_token: Callable[[int], None] | None = None, *, min_ngram: int = 1,
                     compare_plain: bool = False, max_positions: int | None = None, ex: Any = None,
-                    policy: str = "adaptive", verify_cost: Any = None) -> SpecResult:
+                    policy: str = "adaptive", verify_cost: Any = None, corpus: CorpusIndex | None = None) -> SpecResult:
     """Generate ``n`` greedy tokens after ``token_ids`` with the full model, proposing up to
     ``lookahead`` tokens per full-model call by prompt lookup over n-grams of at most ``ngram``
     tokens. The result's ``drafter`` is ``"lookup"`` and its ``depth`` is None (no draft slice).
@@ -227,7 +354,9 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
     ``lookahead`` is the cap) or "fixed" (``lookahead`` at every match). ``verify_cost``: what
     the adaptive policy charges a verifying pass — None, this process's measured and learned
     curve for the container (`vindex3.draft.costs.pass_costs`; measured on first use); a number
-    c (1 + c (T - 1) steps for T positions) or cost(T) for T = 1, 2, ... fixes it."""
+    c (1 + c (T - 1) steps for T positions) or cost(T) for T = 1, 2, ... fixes it. ``corpus``: a
+    `CorpusIndex` (`corpus_index`) that proposes when the context has nothing to copy; the result
+    names it and counts its proposals."""
     c = open_container(container)
     prompt = _check_prompt(token_ids)
     _check_counts(n, lookahead)
@@ -250,7 +379,8 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
         costs = pass_costs(c, full_ex, min(lookahead, n - 1) + 1)
         prep_full += time.perf_counter() - t_cost
     drafter = LookupDrafter(ngram, lookahead, min_ngram, policy=policy,
-                            verify_cost=costs if costs is not None else VERIFY_COST if verify_cost is None else verify_cost)
+                            verify_cost=costs if costs is not None else VERIFY_COST if verify_cost is None else verify_cost,
+                            corpus=corpus)
     stats = _Tally(lookahead, n)
     mode = "truncate"
     t0 = time.perf_counter()
@@ -266,6 +396,9 @@ def lookup_generate(container: Any, token_ids: Sequence[int], n: int, lookahead:
         rollback=mode, **stats.facts(len(out)), draft_steps=0, prepare_seconds=prep_full, seconds=secs,
         prefill_seconds=stats.prefill_seconds,
         verify_costs=drafter.costs.curve(lookahead + 1) if policy == "adaptive" else None,
+        **({} if corpus is None else {"corpus": corpus.source, "corpus_sha256": corpus.digest,
+                                      "corpus_proposed": drafter.corpus_proposed,
+                                      "corpus_accepted": drafter.corpus_accepted}),
         tokens_per_second=len(out) / secs if secs > 0 else 0.0,
     )
     return _compared(result, compare_plain, c, prompt, n, full_ex, secs)

@@ -44,6 +44,10 @@ class SpecResult(BaseModel):
     policy: str | None = None  # prompt lookup: "adaptive" (drafts expected to pay) or "fixed"
     vocab_top: int | None = None  # the draft's head computed over this many most frequent tokens only
     adapter: bool = False  # the draft's head read its residual through a fitted exit adapter
+    corpus: str | None = None  # prompt lookup: the corpus whose n-grams propose when the context has none
+    corpus_sha256: str | None = None
+    corpus_proposed: int | None = None  # of ``proposed``, tokens the corpus proposed
+    corpus_accepted: int | None = None  # and of those, kept
     rollback: str  # "truncate" | "snapshot"
     rounds: int  # verification calls of the full model (with lookup: those that had proposals)
     proposed: int  # draft tokens offered for verification
