@@ -21,9 +21,10 @@ def _without_dialect_defaults(node, d: dict) -> dict:
     return d
 
 
-# the intervention clauses (PATCH, STEER) every statement that runs the model takes: left out
-# while absent, as the cases below predate them (the intervention tests parse them given)
-INTERVENTION_FIELDS = ("patch", "steer", "steer_vector")
+# the intervention clauses (PATCH, STEER) every statement that runs the model takes, and INFER's
+# lookup corpus: left out while absent, as the cases below predate them (the intervention and
+# lookup tests parse them given)
+INTERVENTION_FIELDS = ("patch", "steer", "steer_vector", "lookup_corpus")
 
 
 def _without_absent_interventions(d: dict) -> dict:
