@@ -373,3 +373,25 @@ def test_a_server_confines_the_lookup_corpus_to_its_data_directory(c, tiny_llama
         res = ask("own.jsonl")
         assert res["ok"], res
         assert res["result"]["corpus"]["file"] == "own.jsonl" and res["result"]["corpus"]["accepted"] > 0
+
+
+def test_a_corpus_file_is_bounded_and_must_be_regular_before_it_is_read(c, tmp_path, monkeypatch):
+    """The reader FIT ADAPTER, FIT VOCAB CUT and the lookup corpus share refuses a file over its
+    size bound, and a FIFO (which would block a reader forever), without reading them."""
+    import os
+
+    from vindex3.draft import adapter
+    from vindex3.draft.lookup import corpus_index
+    from vindex3.errors import PathRefused
+
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"token_ids": [1, 2, 3]}\n' * 10)
+    monkeypatch.setattr(adapter, "CORPUS_MAX_BYTES", 100)
+    with pytest.raises(PathRefused, match=r"corpus .*big\.jsonl.*at most 100 are read") as e:
+        corpus_index(c, str(big))
+    assert e.value.reason == "too_large"
+    fifo = tmp_path / "pipe.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(PathRefused) as e:
+        corpus_index(c, str(fifo))
+    assert "pipe.jsonl" in str(e.value)

@@ -115,6 +115,7 @@ def _solve(G: np.ndarray, XtY: np.ndarray, ridge: float) -> tuple[np.ndarray, np
 RIDGE_GRID = (1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6)
 CV_FOLDS = 5  # texts i, i + 5, i + 10, ... form fold i: a text's positions never straddle folds
 CV_MAX_EVAL = 4096  # held-out positions read through the head per ridge (every k-th), bounding the head's cost
+CORPUS_MAX_BYTES = 64 << 20  # a corpus file read whole (10,000 texts of a few thousand characters fit)
 
 
 def choose_ridge(X: np.ndarray, Y: np.ndarray, text_of: np.ndarray, readout: Any,
@@ -210,11 +211,15 @@ def fit_adapter(container: Any, depth: int, texts: Sequence[str | Sequence[int]]
 def read_corpus(path: str | Path, max_texts: int = 10_000) -> list[str | list[int]]:
     """A corpus file: JSON lines, each an object with ``text`` (a string) or ``token_ids`` (a
     list of ids); blank lines are skipped. Refused by name, with the line, when a line is not
-    one of those, and when the file holds no text or more than ``max_texts`` lines."""
+    one of those, and when the file holds no text or more than ``max_texts`` lines; refused
+    before it is read when it is not a regular file (a FIFO, a device) or holds more than
+    `CORPUS_MAX_BYTES` bytes."""
+    from ..paths import read_regular
+
     p = Path(path)
     texts: list[str | list[int]] = []
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
+        lines = read_regular(p, "corpus", max_bytes=CORPUS_MAX_BYTES).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise VindexError(f"cannot read the corpus {p.name}: {e}") from None
     for n, line in enumerate(lines, start=1):
