@@ -210,20 +210,23 @@ class LookupDrafter:
         self.index.extend(prompt)
         self._first = True
 
+    @staticmethod
+    def _kept(props: Sequence[int], tokens: Sequence[int]) -> int:
+        """How many of a round's proposals its emitted ``tokens`` kept (the last token is the
+        full model's own pick)."""
+        j = 0
+        while j < len(props) and j < len(tokens) - 1 and tokens[j] == props[j]:
+            j += 1
+        return j
+
     def accept(self, tokens: Sequence[int]) -> None:
         if self._from_corpus is not None:
-            props = self._from_corpus
-            j = 0
-            while j < len(props) and j < len(tokens) - 1 and tokens[j] == props[j]:
-                j += 1
-            self.corpus_proposed += len(props)
-            self.corpus_accepted += j
+            self.corpus_proposed += len(self._from_corpus)
+            self.corpus_accepted += self._kept(self._from_corpus, tokens)
             self._from_corpus = None
         if self._last is not None:  # score the proposal these tokens answer
             n, props = self._last
-            j = 0
-            while j < len(props) and j < len(tokens) - 1 and tokens[j] == props[j]:
-                j += 1
+            j = self._kept(props, tokens)
             self.tried[n] += 1
             self.kept[n] += j > 0
             if j > 0:  # tokens 2..: each verified after the ones before it were accepted
@@ -261,12 +264,22 @@ class LookupDrafter:
     def worth(self, n: int, cap: int) -> int:
         """How many tokens (0 .. ``cap``) a match of length ``n`` should propose: the k that
         maximizes E(k) − λ·cost(k + 1) (module docstring); 0 when none beats a plain step."""
-        p, q, lam = self.acceptance(n), self.continuation(n), self.rate
-        best_k, best = 0, 1.0 - lam  # the plain step: one token for one step
-        expected, reach = 1.0, p  # E(k), and P(the first k + 1 all accepted)
-        for k in range(1, cap + 1):
-            expected += reach
-            reach *= q
+        p, q = self.acceptance(n), self.continuation(n)
+        reach, r = [], p
+        for _ in range(cap):
+            reach.append(r)
+            r *= q
+        return self._best_length(reach)
+
+    def _best_length(self, reach: Sequence[float]) -> int:
+        """The k (0 .. len(reach)) maximizing E(k) − λ·cost(k + 1), E(k) = 1 + reach[0] + … +
+        reach[k - 1] with reach[j] the chance that the first j + 1 proposals are all accepted;
+        0 (the plain step: one token for one step) when none beats it."""
+        lam = self.rate
+        best_k, best = 0, 1.0 - lam
+        expected = 1.0
+        for k, r in enumerate(reach, start=1):
+            expected += r
             v = expected - lam * self.costs.cost(k + 1)
             if v > best:
                 best_k, best = k, v
@@ -298,16 +311,11 @@ class LookupDrafter:
         chain = self.corpus.chain(self.index.tokens, cap)
         if self.policy != "adaptive":
             return [t for t, _ in chain]
-        lam = self.rate
-        best_k, best = 0, 1.0 - lam
-        expected, reach = 1.0, 1.0
-        for k, (_, share) in enumerate(chain, start=1):
-            reach *= share
-            expected += reach
-            v = expected - lam * self.costs.cost(k + 1)
-            if v > best:
-                best_k, best = k, v
-        return [t for t, _ in chain[:best_k]]
+        reach, r = [], 1.0
+        for _, share in chain:  # each token's corpus share stands for its chance
+            r *= share
+            reach.append(r)
+        return [t for t, _ in chain[:self._best_length(reach)]]
 
 
 def corpus_index(container: Any, path: str, ngram: int = DEFAULT_NGRAM) -> CorpusIndex:
