@@ -395,3 +395,13 @@ def test_a_corpus_file_is_bounded_and_must_be_regular_before_it_is_read(c, tmp_p
     with pytest.raises(PathRefused) as e:
         corpus_index(c, str(fifo))
     assert "pipe.jsonl" in str(e.value)
+
+
+def test_a_lookup_corpus_without_lookup_is_refused_by_name():
+    from lql.parser import parse_one
+
+    s = parse_one("INFER 'x' GENERATE 4 SPECULATE DEPTH 2")
+    bad = s.model_copy(update={"lookup_corpus": "c.jsonl"})
+    with pytest.raises(lql.LqlError, match="a lookup CORPUS belongs to SPECULATE DRAFTER LOOKUP"):
+        bad.check()
+    parse_one("INFER 'x' GENERATE 4 SPECULATE DRAFTER LOOKUP CORPUS 'c.jsonl'").check()

@@ -255,6 +255,9 @@ class Infer(ast.Statement):
         check_infer(self)
         if isinstance(self.speculate, LookupDrafter):
             positive(self, self.speculate.ngram, "NGRAM", "NGRAM 3")
+        elif self.lookup_corpus is not None:  # a statement built in code: the field alone would be ignored
+            raise self.error("a lookup CORPUS belongs to SPECULATE DRAFTER LOOKUP",
+                             hint="INFER ... SPECULATE DRAFTER LOOKUP CORPUS 'file.jsonl'")
         positive(self, self.vocab_top, "VOCAB TOP", "VOCAB TOP 8192")
 
 
