@@ -181,3 +181,9 @@ def test_seed_continuations_are_reproducible_samples_after_each_seed(c):
     assert a[:len(SEED_TEXTS)] != a[len(SEED_TEXTS):]  # the rounds draw differently
     with pytest.raises(VindexError, match="rounds >= 1"):
         seed_continuations(c, 6, rounds=0)
+
+
+def test_a_fitting_corpus_with_an_id_outside_the_vocabulary_is_refused_by_name(c):
+    V = int(c.graph.vocab_size)
+    with pytest.raises(VindexError, match=f"corpus token id {V} is outside the vocabulary \\[0, {V}\\)"):
+        fit_adapter(c, 2, [[1, 2, 3], [4, V, 5]], ridge=1.0)

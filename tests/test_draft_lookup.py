@@ -380,16 +380,20 @@ def test_a_corpus_file_is_bounded_and_must_be_regular_before_it_is_read(c, tmp_p
     size bound, and a FIFO (which would block a reader forever), without reading them."""
     import os
 
-    from vindex3.draft import adapter
+    from vindex3.draft import adapter, lookup
     from vindex3.draft.lookup import corpus_index
     from vindex3.errors import PathRefused
 
     big = tmp_path / "big.jsonl"
     big.write_text('{"token_ids": [1, 2, 3]}\n' * 10)
-    monkeypatch.setattr(adapter, "CORPUS_MAX_BYTES", 100)
+    monkeypatch.setattr(adapter, "CORPUS_MAX_BYTES", 100)  # every corpus reader's bound
     with pytest.raises(PathRefused, match=r"corpus .*big\.jsonl.*at most 100 are read") as e:
-        corpus_index(c, str(big))
+        adapter.read_corpus(big)
     assert e.value.reason == "too_large"
+    monkeypatch.setattr(lookup, "CORPUS_MAX_BYTES", 120)  # the lookup corpus's own, tighter one
+    assert len(adapter.read_corpus(big, max_bytes=1000)) == 10
+    with pytest.raises(PathRefused, match=r"at most 120 are read"):
+        corpus_index(c, str(big))
     fifo = tmp_path / "pipe.jsonl"
     os.mkfifo(fifo)
     with pytest.raises(PathRefused) as e:

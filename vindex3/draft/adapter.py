@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from ..errors import DerivedStale, UnsupportedOperator, VindexError
 from .slices import make_executor, open_container, resolve_slice
-from .vocab import corpus_digest
+from .vocab import corpus_digest, corpus_ids
 
 F32 = np.float32
 
@@ -162,7 +162,7 @@ def hidden_pairs(container: Any, depth: int, texts: Sequence[str | Sequence[int]
     full_ex, _ = make_executor(c, resolve_slice(c, None)[0])
     xs, ys, owner = [], [], []
     for i, t in enumerate(texts):
-        ids = list(c.tokenizer.encode(t)) if isinstance(t, str) else [int(x) for x in t]
+        ids = corpus_ids(c, t)
         if not ids:
             continue
         ds, fs = draft_ex.start(), full_ex.start()
@@ -208,18 +208,18 @@ def fit_adapter(container: Any, depth: int, texts: Sequence[str | Sequence[int]]
     return ExitAdapter(W, b, facts)
 
 
-def read_corpus(path: str | Path, max_texts: int = 10_000) -> list[str | list[int]]:
+def read_corpus(path: str | Path, max_texts: int = 10_000, max_bytes: int | None = None) -> list[str | list[int]]:
     """A corpus file: JSON lines, each an object with ``text`` (a string) or ``token_ids`` (a
     list of ids); blank lines are skipped. Refused by name, with the line, when a line is not
     one of those, and when the file holds no text or more than ``max_texts`` lines; refused
     before it is read when it is not a regular file (a FIFO, a device) or holds more than
-    `CORPUS_MAX_BYTES` bytes."""
+    ``max_bytes`` (default `CORPUS_MAX_BYTES`) bytes."""
     from ..paths import read_regular
 
     p = Path(path)
     texts: list[str | list[int]] = []
     try:
-        lines = read_regular(p, "corpus", max_bytes=CORPUS_MAX_BYTES).decode("utf-8").splitlines()
+        lines = read_regular(p, "corpus", max_bytes=CORPUS_MAX_BYTES if max_bytes is None else max_bytes).decode("utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise VindexError(f"cannot read the corpus {p.name}: {e}") from None
     for n, line in enumerate(lines, start=1):

@@ -115,6 +115,9 @@ class LookupIndex:
 # the peak, 200k tokens with no n-gram repeated 19 s and 530 MB, so the bound keeps the worst
 # case near 10 s and 270 MB), and what a continuation must show to be proposed.
 CORPUS_MAX_TOKENS = 100_000
+# and the file's bytes, read and tokenized before the tokens can be counted: 100,000 tokens take
+# ~0.7 MB as JSON ids and ~0.4 MB as English text, so 8 MiB keeps tokenizing short
+CORPUS_MAX_BYTES = 8 << 20
 CORPUS_MIN_NGRAM = 2  # a one-token suffix says too little about what follows
 CORPUS_MIN_COUNT = 2  # the continuation followed the suffix at least this often in the corpus
 CORPUS_MIN_SHARE = 0.6  # and in at least this share of the suffix's occurrences
@@ -322,27 +325,18 @@ def corpus_index(container: Any, path: str, ngram: int = DEFAULT_NGRAM) -> Corpu
     """The `CorpusIndex` of a corpus file (JSON lines of ``{"text": ...}`` or ``{"token_ids": [...]}``,
     `vindex3.draft.adapter.read_corpus`), texts tokenized by the container's tokenizer; refused by
     name when a text needs a tokenizer the container lacks, an id is outside the vocabulary, or
-    the corpus holds more than `CORPUS_MAX_TOKENS` tokens."""
+    the corpus holds more than `CORPUS_MAX_TOKENS` tokens (or its file more than
+    `CORPUS_MAX_BYTES`, before anything is read)."""
     from pathlib import Path
 
     from .adapter import read_corpus
-    from .vocab import corpus_digest
+    from .vocab import corpus_digest, corpus_ids
 
     c = open_container(container)
-    texts = read_corpus(path)
-    V = int(c.graph.vocab_size)
+    texts = read_corpus(path, max_bytes=CORPUS_MAX_BYTES)
     seqs, total = [], 0
     for t in texts:
-        if isinstance(t, str):
-            if c.tokenizer is None:
-                raise VindexError("a text corpus needs the container's tokenizer; this container has none",
-                                  hint="give the corpus as token ids")
-            ids = [int(x) for x in c.tokenizer.encode(t)]
-        else:
-            ids = t
-        bad = [x for x in ids if not 0 <= x < V]
-        if bad:
-            raise VindexError(f"corpus {Path(path).name}: token id {bad[0]} is outside the vocabulary [0, {V})")
+        ids = corpus_ids(c, t, f"corpus {Path(path).name}:")
         total += len(ids)
         if total > CORPUS_MAX_TOKENS:
             raise VindexError(f"lookup corpus {Path(path).name} holds more than {CORPUS_MAX_TOKENS} tokens",

@@ -70,6 +70,24 @@ def corpus_digest(texts: Sequence[Any]) -> str:
     return hashlib.sha256(json.dumps(list(texts), ensure_ascii=False).encode()).hexdigest()
 
 
+def corpus_ids(c: Any, text: str | Sequence[int], what: str = "corpus") -> list[int]:
+    """One corpus text as token ids: a string tokenized by the container's tokenizer (refused by
+    name when it has none), ids taken as given; refused by name when an id is outside the
+    vocabulary."""
+    if isinstance(text, str):
+        if c.tokenizer is None:
+            raise VindexError("a text corpus needs the container's tokenizer; this container has none",
+                              hint="give the corpus as token ids")
+        ids = [int(x) for x in c.tokenizer.encode(text)]
+    else:
+        ids = [int(x) for x in text]
+    V = int(c.graph.vocab_size)
+    bad = next((x for x in ids if not 0 <= x < V), None)
+    if bad is not None:
+        raise VindexError(f"{what} token id {bad} is outside the vocabulary [0, {V})")
+    return ids
+
+
 def count_tokens(container: Any, texts: Sequence[str | Sequence[int]], generate: int = 0) -> np.ndarray:
     """Counts [vocab] of each token id over the corpus: each text tokenized (or given as ids),
     followed by ``generate`` greedy tokens of the full model."""
@@ -82,19 +100,11 @@ def count_tokens(container: Any, texts: Sequence[str | Sequence[int]], generate:
         ex, _ = make_executor(c, resolve_slice(c, None)[0])
     seqs = []
     for t in texts:
-        if isinstance(t, str):
-            if c.tokenizer is None:
-                raise VindexError("a text corpus needs the container's tokenizer; this container has none",
-                                  hint="give the corpus as token ids")
-            ids = list(c.tokenizer.encode(t))
-        else:
-            ids = [int(x) for x in t]
+        ids = corpus_ids(c, t)
         if generate and ids:
             ids = ids + greedy_generate(c, ids, generate, ex=ex).tokens
         seqs.append(ids)
     flat = np.asarray([i for s in seqs for i in s], dtype=np.int64)
-    if flat.size and (flat.min() < 0 or flat.max() >= V):
-        raise VindexError(f"corpus token id {int(flat[(flat < 0) | (flat >= V)][0])} is outside the vocabulary [0, {V})")
     return np.bincount(flat, minlength=V)
 
 
