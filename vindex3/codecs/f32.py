@@ -9,7 +9,8 @@ do not depend on how many activation rows ride along (a batched stream equals a 
 verified draft position equals a step), on the thread count, or on the CPU target numba
 compiles for (generic, haswell and the host give the same bytes). They differ from BLAS's
 ``x @ W.T`` in the last bits. Several f32 weights against one activation (q/k/v, gate/up) run
-in one launch (`fused`). Larger batches (prefill) stay one BLAS call on the transposed view."""
+in one launch (`fused`). Larger batches (prefill) stay one BLAS product on the transposed view
+(`threads.gemm`, split over the decode threads when large)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class DenseF32(Weight):
                     I.float_kernel("f32", "vector", threads.parallel(self.a.nbytes))(self.a, np.ascontiguousarray(x), y,
                                                                                      I.ROWS_PER_TASK)
             return y
-        return x @ self.aT
+        return threads.gemm(x, self.aT)
 
     @classmethod
     def fused(cls, weights):
@@ -75,7 +76,7 @@ class DenseF32(Weight):
         return run
 
     def mm_t(self, x: np.ndarray) -> np.ndarray:
-        return x @ self.a
+        return threads.gemm(x, self.a)
 
     def sub_rows(self, r0: int, r1: int) -> DenseF32:
         if self.a.ndim != 2 or not (0 <= r0 <= r1 <= self.a.shape[0]):

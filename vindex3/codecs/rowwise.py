@@ -15,6 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import UnsupportedEncoding
+from . import threads
 from .base import Codec, Weight, WeightShapeError
 from .threads import launch
 
@@ -154,7 +155,7 @@ class RowWeight(Weight):
             r1 = min(self.rows, r0 + n)
             t = tile[: r1 - r0]
             self._decode(np.arange(r0, r1, dtype=np.int64), t)
-            np.matmul(x, t.T, out=y[:, r0:r1])
+            threads.gemm(x, t.T, out=y[:, r0:r1])
 
     def mm_t(self, x: np.ndarray) -> np.ndarray:
         """x [T, out] float32 -> x @ W [T, in]: tiles of rows decoded to float32 (never the whole

@@ -1,9 +1,9 @@
 """Threads of the rows kernels (decode-sized products), and the lock around numba's pool.
 
 * **How many.** Every rows-kernel launch runs with `count()` numba threads:
-  ``VINDEX3_DECODE_THREADS`` (default 1), the same number the executor holds BLAS at for
-  decode-sized passes (vindex3.exec.engine), so one setting governs a decode step whatever runs
-  it. One thread is the default because on a busy machine a static two-way split waits for its
+  ``VINDEX3_DECODE_THREADS`` (default 1), the same number a decode-sized pass splits its large
+  BLAS products over (`gemm`, vindex3.exec.engine), so one setting governs a decode step
+  whatever runs it. One thread is the default because on a busy machine a static two-way split waits for its
   descheduled half (measured many times slower, docs/representations-notes.md); set 2 on a
   quiet two-core machine. The result does not depend on the count: each output element is
   computed by one thread from start to end (tests/test_codecs.py asserts it), so a Full run, a
@@ -68,6 +68,20 @@
   without bound (docs/container.md). Both must be set before numba first loads its threading
   layer, which importing this module precedes. One thread starts no region, so this changes
   nothing at the default count.
+
+* **Large products split themselves; BLAS keeps one thread.** In a decode-sized pass
+  (vindex3.exec.engine `small_pass`, up to ``SMALL_PASS`` positions) BLAS is held at one thread
+  and a product large enough (`gemm`: at least ``GEMM_SPLIT_MIN`` multiply-adds a part) is cut
+  into `count()` blocks of output columns, one computed by the calling thread and the others
+  by a small pool of Python threads (numpy lets go of the GIL inside BLAS). Why not BLAS's own
+  threads: after every product OpenBLAS's worker spins for 2^28 cycles (~80 ms) before it sleeps,
+  so the compiled attention, SiLU and norms between a prompt's products shared a core with it (a
+  512-token f32 prefill's attention took 290 ms at two threads against 234 at one, its norms
+  108 against 17; docs/container.md, "Products split by the executor"). A pool thread sleeps
+  on a queue the moment its part is done. Same bytes as one BLAS call: each output element is
+  summed by one BLAS call whose blocking over the inner dimension does not depend on the number
+  of columns, once the part is past OpenBLAS's small-matrix paths (``GEMM_SPLIT_MIN``;
+  tests/test_team.py checks split against unsplit on the installed BLAS).
 
 This module never imports numba itself: `launch()` is entered by code that is about to call a
 kernel, which has imported numba already.
@@ -196,6 +210,69 @@ _LAUNCH = _Launch()
 def launch() -> _Launch:
     """Hold the pool for one kernel launch, with `count()` threads (capped at numba's pool)."""
     return _LAUNCH
+
+
+# Each part of a split product has at least this many multiply-adds (T x rows x cols). OpenBLAS
+# sends smaller products to kernels that sum in another order (its small-matrix kernels up to
+# 100^3, its SkylakeX "direct" sgemm up to 28 x 512^2), so a part below that could differ in the
+# last bits from the whole product computed at once.
+GEMM_SPLIT_MIN = 1 << 23
+_split = threading.local()
+_pool: list = []
+
+
+class SplitProducts:
+    """The context a decode-sized pass runs in: `gemm` splits large products over `count()`
+    threads in this thread while it is entered (BLAS must be held at one thread meanwhile)."""
+
+    __slots__ = ("_prev",)
+
+    def __enter__(self):
+        self._prev = getattr(_split, "n", 1)
+        _split.n = count()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _split.n = self._prev
+        return False
+
+
+def _workers():
+    if not _pool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool.append(ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1), thread_name_prefix="vindex3-gemm"))
+    return _pool[0]
+
+
+if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's threads
+    os.register_at_fork(after_in_child=_pool.clear)
+
+
+def gemm(x, bT, out=None):
+    """``x @ bT`` for float32 ``x`` [T, K] and ``bT`` [K, N], into ``out`` when given. Inside a
+    `SplitProducts` context at more than one thread, a product whose parts would each have at
+    least ``GEMM_SPLIT_MIN`` multiply-adds runs as that many blocks of output columns at once
+    (module docstring); the bytes are the unsplit product's."""
+    import numpy as np
+
+    n = getattr(_split, "n", 1)
+    if n > 1 and x.ndim == 2 and bT.ndim == 2:
+        T, K = x.shape
+        N = bT.shape[1]
+        parts = min(n, N // 64, (T * K * N) // GEMM_SPLIT_MIN)
+        if parts > 1:
+            y = out if out is not None else np.empty((T, N), np.result_type(x, bT))
+            cuts = [(N * i // parts) // 16 * 16 for i in range(parts)] + [N]
+            futs = [_workers().submit(np.matmul, x, bT[:, cuts[i]:cuts[i + 1]], out=y[:, cuts[i]:cuts[i + 1]])
+                    for i in range(1, parts)]
+            try:
+                np.matmul(x, bT[:, : cuts[1]], out=y[:, : cuts[1]])
+            finally:
+                for f in futs:
+                    f.result()
+            return y
+    return np.matmul(x, bT, out=out)
 
 
 _kernels: list = []

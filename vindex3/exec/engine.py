@@ -38,45 +38,65 @@ from .trace import ExecutionTrace, OpCall
 
 F32 = np.float32
 
-# Small passes (decode steps, verified drafts, prompts) are held at the decode thread count: one
-# BLAS thread does matrix-vector work as fast as two on a quiet machine and many times faster on
-# a busy one, where spinning BLAS workers fight other processes for the cores. That holds for
-# prompt-sized prefills too: on this 2-core machine at load ~6 an 82-token SmolLM2 prefill took
-# 0.7-7.5 s with BLAS's own two threads and 0.28-0.78 s held at one (docs/draft.md, "Where a
-# verify pass goes"), and a prompt's prefill starts every generation and server request. Only
-# prefills longer than this keep BLAS's own thread count. (BLAS's bytes depend on its thread
-# count, so everything that must agree byte for byte -- shard actors, the sharded head -- reads
-# this one threshold.)
+# Small passes (decode steps, verified drafts, prompts) hold BLAS at one thread and split large
+# products over the decode thread count themselves (`_SmallPass`): one BLAS thread does
+# matrix-vector work as fast as two on a quiet machine and many times faster on a busy one,
+# where spinning BLAS workers fight other processes (and our own compiled kernels) for the cores.
+# That holds for prompt-sized prefills too: on this 2-core machine at load ~6 an 82-token SmolLM2
+# prefill took 0.7-7.5 s with BLAS's own two threads and 0.28-0.78 s held at one (docs/draft.md,
+# "Where a verify pass goes"), and a prompt's prefill starts every generation and server request.
+# Only prefills longer than this keep BLAS's own thread count. (BLAS's bytes can depend on its
+# thread count -- OpenBLAS's small-matrix paths are taken at one thread only -- so everything that
+# must agree byte for byte -- shard actors, the sharded head -- reads this one threshold.)
 SMALL_PASS = 512
 _threads: dict = {}
 _NO_LIMIT = contextlib.nullcontext()
 
 
+class _SmallPass:
+    """BLAS held at one thread and large products split by `vindex3.codecs.threads.gemm` over
+    the decode thread count (``VINDEX3_DECODE_THREADS``, default 1), the count the rows kernels
+    of decode-sized products use too. Why not BLAS's own threads: see that module ("Large
+    products split themselves")."""
+
+    __slots__ = ("_limit", "_split")
+
+    def __enter__(self):
+        from ..codecs import threads
+
+        if "ctl" not in _threads:
+            from threadpoolctl import ThreadpoolController
+
+            _threads["ctl"] = ThreadpoolController()
+        self._limit = _threads["ctl"].limit(limits=1, user_api="blas")
+        self._split = threads.SplitProducts()
+        self._split.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self._split.__exit__(*exc)
+        self._limit.__exit__(*exc)
+        return False
+
+
 def _small_pass_limit():
-    """A context that holds BLAS at the decode thread count (``VINDEX3_DECODE_THREADS``, default
-    1; `vindex3.codecs.threads`), the count the rows kernels of decode-sized products use too."""
-    from ..codecs import threads
-
-    if "ctl" not in _threads:
-        from threadpoolctl import ThreadpoolController
-
-        _threads["ctl"] = ThreadpoolController()
-    return _threads["ctl"].limit(limits=threads.count(), user_api="blas")
+    """The context decode-sized passes run in (`_SmallPass`)."""
+    return _SmallPass()
 
 
 def small_pass_threads():
-    """The context decode-sized passes run in (BLAS held at VINDEX3_DECODE_THREADS threads), for
-    other matrix-vector work (the internals queries) that a busy machine slows down the same way."""
+    """The context decode-sized passes run in (BLAS at one thread, large products split over
+    VINDEX3_DECODE_THREADS), for other matrix-vector work (the internals queries) that a busy
+    machine slows down the same way."""
     return _small_pass_limit()
 
 
 def decode_threads() -> int:
-    """BLAS threads that decode-sized passes (≤ SMALL_PASS positions) run with."""
-    with _small_pass_limit():
-        counts = [i["num_threads"] for i in _threads["ctl"].info() if i.get("user_api") == "blas"]
+    """Threads decode-sized passes (≤ SMALL_PASS positions) run with: the rows kernels and the
+    split products (`vindex3.codecs.threads.count`); BLAS itself is held at one."""
     from ..codecs import threads
 
-    return max(counts) if counts else threads.count()
+    return threads.count()
 
 
 class TensorSource(Protocol):
