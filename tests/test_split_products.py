@@ -96,11 +96,13 @@ def test_a_small_pass_holds_blas_at_one_thread(restore):
     assert engine.decode_threads() == 2
 
 
-def test_a_prompt_prefills_to_the_same_bytes_at_one_and_two_threads(smollm2_container, restore, recorder):
-    """SmolLM2 in float32: a 200-token prompt's logits and its KV rows, with the products split
-    over two threads and at one; the split must have happened."""
+@pytest.mark.parametrize("T", [200, engine.SMALL_PASS + 88])
+def test_a_prompt_prefills_to_the_same_bytes_at_one_and_two_threads(smollm2_container, restore, recorder, T):
+    """SmolLM2 in float32: a prompt's logits and its KV rows, with the products split over two
+    threads and at one (a pass longer than SMALL_PASS: BLAS's own threads at one decode thread,
+    the split at two); the split must have happened."""
     ex = vindex3.open(smollm2_container).executor()
-    ids = [100 + (i * 37) % 40000 for i in range(200)]
+    ids = [100 + (i * 37) % 40000 for i in range(T)]
 
     def run():
         st = ex.start()

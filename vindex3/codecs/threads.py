@@ -69,8 +69,9 @@
   layer, which importing this module precedes. One thread starts no region, so this changes
   nothing at the default count.
 
-* **Large products split themselves; BLAS keeps one thread.** In a decode-sized pass
-  (vindex3.exec.engine `small_pass`, up to ``SMALL_PASS`` positions) BLAS is held at one thread
+* **Large products split themselves; BLAS keeps one thread.** In a decode-sized pass (up to
+  ``SMALL_PASS`` positions) and in every pass at more than one thread (vindex3.exec.engine
+  `split_pass`) BLAS is held at one thread
   and a product large enough (`gemm`: at least ``GEMM_SPLIT_MIN`` multiply-adds a part) is cut
   into `count()` blocks of output columns, one computed by the calling thread and the others
   by a small pool of Python threads (numpy lets go of the GIL inside BLAS). Why not BLAS's own

@@ -79,6 +79,17 @@ class _SmallPass:
         return False
 
 
+def split_pass(T: int) -> bool:
+    """Does a pass of T positions run in `_small_pass_limit` (BLAS at one thread, products split
+    by the executor)? Every pass up to ``SMALL_PASS`` positions, and every pass at more than one
+    decode thread: there the executor's split products and compiled kernels use the same threads,
+    where BLAS's own would spin beside the kernels (`vindex3.codecs.threads`, "Large products split
+    themselves"). Products that large give BLAS's bytes either way."""
+    from ..codecs import threads
+
+    return T <= SMALL_PASS or threads.count() > 1
+
+
 def _small_pass_limit():
     """The context decode-sized passes run in (`_SmallPass`)."""
     return _SmallPass()
@@ -529,7 +540,7 @@ class Executor:
             self.check_positions(held + T, f"a pass of {T} position(s)" + (f" after {held} held" if held else ""))
         out = None
         obs, ed = stream.observer, stream.edits
-        if T <= SMALL_PASS:
+        if split_pass(T):
             with _small_pass_limit() if not self.fused.blas_free(T) else _NO_LIMIT:
                 h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
                     self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)

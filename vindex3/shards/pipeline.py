@@ -26,12 +26,12 @@ from pydantic import BaseModel
 from ..continuation import TRUNCATE
 from ..errors import SliceError, StateError, VindexError
 from ..exec.engine import (
-    SMALL_PASS,
     Executor,
     PreparedOperands,
     _small_pass_limit,
     decode_threads,
     prepare_ends,
+    split_pass,
 )
 from ..exec.slice import Draft, Full, LayerRange, plan_slice
 from ..exec.trace import ExecutionTrace
@@ -112,7 +112,7 @@ class Ends:
 
     def logits(self, h: np.ndarray, positions: int, last_only: bool) -> np.ndarray:
         rows = h[-1:] if last_only else h
-        if positions <= SMALL_PASS:
+        if split_pass(positions):
             with _small_pass_limit():
                 return self._logits(rows)
         return self._logits(rows)
