@@ -1,6 +1,7 @@
 """Executor speed on SmolLM2-135M-Instruct, side by side with transformers (same weights from
 the same GGUF, fp32, same thread count): prefill tokens/s at 128 and 512 tokens, decode
-tokens/s over 64 steps, peak RSS. Each arm runs in its own subprocess so its peak RSS is its
+tokens/s over 64 steps, peak RSS. Ours runs with ``VINDEX3_DECODE_THREADS`` at the thread count
+(before this was set, ours ran its prompts and decode at one thread whatever ``--threads`` said). Each arm runs in its own subprocess so its peak RSS is its
 own; this script runs both and writes the ratios.
 
     python bench/executor_vs_transformers.py [--threads 2] [--repeats 3]
@@ -115,7 +116,9 @@ def main() -> int:
         return 0
     res = {}
     for arm in ("ours", "transformers"):
-        env = dict(os.environ)
+        # ours at the same count: decode-sized passes (prompts up to 512 tokens included) use
+        # VINDEX3_DECODE_THREADS threads, not BLAS's own (vindex3.exec.engine.split_pass)
+        env = dict(os.environ, VINDEX3_DECODE_THREADS=str(a.threads))
         p = subprocess.run([sys.executable, __file__, "--arm", arm, "--threads", str(a.threads), "--repeats", str(a.repeats)],
                            capture_output=True, text=True, env=env, check=False)
         if p.returncode:
