@@ -99,6 +99,7 @@ def write_lookup(args, c, prompts, step_ms, verify, results, all_match, load_bef
     """Write the lookup results so far (JSON with machine facts); returns the best row."""
     best = max(results, key=lambda r: r["speedup_overall"])
     out = {"benchmark": "speculative-lookup", "container": c.name, "container_digest": c.digest,
+           "activations": args.activations,
            "model_layers": c.graph.num_layers, "n": args.n, "repeats": args.repeats, "prompts": [p.id for p in prompts],
            "full_step_ms": step_ms, "verify_cost_in_steps": verify, "policy_cost_curve_measured": curve,
            "results": results,
@@ -222,12 +223,14 @@ def main() -> int:
     ap.add_argument("--corpus", default=None, help="with --drafter lookup: a JSONL corpus whose n-grams propose when "
                     "the context has no match (vindex3.draft.lookup.CorpusIndex)")
     ap.add_argument("--corpus-ab", action="store_true", help="with --corpus: also run every configuration without it")
+    ap.add_argument("--activations", choices=("exact", "q8"), default="exact",
+                    help="with --drafter lookup: how int8 / q4 products treat activations (both arms)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
     c = vindex3.open(container_path(args.container))
     if args.drafter == "lookup":
-        return lookup_main(args, c, make_executor(c, vindex3.Full())[0])
+        return lookup_main(args, c, make_executor(c, vindex3.Full(), activations=args.activations)[0])
     if args.per_category is None:
         args.per_category = 1
     if args.out is None:
