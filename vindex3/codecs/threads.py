@@ -3,8 +3,8 @@
 * **How many.** Every rows-kernel launch runs with `count()` numba threads:
   ``VINDEX3_DECODE_THREADS`` (default 1), the same number a decode-sized pass splits its large
   BLAS products over (`gemm`, vindex3.exec.engine), so one setting governs a decode step
-  whatever runs it. One thread is the default because on a busy machine a static two-way split waits for its
-  descheduled half (measured many times slower, docs/representations-notes.md); set 2 on a
+  whatever runs it. One thread is the default because on a busy machine a static two-way split
+  waits for its descheduled half (measured many times slower, docs/representations-notes.md); set 2 on a
   quiet two-core machine. The result does not depend on the count: each output element is
   computed by one thread from start to end (tests/test_codecs.py asserts it), so a Full run, a
   Draft and shard actors give the same bytes whatever their thread settings.
@@ -71,9 +71,8 @@
 
 * **Large products split themselves; BLAS keeps one thread.** In a decode-sized pass (up to
   ``SMALL_PASS`` positions) and in every pass at more than one thread (vindex3.exec.engine
-  `split_pass`) BLAS is held at one thread
-  and a product large enough (`gemm`: at least ``GEMM_SPLIT_MIN`` multiply-adds a part) is cut
-  into `count()` blocks of output columns, one computed by the calling thread and the others
+  `split_pass`) BLAS is held at one thread and a product large enough (`gemm`: at least
+  ``GEMM_SPLIT_MIN`` multiply-adds a part) is cut into `count()` blocks of output columns, one computed by the calling thread and the others
   by a small pool of Python threads (numpy lets go of the GIL inside BLAS). Why not BLAS's own
   threads: after every product OpenBLAS's worker spins for 2^28 cycles (~80 ms) before it sleeps,
   so the compiled attention, SiLU and norms between a prompt's products shared a core with it (a
@@ -82,7 +81,7 @@
   on a queue the moment its part is done. Same bytes as one BLAS call: each output element is
   summed by one BLAS call whose blocking over the inner dimension does not depend on the number
   of columns, once the part is past OpenBLAS's small-matrix paths (``GEMM_SPLIT_MIN``;
-  tests/test_team.py checks split against unsplit on the installed BLAS).
+  tests/test_split_products.py checks split against unsplit on the installed BLAS).
 
 This module never imports numba itself: `launch()` is entered by code that is about to call a
 kernel, which has imported numba already.

@@ -45,7 +45,7 @@ F32 = np.float32
 # That holds for prompt-sized prefills too: on this 2-core machine at load ~6 an 82-token SmolLM2
 # prefill took 0.7-7.5 s with BLAS's own two threads and 0.28-0.78 s held at one (docs/draft.md,
 # "Where a verify pass goes"), and a prompt's prefill starts every generation and server request.
-# Only prefills longer than this keep BLAS's own thread count. (BLAS's bytes can depend on its
+# Only prefills longer than this, at one decode thread, keep BLAS's own thread count (`split_pass`). (BLAS's bytes can depend on its
 # thread count -- OpenBLAS's small-matrix paths are taken at one thread only -- so everything that
 # must agree byte for byte -- shard actors, the sharded head -- reads this one threshold.)
 SMALL_PASS = 512
