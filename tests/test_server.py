@@ -527,3 +527,27 @@ def test_dir_serves_every_container_under_its_own_id(tiny_llama_container, conta
             assert o["result"]["digest"] == next(m["digest"] for m in data if m["id"] == mid)
     with pytest.raises(Exception, match="holds no container"):
         config_from_args(arg_parser().parse_args(["--dir", str(d / "notes")]))
+
+
+def test_the_server_holds_blas_at_one_thread_whatever_the_decode_count(tiny_llama_container, monkeypatch):
+    """Large products split over VINDEX3_DECODE_THREADS themselves (vindex3.exec.engine.split_pass)
+    with BLAS at one thread; the server holds that count for its life so that workers entering and
+    leaving the executor's limit at once never leave BLAS at another count mid-product."""
+    from threadpoolctl import threadpool_info
+
+    from vindex3.codecs import threads
+
+    def blas_counts():
+        return {i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"}
+
+    monkeypatch.setenv("VINDEX3_DECODE_THREADS", "2")
+    threads.set_count(None)
+    try:
+        with TestClient(create_app(config(tiny_llama_container))) as c:
+            assert blas_counts() <= {1}
+            r = c.post("/v1/query", json={"lql": "INFER 'The capital of France is' GENERATE 3", "model": "tiny"})
+            assert r.status_code == 200, r.text
+            assert blas_counts() <= {1}
+    finally:
+        monkeypatch.delenv("VINDEX3_DECODE_THREADS")
+        threads.set_count(None)

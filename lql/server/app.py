@@ -239,15 +239,15 @@ class Server:
         return walk(obj)
 
     def start(self) -> None:
-        # Hold BLAS at the executor's small-pass thread count for the server's life: each model's
-        # worker enters and leaves the executor's own limit around small passes, and two workers
-        # doing so at once through one process-wide control could otherwise leave BLAS at the
-        # wrong count. Parallelism on a server comes from one worker per model instead.
-        import os
-
+        # Hold BLAS at the executor's small-pass thread count (one: large products split over
+        # VINDEX3_DECODE_THREADS themselves, vindex3.exec.engine.split_pass) for the server's
+        # life: each model's worker enters and leaves the executor's own limit around small
+        # passes, and two workers doing so at once through one process-wide control could
+        # otherwise leave BLAS at another count while a split product runs. Parallelism on a
+        # server comes from one worker per model instead.
         from threadpoolctl import threadpool_limits
 
-        self._blas = threadpool_limits(limits=int(os.environ.get("VINDEX3_DECODE_THREADS", "1")), user_api="blas")
+        self._blas = threadpool_limits(limits=1, user_api="blas")
         for h in self.hosts.values():
             h.worker.start()
 
