@@ -61,7 +61,8 @@ def test_a_split_product_is_the_bytes_of_one_blas_call(T, rows, cols, n, restore
             out = np.full((T, rows + 5), np.nan, F32)
             threads.gemm(x, W.T, out=out[:, 2 : 2 + rows])
     parts = min(n, rows // 64, T * rows * cols // threads.GEMM_SPLIT_MIN)
-    assert recorder.parts == 2 * (parts - 1) if parts > 1 else recorder.parts == 0
+    assert parts > 1, "every shape here is large enough to split"
+    assert recorder.parts == 2 * (parts - 1)  # two calls, each handing all parts but one to the pool
     assert split.tobytes() == whole.tobytes()
     assert out[:, 2 : 2 + rows].tobytes() == whole.tobytes() and np.isnan(out[:, :2]).all() and np.isnan(out[:, -3:]).all()
 
@@ -80,12 +81,26 @@ def test_small_products_and_one_thread_do_not_split(restore, recorder):
     assert recorder.parts == 0
 
 
-def test_a_part_that_fails_raises_after_every_part_is_done(restore):
+def test_a_part_that_fails_in_the_pool_raises_in_the_caller(restore):
+    """The caller's own part (the first columns) succeeds, the pool's part does not fit its slice
+    of ``out``: the pool's error reaches the caller, which waited for it."""
     threads.set_count(2)
     x = rng.standard_normal((512, 576)).astype(F32)
     bad = np.zeros((576, 1536), np.float32)
     with threads.SplitProducts(), pytest.raises(ValueError):
         threads.gemm(x, bad, out=np.empty((512, 1535), F32))  # out of the wrong shape: refused by numpy
+
+
+def test_a_bad_thread_count_is_refused_before_blas_is_touched(restore, monkeypatch):
+    from vindex3.errors import ConfigError
+
+    before = [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"]
+    monkeypatch.setenv("VINDEX3_DECODE_THREADS", "two")
+    threads.set_count(None)
+    with pytest.raises(ConfigError, match="VINDEX3_DECODE_THREADS"), engine.small_pass_threads():
+        pass
+    assert [i["num_threads"] for i in threadpool_info() if i.get("user_api") == "blas"] == before
+    monkeypatch.delenv("VINDEX3_DECODE_THREADS")
 
 
 def test_a_small_pass_holds_blas_at_one_thread(restore):

@@ -78,7 +78,8 @@ def recurrent_layers(container: Any, executed: list[int]) -> list[tuple[int, str
 
 
 def decode_thread_count() -> int | None:
-    """BLAS threads in effect during decode-sized passes (the executor holds them at a limit)."""
+    """Threads decode-sized passes use (the rows kernels and the products the executor splits;
+    BLAS itself is held at one there, vindex3.exec.engine.split_pass)."""
     from ..exec.engine import decode_threads
 
     return decode_threads()

@@ -68,9 +68,13 @@ class _SmallPass:
             from threadpoolctl import ThreadpoolController
 
             _threads["ctl"] = ThreadpoolController()
-        self._limit = _threads["ctl"].limit(limits=1, user_api="blas")
         self._split = threads.SplitProducts()
-        self._split.__enter__()
+        self._split.__enter__()  # reads the count first: a bad VINDEX3_DECODE_THREADS is refused
+        try:  # before BLAS's count is touched
+            self._limit = _threads["ctl"].limit(limits=1, user_api="blas")
+        except BaseException:
+            self._split.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> bool:

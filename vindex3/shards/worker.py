@@ -37,8 +37,9 @@ class ShardWorker:
         t0 = time.perf_counter()
         self.spec = spec
         # The same BLAS thread counts as the driver's one-process executor: decode-sized passes at
-        # the executor's decode limit, larger ones at the driver's default count (a Ray worker
-        # starts with OMP_NUM_THREADS=1). Same kernels, same threads: same bytes.
+        # the executor's decode limit (BLAS at one thread, large products split over the decode
+        # thread count, vindex3.exec.engine.split_pass), larger ones at the driver's default count
+        # (a Ray worker starts with OMP_NUM_THREADS=1). Same kernels, same threads: same bytes.
         os.environ["VINDEX3_DECODE_THREADS"] = str(spec["decode_threads"])
         from ..codecs import threads
 
