@@ -10,12 +10,15 @@ step a token. The "ceiling" drafter knows the continuation and proposes the long
 that occurs anywhere in the context: no context-copying drafter can do better.
 
     python bench/draft_lookup_replay.py --fit            # the seed list: the adaptive policy's priors
-    python bench/draft_lookup_replay.py --bank [--c 0.3 | --curve 1,1.4,1.65,...]  # the prompt bank: predicted speed
+    python bench/draft_lookup_replay.py --bank [--c 0.3 | --curve 1,1.4,1.65,...] [--corpus FILE]  # predicted speed
+    python bench/draft_lookup_replay.py --fit-corpus bench/results/lookup_greedy.corpus.jsonl  # CORPUS_PRIOR
 
 ``--fit`` measures, on the greedy continuations of the seed list (``vindex3.draft.seeds``, never
 the prompt bank), how often the first token a match of length n proposes is accepted and how
 often a later one is accepted after the ones before it were — the priors in
-`vindex3.draft.lookup` (PRIOR_FIRST, PRIOR_NEXT).
+`vindex3.draft.lookup` (PRIOR_FIRST, PRIOR_NEXT). ``--fit-corpus`` measures, on a greedy corpus
+(bench/lookup_corpus.py) cross-validated over the seed texts, how often a corpus proposal is right
+by its suffix length, share and count — `vindex3.draft.lookup.CORPUS_PRIOR` (`fit_corpus`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from vindex3 import jsonio
 from vindex3.draft.costs import PassCosts
-from vindex3.draft.lookup import LookupDrafter, LookupIndex
+from vindex3.draft.lookup import CorpusIndex, LookupDrafter, LookupIndex
 from vindex3.draft.machine import machine_facts
 
 RESULTS = ROOT / "bench" / "results"
@@ -152,6 +155,66 @@ def fit(data: dict, n: int, cap: int) -> dict:
     return {"first": {str(L): first[L] for L in sorted(first)}, "later": {str(L): later[L] for L in sorted(later)}}
 
 
+def fit_corpus(lines: list[list[int]], source: list[list[int]], seeds: list[list[int]], folds: int = 5,
+               weight: float = 8.0) -> dict:
+    """The corpus proposals' chance of being right by `corpus_cell`, cross-validated over the seed
+    texts: a corpus line (an opening cut from a sampled text of seed i, then greedy tokens;
+    bench/lookup_corpus.py) belongs to fold i mod ``folds``; each fold's lines are read against
+    the index of the other folds' lines, at every greedy position (after the opening: the longest
+    prefix the line shares with a source text), and the index's proposal for the next token is
+    counted right or wrong in its cell. A cell's rate is shrunk toward its share-and-count average
+    with ``weight`` pseudo-observations, so a cell with few positions says what its neighbours
+    say. Returns the raw counts and the table (`vindex3.draft.lookup.CORPUS_PRIOR`'s shape)."""
+    from vindex3.draft.lookup import CORPUS_PRIOR, CorpusIndex, corpus_cell
+
+    def seed_of(t):
+        hits = [i for i, s in enumerate(seeds) if t[:len(s)] == s]
+        if len(hits) != 1:
+            raise SystemExit(f"a corpus line begins {len(hits)} seed texts; --fit-corpus needs one")
+        return hits[0]
+
+    def opening(t):
+        best = 0
+        for s in source:
+            j, m = 0, min(len(s), len(t))
+            while j < m and s[j] == t[j]:
+                j += 1
+            best = max(best, j)
+        return best
+
+    meta = [(seed_of(t) % folds, opening(t)) for t in lines]
+    cells: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for f in range(folds):
+        ix = CorpusIndex([t for t, (g, _) in zip(lines, meta) if g != f])
+        for t, (g, start) in zip(lines, meta):
+            if g != f:
+                continue
+            for i in range(max(start, 2), len(t)):
+                got = ix.next(t[:i])
+                if got is not None:
+                    cell = corpus_cell(got[1], got[2], got[3])
+                    cells[cell][0] += 1
+                    cells[cell][1] += got[0] == t[i]
+    marg: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
+    for (_, sb, cb), (a, b) in cells.items():
+        marg[(sb, cb)][0] += a
+        marg[(sb, cb)][1] += b
+    table = []
+    for n in range(len(CORPUS_PRIOR)):
+        rows = []
+        for sb in range(len(CORPUS_PRIOR[0])):
+            row = []
+            for cb in range(len(CORPUS_PRIOR[0][0])):
+                a, b = cells.get((n, sb, cb), (0, 0))
+                ma, mb = marg.get((sb, cb), (0, 0))
+                prior = (mb + 1) / (ma + 2)
+                row.append(round((b + weight * prior) / (a + weight), 2))
+            rows.append(tuple(row))
+        table.append(tuple(rows))
+    return {"folds": folds, "weight": weight, "positions": sum(a for a, _ in cells.values()),
+            "cells": {str(k): v for k, v in sorted(cells.items())}, "table": table}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fit", action="store_true", help="measure the priors on the seed list")
@@ -161,6 +224,11 @@ def main() -> int:
     ap.add_argument("--curve", default=None,
                     help="cost(T) in steps for T = 1, 2, ... (comma-separated, from 1): replaces --c")
     ap.add_argument("--lookaheads", default="4,8")
+    ap.add_argument("--fit-corpus", default=None, metavar="FILE",
+                    help="fit the corpus proposals' chances (CORPUS_PRIOR) on a greedy corpus of bench/lookup_corpus.py")
+    ap.add_argument("--source", default=str(RESULTS / "draft_adapter_cv8.corpus.jsonl"),
+                    help="the sampled corpus the greedy corpus's openings were cut from")
+    ap.add_argument("--corpus", default=None, metavar="FILE", help="with --bank: a lookup corpus for the drafters")
     ap.add_argument("--out", default=str(RESULTS / "draft_lookup_replay.json"))
     args = ap.parse_args()
     costs = PassCosts([float(x) for x in args.curve.split(",")]) if args.curve else PassCosts.linear(args.c)
@@ -175,12 +243,39 @@ def main() -> int:
             print(f"  {L}: {a[1] / a[0] if a[0] else float('nan'):.2f} ({a[0]}) | "
                   f"{b[1] / b[0] if b[0] else float('nan'):.2f} ({b[0]})")
         out["fit_on_seeds"] = f
+    if args.fit_corpus:
+        import vindex3
+        from vindex3 import default_model
+        from vindex3.draft.adapter import read_corpus
+        from vindex3.draft.seeds import SEED_TEXTS
+
+        tok = vindex3.open(Path(default_model.ensure())).tokenizer
+
+        def ids(texts):
+            return [list(tok.encode(t)) if isinstance(t, str) else [int(x) for x in t] for t in texts]
+
+        # a seed is known by its first 12 tokens (the seed texts differ there)
+        f = fit_corpus(ids(read_corpus(args.fit_corpus)), ids(read_corpus(args.source)),
+                       [x[:12] for x in ids(SEED_TEXTS)])
+        print(f"{f['positions']} held-out positions; CORPUS_PRIOR = (")
+        for rows in f["table"]:
+            print(f"    {tuple(rows)},")
+        print(")")
+        out["fit_corpus"] = f | {"corpus": Path(args.fit_corpus).name, "source": Path(args.source).name}
     if args.bank:
         bank = continuations("bank", args.n, RESULTS / "greedy-bank.json")
+        corpus = None
+        if args.corpus:
+            from vindex3.draft.adapter import read_corpus
+
+            corpus = CorpusIndex([[int(x) for x in t] for t in read_corpus(args.corpus)], source=Path(args.corpus).name)
+            out["corpus"] = corpus.source
         rows = {}
         for k in (int(x) for x in args.lookaheads.split(",")):
             for name, make in (
                 (f"adaptive ngram 8 lookahead {k}", lambda v, k=k: LookupDrafter(8, k, verify_cost=costs)),
+                *([(f"adaptive ngram 8 lookahead {k} corpus",
+                    lambda v, k=k: LookupDrafter(8, k, verify_cost=costs, corpus=corpus))] if corpus else []),
                 (f"adaptive ngram 3 lookahead {k}", lambda v, k=k: LookupDrafter(3, k, verify_cost=costs)),
                 (f"fixed ngram 3 lookahead {k}", lambda v, k=k: LookupDrafter(3, k, policy="fixed")),
                 (f"ceiling lookahead {k}", lambda v, k=k: Ceiling(v["tokens"], k)),
@@ -188,7 +283,7 @@ def main() -> int:
                 rows[name] = r = predicted(bank, make, args.n, costs)
                 print(f"{name:>32}: " + ", ".join(f"{cat} {x:.2f}x" for cat, x in r.items()))
         out["predicted_speed_on_bank"] = rows
-    if args.fit or args.bank:
+    if args.fit or args.bank or args.fit_corpus:
         jsonio.write_atomic(Path(args.out), out)
     return 0
 

@@ -261,21 +261,49 @@ def test_measured_cost_curve_fits_a_tight_position_limit(tiny_llama_container):
 # ---- a corpus outside the context (CorpusIndex) -------------------------------------------------
 
 
-def test_corpus_index_chains_frequent_continuations_and_stops_where_the_corpus_is_unsure():
-    from vindex3.draft.lookup import CorpusIndex
+def test_corpus_index_chains_the_most_frequent_continuations_with_their_cells():
+    from vindex3.draft.lookup import CorpusIndex, corpus_cell
 
     corpus = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6], [9, 2, 3, 4, 5], [7, 8, 1, 2, 3]]
     ix = CorpusIndex(corpus, ngram=3)
-    # (2, 3) was followed by 4 three times of three; (3, 4) by 5 twice and 6 once (2/3 >= 0.6)
-    assert ix.chain([0, 2, 3], 4) == [(4, 1.0), (5, pytest.approx(2 / 3))]
-    # the longest held suffix decides: (1, 2, 3) was followed by 4 twice of two; then (2, 3, 4):
-    # 5, 6, 5 -> 5 twice of three
-    assert [t for t, _ in ix.chain([1, 2, 3], 4)] == [4, 5]
-    # a suffix held once (7, 8) proposes nothing: a continuation seen once is not enough
-    assert ix.chain([7, 8], 4) == []
+    # (2, 3) was followed by 4 three times of three; then (2, 3, 4) by 5 twice and 6 once; (3, 4, 5)
+    # ends two lines and is followed by nothing, so the chain stops
+    assert ix.next([0, 2, 3]) == (4, 2, 3, 3)
+    assert ix.chain([0, 2, 3], 4) == [(4, corpus_cell(2, 3, 3)), (5, corpus_cell(3, 2, 3))]
+    assert corpus_cell(2, 3, 3) == (0, 4, 1) and corpus_cell(3, 2, 3) == (1, 2, 1)
+    # the longest held suffix decides: (1, 2, 3) was followed by 4 twice of two
+    assert ix.next([1, 2, 3]) == (4, 3, 2, 2)
+    # a continuation seen once is still a proposal; its cell says how little that is worth
+    assert ix.next([7, 8]) == (1, 2, 1, 1) and corpus_cell(2, 1, 1) == (0, 4, 0)
     # a one-token suffix is never used, and an unknown one proposes nothing
-    assert ix.chain([3], 4) == [] and ix.chain([42, 43], 4) == []
-    assert ix.chain([0, 2, 3], 1) == [(4, 1.0)]
+    assert ix.next([3]) is None and ix.chain([3], 4) == [] and ix.chain([42, 43], 4) == []
+    assert ix.chain([0, 2, 3], 1) == [(4, (0, 4, 1))]
+    # suffixes of six tokens and more share a row; shares fall in the bins their edges say
+    assert corpus_cell(9, 10, 40)[0] == corpus_cell(6, 10, 40)[0] == 4 and corpus_cell(9, 10, 40)[1:] == (0, 2)
+    assert [corpus_cell(2, c, 10)[1] for c in (2, 3, 5, 7, 9, 10)] == [0, 1, 2, 3, 4, 4]
+
+
+def test_the_corpus_gate_reads_the_table_and_learns_from_the_generation():
+    """The adaptive policy proposes a corpus link only where the `CORPUS_PRIOR` cell's chance pays
+    for its verification, and each verified link moves its cell's estimate."""
+    from vindex3.draft import lookup as L
+
+    cell_weak, cell_strong = L.corpus_cell(2, 1, 8), L.corpus_cell(6, 9, 9)
+    assert L.CORPUS_PRIOR[cell_weak[0]][cell_weak[1]][cell_weak[2]] < 0.1
+    weak = L.CorpusIndex([[1, 2, 3]] + [[1, 2, 10 + i] for i in range(7)], ngram=3)  # (1, 2) -> 3 once of 8
+    d = L.LookupDrafter(8, 4, verify_cost=0.3, corpus=weak)
+    d.begin([50, 1])
+    d.accept((2,))  # the prefill's pick: the context, 50 1 2, repeats nothing
+    assert d.propose(4) == []  # a one-in-eight continuation does not pay for a verified position
+    strong = L.CorpusIndex([[7, 1, 2, 3, 4, 5, 6, 8]] * 9, ngram=8)
+    d = L.LookupDrafter(8, 4, verify_cost=0.3, corpus=strong)
+    d.begin([60, 1, 2, 3, 4, 5, 6])
+    assert d.propose(4)[:1] == [8]
+    before = d.corpus_chance(cell_strong)
+    d.accept((9,))  # the full model disagreed
+    assert d.corpus_tried[cell_strong] == 1 and d.corpus_kept[cell_strong] == 0
+    assert d.corpus_chance(cell_strong) < before
+    assert d.corpus_proposed >= 1 and d.corpus_accepted == 0
 
 
 def test_corpus_index_is_bounded_before_it_is_built(monkeypatch):
@@ -297,7 +325,7 @@ def test_a_corpus_proposes_where_the_context_has_nothing_and_the_output_is_greed
     prompt = [3, 14, 15, 92, 65, 35]
     want = greedy_generate(c, prompt, N).tokens
     path = tmp_path / "corpus.jsonl"
-    # the continuation twice (a continuation must be seen at least twice), after other openings
+    # the continuation twice, after other openings
     path.write_text("".join(json.dumps({"token_ids": [40 + i, 41 + i] + want}) + "\n" for i in range(2)))
     ix = corpus_index(c, str(path))
     assert ix.source == "corpus.jsonl" and ix.tokens == 2 * (2 + N) and len(ix.digest) == 64
@@ -332,13 +360,13 @@ def test_lql_speculate_lookup_with_a_corpus(c, tiny_llama_container, tmp_path):
     prompt = [3, 14, 15, 92, 65, 35]
     want = greedy_generate(c, prompt, 16).tokens
     path = tmp_path / "own.jsonl"
-    path.write_text("".join(json.dumps({"token_ids": [50 + i] + want}) + "\n" for i in range(2)))
+    path.write_text("".join(json.dumps({"token_ids": [50 + i] + want}) + "\n" for i in range(6)))
     s = lql.Session()
     s.execute(f"OPEN '{tiny_llama_container}'")
     toks = ", ".join(map(str, prompt))
     (r,) = s.execute(f"INFER TOKENS ({toks}) GENERATE 16 SPECULATE DRAFTER LOOKUP CORPUS '{path}' LOOKAHEAD 3")
     assert r.generated_ids == want and r.drafter == "lookup"
-    assert r.corpus["file"] == "own.jsonl" and r.corpus["tokens"] == 2 * 17 and r.corpus["accepted"] > 0
+    assert r.corpus["file"] == "own.jsonl" and r.corpus["tokens"] == 6 * 17 and r.corpus["accepted"] > 0
     assert "corpus 'own.jsonl'" in r.to_text()
     (e,) = s.execute(f"EXPLAIN INFER TOKENS ({toks}) GENERATE 16 SPECULATE DRAFTER LOOKUP CORPUS '{path}'")
     assert "corpus 'own.jsonl'" in e.to_text()
@@ -356,7 +384,7 @@ def test_a_server_confines_the_lookup_corpus_to_its_data_directory(c, tiny_llama
     from lql.server.app import create_app
 
     prompt = [3, 14, 15, 92, 65, 35]
-    line = "".join(json.dumps({"token_ids": [50 + i] + greedy_generate(c, prompt, 8).tokens}) + "\n" for i in range(2))
+    line = "".join(json.dumps({"token_ids": [50 + i] + greedy_generate(c, prompt, 8).tokens}) + "\n" for i in range(6))
     data = tmp_path / "data"
     data.mkdir()
     (data / "own.jsonl").write_text(line)
@@ -372,7 +400,10 @@ def test_a_server_confines_the_lookup_corpus_to_its_data_directory(c, tiny_llama
             assert not res["ok"] and res["error"]["type"] == "PathRefusal", res
         res = ask("own.jsonl")
         assert res["ok"], res
-        assert res["result"]["corpus"]["file"] == "own.jsonl" and res["result"]["corpus"]["accepted"] > 0
+        got = res["result"]["corpus"]
+        # the corpus inside was read (whether its proposals pay depends on this process's measured
+        # pass costs; tests above check what the corpus proposes)
+        assert got["file"] == "own.jsonl" and got["tokens"] == 6 * 9 and got["proposed"] >= got["accepted"] >= 0
 
 
 def test_a_corpus_file_is_bounded_and_must_be_regular_before_it_is_read(c, tmp_path, monkeypatch):

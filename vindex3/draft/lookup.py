@@ -119,8 +119,35 @@ CORPUS_MAX_TOKENS = 100_000
 # ~0.7 MB as JSON ids and ~0.4 MB as English text, so 8 MiB keeps tokenizing short
 CORPUS_MAX_BYTES = 8 << 20
 CORPUS_MIN_NGRAM = 2  # a one-token suffix says too little about what follows
-CORPUS_MIN_COUNT = 2  # the continuation followed the suffix at least this often in the corpus
-CORPUS_MIN_SHARE = 0.6  # and in at least this share of the suffix's occurrences
+# How often a corpus proposal is right, by what the corpus shows of it: the length of the longest
+# suffix of the context it holds (2, 3, 4, 5, 6 or more tokens), the share of that suffix's
+# occurrences the proposed token followed (below 0.3, 0.5, 0.7, 0.9, or at least 0.9) and how often
+# it followed (once, 2-3 times, 4 or more). The chance that the corpus's most frequent continuation
+# is the full model's greedy next token, fitted on the model's own greedy text by cross-validation
+# over the seed texts (`bench/draft_lookup_replay.py --fit-corpus`: each fifth of the seed list's
+# texts held out against an index of the rest, so a proposal is judged on a topic the index has not
+# seen, as the prompt bank's are), never on the prompt bank; a cell with few positions leans on its
+# share-and-count average. Fitted on bench/results/lookup_greedy4.corpus.jsonl (SmolLM2's greedy
+# text, 62,985 tokens; 12,144 held-out positions). A corpus's share alone claims too much: on
+# held-out topics a continuation with a share of 0.9 or more is right 19-66 % of the time. The
+# drafter updates each cell with what the generation shows (`PRIOR_WEIGHT` pseudo-observations
+# for the table).
+CORPUS_SHARE_EDGES = (0.3, 0.5, 0.7, 0.9)
+CORPUS_PRIOR = (  # [suffix length 2..6+][share bin][count bin]
+    ((0.1, 0.01, 0.07), (0.0, 0.07, 0.23), (0.15, 0.1, 0.39), (0.5, 0.11, 0.44), (0.19, 0.3, 0.42)),
+    ((0.04, 0.03, 0.14), (0.03, 0.05, 0.33), (0.08, 0.18, 0.24), (0.5, 0.18, 0.27), (0.21, 0.36, 0.5)),
+    ((0.06, 0.09, 0.02), (0.01, 0.13, 0.16), (0.17, 0.19, 0.11), (0.5, 0.27, 0.19), (0.25, 0.32, 0.45)),
+    ((0.13, 0.03, 0.04), (0.01, 0.06, 0.31), (0.15, 0.16, 0.14), (0.5, 0.09, 0.27), (0.33, 0.31, 0.66)),
+    ((0.1, 0.03, 0.07), (0.01, 0.14, 0.23), (0.19, 0.36, 0.42), (0.5, 0.16, 0.53), (0.37, 0.43, 0.54)),
+)
+
+
+def corpus_cell(n: int, count: int, total: int) -> tuple[int, int, int]:
+    """The `CORPUS_PRIOR` cell of a corpus proposal: its suffix's length ``n`` (2..6+), the share
+    ``count / total`` of the suffix's occurrences the token followed, and ``count``."""
+    share = count / total
+    sb = sum(share >= e for e in CORPUS_SHARE_EDGES)
+    return min(n, CORPUS_MIN_NGRAM + len(CORPUS_PRIOR) - 1) - CORPUS_MIN_NGRAM, sb, 0 if count == 1 else 1 if count <= 3 else 2
 
 
 class CorpusIndex:
@@ -143,32 +170,35 @@ class CorpusIndex:
                 for n in range(CORPUS_MIN_NGRAM, min(ngram, e) + 1):
                     d = counts.setdefault(tuple(t[e - n:e]), {})
                     d[nxt] = d.get(nxt, 0) + 1
-        self._best: dict[tuple[int, ...], tuple[int, float]] = {}
+        self._best: dict[tuple[int, ...], tuple[int, int, int]] = {}
         for key, d in counts.items():
             tok, c = max(d.items(), key=lambda kv: kv[1])  # the first seen among equal counts
-            share = c / sum(d.values())
-            if c >= CORPUS_MIN_COUNT and share >= CORPUS_MIN_SHARE:
-                self._best[key] = (tok, share)
-        self._keys = set(counts)  # every n-gram the corpus holds: the longest held suffix decides
+            self._best[key] = (tok, c, sum(d.values()))
 
-    def chain(self, ctx: Sequence[int], k: int) -> list[tuple[int, float]]:
-        """Up to ``k`` (token, share) pairs: the longest suffix of ``ctx`` the corpus holds decides
-        the next token when its continuation is frequent enough (`CORPUS_MIN_COUNT`,
-        `CORPUS_MIN_SHARE`), then the same again on ``ctx`` plus that token; stops at the first
-        suffix whose continuation is not."""
+    def next(self, ctx: Sequence[int]) -> tuple[int, int, int, int] | None:
+        """(token, n, count, total): the longest suffix of ``ctx`` the corpus holds (n tokens,
+        at least `CORPUS_MIN_NGRAM`), the token that most often followed it, how often, and how
+        often the suffix was followed at all; None when the corpus holds no suffix of ``ctx``."""
+        t = ctx[-self.ngram:]
+        for n in range(min(self.ngram, len(t)), CORPUS_MIN_NGRAM - 1, -1):
+            got = self._best.get(tuple(int(x) for x in t[len(t) - n:]))
+            if got is not None:
+                return got[0], n, got[1], got[2]
+        return None
+
+    def chain(self, ctx: Sequence[int], k: int) -> list[tuple[int, tuple[int, int, int]]]:
+        """Up to ``k`` (token, cell) pairs: the corpus's continuation of ``ctx`` (`next`), then of
+        ``ctx`` plus that token, and so on, each with its `corpus_cell`; stops where the corpus
+        holds no suffix."""
         t = [int(x) for x in ctx[-self.ngram:]]
-        out: list[tuple[int, float]] = []
+        out: list[tuple[int, tuple[int, int, int]]] = []
         while len(out) < k:
-            got = None
-            for n in range(min(self.ngram, len(t)), CORPUS_MIN_NGRAM - 1, -1):
-                key = tuple(t[len(t) - n:])
-                if key in self._keys:
-                    got = self._best.get(key)
-                    break
+            got = self.next(t)
             if got is None:
                 break
-            out.append(got)
-            t = (t + [got[0]])[-self.ngram:]
+            tok, n, c, total = got
+            out.append((tok, corpus_cell(n, c, total)))
+            t = (t + [tok])[-self.ngram:]
         return out
 
 
@@ -182,9 +212,10 @@ class LookupDrafter:
 
     With a ``corpus`` (a `CorpusIndex`), a round in which the context proposes nothing proposes
     the corpus's chain instead (`CorpusIndex.chain`): under ``adaptive`` the k maximizing
-    E(k) − λ·cost(k + 1) with E(k) = 1 + s1 + s1·s2 + …, each s the share of the corpus's
-    occurrences of that suffix that the proposed token followed (the corpus's own estimate of
-    the chance); under ``fixed`` the whole chain up to the lookahead."""
+    E(k) − λ·cost(k + 1) with E(k) = 1 + s1 + s1·s2 + …, each s the estimated chance of that
+    link (`corpus_chance`: the `CORPUS_PRIOR` cell of its suffix length, share and count, updated
+    by this generation's outcomes in that cell); under ``fixed`` the whole chain up to the
+    lookahead."""
 
     name = "lookup"
 
@@ -206,8 +237,11 @@ class LookupDrafter:
         self._asked = 0  # tokens proposed by the round the next accept answers
         self._first = True  # the next accept is the prefill's pick, not a round's
         self.corpus = corpus
-        self._from_corpus: list[int] | None = None  # the corpus's proposal the next accept answers
+        # the corpus's proposal the next accept answers: its tokens and their `corpus_cell`s
+        self._from_corpus: list[tuple[int, tuple[int, int, int]]] | None = None
         self.corpus_proposed = self.corpus_accepted = 0
+        self.corpus_tried: dict[tuple[int, int, int], int] = {}  # per cell: proposals verified
+        self.corpus_kept: dict[tuple[int, int, int], int] = {}  # of those, accepted
 
     def begin(self, prompt: Sequence[int]) -> None:
         self.index.extend(prompt)
@@ -224,8 +258,13 @@ class LookupDrafter:
 
     def accept(self, tokens: Sequence[int]) -> None:
         if self._from_corpus is not None:
-            self.corpus_proposed += len(self._from_corpus)
-            self.corpus_accepted += self._kept(self._from_corpus, tokens)
+            props = [t for t, _ in self._from_corpus]
+            j = self._kept(props, tokens)
+            self.corpus_proposed += len(props)
+            self.corpus_accepted += j
+            for i, (_, cell) in enumerate(self._from_corpus[:j + 1]):  # verified: the kept and the first miss
+                self.corpus_tried[cell] = self.corpus_tried.get(cell, 0) + 1
+                self.corpus_kept[cell] = self.corpus_kept.get(cell, 0) + (i < j)
             self._from_corpus = None
         if self._last is not None:  # score the proposal these tokens answer
             n, props = self._last
@@ -263,6 +302,13 @@ class LookupDrafter:
         the ones before it were."""
         return ((self.next_kept[n] + PRIOR_WEIGHT * self._prior(PRIOR_NEXT, n))
                 / (self.next_tried[n] + PRIOR_WEIGHT))
+
+    def corpus_chance(self, cell: tuple[int, int, int]) -> float:
+        """The estimated chance that a corpus proposal of this `corpus_cell` is accepted (the
+        `CORPUS_PRIOR` table's rate as a prior of ``PRIOR_WEIGHT`` observations)."""
+        a, b, c = cell
+        return ((self.corpus_kept.get(cell, 0) + PRIOR_WEIGHT * CORPUS_PRIOR[a][b][c])
+                / (self.corpus_tried.get(cell, 0) + PRIOR_WEIGHT))
 
     def worth(self, n: int, cap: int) -> int:
         """How many tokens (0 .. ``cap``) a match of length ``n`` should propose: the k that
@@ -304,21 +350,22 @@ class LookupDrafter:
             if props:
                 self._last = (n, props)
         if not props and self.corpus is not None:
-            props = self._corpus_proposal(cap)
-            if props:
-                self._from_corpus = props
+            chain = self._corpus_proposal(cap)
+            if chain:
+                self._from_corpus = chain
+            props = [t for t, _ in chain]
         self._asked = len(props)
         return props
 
-    def _corpus_proposal(self, cap: int) -> list[int]:
+    def _corpus_proposal(self, cap: int) -> list[tuple[int, tuple[int, int, int]]]:
         chain = self.corpus.chain(self.index.tokens, cap)
         if self.policy != "adaptive":
-            return [t for t, _ in chain]
+            return chain
         reach, r = [], 1.0
-        for _, share in chain:  # each token's corpus share stands for its chance
-            r *= share
+        for _, cell in chain:  # each link is a next-token guess on the context plus the links before it
+            r *= self.corpus_chance(cell)
             reach.append(r)
-        return [t for t, _ in chain[:self._best_length(reach)]]
+        return chain[:self._best_length(reach)]
 
 
 def corpus_index(container: Any, path: str, ngram: int = DEFAULT_NGRAM) -> CorpusIndex:
