@@ -289,7 +289,9 @@ def test_the_corpus_gate_reads_the_table_and_learns_from_the_generation():
     from vindex3.draft import lookup as L
 
     cell_weak, cell_strong = L.corpus_cell(2, 1, 8), L.corpus_cell(6, 9, 9)
-    assert L.CORPUS_PRIOR[cell_weak[0]][cell_weak[1]][cell_weak[2]] < 0.1
+    # at 0.3 steps a verified position and a rate of one token a step, a link pays above 0.3
+    assert L.CORPUS_PRIOR[cell_weak[0]][cell_weak[1]][cell_weak[2]] < 0.3
+    assert L.CORPUS_PRIOR[cell_strong[0]][cell_strong[1]][cell_strong[2]] > 0.3
     weak = L.CorpusIndex([[1, 2, 3]] + [[1, 2, 10 + i] for i in range(7)], ngram=3)  # (1, 2) -> 3 once of 8
     d = L.LookupDrafter(8, 4, verify_cost=0.3, corpus=weak)
     d.begin([50, 1])
@@ -440,3 +442,22 @@ def test_a_lookup_corpus_without_lookup_is_refused_by_name():
     with pytest.raises(lql.LqlError, match="a lookup CORPUS belongs to SPECULATE DRAFTER LOOKUP"):
         bad.check()
     parse_one("INFER 'x' GENERATE 4 SPECULATE DRAFTER LOOKUP CORPUS 'c.jsonl'").check()
+
+
+def test_the_context_copy_and_the_corpus_chain_compete_by_expected_gain():
+    """A one-token context match (first-token prior 0.26) loses to a corpus link held nine times
+    of nine behind a three-token suffix; against a corpus link seen once of eight it wins."""
+    from vindex3.draft import lookup as L
+
+    prompt = [60, 6, 71, 2, 5]  # then 6: the context's longest recurring suffix is (6,), which copies 71
+    strong = L.CorpusIndex([[9, 2, 5, 6, 8]] * 9, ngram=8)  # (2, 5, 6) -> 8, nine of nine
+    weak = L.CorpusIndex([[9, 2, 5, 6, 8]] + [[9, 2, 5, 6, 20 + i] for i in range(7)], ngram=8)
+    picks = {}
+    for name, ix in (("strong", strong), ("weak", weak), ("none", None)):
+        d = L.LookupDrafter(8, 4, verify_cost=0.05, corpus=ix)
+        d.begin(prompt)
+        d.accept((6,))
+        picks[name] = (d.propose(4)[:1], d._from_corpus is not None)
+    assert picks["none"] == ([71], False)
+    assert picks["strong"] == ([8], True)
+    assert picks["weak"] == ([71], False)

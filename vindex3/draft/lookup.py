@@ -210,12 +210,13 @@ class LookupDrafter:
     pass costs ``verify_cost`` gives (see the module docstring): a `PassCosts` curve, a number c
     (every verified position beyond the first costs c steps) or cost(T) for T = 1, 2, ...
 
-    With a ``corpus`` (a `CorpusIndex`), a round in which the context proposes nothing proposes
-    the corpus's chain instead (`CorpusIndex.chain`): under ``adaptive`` the k maximizing
-    E(k) − λ·cost(k + 1) with E(k) = 1 + s1 + s1·s2 + …, each s the estimated chance of that
-    link (`corpus_chance`: the `CORPUS_PRIOR` cell of its suffix length, share and count, updated
-    by this generation's outcomes in that cell); under ``fixed`` the whole chain up to the
-    lookahead."""
+    With a ``corpus`` (a `CorpusIndex`), the corpus's chain (`CorpusIndex.chain`) competes with
+    the context's copy: under ``adaptive`` each gets the k maximizing E(k) − λ·cost(k + 1) — for
+    the chain E(k) = 1 + s1 + s1·s2 + …, each s the estimated chance of that link
+    (`corpus_chance`: the `CORPUS_PRIOR` cell of its suffix length, share and count, updated by
+    this generation's outcomes in that cell) — and the round proposes the one whose maximum is
+    larger (the context's on a tie), nothing when neither beats a plain step; under ``fixed``
+    the context's copy up to the lookahead, else the whole chain."""
 
     name = "lookup"
 
@@ -313,17 +314,32 @@ class LookupDrafter:
     def worth(self, n: int, cap: int) -> int:
         """How many tokens (0 .. ``cap``) a match of length ``n`` should propose: the k that
         maximizes E(k) − λ·cost(k + 1) (module docstring); 0 when none beats a plain step."""
+        return self._best(self._context_reach(n, cap))[0]
+
+    def _context_reach(self, n: int, length: int) -> list[float]:
+        """The chance that the first 1, 2, … ``length`` tokens a match of length ``n`` proposes
+        are all accepted."""
         p, q = self.acceptance(n), self.continuation(n)
         reach, r = [], p
-        for _ in range(cap):
+        for _ in range(length):
             reach.append(r)
             r *= q
-        return self._best_length(reach)
+        return reach
 
-    def _best_length(self, reach: Sequence[float]) -> int:
-        """The k (0 .. len(reach)) maximizing E(k) − λ·cost(k + 1), E(k) = 1 + reach[0] + … +
-        reach[k - 1] with reach[j] the chance that the first j + 1 proposals are all accepted;
-        0 (the plain step: one token for one step) when none beats it."""
+    def _corpus_reach(self, chain: Sequence[tuple[int, tuple[int, int, int]]]) -> list[float]:
+        """The same for a corpus chain: each link is a next-token guess on the context plus the
+        links before it, so its chance given theirs is its cell's (`corpus_chance`)."""
+        reach, r = [], 1.0
+        for _, cell in chain:
+            r *= self.corpus_chance(cell)
+            reach.append(r)
+        return reach
+
+    def _best(self, reach: Sequence[float]) -> tuple[int, float]:
+        """(k, value): the k (0 .. len(reach)) maximizing E(k) − λ·cost(k + 1), E(k) = 1 +
+        reach[0] + … + reach[k - 1] with reach[j] the chance that the first j + 1 proposals are
+        all accepted, and that maximum; k = 0 (the plain step: one token for one step) when none
+        beats it."""
         lam = self.rate
         best_k, best = 0, 1.0 - lam
         expected = 1.0
@@ -332,7 +348,7 @@ class LookupDrafter:
             v = expected - lam * self.costs.cost(k + 1)
             if v > best:
                 best_k, best = k, v
-        return best_k
+        return best_k, best
 
     def observe_pass(self, positions: int, seconds: float) -> None:
         """A round's one pass over ``positions`` took ``seconds`` (the cost curve may learn it)."""
@@ -343,29 +359,24 @@ class LookupDrafter:
         if cap <= 0:
             return []
         n, e = self.index.find()
-        props: list[int] = []
-        if n:
-            k = self.worth(n, cap) if self.policy == "adaptive" else cap
-            props = self.index.tokens[e:e + k]
-            if props:
-                self._last = (n, props)
-        if not props and self.corpus is not None:
-            chain = self._corpus_proposal(cap)
-            if chain:
-                self._from_corpus = chain
-            props = [t for t, _ in chain]
+        copy = self.index.tokens[e:e + cap] if n else []  # what the context's match would copy
+        chain = self.corpus.chain(self.index.tokens, cap) if self.corpus is not None else []
+        if self.policy == "adaptive":  # the proposal with the larger expected gain, if either pays
+            k, v = self._best(self._context_reach(n, len(copy))) if copy else (0, 0.0)
+            kc, vc = self._best(self._corpus_reach(chain)) if chain else (0, 0.0)
+            if kc and (not k or vc > v):
+                copy, chain = [], chain[:kc]
+            else:
+                copy, chain = copy[:k], []
+        elif copy:  # fixed: the context's copy, else the corpus's chain
+            chain = []
+        if copy:
+            self._last = (n, copy)
+        if chain:
+            self._from_corpus = chain
+        props = copy or [t for t, _ in chain]
         self._asked = len(props)
         return props
-
-    def _corpus_proposal(self, cap: int) -> list[tuple[int, tuple[int, int, int]]]:
-        chain = self.corpus.chain(self.index.tokens, cap)
-        if self.policy != "adaptive":
-            return chain
-        reach, r = [], 1.0
-        for _, cell in chain:  # each link is a next-token guess on the context plus the links before it
-            r *= self.corpus_chance(cell)
-            reach.append(r)
-        return chain[:self._best_length(reach)]
 
 
 def corpus_index(container: Any, path: str, ngram: int = DEFAULT_NGRAM) -> CorpusIndex:
