@@ -289,3 +289,19 @@ def reseal(container: Path) -> None:
     from vindex3.manifest import seal
 
     (container / "index.json").write_text(json.dumps(seal(idx), indent=2))
+
+
+@contextlib.contextmanager
+def blas_products():
+    """float32 products through BLAS at every T (`vindex3.codecs.f32.SMALL_T` at 0) while inside:
+    another summation order of the same products than the rows kernel's, which every decode step
+    and every pass of up to SMALL_T positions takes. Parity tests measure a codec's or a twin's
+    difference against the spread between these two orders of the same float32 weights."""
+    from vindex3.codecs import f32
+
+    old = f32.SMALL_T
+    f32.SMALL_T = 0
+    try:
+        yield
+    finally:
+        f32.SMALL_T = old

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from fixtures import build_tokenizer, hf_logits
+from fixtures import blas_products, build_tokenizer, hf_logits
 from test_kda_mla_models import _scale, ds_config
 
 import vindex3
@@ -118,10 +118,14 @@ def test_fp8_deepseek_runs_like_its_dequantized_twin_and_transformers(pair, tmp_
         ln, lw = c.executor().forward(IDS[:T]), w.executor().forward(IDS[:T])
         st = w.executor().start()
         steps = np.stack([st.prefill(IDS[:1])[0]] + [st.step(t) for t in IDS[1:T]])
-        spread = float(np.abs(steps - lw).max())  # the twin's own prefill-vs-decode spread
+        with blas_products():  # a prefill this short takes the rows kernel, a step's order
+            lb = w.executor().forward(IDS[:T])
+        spread = float(np.abs(steps - lb).max())  # the twin's own prefill (BLAS) vs decode spread
         diff, oracle = float(np.abs(ln - lw).max()), float(np.abs(ln - ref[:T]).max())
         print(f"T={T}: fp8 vs twin {diff:.3g} (twin prefill vs decode {spread:.3g}); vs transformers {oracle:.3g}")
-        assert diff <= max(spread, 4 * np.finfo(F32).eps * float(np.abs(lw).max()))
+        # the native side and the twin may sum in two orders (decoded tiles + BLAS against the rows
+        # kernel), each within `spread` of the exact sum, so they are within twice it
+        assert diff <= 2 * max(spread, 4 * np.finfo(F32).eps * float(np.abs(lw).max()))
         assert oracle <= 1e-4  # the family's parity tolerance (tests/test_kda_mla_models.py)
     assert np.abs(ref).max() > 1.0
     full = c.executor().forward(IDS)

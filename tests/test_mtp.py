@@ -260,8 +260,8 @@ def test_lql_speculate_drafter_mtp_is_refused_by_name_without_one(tiny_llama_con
 def test_fp8_mtp_module_is_packed_and_runs_like_its_dequantized_twin(fx, tmp_path):
     """Released DeepSeek-V3 MTP modules are FP8 like the decoder: eh_proj and the block's linears
     are packed into fp8_e4m3_b128 (native encode) in the mtp object and run as stored; the MTP
-    logits equal those of the twin holding the dequantized weights, within the twin's own
-    prefill-vs-decode spread (the bar tests/test_fp8_models.py uses for the decoder)."""
+    logits equal those of the twin holding the dequantized weights, within twice the twin's own
+    pass-vs-step spread (the bar tests/test_fp8_models.py uses for the decoder)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -297,8 +297,14 @@ def test_fp8_mtp_module_is_packed_and_runs_like_its_dequantized_twin(fx, tmp_pat
     st = hw.start()
     steps = np.stack([hw.logits(st.step_hidden(hw.inputs([IDS[i + 1]], hw.normed(hidden[i:i + 1]))))[0]
                       for i in range(len(IDS) - 1)])
-    spread = float(np.abs(steps - b).max())
-    assert float(np.abs(a - b).max()) <= max(spread, 4 * np.finfo(np.float32).eps * float(np.abs(b).max()))
+    from fixtures import blas_products
+
+    with blas_products():  # a pass this short takes the rows kernel, a step's order
+        b_blas = hw.forward(hidden[:-1], IDS[1:])
+    spread = float(np.abs(steps - b_blas).max())  # the twin's own pass (BLAS) vs step spread
+    # the packed module and the twin may sum in two orders (decoded tiles + BLAS against the rows
+    # kernel), each within `spread` of the exact sum, so they are within twice it
+    assert float(np.abs(a - b).max()) <= 2 * max(spread, 4 * np.finfo(np.float32).eps * float(np.abs(b).max()))
     r = mtp_generate(c, IDS[:9], 12, lookahead=2, compare_plain=True)
     assert r.matches_plain is True
 

@@ -17,7 +17,7 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
-from fixtures import build_checkpoint, hf_logits, load_reference
+from fixtures import blas_products, build_checkpoint, hf_logits, load_reference
 from gguf.quants import dequantize, quantize
 
 import vindex3
@@ -104,11 +104,15 @@ def test_mxfp4_gpt_oss_runs_like_its_dequantized_twin_and_transformers(pair, tmp
         # the twin's own spread: its prefill against its token-by-token decode
         st = w.executor().start()
         steps = np.stack([st.prefill(IDS[:1])[0]] + [st.step(t) for t in IDS[1:T]])
-        spread = float(np.abs(steps - lw).max())
+        with blas_products():  # a prefill this short takes the rows kernel, a step's order
+            lb = w.executor().forward(IDS[:T])
+        spread = float(np.abs(steps - lb).max())
         diff = float(np.abs(ln - lw).max())
         oracle = float(np.abs(ln - ref[:T]).max())
         print(f"T={T}: mxfp4 vs twin {diff:.3g} (twin prefill vs decode {spread:.3g}); vs transformers {oracle:.3g}")
-        assert diff <= max(spread, 4 * np.finfo(F32).eps * float(np.abs(lw).max()))
+        # the native side and the twin may sum in two orders (decoded tiles + BLAS against the rows
+        # kernel), each within `spread` of the exact sum, so they are within twice it
+        assert diff <= 2 * max(spread, 4 * np.finfo(F32).eps * float(np.abs(lw).max()))
         assert oracle <= 1e-4  # the family's parity tolerance (tests/test_moe_models.py)
     assert np.abs(ref).max() > 1.0  # logits O(1-10), so the tolerance means something
     full = c.executor().forward(IDS)

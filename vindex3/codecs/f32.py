@@ -1,8 +1,8 @@
 """float32, little-endian, C order: the reference encoding. Weights are views of the mapped
 segment, so nothing is copied.
 
-``mm`` of up to ``SMALL_T`` activation rows (decode steps, batched streams, verified drafts)
-runs the f32 rows kernel of vindex3.codecs.intrinsics (`float_kernel`): every row of W is read
+``mm`` of up to ``SMALL_T`` activation rows (decode steps, batched streams, verified drafts,
+short prompts) runs the f32 rows kernel of vindex3.codecs.intrinsics (`float_kernel`): every row of W is read
 once for all the activation rows, and each product is summed in an order written out in LLVM
 vector IR (32 accumulators per position, a fixed tree), not left to LLVM. So a product's bytes
 do not depend on how many activation rows ride along (a batched stream equals a lone one, a
@@ -21,7 +21,12 @@ from .base import Codec, Weight, register
 from .threads import intdot, launch
 
 F32 = np.dtype("<f4")
-SMALL_T = 8  # largest T the rows kernel takes (bench/codecs_gemv.py: at T=8 it still beat BLAS 1.5x)
+# Largest T the rows kernel takes. Whole SmolLM2 passes of T positions after 64 (Zen 4, OpenBLAS
+# 0.3.31, ms, rows kernel against BLAS): one thread T = 9 74 / 131, 16 93 / 142, 32 156 / 189,
+# 48 220 / 234, 64 280 / 279, 96 431 / 371; two threads T = 9 40 / 119, 16 50 / 125, 32 82 / 153,
+# 64 152 / 233, 128 296 / 337 (a pass this small holds BLAS at one thread; its products are too
+# small to split). One limit for every thread count, so a pass's bytes never depend on it.
+SMALL_T = 64
 
 
 class DenseF32(Weight):
