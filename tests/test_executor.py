@@ -50,6 +50,25 @@ def test_token_by_token_decode_matches_batch_prefill(containers, family):
     assert np.array_equal(dec.argmax(-1), batch.argmax(-1))
 
 
+def test_a_pass_up_to_small_t_positions_has_a_decode_steps_bytes(tiny_llama_container):
+    """A float32 pass of up to `SMALL_T` positions (a verified draft, a short prompt) multiplies
+    in the rows kernel, whose order does not depend on how many rows ride along, and its
+    attention, norms and SiLU are the decode kernels' arithmetic: each position's logits are a
+    step's bit for bit, so a lookup verifying 9 to 64 drafts equals plain greedy exactly. Past
+    SMALL_T the products go to BLAS (another order), so the bytes may differ."""
+    from vindex3.codecs import f32
+
+    ex = vindex3.open(tiny_llama_container).executor()
+    ids = [(5 + 37 * i) % 300 + 3 for i in range(f32.SMALL_T + 8)]
+    st = ex.start()
+    steps = np.stack([st.prefill(ids[:1])[0]] + [st.step(t) for t in ids[1:f32.SMALL_T + 6]])
+    for T in (9, 20, f32.SMALL_T - 6):  # a pass of T positions after 6 prefilled ones
+        st = ex.start()
+        st.prefill(ids[:6])
+        assert np.array_equal(st.prefill(ids[6:6 + T]), steps[6:6 + T]), T
+    assert f32.SMALL_T >= 20
+
+
 def test_sliding_window_changes_the_answer(checkpoint_dirs, tmp_path):
     """The window is real: the same weights with full attention disagree beyond the window."""
     import json as _json
