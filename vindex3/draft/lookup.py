@@ -171,7 +171,8 @@ class CorpusIndex:
                     d = counts.setdefault(tuple(t[e - n:e]), {})
                     d[nxt] = d.get(nxt, 0) + 1
         self._best: dict[tuple[int, ...], tuple[int, int, int]] = {}
-        for key, d in counts.items():
+        while counts:  # each n-gram's counts are freed as its entry is made: the peak stays near the counts'
+            key, d = counts.popitem()
             tok, c = max(d.items(), key=lambda kv: kv[1])  # the first seen among equal counts
             self._best[key] = (tok, c, sum(d.values()))
 
