@@ -281,6 +281,8 @@ def test_corpus_index_chains_the_most_frequent_continuations_with_their_cells():
     # suffixes of six tokens and more share a row; shares fall in the bins their edges say
     assert corpus_cell(9, 10, 40)[0] == corpus_cell(6, 10, 40)[0] == 4 and corpus_cell(9, 10, 40)[1:] == (0, 2)
     assert [corpus_cell(2, c, 10)[1] for c in (2, 3, 5, 7, 9, 10)] == [0, 1, 2, 3, 4, 4]
+    # a continuation seen once never falls in the 0.7-0.9 share bin (CORPUS_PRIOR's comment)
+    assert {corpus_cell(2, 1, total)[1] for total in range(1, 50)} == {0, 1, 2, 4}
 
 
 def test_the_corpus_gate_reads_the_table_and_learns_from_the_generation():

@@ -101,7 +101,7 @@ def test_mxfp4_gpt_oss_runs_like_its_dequantized_twin_and_transformers(pair, tmp
     ref = hf_logits(load_reference(twin), IDS)
     for T in (4, len(IDS)):  # rows kernels and decoded tiles
         ln, lw = c.executor().forward(IDS[:T]), w.executor().forward(IDS[:T])
-        # the twin's own spread: its prefill against its token-by-token decode
+        # the twin's own spread: its prefill through BLAS against its token-by-token decode
         st = w.executor().start()
         steps = np.stack([st.prefill(IDS[:1])[0]] + [st.step(t) for t in IDS[1:T]])
         with blas_products():  # a prefill this short takes the rows kernel, a step's order

@@ -21,8 +21,8 @@ from .base import Codec, Weight, register
 from .threads import intdot, launch
 
 F32 = np.dtype("<f4")
-# Largest T the rows kernel takes. Whole SmolLM2 passes of T positions after 64 (Zen 4, OpenBLAS
-# 0.3.31, ms, rows kernel against BLAS): one thread T = 9 74 / 131, 16 93 / 142, 32 156 / 189,
+# Largest T the rows kernel takes. Whole SmolLM2 passes of T positions after a 64-token prefill
+# (Zen 4, OpenBLAS 0.3.31, ms, rows kernel against BLAS): one thread T = 9 74 / 131, 16 93 / 142, 32 156 / 189,
 # 48 220 / 234, 64 280 / 279, 96 431 / 371; two threads T = 9 40 / 119, 16 50 / 125, 32 82 / 153,
 # 64 152 / 233, 128 296 / 337 (a pass this small holds BLAS at one thread; its products are too
 # small to split). One limit for every thread count, so a pass's bytes never depend on it.

@@ -131,7 +131,8 @@ CORPUS_MIN_NGRAM = 2  # a one-token suffix says too little about what follows
 # text, 62,985 tokens; 12,144 held-out positions). A corpus's share alone claims too much: on
 # held-out topics a continuation with a share of 0.9 or more is right 19-66 % of the time. The
 # drafter updates each cell with what the generation shows (`PRIOR_WEIGHT` pseudo-observations
-# for the table).
+# for the table). The cells [n][3][0] (a share of 0.7-0.9 seen once) cannot occur: a continuation
+# seen once has a share of 1, 1/2 or less; they hold the fit's empty-cell value, 0.5.
 CORPUS_SHARE_EDGES = (0.3, 0.5, 0.7, 0.9)
 CORPUS_PRIOR = (  # [suffix length 2..6+][share bin][count bin]
     ((0.1, 0.01, 0.07), (0.0, 0.07, 0.23), (0.15, 0.1, 0.39), (0.5, 0.11, 0.44), (0.19, 0.3, 0.42)),
