@@ -117,7 +117,7 @@ def main() -> int:
     res = {}
     for arm in ("ours", "transformers"):
         # ours at the same count: decode-sized passes (prompts up to 512 tokens included) use
-        # VINDEX3_DECODE_THREADS threads, not BLAS's own (vindex3.exec.engine.split_pass)
+        # VINDEX3_DECODE_THREADS threads, not BLAS's own (vindex3.exec.engine.pass_threads)
         env = dict(os.environ, VINDEX3_DECODE_THREADS=str(a.threads))
         p = subprocess.run([sys.executable, __file__, "--arm", arm, "--threads", str(a.threads), "--repeats", str(a.repeats)],
                            capture_output=True, text=True, env=env, check=False)

@@ -210,7 +210,7 @@ def main() -> int:
         "benchmark": "llamacpp_peer",
         "model": "SmolLM2-135M-Instruct; peer GGUFs made from the shipped Q4_1 weights (bench/make_peer_ggufs.py)",
         "llama_cpp_python": _llama_version(),
-        "build": "scripts/bench-setup (GGML_NATIVE=OFF, AVX2/FMA/F16C/AVX512 on, AMX off)",
+        "build": _llama_build(),
         "decode_steps": DECODE_STEPS,
         "rounds": a.rounds,
         "file_bytes": sizes,
@@ -240,6 +240,17 @@ def _llama_version() -> str:
 
         return llama_cpp.__version__
     except ImportError:
+        return "not installed"
+
+
+def _llama_build() -> str:
+    """What the peer's build says it was compiled for (scripts/bench-setup turns on the sets
+    this CPU reports, AMX off): the instruction sets a ratio against it was measured with."""
+    try:
+        import llama_cpp
+
+        return "scripts/bench-setup: " + llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except (ImportError, AttributeError, OSError):
         return "not installed"
 
 

@@ -530,7 +530,7 @@ def test_dir_serves_every_container_under_its_own_id(tiny_llama_container, conta
 
 
 def test_the_server_holds_blas_at_one_thread_whatever_the_decode_count(tiny_llama_container, monkeypatch):
-    """Large products split over VINDEX3_DECODE_THREADS themselves (vindex3.exec.engine.split_pass)
+    """Large products split over VINDEX3_DECODE_THREADS themselves (vindex3.exec.engine.pass_threads)
     with BLAS at one thread; the server holds that count for its life so that workers entering and
     leaving the executor's limit at once never leave BLAS at another count mid-product."""
     from threadpoolctl import threadpool_info

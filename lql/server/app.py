@@ -240,7 +240,7 @@ class Server:
 
     def start(self) -> None:
         # Hold BLAS at the executor's small-pass thread count (one: large products split over
-        # VINDEX3_DECODE_THREADS themselves, vindex3.exec.engine.split_pass) for the server's
+        # VINDEX3_DECODE_THREADS themselves, vindex3.exec.engine.pass_threads) for the server's
         # life: each model's worker enters and leaves the executor's own limit around small
         # passes, and two workers doing so at once through one process-wide control could
         # otherwise leave BLAS at another count while a split product runs. Parallelism on a

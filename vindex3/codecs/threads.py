@@ -69,19 +69,26 @@
   layer, which importing this module precedes. One thread starts no region, so this changes
   nothing at the default count.
 
-* **Large products split themselves; BLAS keeps one thread.** In a decode-sized pass (up to
-  ``SMALL_PASS`` positions) and in every pass at more than one thread (vindex3.exec.engine
-  `split_pass`) BLAS is held at one thread and a product large enough (`gemm`: at least
-  ``GEMM_SPLIT_MIN`` multiply-adds a part) is cut into `count()` blocks of output columns, one computed by the calling thread and the others
-  by a small pool of Python threads (numpy lets go of the GIL inside BLAS). Why not BLAS's own
-  threads: after every product OpenBLAS's worker spins for 2^28 cycles (~80 ms) before it sleeps,
-  so the compiled attention, SiLU and norms between a prompt's products shared a core with it (a
-  512-token f32 prefill's attention took 290 ms at two threads against 234 at one, its norms
-  108 against 17; docs/container.md, "Products split by the executor"). A pool thread sleeps
-  on a queue the moment its part is done. Same bytes as one BLAS call: each output element is
-  summed by one BLAS call whose blocking over the inner dimension does not depend on the number
-  of columns, once the part is past OpenBLAS's small-matrix paths (``GEMM_SPLIT_MIN``;
-  tests/test_split_products.py checks split against unsplit on the installed BLAS).
+* **Large products split themselves; BLAS keeps one thread.** Every pass of the executor
+  (vindex3.exec.engine `_pass_limit`) holds BLAS at one thread, and a product large enough
+  (`gemm`: at least ``GEMM_SPLIT_MIN`` multiply-adds a part) is computed as ``GEMM_BLOCKS``
+  blocks of output columns whose cuts depend on the product's shape only (`gemm_cuts`). The
+  blocks are shared among the pass's threads (the decode count up to ``SMALL_PASS`` positions,
+  every core this process may use beyond, `pass_threads`): the calling thread computes the
+  first and a small pool of Python threads the others (numpy lets go of the GIL inside BLAS);
+  at one thread the caller computes them all in turn. Why not BLAS's own threads: after every
+  product OpenBLAS's worker spins for 2^28 cycles (~80 ms) before it sleeps, so the compiled
+  attention, SiLU and norms between a prompt's products shared a core with it (a 512-token f32
+  prefill's attention took 290 ms at two threads against 234 at one, its norms 108 against 17;
+  docs/container.md, "Products split by the executor"). A pool thread sleeps on a queue the
+  moment its part is done. **Same bytes at every thread count by construction**: each block is
+  the same single-threaded BLAS call whoever runs it. They are not always one whole BLAS
+  call's bytes: OpenBLAS's Haswell/Zen kernels (AMD Zen 3, 0.3.31) sum an element in an order
+  that depends on the product's whole shape (a block of 288 of 576 columns differs from the
+  whole product in the last bits, even in columns far from the cut), where its SkylakeX kernels
+  do not; an earlier round promised split = whole and failed there
+  (tests/test_split_products.py now checks the blocks across thread counts, and against the
+  whole product within a bound).
 
 This module never imports numba itself: `launch()` is entered by code that is about to call a
 kernel, which has imported numba already.
@@ -89,6 +96,7 @@ kernel, which has imported numba already.
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 
@@ -212,24 +220,52 @@ def launch() -> _Launch:
     return _LAUNCH
 
 
-# Each part of a split product has at least this many multiply-adds (T x rows x cols). OpenBLAS
+# Each block of a split product has at least this many multiply-adds (T x rows x cols): smaller
+# products stay one BLAS call (a block would cost its own packing for little work). OpenBLAS also
 # sends smaller products to kernels that sum in another order (its small-matrix kernels up to
-# 100^3, its SkylakeX "direct" sgemm up to 28 x 512^2), so a part below that could differ in the
-# last bits from the whole product computed at once.
+# 100^3, its SkylakeX "direct" sgemm up to 28 x 512^2).
 GEMM_SPLIT_MIN = 1 << 23
+# Blocks a large product is cut into, whatever the thread count (so its bytes never depend on
+# it): two, the cores of the machines this project is measured on. One thread computing both
+# costs 0-6 % against one whole call on SmolLM2's prompt-sized products (AMD Zen 3, OpenBLAS
+# 0.3.31, best of 7: T = 512 576x576 5.32 -> 5.33 ms, 576x1536 10.2 -> 10.9, 1536x576 13.8 ->
+# 14.3; T = 80 576x576 0.80 -> 0.81, 1536x576 1.74 -> 1.69).
+GEMM_BLOCKS = 2
 _split = threading.local()
 _pool: list = []
 
 
-class SplitProducts:
-    """The context a decode-sized pass runs in: `gemm` splits large products over `count()`
-    threads in this thread while it is entered (BLAS must be held at one thread meanwhile)."""
+def gemm_cuts(T: int, K: int, N: int) -> list[int]:
+    """The column cuts of a [T, K] x [K, N] product: ``[0, N]`` (one call) below
+    ``GEMM_SPLIT_MIN`` multiply-adds a block, else ``GEMM_BLOCKS`` blocks of at least 64 columns
+    cut at multiples of 16. A function of the shape alone."""
+    parts = min(GEMM_BLOCKS, N // 64, (T * K * N) // GEMM_SPLIT_MIN)
+    if parts <= 1:
+        return [0, N]
+    return [(N * i // parts) // 16 * 16 for i in range(parts)] + [N]
 
-    __slots__ = ("_prev",)
+
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity where the OS tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class SplitProducts:
+    """The context a pass runs in: `gemm` shares a large product's blocks among ``n`` threads
+    (default `count()`) in this thread while it is entered (BLAS must be held at one thread
+    meanwhile). The count changes who computes a block, never the bytes."""
+
+    __slots__ = ("_n", "_prev")
+
+    def __init__(self, n: int | None = None):
+        self._n = n
 
     def __enter__(self):
         self._prev = getattr(_split, "n", 1)
-        _split.n = count()
+        _split.n = count() if self._n is None else max(1, int(self._n))
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -250,24 +286,22 @@ if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's t
 
 
 def gemm(x, bT, out=None):
-    """``x @ bT`` for float32 ``x`` [T, K] and ``bT`` [K, N], into ``out`` when given. Inside a
-    `SplitProducts` context at more than one thread, a product whose parts would each have at
-    least ``GEMM_SPLIT_MIN`` multiply-adds runs as that many blocks of output columns at once
-    (module docstring); the bytes are the unsplit product's."""
+    """``x @ bT`` for float32 ``x`` [T, K] and ``bT`` [K, N], into ``out`` when given, as the
+    blocks of `gemm_cuts` (in or out of a pass: the bytes depend on the shape only). Inside a
+    `SplitProducts` context of more than one thread the blocks run at once, the caller computing
+    the first (module docstring)."""
     import numpy as np
 
-    n = getattr(_split, "n", 1)
-    if n > 1 and x.ndim == 2 and bT.ndim == 2:
-        T, K = x.shape
-        N = bT.shape[1]
-        parts = min(n, N // 64, (T * K * N) // GEMM_SPLIT_MIN)
-        if parts > 1:
-            y = out if out is not None else np.empty((T, N), np.result_type(x, bT))
-            cuts = [(N * i // parts) // 16 * 16 for i in range(parts)] + [N]
-            futs = [_workers().submit(np.matmul, x, bT[:, cuts[i]:cuts[i + 1]], out=y[:, cuts[i]:cuts[i + 1]])
-                    for i in range(1, parts)]
+    if x.ndim == 2 and bT.ndim == 2:
+        cuts = gemm_cuts(x.shape[0], x.shape[1], bT.shape[1])
+        if len(cuts) > 2:
+            y = out if out is not None else np.empty((x.shape[0], bT.shape[1]), np.result_type(x, bT))
+            blocks = list(itertools.pairwise(cuts))
+            n = min(getattr(_split, "n", 1), len(blocks))
+            futs = [_workers().submit(np.matmul, x, bT[:, a:b], out=y[:, a:b]) for a, b in blocks[1:n]]
             try:
-                np.matmul(x, bT[:, : cuts[1]], out=y[:, : cuts[1]])
+                for a, b in blocks[:1] + blocks[n:]:
+                    np.matmul(x, bT[:, a:b], out=y[:, a:b])
             finally:
                 for f in futs:
                     f.result()

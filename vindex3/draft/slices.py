@@ -79,7 +79,7 @@ def recurrent_layers(container: Any, executed: list[int]) -> list[tuple[int, str
 
 def decode_thread_count() -> int | None:
     """Threads decode-sized passes use (the rows kernels and the products the executor splits;
-    BLAS itself is held at one there, vindex3.exec.engine.split_pass)."""
+    BLAS itself is held at one there, vindex3.exec.engine.pass_threads)."""
     from ..exec.engine import decode_threads
 
     return decode_threads()

@@ -38,16 +38,16 @@ from .trace import ExecutionTrace, OpCall
 
 F32 = np.float32
 
-# Small passes (decode steps, verified drafts, prompts) hold BLAS at one thread and split large
-# products over the decode thread count themselves (`_SmallPass`): one BLAS thread does
-# matrix-vector work as fast as two on a quiet machine and many times faster on a busy one,
-# where spinning BLAS workers fight other processes (and our own compiled kernels) for the cores.
-# That holds for prompt-sized prefills too: on this 2-core machine at load ~6 an 82-token SmolLM2
-# prefill took 0.7-7.5 s with BLAS's own two threads and 0.28-0.78 s held at one (docs/draft.md,
-# "Where a verify pass goes"), and a prompt's prefill starts every generation and server request.
-# Only prefills longer than this, at one decode thread, keep BLAS's own thread count (`split_pass`). (BLAS's bytes can depend on its
-# thread count -- OpenBLAS's small-matrix paths are taken at one thread only -- so everything that
-# must agree byte for byte -- shard actors, the sharded head -- reads this one threshold.)
+# Every pass holds BLAS at one thread and splits large products over its own threads
+# (`_SmallPass`, vindex3.codecs.threads `gemm`): one BLAS thread does matrix-vector work as fast as
+# two on a quiet machine and many times faster on a busy one, where spinning BLAS workers fight
+# other processes (and our own compiled kernels) for the cores. That holds for prompt-sized
+# prefills too: on this 2-core machine at load ~6 an 82-token SmolLM2 prefill took 0.7-7.5 s with
+# BLAS's own two threads and 0.28-0.78 s held at one (docs/draft.md, "Where a verify pass goes"),
+# and a prompt's prefill starts every generation and server request. A pass of up to this many
+# positions splits its products over the decode thread count; a longer one (a long prompt, where
+# parallel products pay at any load) over every core the process may use (`pass_threads`). The
+# split's blocks depend on a product's shape only, so no pass's bytes depend on either count.
 SMALL_PASS = 512
 _threads: dict = {}
 _NO_LIMIT = contextlib.nullcontext()
@@ -55,11 +55,14 @@ _NO_LIMIT = contextlib.nullcontext()
 
 class _SmallPass:
     """BLAS held at one thread and large products split by `vindex3.codecs.threads.gemm` over
-    the decode thread count (``VINDEX3_DECODE_THREADS``, default 1), the count the rows kernels
-    of decode-sized products use too. Why not BLAS's own threads: see that module ("Large
+    ``n`` threads (default: the decode thread count, ``VINDEX3_DECODE_THREADS``, default 1, the
+    count the rows kernels use too). Why not BLAS's own threads: see that module ("Large
     products split themselves")."""
 
-    __slots__ = ("_limit", "_split")
+    __slots__ = ("_limit", "_n", "_split")
+
+    def __init__(self, n: int | None = None):
+        self._n = n
 
     def __enter__(self):
         from ..codecs import threads
@@ -68,7 +71,7 @@ class _SmallPass:
             from threadpoolctl import ThreadpoolController
 
             _threads["ctl"] = ThreadpoolController()
-        self._split = threads.SplitProducts()
+        self._split = threads.SplitProducts(self._n)
         self._split.__enter__()  # reads the count first: a bad VINDEX3_DECODE_THREADS is refused
         try:  # before BLAS's count is touched
             self._limit = _threads["ctl"].limit(limits=1, user_api="blas")
@@ -83,20 +86,21 @@ class _SmallPass:
         return False
 
 
-def split_pass(T: int) -> bool:
-    """Does a pass of T positions run in `_small_pass_limit` (BLAS at one thread, products split
-    by the executor)? Every pass up to ``SMALL_PASS`` positions, and every pass at more than one
-    decode thread: there the executor's split products and compiled kernels use the same threads,
-    where BLAS's own would spin beside the kernels (`vindex3.codecs.threads`, "Large products split
-    themselves"). Products that large give BLAS's bytes either way."""
+def pass_threads(T: int) -> int:
+    """Threads the split products of a pass of T positions share: the decode thread count up to
+    ``SMALL_PASS`` positions (and whenever it is above one), every core the process may use
+    beyond (a long prompt's products, as BLAS's own threads had them before). Never the bytes:
+    a product's blocks are a function of its shape (vindex3.codecs.threads `gemm_cuts`)."""
     from ..codecs import threads
 
-    return T <= SMALL_PASS or threads.count() > 1
+    n = threads.count()
+    return n if T <= SMALL_PASS or n > 1 else threads.usable_cores()
 
 
-def _small_pass_limit():
-    """The context decode-sized passes run in (`_SmallPass`)."""
-    return _SmallPass()
+def _small_pass_limit(n: int | None = None):
+    """The context passes run in (`_SmallPass`): BLAS at one thread, split products over ``n``
+    threads (default the decode count)."""
+    return _SmallPass(n)
 
 
 def small_pass_threads():
@@ -544,13 +548,7 @@ class Executor:
             self.check_positions(held + T, f"a pass of {T} position(s)" + (f" after {held} held" if held else ""))
         out = None
         obs, ed = stream.observer, stream.edits
-        if split_pass(T):
-            with _small_pass_limit() if not self.fused.blas_free(T) else _NO_LIMIT:
-                h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
-                    self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)
-                if ends:
-                    out = self._logits(h[-1:] if last_only else h)
-        else:
+        with _small_pass_limit(pass_threads(T)) if not self.fused.blas_free(T) else _NO_LIMIT:
             h, touched = self._layers(h, stream.state, stream.trace) if obs is None and ed is None else \
                 self._layers_observed(h, stream.state, stream.trace, obs or _SILENT, ed)
             if ends:

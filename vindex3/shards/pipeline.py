@@ -30,8 +30,8 @@ from ..exec.engine import (
     PreparedOperands,
     _small_pass_limit,
     decode_threads,
+    pass_threads,
     prepare_ends,
-    split_pass,
 )
 from ..exec.slice import Draft, Full, LayerRange, plan_slice
 from ..exec.trace import ExecutionTrace
@@ -112,10 +112,8 @@ class Ends:
 
     def logits(self, h: np.ndarray, positions: int, last_only: bool) -> np.ndarray:
         rows = h[-1:] if last_only else h
-        if split_pass(positions):
-            with _small_pass_limit():
-                return self._logits(rows)
-        return self._logits(rows)
+        with _small_pass_limit(pass_threads(positions)):
+            return self._logits(rows)
 
 
 # ---- shards ------------------------------------------------------------------------------------

@@ -36,10 +36,10 @@ class ShardWorker:
         """Open the source, check it is the one the driver names, prepare the layers."""
         t0 = time.perf_counter()
         self.spec = spec
-        # The same BLAS thread counts as the driver's one-process executor: decode-sized passes at
-        # the executor's decode limit (BLAS at one thread, large products split over the decode
-        # thread count, vindex3.exec.engine.split_pass), larger ones at the driver's default count
-        # (a Ray worker starts with OMP_NUM_THREADS=1). Same kernels, same threads: same bytes.
+        # The same thread regime as the driver's one-process executor: every pass holds BLAS at one
+        # thread and splits large products into blocks fixed by their shape (vindex3.exec.engine
+        # pass_threads), so the bytes are the driver's whatever the counts; outside a pass BLAS
+        # keeps the driver's default count (a Ray worker starts with OMP_NUM_THREADS=1).
         os.environ["VINDEX3_DECODE_THREADS"] = str(spec["decode_threads"])
         from ..codecs import threads
 
