@@ -207,9 +207,12 @@ class _Launch:
             raise
         return self
 
-    def __exit__(self, *exc) -> bool:
-        _LOCK.release()
-        return False
+    # The release is the lock's own C method, not a Python function: a Ctrl-C that arrives while
+    # a kernel runs is raised at the next Python function entry, which a Python __exit__ would be
+    # (before its first line), leaving the lock held and every later launch waiting on it for
+    # ever (the REPL hung on the first statement after an interrupted GENERATE;
+    # tests/test_launch_interrupt.py).
+    __exit__ = _LOCK.__exit__
 
 
 _LAUNCH = _Launch()
