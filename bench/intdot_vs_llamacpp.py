@@ -299,7 +299,7 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
 
 
 def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
-    from llamacpp_peer import _llama_version
+    from llamacpp_peer import _llama_build, _llama_version
 
     runs: dict = {}
     for r in range(a.rounds):
@@ -335,7 +335,7 @@ def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
     doc = {
         "benchmark": "intdot_vs_llamacpp --prefill",
         "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
-        "llama_cpp_python": _llama_version(), "prefill_tokens": PREFILL_T,
+        "llama_cpp_python": _llama_version(), "llama_cpp_build": _llama_build(), "prefill_tokens": PREFILL_T,
         "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
         "omp_wait_policy": omp_labels(),
         "machine": facts(None) | {"loadavg_end": os.getloadavg()},
@@ -393,7 +393,7 @@ def main() -> int:
         print(json.dumps(r))
         return 0
 
-    from llamacpp_peer import _llama_version, our_containers
+    from llamacpp_peer import _llama_build, _llama_version, our_containers
     from make_peer_ggufs import peer_dir, peer_files
 
     arms: list[tuple[str, dict]] = []
@@ -491,7 +491,7 @@ def main() -> int:
     doc = {
         "benchmark": "intdot_vs_llamacpp",
         "model": "SmolLM2-135M-Instruct (our encodings by vindex3.represent, peer GGUFs by bench/make_peer_ggufs.py)",
-        "llama_cpp_python": _llama_version(),
+        "llama_cpp_python": _llama_version(), "llama_cpp_build": _llama_build(),
         "decode_steps": a.steps, "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
         "omp_wait_policy": {**omp_labels(),
                             "ours 'spin' arms": None if a.spin is None else f"unset, GOMP_SPINCOUNT={a.spin}"},
