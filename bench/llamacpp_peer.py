@@ -249,9 +249,12 @@ def _llama_build() -> str:
     try:
         import llama_cpp
 
-        return "scripts/bench-setup: " + llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-    except (ImportError, AttributeError, OSError):
+    except ImportError:
         return "not installed"
+    try:
+        return "scripts/bench-setup: " + llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    except (AttributeError, OSError) as e:  # installed, but its build cannot say: named, not guessed
+        return f"unknown (llama_print_system_info failed: {type(e).__name__}: {e})"
 
 
 if __name__ == "__main__":
