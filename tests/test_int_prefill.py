@@ -104,8 +104,19 @@ def test_every_path_and_tile_gives_the_bytes_of_the_rows_kernel(kind, path):
     x = _x(T, K)
     rows = np.empty((T, O), F32)
     I.rows_kernel(kind, path)(*_args(kind, w), x, rows, I.ROWS_PER_TASK)
-    for tile in (None, (1, 1), (4, 4), (2, 8), (3, 5), (8, 2)):
+    for tile in (None, (1, 1), (1, 4), (4, 4), (2, 8), (3, 5), (8, 2)):
         assert np.array_equal(_tiles(kind, w, x, path, tile=tile), rows), tile
+
+
+def test_a_paths_own_tile_entry_applies_to_that_path_only():
+    """TILE_BY_PATH picks the register tile per path (AVX2's 16 registers take one row), every
+    entry is a tile the kernel accepts, and a path without an entry keeps TILE."""
+    assert IT.default_tile("i8", "avx2") == (1, 4) and IT.default_tile("q4", "avx2") == (1, 4)
+    for kind in IT.TILE:
+        assert IT.default_tile(kind, "vnni512") == IT.TILE[kind]
+    for table in IT.TILE_BY_PATH.values():
+        for kind, (R, P) in table.items():
+            assert kind in IT.TILE and R >= 1 and 1 <= P <= I.MAX_T
 
 
 def test_a_tile_of_more_positions_than_a_pass_holds_is_refused_by_name():

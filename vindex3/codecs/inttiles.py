@@ -64,6 +64,23 @@ F32 = np.float32
 TASK_ROWS = 16  # weight rows per parallel task: their bytes stay in L1 while positions pass over them
 # register tile: rows x positions (R*P accumulators of 16 floats, R weight vectors, R row scales)
 TILE = {"i8": (4, 4), "q4": (2, 8)}
+# Where a path's own measurement shows another tile winning: path -> kind -> (rows, positions).
+# AVX2 has 16 vector registers, not 32: a 4 x 4 tile's accumulators alone (16 x <16 x float>,
+# 32 ymm) spill. AMD Zen 3 (bench/int_tiles.py: T = 512, 1 thread, CPU time, SmolLM2's four
+# layer shapes, best of 3, G multiply-adds a CPU-second, two runs, load 0.6-1.1;
+# results/int_tiles_zen3_{i8,q4}.json): i8 4 x 4 23.6-24.8, 2 x 8 26.8, 2 x 4 24.9-26.1, 2 x 3
+# 25.8-26.8, 1 x 3 30.3-30.7, 1 x 4 29.5-30.1, 1 x 6 30.0-30.4, 1 x 8 27.9-28.9; q4 2 x 8
+# 20.6-26.9, 2 x 4 23.3-27.4, 4 x 4 20.0-27.4, 1 x 4 30.5-31.9, 1 x 6 28.3-29.8, 1 x 8 31.5-31.7.
+# A whole prefill-512 against llama.cpp (bench/intdot_vs_llamacpp.py --prefill, 2 rounds,
+# results/intdot_prefill_zen3_tiles.json): int8 q8 / Q8_0 0.83x -> 0.89x at 1 thread, 0.75x ->
+# 0.98x at 2; q4 q8 / Q4_1 1.35x -> 1.76x and 1.30x -> 1.59x. (The 256-bit VNNI path has the
+# same 16 registers; not measured, so it keeps TILE.)
+TILE_BY_PATH = {"avx2": {"i8": (1, 4), "q4": (1, 4)}}
+
+
+def default_tile(kind: str, path: str) -> tuple[int, int]:
+    """The register tile a ``kind`` prefill uses on ``path``: its TILE_BY_PATH entry, else TILE."""
+    return TILE_BY_PATH.get(path, {}).get(kind, TILE[kind])
 
 
 def _spread16(builder, v):
@@ -389,13 +406,13 @@ _TILES: dict[tuple, object] = {}
 def tiles_kernel(kind: str, path: str | None = None, parallel: bool = False, tile: tuple[int, int] | None = None):
     """The prefill kernel of ``kind`` ('i8' | 'q4') on ``path`` (default: the intrinsics
     module's `chosen()`): the arguments of intrinsics.rows_kernel, any T, the same bytes.
-    ``tile``: (rows, positions) of a register tile (default TILE[kind]; positions <= MAX_T)."""
+    ``tile``: (rows, positions) of a register tile (default `default_tile`; positions <= MAX_T)."""
     from .intrinsics import rows_kernel
 
-    R, P = TILE[kind] if tile is None else tile
+    path = chosen() if path is None else path
+    R, P = default_tile(kind, path) if tile is None else tile
     if not (1 <= P <= MAX_T and 1 <= R):
         raise ValueError(f"a register tile of {R} rows x {P} positions: positions must be 1..{MAX_T}, rows >= 1")
-    path = chosen() if path is None else path
     if path == "plain":
         return rows_kernel(kind, path, parallel)
     key = (kind, path, parallel, R, P)
