@@ -134,8 +134,17 @@ PREFETCH = {"f32": 4096, "bf16": 8192, "i8": 8192, "q4": 4096}
 # a time (see TILE_MIN_T_BY_CPU); a SmolLM2 layer's seven products at T = 2, 3, 4, 5 took 0.54,
 # 0.71, 0.76, 0.88 ms against 0.83, 0.91, 1.11, 1.24 as the defaults build them (the head
 # 49152x576 at T = 2: 4.8 against 6.2).
+# AMD Zen 3 (znver3, AVX2 path; cold, file-mapped, 1 thread, CPU ms per call, best of 3 rounds,
+# load 0.6, results/prefetch_distance_zen3.json): f32 at one and two positions again streams
+# faster without (49152x576 T=1 5.45 against 5.9-6.3 at 2-8 KB, T=2 6.28 against 6.6-7.3;
+# 1536x576 T=1 0.199 against 0.214-0.228), at four and eight it needs it (49152x576 T=4 14.2
+# against 7.4-7.7); bf16 gains from prefetch at every T there (49152x576 T=1 3.65 -> 2.87-2.92).
+# A whole f32 SmolLM2 decode step there against llama.cpp F32 (3 rounds, medians, load 0.8-1.1,
+# results/intdot_vs_llamacpp_zen3_f32_noprefetch.json): 0.78x -> 0.95x at 1 thread (30.6 against
+# 32.2 tokens/s), 0.95x -> 0.92x at 2 (49.6 against 54.1: both near the 33.9 GB/s stream rate).
 PREFETCH_BY_CPU = {"znver4": {("f32", 1): 0, ("bf16", 1): 0, ("f32", 2): 0, ("f32", 3): 0, ("f32", 4): 0,
-                              ("f32", 5): 0}}
+                              ("f32", 5): 0},
+                   "znver3": {("f32", 1): 0, ("f32", 2): 0}}
 
 
 def target_cpu() -> str:
