@@ -232,14 +232,17 @@ def test_a_cpus_own_prefetch_entry_applies_to_its_kind_and_positions_only(monkey
 
 
 def test_a_cpus_own_tile_entry_applies_to_its_kinds_only():
-    """TILE_MIN_T_BY_CPU moves the first tiled position count for the named CPU and kind only;
-    a rule where no pass tiles would leave the tiles untested, so each kind still tiles by 8."""
+    """TILE_MIN_T_BY_CPU moves the first tiled position count for the named CPU and kind only
+    (MAX_T + 1: no pass tiles); the default rule still tiles every kind but bf16 by 8, and the
+    tiles' bytes are tested below with explicit options whatever the host's rule."""
     assert I.tile_min_t("f32", cpu="znver4") == 7 and I.tile_min_t("i8", cpu="znver4") == 5
     assert I.tile_min_t("q4", cpu="znver4") == I.TILE_MIN_T["q4"]
+    assert all(I.tile_min_t(k, cpu="znver3") == I.MAX_T + 1 for k in ("f32", "i8", "q4"))
     for kind in I.TILE_MIN_T:
         assert I.tile_min_t(kind, cpu="a-cpu-with-no-entry") == I.TILE_MIN_T[kind]
-    for table in [I.TILE_MIN_T, *I.TILE_MIN_T_BY_CPU.values()]:
-        assert all(t <= I.MAX_T for k, t in table.items() if k != "bf16"), table
+    assert all(t <= I.MAX_T for k, t in I.TILE_MIN_T.items() if k != "bf16"), I.TILE_MIN_T
+    for table in I.TILE_MIN_T_BY_CPU.values():
+        assert all(1 <= t <= I.MAX_T + 1 for t in table.values()), table
 
 
 @pytest.mark.parametrize("T", [1, 3, 8])
@@ -309,7 +312,8 @@ def test_q8_tiles_are_the_bytes_of_the_plain_path(tile, kind, K, path):
 def test_a_tile_refuses_an_empty_shape():
     with pytest.raises(ValueError, match="at least one row"):
         I._tile("f32", 8, rows=0)
-    assert I._tile("f32", 8) == (2, I.TILE_GROUP)
+    assert I._tile("f32", 8) == ((2, I.TILE_GROUP) if I.tile_min_t("f32") <= 8 else (1, 8))
+    assert I._tile("f32", 8, rows=2, group=4) == (2, 4)
     assert I._tile("f32", 2) == (1, 2)
     assert I._tile("bf16", 4) == (1, 4)
 
