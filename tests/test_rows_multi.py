@@ -225,6 +225,9 @@ def test_a_cpus_own_prefetch_entry_applies_to_its_kind_and_positions_only(monkey
     assert I.prefetch_distance("f32", 1, cpu="znver4") == 0
     assert I.prefetch_distance("f32", 8, cpu="znver4") == I.PREFETCH["f32"]
     assert I.prefetch_distance("i8", 1, cpu="znver4") == I.PREFETCH["i8"]
+    assert I.prefetch_distance("f32", 2, cpu="znver3") == 0  # Zen 3: f32 at one and two positions only
+    assert I.prefetch_distance("f32", 4, cpu="znver3") == I.PREFETCH["f32"]
+    assert I.prefetch_distance("bf16", 1, cpu="znver3") == I.PREFETCH["bf16"]
     for kind in I.PREFETCH:
         assert I.prefetch_distance(kind, 1, cpu="a-cpu-with-no-entry") == I.PREFETCH[kind]
     monkeypatch.setattr(config, "CPU_NAME", "haswell")
