@@ -50,7 +50,10 @@ def main() -> int:
     from vindex3.codecs import inttiles as IT
 
     path = a.path or I.chosen()
-    tiles = [tuple(int(v) for v in s.split("x")) for s in a.tiles.split(",")]
+    try:
+        tiles = [(int(r), int(p)) for r, p in (s.split("x") for s in a.tiles.split(","))]
+    except ValueError:
+        ap.error(f"--tiles takes rows x positions pairs such as 4x4,1x8, got {a.tiles!r}")
     rng = np.random.default_rng(0)
     ws = {s: _weight(a.kind, *s, rng) for s in SMOL}
     xs = {s: rng.standard_normal((a.T, s[1])).astype(np.float32) for s in SMOL}

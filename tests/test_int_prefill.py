@@ -119,6 +119,23 @@ def test_a_paths_own_tile_entry_applies_to_that_path_only():
             assert kind in IT.TILE and R >= 1 and 1 <= P <= I.MAX_T
 
 
+@pytest.mark.parametrize("kind", ["i8", "q4"])
+@pytest.mark.parametrize("path", [p for p in RUNNABLE if p != "plain"] or [pytest.param(
+    None, marks=pytest.mark.skip(reason="the compile target runs no vector integer path"))])
+def test_a_kernel_asked_for_no_tile_is_built_with_its_paths_tile(kind, path):
+    """tiles_kernel without ``tile`` builds the kernel of `default_tile` for its path (the one it
+    caches under that tile), not TILE's."""
+    k = IT.tiles_kernel(kind, path)
+    assert IT._TILES[(kind, path, False, *IT.default_tile(kind, path))] is k
+
+
+def test_an_unknown_kind_or_path_is_refused_by_name():
+    with pytest.raises(ValueError, match="unknown prefill tile kind 'f32'"):
+        IT.tiles_kernel("f32", "plain")
+    with pytest.raises(ValueError, match="unknown integer dot path 'avx9'"):
+        IT.tiles_kernel("i8", "avx9")
+
+
 def test_a_tile_of_more_positions_than_a_pass_holds_is_refused_by_name():
     with pytest.raises(ValueError, match="positions must be 1..8"):
         IT.tiles_kernel("i8", "plain", tile=(2, 9))

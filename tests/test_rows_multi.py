@@ -232,6 +232,9 @@ def test_a_cpus_own_prefetch_entry_applies_to_its_kind_and_positions_only(monkey
         assert I.prefetch_distance(kind, 1, cpu="a-cpu-with-no-entry") == I.PREFETCH[kind]
     monkeypatch.setattr(config, "CPU_NAME", "haswell")
     assert I.target_cpu() == "haswell"
+    monkeypatch.setattr(config, "CPU_NAME", "znver3")  # the compile target's own entry is the one read
+    assert I.prefetch_distance("f32", 1) == 0 and I.prefetch_distance("f32", 8) == I.PREFETCH["f32"]
+    assert I._tile("f32", 8) == (1, 8) and I._tile("q4", 8) == (1, 8)
 
 
 def test_a_cpus_own_tile_entry_applies_to_its_kinds_only():

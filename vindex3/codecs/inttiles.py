@@ -407,9 +407,13 @@ def tiles_kernel(kind: str, path: str | None = None, parallel: bool = False, til
     """The prefill kernel of ``kind`` ('i8' | 'q4') on ``path`` (default: the intrinsics
     module's `chosen()`): the arguments of intrinsics.rows_kernel, any T, the same bytes.
     ``tile``: (rows, positions) of a register tile (default `default_tile`; positions <= MAX_T)."""
-    from .intrinsics import rows_kernel
+    from .intrinsics import PATHS, rows_kernel
 
     path = chosen() if path is None else path
+    if kind not in TILE:
+        raise ValueError(f"unknown prefill tile kind {kind!r} (known: {', '.join(TILE)})")
+    if path not in PATHS:
+        raise ValueError(f"unknown integer dot path {path!r} (known: {', '.join(PATHS)})")
     R, P = default_tile(kind, path) if tile is None else tile
     if not (1 <= P <= MAX_T and 1 <= R):
         raise ValueError(f"a register tile of {R} rows x {P} positions: positions must be 1..{MAX_T}, rows >= 1")
