@@ -2,7 +2,8 @@
 (``VINDEX3_DECODE_KERNELS``, ``VINDEX3_PREFILL_KERNELS``, ``VINDEX3_FUSED_LAYERS``,
 ``VINDEX3_TEAMS``), how segments
 hold their bytes (``VINDEX3_WEIGHTS``, `weights_mode`; ``VINDEX3_HUGE_PAGES``: a mapped segment
-asked for in 2 MB pages, vindex3.segments), and the check that refuses a misspelt
+asked for in 2 MB pages, vindex3.segments), whether an executor sets the C allocator's thresholds
+(``VINDEX3_MALLOC_TUNE``, vindex3.exec.heap), and the check that refuses a misspelt
 ``VINDEX3_*`` name (`check_all`).
 
 A switch is ``1`` (on) or ``0`` (off); unset or empty leaves it on. Any other value is refused by
@@ -27,7 +28,7 @@ from .errors import ConfigError
 
 ON, OFF = "1", "0"
 NAMES = ("VINDEX3_DECODE_KERNELS", "VINDEX3_PREFILL_KERNELS", "VINDEX3_FUSED_LAYERS", "VINDEX3_TEAMS",
-         "VINDEX3_HUGE_PAGES")
+         "VINDEX3_HUGE_PAGES", "VINDEX3_MALLOC_TUNE")
 
 
 def read_switch(name: str) -> bool:

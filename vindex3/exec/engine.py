@@ -28,6 +28,7 @@ from ..codecs import Weight
 from ..errors import NonFiniteActivation, SliceError, StateError, UnsupportedOperator
 from ..operators import ARRAY, FFN, MIXER, distinct_bytes
 from ..opplan import Op, OperandRef, OpPlan
+from . import heap
 from .intervention import Intervention, resolve_stream
 from .intervention import resolve as resolve_intervention
 from .ops.fused_layer import plan_fused
@@ -356,6 +357,7 @@ class Executor:
         from ..switches import check_all
 
         check_all()  # a bad switch value is named before any work, whichever paths this model takes
+        heap.tune()  # large temporaries kept in the heap, not faulted in afresh (vindex3.exec.heap)
         codecs.threads.count()  # and so is a bad VINDEX3_DECODE_THREADS
         # how products treat activations ('exact' | 'q8', vindex3.codecs.base.ACTIVATIONS):
         # a choice of the run, recorded in every trace and record it writes
