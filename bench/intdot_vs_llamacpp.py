@@ -13,6 +13,8 @@ arms whose name contains one of its comma-separated parts (a short run on a busy
 ``--resident`` adds our fused arms again with ``VINDEX3_WEIGHTS=resident`` (each segment read
 into private memory asked for in huge pages instead of mapped; same bytes, same results), and
 the peer's arms again with ``use_mmap=False`` (llama.cpp's own read-into-memory load).
+``--malloc-ab`` adds our arms again with glibc's own malloc thresholds (``VINDEX3_MALLOC_TUNE=0``,
+vindex3.exec.heap).
 
 Decode: prefill 16 prompt tokens, then ``--steps`` greedy steps (argmax in numpy, as the peer
 arm of bench/llamacpp_peer.py does, whose llama.cpp arm this reuses). Without llama-cpp-python
@@ -287,6 +289,8 @@ def run_arm(spec: dict, threads: int, steps: int, repeats: int, path_force: str 
     env["VINDEX3_FUSED_LAYERS"] = "0" if spec.get("fused") is False else "1"
     env["VINDEX3_WEIGHTS"] = spec.get("weights", "mapped")  # vindex3.switches.weights_mode
     env["VINDEX3_TEAMS"] = "0" if spec.get("team") is False else "1"  # vindex3.codecs.threads
+    if spec.get("malloc") is False:  # the process's allocator left as glibc sets it (vindex3.exec.heap)
+        env["VINDEX3_MALLOC_TUNE"] = "0"
     if spec.get("spin") is not None:  # numba's OpenMP workers spin this long, then sleep
         env.pop("OMP_WAIT_POLICY", None)
         env["GOMP_SPINCOUNT"] = str(spec["spin"])
@@ -372,6 +376,8 @@ def main() -> int:
                     help="also run our fused arms with VINDEX3_WEIGHTS=resident (weights read into huge pages)")
     ap.add_argument("--team-ab", action="store_true",
                     help="add arms of ours with a parallel region per product (VINDEX3_TEAMS=0)")
+    ap.add_argument("--malloc-ab", action="store_true",
+                    help="add arms of ours with glibc's own malloc thresholds (VINDEX3_MALLOC_TUNE=0)")
     ap.add_argument("--spin", type=int, help="add arms of ours whose OpenMP workers spin GOMP_SPINCOUNT=N, then sleep")
     ap.add_argument("--drop-cache", action="store_true",
                     help="first drop every arm's files (our segments, the peer's GGUFs) from the page cache, so that "
@@ -420,6 +426,9 @@ def main() -> int:
             if a.spin is not None:
                 arms.append((f"vindex3 {enc} {act} spin", {"kind": "ours", "path": ours[enc], "activations": act,
                                                            "spin": a.spin}))
+            if a.malloc_ab:
+                arms.append((f"vindex3 {enc} {act} malloc-off", {"kind": "ours", "path": ours[enc],
+                                                                 "activations": act, "malloc": False}))
             if a.resident:
                 arms.append((f"vindex3 {enc} {act} resident", {"kind": "ours", "path": ours[enc], "activations": act,
                                                                "weights": "resident"}))
