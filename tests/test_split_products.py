@@ -11,7 +11,7 @@ import pytest
 from threadpoolctl import threadpool_info, threadpool_limits
 
 import vindex3
-from vindex3.codecs import threads
+from vindex3.codecs import blasblocks, threads
 from vindex3.exec import engine
 
 pytestmark = pytest.mark.numeric
@@ -21,15 +21,28 @@ rng = np.random.default_rng(7)
 
 
 class _Recorder:
-    """The pool, counting the parts handed to it."""
+    """The Python pool, counting the parts handed to it, and the products run as one region of
+    numba's pool (vindex3.codecs.blasblocks), counting those."""
 
-    def __init__(self, pool):
+    def __init__(self, pool, region):
         self.parts = 0
+        self.regions = 0
         self.pool = pool
+        self._region = region
 
     def submit(self, fn, *a, **k):
         self.parts += 1
         return self.pool.submit(fn, *a, **k)
+
+    def region(self, *a):
+        ok = self._region(*a)
+        self.regions += bool(ok)
+        return ok
+
+    @property
+    def shared(self) -> int:
+        """Products or parts given to threads other than the caller's."""
+        return self.parts + self.regions
 
 
 @pytest.fixture
@@ -38,10 +51,23 @@ def restore():
     threads.set_count(None)
 
 
+@pytest.fixture(params=["region", "python"])
+def route(request, monkeypatch):
+    """How blocks are shared: one region of numba's pool calling numpy's own BLAS where it can
+    be called (every CI machine: numpy's wheels carry it), or the pool of Python threads."""
+    if request.param == "python":
+        monkeypatch.setattr(blasblocks, "run", lambda *a: False)
+    elif blasblocks._sgemm() is None:
+        pytest.skip("numpy's BLAS here is not the scipy-openblas ILP64 build whose cblas_sgemm the region calls")
+    return request.param
+
+
 @pytest.fixture
-def recorder(monkeypatch):
-    r = _Recorder(threads._workers())
+def recorder(monkeypatch, route):
+    r = _Recorder(threads._workers(), blasblocks.run)
     monkeypatch.setattr(threads, "_workers", lambda: r)
+    monkeypatch.setattr(blasblocks, "run", r.region)
+    r.route = route
     return r
 
 
@@ -75,14 +101,18 @@ def test_a_split_product_has_the_same_bytes_at_every_thread_count(T, rows, cols,
         whole = x @ W.T
         blocks = np.concatenate([x @ W.T[:, a:b] for a, b in itertools.pairwise(cuts)], axis=1)
         got = {}
+        before = 0
         for n in (1, 2, 3):
             threads.set_count(n)
-            before = recorder.parts
             with threads.SplitProducts():
                 split = threads.gemm(x, W.T)
                 out = np.full((T, rows + 5), np.nan, F32)
                 threads.gemm(x, W.T, out=out[:, 2 : 2 + rows])
-            assert recorder.parts - before == 2 * (min(n, len(cuts) - 1) - 1)  # two calls; the caller keeps one block
+            if recorder.route == "python":  # two calls; the caller keeps one block
+                assert recorder.parts - before == 2 * (min(n, len(cuts) - 1) - 1)
+            else:  # two calls, each one region (none at one thread)
+                assert recorder.regions - before == (2 if n > 1 else 0) and recorder.parts == 0
+            before = recorder.shared
             assert np.isnan(out[:, :2]).all() and np.isnan(out[:, -3:]).all()
             got[n] = (split.tobytes(), out[:, 2 : 2 + rows].tobytes())
     assert got[1] == got[2] == got[3] == (blocks.tobytes(), blocks.tobytes())
@@ -109,12 +139,13 @@ def test_small_products_and_one_thread_do_not_split(restore, recorder):
     threads.set_count(1)
     with threads.SplitProducts():
         threads.gemm(big, W.T)
-    assert recorder.parts == 0
+    assert recorder.shared == 0
 
 
-def test_a_part_that_fails_in_the_pool_raises_in_the_caller(restore):
+def test_a_part_that_fails_in_the_pool_raises_in_the_caller(restore, route):
     """The caller's own part (the first columns) succeeds, the pool's part does not fit its slice
-    of ``out``: the pool's error reaches the caller, which waited for it."""
+    of ``out``: the pool's error reaches the caller, which waited for it (the region refuses
+    such an ``out`` before any pointer is taken, and the Python route then meets it)."""
     threads.set_count(2)
     x = rng.standard_normal((512, 576)).astype(F32)
     bad = np.zeros((576, 1536), np.float32)
@@ -160,11 +191,11 @@ def test_a_prompt_prefills_to_the_same_bytes_at_one_and_two_threads(smollm2_cont
     threads.set_count(1)
     one = run()
     assert engine.pass_threads(T) == (1 if T <= engine.SMALL_PASS else threads.usable_cores())
-    assert (recorder.parts > 0) == (engine.pass_threads(T) > 1)
+    assert (recorder.shared > 0) == (engine.pass_threads(T) > 1)
     threads.set_count(2)
-    at_one = recorder.parts
+    at_one = recorder.shared
     two = run()
-    assert recorder.parts > at_one
+    assert recorder.shared > at_one
     assert two == one
 
 
@@ -184,3 +215,29 @@ def test_a_long_pass_holds_blas_at_one_thread_at_one_decode_thread(smollm2_conta
     ex = vindex3.open(smollm2_container).executor()
     ex.start().prefill([100 + (i * 37) % 40000 for i in range(engine.SMALL_PASS + 8)])
     assert seen and all(s <= {1} for s in seen)
+
+
+def test_every_layout_gives_numpys_block_bytes(restore, recorder):
+    """The region's call is numpy's for the block: a weight's transposed view and a C-ordered
+    right operand, a left operand with rows further apart than its width, and an output slice
+    give ``np.matmul``'s bytes block by block; a left operand in column order (numpy would pass
+    it transposed) is left to the Python threads, with the same bytes."""
+    T, K, N = 300, 576, 1000
+    W = rng.standard_normal((N, K)).astype(F32)
+    wide = rng.standard_normal((T, K + 40)).astype(F32)
+    cuts = threads.gemm_cuts(T, K, N)
+    assert len(cuts) > 2
+    threads.set_count(2)
+    for x, x_in_region in ((wide[:, :K].copy(), True), (wide[:, 7 : 7 + K], True), (np.asfortranarray(wide[:, :K]), False)):
+        for bT in (W.T, np.ascontiguousarray(W.T)):
+            with threadpool_limits(1, "blas"):
+                want = np.concatenate([np.matmul(x, bT[:, a:b]) for a, b in itertools.pairwise(cuts)], axis=1)
+                before = recorder.regions
+                with threads.SplitProducts():
+                    got = threads.gemm(x, bT)
+                    out = np.full((T, N + 3), np.nan, F32)
+                    threads.gemm(x, bT, out=out[:, 1 : 1 + N])
+            assert got.tobytes() == want.tobytes() and out[:, 1 : 1 + N].tobytes() == want.tobytes()
+            assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -2:]).all()
+            if recorder.route == "region":
+                assert recorder.regions - before == (2 if x_in_region else 0)

@@ -76,7 +76,10 @@
   blocks are shared among the pass's threads (the decode count up to ``SMALL_PASS`` positions,
   every core this process may use beyond, `pass_threads`): the calling thread computes the
   first and a small pool of Python threads the others (numpy lets go of the GIL inside BLAS);
-  at one thread the caller computes them all in turn. Why not BLAS's own threads: after every
+  at one thread the caller computes them all in turn. Where numpy's own OpenBLAS can be called
+  from compiled code, the blocks are instead one parallel region of numba's pool, each numpy's
+  own call for its block (vindex3.codecs.blasblocks: a Python thread's block fought numba's
+  still-spinning worker for a core). Why not BLAS's own threads: after every
   product OpenBLAS's worker spins for 2^28 cycles (~80 ms) before it sleeps, so the compiled
   attention, SiLU and norms between a prompt's products shared a core with it (a 512-token f32
   prefill's attention took 290 ms at two threads against 234 at one, its norms 108 against 17;
@@ -90,8 +93,9 @@
   (tests/test_split_products.py now checks the blocks across thread counts, and against the
   whole product within a bound).
 
-This module never imports numba itself: `launch()` is entered by code that is about to call a
-kernel, which has imported numba already.
+This module does not import numba at import: `launch()` is entered by code that is about to call
+a kernel, which has imported numba already, and a product split over more than one thread imports
+vindex3.codecs.blasblocks.
 """
 
 from __future__ import annotations
@@ -291,8 +295,9 @@ if hasattr(os, "register_at_fork"):  # a forked child has none of its parent's t
 def gemm(x, bT, out=None):
     """``x @ bT`` for float32 ``x`` [T, K] and ``bT`` [K, N], into ``out`` when given, as the
     blocks of `gemm_cuts` (in or out of a pass: the bytes depend on the shape only). Inside a
-    `SplitProducts` context of more than one thread the blocks run at once, the caller computing
-    the first (module docstring)."""
+    `SplitProducts` context of more than one thread the blocks run at once: as one parallel
+    region of numba's pool where numpy's own BLAS can be called from it (vindex3.codecs.blasblocks),
+    else on a pool of Python threads, the caller computing the first (module docstring)."""
     import numpy as np
 
     if x.ndim == 2 and bT.ndim == 2:
@@ -301,6 +306,12 @@ def gemm(x, bT, out=None):
             y = out if out is not None else np.empty((x.shape[0], bT.shape[1]), np.result_type(x, bT))
             blocks = list(itertools.pairwise(cuts))
             n = min(getattr(_split, "n", 1), len(blocks))
+            if n > 1:
+                from . import blasblocks
+
+                with launch():
+                    if blasblocks.run(x, bT, y, cuts, n):  # one region of numba's pool (blasblocks)
+                        return y
             futs = [_workers().submit(np.matmul, x, bT[:, a:b], out=y[:, a:b]) for a, b in blocks[1:n]]
             try:
                 for a, b in blocks[:1] + blocks[n:]:
