@@ -6,6 +6,7 @@ untapped one; SiLU·up and RMSNorm the bytes of the decode kernels / numpy."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 
@@ -51,6 +52,7 @@ CASES = {  # name: (params, T, p0)
     "gqa3_T300": ({}, 300, 0),
     "mha_T130": ({"kv_heads": 6}, 130, 0),
     "hd40_T37": ({"head_dim": 40, "rotary_dims": 40}, 37, 0),
+    "hd36_T37": ({"head_dim": 36, "rotary_dims": 36}, 37, 0),  # not a multiple of 8: no `_wsum`
     "hd40_gqa2_T300": ({"head_dim": 40, "rotary_dims": 40, "heads": 8}, 300, 0),
     "continued_T130_p0_57": ({}, 130, 57),
     "continued_T9_p0_300": ({}, 9, 300),
@@ -218,3 +220,31 @@ def test_prefill_rms_norm_is_numpys_bytes(rows):
             assert np.array_equal(rms_norm(x.reshape(rows, 9, 64), w[:64], F32(1e-5)), want3)
         finally:
             threads.set_count(None)
+
+
+@numba.njit(cache=False)
+def _sums_both_ways(s, n, V, j, o, a, b):  # pragma: no cover - compiled
+    """Heads 0..g-1 of query 0 summed over keys o..o+n-1 by `_wsum` (into a) and `_weighted1` (into b)."""
+    g, S = s.shape
+    hd = V.shape[2]
+    for hh in range(g):
+        pa._wsum(s.reshape(-1), hh * S, n, V.reshape(-1), (j * V.shape[1] + o) * hd, hd, a.reshape(-1), hh * hd)
+        pa._weighted1(s, hh, n, V, j, o, b, 0, hh)
+
+
+@pytest.mark.parametrize("hd", [8, 24, 40, 64, 80, 128, 200])
+def test_the_weighted_sum_in_registers_is_the_swept_sums_bytes(hd):
+    """`_wsum` (running sums in registers, 64 head dims a chunk, then 32, 16, 8) gives the bytes
+    of `_weighted1` (the decode kernel's order, swept through memory) at every count of keys,
+    including the first alone and counts that leave a partial sweep; -0.0 and tiny weights too."""
+    rng = np.random.default_rng(hd)
+    V = rng.standard_normal((2, 700, hd)).astype(F32)
+    V[1, 11, :3] = -0.0
+    s = rng.standard_normal((3, 650)).astype(F32)
+    s[:, 1] = np.float32(1e-30)
+    for n in (1, 2, 3, 7, 8, 9, 63, 64, 65, 130, 512):
+        a = np.full((3, hd), np.nan, F32)
+        b = np.full((3, hd), np.nan, F32)
+        _sums_both_ways(s, n, V, 1, 11, a.reshape(1, 3, hd), b.reshape(1, 3, hd))
+        assert not np.isnan(a).any()
+        assert a.tobytes() == b.tobytes(), (hd, n)
