@@ -241,3 +241,32 @@ def test_every_layout_gives_numpys_block_bytes(restore, recorder):
             assert np.isnan(out[:, 0]).all() and np.isnan(out[:, -2:]).all()
             if recorder.route == "region":
                 assert recorder.regions - before == (2 if x_in_region else 0)
+
+
+def test_the_region_refuses_what_it_must_not_write_through():
+    """`blasblocks.run` takes pointers, so it checks first: a read-only ``out`` (it could be a
+    read-only mapping), an ``out`` that overlaps an operand (numpy copies such operands first),
+    shapes that do not match and cuts that do not cover the columns are all refused (False,
+    nothing written) and left to numpy, which copies or names the error; a well-formed product
+    runs there."""
+    if blasblocks._sgemm() is None:
+        pytest.skip("numpy's BLAS here is not the scipy-openblas ILP64 build whose cblas_sgemm the region calls")
+    T, K, N = 300, 576, 1000
+    W = rng.standard_normal((N, K)).astype(F32)
+    x = rng.standard_normal((T, K)).astype(F32)
+    cuts = threads.gemm_cuts(T, K, N)
+    ro = np.zeros((T, N), F32)
+    ro.flags.writeable = False
+    buf = np.zeros((T, K + N), F32)
+    buf[:, :K] = x
+    ok = np.zeros((T, N), F32)
+    with threadpool_limits(1, "blas"), threads.launch():
+        assert blasblocks.run(x, W.T, ro, cuts, 2) is False
+        assert blasblocks.run(buf[:, :K], W.T, buf[:, K - 8 : K - 8 + N], cuts, 2) is False  # out over x
+        assert blasblocks.run(x, W.T, np.zeros((T, N - 1), F32), cuts, 2) is False
+        assert blasblocks.run(x, W.T, np.zeros((T, N), F32), cuts[:-1], 2) is False  # cuts stop short
+        assert blasblocks.run(x, W[:, :-1].T, np.zeros((T, N), F32), cuts, 2) is False  # K differs
+        assert blasblocks.run(x, W.T, ok, cuts, 2) is True
+    assert not ro.any() and not buf[:, K:].any()
+    want = np.concatenate([np.matmul(x, W.T[:, a:b]) for a, b in itertools.pairwise(cuts)], axis=1)
+    assert ok.tobytes() == want.tobytes()

@@ -90,6 +90,8 @@ def run(x: np.ndarray, bT: np.ndarray, y: np.ndarray, cuts: list[int], n: int) -
         return False  # numpy's special cases (a vector operand) and other types
     if not (_c_blasable(x, K) and _c_blasable(y, N)):
         return False
+    if not y.flags.writeable or np.may_share_memory(y, x) or np.may_share_memory(y, bT):
+        return False  # numpy refuses the first and copies for the others; a pointer would not
     s0, s1 = bT.strides
     if s1 == 4 and s0 % 4 == 0 and s0 // 4 >= N:
         transb, ldb = _NO_TRANS, s0 // 4  # b itself in rows
