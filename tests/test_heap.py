@@ -47,7 +47,9 @@ PAGES = 10 * 4 * (3 << 20) // 4096  # pages the rounds write
 def _run(code: str, args: list[str], value: str | None):
     """``code`` in a fresh interpreter importing this checkout, VINDEX3_MALLOC_TUNE set to
     ``value`` (None: unset)."""
-    env = {k: v for k, v in os.environ.items() if k != "VINDEX3_MALLOC_TUNE"}
+    # glibc's own settings from the environment would change the untuned control: dropped
+    env = {k: v for k, v in os.environ.items()
+           if k != "VINDEX3_MALLOC_TUNE" and not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     if value is not None:
         env["VINDEX3_MALLOC_TUNE"] = value

@@ -603,18 +603,18 @@ def _attend(
             if hd % 8 == 0:  # head by head, the running sums in registers (`_wsum`)
                 for hh in range(g):
                     _wsum(sf, hh * S, n, Vf, (j * rows + o) * hd, hd, of, (t * nh + j * g + hh) * hd)
-                continue
-            hh = 0
-            while hh < g:
-                if g - hh >= 3:
-                    _weighted3(s, hh, n, V, j, o, out, t, j * g + hh)
-                    hh += 3
-                elif g - hh == 2:
-                    _weighted2(s, hh, n, V, j, o, out, t, j * g + hh)
-                    hh += 2
-                else:
-                    _weighted1(s, hh, n, V, j, o, out, t, j * g + hh)
-                    hh += 1
+            else:  # the same bytes, swept through ``out`` (head_dim not a multiple of 8)
+                hh = 0
+                while hh < g:
+                    if g - hh >= 3:
+                        _weighted3(s, hh, n, V, j, o, out, t, j * g + hh)
+                        hh += 3
+                    elif g - hh == 2:
+                        _weighted2(s, hh, n, V, j, o, out, t, j * g + hh)
+                        hh += 2
+                    else:
+                        _weighted1(s, hh, n, V, j, o, out, t, j * g + hh)
+                        hh += 1
 
 
 def _tasks(nkv: int, t_lo: int, t_hi: int) -> np.ndarray:
