@@ -60,6 +60,8 @@ def main() -> int:
         tiles = [(int(r), int(p)) for r, p in (s.split("x") for s in a.tiles.split(","))]
     except ValueError:
         ap.error(f"--tiles takes rows x positions pairs such as 4x4,1x8, got {a.tiles!r}")
+    if a.rounds < 1 or a.T < 1:
+        ap.error(f"--rounds and --T must be at least 1, got {a.rounds} and {a.T}")
     if any(not (1 <= p <= I.MAX_T and 1 <= r <= 16) for r, p in tiles):
         ap.error(f"--tiles: rows must be 1..16 and positions 1..{I.MAX_T}, got {a.tiles!r}")
     if a.in_l1:
