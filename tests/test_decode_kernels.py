@@ -265,3 +265,65 @@ def test_a_norm_of_another_dtype_keeps_the_numpy_path():
     assert y.dtype == np.float64
     x32 = x.astype(F32)
     assert np.array_equal(rms_norm(x32, np.ones(40, F32), 1e-6), _norm_numpy(x32, np.ones(40, F32), 1e-6))
+
+
+def _pairwise_reference(a: np.ndarray) -> np.float32:
+    """numpy's float32 pairwise sum, written out in Python: blocks of at most 128 summed by
+    eight running sums and then the tail, a longer range the sum of its halves (the first cut
+    down to a multiple of 8)."""
+    n = a.shape[0]
+    if n < 8:
+        res = np.float32(-0.0)
+        for v in a:
+            res = np.float32(res + v)
+        return res
+    if n <= 128:
+        r = [a[i] for i in range(8)]
+        i = 8
+        while i < n - n % 8:
+            r = [np.float32(r[k] + a[i + k]) for k in range(8)]
+            i += 8
+        res = np.float32(np.float32(np.float32(r[0] + r[1]) + np.float32(r[2] + r[3]))
+                         + np.float32(np.float32(r[4] + r[5]) + np.float32(r[6] + r[7])))
+        for v in a[i:]:
+            res = np.float32(res + v)
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return np.float32(_pairwise_reference(a[:n2]) + _pairwise_reference(a[n2:]))
+
+
+def test_vector_sum_max_and_exp_are_the_scalar_bytes():
+    """The eight-lane forms (`_sum8` under `pairwise`, `_max8` under `_max`, `_exp8` under the
+    prefill's `_exp_shifted`) give the scalar arithmetic's bytes at every length and offset,
+    NaN, infinities, zeros of both signs and values past exp's range included."""
+    from vindex3.exec.ops import prefill_attend as pa
+
+    rng = np.random.default_rng(11)
+    a = (rng.standard_normal(3000) * np.exp(rng.uniform(-20, 20, 3000))).astype(np.float32)
+    a[5], a[40] = -0.0, 0.0
+    for n in list(range(1, 140)) + [255, 256, 257, 1000, 2999]:
+        for lo in (0, 1):
+            want = _pairwise_reference(a[lo : lo + n])
+            assert np.float32(decode.pairwise(a, lo, n)).tobytes() == want.tobytes(), (n, lo)
+            assert np.float32(decode.pairwise_in(a, lo, n, np.empty((3, 64), np.int64), np.empty(64, np.float32))) == want
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 88.0, 88.5, -87.0, -87.5, 1e-40, -3.25],
+                       np.float32)
+    for n in (1, 7, 8, 9, 31, 32, 33, 40, 64, 71):
+        x = rng.standard_normal(n).astype(np.float32) * np.float32(30)
+        assert decode._max(x, n) == max(x.tolist())
+        for i in (0, n // 2, n - 1):
+            if i < n - n % 8:  # the eight-lane part: a NaN makes the maximum NaN
+                y = x.copy()
+                y[i] = np.nan
+                assert np.isnan(decode._max(y, n)), (n, i)
+        y = np.resize(special, n).astype(np.float32)
+        rng.shuffle(y)
+        for m in (np.float32(0.0), np.float32(2.5), np.float32(-np.inf)):
+            got = y.copy()
+            pa._exp_shifted(got, m, n)
+            want = np.empty(n, np.float32)
+            with np.errstate(invalid="ignore"):  # -inf minus -inf: NaN, as in the kernel
+                shifted = y - m
+            decode._exp_into(shifted, want, n, np.empty(n, np.int32))
+            assert got.tobytes() == want.tobytes(), (n, m)

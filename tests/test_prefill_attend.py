@@ -223,28 +223,119 @@ def test_prefill_rms_norm_is_numpys_bytes(rows):
 
 
 @numba.njit(cache=False)
-def _sums_both_ways(s, n, V, j, o, a, b):  # pragma: no cover - compiled
-    """Heads 0..g-1 of query 0 summed over keys o..o+n-1 by `_wsum` (into a) and `_weighted1` (into b)."""
+def _sums_both_ways(s, n, V, j, o, a, b, H, cut):  # pragma: no cover - compiled
+    """Heads 0..g-1 of query 0 summed over keys o..o+n-1: by `_make_wsum`'s kernels H heads a
+    call, keys 0..cut-1 then cut..n-1 continued (``more``), into a; by `_weighted1` into b."""
     g, S = s.shape
     hd = V.shape[2]
+    sf, Vf, af = s.reshape(-1), V.reshape(-1), a.reshape(-1)
+    for hh in range(0, g, H):
+        for k0, k1 in ((0, cut), (cut, n)):
+            if k1 > k0:
+                vb = (j * V.shape[1] + o + k0) * hd
+                if H == 3:
+                    pa._wsum_h3(sf, hh * S + k0, S, k1 - k0, Vf, vb, hd, af, hh * hd, hd, k0 > 0)
+                elif H == 2:
+                    pa._wsum_h2(sf, hh * S + k0, S, k1 - k0, Vf, vb, hd, af, hh * hd, hd, k0 > 0)
+                else:
+                    pa._wsum_h1(sf, hh * S + k0, S, k1 - k0, Vf, vb, hd, af, hh * hd, hd, k0 > 0)
     for hh in range(g):
-        pa._wsum(s.reshape(-1), hh * S, n, V.reshape(-1), (j * V.shape[1] + o) * hd, hd, a.reshape(-1), hh * hd)
         pa._weighted1(s, hh, n, V, j, o, b, 0, hh)
 
 
 @pytest.mark.parametrize("hd", [8, 24, 40, 64, 80, 128, 200])
 def test_the_weighted_sum_in_registers_is_the_swept_sums_bytes(hd):
-    """`_wsum` (running sums in registers, 64 head dims a chunk, then 32, 16, 8) gives the bytes
-    of `_weighted1` (the decode kernel's order, swept through memory) at every count of keys,
-    including the first alone and counts that leave a partial sweep; -0.0 and tiny weights too."""
+    """`_make_wsum`'s kernels (running sums in registers for 1, 2 or 3 heads, head dims in chunks
+    of 64 / 32 / 16 and what is left) give the bytes of `_weighted1` (the decode kernel's order,
+    swept through memory) at every count of keys, including the first alone and counts that leave
+    a partial sweep, whole or as two segments continued; -0.0 and tiny weights too."""
     rng = np.random.default_rng(hd)
     V = rng.standard_normal((2, 700, hd)).astype(F32)
     V[1, 11, :3] = -0.0
-    s = rng.standard_normal((3, 650)).astype(F32)
+    s = rng.standard_normal((6, 650)).astype(F32)
     s[:, 1] = np.float32(1e-30)
-    for n in (1, 2, 3, 7, 8, 9, 63, 64, 65, 130, 512):
-        a = np.full((3, hd), np.nan, F32)
-        b = np.full((3, hd), np.nan, F32)
-        _sums_both_ways(s, n, V, 1, 11, a.reshape(1, 3, hd), b.reshape(1, 3, hd))
-        assert not np.isnan(a).any()
-        assert a.tobytes() == b.tobytes(), (hd, n)
+    for H in (1, 2, 3):
+        for n in (1, 2, 3, 7, 8, 9, 63, 64, 65, 130, 512):
+            for cut in sorted({n, 1, n // 2}):
+                a = np.full((6, hd), np.nan, F32)
+                b = np.full((6, hd), np.nan, F32)
+                _sums_both_ways(s, n, V, 1, 11, a.reshape(1, 6, hd), b.reshape(1, 6, hd), H, cut)
+                assert not np.isnan(a).any()
+                assert a.tobytes() == b.tobytes(), (hd, H, n, cut)
+
+
+@numba.njit(cache=False)
+def _scores_by(H, qf, kpf, cols, hd, n8, sf, S):  # pragma: no cover - compiled
+    for hh in range(0, 6, H):
+        if H == 3:
+            pa._scores_h3(qf, hh * hd, kpf, 5, cols, hd, n8, sf, hh * S + 2, S)
+        elif H == 2:
+            pa._scores_h2(qf, hh * hd, kpf, 5, cols, hd, n8, sf, hh * S + 2, S)
+        else:
+            pa._scores_h1(qf, hh * hd, kpf, 5, cols, hd, n8, sf, hh * S + 2, S)
+
+
+@pytest.mark.parametrize("hd", [1, 4, 12, 40, 64, 128])
+def test_the_scores_in_registers_are_decodes_order(hd):
+    """`_make_scores`'s kernels (1, 2 or 3 heads, keys in blocks of 64 / 32 / 16 and what is left)
+    give, for every key, ((q0·k0 + q1·k1) + q2·k2) + ... over the head dims in float32, computed
+    here by numpy one step at a time; nothing outside the keys asked for is written."""
+    rng = np.random.default_rng(hd)
+    cols = 200
+    q = rng.standard_normal((6, hd)).astype(F32)
+    kp = rng.standard_normal((hd, cols)).astype(F32)
+    kp[0, 7] = -0.0
+    S = 196
+    for H in (1, 2, 3):
+        for n8 in (8, 16, 24, 40, 64, 72, 136, 192):
+            s = np.full((6, S), np.nan, F32)
+            _scores_by(H, q.reshape(-1), kp.reshape(-1), cols, hd, n8, s.reshape(-1), S)
+            keys = kp[:, 5 : 5 + n8]
+            want = q[:, :1] * keys[0]
+            for d in range(1, hd):
+                want = want + q[:, d : d + 1] * keys[d]
+            assert s[:, 2 : 2 + n8].tobytes() == want.tobytes(), (hd, H, n8)
+            assert np.isnan(s[:, :2]).all() and np.isnan(s[:, 2 + n8 :]).all()
+
+
+def _heads_step_by_step(p, w, x, p0: int):
+    """The heads' output of positions p0.. of x, the projections made as `_heads` makes them
+    (one pass over x[:p0], one over the rest) and the attention one position a pass (the
+    decode kernel)."""
+    project, attend, _ = make_attention(p, w).stages
+    kv = KvRows(p.kv_heads, p.head_dim, p.window)
+    outs = []
+    for a, b in ((0, p0), (p0, x.shape[0])):
+        if a == b:
+            continue
+        q, k, v, gate = project(x[a:b])
+        if a < p0:
+            attend(q, k, v, gate, kv, a)
+            continue
+        for t in range(b - a):
+            g1 = None if gate is None else gate[t : t + 1]
+            outs.append(attend(q[t : t + 1], k[t : t + 1], v[t : t + 1], g1, kv, a + t))
+    return np.concatenate(outs)
+
+
+GROUPS = {  # heads, kv heads: group sizes that take the three-, two- and one-head kernels
+    "g5": {"heads": 10, "kv_heads": 2}, "g4": {"heads": 8, "kv_heads": 2}, "g1": {"kv_heads": 6}}
+
+
+@pytest.mark.parametrize("name", sorted(CASES) + sorted(GROUPS))
+def test_prefill_attention_is_the_decode_kernels_bytes_position_by_position(name):
+    """The prefill kernel's blocks, segments and register tiles change no byte: its output is
+    the decode kernel's, run one position a pass over the same rows."""
+    from vindex3.exec.ops import decode
+
+    kw, T, p0 = CASES[name] if name in CASES else (GROUPS[name], 77, 0)
+    p = _params(**kw)
+    w = _weights(p, seed=len(name))
+    x = np.random.default_rng(5).standard_normal((p0 + T, p.hidden_size)).astype(F32)
+    got, _ = _heads(p, w, x, p0, kernels=True)
+    decode.set_enabled(True)
+    try:
+        want = _heads_step_by_step(p, w, x, p0)
+    finally:
+        decode.set_enabled(None)
+    assert got.tobytes() == want.tobytes(), name

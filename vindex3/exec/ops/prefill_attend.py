@@ -8,11 +8,17 @@ non-product work of a long pass in a few compiled calls, split over `threads.cou
   softmax and the weighted sum of V. Every feature of the numpy path is covered; the numpy path
   stays for processes that turn the kernels off (``VINDEX3_PREFILL_KERNELS=0``, `set_enabled`).
   Work is split into tasks (kv head, block of `TASK_ROWS` queries); a query's scores run only
-  over the keys it sees (causal and window), so the masked triangle is never computed. The
-  arithmetic of one (query, head) is `vindex3.exec.ops.decode._attend`'s, in the same order
+  over the keys it sees (causal and window), so the masked triangle is never computed. Within a
+  task, sub-blocks of up to `QB_MAX` queries walk their keys in segments of `_key_block` keys:
+  a segment's K rows are copied once into a small contiguous tile (the cache's rows lie a
+  capacity apart, and a power-of-two capacity put a segment's head dims into a few L1 sets) and
+  its K and V rows serve every query of the sub-block from L1; scores and weighted sums keep
+  their running sums in registers for up to three heads at once (`_make_scores`, `_make_wsum`).
+  The arithmetic of one (query, head) is `vindex3.exec.ops.decode._attend`'s, in the same order
   (scores dim by dim over the head dims, the polynomial exp, numpy's pairwise sum for the
   denominator, the weighted sum of V key by key), so a prefill's attention is the bytes of a
-  decode-kernel pass over the same rows, whatever the block partition.
+  decode-kernel pass over the same rows, whatever the block partition
+  (tests/test_prefill_attend.py steps the decode kernel position by position against it).
 * `silu_mul`: SiLU(gate) · up of a gated FFN, rows split over threads (decode's row arithmetic).
 * `rms_rows`: RMSNorm of each row, rows split over threads (decode's row arithmetic, which is
   numpy's own bytes).
@@ -35,7 +41,7 @@ from numba.extending import intrinsic
 from ...codecs import threads
 from ...codecs.intrinsics import _arrays_at, _consts, _f32, _i32, _int_arg, _load, _vec
 from ...switches import EnvSwitch, set_switch
-from .decode import _exp, _exp_poly, _rms_rows, _rotate, pairwise
+from .decode import _as_f32, _exp, _exp8, _exp_poly, _max, _rms_rows, _rotate, pairwise_in
 
 F32 = np.float32
 TASK_ROWS = (
@@ -79,151 +85,14 @@ def _write_kv(k, v, cos, sin, KT, V, row0):  # pragma: no cover - compiled
 
 
 @numba.njit(**_JIT)
-def _scores1(qr, h, KT, j, o, n, s):  # pragma: no cover - compiled
-    """s[h, kk] = qr[h] · key (o + kk) for kk < n, keys as columns of KT[j] [hd, rows]: each
-    score ((q0·k0 + q1·k1) + q2·k2) + ... over the head dims in order (decode's `_attend`
-    order), eight dims a sweep over the keys so that a sweep loads a score once for eight
-    products. The key index is unsigned: numba then emits no negative-index wraparound, whose
-    per-element select kept the sweep from vectorizing (measured 7x slower)."""
-    hd = qr.shape[1]
-    ou = np.uint64(o)
-    nu = np.uint64(n)
-    i = 0
-    if hd >= 8:
-        c0, c1, c2, c3 = qr[h, 0], qr[h, 1], qr[h, 2], qr[h, 3]
-        c4, c5, c6, c7 = qr[h, 4], qr[h, 5], qr[h, 6], qr[h, 7]
-        for kk in range(nu):
-            r = ou + kk
-            s[h, kk] = (
-                (
-                    (
-                        (
-                            ((c0 * KT[j, 0, r] + c1 * KT[j, 1, r]) + c2 * KT[j, 2, r])
-                            + c3 * KT[j, 3, r]
-                        )
-                        + c4 * KT[j, 4, r]
-                    )
-                    + c5 * KT[j, 5, r]
-                )
-                + c6 * KT[j, 6, r]
-            ) + c7 * KT[j, 7, r]
-        i = 8
-    else:
-        c0 = qr[h, 0]
-        for kk in range(nu):
-            s[h, kk] = c0 * KT[j, 0, ou + kk]
-        i = 1
-    while i + 8 <= hd:
-        c0, c1, c2, c3 = qr[h, i], qr[h, i + 1], qr[h, i + 2], qr[h, i + 3]
-        c4, c5, c6, c7 = qr[h, i + 4], qr[h, i + 5], qr[h, i + 6], qr[h, i + 7]
-        for kk in range(nu):
-            r = ou + kk
-            s[h, kk] = (
-                (
-                    (
-                        (
-                            (
-                                ((s[h, kk] + c0 * KT[j, i, r]) + c1 * KT[j, i + 1, r])
-                                + c2 * KT[j, i + 2, r]
-                            )
-                            + c3 * KT[j, i + 3, r]
-                        )
-                        + c4 * KT[j, i + 4, r]
-                    )
-                    + c5 * KT[j, i + 5, r]
-                )
-                + c6 * KT[j, i + 6, r]
-            ) + c7 * KT[j, i + 7, r]
-        i += 8
-    while i < hd:
-        c0 = qr[h, i]
-        for kk in range(nu):
-            s[h, kk] = s[h, kk] + c0 * KT[j, i, ou + kk]
-        i += 1
-
-
-@numba.njit(**_JIT)
-def _scores2(qr, h, KT, j, o, n, s):  # pragma: no cover - compiled
-    """`_scores1` for heads h and h + 1 at once (the same keys: one load of a key for both
-    heads, two independent chains of additions in flight); head_dim >= 4. Same bytes."""
-    hd = qr.shape[1]
-    ou = np.uint64(o)
-    nu = np.uint64(n)
-    a0, a1, a2, a3 = qr[h, 0], qr[h, 1], qr[h, 2], qr[h, 3]
-    b0, b1, b2, b3 = qr[h + 1, 0], qr[h + 1, 1], qr[h + 1, 2], qr[h + 1, 3]
-    for kk in range(nu):
-        r = ou + kk
-        k0, k1, k2, k3 = KT[j, 0, r], KT[j, 1, r], KT[j, 2, r], KT[j, 3, r]
-        s[h, kk] = ((a0 * k0 + a1 * k1) + a2 * k2) + a3 * k3
-        s[h + 1, kk] = ((b0 * k0 + b1 * k1) + b2 * k2) + b3 * k3
-    i = 4
-    while i + 4 <= hd:
-        a0, a1, a2, a3 = qr[h, i], qr[h, i + 1], qr[h, i + 2], qr[h, i + 3]
-        b0, b1, b2, b3 = qr[h + 1, i], qr[h + 1, i + 1], qr[h + 1, i + 2], qr[h + 1, i + 3]
-        for kk in range(nu):
-            r = ou + kk
-            k0, k1, k2, k3 = KT[j, i, r], KT[j, i + 1, r], KT[j, i + 2, r], KT[j, i + 3, r]
-            s[h, kk] = (((s[h, kk] + a0 * k0) + a1 * k1) + a2 * k2) + a3 * k3
-            s[h + 1, kk] = (((s[h + 1, kk] + b0 * k0) + b1 * k1) + b2 * k2) + b3 * k3
-        i += 4
-    while i < hd:
-        a0, b0 = qr[h, i], qr[h + 1, i]
-        for kk in range(nu):
-            k0 = KT[j, i, ou + kk]
-            s[h, kk] = s[h, kk] + a0 * k0
-            s[h + 1, kk] = s[h + 1, kk] + b0 * k0
-        i += 1
-
-
-@numba.njit(**_JIT)
-def _scores3(qr, h, KT, j, o, n, s):  # pragma: no cover - compiled
-    """`_scores1` for heads h, h + 1, h + 2 at once (see `_scores2`); head_dim >= 4. Same bytes."""
-    hd = qr.shape[1]
-    ou = np.uint64(o)
-    nu = np.uint64(n)
-    a0, a1, a2, a3 = qr[h, 0], qr[h, 1], qr[h, 2], qr[h, 3]
-    b0, b1, b2, b3 = qr[h + 1, 0], qr[h + 1, 1], qr[h + 1, 2], qr[h + 1, 3]
-    c0, c1, c2, c3 = qr[h + 2, 0], qr[h + 2, 1], qr[h + 2, 2], qr[h + 2, 3]
-    for kk in range(nu):
-        r = ou + kk
-        k0, k1, k2, k3 = KT[j, 0, r], KT[j, 1, r], KT[j, 2, r], KT[j, 3, r]
-        s[h, kk] = ((a0 * k0 + a1 * k1) + a2 * k2) + a3 * k3
-        s[h + 1, kk] = ((b0 * k0 + b1 * k1) + b2 * k2) + b3 * k3
-        s[h + 2, kk] = ((c0 * k0 + c1 * k1) + c2 * k2) + c3 * k3
-    i = 4
-    while i + 4 <= hd:
-        a0, a1, a2, a3 = qr[h, i], qr[h, i + 1], qr[h, i + 2], qr[h, i + 3]
-        b0, b1, b2, b3 = qr[h + 1, i], qr[h + 1, i + 1], qr[h + 1, i + 2], qr[h + 1, i + 3]
-        c0, c1, c2, c3 = qr[h + 2, i], qr[h + 2, i + 1], qr[h + 2, i + 2], qr[h + 2, i + 3]
-        for kk in range(nu):
-            r = ou + kk
-            k0, k1, k2, k3 = KT[j, i, r], KT[j, i + 1, r], KT[j, i + 2, r], KT[j, i + 3, r]
-            s[h, kk] = (((s[h, kk] + a0 * k0) + a1 * k1) + a2 * k2) + a3 * k3
-            s[h + 1, kk] = (((s[h + 1, kk] + b0 * k0) + b1 * k1) + b2 * k2) + b3 * k3
-            s[h + 2, kk] = (((s[h + 2, kk] + c0 * k0) + c1 * k1) + c2 * k2) + c3 * k3
-        i += 4
-    while i < hd:
-        a0, b0, c0 = qr[h, i], qr[h + 1, i], qr[h + 2, i]
-        for kk in range(nu):
-            k0 = KT[j, i, ou + kk]
-            s[h, kk] = s[h, kk] + a0 * k0
-            s[h + 1, kk] = s[h + 1, kk] + b0 * k0
-            s[h + 2, kk] = s[h + 2, kk] + c0 * k0
-        i += 1
-
-
-@numba.njit(**_JIT)
-def _exp_shifted(s, m, n, bits):  # pragma: no cover - compiled
-    """s[i] = exp(s[i] - m) for i < n, decode's `_exp_into` arithmetic in place (``bits`` an
-    int32 scratch of >= n). Written for one array: `_exp_into(s, s, ...)` ran its scalar loop,
-    the vector one being guarded by a check that its input and output do not overlap."""
-    for i in range(n):
+def _exp_shifted(s, m, n):  # pragma: no cover - compiled
+    """s[i] = exp(s[i] - m) for i < n, decode's `_exp_into` arithmetic in place, in one pass
+    (2^n made from its bits in a register: `_as_f32`)."""
+    n8 = n - n % 8
+    _exp8(s, 0, n8, m)
+    for i in range(n8, n):
         p, fn = _exp_poly(s[i] - m)
-        s[i] = p
-        bits[i] = (np.int32(fn) + np.int32(127)) << np.int32(23)
-    scale = bits.view(np.float32)
-    for i in range(n):
-        s[i] = s[i] * scale[i]
+        s[i] = p * _as_f32((np.int32(fn) + np.int32(127)) << np.int32(23))
 
 
 @numba.njit(**_JIT)
@@ -438,76 +307,182 @@ def _splat(builder, x, w: int):
     return builder.shuffle_vector(v, v, _consts(_i32, [0] * w))
 
 
-@intrinsic
-def _wsum(typingctx, P, p0, n, V, v0, hd, O, o0):
-    """O[o0 + i] = Σ_k P[p0 + k] · V[v0 + k·hd + i] for i < hd (a multiple of 8), k < n (>= 1),
-    over 1-D float32 arrays: `_weighted1`'s arithmetic (the first product, then each next one
-    added, keys in order; no fused multiply-add) with the running sums of 64 head dims held in
-    eight vector registers across the keys instead of reloaded from ``out`` every four or eight
-    keys. AMD Zen 3, head_dim 64, 3 heads at 37-512 keys: 19-22 G multiply-adds a second against
-    `_weighted3`'s 11-12 in the same process (1.6-2.0x), the same bytes (tests/test_prefill_attend.py)."""
-    sig = types.void(P, p0, n, V, v0, hd, O, o0)
+def _check_flat(name, *tys):
+    for t in tys:
+        if not isinstance(t, types.Array) or t.ndim != 1 or t.layout != "C" or t.dtype != types.float32:
+            raise numba.core.errors.TypingError(f"{name}: takes C-contiguous 1-D float32 arrays, got {t}")
 
-    def codegen(context, builder, sig, args):
-        ap, av, ao = _arrays_at(context, builder, sig, args, (0, 3, 6))
-        p0v, nv, v0v, hdv, o0v = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2, 4, 5, 7))
-        c = lambda x: ir.Constant(nv.type, x)
-        v8 = _vec(_f32, 8)
 
-        def chunk(W: int, col):  # head dims col .. col + 8W - 1
-            p = _splat(builder, builder.load(builder.gep(ap.data, [p0v])), 8)
-            base0 = builder.add(v0v, col)
-            accs = [cgutils.alloca_once_value(builder, builder.fmul(p, _load(builder, av.data, builder.add(base0, c(8 * w)), v8)))
-                    for w in range(W)]
-            with cgutils.for_range(builder, builder.sub(nv, c(1))) as loop:
-                k = builder.add(loop.index, c(1))
-                pk = _splat(builder, builder.load(builder.gep(ap.data, [builder.add(p0v, k)])), 8)
-                base = builder.add(base0, builder.mul(k, hdv))
-                for w in range(W):
-                    x = _load(builder, av.data, builder.add(base, c(8 * w)), v8)
-                    builder.store(builder.fadd(builder.load(accs[w]), builder.fmul(pk, x)), accs[w])
-            for w in range(W):
-                dst = builder.gep(ao.data, [builder.add(o0v, builder.add(col, c(8 * w)))])
-                builder.store(builder.load(accs[w]), builder.bitcast(dst, v8.as_pointer()), align=1)
+def _halving_blocks(builder, count, W, body):
+    """body(i, w) for the blocks that cover ``count`` vectors: count // W blocks of W vectors
+    (i: the first vector's index), then one of W/2, W/4, ... 1 for each set bit of the rest
+    (W a power of two)."""
+    c = lambda x: ir.Constant(count.type, x)
+    shift = W.bit_length() - 1
+    with cgutils.for_range(builder, builder.ashr(count, c(shift))) as loop:
+        body(builder.shl(loop.index, c(shift)), W)
+    i = builder.shl(builder.ashr(count, c(shift)), c(shift))
+    w = W // 2
+    while w >= 1:
+        has = builder.icmp_signed("!=", builder.and_(count, c(w)), c(0))
+        with builder.if_then(has):
+            body(i, w)
+        i = builder.add(i, builder.select(has, c(w), c(0)))
+        w //= 2
 
-        nvec = builder.ashr(hdv, c(3))
-        n64 = builder.ashr(nvec, c(3))
-        with cgutils.for_range(builder, n64) as loop:  # 64 dims at a time, then 32, 16 and 8
-            chunk(8, builder.shl(loop.index, c(6)))
-        col = builder.shl(n64, c(6))
-        for W in (4, 2, 1):
-            has = builder.icmp_signed("!=", builder.and_(nvec, c(W)), c(0))
-            with builder.if_then(has):
-                chunk(W, col)
-            col = builder.add(col, builder.select(has, c(8 * W), c(0)))
-        return context.get_dummy_value()
 
-    return sig, codegen
+def _make_scores(H: int, W: int):
+    """An intrinsic writing the scores of H heads over keys in blocks of 8W (H·W running sums in
+    registers): S[s0 + h·ss + kk] = Σ_d Q[q0 + h·hd + d] · KT[k0 + d·rows + kk] for h < H and
+    kk < n8 (a multiple of 8), each score in decode's order ((q0·k0 + q1·k1) + q2·k2) + ... over
+    the head dims, no FMA. A loaded key vector serves H heads and a broadcast query element W
+    vectors of keys; the sums stay in registers across all head dims."""
+
+    @intrinsic
+    def scores(typingctx, Q, q0, KT, k0, rows, hd, n8, S, s0, ss):
+        _check_flat("scores", Q, KT, S)
+        sig = types.void(Q, q0, KT, k0, rows, hd, n8, S, s0, ss)
+
+        def codegen(context, builder, sig, args):
+            aq, ak, as_ = _arrays_at(context, builder, sig, args, (0, 2, 7))
+            q0v, k0v, rv, hdv, nv, s0v, ssv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5, 6, 8, 9))
+            c = lambda x: ir.Constant(nv.type, x)
+            v8 = _vec(_f32, 8)
+            qrow = [builder.add(q0v, builder.mul(c(h), hdv)) for h in range(H)]
+
+            def qsplat(d):
+                return [_splat(builder, builder.load(builder.gep(aq.data, [builder.add(qrow[h], d)])), 8) for h in range(H)]
+
+            def block(vec, Wb):
+                col = builder.add(k0v, builder.shl(vec, c(3)))
+                qs = qsplat(c(0))
+                ks = [_load(builder, ak.data, builder.add(col, c(8 * w)), v8) for w in range(Wb)]
+                accs = [[cgutils.alloca_once_value(builder, builder.fmul(qs[h], ks[w])) for w in range(Wb)] for h in range(H)]
+                with cgutils.for_range(builder, builder.sub(hdv, c(1))) as loop:
+                    d = builder.add(loop.index, c(1))
+                    base = builder.add(col, builder.mul(d, rv))
+                    ks = [_load(builder, ak.data, builder.add(base, c(8 * w)), v8) for w in range(Wb)]
+                    qs = qsplat(d)
+                    for h in range(H):
+                        for w in range(Wb):
+                            builder.store(builder.fadd(builder.load(accs[h][w]), builder.fmul(qs[h], ks[w])), accs[h][w])
+                for h in range(H):
+                    row = builder.add(builder.add(s0v, builder.mul(c(h), ssv)), builder.shl(vec, c(3)))
+                    for w in range(Wb):
+                        dst = builder.gep(as_.data, [builder.add(row, c(8 * w))])
+                        builder.store(builder.load(accs[h][w]), builder.bitcast(dst, v8.as_pointer()), align=1)
+
+            _halving_blocks(builder, builder.ashr(nv, c(3)), W, block)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return scores
+
+
+def _make_wsum(H: int, W: int):
+    """An intrinsic writing H heads' weighted sums of V over head dims in chunks of 8W (H·W
+    running sums in registers): O[o0 + h·os + i] = Σ_k P[p0 + h·ps + k] · V[v0 + k·hd + i] for
+    h < H, i < hd (a multiple of 8), k < n (>= 1), `_weighted1`'s order (the first product, then
+    each next one added, keys in order; no FMA); with ``more`` the sums already in O go on (a
+    later segment of the same keys: the order of additions is unchanged). A loaded value vector
+    serves H heads: the group's heads read V once from cache instead of H times."""
+
+    @intrinsic
+    def wsum(typingctx, P, p0, ps, n, V, v0, hd, O, o0, os_, more):
+        _check_flat("wsum", P, V, O)
+        if not isinstance(more, types.Boolean):
+            raise numba.core.errors.TypingError(f"wsum: ``more`` is a boolean, got {more}")
+        sig = types.void(P, p0, ps, n, V, v0, hd, O, o0, os_, more)
+
+        def codegen(context, builder, sig, args):
+            ap, av, ao = _arrays_at(context, builder, sig, args, (0, 4, 7))
+            p0v, psv, nv, v0v, hdv, o0v, osv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2, 3, 5, 6, 8, 9))
+            morev = context.cast(builder, args[10], sig.args[10], types.boolean)
+            c = lambda x: ir.Constant(nv.type, x)
+            v8 = _vec(_f32, 8)
+            prow = [builder.add(p0v, builder.mul(c(h), psv)) for h in range(H)]
+
+            def psplat(k):
+                return [_splat(builder, builder.load(builder.gep(ap.data, [builder.add(prow[h], k)])), 8) for h in range(H)]
+
+            def chunk(vec, Wb):
+                col = builder.shl(vec, c(3))
+                base0 = builder.add(v0v, col)
+                ps_ = psplat(c(0))
+                vs = [_load(builder, av.data, builder.add(base0, c(8 * w)), v8) for w in range(Wb)]
+                orow = [builder.add(builder.add(o0v, builder.mul(c(h), osv)), col) for h in range(H)]
+                # the first key's product starts the sums, or (more) the sums in O go on
+                accs = [[cgutils.alloca_once_value(builder, builder.select(
+                    morev, _load(builder, ao.data, builder.add(orow[h], c(8 * w)), v8), builder.fmul(ps_[h], vs[w])))
+                    for w in range(Wb)] for h in range(H)]
+                k1 = builder.select(morev, c(0), c(1))
+                with cgutils.for_range(builder, builder.sub(nv, k1)) as loop:
+                    k = builder.add(loop.index, k1)
+                    base = builder.add(base0, builder.mul(k, hdv))
+                    vs = [_load(builder, av.data, builder.add(base, c(8 * w)), v8) for w in range(Wb)]
+                    ps_ = psplat(k)
+                    for h in range(H):
+                        for w in range(Wb):
+                            builder.store(builder.fadd(builder.load(accs[h][w]), builder.fmul(ps_[h], vs[w])), accs[h][w])
+                for h in range(H):
+                    for w in range(Wb):
+                        dst = builder.gep(ao.data, [builder.add(orow[h], c(8 * w))])
+                        builder.store(builder.load(accs[h][w]), builder.bitcast(dst, v8.as_pointer()), align=1)
+
+            _halving_blocks(builder, builder.ashr(hdv, c(3)), W, chunk)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return wsum
+
+
+# heads at a time x vectors a block: at most 12 running sums, with the loaded vectors and the
+# broadcasts within the 16 vector registers of AVX2
+_scores_h1, _scores_h2, _scores_h3 = _make_scores(1, 8), _make_scores(2, 4), _make_scores(3, 2)
+_wsum_h1, _wsum_h2, _wsum_h3 = _make_wsum(1, 8), _make_wsum(2, 4), _make_wsum(3, 2)
 
 
 @numba.njit(**_JIT)
-def _max(x, n):  # pragma: no cover - compiled
-    """The largest of x[:n] (n >= 1), in eight lanes (a maximum's value does not depend on the
-    order it is taken in)."""
-    m = x[0]
-    if n >= 8:
-        m0, m1, m2, m3, m4, m5, m6, m7 = x[0], x[1], x[2], x[3], x[4], x[5], x[6], x[7]
-        stop = n - n % 8
-        for i in range(8, stop, 8):
-            m0, m1, m2, m3 = max(m0, x[i]), max(m1, x[i + 1]), max(m2, x[i + 2]), max(m3, x[i + 3])
-            m4, m5, m6, m7 = (
-                max(m4, x[i + 4]),
-                max(m5, x[i + 5]),
-                max(m6, x[i + 6]),
-                max(m7, x[i + 7]),
-            )
-        m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-        for i in range(stop, n):
-            m = max(m, x[i])
-    else:
-        for i in range(1, n):
-            m = max(m, x[i])
-    return m
+def _copy_cols(src, s0, ss, dst, ds, nrows, n):  # pragma: no cover - compiled
+    """dst[r·ds + c] = src[s0 + r·ss + c] for r < nrows, c < n (unsigned indices: numba then
+    emits no wraparound select and the copy vectorizes)."""
+    for r in range(nrows):
+        a = np.uint64(s0 + r * ss)
+        b = np.uint64(r * ds)
+        for c in range(np.uint64(n)):
+            dst[b + c] = src[a + c]
+
+
+#: queries a sub-block at most: a segment's keys are copied and loaded once for this many queries
+QB_MAX = 8
+
+
+@numba.njit(**_JIT)
+def _query_block(g, S):  # pragma: no cover - compiled
+    """Queries a sub-block: QB_MAX, fewer when their scores (QB · g · S float32) would pass 1 MB."""
+    return max(1, min(QB_MAX, (1 << 18) // max(1, g * S)))
+
+
+@numba.njit(**_JIT)
+def _key_block(hd):  # pragma: no cover - compiled
+    """Keys a segment: a segment's K and V rows (2 · hd · KB float32) fit half of a 32 KB L1."""
+    return max(16, (2048 // hd) // 8 * 8)
+
+
+@numba.njit(**_JIT)
+def _scores_tail(qr, g, kp, o, n8, n, s, c0):  # pragma: no cover - compiled
+    """Scores of the keys in columns o + n8 .. o + n - 1 (fewer than 8) of kp [hd, cols] for the
+    g heads into s[hh, c0 + n8 ..], `_make_scores`'s order."""
+    hd = qr.shape[1]
+    for kk in range(n8, n):
+        r = o + kk
+        for hh in range(g):
+            acc = qr[hh, 0] * kp[0, r]
+            for i in range(1, hd):
+                acc = acc + qr[hh, i] * kp[i, r]
+            s[hh, c0 + kk] = acc
 
 
 @numba.njit(**_PAR)
@@ -544,77 +519,140 @@ def _attend(
     g = nh // nkv
     has_sinks = sinks.shape[0] > 0
     S = p0 + t_hi - first  # keys the last query may see, from first
-    rows = V.shape[1]
+    vrows = V.shape[1]
+    rows = KT.shape[2]
     Vf = V.reshape(-1)
+    KTf = KT.reshape(-1)
     of = out.reshape(-1)
+    KB = _key_block(hd)
+    QB = _query_block(g, S)
     for task in prange(tasks.shape[0]):
         j, ta, tb = tasks[task, 0], tasks[task, 1], tasks[task, 2]
-        qr = np.empty((g, hd), np.float32)
-        s = np.empty((g, S), np.float32)
+        qr = np.empty((QB, g, hd), np.float32)
+        qf = qr.reshape(-1)
+        s = np.empty((QB, g, S), np.float32)
         sf = s.reshape(-1)
-        bits = np.empty(S, np.int32)
-        for t in range(ta, tb):
-            _rotate(q[t, j * g : (j + 1) * g], cos[t], sin[t], qscale, qr)
-            qpos = p0 + t
-            a = 0
-            if window > 0:
-                a = max(0, qpos - window + 1 - first)
-            n = qpos + 1 - first - a
-            o = base + a  # row of key a; s[hh, kk] is key a + kk
-            # the heads of the group in threes and twos (one load of a key row for all) when
-            # head_dim allows, else one by one: the same bytes either way
-            hh = 0
-            while hh < g:
-                if hd >= 4 and g - hh >= 3:
-                    _scores3(qr, hh, KT, j, o, n, s)
-                    hh += 3
-                elif hd >= 4 and g - hh == 2:
-                    _scores2(qr, hh, KT, j, o, n, s)
-                    hh += 2
-                else:
-                    _scores1(qr, hh, KT, j, o, n, s)
-                    hh += 1
-            for hh in range(g):
-                h = j * g + hh
-                sr = s[hh]
-                if sscale != F32(1.0):  # x · 1 is x: skipping it changes no byte
-                    for kk in range(n):
-                        sr[kk] = sr[kk] * sscale
-                if cap > F32(0.0):
-                    for kk in range(n):
-                        sr[kk] = F32(math.tanh(np.float64(sr[kk] / cap))) * cap
-                m = _max(sr, n)
-                if has_sinks and sinks[h] > m:
-                    m = sinks[h]
-                _exp_shifted(sr, m, n, bits)
-                den = pairwise(sr, 0, n)
-                if has_sinks:
-                    den = den + _exp(sinks[h] - m)
-                inv = F32(1.0) / den
-                for kk in range(n):
-                    sr[kk] = sr[kk] * inv
-                if keep:
-                    pr = probs[j, hh, t - t_lo]
-                    lo = first + a - k0  # column of key a
-                    for c in range(pr.shape[0]):
-                        pr[c] = F32(0.0)
-                    for kk in range(n):
-                        pr[lo + kk] = sr[kk]
-            if hd % 8 == 0:  # head by head, the running sums in registers (`_wsum`)
+        A = np.empty(QB, np.int64)
+        N = np.empty(QB, np.int64)
+        kp = np.empty((hd, KB), np.float32)
+        kpf = kp.reshape(-1)
+        fr = np.empty((3, 64), np.int64)
+        vals = np.empty(64, np.float32)
+        for u0 in range(ta, tb, QB):
+            nq = min(tb, u0 + QB) - u0
+            nmax = 0
+            for qi in range(nq):
+                t = u0 + qi
+                _rotate(q[t, j * g : (j + 1) * g], cos[t], sin[t], qscale, qr[qi])
+                qpos = p0 + t
+                a = 0
+                if window > 0:
+                    a = max(0, qpos - window + 1 - first)
+                A[qi] = a  # s[qi, hh, kk] is key a + kk, at row base + a + kk
+                N[qi] = qpos + 1 - first - a
+                nmax = max(nmax, N[qi])
+            # scores: the sub-block's keys in segments of KB, each copied into ``kp`` [hd, KB]
+            # (the cache's rows are far apart: a power-of-two capacity put a segment's head dims
+            # into a few L1 sets), then every query's keys in the segment one after another
+            first_key = A[0]
+            span = A[nq - 1] + N[nq - 1] - first_key
+            for c0 in range(0, span, KB):
+                kn = min(KB, span - c0)
+                r0 = base + first_key + c0
+                _copy_cols(KTf, (j * hd) * rows + r0, rows, kpf, KB, hd, kn)
+                for qi in range(nq):
+                    lo = max(A[qi], first_key + c0)
+                    hi = min(A[qi] + N[qi], first_key + c0 + kn)
+                    if hi <= lo:
+                        continue
+                    m = hi - lo
+                    m8 = m - m % 8
+                    tk = lo - first_key - c0  # the segment's column of key lo
+                    sc = lo - A[qi]  # s's column of key lo
+                    hh = 0
+                    while hh < g:
+                        at = (qi * g + hh) * S + sc
+                        if g - hh >= 3:
+                            _scores_h3(qf, (qi * g + hh) * hd, kpf, tk, KB, hd, m8, sf, at, S)
+                            hh += 3
+                        elif g - hh == 2:
+                            _scores_h2(qf, (qi * g + hh) * hd, kpf, tk, KB, hd, m8, sf, at, S)
+                            hh += 2
+                        else:
+                            _scores_h1(qf, (qi * g + hh) * hd, kpf, tk, KB, hd, m8, sf, at, S)
+                            hh += 1
+                    _scores_tail(qr[qi], g, kp, tk, m8, m, s[qi], sc)
+            for qi in range(nq):
+                t = u0 + qi
+                n = N[qi]
                 for hh in range(g):
-                    _wsum(sf, hh * S, n, Vf, (j * rows + o) * hd, hd, of, (t * nh + j * g + hh) * hd)
+                    h = j * g + hh
+                    sr = s[qi, hh]
+                    if sscale != F32(1.0):  # x · 1 is x: skipping it changes no byte
+                        for kk in range(n):
+                            sr[kk] = sr[kk] * sscale
+                    if cap > F32(0.0):
+                        for kk in range(n):
+                            sr[kk] = F32(math.tanh(np.float64(sr[kk] / cap))) * cap
+                    m = _max(sr, n)
+                    if has_sinks and sinks[h] > m:
+                        m = sinks[h]
+                    _exp_shifted(sr, m, n)
+                    den = pairwise_in(sr, 0, n, fr, vals)
+                    if has_sinks:
+                        den = den + _exp(sinks[h] - m)
+                    inv = F32(1.0) / den
+                    for kk in range(n):
+                        sr[kk] = sr[kk] * inv
+                    if keep:
+                        pr = probs[j, hh, t - t_lo]
+                        lo = first + A[qi] - k0  # column of key a
+                        for c in range(pr.shape[0]):
+                            pr[c] = F32(0.0)
+                        for kk in range(n):
+                            pr[lo + kk] = sr[kk]
+            if hd % 8 == 0:
+                # weighted sums over the same segments (V's rows are contiguous: no copy), in key
+                # order: a segment after a query's first adds to the sums the others left in out
+                for c0 in range(0, span, KB):
+                    kn = min(KB, span - c0)
+                    for qi in range(nq):
+                        lo = max(A[qi], first_key + c0)
+                        hi = min(A[qi] + N[qi], first_key + c0 + kn)
+                        if hi <= lo:
+                            continue
+                        vb = (j * vrows + base + lo) * hd
+                        more = lo > A[qi]
+                        hh = 0
+                        while hh < g:
+                            ob = ((u0 + qi) * nh + j * g + hh) * hd
+                            at = (qi * g + hh) * S + lo - A[qi]
+                            if g - hh >= 3:
+                                _wsum_h3(sf, at, S, hi - lo, Vf, vb, hd, of, ob, hd, more)
+                                hh += 3
+                            elif g - hh == 2:
+                                _wsum_h2(sf, at, S, hi - lo, Vf, vb, hd, of, ob, hd, more)
+                                hh += 2
+                            else:
+                                _wsum_h1(sf, at, S, hi - lo, Vf, vb, hd, of, ob, hd, more)
+                                hh += 1
             else:  # the same bytes, swept through ``out`` (head_dim not a multiple of 8)
-                hh = 0
-                while hh < g:
-                    if g - hh >= 3:
-                        _weighted3(s, hh, n, V, j, o, out, t, j * g + hh)
-                        hh += 3
-                    elif g - hh == 2:
-                        _weighted2(s, hh, n, V, j, o, out, t, j * g + hh)
-                        hh += 2
-                    else:
-                        _weighted1(s, hh, n, V, j, o, out, t, j * g + hh)
-                        hh += 1
+                for qi in range(nq):
+                    t = u0 + qi
+                    n = N[qi]
+                    o = base + A[qi]
+                    sq = s[qi]
+                    hh = 0
+                    while hh < g:
+                        if g - hh >= 3:
+                            _weighted3(sq, hh, n, V, j, o, out, t, j * g + hh)
+                            hh += 3
+                        elif g - hh == 2:
+                            _weighted2(sq, hh, n, V, j, o, out, t, j * g + hh)
+                            hh += 2
+                        else:
+                            _weighted1(sq, hh, n, V, j, o, out, t, j * g + hh)
+                            hh += 1
 
 
 def _tasks(nkv: int, t_lo: int, t_hi: int) -> np.ndarray:
