@@ -63,6 +63,22 @@ def _c_vector(name, *tys):
             raise TypingError(f"{name}: takes a C-contiguous 1-D float32 array, got {t}")
 
 
+def _fold8(context, builder, sig, args, start, step):
+    """The vectors <8 x float> of a[lo : lo + n8] (args a, lo, n8; n8 a positive multiple of 8)
+    folded in order: ``start(first)`` gives the state (a list of values), ``step(state, next)``
+    the next state; returns the last state."""
+    (aa,) = _arrays_at(context, builder, sig, args, (0,))
+    lov, nv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2))
+    c = lambda x: ir.Constant(nv.type, x)
+    v8 = _vec(_f32, 8)
+    slots = [cgutils.alloca_once_value(builder, v) for v in start(_load(builder, aa.data, lov, v8))]
+    with cgutils.for_range(builder, builder.sub(builder.ashr(nv, c(3)), c(1))) as loop:
+        x = _load(builder, aa.data, builder.add(lov, builder.shl(builder.add(loop.index, c(1)), c(3))), v8)
+        for slot, v in zip(slots, step([builder.load(t) for t in slots], x), strict=True):
+            builder.store(v, slot)
+    return [builder.load(t) for t in slots]
+
+
 @intrinsic
 def _sum8(typingctx, a, lo, n8):
     """numpy's eight running sums over a[lo : lo + n8] (n8 a positive multiple of 8) held as one
@@ -72,15 +88,7 @@ def _sum8(typingctx, a, lo, n8):
     sig = types.float32(a, lo, n8)
 
     def codegen(context, builder, sig, args):
-        (aa,) = _arrays_at(context, builder, sig, args, (0,))
-        lov, nv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2))
-        c = lambda x: ir.Constant(nv.type, x)
-        v8 = _vec(_f32, 8)
-        acc = cgutils.alloca_once_value(builder, _load(builder, aa.data, lov, v8))
-        with cgutils.for_range(builder, builder.sub(builder.ashr(nv, c(3)), c(1))) as loop:
-            off = builder.add(lov, builder.shl(builder.add(loop.index, c(1)), c(3)))
-            builder.store(builder.fadd(builder.load(acc), _load(builder, aa.data, off, v8)), acc)
-        r = builder.load(acc)
+        (r,) = _fold8(context, builder, sig, args, lambda x: [x], lambda st, x: [builder.fadd(st[0], x)])
         e = [builder.extract_element(r, ir.Constant(_i32, k)) for k in range(8)]
         add = builder.fadd
         return add(add(add(e[0], e[1]), add(e[2], e[3])), add(add(e[4], e[5]), add(e[6], e[7])))
@@ -90,32 +98,24 @@ def _sum8(typingctx, a, lo, n8):
 
 @intrinsic
 def _max8(typingctx, a, lo, n8):
-    """The largest of a[lo : lo + n8] (n8 a positive multiple of 8), NaN when any is NaN (as
-    numba's ``max`` gives it in any order), eight lanes a step. A maximum's value does not depend
-    on the order it is taken in; only the sign of a zero may (x - (+0) and x - (-0) are the same
-    number for every x but a zero, whose exp is 1 either way)."""
+    """The largest of a[lo : lo + n8] (n8 a positive multiple of 8), NaN when any is NaN, eight
+    lanes a step. A maximum's value does not depend on the order it is taken in; only the sign of
+    a zero may (x - (+0) and x - (-0) are the same number for every x but a zero, whose exp is 1
+    either way)."""
     _c_vector("_max8", a)
     sig = types.float32(a, lo, n8)
 
     def codegen(context, builder, sig, args):
-        (aa,) = _arrays_at(context, builder, sig, args, (0,))
-        lov, nv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2))
-        c = lambda x: ir.Constant(nv.type, x)
-        v8 = _vec(_f32, 8)
-        first = _load(builder, aa.data, lov, v8)
-        acc = cgutils.alloca_once_value(builder, first)
-        nan = cgutils.alloca_once_value(builder, builder.fcmp_unordered("uno", first, first))
-        with cgutils.for_range(builder, builder.sub(builder.ashr(nv, c(3)), c(1))) as loop:
-            x = _load(builder, aa.data, builder.add(lov, builder.shl(builder.add(loop.index, c(1)), c(3))), v8)
-            m = builder.load(acc)
-            builder.store(builder.select(builder.fcmp_ordered(">", x, m), x, m), acc)
-            builder.store(builder.or_(builder.load(nan), builder.fcmp_unordered("uno", x, x)), nan)
-        r = builder.load(acc)
+        def step(st, x):
+            return [builder.select(builder.fcmp_ordered(">", x, st[0]), x, st[0]),
+                    builder.or_(st[1], builder.fcmp_unordered("uno", x, x))]
+
+        r, nan = _fold8(context, builder, sig, args, lambda x: [x, builder.fcmp_unordered("uno", x, x)], step)
         m = builder.extract_element(r, ir.Constant(_i32, 0))
         for k in range(1, 8):
             x = builder.extract_element(r, ir.Constant(_i32, k))
             m = builder.select(builder.fcmp_ordered(">", x, m), x, m)
-        any_nan = builder.icmp_unsigned("!=", builder.bitcast(builder.load(nan), ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
+        any_nan = builder.icmp_unsigned("!=", builder.bitcast(nan, ir.IntType(8)), ir.Constant(ir.IntType(8), 0))
         return builder.select(any_nan, ir.Constant(_f32, float("nan")), m)
 
     return sig, codegen

@@ -313,6 +313,28 @@ def _check_flat(name, *tys):
             raise numba.core.errors.TypingError(f"{name}: takes C-contiguous 1-D float32 arrays, got {t}")
 
 
+def _row_splats(builder, data, x0, stride, H):
+    """A function of an element offset k: the H values data[x0 + h·stride + k], each broadcast
+    to <8 x float>."""
+    rows = [builder.add(x0, builder.mul(ir.Constant(x0.type, h), stride)) for h in range(H)]
+    return lambda k: [_splat(builder, builder.load(builder.gep(data, [builder.add(r, k)])), 8) for r in rows]
+
+
+def _mul_add_into(builder, accs, xs, ys):
+    """accs[h][w] = accs[h][w] + xs[h] · ys[w]: a product, then an addition (no FMA)."""
+    for h, x in enumerate(xs):
+        for w, y in enumerate(ys):
+            builder.store(builder.fadd(builder.load(accs[h][w]), builder.fmul(x, y)), accs[h][w])
+
+
+def _store_rows(builder, data, rows, accs):
+    """The <8 x float> sums accs[h][w] stored at element rows[h] + 8w of ``data``."""
+    for row, line in zip(rows, accs, strict=True):
+        for w, acc in enumerate(line):
+            dst = builder.gep(data, [builder.add(row, ir.Constant(row.type, 8 * w))])
+            builder.store(builder.load(acc), builder.bitcast(dst, acc.type.pointee.as_pointer()), align=1)
+
+
 def _halving_blocks(builder, count, W, body):
     """body(i, w) for the blocks that cover ``count`` vectors: count // W blocks of W vectors
     (i: the first vector's index), then one of W/2, W/4, ... 1 for each set bit of the rest
@@ -348,10 +370,7 @@ def _make_scores(H: int, W: int):
             q0v, k0v, rv, hdv, nv, s0v, ssv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 3, 4, 5, 6, 8, 9))
             c = lambda x: ir.Constant(nv.type, x)
             v8 = _vec(_f32, 8)
-            qrow = [builder.add(q0v, builder.mul(c(h), hdv)) for h in range(H)]
-
-            def qsplat(d):
-                return [_splat(builder, builder.load(builder.gep(aq.data, [builder.add(qrow[h], d)])), 8) for h in range(H)]
+            qsplat = _row_splats(builder, aq.data, q0v, hdv, H)
 
             def block(vec, Wb):
                 col = builder.add(k0v, builder.shl(vec, c(3)))
@@ -362,15 +381,9 @@ def _make_scores(H: int, W: int):
                     d = builder.add(loop.index, c(1))
                     base = builder.add(col, builder.mul(d, rv))
                     ks = [_load(builder, ak.data, builder.add(base, c(8 * w)), v8) for w in range(Wb)]
-                    qs = qsplat(d)
-                    for h in range(H):
-                        for w in range(Wb):
-                            builder.store(builder.fadd(builder.load(accs[h][w]), builder.fmul(qs[h], ks[w])), accs[h][w])
-                for h in range(H):
-                    row = builder.add(builder.add(s0v, builder.mul(c(h), ssv)), builder.shl(vec, c(3)))
-                    for w in range(Wb):
-                        dst = builder.gep(as_.data, [builder.add(row, c(8 * w))])
-                        builder.store(builder.load(accs[h][w]), builder.bitcast(dst, v8.as_pointer()), align=1)
+                    _mul_add_into(builder, accs, qsplat(d), ks)
+                rows_ = [builder.add(builder.add(s0v, builder.mul(c(h), ssv)), builder.shl(vec, c(3))) for h in range(H)]
+                _store_rows(builder, as_.data, rows_, accs)
 
             _halving_blocks(builder, builder.ashr(nv, c(3)), W, block)
             return context.get_dummy_value()
@@ -401,10 +414,7 @@ def _make_wsum(H: int, W: int):
             morev = context.cast(builder, args[10], sig.args[10], types.boolean)
             c = lambda x: ir.Constant(nv.type, x)
             v8 = _vec(_f32, 8)
-            prow = [builder.add(p0v, builder.mul(c(h), psv)) for h in range(H)]
-
-            def psplat(k):
-                return [_splat(builder, builder.load(builder.gep(ap.data, [builder.add(prow[h], k)])), 8) for h in range(H)]
+            psplat = _row_splats(builder, ap.data, p0v, psv, H)
 
             def chunk(vec, Wb):
                 col = builder.shl(vec, c(3))
@@ -421,14 +431,8 @@ def _make_wsum(H: int, W: int):
                     k = builder.add(loop.index, k1)
                     base = builder.add(base0, builder.mul(k, hdv))
                     vs = [_load(builder, av.data, builder.add(base, c(8 * w)), v8) for w in range(Wb)]
-                    ps_ = psplat(k)
-                    for h in range(H):
-                        for w in range(Wb):
-                            builder.store(builder.fadd(builder.load(accs[h][w]), builder.fmul(ps_[h], vs[w])), accs[h][w])
-                for h in range(H):
-                    for w in range(Wb):
-                        dst = builder.gep(ao.data, [builder.add(orow[h], c(8 * w))])
-                        builder.store(builder.load(accs[h][w]), builder.bitcast(dst, v8.as_pointer()), align=1)
+                    _mul_add_into(builder, accs, psplat(k), vs)
+                _store_rows(builder, ao.data, orow, accs)
 
             _halving_blocks(builder, builder.ashr(hdv, c(3)), W, chunk)
             return context.get_dummy_value()
