@@ -294,8 +294,8 @@ def _pairwise_reference(a: np.ndarray) -> np.float32:
 
 
 def test_vector_sum_max_and_exp_are_the_scalar_bytes():
-    """The eight-lane forms (`_sum8` under `pairwise`, `_max8` under `_max`, `_exp8` under the
-    prefill's `_exp_shifted`) give the scalar arithmetic's bytes at every length and offset,
+    """The eight-lane forms (`_sum8` under `pairwise`, `_max8` under `_max`) and the prefill's
+    one-pass exp (`_exp_shifted`, 2^n from its bits in a register) give the scalar arithmetic's bytes at every length and offset,
     NaN, infinities, zeros of both signs and values past exp's range included."""
     from vindex3.exec.ops import prefill_attend as pa
 

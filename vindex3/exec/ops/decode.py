@@ -238,65 +238,6 @@ def _exp_poly(x):  # pragma: no cover - compiled
     return p, fn
 
 
-def _exp_lanes(builder, xs):
-    """`_exp_poly` and its 2^n on each vector of ``xs`` (<8 x float> each), every step emitted
-    for all of them before the next so that independent chains sit side by side in program order
-    (the out-of-order window then overlaps them: one vector a step ran latency-bound at ~2.3
-    cycles an element on AMD Zen 3). The same operations as `_exp_poly` in the same order: the
-    clamp as numba's ``max``/``min`` give it (a NaN stays NaN), floor, no FMA."""
-    v8 = _vec(_f32, 8)
-    k = lambda x: ir.Constant(v8, [ir.Constant(_f32, float(x))] * 8)
-    fadd, fsub, fmul = builder.fadd, builder.fsub, builder.fmul
-    lo, hi = k(_EXP_LO), k(_EXP_HI)
-    v = [builder.select(builder.fcmp_ordered("<", x, lo), lo, x) for x in xs]
-    v = [builder.select(builder.fcmp_ordered(">", x, hi), hi, x) for x in v]
-    floor = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8]), "llvm.floor.v8f32")
-    fn = [builder.call(floor, [fadd(fmul(x, k(_LOG2E)), k(0.5))]) for x in v]
-    r = [fsub(fsub(x, fmul(f, k(_LN2_HI))), fmul(f, k(_LN2_LO))) for x, f in zip(v, fn)]
-    z = [fmul(x, x) for x in r]
-    p = [fmul(k(_E0), x) for x in r]
-    for c in (_E1, _E2, _E3, _E4):
-        p = [fmul(fadd(a, k(c)), x) for a, x in zip(p, r)]
-    p = [fadd(fadd(fmul(fadd(a, k(_E5)), zz), x), k(1.0)) for a, zz, x in zip(p, z, r)]
-    i8 = _vec(_i32, 8)
-    e = [builder.shl(builder.add(builder.fptosi(f, i8), ir.Constant(i8, [ir.Constant(_i32, 127)] * 8)),
-                     ir.Constant(i8, [ir.Constant(_i32, 23)] * 8)) for f in fn]
-    return [fmul(a, builder.bitcast(b, v8)) for a, b in zip(p, e)]
-
-
-@intrinsic
-def _exp8(typingctx, a, lo, n8, m):
-    """a[lo + i] = exp(a[lo + i] - m) for i < n8 (a multiple of 8), `_exp_into`'s bytes, four
-    vectors at a time side by side (`_exp_lanes`)."""
-    _c_vector("_exp8", a)
-    sig = types.void(a, lo, n8, m)
-
-    def codegen(context, builder, sig, args):
-        (aa,) = _arrays_at(context, builder, sig, args, (0,))
-        lov, nv = (_int_arg(context, builder, sig.args[i], args[i]) for i in (1, 2))
-        mv = context.cast(builder, args[3], sig.args[3], types.float32)
-        c = lambda x: ir.Constant(nv.type, x)
-        v8 = _vec(_f32, 8)
-        mm = builder.shuffle_vector(builder.insert_element(ir.Constant(v8, None), mv, ir.Constant(_i32, 0)),
-                                    ir.Constant(v8, None), ir.Constant(_vec(_i32, 8), [ir.Constant(_i32, 0)] * 8))
-
-        def block(off, W):
-            ptrs = [builder.bitcast(builder.gep(aa.data, [builder.add(off, c(8 * w))]), v8.as_pointer()) for w in range(W)]
-            xs = [builder.fsub(builder.load(q, align=1), mm) for q in ptrs]
-            for q, y in zip(ptrs, _exp_lanes(builder, xs)):
-                builder.store(y, q, align=1)
-
-        nvec = builder.ashr(nv, c(3))
-        with cgutils.for_range(builder, builder.ashr(nvec, c(2))) as loop:
-            block(builder.add(lov, builder.shl(loop.index, c(5))), 4)
-        with cgutils.for_range(builder, builder.and_(nvec, c(3))) as loop:
-            base = builder.add(lov, builder.shl(builder.ashr(nvec, c(2)), c(5)))
-            block(builder.add(base, builder.shl(loop.index, c(3))), 1)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
 @numba.njit(**_JIT)
 def _exp_into(x, out, n, bits):  # pragma: no cover - compiled
     """out[i] = exp(x[i]) for i < n (out may be x); ``bits`` an int32 scratch of >= n."""

@@ -41,7 +41,7 @@ from numba.extending import intrinsic
 from ...codecs import threads
 from ...codecs.intrinsics import _arrays_at, _consts, _f32, _i32, _int_arg, _load, _vec
 from ...switches import EnvSwitch, set_switch
-from .decode import _as_f32, _exp, _exp8, _exp_poly, _max, _rms_rows, _rotate, pairwise_in
+from .decode import _as_f32, _c_vector, _exp, _exp_poly, _max, _rms_rows, _rotate, pairwise_in
 
 F32 = np.float32
 TASK_ROWS = (
@@ -87,10 +87,8 @@ def _write_kv(k, v, cos, sin, KT, V, row0):  # pragma: no cover - compiled
 @numba.njit(**_JIT)
 def _exp_shifted(s, m, n):  # pragma: no cover - compiled
     """s[i] = exp(s[i] - m) for i < n, decode's `_exp_into` arithmetic in place, in one pass
-    (2^n made from its bits in a register: `_as_f32`)."""
-    n8 = n - n % 8
-    _exp8(s, 0, n8, m)
-    for i in range(n8, n):
+    (2^n made from its bits in a register: `_as_f32`, so the loop needs no int32 scratch)."""
+    for i in range(n):
         p, fn = _exp_poly(s[i] - m)
         s[i] = p * _as_f32((np.int32(fn) + np.int32(127)) << np.int32(23))
 
@@ -307,12 +305,6 @@ def _splat(builder, x, w: int):
     return builder.shuffle_vector(v, v, _consts(_i32, [0] * w))
 
 
-def _check_flat(name, *tys):
-    for t in tys:
-        if not isinstance(t, types.Array) or t.ndim != 1 or t.layout != "C" or t.dtype != types.float32:
-            raise numba.core.errors.TypingError(f"{name}: takes C-contiguous 1-D float32 arrays, got {t}")
-
-
 def _row_splats(builder, data, x0, stride, H):
     """A function of an element offset k: the H values data[x0 + h·stride + k], each broadcast
     to <8 x float>."""
@@ -362,7 +354,7 @@ def _make_scores(H: int, W: int):
 
     @intrinsic
     def scores(typingctx, Q, q0, KT, k0, rows, hd, n8, S, s0, ss):
-        _check_flat("scores", Q, KT, S)
+        _c_vector("scores", Q, KT, S)
         sig = types.void(Q, q0, KT, k0, rows, hd, n8, S, s0, ss)
 
         def codegen(context, builder, sig, args):
@@ -403,7 +395,7 @@ def _make_wsum(H: int, W: int):
 
     @intrinsic
     def wsum(typingctx, P, p0, ps, n, V, v0, hd, O, o0, os_, more):
-        _check_flat("wsum", P, V, O)
+        _c_vector("wsum", P, V, O)
         if not isinstance(more, types.Boolean):
             raise numba.core.errors.TypingError(f"wsum: ``more`` is a boolean, got {more}")
         sig = types.void(P, p0, ps, n, V, v0, hd, O, o0, os_, more)
@@ -450,8 +442,8 @@ _wsum_h1, _wsum_h2, _wsum_h3 = _make_wsum(1, 8), _make_wsum(2, 4), _make_wsum(3,
 
 @numba.njit(**_JIT)
 def _copy_cols(src, s0, ss, dst, ds, nrows, n):  # pragma: no cover - compiled
-    """dst[r·ds + c] = src[s0 + r·ss + c] for r < nrows, c < n (unsigned indices: numba then
-    emits no wraparound select and the copy vectorizes)."""
+    """dst[r·ds + c] = src[s0 + r·ss + c] for r < nrows, c < n (unsigned indices: no
+    negative-index wraparound in the loop)."""
     for r in range(nrows):
         a = np.uint64(s0 + r * ss)
         b = np.uint64(r * ds)
@@ -471,7 +463,8 @@ def _query_block(g, S):  # pragma: no cover - compiled
 
 @numba.njit(**_JIT)
 def _key_block(hd):  # pragma: no cover - compiled
-    """Keys a segment: a segment's K and V rows (2 · hd · KB float32) fit half of a 32 KB L1."""
+    """Keys a segment: 32 at head dim 64, 16 at 128 and above, so that for head dims up to 128 a
+    segment's K and V rows (2 · hd · KB float32) fill at most half of a 32 KB L1."""
     return max(16, (2048 // hd) // 8 * 8)
 
 
