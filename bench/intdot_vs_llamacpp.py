@@ -342,7 +342,7 @@ def prefill_main(a, arms: list[tuple[str, dict]]) -> int:
         "llama_cpp_python": _llama_version(), "llama_cpp_build": _llama_build(), "prefill_tokens": PREFILL_T,
         "rounds": a.rounds, "repeats": a.repeats, "forced_path": a.path,
         "omp_wait_policy": omp_labels(),
-        "machine": facts(None) | {"loadavg_end": os.getloadavg()},
+        "machine": facts(None) | {"loadavg": a.loadavg_start, "loadavg_end": list(os.getloadavg())},
         "summary": summary, "ratios": ratios, "runs": runs,
     }
     out = a.out if a.out != str(HERE / "results" / "intdot_vs_llamacpp.json") else str(HERE / "results" / "intdot_prefill_vs_llamacpp.json")
@@ -399,6 +399,7 @@ def main() -> int:
         print(json.dumps(r))
         return 0
 
+    a.loadavg_start = list(os.getloadavg())  # facts() runs after the arms; the run's start is kept apart
     from llamacpp_peer import _llama_build, _llama_version, our_containers
     from make_peer_ggufs import peer_dir, peer_files
 
@@ -506,7 +507,7 @@ def main() -> int:
                             "ours 'spin' arms": None if a.spin is None else f"unset, GOMP_SPINCOUNT={a.spin}"},
         "stream_bandwidth_bytes_per_s": bw,
         "read_bandwidth_bytes_per_s": {f"threads_{th}": v for th, v in read_bw.items()},
-        "machine": facts(None) | {"loadavg_end": os.getloadavg()},
+        "machine": facts(None) | {"loadavg": a.loadavg_start, "loadavg_end": list(os.getloadavg())},
         "summary": summary, "ratios": ratios, "runs": runs,
     }
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -163,6 +163,7 @@ def main() -> int:
         print(json.dumps(r))
         return 0
 
+    loadavg_start = list(os.getloadavg())  # facts() runs after the arms; the run's start is kept apart
     from make_peer_ggufs import peer_dir, peer_files
 
     files = peer_files(peer_dir(a.dir))
@@ -214,7 +215,7 @@ def main() -> int:
         "decode_steps": DECODE_STEPS,
         "rounds": a.rounds,
         "file_bytes": sizes,
-        "machine": facts(None) | {"loadavg_end": os.getloadavg()},
+        "machine": facts(None) | {"loadavg": loadavg_start, "loadavg_end": list(os.getloadavg())},
         "summary": summary,
         "ratios": ratios,
         "runs": runs,
